@@ -1,0 +1,1 @@
+"""The speculative-decoding engine and its trace format. The app imports this package; never the reverse."""

@@ -1,0 +1,34 @@
+"""Acceptance metrics as production engines define them (vLLM V1 names; see design notes)."""
+
+
+def acceptance_metrics(num_accepted: list[int], k: int) -> dict:
+    """From each cycle's number of accepted draft tokens.
+
+    acceptance_rate: accepted / drafted.
+    mean_acceptance_length: 1 + accepted / cycles (counts the resampled or bonus token).
+    per_position_acceptance[i]: cycles whose draft token i+1 was accepted / cycles; a
+    token can only be accepted if all before it were, so the curve never rises.
+    """
+    cycles = len(num_accepted)
+    if cycles == 0:
+        return {"acceptance_rate": 0.0, "mean_acceptance_length": 0.0,
+                "per_position_acceptance": [0.0] * k, "num_cycles": 0}
+    accepted = sum(num_accepted)
+    return {
+        "acceptance_rate": accepted / (cycles * k),
+        "mean_acceptance_length": 1 + accepted / cycles,
+        "per_position_acceptance": [sum(n > i for n in num_accepted) / cycles for i in range(k)],
+        "num_cycles": cycles,
+    }
+
+
+def expected_tokens_per_cycle(alpha: float, k: int) -> float:
+    """(1 - alpha^(K+1)) / (1 - alpha) for i.i.d. acceptance (Leviathan et al. 2023)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def predicted_speedup(alpha: float, k: int, c: float) -> float:
+    """Expected wall-time improvement (Leviathan et al. 2023), verify costing one target step."""
+    return expected_tokens_per_cycle(alpha, k) / (k * c + 1)

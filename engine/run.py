@@ -1,0 +1,91 @@
+"""From settings to a finished trace file: load a pair, encode the prompt, run, record."""
+import time
+from pathlib import Path
+from typing import Callable
+
+from .config import SpecSettings
+from .models import (LoadedModel, check_same_token_space, load_model, pick_device, pick_dtype)
+from .presets import PRESETS, Preset
+from .speculative import (CACHE_CONVENTION, CACHE_CONVENTION_TEXT, Faults, NO_FAULTS, Pair,
+                          eos_ids_of, speculative_generate)
+from .trace import FORMAT, VERSION, Trace, TraceWriter, library_versions, make_summary
+
+
+def load_pair(target: str, draft: str, device: str | None = None,
+              trust_remote_code: bool = False) -> Pair:
+    dev = pick_device(device)
+    dtype = pick_dtype(dev)
+    target_model = load_model(target, dev, dtype, trust_remote_code)
+    draft_model = load_model(draft, dev, dtype, trust_remote_code)
+    check_same_token_space(target_model, draft_model)
+    return Pair(target_model, draft_model, eos_ids_of(target_model))
+
+
+def load_preset(name: str, device: str | None = None) -> Pair:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    preset = PRESETS[name]
+    return load_pair(str(preset.target_folder()), str(preset.draft_folder()), device)
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
+    """Token ids of the prompt; wrapped in the chat template when asked and available."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                               tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError("the prompt is empty: type at least one character")
+    return list(ids)
+
+
+def describe_model(m: LoadedModel) -> dict:
+    params = sum(p.numel() for p in m.model.parameters())
+    return {"name": m.name, "architecture": type(m.model).__name__, "parameters": params,
+            "vocab_size": m.full_vocab_size,
+            "kept_vocab": None if m.kept_token_ids is None else int(m.kept_token_ids.numel())}
+
+
+def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
+                preset: str | None, chat_template: bool) -> dict:
+    tok = pair.target.tokenizer
+    return {
+        "type": "header", "format": FORMAT, "version": VERSION,
+        "target": describe_model(pair.target), "draft": describe_model(pair.draft),
+        "tokenizer": type(tok).__name__, "preset": preset, "chat_template": chat_template,
+        "settings": s.to_dict(), "prompt": prompt, "prompt_token_ids": prompt_ids,
+        "prompt_token_texts": [tok.decode([t]) for t in prompt_ids],
+        "cache_convention": {"name": CACHE_CONVENTION, "text": CACHE_CONVENTION_TEXT},
+        "device": str(pair.target.device), "dtype": str(pair.target.dtype).removeprefix("torch."),
+        "versions": library_versions(), "eos_token_ids": sorted(pair.eos_ids),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
+                 preset: str | None = None, chat_template: bool = True,
+                 on_cycle: Callable[[dict], None] | None = None,
+                 faults: Faults = NO_FAULTS) -> Trace:
+    """Run speculative decoding on `prompt`, writing the trace to `out` as it goes."""
+    use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
+    prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
+    header = make_header(pair, s, prompt, prompt_ids, preset, use_chat)
+    if faults != NO_FAULTS:
+        header["faults"] = {"keep_rejected_kv": faults.keep_rejected_kv,
+                            "skip_draft_catch_up": faults.skip_draft_catch_up}
+    cycles: list[dict] = []
+    with TraceWriter(out) as writer:
+        writer.write(header)
+        start = time.perf_counter()
+        for rec in speculative_generate(pair, prompt_ids, s, faults):
+            writer.write(rec)
+            cycles.append(rec)
+            if on_cycle:
+                on_cycle(rec)
+        wall = time.perf_counter() - start
+        generated = [t for c in cycles for t in c["committed_token_ids"]]
+        stop = "eos" if generated and generated[-1] in pair.eos_ids else "max_new_tokens"
+        text = pair.target.tokenizer.decode(generated)
+        summary = make_summary(cycles, s.k, text, stop, wall)
+        writer.write(summary)
+    return Trace(header, cycles, summary)

@@ -1,0 +1,220 @@
+"""The trace format: one JSON object per line.
+
+Line 1 is the header, then one record per cycle, appended as each cycle ends (a killed
+run keeps the cycles it finished), then a summary. A file without its summary is
+incomplete and is never reported as a finished run.
+"""
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from .metrics import acceptance_metrics
+
+FORMAT = "speclab-trace"
+VERSION = 1
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message says where and what is wrong."""
+
+
+@dataclass
+class Trace:
+    header: dict
+    cycles: list[dict]
+    summary: dict | None
+
+    @property
+    def complete(self) -> bool:
+        return self.summary is not None
+
+    @property
+    def k(self) -> int:
+        return self.header["settings"]["k"]
+
+
+# Field name -> allowed JSON types. `None` in the tuple marks a nullable field.
+NUM = (int, float)
+HEADER_FIELDS = {
+    "type": (str,), "format": (str,), "version": (int,), "target": (dict,), "draft": (dict,),
+    "settings": (dict,), "prompt": (str,), "prompt_token_ids": (list,), "prompt_token_texts": (list,),
+    "cache_convention": (dict,), "device": (str,), "dtype": (str,), "versions": (dict,),
+    "eos_token_ids": (list,),
+}
+SETTINGS_FIELDS = {"k": (int,), "temperature": NUM, "top_k": (int,), "top_p": NUM,
+                   "seed": (int,), "max_new_tokens": (int,), "trace_top_k": (int,)}
+CACHE_LEN_FIELDS = {"before": (int,), "after_append": (int,), "after_rollback": (int,)}
+CYCLE_FIELDS = {
+    "type": (str,), "cycle": (int,), "committed_len_before": (int,),
+    "draft_token_ids": (list,), "draft_token_texts": (list,), "p_draft": (list,), "p_target": (list,),
+    "accept_prob": (list,), "u": (list,), "beta": (list,), "num_accepted": (int,),
+    "rejected_position": (int, None), "resampled_token_id": (int, None), "bonus_token_id": (int, None),
+    "next_token_text": (str,), "residual_top": (list, None), "target_top": (list,), "draft_top": (list,),
+    "committed_token_ids": (list,), "committed_token_texts": (list,), "finished": (bool,),
+    "target_cache_len": (dict,), "draft_cache_len": (dict,), "draft_catch_up": (bool,),
+    "verify_positions": (int,), "draft_time_s": NUM, "draft_step_times_s": (list,),
+    "verify_time_s": NUM, "catch_up_time_s": NUM, "cycle_time_s": NUM,
+}
+SUMMARY_FIELDS = {
+    "type": (str,), "generated_token_ids": (list,), "generated_text": (str,),
+    "acceptance_rate": NUM, "mean_acceptance_length": NUM, "per_position_acceptance": (list,),
+    "num_cycles": (int,), "num_generated": (int,), "stop_reason": (str,),
+    "wall_time_s": NUM, "tokens_per_s": NUM,
+}
+
+
+def _type_ok(value, allowed: tuple) -> bool:
+    if value is None:
+        return None in allowed
+    if isinstance(value, bool):  # JSON true/false must not pass as a number
+        return bool in allowed
+    return isinstance(value, tuple(t for t in allowed if t is not None))
+
+
+def _check_fields(record: dict, fields: dict, where: str) -> None:
+    for name, allowed in fields.items():
+        if name not in record:
+            raise TraceError(f"{where}: missing field '{name}'")
+        if not _type_ok(record[name], allowed):
+            names = "/".join("null" if t is None else t.__name__ for t in allowed)
+            raise TraceError(f"{where}: field '{name}' should be {names}, got {record[name]!r:.60}")
+
+
+def _check_header(h: dict, where: str) -> None:
+    if h.get("format") != FORMAT:
+        raise TraceError(f"{where}: not a {FORMAT} file (format is {h.get('format')!r})")
+    if h.get("version") != VERSION:
+        raise TraceError(f"{where}: trace version {h.get('version')!r} is not supported (this engine reads version {VERSION})")
+    _check_fields(h, HEADER_FIELDS, where)
+    _check_fields(h["settings"], SETTINGS_FIELDS, f"{where} settings")
+    if h["settings"]["k"] < 1:
+        raise TraceError(f"{where}: settings.k must be at least 1")
+
+
+def _check_cycle(c: dict, k: int, index: int, where: str) -> None:
+    _check_fields(c, CYCLE_FIELDS, where)
+    for name in ("target_cache_len", "draft_cache_len"):
+        _check_fields(c[name], CACHE_LEN_FIELDS, f"{where} {name}")
+    if c["cycle"] != index:
+        raise TraceError(f"{where}: cycle number {c['cycle']} where {index} was expected")
+    lengths = {"draft_token_ids": k, "draft_token_texts": k, "p_draft": k, "p_target": k,
+               "accept_prob": k, "beta": k, "draft_top": k, "target_top": k + 1}
+    for name, n in lengths.items():
+        if len(c[name]) != n:
+            raise TraceError(f"{where}: field '{name}' has {len(c[name])} entries, expected {n} (K={k})")
+    n_acc = c["num_accepted"]
+    if not 0 <= n_acc <= k:
+        raise TraceError(f"{where}: num_accepted {n_acc} outside 0..{k}")
+    if len(c["u"]) != min(n_acc + 1, k):
+        raise TraceError(f"{where}: {len(c['u'])} draws u for {n_acc} accepted of K={k}")
+    if (c["rejected_position"] is None) != (n_acc == k) or (c["bonus_token_id"] is None) == (c["resampled_token_id"] is None):
+        raise TraceError(f"{where}: rejected_position, resampled_token_id and bonus_token_id disagree with num_accepted")
+    if len(c["committed_token_texts"]) != len(c["committed_token_ids"]):
+        raise TraceError(f"{where}: committed_token_texts and committed_token_ids differ in length")
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not allowed in a trace")
+
+
+def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool = False) -> Trace:
+    """Validate and parse trace lines; raise TraceError naming the line and field at fault."""
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line, parse_constant=_reject_constant)
+        except ValueError as err:
+            last = number == len(lines) or not any(l.strip() for l in lines[number:])
+            if last and allow_incomplete:
+                break  # a run killed mid-write: keep the cycles before it
+            raise TraceError(f"{source} line {number}: not valid JSON ({err})" + (" - the file looks truncated" if last else "")) from None
+        if not isinstance(rec, dict):
+            raise TraceError(f"{source} line {number}: expected a JSON object")
+        records.append((number, rec))
+    if not records:
+        raise TraceError(f"{source}: the file is empty")
+    (n0, header), rest = records[0], records[1:]
+    if header.get("type") != "header":
+        raise TraceError(f"{source} line {n0}: the first record must be the header")
+    _check_header(header, f"{source} line {n0}")
+    k = header["settings"]["k"]
+    cycles, summary = [], None
+    for number, rec in rest:
+        where = f"{source} line {number}"
+        if summary is not None:
+            raise TraceError(f"{where}: a record after the summary")
+        if rec.get("type") == "cycle":
+            _check_cycle(rec, k, len(cycles), where)
+            cycles.append(rec)
+        elif rec.get("type") == "summary":
+            _check_fields(rec, SUMMARY_FIELDS, where)
+            summary = rec
+        else:
+            raise TraceError(f"{where}: unknown record type {rec.get('type')!r}")
+    if summary is None and not allow_incomplete:
+        raise TraceError(f"{source}: no summary after {len(cycles)} cycles - the run did not finish (the file is incomplete)")
+    return Trace(header, cycles, summary)
+
+
+def load_trace(path: str | Path, allow_incomplete: bool = False) -> Trace:
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"trace file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise TraceError(f"{path}: not UTF-8 text ({err})") from None
+    return parse_trace(text.splitlines(), str(path), allow_incomplete)
+
+
+def loads_trace(data: bytes | str, source: str = "upload", allow_incomplete: bool = False) -> Trace:
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise TraceError(f"{source}: not UTF-8 text ({err})") from None
+    return parse_trace(data.splitlines(), source, allow_incomplete)
+
+
+class TraceWriter:
+    """Appends records to a trace file, flushing each so a killed run keeps its cycles."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file: IO[str] = self.path.open("w", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def make_summary(cycles: list[dict], k: int, generated_text: str, stop_reason: str,
+                 wall_time_s: float) -> dict:
+    generated = [t for c in cycles for t in c["committed_token_ids"]]
+    return {
+        "type": "summary", "generated_token_ids": generated, "generated_text": generated_text,
+        **acceptance_metrics([c["num_accepted"] for c in cycles], k),
+        "num_generated": len(generated), "stop_reason": stop_reason, "wall_time_s": wall_time_s,
+        "tokens_per_s": len(generated) / wall_time_s if wall_time_s > 0 else 0.0,
+    }
+
+
+def library_versions() -> dict:
+    import torch
+    import transformers
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
