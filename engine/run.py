@@ -1,5 +1,6 @@
 """From settings to a finished trace file: load a pair, encode the prompt, run, record."""
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -71,8 +72,7 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
     header = make_header(pair, s, prompt, prompt_ids, preset, use_chat)
     if faults != NO_FAULTS:
-        header["faults"] = {"keep_rejected_kv": faults.keep_rejected_kv,
-                            "skip_draft_catch_up": faults.skip_draft_catch_up}
+        header["faults"] = asdict(faults)  # marks a deliberately broken teaching run
     cycles: list[dict] = []
     with TraceWriter(out) as writer:
         writer.write(header)

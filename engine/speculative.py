@@ -28,6 +28,16 @@ class Faults:
 
     keep_rejected_kv: bool = False  # skip the rollback of both caches
     skip_draft_catch_up: bool = False  # after a full accept, never feed d_K to the draft
+    acceptance_rule: str = "ratio"  # see ACCEPTANCE_RULES
+    greedy_draft: bool = False  # draft proposes its argmax but is judged by its sampling distribution
+
+
+ACCEPTANCE_RULES = {
+    "ratio": "accept with probability min(1, p_target/p_draft); resample from the residual (correct)",
+    "p_target_only": "accept with probability p_target alone (wrong: ignores how often the draft proposes)",
+    "no_residual": "on rejection sample from p_target instead of the residual (wrong: double-counts the overlap)",
+    "token_match": "accept only if a fresh target sample equals the draft token, else resample from the residual (wrong)",
+}
 
 
 NO_FAULTS = Faults()
@@ -78,8 +88,8 @@ def prefill(model: LoadedModel, prompt_ids: list[int]) -> DynamicCache:
     return cache
 
 
-def propose(draft: LoadedModel, state: RunState, s: SpecSettings,
-            gen: torch.Generator) -> tuple[list[int], torch.Tensor, list[float]]:
+def propose(draft: LoadedModel, state: RunState, s: SpecSettings, gen: torch.Generator,
+            faults: Faults = NO_FAULTS) -> tuple[list[int], torch.Tensor, list[float]]:
     """K autoregressive draft steps; returns tokens, their distributions (K, V), step times."""
     tokens: list[int] = []
     dists, step_times = [], []
@@ -88,7 +98,7 @@ def propose(draft: LoadedModel, state: RunState, s: SpecSettings,
         start = time.perf_counter()
         logits = draft.forward([feed], state.draft_cache)  # (1, V)
         probs = warp_probs(logits[-1], s)  # (V,)
-        feed = sample(probs, gen)
+        feed = int(probs.argmax()) if faults.greedy_draft else sample(probs, gen)
         sync(draft.device)
         step_times.append(time.perf_counter() - start)
         tokens.append(feed)
@@ -104,7 +114,7 @@ def verify(target: LoadedModel, state: RunState, draft_tokens: list[int],
 
 
 def accept_reject(draft_tokens: list[int], p_draft: torch.Tensor, p_target: torch.Tensor,
-                  gen: torch.Generator) -> Decision:
+                  gen: torch.Generator, rule: str = "ratio") -> Decision:
     """Left-to-right ratio test; resample at the first rejection or add the bonus token."""
     k = len(draft_tokens)
     idx = torch.arange(k)
@@ -114,11 +124,24 @@ def accept_reject(draft_tokens: list[int], p_draft: torch.Tensor, p_target: torc
     draws: list[float] = []
     for i in range(k):
         draws.append(uniform(gen))
-        # Strict '<': a token the target gives probability 0 is never accepted, even at u = 0.
-        if not draws[-1] < accept_prob[i]:
-            res = residual(p_target[i], p_draft[i])
+        if not _passes(rule, draws[-1], accept_prob[i], float(p_t[i]), p_target[i], draft_tokens[i], gen):
+            res = p_target[i] if rule == "no_residual" else residual(p_target[i], p_draft[i])
             return Decision(i, accept_prob, draws, i + 1, sample(res, gen), res)
     return Decision(k, accept_prob, draws, None, sample(p_target[k], gen), None)
+
+
+def _passes(rule: str, u: float, accept_prob: float, p_t: float, target_probs: torch.Tensor,
+            token: int, gen: torch.Generator) -> bool:
+    if rule == "ratio":
+        # Strict '<': a token the target gives probability 0 is never accepted, even at u = 0.
+        return u < accept_prob
+    if rule == "p_target_only":
+        return u < p_t
+    if rule == "no_residual":
+        return u < accept_prob
+    if rule == "token_match":
+        return sample(target_probs, gen) == token
+    raise ValueError(f"unknown acceptance rule {rule!r}; known: {', '.join(ACCEPTANCE_RULES)}")
 
 
 def commit_tokens(draft_tokens: list[int], d: Decision, budget: int,
@@ -206,14 +229,14 @@ def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator
     before = {"committed_len": len(state.committed), "target": cache_len(state.target_cache),
               "draft": cache_len(state.draft_cache)}
     cycle_start = time.perf_counter()
-    draft_tokens, p_draft, step_times = propose(pair.draft, state, s, gen)
+    draft_tokens, p_draft, step_times = propose(pair.draft, state, s, gen, faults)
     draft_cache_appended = cache_len(state.draft_cache)
     verify_start = time.perf_counter()
     p_target = verify(pair.target, state, draft_tokens, s)
     sync(pair.target.device)
     verify_time = time.perf_counter() - verify_start
     target_cache_appended = cache_len(state.target_cache)
-    decision = accept_reject(draft_tokens, p_draft, p_target, gen)
+    decision = accept_reject(draft_tokens, p_draft, p_target, gen, faults.acceptance_rule)
     budget = s.max_new_tokens - len(state.generated)
     committed, state.finished = commit_tokens(draft_tokens, decision, budget, pair.eos_ids)
     state.committed += committed

@@ -33,3 +33,29 @@ def tiny_pair(seed: int = 0, eos: bool = False, draft_seed: int | None = None) -
     target = wrap_model("tiny-target", tiny_llama(seed, 2, 32), tok)
     draft = wrap_model("tiny-draft", tiny_llama(1000 + (seed if draft_seed is None else draft_seed), 1, 16), tok)
     return Pair(target, draft, {0} if eos else set())
+
+
+def noisy_pair(seed: int = 0, noise: float = 0.05, eos: bool = False) -> Pair:
+    """A draft that is the target plus weight noise: high but imperfect acceptance."""
+    import copy
+    tok = tiny_tokenizer()
+    target_model = tiny_llama(seed, 2, 32)
+    draft_model = copy.deepcopy(target_model)
+    gen = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for p in draft_model.parameters():
+            p.add_(noise * torch.randn(p.shape, generator=gen))
+    return Pair(wrap_model("tiny-target", target_model, tok), wrap_model("tiny-noisy-draft", draft_model, tok),
+                {0} if eos else set())
+
+
+def save_tiny(pair: Pair, folder) -> tuple[str, str]:
+    """Write both models and the tokenizer as ordinary transformers folders."""
+    from pathlib import Path
+    paths = []
+    for name, m in (("target", pair.target), ("draft", pair.draft)):
+        path = Path(folder) / name
+        m.model.save_pretrained(path)
+        m.tokenizer.save_pretrained(path)
+        paths.append(str(path))
+    return paths[0], paths[1]

@@ -1,0 +1,108 @@
+"""Command line: `python -m engine run ...` writes a trace; `python -m engine stats FILE` reads one."""
+import argparse
+import sys
+
+from .config import SettingsError, SpecSettings
+from .models import ModelLoadError, TokenizerMismatchError
+from .presets import DEFAULT_PRESET, PRESETS
+from .trace import Trace, TraceError, load_trace
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="Speculative decoding with per-cycle traces.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="generate text speculatively and write a trace")
+    run.add_argument("--prompt", required=True)
+    run.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                     help=f"offline model pair (default {DEFAULT_PRESET} when no models are named)")
+    run.add_argument("--target", help="target model: hub id, local folder, or folder with a .gguf file")
+    run.add_argument("--draft", help="draft model, same forms as --target")
+    run.add_argument("--k", type=int, default=4, help="draft tokens per cycle")
+    run.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the preset's)")
+    run.add_argument("--top-k", type=int, default=0)
+    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--max-new-tokens", type=int, default=64)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--trace-top-k", type=int, default=10, help="entries of each distribution kept for charts")
+    run.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    run.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
+    run.add_argument("--out", required=True, help="trace file to write (.jsonl)")
+    stats = sub.add_parser("stats", help="print the metrics of a trace file")
+    stats.add_argument("trace")
+    return parser
+
+
+def resolve_models(args) -> tuple[str, str, str | None]:
+    """(target, draft, preset name) from --preset / --target / --draft."""
+    if (args.target is None) != (args.draft is None):
+        raise SettingsError("name both --target and --draft, or neither (to use a preset)")
+    if args.target is not None:
+        if args.preset:
+            raise SettingsError("--preset cannot be combined with --target/--draft")
+        return args.target, args.draft, None
+    preset = PRESETS[args.preset or DEFAULT_PRESET]
+    return str(preset.target_folder()), str(preset.draft_folder()), preset.name
+
+
+def settings_from_args(args) -> SpecSettings:
+    temperature = args.temperature
+    if temperature is None:
+        temperature = PRESETS[args.preset or DEFAULT_PRESET].default_temperature if args.target is None else 1.0
+    return SpecSettings(k=args.k, temperature=temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=args.seed, max_new_tokens=args.max_new_tokens, trace_top_k=args.trace_top_k)
+
+
+def format_metrics(trace: Trace) -> str:
+    from .metrics import acceptance_metrics
+    m = acceptance_metrics([c["num_accepted"] for c in trace.cycles], trace.k)
+    per_pos = " ".join(f"{p:.2f}" for p in m["per_position_acceptance"])
+    lines = [f"cycles: {m['num_cycles']}   K: {trace.k}",
+             f"draft acceptance rate: {m['acceptance_rate']:.3f}  (accepted / drafted)",
+             f"mean acceptance length: {m['mean_acceptance_length']:.3f}  (1 + accepted / cycles)",
+             f"per-position acceptance: {per_pos}"]
+    if trace.summary:
+        lines.append(f"generated tokens: {trace.summary['num_generated']}   "
+                     f"tokens/s: {trace.summary['tokens_per_s']:.1f}   stop: {trace.summary['stop_reason']}")
+    else:
+        lines.append("INCOMPLETE trace: no summary (the run did not finish)")
+    return "\n".join(lines)
+
+
+def cmd_run(args) -> int:
+    from tqdm import tqdm
+
+    from .run import load_pair, run_to_trace
+
+    settings = settings_from_args(args)
+    target, draft, preset = resolve_models(args)
+    print(f"loading target {target}\nloading draft  {draft}", file=sys.stderr)
+    pair = load_pair(target, draft, args.device, args.trust_remote_code)
+    bar = tqdm(total=settings.max_new_tokens, unit="tok", desc="generating", file=sys.stderr)
+
+    def progress(rec: dict) -> None:
+        bar.update(len(rec["committed_token_ids"]))
+        bar.set_postfix(cycle=rec["cycle"], accepted=f"{rec['num_accepted']}/{settings.k}")
+
+    trace = run_to_trace(pair, args.prompt, settings, args.out, preset,
+                         chat_template=not args.no_chat_template, on_cycle=progress)
+    bar.close()
+    print(trace.summary["generated_text"])
+    print(format_metrics(trace))
+    print(f"trace written to {args.out}")
+    return 0
+
+
+def cmd_stats(args) -> int:
+    trace = load_trace(args.trace, allow_incomplete=True)
+    print(format_metrics(trace))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return cmd_run(args) if args.command == "run" else cmd_stats(args)
+    except (SettingsError, ModelLoadError, TokenizerMismatchError, TraceError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
