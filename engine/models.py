@@ -96,7 +96,9 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype,
         tokenizer = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else spec, **tok_kwargs)
         model = AutoModelForCausalLM.from_pretrained(str(path) if path.is_dir() else spec, dtype=dtype, **kwargs)
     except (OSError, ValueError) as err:
-        where = "folder" if path.is_dir() else "hub id (no model hub is reachable offline; pass a local folder)"
+        where = "folder" if path.is_dir() else (
+            "hub id: not in the local Hugging Face cache, and the hub is off by default "
+            "(set HF_HUB_OFFLINE=0 to download, or pass a local folder)")
         raise ModelLoadError(f"could not load model {spec!r} as a {where}: {err}") from err
     model.to(device).eval()
     return _wrap(spec, model, tokenizer, device, dtype, path if path.is_dir() else None)

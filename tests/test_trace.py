@@ -1,0 +1,110 @@
+"""Trace files: self-consistency of what the engine writes, and clear errors for bad files."""
+import json
+
+import pytest
+
+from engine.config import SpecSettings
+from engine.run import run_to_trace
+from engine.trace import TraceError, load_trace, loads_trace
+from tests.tiny import noisy_pair
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trace") / "run.jsonl"
+    pair = noisy_pair(0, noise=0.03)
+    run_to_trace(pair, "the cat sat on", SpecSettings(k=4, temperature=1.0, max_new_tokens=40, seed=2), path)
+    return path, pair
+
+
+def test_trace_is_self_consistent(trace_file):
+    path, pair = trace_file
+    trace = load_trace(path)
+    assert trace.complete
+    committed = list(trace.header["prompt_token_ids"])
+    for c in trace.cycles:
+        assert c["committed_len_before"] == len(committed)
+        for p_t, p_d, a in zip(c["p_target"], c["p_draft"], c["accept_prob"]):
+            assert a == pytest.approx(min(1.0, p_t / p_d), rel=1e-6)
+        n = c["num_accepted"]
+        assert all(u < a for u, a in zip(c["u"][:n], c["accept_prob"]))  # accepted draws passed
+        if n < trace.k:
+            assert c["u"][n] >= c["accept_prob"][n] and c["rejected_position"] == n + 1
+            assert c["resampled_token_id"] == c["committed_token_ids"][-1]
+        else:
+            assert c["bonus_token_id"] == c["committed_token_ids"][-1]
+        assert c["committed_token_ids"][:n] == c["draft_token_ids"][:n]
+        t, d = c["target_cache_len"], c["draft_cache_len"]
+        assert t["before"] == d["before"] == len(committed) - 1
+        assert t["after_append"] == t["before"] + trace.k + 1
+        assert d["after_append"] == d["before"] + trace.k
+        committed += c["committed_token_ids"]
+        assert t["after_rollback"] == d["after_rollback"] == len(committed) - 1
+        assert c["draft_catch_up"] == (n == trace.k)
+        assert all(0.0 <= b <= 1.0 + 1e-6 for b in c["beta"])
+    generated = committed[len(trace.header["prompt_token_ids"]):]
+    assert generated == trace.summary["generated_token_ids"]
+    assert pair.target.tokenizer.decode(generated) == trace.summary["generated_text"]
+    assert "".join(t for c in trace.cycles for t in c["committed_token_texts"]).replace(" ", "") == \
+        trace.summary["generated_text"].replace(" ", "")
+
+
+def test_summary_metrics_follow_vllm_definitions(trace_file):
+    trace = load_trace(trace_file[0])
+    accepted = [c["num_accepted"] for c in trace.cycles]
+    s = trace.summary
+    assert s["acceptance_rate"] == pytest.approx(sum(accepted) / (len(accepted) * trace.k))
+    assert s["mean_acceptance_length"] == pytest.approx(1 + sum(accepted) / len(accepted))
+    rates = s["per_position_acceptance"]
+    assert rates == sorted(rates, reverse=True)
+    assert rates[0] == pytest.approx(sum(n >= 1 for n in accepted) / len(accepted))
+
+
+def lines_of(path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def test_truncated_file_is_incomplete_not_finished(trace_file):
+    lines = lines_of(trace_file[0])
+    cut = "\n".join(lines[:4]) + "\n" + lines[4][:30]
+    with pytest.raises(TraceError, match="truncated"):
+        loads_trace(cut)
+    partial = loads_trace(cut, allow_incomplete=True)
+    assert not partial.complete and len(partial.cycles) == 3
+    with pytest.raises(TraceError, match="no summary"):
+        loads_trace("\n".join(lines[:-1]))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda h, c: h.update(version=99), "version 99 is not supported"),
+    (lambda h, c: h.update(format="other"), "not a speclab-trace"),
+    (lambda h, c: h["settings"].pop("k"), "missing field 'k'"),
+    (lambda h, c: c.pop("u"), "missing field 'u'"),
+    (lambda h, c: c.update(p_draft="high"), "'p_draft' should be list"),
+    (lambda h, c: c.update(num_accepted=True), "'num_accepted' should be int"),
+    (lambda h, c: c.update(accept_prob=[0.5]), "'accept_prob' has 1 entries"),
+    (lambda h, c: c["target_cache_len"].pop("after_rollback"), "missing field 'after_rollback'"),
+])
+def test_malformed_trace_gets_a_clear_error(trace_file, edit, message):
+    lines = lines_of(trace_file[0])
+    header, cycle = json.loads(lines[0]), json.loads(lines[1])
+    edit(header, cycle)
+    broken = [json.dumps(header), json.dumps(cycle), *lines[2:]]
+    with pytest.raises(TraceError, match=message):
+        loads_trace("\n".join(broken))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty"), ("not json\n", "not valid JSON"), ("[1, 2]\n", "JSON object"),
+    ('{"type": "cycle"}\n', "first record must be the header"),
+])
+def test_garbage_gets_a_clear_error(text, message):
+    with pytest.raises(TraceError, match=message):
+        loads_trace(text)
+
+
+def test_non_utf8_and_missing_files(tmp_path):
+    with pytest.raises(TraceError, match="UTF-8"):
+        loads_trace(b"\xff\xfe\x00")
+    with pytest.raises(TraceError, match="not found"):
+        load_trace(tmp_path / "nope.jsonl")
