@@ -81,20 +81,19 @@ def _gguf_file(folder: Path) -> str | None:
 
 
 def load_model(spec: str, device: torch.device, dtype: torch.dtype,
-               trust_remote_code: bool = False, full_vocab_size: int | None = None) -> LoadedModel:
+               trust_remote_code: bool = False) -> LoadedModel:
     """Load from a local folder (plain or holding a .gguf file) or a hub id."""
     path = Path(spec).expanduser()
     if spec.startswith((".", "/", "~")) and not path.exists():
         raise ModelLoadError(f"model folder not found: {spec}")
+    source = str(path) if path.is_dir() else spec
     kwargs: dict = {"trust_remote_code": trust_remote_code}
-    tok_kwargs: dict = {"trust_remote_code": trust_remote_code}
-    if path.is_dir():
-        gguf = _gguf_file(path)
-        if gguf and not (path / "config.json").exists():
-            kwargs["gguf_file"] = tok_kwargs["gguf_file"] = gguf
+    gguf = _gguf_file(path) if path.is_dir() else None
+    if gguf and not (path / "config.json").exists():
+        kwargs["gguf_file"] = gguf  # transformers dequantises it on load
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else spec, **tok_kwargs)
-        model = AutoModelForCausalLM.from_pretrained(str(path) if path.is_dir() else spec, dtype=dtype, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     except (OSError, ValueError) as err:
         where = "folder" if path.is_dir() else (
             "hub id: not in the local Hugging Face cache, and the hub is off by default "

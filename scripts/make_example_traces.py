@@ -1,0 +1,46 @@
+"""Regenerate the bundled example traces in assets/traces/ with the CLI.
+
+    python scripts/make_example_traces.py
+
+Each trace is an ordinary `python -m engine run` on a shipped preset, on the CPU, so
+anyone can reproduce them. default.jsonl is the one the app opens on.
+"""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine.cli import main  # noqa: E402
+
+OUT = ROOT / "assets" / "traces"
+
+EXAMPLES = {
+    "default.jsonl": ["--preset", "chat", "--prompt", "What is a good way to learn to cook?",
+                      "--k", "4", "--temperature", "0.7", "--max-new-tokens", "64", "--seed", "1"],
+    "chat-greedy-k4.jsonl": ["--preset", "chat", "--prompt", "Explain why the sky is blue.",
+                             "--k", "4", "--temperature", "0", "--max-new-tokens", "64"],
+    "chat-sampled-k2-high-acceptance.jsonl": ["--preset", "chat", "--prompt", "List the days of the week.",
+                                              "--k", "2", "--temperature", "0.5", "--max-new-tokens", "48", "--seed", "2"],
+    "chat-sampled-k6-low-acceptance.jsonl": ["--preset", "chat", "--prompt", "Invent a name for a purple dragon who bakes bread.",
+                                             "--k", "6", "--temperature", "1.2", "--max-new-tokens", "48", "--seed", "3"],
+    "shakespeare-sampled-k4.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "ROMEO:\n",
+                                     "--k", "4", "--temperature", "0.8", "--max-new-tokens", "160", "--seed", "4"],
+    "shakespeare-greedy-k8.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "KING HENRY:\nWhat say you",
+                                    "--k", "8", "--temperature", "0", "--max-new-tokens", "160"],
+    "shakespeare-sampled-k2-hot.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "Enter a Messenger.\n",
+                                         "--k", "2", "--temperature", "1.3", "--max-new-tokens", "120", "--seed", "5"],
+}
+
+
+def run() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, args in EXAMPLES.items():
+        print(f"== {name}", flush=True)
+        if main(["run", *args, "--device", "cpu", "--out", str(OUT / name)]) != 0:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

