@@ -1,0 +1,130 @@
+"""Plain data derived from a trace once, shared by the figures and the pages.
+
+No Streamlit and no Plotly here: the pages cache these results per trace, and the
+figure functions and tests use them directly.
+"""
+from dataclasses import dataclass
+
+from engine.trace import Trace
+
+# Where a token of the text came from.
+PROMPT, ACCEPTED, RESAMPLED, BONUS = "prompt", "accepted", "resampled", "bonus"
+# What happened to one drafted position in the left-to-right test.
+REJECTED, DISCARDED = "rejected", "discarded"
+
+# Shown instead of invisible characters, so a reader can see spaces and line ends.
+VISIBLE_WHITESPACE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
+TEXT_WRAP = 72  # characters per line in the text view (a monospace grid)
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """One token of the text, with the numbers its hover shows."""
+
+    text: str  # as decoded; never HTML-escaped here
+    origin: str  # PROMPT, ACCEPTED, RESAMPLED or BONUS
+    cycle: int | None  # None for prompt tokens
+    p_target: float | None = None
+    p_draft: float | None = None
+    accept_prob: float | None = None
+    u: float | None = None
+    residual: float | None = None  # normalised residual probability of a resampled token
+    row: int = 0  # line in the text view
+    col: int = 0  # first column in the text view
+    width: int = 1  # columns the visible text takes
+
+
+def visible_text(text: str) -> str:
+    """The token with whitespace and control characters made visible (not escaped)."""
+    out = []
+    for ch in text:
+        if ch in VISIBLE_WHITESPACE:
+            out.append(VISIBLE_WHITESPACE[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
+    return "".join(out) or "∅"  # an empty decode still needs a visible cell
+
+
+def _lookup(entries: list[dict] | None, token_id: int, field: str) -> float | None:
+    """A probability of token_id from a list of top entries, None if it was not kept."""
+    for entry in entries or []:
+        if entry["token_id"] == token_id:
+            return entry[field]
+    return None
+
+
+def cycle_tokens(c: dict) -> list[TokenInfo]:
+    """The tokens cycle c committed, in order, with the numbers behind each."""
+    tokens = []
+    n_acc = c["num_accepted"]
+    for i, (tid, text) in enumerate(zip(c["committed_token_ids"], c["committed_token_texts"])):
+        if i < n_acc:
+            tokens.append(TokenInfo(text, ACCEPTED, c["cycle"], c["p_target"][i], c["p_draft"][i],
+                                    c["accept_prob"][i], c["u"][i]))
+        elif c["rejected_position"] is not None:
+            res = c["residual_top"]
+            tokens.append(TokenInfo(text, RESAMPLED, c["cycle"], _lookup(res, tid, "p_target"),
+                                    _lookup(res, tid, "p_draft"), residual=_lookup(res, tid, "residual")))
+        else:  # the bonus token, drawn from the target's distribution at position K+1
+            tokens.append(TokenInfo(text, BONUS, c["cycle"], _lookup(c["target_top"][-1], tid, "p")))
+    return tokens
+
+
+def place_tokens(tokens: list[TokenInfo], wrap: int = TEXT_WRAP) -> list[TokenInfo]:
+    """Lay tokens out on a monospace grid: wrap at `wrap` columns, break after newlines."""
+    placed, row, col = [], 0, 0
+    for tok in tokens:
+        width = min(len(visible_text(tok.text)), wrap)
+        if col + width > wrap and col > 0:
+            row, col = row + 1, 0
+        placed.append(TokenInfo(**{**tok.__dict__, "row": row, "col": col, "width": width}))
+        col += width
+        if "\n" in tok.text:
+            row, col = row + 1, 0
+    return placed
+
+
+def token_table(trace: Trace, wrap: int = TEXT_WRAP) -> list[TokenInfo]:
+    """Prompt and every committed token of the trace, placed for the text view."""
+    tokens = [TokenInfo(t, PROMPT, None) for t in trace.header["prompt_token_texts"]]
+    for c in trace.cycles:
+        tokens.extend(cycle_tokens(c))
+    return place_tokens(tokens, wrap)
+
+
+def tokens_through(trace: Trace) -> list[int]:
+    """ends[c] = how many tokens of token_table(trace) exist once cycle c has committed."""
+    ends, n = [], len(trace.header["prompt_token_texts"])
+    for c in trace.cycles:
+        n += len(c["committed_token_ids"])
+        ends.append(n)
+    return ends
+
+
+def position_outcomes(c: dict, k: int) -> list[str]:
+    """Outcome of each drafted position 1..K: accepted, rejected or discarded."""
+    n_acc = c["num_accepted"]
+    return [ACCEPTED if i < n_acc else REJECTED if i == n_acc else DISCARDED for i in range(k)]
+
+
+@dataclass(frozen=True)
+class Overview:
+    """One marker per (cycle, position) for the all-cycles grid, grouped by outcome."""
+
+    k: int
+    points: dict[str, tuple[list[int], list[int]]]  # outcome -> (cycles, positions 1..K+1)
+
+
+def overview(trace: Trace) -> Overview:
+    points: dict[str, tuple[list[int], list[int]]] = {
+        ACCEPTED: ([], []), REJECTED: ([], []), DISCARDED: ([], []), BONUS: ([], [])}
+    for c in trace.cycles:
+        for pos, outcome in enumerate(position_outcomes(c, trace.k), start=1):
+            points[outcome][0].append(c["cycle"])
+            points[outcome][1].append(pos)
+        if c["bonus_token_id"] is not None:
+            points[BONUS][0].append(c["cycle"])
+            points[BONUS][1].append(trace.k + 1)
+    return Overview(trace.k, points)

@@ -1,0 +1,65 @@
+"""One-line captions for the five stages of a cycle, built from the cycle's own numbers.
+
+Plain text (the pages show it with st.text-like elements that never interpret HTML
+or Markdown), so token texts appear quoted, not escaped.
+"""
+from .derive import visible_text
+
+STAGES = {
+    1: "1 Draft",
+    2: "2 Verify",
+    3: "3 Test",
+    4: "4 Resample / bonus",
+    5: "5 Rollback",
+}
+
+
+def quoted(text: str) -> str:
+    return f"'{visible_text(text)}'"
+
+
+def stage_caption(c: dict, k: int, stage: int) -> str:
+    """What happens at this stage of cycle c, and why, in one line."""
+    return {1: _draft, 2: _verify, 3: _test, 4: _resample, 5: _rollback}[stage](c, k)
+
+
+def _draft(c: dict, k: int) -> str:
+    tokens = ", ".join(quoted(t) for t in c["draft_token_texts"])
+    return (f"The small draft model proposes K={k} tokens one after another ({tokens}); they are provisional, "
+            f"because drafting is cheap but only the target model decides what is kept.")
+
+
+def _verify(c: dict, k: int) -> str:
+    t = c["target_cache_len"]
+    return (f"The target model scores all {k + 1} positions (the last committed token plus the {k} drafts) in one "
+            f"forward pass, the whole point of speculation; its cache grows provisionally {t['before']} → {t['after_append']}.")
+
+
+def _test(c: dict, k: int) -> str:
+    n, j = c["num_accepted"], c["rejected_position"]
+    if j is None:
+        return (f"Left to right, each draft token is kept if u < min(1, p_target/p_draft): all {k} passed, "
+                f"so the output still follows the target model exactly.")
+    u, a = c["u"][j - 1], c["accept_prob"][j - 1]
+    rest = f"; positions {j + 1}–{k} are discarded untested" if j < k else ""
+    return (f"Left to right, each draft token is kept if u < min(1, p_target/p_draft): {n} accepted, "
+            f"position {j} ({quoted(c['draft_token_texts'][j - 1])}) rejected because u={u:.3f} ≥ {a:.3f}{rest}.")
+
+
+def _resample(c: dict, k: int) -> str:
+    token = quoted(c["next_token_text"])
+    if c["rejected_position"] is None:
+        return (f"All {k} drafts passed, so the target's distribution at position {k + 1}, already computed in the "
+                f"same pass, gives a free bonus token {token}: {k + 1} tokens for one target pass.")
+    return (f"At the rejected position the token {token} is drawn from norm(max(0, p_target − p_draft)), the mass "
+            f"the draft under-proposed; this correction keeps the output distributed exactly like the target's.")
+
+
+def _rollback(c: dict, k: int) -> str:
+    t, d = c["target_cache_len"], c["draft_cache_len"]
+    text = (f"Cache entries past the committed prefix are removed: target {t['after_append']} → {t['after_rollback']}, "
+            f"draft {d['after_append']} → {d['after_rollback']}; both now hold every committed token but the last, "
+            f"which opens the next cycle.")
+    if c["draft_catch_up"]:
+        text += f" The draft never ran on its own last token, so it is fed now (catch-up)."
+    return text

@@ -1,0 +1,412 @@
+"""Plotly figures of a trace: plain functions, trace records in, figure out.
+
+No Streamlit calls here, so tests call these directly. Colours come from the Okabe-Ito
+palette (readable with the common colour-vision deficiencies) and every category
+also has a symbol, a pattern or a word, so nothing relies on colour alone. Figures set
+no background or font colour: the app's light or dark theme supplies those.
+
+Plotly renders a subset of HTML in text, tick labels and hovers, so every token text
+passes through `esc` (html.escape) before it goes into a figure.
+"""
+import html
+from dataclasses import dataclass
+from typing import Sequence
+
+import plotly.graph_objects as go
+
+from .derive import (ACCEPTED, BONUS, DISCARDED, PROMPT, REJECTED, RESAMPLED, Overview,
+                     TEXT_WRAP, TokenInfo, cycle_tokens, position_outcomes, visible_text)
+
+OKABE_ITO = {
+    "orange": "#E69F00", "sky_blue": "#56B4E9", "bluish_green": "#009E73", "yellow": "#F0E442",
+    "blue": "#0072B2", "vermillion": "#D55E00", "reddish_purple": "#CC79A7", "grey": "#999999",
+}
+PROVISIONAL, COMMITTED, ROLLED_BACK, CATCH_UP = "provisional", "committed", "rolled back", "catch-up"
+MONO = "ui-monospace, SFMono-Regular, Menlo, Consolas, 'DejaVu Sans Mono', monospace"
+GRID = "rgba(128,128,128,0.55)"  # cell borders, visible on light and dark backgrounds
+
+
+@dataclass(frozen=True)
+class Style:
+    label: str  # the word shown in legends
+    colour: str
+    mark: str  # a text symbol used next to the word
+    symbol: str  # Plotly marker symbol
+    pattern: str  # Plotly bar pattern ("" = solid)
+
+
+STYLES = {
+    PROMPT: Style("prompt", OKABE_ITO["grey"], "▪", "square", ""),
+    ACCEPTED: Style("accepted draft", OKABE_ITO["bluish_green"], "✓", "circle", ""),
+    REJECTED: Style("rejected", OKABE_ITO["vermillion"], "✗", "x", "x"),
+    DISCARDED: Style("discarded (never tested)", OKABE_ITO["grey"], "–", "line-ew-open", "."),
+    RESAMPLED: Style("resampled", OKABE_ITO["orange"], "↻", "diamond", "/"),
+    BONUS: Style("bonus", OKABE_ITO["blue"], "★", "star", "+"),
+    PROVISIONAL: Style("provisional", OKABE_ITO["sky_blue"], "?", "square-open", "."),
+    COMMITTED: Style("committed", OKABE_ITO["blue"], "▪", "square", ""),
+    ROLLED_BACK: Style("rolled back", OKABE_ITO["vermillion"], "✗", "x", "x"),
+    CATCH_UP: Style("draft catch-up (d_K fed)", OKABE_ITO["bluish_green"], "+", "cross", "+"),
+}
+P_TARGET_COLOUR, P_DRAFT_COLOUR = OKABE_ITO["blue"], OKABE_ITO["orange"]
+RESIDUAL_COLOUR, ACCEPT_COLOUR, U_COLOUR = OKABE_ITO["reddish_purple"], OKABE_ITO["bluish_green"], OKABE_ITO["reddish_purple"]
+
+
+def esc(text: str) -> str:
+    """Escape for Plotly's HTML subset. quote=False: Plotly decodes &lt; &gt; &amp; but not &quot;."""
+    return html.escape(text, quote=False)
+
+
+def shown(text: str) -> str:
+    """A token as the figures show it: whitespace visible, then escaped."""
+    return esc(visible_text(text))
+
+
+def fmt_p(p: float | None) -> str:
+    if p is None:
+        return "not in the trace's top list"
+    return f"{p:.3f}" if p >= 0.001 or p == 0 else f"{p:.1e}"
+
+
+def rgba(hex_colour: str, alpha: float) -> str:
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _layout(fig: go.Figure, title: str, height: int, top: int = 72, **extra) -> go.Figure:
+    """Title in the top-left corner, the legend on its own line under it."""
+    fig.update_layout(title=dict(text=title, x=0, xanchor="left", xref="paper", y=1, yref="container",
+                                 yanchor="top", pad=dict(t=6), font=dict(size=14)),
+                      height=height, margin=dict(l=10, r=10, t=top, b=10),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0, xanchor="left"),
+                      hoverlabel=dict(font=dict(family=MONO)), **extra)
+    return fig
+
+
+def _solid_pattern(shape: str) -> dict:
+    """Light hatching drawn over a solid bar, so bars differ by more than colour."""
+    return dict(shape=shape, fillmode="overlay", fgcolor="rgba(255,255,255,0.75)", size=6, solidity=0.3)
+
+
+def _cells(fig: go.Figure, name: str, style: Style, y: list, base: list, width: list,
+           hover: list[str], fill_alpha: float = 0.35, outline: list[float] | None = None,
+           legend: bool = True, thickness: float = 0.8) -> None:
+    """Rectangles as horizontal bars (one per cell), hatched when the style has a pattern."""
+    fig.add_bar(orientation="h", y=y, base=base, x=width, width=thickness, name=name, showlegend=legend,
+                marker=dict(color=rgba(style.colour, fill_alpha),
+                            line=dict(color=style.colour if outline else GRID, width=outline or 1),
+                            pattern=dict(shape=style.pattern, fillmode="overlay", fgcolor=style.colour,
+                                         fgopacity=0.5, size=7, solidity=0.2)),
+                hovertext=hover, hovertemplate="%{hovertext}<extra></extra>")
+
+
+def _labels(fig: go.Figure, x: list, y: list, text: list[str], size: int = 13) -> None:
+    """Text drawn over cells (a separate trace, so Plotly never shrinks or hides it)."""
+    fig.add_scatter(x=x, y=y, text=text, mode="text", showlegend=False, hoverinfo="skip",
+                    textfont=dict(family=MONO, size=size))
+
+
+# ---------------------------------------------------------------- the text so far
+
+def token_hover(t: TokenInfo) -> str:
+    head = f"<b>{shown(t.text)}</b> · {STYLES[t.origin].mark} {STYLES[t.origin].label}"
+    if t.origin == PROMPT:
+        return head + " token"
+    head += f" (cycle {t.cycle})"
+    if t.origin == ACCEPTED:
+        return (f"{head}<br>p_target {fmt_p(t.p_target)} · p_draft {fmt_p(t.p_draft)}"
+                f"<br>acceptance min(1, p_target/p_draft) {fmt_p(t.accept_prob)} · u {fmt_p(t.u)} → accepted")
+    if t.origin == RESAMPLED:
+        return (f"{head}<br>drawn from the residual: {fmt_p(t.residual)}"
+                f"<br>p_target {fmt_p(t.p_target)} · p_draft {fmt_p(t.p_draft)}")
+    return f"{head}<br>drawn from the target at position K+1: p_target {fmt_p(t.p_target)}"
+
+
+def text_figure(tokens: Sequence[TokenInfo], highlight_cycle: int | None = None,
+                visible_rows: int = 12) -> go.Figure:
+    """The text so far, one cell per token coloured by origin; this cycle's tokens outlined."""
+    fig = go.Figure()
+    for origin in (PROMPT, ACCEPTED, RESAMPLED, BONUS):
+        group = [t for t in tokens if t.origin == origin]
+        if not group:
+            continue
+        outline = [2.5 if t.cycle == highlight_cycle else 0.5 for t in group]
+        _cells(fig, f"{STYLES[origin].mark} {STYLES[origin].label}", STYLES[origin],
+               [t.row for t in group], [t.col for t in group], [t.width for t in group],
+               [token_hover(t) for t in group], outline=outline)
+    _labels(fig, [t.col + t.width / 2 for t in tokens], [t.row for t in tokens],
+            [shown(t.text) for t in tokens])
+    last_row = tokens[-1].row if tokens else 0
+    top = max(-0.5, last_row - visible_rows + 0.5)
+    fig.update_xaxes(visible=False, range=[-0.5, TEXT_WRAP + 0.5])
+    fig.update_yaxes(visible=False, range=[last_row + 0.5, top])  # reversed: first line on top
+    rows = min(last_row + 1, visible_rows)
+    return _layout(fig, "Text so far (hover a token for its numbers; this cycle's tokens are outlined)",
+                   90 + 26 * rows, barmode="overlay", bargap=0.15, dragmode="pan")
+
+
+# ---------------------------------------------------------------- one cycle at a glance
+
+def _column_widths(c: dict, k: int) -> list[int]:
+    """Width in characters of each position column 1..K+1 (a token or its numbers)."""
+    texts = list(c["draft_token_texts"]) + [c["next_token_text"]]
+    return [max(len(visible_text(t)) + 2, 9) for t in texts[:k]] + [max(len(visible_text(texts[k])) + 2, 11)]
+
+
+def _draft_row_style(c: dict, k: int, stage: int) -> list[str]:
+    return position_outcomes(c, k) if stage >= 3 else [PROVISIONAL] * k
+
+
+DRAFT_ROW, NUMBERS_ROW, COMMITTED_ROW = 0, 1, 2  # y of the rows in the cycle figure
+
+
+def cycle_figure(c: dict, k: int, stage: int) -> go.Figure:
+    """Row 1: the K drafted tokens (provisional, then marked by the test's outcome).
+    Row 2: p_draft under each (p_target too once the target has scored them).
+    Row 3 (from stage 4): what the cycle commits, including the resampled or bonus token."""
+    widths = _column_widths(c, k)
+    starts = [sum(widths[:i]) for i in range(k + 1)]
+    centres = [starts[i] + (widths[i] - 1) / 2 for i in range(k + 1)]
+    fig = go.Figure()
+    outcomes = _draft_row_style(c, k, stage)
+    for outcome in dict.fromkeys(outcomes):
+        idx = [i for i in range(k) if outcomes[i] == outcome]
+        _cells(fig, f"{STYLES[outcome].mark} {STYLES[outcome].label}", STYLES[outcome],
+               [DRAFT_ROW] * len(idx), [starts[i] for i in idx], [widths[i] - 1 for i in idx],
+               [_draft_hover(c, i, stage) for i in idx], outline=[2] * len(idx))
+    marks = [f" {STYLES[o].mark}" if stage >= 3 else "" for o in outcomes]
+    _labels(fig, centres[:k], [DRAFT_ROW] * k,
+            [f"{i + 1}: {shown(c['draft_token_texts'][i])}{marks[i]}" for i in range(k)])
+    _labels(fig, centres[:k], [NUMBERS_ROW] * k, _numbers(c, k, stage), size=11)
+    slot = "target's extra<br>position K+1" if stage >= 2 else "K+1<br>(no draft token)"
+    _labels(fig, [centres[k]], [DRAFT_ROW], [slot], size=11)
+    rows = 3 if stage >= 4 else 2
+    if stage >= 4:
+        _committed_row(fig, c, k, starts, widths)
+    names = ["draft proposes", "p_draft / p_target" if stage >= 2 else "p_draft", "committed"]
+    fig.update_yaxes(tickvals=list(range(rows)), ticktext=names[:rows], range=[rows - 0.5, -0.5],
+                     fixedrange=True, showgrid=False, zeroline=False)
+    fig.update_xaxes(visible=False, range=[-0.5, starts[k] + widths[k]], fixedrange=True)
+    return _layout(fig, f"Cycle {c['cycle']}: the K={k} draft positions", 90 + 58 * rows,
+                   barmode="overlay")
+
+
+def _draft_hover(c: dict, i: int, stage: int) -> str:
+    text = f"position {i + 1}: <b>{shown(c['draft_token_texts'][i])}</b><br>p_draft {fmt_p(c['p_draft'][i])}"
+    if stage >= 2:
+        text += f"<br>p_target {fmt_p(c['p_target'][i])}"
+    if stage >= 3:
+        u = c["u"][i] if i < len(c["u"]) else None
+        text += f"<br>min(1, p_target/p_draft) {fmt_p(c['accept_prob'][i])} · u {fmt_p(u) if u is not None else 'not drawn'}"
+    return text
+
+
+def _numbers(c: dict, k: int, stage: int) -> list[str]:
+    """Under each draft token: p_draft, then p_target once the target has scored it."""
+    lines = [f"p_draft {c['p_draft'][i]:.3f}" for i in range(k)]
+    if stage >= 2:
+        lines = [f"{line}<br>p_target {c['p_target'][i]:.3f}" for i, line in enumerate(lines)]
+    return lines
+
+
+def _committed_row(fig: go.Figure, c: dict, k: int, starts: list[int], widths: list[int]) -> None:
+    tokens = cycle_tokens(c)
+    for origin in dict.fromkeys(t.origin for t in tokens):
+        idx = [i for i, t in enumerate(tokens) if t.origin == origin]
+        _cells(fig, f"{STYLES[origin].mark} {STYLES[origin].label}", STYLES[origin], [COMMITTED_ROW] * len(idx),
+               [starts[i] for i in idx], [widths[i] - 1 for i in idx], [token_hover(tokens[i]) for i in idx],
+               outline=[2] * len(idx), legend=origin != ACCEPTED)
+    _labels(fig, [starts[i] + (widths[i] - 1) / 2 for i in range(len(tokens))], [COMMITTED_ROW] * len(tokens),
+            [f"{shown(t.text)} {STYLES[t.origin].mark}" for t in tokens])
+
+
+# ---------------------------------------------------------------- the test, per position
+
+def _position_ticks(c: dict, k: int, stage: int) -> list[str]:
+    outcomes = position_outcomes(c, k)
+    ticks = []
+    for i in range(k):
+        tick = f"{i + 1}: {shown(c['draft_token_texts'][i])}"
+        if stage >= 3:
+            tick += f"<br>{STYLES[outcomes[i]].mark} {outcomes[i]}"
+        ticks.append(tick)
+    return ticks
+
+
+def acceptance_figure(c: dict, k: int, stage: int = 3) -> go.Figure:
+    """Grouped bars p_target vs p_draft per drafted position; from stage 3 also
+    min(1, p_target/p_draft) (a bar-wide line) and the draw u (a diamond) where tested."""
+    ticks = _position_ticks(c, k, stage)
+    fade = [1.0 if o != DISCARDED or stage < 3 else 0.35 for o in position_outcomes(c, k)]
+    fig = go.Figure()
+    fig.add_bar(x=ticks, y=c["p_target"], name="p_target (target model)", marker=dict(color=P_TARGET_COLOUR, opacity=fade),
+                text=[f"{p:.3f}" for p in c["p_target"]], textposition="outside",
+                hovertemplate="p_target %{y:.4f}<extra></extra>")
+    fig.add_bar(x=ticks, y=c["p_draft"], name="p_draft (draft model)",
+                marker=dict(color=P_DRAFT_COLOUR, opacity=fade, pattern=_solid_pattern("/")),
+                text=[f"{p:.3f}" for p in c["p_draft"]], textposition="outside",
+                hovertemplate="p_draft %{y:.4f}<extra></extra>")
+    if stage >= 3:
+        _acceptance_marks(fig, c, ticks)
+    fig.update_yaxes(title="probability", range=[0, 1.12])
+    fig.update_xaxes(type="category")
+    return _layout(fig, "Left-to-right test: accept while u < min(1, p_target / p_draft)", 380,
+                   top=96, barmode="group", bargap=0.3)
+
+
+def _acceptance_marks(fig: go.Figure, c: dict, ticks: list[str]) -> None:
+    fig.add_scatter(x=ticks, y=c["accept_prob"], mode="markers", name="min(1, p_target/p_draft)",
+                    marker=dict(symbol="line-ew-open", size=46, color=ACCEPT_COLOUR, line=dict(width=4, color=ACCEPT_COLOUR)),
+                    hovertemplate="acceptance probability %{y:.4f}<extra></extra>")
+    tested = ticks[: len(c["u"])]  # u is drawn only up to the first rejection
+    fig.add_scatter(x=tested, y=c["u"], mode="markers+text", name="u (uniform draw)",
+                    text=[f"u={u:.2f}" for u in c["u"]], textposition="middle right",
+                    marker=dict(symbol="diamond", size=12, color=U_COLOUR, line=dict(width=1, color=GRID)),
+                    hovertemplate="u %{y:.4f}<extra></extra>")
+
+
+# ---------------------------------------------------------------- resample or bonus
+
+def _unique_labels(texts: list[str], ids: list[int]) -> list[str]:
+    """Category labels; two tokens that decode alike get their ids added."""
+    labels = [shown(t) for t in texts]
+    return [f"{lab} #{i}" if labels.count(lab) > 1 else lab for lab, i in zip(labels, ids)]
+
+
+def resample_figure(c: dict, k: int) -> go.Figure:
+    """At a rejection: the top tokens' p_target, p_draft and residual; at a full accept:
+    the target's distribution at K+1 that the bonus token was drawn from."""
+    if c["rejected_position"] is None:
+        return _bonus_figure(c, k)
+    entries = c["residual_top"]
+    chosen = c["resampled_token_id"]
+    labels = _unique_labels([e["text"] for e in entries], [e["token_id"] for e in entries])
+    edge = [3 if e["token_id"] == chosen else 0 for e in entries]
+    fig = go.Figure()
+    for field, name, colour, pattern in (("p_target", "p_target", P_TARGET_COLOUR, ""),
+                                         ("p_draft", "p_draft", P_DRAFT_COLOUR, "/"),
+                                         ("residual", "norm(max(0, p_target − p_draft))", RESIDUAL_COLOUR, "x")):
+        fig.add_bar(x=labels, y=[e[field] for e in entries], name=name,
+                    marker=dict(color=colour, pattern=_solid_pattern(pattern),
+                                line=dict(width=edge, color=OKABE_ITO["vermillion"])),
+                    hovertemplate=f"{name} %{{y:.4f}}<extra>%{{x}}</extra>")
+    j = c["rejected_position"]
+    _mark_sampled(fig, labels[[e["token_id"] for e in entries].index(chosen)], "↻ resampled")
+    fig.update_yaxes(title="probability", range=[0, 1.12])
+    fig.update_xaxes(type="category")
+    return _layout(fig, f"Resample at rejected position {j}: draw from the residual (top tokens)", 380,
+                   top=96, barmode="group", bargap=0.25)
+
+
+def _bonus_figure(c: dict, k: int) -> go.Figure:
+    entries = c["target_top"][k]
+    chosen = c["bonus_token_id"]
+    ids = [e["token_id"] for e in entries]
+    labels = _unique_labels([e["text"] for e in entries], ids)
+    fig = go.Figure()
+    fig.add_bar(x=labels, y=[e["p"] for e in entries], name=f"p_target at position K+1={k + 1}",
+                marker=dict(color=P_TARGET_COLOUR, line=dict(width=[3 if i == chosen else 0 for i in ids],
+                                                            color=OKABE_ITO["vermillion"])),
+                hovertemplate="p_target %{y:.4f}<extra>%{x}</extra>")
+    if chosen in ids:
+        _mark_sampled(fig, labels[ids.index(chosen)], "★ bonus")
+    fig.update_yaxes(title="probability", range=[0, 1.12])
+    fig.update_xaxes(type="category")
+    return _layout(fig, f"Bonus: drawn from the target at position K+1={k + 1}", 380, top=96, bargap=0.25)
+
+
+def _mark_sampled(fig: go.Figure, label: str, word: str) -> None:
+    fig.add_annotation(x=label, y=1.04, text=f"<b>{word}</b>", showarrow=False,
+                       font=dict(color=OKABE_ITO["vermillion"]))
+
+
+# ---------------------------------------------------------------- KV caches
+
+CACHE_CONTEXT = 6  # committed cells shown before the ones this cycle touches
+
+
+def cache_cells(lengths: dict, stage: int, model: str) -> dict[str, tuple[int, int]]:
+    """Cell ranges [start, end) per state for one model's cache at a stage of the cycle.
+
+    before: committed; after_append: provisional entries added (the draft's in stage 1,
+    the target's in stage 2); at the rollback stage the entries past after_rollback are
+    removed, and a draft that never ran on d_K gains one entry (catch-up), so
+    after_rollback can exceed after_append.
+    """
+    before, appended, after = lengths["before"], lengths["after_append"], lengths["after_rollback"]
+    if model == "target" and stage == 1:
+        return {COMMITTED: (0, before)}
+    if stage < 5:
+        return {COMMITTED: (0, before), PROVISIONAL: (before, appended)}
+    return {COMMITTED: (0, min(appended, after)), ROLLED_BACK: (after, appended),
+            CATCH_UP: (appended, after)}
+
+
+def cache_figure(c: dict, stage: int, sequence_texts: Sequence[str]) -> go.Figure:
+    """The KV-cache strip of target and draft at a stage, with the recorded lengths.
+
+    sequence_texts[p] is the token at sequence position p: the committed tokens
+    followed by this cycle's inputs (so a cell can show whose K/V it holds).
+    """
+    fig = go.Figure()
+    t_len, d_len = c["target_cache_len"], c["draft_cache_len"]
+    per_model = {"target": cache_cells(t_len, stage, "target"), "draft": cache_cells(d_len, stage, "draft")}
+    first = max(0, min(t_len["before"], d_len["before"]) - CACHE_CONTEXT)
+    for state in (COMMITTED, PROVISIONAL, ROLLED_BACK, CATCH_UP):
+        _cache_state(fig, state, per_model, first, sequence_texts)
+    end = max(max(v["after_append"], v["after_rollback"]) for v in (t_len, d_len))
+    fig.update_yaxes(categoryorder="array", categoryarray=["draft", "target"], fixedrange=True)
+    fig.update_xaxes(title="cache position" + (f" (positions 0–{first - 1} committed, not drawn)" if first else ""),
+                     range=[first - 0.5, end + 0.5], fixedrange=True)
+    return _layout(fig, cache_title(c, stage), 230, barmode="overlay", bargap=0.25)
+
+
+def _cache_state(fig: go.Figure, state: str, per_model: dict, first: int, texts: Sequence[str]) -> None:
+    ys, xs, hover, labels = [], [], [], []
+    for model, cells in per_model.items():
+        start, end = cells.get(state, (0, 0))
+        for p in range(max(start, first), end):
+            token = shown(texts[p]) if p < len(texts) else "?"
+            ys.append(model), xs.append(p)
+            labels.append(f"✗{token}" if state == ROLLED_BACK else token)
+            hover.append(f"{model} cache position {p}: K/V of <b>{token}</b> · {STYLES[state].label}")
+    if xs:
+        _cells(fig, f"{STYLES[state].mark} {STYLES[state].label}", STYLES[state], ys, [x - 0.45 for x in xs],
+               [0.9] * len(xs), hover, fill_alpha=0.3)
+        _labels(fig, xs, ys, labels, size=10)
+
+
+def cache_title(c: dict, stage: int) -> str:
+    t, d = c["target_cache_len"], c["draft_cache_len"]
+    if stage == 1:
+        return f"KV caches: draft {d['before']} → {d['after_append']} (provisional); target still {t['before']}"
+    if stage < 5:
+        return (f"KV caches: target {t['before']} → {t['after_append']}, "
+                f"draft {d['before']} → {d['after_append']} (provisional entries dotted)")
+    return (f"KV caches after rollback: target {t['after_append']} → {t['after_rollback']}, "
+            f"draft {d['after_append']} → {d['after_rollback']}")
+
+
+# ---------------------------------------------------------------- all cycles
+
+OVERVIEW_WINDOW = 120  # cycles shown at once in a long trace (pan for the rest)
+
+
+def overview_figure(ov: Overview, num_cycles: int, current: int | None = None) -> go.Figure:
+    """One marker per cycle and position: accepted / rejected / discarded / bonus.
+    Clicking a marker selects it; the page jumps to that cycle."""
+    fig = go.Figure()
+    for outcome in (ACCEPTED, REJECTED, DISCARDED, BONUS):
+        cycles, positions = ov.points[outcome]
+        style = STYLES[outcome]
+        fig.add_scatter(x=cycles, y=positions, mode="markers", name=f"{style.mark} {style.label}",
+                        marker=dict(symbol=style.symbol, size=8 if outcome == DISCARDED else 11, color=style.colour,
+                                    line=dict(width=2, color=style.colour)),
+                        hovertemplate=f"cycle %{{x}} · position %{{y}}: {style.label}<extra></extra>")
+    if current is not None:
+        fig.add_vrect(x0=current - 0.5, x1=current + 0.5, fillcolor=OKABE_ITO["yellow"], opacity=0.25,
+                      line_width=0, layer="below")
+    lo = 0 if current is None else max(0, min(current - OVERVIEW_WINDOW // 2, num_cycles - OVERVIEW_WINDOW))
+    fig.update_xaxes(title="cycle (click a marker to jump there)", range=[lo - 0.5, min(num_cycles, lo + OVERVIEW_WINDOW) - 0.5])
+    fig.update_yaxes(title="position", tickvals=list(range(1, ov.k + 2)),
+                     ticktext=[str(i) for i in range(1, ov.k + 1)] + ["K+1"], range=[ov.k + 1.6, 0.4], fixedrange=True)
+    return _layout(fig, "All cycles", 150 + 22 * (ov.k + 1), dragmode="pan", clickmode="event+select")

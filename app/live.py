@@ -1,0 +1,136 @@
+"""A live run from the app: pick a model pair and settings, watch the cycles arrive.
+
+Models load once per process (st.cache_resource): every session and rerun shares them.
+The run writes a normal trace file under runs/live/, so it opens in the stepper and
+its link can be shared like any other trace.
+"""
+import time
+import uuid
+
+import streamlit as st
+
+from app import state
+from app.derive import visible_text
+from app.safe import md
+from engine.config import MAX_K, MAX_NEW_TOKENS, SettingsError, SpecSettings
+from engine.models import ModelLoadError, TokenizerMismatchError
+from engine.presets import DEFAULT_PRESET, PRESETS
+from engine.run import load_pair, load_preset, run_to_trace
+from engine.speculative import Pair
+
+CUSTOM = "custom"  # the pair is given as two model folders (or hub ids)
+STEPPER = "pages/stepper.py"
+LOAD_ERRORS = (ModelLoadError, TokenizerMismatchError, ValueError, OSError)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def cached_preset(name: str) -> Pair:
+    return load_preset(name)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def cached_pair(target: str, draft: str) -> Pair:
+    return load_pair(target, draft)
+
+
+def apply_preset_defaults() -> None:
+    """When the preset changes, fill in its prompt, temperature and chat-template choice."""
+    preset = PRESETS.get(st.session_state["live_preset"])
+    if preset:
+        st.session_state.update(live_prompt=preset.example_prompt, live_temperature=preset.default_temperature,
+                                live_chat=preset.use_chat_template)
+
+
+def init_defaults() -> None:
+    if "live_preset" not in st.session_state:
+        st.session_state["live_preset"] = DEFAULT_PRESET
+        apply_preset_defaults()
+
+
+def settings_inputs() -> dict:
+    """The sampling settings as typed; SpecSettings checks their ranges."""
+    cols = st.columns(6)
+    return dict(
+        k=cols[0].number_input("K (draft tokens per cycle)", 1, MAX_K, 4, key="live_k"),
+        temperature=cols[1].number_input("Temperature (0 = greedy)", 0.0, 100.0, step=0.1, key="live_temperature"),
+        top_k=cols[2].number_input("Top-k (0 = off)", 0, 1_000_000, 0, key="live_top_k"),
+        top_p=cols[3].number_input("Top-p (1 = off)", 0.01, 1.0, 1.0, step=0.05, key="live_top_p"),
+        seed=cols[4].number_input("Seed", 0, 2**31 - 1, 0, key="live_seed"),
+        max_new_tokens=cols[5].number_input("Max new tokens", 1, MAX_NEW_TOKENS, 64, key="live_max_new"),
+    )
+
+
+def run_form() -> None:
+    init_defaults()
+    options = [*PRESETS, CUSTOM]
+    st.selectbox("Model pair", options, key="live_preset", on_change=apply_preset_defaults,
+                 format_func=lambda n: f"{n}: {PRESETS[n].description}" if n in PRESETS else "custom: two model folders or ids")
+    target = draft = ""
+    if st.session_state["live_preset"] == CUSTOM:
+        cols = st.columns(2)
+        target = cols[0].text_input("Target model (folder or id)", key="live_target")
+        draft = cols[1].text_input("Draft model (folder or id)", key="live_draft")
+    st.text_area("Prompt", key="live_prompt", height=80)
+    values = settings_inputs()
+    chat = st.checkbox("Wrap the prompt in the chat template (if the tokenizer has one)", key="live_chat")
+    if st.button("Run", key="live_run", type="primary"):
+        try:
+            settings = SpecSettings(**{k: (float(v) if k in ("temperature", "top_p") else int(v)) for k, v in values.items()})
+        except SettingsError as err:
+            st.error(md(str(err)))
+            return
+        run(st.session_state["live_preset"], target.strip(), draft.strip(), st.session_state["live_prompt"], settings, chat)
+
+
+def load_models(preset: str, target: str, draft: str) -> Pair | None:
+    if preset == CUSTOM and not (target and draft):
+        st.error("Type both a target and a draft model (local folders work offline).")
+        return None
+    try:
+        with st.spinner("Loading models (once per server process)…"):
+            return cached_preset(preset) if preset != CUSTOM else cached_pair(target, draft)
+    except LOAD_ERRORS as err:
+        st.error(f"Could not load the models: {md(str(err))}", icon=":material/error:")
+        return None
+
+
+def run(preset: str, target: str, draft: str, prompt: str, settings: SpecSettings, chat: bool) -> None:
+    pair = load_models(preset, target, draft)
+    if pair is None:
+        return
+    out = state.runs_dir() / f"live-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.jsonl"
+    watch = LiveView(settings.max_new_tokens)
+    try:
+        run_to_trace(pair, prompt, settings, out, preset=None if preset == CUSTOM else preset,
+                     chat_template=chat, on_cycle=watch.on_cycle)
+    except (ValueError, RuntimeError) as err:
+        st.error(f"The run stopped: {md(str(err))}", icon=":material/error:")
+        return
+    if state.set_current(state.TraceRef("run", out.name)) is None:
+        st.success(f"Finished: {watch.cycles} cycles, {watch.tokens} tokens, saved to {md(str(out))}.")
+        st.page_link(STEPPER, label="Step through this run", icon=":material/play_circle:")
+
+
+class LiveView:
+    """Progress, the text so far and the latest cycles, redrawn as each cycle ends."""
+
+    def __init__(self, max_new_tokens: int) -> None:
+        self.max_new_tokens = max_new_tokens
+        self.progress = st.progress(0.0, text="Starting…")
+        self.text = st.empty()
+        self.table = st.empty()
+        self.rows: list[dict] = []
+        self.pieces: list[str] = []
+        self.cycles = self.tokens = 0
+
+    def on_cycle(self, rec: dict) -> None:
+        self.cycles += 1
+        self.tokens += len(rec["committed_token_ids"])
+        self.pieces += rec["committed_token_texts"]
+        self.rows.append({"cycle": rec["cycle"], "accepted": f"{rec['num_accepted']} of {len(rec['draft_token_ids'])}",
+                          "outcome": "bonus" if rec["bonus_token_id"] is not None else f"rejected at {rec['rejected_position']}",
+                          "committed": " ".join(visible_text(t) for t in rec["committed_token_texts"])})
+        self.progress.progress(min(1.0, self.tokens / self.max_new_tokens),
+                               text=f"Cycle {rec['cycle']}: {self.tokens} of at most {self.max_new_tokens} tokens")
+        self.text.code("".join(self.pieces), language=None, wrap_lines=True)  # st.code shows text, never HTML
+        self.table.dataframe(self.rows[-8:], hide_index=True)

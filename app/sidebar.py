@@ -1,0 +1,18 @@
+"""The sidebar every page shares: what trace is open, and any error opening one."""
+import streamlit as st
+
+from app import state
+from app.safe import md
+
+
+def render() -> None:
+    with st.sidebar:
+        ref, trace = state.current_ref(), state.current_trace()
+        if trace is None:
+            st.caption("No trace open.")
+        else:
+            st.caption(f"Open trace: **{md(ref.label)}**  \n"
+                       f"{md(trace.header['target']['name'])} ← {md(trace.header['draft']['name'])}, "
+                       f"K={trace.k}, {len(trace.cycles)} cycles")
+        if state.last_error():
+            st.error(md(state.last_error()), icon=":material/error:")

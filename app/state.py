@@ -1,0 +1,209 @@
+"""Which trace is open, shared by every page.
+
+A trace is named by a `TraceRef` (bundled file, live run, upload, or the path in the
+SPECLAB_TRACE environment variable). Its short token (e.g. "bundled:default.jsonl")
+goes into the URL, so a link reopens the same trace; tokens only ever name files
+inside the app's own folders, never an arbitrary path.
+
+Pages call `current_trace()`; the step (cycle, stage) lives in st.session_state too.
+"""
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from engine.trace import Trace, TraceError, load_trace, loads_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("bundled", "run", "upload", "env")
+
+# session_state keys (other pages read these through the helpers below)
+REF, TRACE, TRACE_KEY, ERROR, CYCLE, STAGE = "trace_ref", "trace", "trace_key", "trace_error", "cycle", "stage"
+
+
+def traces_dir() -> Path:
+    return Path(os.environ.get("SPECLAB_TRACES_DIR", ROOT / "assets" / "traces"))
+
+
+def runs_dir() -> Path:
+    return Path(os.environ.get("SPECLAB_RUNS_DIR", ROOT / "runs" / "live"))
+
+
+def uploads_dir() -> Path:
+    return Path(os.environ.get("SPECLAB_UPLOADS_DIR", Path(tempfile.gettempdir()) / "speclab-uploads"))
+
+
+@dataclass(frozen=True)
+class TraceRef:
+    kind: str  # one of KINDS
+    name: str = ""  # a file name inside that kind's folder ("" for env)
+
+    @property
+    def token(self) -> str:
+        return f"{self.kind}:{self.name}" if self.name else self.kind
+
+    @property
+    def path(self) -> Path:
+        if self.kind == "env":
+            return Path(os.environ.get("SPECLAB_TRACE", ""))
+        folder = {"bundled": traces_dir(), "run": runs_dir(), "upload": uploads_dir()}[self.kind]
+        return folder / self.name
+
+    @property
+    def label(self) -> str:
+        what = {"bundled": "example", "run": "live run", "upload": "upload", "env": "SPECLAB_TRACE"}[self.kind]
+        return f"{what}: {self.name or self.path.name}"
+
+
+def parse_token(token: str | None) -> TraceRef | None:
+    """A ref from a URL token, or None if it names nothing the app may open."""
+    if not token:
+        return None
+    kind, _, name = token.partition(":")
+    if kind not in KINDS or (kind == "env") != (name == "") or (kind == "env" and not os.environ.get("SPECLAB_TRACE")):
+        return None
+    if name and (Path(name).name != name or name.startswith(".")):
+        return None  # a bare file name only: no folders, no '..'
+    return TraceRef(kind, name)
+
+
+def bundled_traces() -> list[str]:
+    folder = traces_dir()
+    return sorted(p.name for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+
+
+def default_ref() -> TraceRef | None:
+    """SPECLAB_TRACE if set, else assets/traces/default.jsonl, else the first bundled trace by name."""
+    if os.environ.get("SPECLAB_TRACE"):
+        return TraceRef("env")
+    names = bundled_traces()
+    if not names:
+        return None
+    return TraceRef("bundled", "default.jsonl" if "default.jsonl" in names else names[0])
+
+
+# ---------------------------------------------------------------- loading (cached)
+
+@st.cache_data(max_entries=16, show_spinner="Reading trace…")
+def _load_path(path: str, mtime_ns: int) -> Trace:
+    """Keyed by path and modification time, so a rewritten file is read again."""
+    return load_trace(path, allow_incomplete=True)
+
+
+@st.cache_data(max_entries=16, show_spinner="Reading trace…")
+def _load_bytes(data: bytes, source: str) -> Trace:
+    return loads_trace(data, source, allow_incomplete=True)
+
+
+def load_ref(ref: TraceRef) -> tuple[Trace, str]:
+    """The trace a ref names and a key that changes whenever its content can have changed."""
+    path = ref.path
+    if not path.is_file():
+        raise TraceError(f"trace file not found: {path}")
+    mtime = path.stat().st_mtime_ns
+    return _load_path(str(path), mtime), f"{ref.token}@{mtime}"
+
+
+# ---------------------------------------------------------------- the current trace
+
+def set_current(ref: TraceRef, cycle: int = 0, stage: int = 1) -> str | None:
+    """Open a trace; returns an error message (and keeps the previous trace) if it cannot be read."""
+    try:
+        trace, key = load_ref(ref)
+    except (TraceError, OSError) as err:
+        st.session_state[ERROR] = str(err)
+        return str(err)
+    st.session_state.update({REF: ref, TRACE: trace, TRACE_KEY: key, ERROR: None})
+    set_step(cycle, stage)
+    return None
+
+
+def current_ref() -> TraceRef | None:
+    return st.session_state.get(REF)
+
+
+def current_trace() -> Trace | None:
+    """The open trace, or None when nothing could be opened (see `last_error()`)."""
+    return st.session_state.get(TRACE)
+
+
+def current_key() -> str:
+    """A string naming the open trace's content, for st.cache_data keys of derived data."""
+    return st.session_state.get(TRACE_KEY, "")
+
+
+def last_error() -> str | None:
+    return st.session_state.get(ERROR)
+
+
+def open_upload(name: str, data: bytes) -> str | None:
+    """Validate uploaded bytes through the engine's loader, keep them, and open them.
+
+    Returns an error message for the user, or None on success. The bytes are saved
+    under their hash so the page URL can name the upload.
+    """
+    try:
+        _load_bytes(data, name)
+    except TraceError as err:
+        st.session_state[ERROR] = str(err)
+        return str(err)
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    ref = TraceRef("upload", f"{digest}.jsonl")
+    if current_ref() == ref:
+        return None  # a rerun with the same file still in the uploader: keep the step
+    folder = uploads_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    if not ref.path.exists():
+        ref.path.write_bytes(data)
+    return set_current(ref)
+
+
+# ---------------------------------------------------------------- the step
+
+def set_step(cycle: int, stage: int) -> None:
+    """Move to a cycle and stage, clamped to the open trace."""
+    trace = current_trace()
+    last = max(0, len(trace.cycles) - 1) if trace else 0
+    st.session_state[CYCLE] = min(max(0, cycle), last)
+    st.session_state[STAGE] = min(max(1, stage), 5)
+
+
+def step() -> tuple[int, int]:
+    return st.session_state.get(CYCLE, 0), st.session_state.get(STAGE, 1)
+
+
+def _int_param(name: str, default: int) -> int:
+    try:
+        return int(st.query_params.get(name, default))
+    except ValueError:
+        return default
+
+
+def open_from_url_or_default() -> None:
+    """Once per session: open the trace, cycle and stage the URL names, else the default trace."""
+    if st.session_state.get("_opened"):
+        return
+    st.session_state["_opened"] = True
+    token = st.query_params.get("trace")
+    ref = parse_token(token) or default_ref()
+    if token and parse_token(token) is None:
+        st.session_state[ERROR] = f"the link names a trace this app cannot open ({token!r}); showing the default"
+    if ref is not None:
+        error = set_current(ref, _int_param("cycle", 0), _int_param("stage", 1))
+        if error and ref != default_ref() and default_ref() is not None:
+            set_current(default_ref())
+            st.session_state[ERROR] = error
+
+
+def write_url() -> None:
+    """Put the open trace and step into the URL, so copying it shares this exact view."""
+    ref = current_ref()
+    if ref is None:
+        return
+    cycle, stage = step()
+    wanted = {"trace": ref.token, "cycle": str(cycle), "stage": str(stage)}
+    if {k: st.query_params.get(k) for k in wanted} != wanted:
+        st.query_params.update(wanted)
