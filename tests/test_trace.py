@@ -6,6 +6,7 @@ import pytest
 from engine.config import SpecSettings
 from engine.run import run_to_trace
 from engine.trace import TraceError, load_trace, loads_trace
+from tests.checks import assert_self_consistent
 from tests.tiny import noisy_pair
 
 
@@ -20,33 +21,8 @@ def trace_file(tmp_path_factory):
 def test_trace_is_self_consistent(trace_file):
     path, pair = trace_file
     trace = load_trace(path)
-    assert trace.complete
-    committed = list(trace.header["prompt_token_ids"])
-    for c in trace.cycles:
-        assert c["committed_len_before"] == len(committed)
-        for p_t, p_d, a in zip(c["p_target"], c["p_draft"], c["accept_prob"]):
-            assert a == pytest.approx(min(1.0, p_t / p_d), rel=1e-6)
-        n = c["num_accepted"]
-        assert all(u < a for u, a in zip(c["u"][:n], c["accept_prob"]))  # accepted draws passed
-        if n < trace.k:
-            assert c["u"][n] >= c["accept_prob"][n] and c["rejected_position"] == n + 1
-            assert c["resampled_token_id"] == c["committed_token_ids"][-1]
-        else:
-            assert c["bonus_token_id"] == c["committed_token_ids"][-1]
-        assert c["committed_token_ids"][:n] == c["draft_token_ids"][:n]
-        t, d = c["target_cache_len"], c["draft_cache_len"]
-        assert t["before"] == d["before"] == len(committed) - 1
-        assert t["after_append"] == t["before"] + trace.k + 1
-        assert d["after_append"] == d["before"] + trace.k
-        committed += c["committed_token_ids"]
-        assert t["after_rollback"] == d["after_rollback"] == len(committed) - 1
-        assert c["draft_catch_up"] == (n == trace.k)
-        assert all(0.0 <= b <= 1.0 + 1e-6 for b in c["beta"])
-    generated = committed[len(trace.header["prompt_token_ids"]):]
-    assert generated == trace.summary["generated_token_ids"]
-    assert pair.target.tokenizer.decode(generated) == trace.summary["generated_text"]
-    assert "".join(t for c in trace.cycles for t in c["committed_token_texts"]).replace(" ", "") == \
-        trace.summary["generated_text"].replace(" ", "")
+    assert_self_consistent(trace)
+    assert pair.target.tokenizer.decode(trace.summary["generated_token_ids"]) == trace.summary["generated_text"]
 
 
 def test_summary_metrics_follow_vllm_definitions(trace_file):
