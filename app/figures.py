@@ -3,19 +3,27 @@
 No Streamlit calls here, so tests call these directly. Colours come from the Okabe-Ito
 palette (readable with the common colour-vision deficiencies) and every category
 also has a symbol, a pattern or a word, so nothing relies on colour alone. Figures set
-no background or font colour: the app's light or dark theme supplies those.
+no background colour: the app's light or dark theme supplies it.
 
 Plotly renders a subset of HTML in text, tick labels and hovers, so every token text
 passes through `esc` (html.escape) before it goes into a figure.
+
+Speed: each figure is built as plain dicts and wrapped in a go.Figure once, without
+Plotly's per-property validation (it costs 10-40 ms a figure, on every step of the
+stepper). Tests rebuild every figure with validation on (`validated`), so a wrong
+property name still fails. Per-point arrays are numpy arrays: Plotly deep-copies a
+figure twice on its way to the browser, element by element for a list, in one
+memcpy for an array.
 """
 import html
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import plotly.graph_objects as go
 
-from .derive import (ACCEPTED, BONUS, DISCARDED, PROMPT, REJECTED, RESAMPLED, Overview,
-                     TEXT_WRAP, TokenInfo, cycle_tokens, position_outcomes, visible_text)
+from .derive import (ACCEPTED, BONUS, DISCARDED, PROMPT, REJECTED, RESAMPLED, TEXT_WRAP, Overview,
+                     TokenInfo, cycle_tokens, position_outcomes, visible_text)
 
 OKABE_ITO = {
     "orange": "#E69F00", "sky_blue": "#56B4E9", "bluish_green": "#009E73", "yellow": "#F0E442",
@@ -30,7 +38,7 @@ GRID = "rgba(128,128,128,0.55)"  # cell borders, visible on light and dark backg
 class Style:
     label: str  # the word shown in legends
     colour: str
-    mark: str  # a text symbol used next to the word
+    mark: str  # a text symbol shown next to the word and on cells
     symbol: str  # Plotly marker symbol
     pattern: str  # Plotly bar pattern ("" = solid)
 
@@ -72,49 +80,69 @@ def rgba(hex_colour: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
-def _layout(fig: go.Figure, title: str, height: int, top: int = 72, **extra) -> go.Figure:
+# ---------------------------------------------------------------- building blocks (plain dicts)
+
+def figure(traces: list[dict], title: str, height: int, top: int = 72, **layout) -> go.Figure:
     """Title in the top-left corner, the legend on its own line under it."""
-    fig.update_layout(title=dict(text=title, x=0, xanchor="left", xref="paper", y=1, yref="container",
-                                 yanchor="top", pad=dict(t=6), font=dict(size=14)),
-                      height=height, margin=dict(l=10, r=10, t=top, b=10),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0, xanchor="left"),
-                      hoverlabel=dict(font=dict(family=MONO)), **extra)
-    return fig
+    base = dict(title=dict(text=title, x=0, xanchor="left", xref="paper", y=1, yref="container",
+                           yanchor="top", pad=dict(t=6), font=dict(size=14)),
+                height=height, margin=dict(l=10, r=10, t=top, b=10),
+                legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0, xanchor="left"),
+                hoverlabel=dict(font=dict(family=MONO)))
+    return go.Figure(dict(data=traces, layout={**base, **layout}), _validate=False)
 
 
-def _solid_pattern(shape: str) -> dict:
+def validated(fig: go.Figure) -> go.Figure:
+    """The same figure rebuilt with Plotly's validation (raises on any invalid property)."""
+    return go.Figure(fig.to_dict())
+
+
+def solid_pattern(shape: str) -> dict:
     """Light hatching drawn over a solid bar, so bars differ by more than colour."""
     return dict(shape=shape, fillmode="overlay", fgcolor="rgba(255,255,255,0.75)", size=6, solidity=0.3)
 
 
-def _cells(fig: go.Figure, name: str, style: Style, y: list, base: list, width: list,
-           hover: list[str], fill_alpha: float = 0.35, outline: list[float] | None = None,
-           legend: bool = True, thickness: float = 0.8) -> None:
+def cells(name: str, style: Style, y: list, base: list, width: list, hover: list[str],
+          fill_alpha: float = 0.35, outline: list[float] | None = None, legend: bool = True,
+          thickness: float = 0.8) -> dict:
     """Rectangles as horizontal bars (one per cell), hatched when the style has a pattern."""
-    fig.add_bar(orientation="h", y=y, base=base, x=width, width=thickness, name=name, showlegend=legend,
+    return dict(type="bar", orientation="h", y=np.asarray(y), base=np.asarray(base), x=np.asarray(width),
+                width=thickness, name=name, showlegend=legend, hovertext=np.asarray(hover),
+                hovertemplate="%{hovertext}<extra></extra>",
                 marker=dict(color=rgba(style.colour, fill_alpha),
-                            line=dict(color=style.colour if outline else GRID, width=outline or 1),
+                            line=dict(color=style.colour if outline else GRID,
+                                      width=1 if outline is None else np.asarray(outline)),
                             pattern=dict(shape=style.pattern, fillmode="overlay", fgcolor=style.colour,
-                                         fgopacity=0.5, size=7, solidity=0.2)),
-                hovertext=hover, hovertemplate="%{hovertext}<extra></extra>")
+                                         fgopacity=0.5, size=7, solidity=0.2)))
 
 
-def _labels(fig: go.Figure, x: list, y: list, text: list[str], size: int = 13) -> None:
+def labels(x: list, y: list, text: list[str], size: int = 13) -> dict:
     """Text drawn over cells (a separate trace, so Plotly never shrinks or hides it)."""
-    fig.add_scatter(x=x, y=y, text=text, mode="text", showlegend=False, hoverinfo="skip",
-                    textfont=dict(family=MONO, size=size))
+    return dict(type="scatter", x=np.asarray(x), y=np.asarray(y), text=np.asarray(text), mode="text",
+                showlegend=False, hoverinfo="skip", textfont=dict(family=MONO, size=size))
+
+
+def legend_name(key: str) -> str:
+    return f"{STYLES[key].mark} {STYLES[key].label}"
+
+
+def probability_axis() -> dict:
+    return dict(title=dict(text="probability"), range=[0, 1.12])
 
 
 # ---------------------------------------------------------------- the text so far
 
+TEXT_ROWS_KEPT = 60  # lines of text a figure carries; older lines are left out (speed)
+
+
 def token_hover(t: TokenInfo) -> str:
-    head = f"<b>{shown(t.text)}</b> · {STYLES[t.origin].mark} {STYLES[t.origin].label}"
+    head = f"<b>{shown(t.text)}</b> · {legend_name(t.origin)}"
     if t.origin == PROMPT:
         return head + " token"
     head += f" (cycle {t.cycle})"
     if t.origin == ACCEPTED:
         return (f"{head}<br>p_target {fmt_p(t.p_target)} · p_draft {fmt_p(t.p_draft)}"
-                f"<br>acceptance min(1, p_target/p_draft) {fmt_p(t.accept_prob)} · u {fmt_p(t.u)} → accepted")
+                f"<br>min(1, p_target/p_draft) {fmt_p(t.accept_prob)} · u {fmt_p(t.u)} → accepted")
     if t.origin == RESAMPLED:
         return (f"{head}<br>drawn from the residual: {fmt_p(t.residual)}"
                 f"<br>p_target {fmt_p(t.p_target)} · p_draft {fmt_p(t.p_draft)}")
@@ -124,39 +152,33 @@ def token_hover(t: TokenInfo) -> str:
 def text_figure(tokens: Sequence[TokenInfo], highlight_cycle: int | None = None,
                 visible_rows: int = 12) -> go.Figure:
     """The text so far, one cell per token coloured by origin; this cycle's tokens outlined."""
-    fig = go.Figure()
-    for origin in (PROMPT, ACCEPTED, RESAMPLED, BONUS):
-        group = [t for t in tokens if t.origin == origin]
-        if not group:
-            continue
-        outline = [2.5 if t.cycle == highlight_cycle else 0.5 for t in group]
-        _cells(fig, f"{STYLES[origin].mark} {STYLES[origin].label}", STYLES[origin],
-               [t.row for t in group], [t.col for t in group], [t.width for t in group],
-               [token_hover(t) for t in group], outline=outline)
-    _labels(fig, [t.col + t.width / 2 for t in tokens], [t.row for t in tokens],
-            [shown(t.text) for t in tokens])
     last_row = tokens[-1].row if tokens else 0
-    top = max(-0.5, last_row - visible_rows + 0.5)
-    fig.update_xaxes(visible=False, range=[-0.5, TEXT_WRAP + 0.5])
-    fig.update_yaxes(visible=False, range=[last_row + 0.5, top])  # reversed: first line on top
+    kept = [t for t in tokens if t.row > last_row - TEXT_ROWS_KEPT]
+    traces = []
+    for origin in (PROMPT, ACCEPTED, RESAMPLED, BONUS):
+        group = [t for t in kept if t.origin == origin]
+        if group:
+            traces.append(cells(legend_name(origin), STYLES[origin], [t.row for t in group],
+                                [t.col for t in group], [t.width for t in group], [token_hover(t) for t in group],
+                                outline=[2.5 if t.cycle == highlight_cycle else 0.5 for t in group]))
+    traces.append(labels([t.col + t.width / 2 for t in kept], [t.row for t in kept], [shown(t.text) for t in kept]))
     rows = min(last_row + 1, visible_rows)
-    return _layout(fig, "Text so far (hover a token for its numbers; this cycle's tokens are outlined)",
-                   90 + 26 * rows, barmode="overlay", bargap=0.15, dragmode="pan")
+    omitted = " · earlier lines left out" if len(kept) < len(tokens) else ""
+    return figure(traces, f"Text so far (hover a token for its numbers; this cycle's tokens are outlined){omitted}",
+                  100 + 26 * rows, barmode="overlay", dragmode="pan",
+                  xaxis=dict(visible=False, range=[-0.5, TEXT_WRAP + 0.5]),
+                  yaxis=dict(visible=False, range=[last_row + 0.5, last_row + 0.5 - rows]))  # reversed: first line on top
 
 
 # ---------------------------------------------------------------- one cycle at a glance
 
+DRAFT_ROW, NUMBERS_ROW, COMMITTED_ROW = 0, 1, 2  # y of the rows in the cycle figure
+
+
 def _column_widths(c: dict, k: int) -> list[int]:
     """Width in characters of each position column 1..K+1 (a token or its numbers)."""
     texts = list(c["draft_token_texts"]) + [c["next_token_text"]]
-    return [max(len(visible_text(t)) + 2, 9) for t in texts[:k]] + [max(len(visible_text(texts[k])) + 2, 11)]
-
-
-def _draft_row_style(c: dict, k: int, stage: int) -> list[str]:
-    return position_outcomes(c, k) if stage >= 3 else [PROVISIONAL] * k
-
-
-DRAFT_ROW, NUMBERS_ROW, COMMITTED_ROW = 0, 1, 2  # y of the rows in the cycle figure
+    return [max(len(visible_text(t)) + 5, 16) for t in texts[:k]] + [max(len(visible_text(texts[k])) + 4, 16)]
 
 
 def cycle_figure(c: dict, k: int, stage: int) -> go.Figure:
@@ -166,28 +188,26 @@ def cycle_figure(c: dict, k: int, stage: int) -> go.Figure:
     widths = _column_widths(c, k)
     starts = [sum(widths[:i]) for i in range(k + 1)]
     centres = [starts[i] + (widths[i] - 1) / 2 for i in range(k + 1)]
-    fig = go.Figure()
-    outcomes = _draft_row_style(c, k, stage)
+    outcomes = position_outcomes(c, k) if stage >= 3 else [PROVISIONAL] * k
+    traces = []
     for outcome in dict.fromkeys(outcomes):
         idx = [i for i in range(k) if outcomes[i] == outcome]
-        _cells(fig, f"{STYLES[outcome].mark} {STYLES[outcome].label}", STYLES[outcome],
-               [DRAFT_ROW] * len(idx), [starts[i] for i in idx], [widths[i] - 1 for i in idx],
-               [_draft_hover(c, i, stage) for i in idx], outline=[2] * len(idx))
+        traces.append(cells(legend_name(outcome), STYLES[outcome], [DRAFT_ROW] * len(idx), [starts[i] for i in idx],
+                            [widths[i] - 1 for i in idx], [_draft_hover(c, i, stage) for i in idx], outline=[2] * len(idx)))
     marks = [f" {STYLES[o].mark}" if stage >= 3 else "" for o in outcomes]
-    _labels(fig, centres[:k], [DRAFT_ROW] * k,
-            [f"{i + 1}: {shown(c['draft_token_texts'][i])}{marks[i]}" for i in range(k)])
-    _labels(fig, centres[:k], [NUMBERS_ROW] * k, _numbers(c, k, stage), size=11)
+    traces.append(labels(centres[:k], [DRAFT_ROW] * k,
+                         [f"{i + 1}: {shown(c['draft_token_texts'][i])}{marks[i]}" for i in range(k)]))
+    traces.append(labels(centres[:k], [NUMBERS_ROW] * k, _numbers(c, k, stage), size=11))
     slot = "target's extra<br>position K+1" if stage >= 2 else "K+1<br>(no draft token)"
-    _labels(fig, [centres[k]], [DRAFT_ROW], [slot], size=11)
+    traces.append(labels([centres[k]], [DRAFT_ROW], [slot], size=11))
     rows = 3 if stage >= 4 else 2
     if stage >= 4:
-        _committed_row(fig, c, k, starts, widths)
+        traces += _committed_row(c, starts, widths)
     names = ["draft proposes", "p_draft / p_target" if stage >= 2 else "p_draft", "committed"]
-    fig.update_yaxes(tickvals=list(range(rows)), ticktext=names[:rows], range=[rows - 0.5, -0.5],
-                     fixedrange=True, showgrid=False, zeroline=False)
-    fig.update_xaxes(visible=False, range=[-0.5, starts[k] + widths[k]], fixedrange=True)
-    return _layout(fig, f"Cycle {c['cycle']}: the K={k} draft positions", 90 + 58 * rows,
-                   barmode="overlay")
+    return figure(traces, f"Cycle {c['cycle']}: the K={k} draft positions", 100 + 58 * rows, barmode="overlay",
+                  yaxis=dict(tickvals=list(range(rows)), ticktext=names[:rows], range=[rows - 0.5, -0.5],
+                             fixedrange=True, showgrid=False, zeroline=False),
+                  xaxis=dict(visible=False, range=[-0.5, starts[k] + widths[k]], fixedrange=True))
 
 
 def _draft_hover(c: dict, i: int, stage: int) -> str:
@@ -195,8 +215,8 @@ def _draft_hover(c: dict, i: int, stage: int) -> str:
     if stage >= 2:
         text += f"<br>p_target {fmt_p(c['p_target'][i])}"
     if stage >= 3:
-        u = c["u"][i] if i < len(c["u"]) else None
-        text += f"<br>min(1, p_target/p_draft) {fmt_p(c['accept_prob'][i])} · u {fmt_p(u) if u is not None else 'not drawn'}"
+        u = fmt_p(c["u"][i]) if i < len(c["u"]) else "not drawn"
+        text += f"<br>min(1, p_target/p_draft) {fmt_p(c['accept_prob'][i])} · u {u}"
     return text
 
 
@@ -208,20 +228,22 @@ def _numbers(c: dict, k: int, stage: int) -> list[str]:
     return lines
 
 
-def _committed_row(fig: go.Figure, c: dict, k: int, starts: list[int], widths: list[int]) -> None:
+def _committed_row(c: dict, starts: list[int], widths: list[int]) -> list[dict]:
     tokens = cycle_tokens(c)
+    traces = []
     for origin in dict.fromkeys(t.origin for t in tokens):
         idx = [i for i, t in enumerate(tokens) if t.origin == origin]
-        _cells(fig, f"{STYLES[origin].mark} {STYLES[origin].label}", STYLES[origin], [COMMITTED_ROW] * len(idx),
-               [starts[i] for i in idx], [widths[i] - 1 for i in idx], [token_hover(tokens[i]) for i in idx],
-               outline=[2] * len(idx), legend=origin != ACCEPTED)
-    _labels(fig, [starts[i] + (widths[i] - 1) / 2 for i in range(len(tokens))], [COMMITTED_ROW] * len(tokens),
-            [f"{shown(t.text)} {STYLES[t.origin].mark}" for t in tokens])
+        traces.append(cells(legend_name(origin), STYLES[origin], [COMMITTED_ROW] * len(idx), [starts[i] for i in idx],
+                            [widths[i] - 1 for i in idx], [token_hover(tokens[i]) for i in idx],
+                            outline=[2] * len(idx), legend=origin != ACCEPTED))
+    traces.append(labels([starts[i] + (widths[i] - 1) / 2 for i in range(len(tokens))], [COMMITTED_ROW] * len(tokens),
+                         [f"{shown(t.text)} {STYLES[t.origin].mark}" for t in tokens]))
+    return traces
 
 
 # ---------------------------------------------------------------- the test, per position
 
-def _position_ticks(c: dict, k: int, stage: int) -> list[str]:
+def position_ticks(c: dict, k: int, stage: int) -> list[str]:
     outcomes = position_outcomes(c, k)
     ticks = []
     for i in range(k):
@@ -235,41 +257,42 @@ def _position_ticks(c: dict, k: int, stage: int) -> list[str]:
 def acceptance_figure(c: dict, k: int, stage: int = 3) -> go.Figure:
     """Grouped bars p_target vs p_draft per drafted position; from stage 3 also
     min(1, p_target/p_draft) (a bar-wide line) and the draw u (a diamond) where tested."""
-    ticks = _position_ticks(c, k, stage)
-    fade = [1.0 if o != DISCARDED or stage < 3 else 0.35 for o in position_outcomes(c, k)]
-    fig = go.Figure()
-    fig.add_bar(x=ticks, y=c["p_target"], name="p_target (target model)", marker=dict(color=P_TARGET_COLOUR, opacity=fade),
-                text=[f"{p:.3f}" for p in c["p_target"]], textposition="outside",
-                hovertemplate="p_target %{y:.4f}<extra></extra>")
-    fig.add_bar(x=ticks, y=c["p_draft"], name="p_draft (draft model)",
-                marker=dict(color=P_DRAFT_COLOUR, opacity=fade, pattern=_solid_pattern("/")),
-                text=[f"{p:.3f}" for p in c["p_draft"]], textposition="outside",
-                hovertemplate="p_draft %{y:.4f}<extra></extra>")
+    ticks = position_ticks(c, k, stage)
+    fade = [0.35 if o == DISCARDED and stage >= 3 else 1.0 for o in position_outcomes(c, k)]
+    traces = [
+        dict(type="bar", x=ticks, y=c["p_target"], name="p_target (target model)",
+             marker=dict(color=P_TARGET_COLOUR, opacity=fade), text=[f"{p:.3f}" for p in c["p_target"]],
+             textposition="outside", hovertemplate="p_target %{y:.4f}<extra></extra>"),
+        dict(type="bar", x=ticks, y=c["p_draft"], name="p_draft (draft model)",
+             marker=dict(color=P_DRAFT_COLOUR, opacity=fade, pattern=solid_pattern("/")),
+             text=[f"{p:.3f}" for p in c["p_draft"]], textposition="outside",
+             hovertemplate="p_draft %{y:.4f}<extra></extra>"),
+    ]
     if stage >= 3:
-        _acceptance_marks(fig, c, ticks)
-    fig.update_yaxes(title="probability", range=[0, 1.12])
-    fig.update_xaxes(type="category")
-    return _layout(fig, "Left-to-right test: accept while u < min(1, p_target / p_draft)", 380,
-                   top=96, barmode="group", bargap=0.3)
+        traces += _acceptance_marks(c, ticks)
+    return figure(traces, "Left-to-right test: accept while u < min(1, p_target / p_draft)", 380, top=96,
+                  barmode="group", bargap=0.3, yaxis=probability_axis(), xaxis=dict(type="category"))
 
 
-def _acceptance_marks(fig: go.Figure, c: dict, ticks: list[str]) -> None:
-    fig.add_scatter(x=ticks, y=c["accept_prob"], mode="markers", name="min(1, p_target/p_draft)",
-                    marker=dict(symbol="line-ew-open", size=46, color=ACCEPT_COLOUR, line=dict(width=4, color=ACCEPT_COLOUR)),
-                    hovertemplate="acceptance probability %{y:.4f}<extra></extra>")
+def _acceptance_marks(c: dict, ticks: list[str]) -> list[dict]:
     tested = ticks[: len(c["u"])]  # u is drawn only up to the first rejection
-    fig.add_scatter(x=tested, y=c["u"], mode="markers+text", name="u (uniform draw)",
-                    text=[f"u={u:.2f}" for u in c["u"]], textposition="middle right",
-                    marker=dict(symbol="diamond", size=12, color=U_COLOUR, line=dict(width=1, color=GRID)),
-                    hovertemplate="u %{y:.4f}<extra></extra>")
+    return [
+        dict(type="scatter", x=ticks, y=c["accept_prob"], mode="markers", name="min(1, p_target/p_draft)",
+             marker=dict(symbol="line-ew-open", size=46, color=ACCEPT_COLOUR, line=dict(width=4, color=ACCEPT_COLOUR)),
+             hovertemplate="acceptance probability %{y:.4f}<extra></extra>"),
+        dict(type="scatter", x=tested, y=c["u"], mode="markers+text", name="u (uniform draw)",
+             text=[f"u={u:.2f}" for u in c["u"]], textposition="middle right",
+             marker=dict(symbol="diamond", size=12, color=U_COLOUR, line=dict(width=1, color=GRID)),
+             hovertemplate="u %{y:.4f}<extra></extra>"),
+    ]
 
 
 # ---------------------------------------------------------------- resample or bonus
 
-def _unique_labels(texts: list[str], ids: list[int]) -> list[str]:
+def unique_labels(texts: list[str], ids: list[int]) -> list[str]:
     """Category labels; two tokens that decode alike get their ids added."""
-    labels = [shown(t) for t in texts]
-    return [f"{lab} #{i}" if labels.count(lab) > 1 else lab for lab, i in zip(labels, ids)]
+    names = [shown(t) for t in texts]
+    return [f"{n} #{i}" if names.count(n) > 1 else n for n, i in zip(names, ids)]
 
 
 def resample_figure(c: dict, k: int) -> go.Figure:
@@ -277,46 +300,36 @@ def resample_figure(c: dict, k: int) -> go.Figure:
     the target's distribution at K+1 that the bonus token was drawn from."""
     if c["rejected_position"] is None:
         return _bonus_figure(c, k)
-    entries = c["residual_top"]
-    chosen = c["resampled_token_id"]
-    labels = _unique_labels([e["text"] for e in entries], [e["token_id"] for e in entries])
-    edge = [3 if e["token_id"] == chosen else 0 for e in entries]
-    fig = go.Figure()
-    for field, name, colour, pattern in (("p_target", "p_target", P_TARGET_COLOUR, ""),
-                                         ("p_draft", "p_draft", P_DRAFT_COLOUR, "/"),
-                                         ("residual", "norm(max(0, p_target − p_draft))", RESIDUAL_COLOUR, "x")):
-        fig.add_bar(x=labels, y=[e[field] for e in entries], name=name,
-                    marker=dict(color=colour, pattern=_solid_pattern(pattern),
-                                line=dict(width=edge, color=OKABE_ITO["vermillion"])),
-                    hovertemplate=f"{name} %{{y:.4f}}<extra>%{{x}}</extra>")
-    j = c["rejected_position"]
-    _mark_sampled(fig, labels[[e["token_id"] for e in entries].index(chosen)], "↻ resampled")
-    fig.update_yaxes(title="probability", range=[0, 1.12])
-    fig.update_xaxes(type="category")
-    return _layout(fig, f"Resample at rejected position {j}: draw from the residual (top tokens)", 380,
-                   top=96, barmode="group", bargap=0.25)
+    entries, chosen = c["residual_top"], c["resampled_token_id"]
+    ids = [e["token_id"] for e in entries]
+    names = unique_labels([e["text"] for e in entries], ids)
+    edge = [3 if i == chosen else 0 for i in ids]
+    traces = [dict(type="bar", x=names, y=[e[field] for e in entries], name=name,
+                   marker=dict(color=colour, pattern=solid_pattern(pattern), line=dict(width=edge, color=OKABE_ITO["vermillion"])),
+                   hovertemplate=f"{name} %{{y:.4f}}<extra>%{{x}}</extra>")
+              for field, name, colour, pattern in (
+                  ("p_target", "p_target", P_TARGET_COLOUR, ""), ("p_draft", "p_draft", P_DRAFT_COLOUR, "/"),
+                  ("residual", "norm(max(0, p_target − p_draft))", RESIDUAL_COLOUR, "x"))]
+    return figure(traces, f"Resample at rejected position {c['rejected_position']}: draw from the residual (top tokens)",
+                  380, top=96, barmode="group", bargap=0.25, yaxis=probability_axis(), xaxis=dict(type="category"),
+                  annotations=[_sampled_mark(names[ids.index(chosen)], "↻ resampled")])
 
 
 def _bonus_figure(c: dict, k: int) -> go.Figure:
-    entries = c["target_top"][k]
-    chosen = c["bonus_token_id"]
+    entries, chosen = c["target_top"][k], c["bonus_token_id"]
     ids = [e["token_id"] for e in entries]
-    labels = _unique_labels([e["text"] for e in entries], ids)
-    fig = go.Figure()
-    fig.add_bar(x=labels, y=[e["p"] for e in entries], name=f"p_target at position K+1={k + 1}",
-                marker=dict(color=P_TARGET_COLOUR, line=dict(width=[3 if i == chosen else 0 for i in ids],
-                                                            color=OKABE_ITO["vermillion"])),
-                hovertemplate="p_target %{y:.4f}<extra>%{x}</extra>")
-    if chosen in ids:
-        _mark_sampled(fig, labels[ids.index(chosen)], "★ bonus")
-    fig.update_yaxes(title="probability", range=[0, 1.12])
-    fig.update_xaxes(type="category")
-    return _layout(fig, f"Bonus: drawn from the target at position K+1={k + 1}", 380, top=96, bargap=0.25)
+    names = unique_labels([e["text"] for e in entries], ids)
+    traces = [dict(type="bar", x=names, y=[e["p"] for e in entries], name=f"p_target at position K+1={k + 1}",
+                   marker=dict(color=P_TARGET_COLOUR, line=dict(width=[3 if i == chosen else 0 for i in ids],
+                                                               color=OKABE_ITO["vermillion"])),
+                   hovertemplate="p_target %{y:.4f}<extra>%{x}</extra>")]
+    marks = [_sampled_mark(names[ids.index(chosen)], "★ bonus")] if chosen in ids else []
+    return figure(traces, f"Bonus: drawn from the target at position K+1={k + 1}", 380, top=96, bargap=0.25,
+                  yaxis=probability_axis(), xaxis=dict(type="category"), annotations=marks)
 
 
-def _mark_sampled(fig: go.Figure, label: str, word: str) -> None:
-    fig.add_annotation(x=label, y=1.04, text=f"<b>{word}</b>", showarrow=False,
-                       font=dict(color=OKABE_ITO["vermillion"]))
+def _sampled_mark(label: str, word: str) -> dict:
+    return dict(x=label, y=1.04, text=f"<b>{word}</b>", showarrow=False, font=dict(color=OKABE_ITO["vermillion"]))
 
 
 # ---------------------------------------------------------------- KV caches
@@ -337,42 +350,40 @@ def cache_cells(lengths: dict, stage: int, model: str) -> dict[str, tuple[int, i
         return {COMMITTED: (0, before)}
     if stage < 5:
         return {COMMITTED: (0, before), PROVISIONAL: (before, appended)}
-    return {COMMITTED: (0, min(appended, after)), ROLLED_BACK: (after, appended),
-            CATCH_UP: (appended, after)}
+    return {COMMITTED: (0, min(appended, after)), ROLLED_BACK: (after, appended), CATCH_UP: (appended, after)}
 
 
 def cache_figure(c: dict, stage: int, sequence_texts: Sequence[str]) -> go.Figure:
     """The KV-cache strip of target and draft at a stage, with the recorded lengths.
 
     sequence_texts[p] is the token at sequence position p: the committed tokens
-    followed by this cycle's inputs (so a cell can show whose K/V it holds).
+    followed by this cycle's drafts (so a cell can show whose K/V it holds).
     """
-    fig = go.Figure()
     t_len, d_len = c["target_cache_len"], c["draft_cache_len"]
     per_model = {"target": cache_cells(t_len, stage, "target"), "draft": cache_cells(d_len, stage, "draft")}
     first = max(0, min(t_len["before"], d_len["before"]) - CACHE_CONTEXT)
-    for state in (COMMITTED, PROVISIONAL, ROLLED_BACK, CATCH_UP):
-        _cache_state(fig, state, per_model, first, sequence_texts)
+    traces = [t for state in (COMMITTED, PROVISIONAL, ROLLED_BACK, CATCH_UP)
+              for t in _cache_state(state, per_model, first, sequence_texts)]
     end = max(max(v["after_append"], v["after_rollback"]) for v in (t_len, d_len))
-    fig.update_yaxes(categoryorder="array", categoryarray=["draft", "target"], fixedrange=True)
-    fig.update_xaxes(title="cache position" + (f" (positions 0–{first - 1} committed, not drawn)" if first else ""),
-                     range=[first - 0.5, end + 0.5], fixedrange=True)
-    return _layout(fig, cache_title(c, stage), 230, barmode="overlay", bargap=0.25)
+    note = f" (positions 0–{first - 1}: committed, not drawn)" if first else ""
+    return figure(traces, cache_title(c, stage), 240, barmode="overlay",
+                  yaxis=dict(categoryorder="array", categoryarray=["draft", "target"], fixedrange=True),
+                  xaxis=dict(title=dict(text="cache position" + note), range=[first - 0.5, end + 0.5], fixedrange=True))
 
 
-def _cache_state(fig: go.Figure, state: str, per_model: dict, first: int, texts: Sequence[str]) -> None:
-    ys, xs, hover, labels = [], [], [], []
-    for model, cells in per_model.items():
-        start, end = cells.get(state, (0, 0))
+def _cache_state(state: str, per_model: dict, first: int, texts: Sequence[str]) -> list[dict]:
+    ys, xs, hover, names = [], [], [], []
+    for model, ranges in per_model.items():
+        start, end = ranges.get(state, (0, 0))
         for p in range(max(start, first), end):
             token = shown(texts[p]) if p < len(texts) else "?"
             ys.append(model), xs.append(p)
-            labels.append(f"✗{token}" if state == ROLLED_BACK else token)
+            names.append(f"✗{token}" if state == ROLLED_BACK else token)
             hover.append(f"{model} cache position {p}: K/V of <b>{token}</b> · {STYLES[state].label}")
-    if xs:
-        _cells(fig, f"{STYLES[state].mark} {STYLES[state].label}", STYLES[state], ys, [x - 0.45 for x in xs],
-               [0.9] * len(xs), hover, fill_alpha=0.3)
-        _labels(fig, xs, ys, labels, size=10)
+    if not xs:
+        return []
+    return [cells(legend_name(state), STYLES[state], ys, [x - 0.45 for x in xs], [0.9] * len(xs), hover, fill_alpha=0.3),
+            labels(xs, ys, names, size=10)]
 
 
 def cache_title(c: dict, stage: int) -> str:
@@ -394,19 +405,22 @@ OVERVIEW_WINDOW = 120  # cycles shown at once in a long trace (pan for the rest)
 def overview_figure(ov: Overview, num_cycles: int, current: int | None = None) -> go.Figure:
     """One marker per cycle and position: accepted / rejected / discarded / bonus.
     Clicking a marker selects it; the page jumps to that cycle."""
-    fig = go.Figure()
+    traces = []
     for outcome in (ACCEPTED, REJECTED, DISCARDED, BONUS):
         cycles, positions = ov.points[outcome]
         style = STYLES[outcome]
-        fig.add_scatter(x=cycles, y=positions, mode="markers", name=f"{style.mark} {style.label}",
-                        marker=dict(symbol=style.symbol, size=8 if outcome == DISCARDED else 11, color=style.colour,
-                                    line=dict(width=2, color=style.colour)),
-                        hovertemplate=f"cycle %{{x}} · position %{{y}}: {style.label}<extra></extra>")
-    if current is not None:
-        fig.add_vrect(x0=current - 0.5, x1=current + 0.5, fillcolor=OKABE_ITO["yellow"], opacity=0.25,
-                      line_width=0, layer="below")
+        traces.append(dict(type="scatter", x=np.asarray(cycles, dtype=int), y=np.asarray(positions, dtype=int),
+                           mode="markers", name=legend_name(outcome),
+                           marker=dict(symbol=style.symbol, size=8 if outcome == DISCARDED else 11, color=style.colour,
+                                       line=dict(width=2, color=style.colour)),
+                           hovertemplate=f"cycle %{{x}} · position %{{y}}: {style.label}<extra></extra>"))
+    shapes = [] if current is None else [dict(type="rect", xref="x", yref="paper", x0=current - 0.5, x1=current + 0.5,
+                                              y0=0, y1=1, fillcolor=OKABE_ITO["yellow"], opacity=0.25,
+                                              line=dict(width=0), layer="below")]
     lo = 0 if current is None else max(0, min(current - OVERVIEW_WINDOW // 2, num_cycles - OVERVIEW_WINDOW))
-    fig.update_xaxes(title="cycle (click a marker to jump there)", range=[lo - 0.5, min(num_cycles, lo + OVERVIEW_WINDOW) - 0.5])
-    fig.update_yaxes(title="position", tickvals=list(range(1, ov.k + 2)),
-                     ticktext=[str(i) for i in range(1, ov.k + 1)] + ["K+1"], range=[ov.k + 1.6, 0.4], fixedrange=True)
-    return _layout(fig, "All cycles", 150 + 22 * (ov.k + 1), dragmode="pan", clickmode="event+select")
+    return figure(traces, "All cycles", 160 + 22 * (ov.k + 1), dragmode="pan", clickmode="event+select", shapes=shapes,
+                  xaxis=dict(title=dict(text="cycle (click a marker to jump there)"),
+                             range=[lo - 0.5, min(num_cycles, lo + OVERVIEW_WINDOW) - 0.5]),
+                  yaxis=dict(title=dict(text="position"), tickvals=list(range(1, ov.k + 2)),
+                             ticktext=[str(i) for i in range(1, ov.k + 1)] + ["K+1"],
+                             range=[ov.k + 1.6, 0.4], fixedrange=True))

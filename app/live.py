@@ -19,7 +19,7 @@ from engine.run import load_pair, load_preset, run_to_trace
 from engine.speculative import Pair
 
 CUSTOM = "custom"  # the pair is given as two model folders (or hub ids)
-STEPPER = "pages/stepper.py"
+STEPPER = "views/stepper.py"
 LOAD_ERRORS = (ModelLoadError, TokenizerMismatchError, ValueError, OSError)
 
 

@@ -2,28 +2,36 @@
 
 Builds the navigation from PAGES (add a page: one st.Page line) and opens the trace
 the URL names, or the default bundled trace, before any page runs.
+
+Page modules live in app/views/, not app/pages/: Streamlit still treats a `pages/`
+folder next to the main script as a legacy multipage app and, on reruns, can run a
+page without this script (no sidebar, no trace opened).
 """
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so `app` and `engine` import
 
 import streamlit as st  # noqa: E402
 
-from app import sidebar, state  # noqa: E402
+from app import sidebar, state, timing  # noqa: E402
 
 PAGES = [
-    st.Page("pages/stepper.py", title="Step through cycles", icon=":material/play_circle:", default=True),
-    st.Page("pages/trace_source.py", title="Choose a trace", icon=":material/folder_open:", url_path="source"),
+    st.Page("views/stepper.py", title="Step through cycles", icon=":material/play_circle:", default=True),
+    st.Page("views/trace_source.py", title="Choose a trace", icon=":material/folder_open:", url_path="source"),
 ]
 
 
 def main() -> None:
+    started = time.perf_counter()
     st.set_page_config(page_title="Speculative Decoding Lab", page_icon=":material/fast_forward:", layout="wide")
     state.open_from_url_or_default()
     page = st.navigation(PAGES)
     sidebar.render()
     page.run()
+    # Server time of this run, for the speed test (one Next step must stay well under 150 ms).
+    timing.RECENT_RUNS_MS.append((time.perf_counter() - started) * 1000)
 
 
 main()

@@ -182,7 +182,7 @@ def no_trace() -> None:
     folder = state.traces_dir()
     st.warning(f"No trace is open: there is no bundled example trace (`*.jsonl`) in {md(str(folder))}. "
                "Open **Choose a trace** to start a live run or upload a trace.", icon=":material/folder_open:")
-    st.page_link("pages/trace_source.py", label="Choose a trace", icon=":material/folder_open:")
+    st.page_link("views/trace_source.py", label="Choose a trace", icon=":material/folder_open:")
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ import streamlit as st
 from app import live, state
 from app.safe import md
 
-STEPPER = "pages/stepper.py"
+STEPPER = "views/stepper.py"
 
 
 def bundled() -> None:
