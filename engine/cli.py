@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
     run.add_argument("--out", required=True, help="trace file to write (.jsonl)")
-    stats = sub.add_parser("stats", help="print the metrics of a trace file")
+    run.add_argument("--calibrate", action="store_true",
+                     help="also time single steps and verify widths of both models (needed for c and speedups in stats)")
+    stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file")
     stats.add_argument("trace")
     return parser
 
@@ -85,7 +87,8 @@ def cmd_run(args) -> int:
         bar.set_postfix(cycle=rec["cycle"], accepted=f"{rec['num_accepted']}/{settings.k}")
 
     trace = run_to_trace(pair, args.prompt, settings, args.out, preset,
-                         chat_template=not args.no_chat_template, on_cycle=progress)
+                         chat_template=not args.no_chat_template, on_cycle=progress,
+                         calibrate=args.calibrate)
     bar.close()
     print(trace.summary["generated_text"])
     print(format_metrics(trace))
@@ -94,8 +97,10 @@ def cmd_run(args) -> int:
 
 
 def cmd_stats(args) -> int:
+    from .report import format_stats
+
     trace = load_trace(args.trace, allow_incomplete=True)
-    print(format_metrics(trace))
+    print(format_stats(trace))
     return 0
 
 

@@ -4,6 +4,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
+from .calibrate import calibrate as measure_step_times
 from .config import SpecSettings
 from .models import (LoadedModel, check_same_token_space, load_model, pick_device, pick_dtype)
 from .presets import PRESETS, Preset
@@ -66,13 +67,19 @@ def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
 def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
                  preset: str | None = None, chat_template: bool = True,
                  on_cycle: Callable[[dict], None] | None = None,
-                 faults: Faults = NO_FAULTS) -> Trace:
-    """Run speculative decoding on `prompt`, writing the trace to `out` as it goes."""
+                 faults: Faults = NO_FAULTS, calibrate: bool = False) -> Trace:
+    """Run speculative decoding on `prompt`, writing the trace to `out` as it goes.
+
+    With `calibrate`, the header also gets step times of both models (engine/calibrate.py),
+    which the statistics need for c, t_step and the speedup predictions.
+    """
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
     header = make_header(pair, s, prompt, prompt_ids, preset, use_chat)
     if faults != NO_FAULTS:
         header["faults"] = asdict(faults)  # marks a deliberately broken teaching run
+    if calibrate:  # optional header field; traces without it stay valid
+        header["calibration"] = measure_step_times(pair, prompt_ids, s)
     cycles: list[dict] = []
     with TraceWriter(out) as writer:
         writer.write(header)
