@@ -1,4 +1,4 @@
-"""The sidebar every page shares: what trace is open, and any error opening one."""
+"""The sidebar every page shares: what trace is open, and why a link's trace could not be opened."""
 import streamlit as st
 
 from app import state
@@ -14,5 +14,5 @@ def render() -> None:
             st.caption(f"Open trace: **{md(ref.label)}**  \n"
                        f"{md(trace.header['target']['name'])} ← {md(trace.header['draft']['name'])}, "
                        f"K={trace.k}, {len(trace.cycles)} cycles")
-        if state.last_error():
-            st.error(md(state.last_error()), icon=":material/error:")
+        if state.link_error():
+            st.error(md(state.link_error()), icon=":material/error:")

@@ -114,9 +114,8 @@ def set_current(ref: TraceRef, cycle: int = 0, stage: int = 1) -> str | None:
     try:
         trace, key = load_ref(ref)
     except (TraceError, OSError) as err:
-        st.session_state[ERROR] = str(err)
         return str(err)
-    st.session_state.update({REF: ref, TRACE: trace, TRACE_KEY: key, ERROR: None})
+    st.session_state.update({REF: ref, TRACE: trace, TRACE_KEY: key})
     set_step(cycle, stage)
     return None
 
@@ -126,7 +125,7 @@ def current_ref() -> TraceRef | None:
 
 
 def current_trace() -> Trace | None:
-    """The open trace, or None when nothing could be opened (see `last_error()`)."""
+    """The open trace, or None when nothing could be opened."""
     return st.session_state.get(TRACE)
 
 
@@ -135,7 +134,8 @@ def current_key() -> str:
     return st.session_state.get(TRACE_KEY, "")
 
 
-def last_error() -> str | None:
+def link_error() -> str | None:
+    """Why the trace a link named could not be opened (shown in the sidebar), or None."""
     return st.session_state.get(ERROR)
 
 
@@ -148,7 +148,6 @@ def open_upload(name: str, data: bytes) -> str | None:
     try:
         _load_bytes(data, name)
     except TraceError as err:
-        st.session_state[ERROR] = str(err)
         return str(err)
     digest = hashlib.sha256(data).hexdigest()[:16]
     ref = TraceRef("upload", f"{digest}.jsonl")
@@ -188,14 +187,15 @@ def open_from_url_or_default() -> None:
         return
     st.session_state["_opened"] = True
     token = st.query_params.get("trace")
-    ref = parse_token(token) or default_ref()
-    if token and parse_token(token) is None:
-        st.session_state[ERROR] = f"the link names a trace this app cannot open ({token!r}); showing the default"
+    ref, problem = parse_token(token), None
+    if token and ref is None:
+        problem = f"the link names a trace this app cannot open ({token!r}); showing the default"
+    ref = ref or default_ref()
     if ref is not None:
-        error = set_current(ref, _int_param("cycle", 0), _int_param("stage", 1))
-        if error and ref != default_ref() and default_ref() is not None:
+        problem = set_current(ref, _int_param("cycle", 0), _int_param("stage", 1)) or problem
+        if problem and ref != default_ref() and default_ref() is not None:
             set_current(default_ref())
-            st.session_state[ERROR] = error
+    st.session_state[ERROR] = problem
 
 
 def write_url() -> None:

@@ -10,3 +10,28 @@ import engine  # noqa: E402,F401  (sets the offline default before transformers 
 
 # Tiny models run fastest on one thread, and CI has only two cores.
 torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------- app tests: real traces from tiny models
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def example_traces(tmp_path_factory) -> dict:
+    """Two real traces from tests/tiny.py models, written once per test session.
+
+    'sampled': the 2-layer target with a different 1-layer draft (rejections and resamples);
+    'same-model': the target as its own draft (every draft accepted: bonus tokens, draft catch-up).
+    """
+    from engine.config import SpecSettings
+    from engine.run import run_to_trace
+    from engine.speculative import Pair
+    from tests.tiny import tiny_pair
+
+    folder = tmp_path_factory.mktemp("traces")
+    pair = tiny_pair()
+    paths = {"sampled": folder / "sampled.jsonl", "same-model": folder / "same-model.jsonl"}
+    run_to_trace(pair, "the cat sat", SpecSettings(k=4, max_new_tokens=28, seed=1), paths["sampled"])
+    run_to_trace(Pair(pair.target, pair.target, set()), "the dog ran", SpecSettings(k=3, max_new_tokens=12, seed=2),
+                 paths["same-model"])
+    return paths

@@ -16,10 +16,11 @@ def bundled() -> None:
     index = names.index(ref.name) if ref and ref.kind == "bundled" and ref.name in names else 0
     name = st.selectbox("Example trace", names, index=index, key="bundled_name")
     if st.button("Open example", key="open_bundled", type="primary"):
-        if state.set_current(state.TraceRef("bundled", name)) is None:
+        error = state.set_current(state.TraceRef("bundled", name))
+        if error:
+            st.error(md(error), icon=":material/error:")
+        else:
             st.switch_page(STEPPER)
-    if state.last_error():
-        st.error(md(state.last_error()))
 
 
 def upload() -> None:

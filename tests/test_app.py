@@ -1,0 +1,231 @@
+"""The Streamlit app driven headless with streamlit.testing.v1.AppTest, on real traces."""
+import copy
+import html
+import json
+import re
+import shutil
+import statistics
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app import timing
+from engine.trace import load_trace
+
+MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
+SOURCE_PAGE = "views/trace_source.py"
+
+
+@pytest.fixture
+def traces_dir(tmp_path, example_traces, monkeypatch):
+    """A bundled-traces folder (default.jsonl = the sampled trace) and private run/upload folders."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    shutil.copy(example_traces["sampled"], folder / "default.jsonl")
+    shutil.copy(example_traces["same-model"], folder / "same-model.jsonl")
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(folder))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("SPECLAB_UPLOADS_DIR", str(tmp_path / "uploads"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    return folder
+
+
+def start(query: dict | None = None, timeout: float = 30) -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=timeout)
+    for name, value in (query or {}).items():
+        at.query_params[name] = value
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def shown_step(at: AppTest) -> str:
+    return at.subheader[0].value
+
+
+def plain(markdown: str) -> str:
+    """Markdown from app.safe.md back to the text a reader sees."""
+    return html.unescape(re.sub(r"\\(.)", r"\1", markdown))
+
+
+def test_opens_on_default_bundled_trace(traces_dir):
+    at = start()
+    assert at.session_state["trace_ref"].token == "bundled:default.jsonl"
+    assert shown_step(at) == "Cycle 0 · stage 1 Draft"
+    assert "The small draft model proposes K=4 tokens" in plain(at.info[0].value)
+    assert at.query_params["trace"] == "bundled:default.jsonl" and at.query_params["cycle"] == "0"
+    assert "default.jsonl" in plain(at.sidebar.caption[0].value)
+
+
+def test_first_trace_by_name_without_default(traces_dir):
+    (traces_dir / "default.jsonl").rename(traces_dir / "zz-last.jsonl")
+    at = start()
+    assert at.session_state["trace_ref"].token == "bundled:same-model.jsonl"
+
+
+def test_no_bundled_trace_shows_a_message(traces_dir):
+    for path in traces_dir.glob("*.jsonl"):
+        path.unlink()
+    at = start()
+    assert "No trace is open" in plain(at.warning[0].value) and "Choose a trace" in plain(at.warning[0].value)
+
+
+def test_next_previous_last_first(traces_dir):
+    at = start()
+    last = len(load_trace(traces_dir / "default.jsonl").cycles) - 1
+    at.button(key="nav_next").click().run()
+    at.button(key="nav_next").click().run()
+    assert shown_step(at).startswith("Cycle 2 ") and at.query_params["cycle"] == "2"
+    at.button(key="nav_prev").click().run()
+    assert shown_step(at).startswith("Cycle 1 ")
+    at.button(key="nav_last").click().run()
+    assert shown_step(at).startswith(f"Cycle {last} ") and at.button(key="nav_next").disabled
+    at.button(key="nav_first").click().run()
+    assert shown_step(at).startswith("Cycle 0 ") and at.button(key="nav_prev").disabled
+    at.slider(key="cycle_slider").set_value(4).run()
+    assert shown_step(at).startswith("Cycle 4 ")
+    assert not at.exception
+
+
+def test_stages_step_through_and_into_next_cycle(traces_dir):
+    at = start()
+    captions = []
+    for stage in range(1, 6):
+        assert shown_step(at).startswith(f"Cycle 0 · stage {stage} ")
+        captions.append(plain(at.info[0].value))
+        at.button(key="stage_next").click().run()
+    assert shown_step(at).startswith("Cycle 1 · stage 1 ")
+    assert len(set(captions)) == 5 and "rollback" not in captions[0].lower()
+    at.segmented_control(key="stage_select").set_value(5).run()
+    assert shown_step(at) == "Cycle 1 · stage 5 Rollback" and "Cache entries past the committed prefix" in plain(at.info[0].value)
+    at.button(key="nav_next").click().run()
+    assert shown_step(at) == "Cycle 2 · stage 5 Rollback"  # moving between cycles keeps the stage
+
+
+def test_deep_link_opens_trace_cycle_and_stage(traces_dir):
+    at = start({"trace": "bundled:same-model.jsonl", "cycle": "2", "stage": "4"})
+    assert at.session_state["trace_ref"].token == "bundled:same-model.jsonl"
+    assert shown_step(at) == "Cycle 2 · stage 4 Resample / bonus"
+    assert "free bonus token" in plain(at.info[0].value)
+    assert at.query_params["stage"] == "4" and at.query_params["trace"] == "bundled:same-model.jsonl"
+
+
+def test_deep_link_clamps_and_refuses_paths(traces_dir):
+    at = start({"trace": "bundled:../../../etc/passwd", "cycle": "99999", "stage": "9"})
+    assert at.session_state["trace_ref"].token == "bundled:default.jsonl"
+    assert "cannot open" in plain(at.sidebar.error[0].value)
+    last = len(load_trace(traces_dir / "default.jsonl").cycles) - 1
+    assert shown_step(at) == f"Cycle {last} · stage 5 Rollback"
+
+
+def test_env_var_trace(traces_dir, example_traces, monkeypatch):
+    monkeypatch.setenv("SPECLAB_TRACE", str(example_traces["same-model"]))
+    at = start()
+    assert at.session_state["trace_ref"].token == "env"
+    assert at.query_params["trace"] == "env"
+
+
+def test_malformed_upload_shows_error_and_keeps_running(traces_dir):
+    at = start()
+    at.switch_page(SOURCE_PAGE).run()
+    at.file_uploader(key="upload_file").set_value(("broken.jsonl", b'{"type": "header"\nnot json', "application/json")).run()
+    assert not at.exception
+    assert "Could not open this file as a trace" in plain(at.error[0].value) and "line 1" in plain(at.error[0].value)
+    assert at.session_state["trace_ref"].token == "bundled:default.jsonl"  # the open trace is kept
+    at.file_uploader(key="upload_file").set_value(("bad.jsonl", b"\xff\xfe", "application/json")).run()
+    assert "not UTF-8" in plain(at.error[0].value) and not at.exception
+
+
+def test_good_upload_opens_and_gets_a_link(traces_dir, example_traces):
+    at = start()
+    at.switch_page(SOURCE_PAGE).run()
+    data = example_traces["same-model"].read_bytes()
+    at.file_uploader(key="upload_file").set_value(("run.jsonl", data, "application/json")).run()
+    assert not at.exception and not at.error
+    ref = at.session_state["trace_ref"]
+    assert ref.kind == "upload" and ref.path.read_bytes() == data
+    assert "Opened run.jsonl" in plain(at.success[0].value)
+    link = start({"trace": ref.token, "cycle": "1"})  # a new session reopens it from the URL
+    assert link.session_state["trace_ref"] == ref and shown_step(link).startswith("Cycle 1 ")
+
+
+@pytest.fixture
+def model_folders(tmp_path):
+    """Tiny target and draft saved with save_pretrained, as a user's local folders."""
+    from tests.tiny import tiny_llama, tiny_tokenizer
+    folders = {"target": tmp_path / "target", "draft": tmp_path / "draft"}
+    tok = tiny_tokenizer()
+    for name, model in (("target", tiny_llama(0, 2, 32)), ("draft", tiny_llama(1000, 1, 16))):
+        model.save_pretrained(folders[name])
+        tok.save_pretrained(folders[name])
+    return folders
+
+
+def test_live_run_on_local_folders(traces_dir, model_folders):
+    at = start()
+    at.switch_page(SOURCE_PAGE).run()
+    at.selectbox(key="live_preset").set_value("custom").run()
+    at.text_input(key="live_target").set_value(str(model_folders["target"]))
+    at.text_input(key="live_draft").set_value(str(model_folders["draft"]))
+    at.text_area(key="live_prompt").set_value("the cat sat")
+    at.number_input(key="live_k").set_value(3)
+    at.number_input(key="live_temperature").set_value(1.0)
+    at.number_input(key="live_max_new").set_value(10)
+    at.button(key="live_run").click().run(timeout=120)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    ref = at.session_state["trace_ref"]
+    trace = load_trace(ref.path)
+    assert ref.kind == "run" and trace.complete and trace.cycles and trace.k == 3
+    assert plain(at.success[0].value).startswith(f"Finished: {len(trace.cycles)} cycles")
+    table = at.dataframe[0].value  # the latest cycles, as they arrived
+    assert list(table["cycle"])[-1] == len(trace.cycles) - 1
+    at.switch_page("views/stepper.py").run()
+    assert shown_step(at) == "Cycle 0 · stage 1 Draft" and at.query_params["trace"] == ref.token
+
+
+def test_live_run_reports_a_bad_folder(traces_dir, tmp_path):
+    at = start()
+    at.switch_page(SOURCE_PAGE).run()
+    at.selectbox(key="live_preset").set_value("custom").run()
+    at.text_input(key="live_target").set_value(str(tmp_path / "missing"))
+    at.text_input(key="live_draft").set_value(str(tmp_path / "missing"))
+    at.button(key="live_run").click().run()
+    assert not at.exception and "Could not load the models" in plain(at.error[0].value)
+
+
+# ---------------------------------------------------------------- speed
+
+def stretched(source, out, cycles: int) -> None:
+    """A long trace made by repeating a real one's cycles, positions and cache lengths shifted."""
+    records = [json.loads(line) for line in source.read_text().splitlines()]
+    header, body, summary = records[0], records[1:-1], records[-1]
+    per_copy = sum(len(c["committed_token_ids"]) for c in body)
+    lines = [header]
+    for i in range(cycles):
+        c, shift = copy.deepcopy(body[i % len(body)]), per_copy * (i // len(body))
+        c["cycle"], c["committed_len_before"] = i, c["committed_len_before"] + shift
+        for name in ("target_cache_len", "draft_cache_len"):
+            c[name] = {key: value + shift for key, value in c[name].items()}
+        lines.append(c)
+    out.write_text("\n".join(json.dumps(r) for r in [*lines, summary]) + "\n")
+
+
+def test_next_step_is_fast_on_a_500_cycle_trace(traces_dir, monkeypatch):
+    import streamlit.testing.v1.app_test as app_test
+    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+
+    shared = ScriptCache()  # a server compiles each script once; AppTest would on every run
+    monkeypatch.setattr(app_test, "ScriptCache", lambda: shared)
+    stretched(traces_dir / "default.jsonl", traces_dir / "long.jsonl", 500)
+    at = start({"trace": "bundled:long.jsonl", "cycle": "400", "stage": "4"})
+    at.button(key="nav_next").click().run()  # warm the per-trace caches
+    timing.RECENT_RUNS_MS.clear()
+    for _ in range(10):
+        at.button(key="nav_next").click().run()
+    assert shown_step(at).startswith("Cycle 411 ")
+    runs = list(timing.RECENT_RUNS_MS)
+    print(f"Next step on a 500-cycle trace: best {min(runs):.0f} ms, median {statistics.median(runs):.0f} ms")
+    # The best run is the server's own work; the median also carries other processes' load.
+    assert min(runs) < 100 and statistics.median(runs) < 300

@@ -1,0 +1,311 @@
+"""The app's figure functions against the numbers of real traces (tiny models, tests/tiny.py).
+
+Every expectation is computed from the trace records directly, not through the
+app's own derive helpers, so a figure that drifts from its trace fails here.
+"""
+import copy
+import json
+
+import pytest
+
+from app import derive, explain, figures
+from app.safe import md
+from engine.trace import Trace, load_trace
+
+XSS = "<img src=x onerror=alert(1)>"
+
+
+@pytest.fixture(scope="module")
+def sampled(example_traces) -> Trace:
+    return load_trace(example_traces["sampled"])
+
+
+@pytest.fixture(scope="module")
+def same_model(example_traces) -> Trace:
+    return load_trace(example_traces["same-model"])
+
+
+def first_cycle(trace: Trace, rejected: bool) -> dict:
+    found = [c for c in trace.cycles if (c["rejected_position"] is not None) == rejected]
+    assert found, f"the test trace has no cycle with rejected={rejected}"
+    return found[0]
+
+
+def partial_rejection(trace: Trace) -> dict:
+    """A cycle that accepted some drafts and then rejected one (not at position 1 or K)."""
+    for c in trace.cycles:
+        if c["rejected_position"] is not None and 0 < c["num_accepted"]:
+            return c
+    return first_cycle(trace, rejected=True)
+
+
+def by_name(fig, start: str) -> list:
+    return [t for t in fig.data if t.name and t.name.endswith(start)]
+
+
+def text_traces(fig) -> list:
+    return [t for t in fig.data if t.type == "scatter" and t.mode == "text"]
+
+
+def expected_origins(trace: Trace) -> list[str]:
+    """Origin of every token, from the cycle records alone."""
+    origins = ["prompt"] * len(trace.header["prompt_token_ids"])
+    for c in trace.cycles:
+        for i in range(len(c["committed_token_ids"])):
+            if i < c["num_accepted"]:
+                origins.append("accepted")
+            else:
+                origins.append("resampled" if c["rejected_position"] is not None else "bonus")
+    return origins
+
+
+def all_texts(trace: Trace) -> list[str]:
+    return list(trace.header["prompt_token_texts"]) + [t for c in trace.cycles for t in c["committed_token_texts"]]
+
+
+def strings_in(obj) -> list[str]:
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, dict):
+        return [s for v in obj.values() for s in strings_in(v)]
+    if isinstance(obj, (list, tuple)) or hasattr(obj, "tolist"):
+        return [s for v in (obj.tolist() if hasattr(obj, "tolist") else obj) for s in strings_in(v)]
+    return []
+
+
+# ---------------------------------------------------------------- the traces cover every case
+
+def test_test_traces_cover_rejections_and_bonus(sampled, same_model):
+    assert any(c["rejected_position"] for c in sampled.cycles)
+    assert any(0 < c["num_accepted"] < sampled.k for c in sampled.cycles)
+    assert all(c["bonus_token_id"] is not None for c in same_model.cycles)
+    assert any(c["draft_catch_up"] for c in same_model.cycles)
+
+
+# ---------------------------------------------------------------- text so far
+
+@pytest.mark.parametrize("name", ["sampled", "same_model"])
+def test_text_figure_tokens_in_order_coloured_by_origin(name, request):
+    trace = request.getfixturevalue(name)
+    cycle = len(trace.cycles) // 2
+    tokens = derive.token_table(trace)
+    fig = figures.text_figure(tokens, highlight_cycle=cycle)
+    (labels,) = text_traces(fig)
+    assert list(labels.text) == [figures.esc(derive.visible_text(t)) for t in all_texts(trace)]
+    where = {(float(x), int(y)): i for i, (x, y) in enumerate(zip(labels.x, labels.y))}
+    seen = {}
+    for bar in (t for t in fig.data if t.type == "bar"):
+        for row, col, width, line in zip(bar.y, bar.base, bar.x, bar.marker.line.width):
+            seen[where[(col + width / 2, int(row))]] = (bar.marker.color, line)
+    origins = expected_origins(trace)
+    assert len(seen) == len(origins)
+    for i, origin in enumerate(origins):
+        assert seen[i][0] == figures.rgba(figures.STYLES[origin].colour, 0.35), f"token {i} ({origin})"
+    ends = derive.tokens_through(trace)
+    this_cycle = range(ends[cycle - 1], ends[cycle])
+    assert [i for i in seen if seen[i][1] == 2.5] == list(this_cycle)
+
+
+def test_text_hover_shows_the_tokens_numbers(sampled):
+    tokens = derive.token_table(sampled)
+    fig = figures.text_figure(tokens)
+    (accepted,) = by_name(fig, "accepted draft")
+    hovers = list(accepted.hovertext)
+    expected = [(c["p_target"][i], c["p_draft"][i], c["accept_prob"][i], c["u"][i])
+                for c in sampled.cycles for i in range(min(c["num_accepted"], len(c["committed_token_ids"])))]
+    assert len(hovers) == len(expected)
+    for hover, (pt, pd, a, u) in zip(hovers, expected):
+        assert f"p_target {figures.fmt_p(pt)}" in hover and f"p_draft {figures.fmt_p(pd)}" in hover
+        assert f"p_draft) {figures.fmt_p(a)}" in hover and f"u {figures.fmt_p(u)}" in hover
+        assert u < a  # an accepted token passed the test it shows
+    (resampled,) = by_name(fig, "resampled")
+    c = first_cycle(sampled, rejected=True)
+    entry = next(e for e in c["residual_top"] if e["token_id"] == c["resampled_token_id"])
+    assert f"drawn from the residual: {figures.fmt_p(entry['residual'])}" in resampled.hovertext[0]
+
+
+def test_visible_whitespace():
+    assert derive.visible_text(" a\n\tb\x00") == "·a↵→b\\x00"
+    assert derive.visible_text("") == "∅"
+    placed = derive.place_tokens([derive.TokenInfo(t, derive.PROMPT, None) for t in ["ab", "c\n", "d"]], wrap=10)
+    assert [(t.row, t.col) for t in placed] == [(0, 0), (0, 2), (1, 0)]
+
+
+# ---------------------------------------------------------------- the test per position
+
+def test_acceptance_figure_numbers(sampled):
+    c, k = partial_rejection(sampled), sampled.k
+    fig = figures.acceptance_figure(c, k, stage=3)
+    (pt,) = by_name(fig, "(target model)")
+    (pd,) = by_name(fig, "(draft model)")
+    (acc,) = by_name(fig, "min(1, p_target/p_draft)")
+    (u,) = by_name(fig, "u (uniform draw)")
+    assert list(pt.y) == c["p_target"] and list(pd.y) == c["p_draft"]
+    assert list(acc.y) == c["accept_prob"]
+    assert c["accept_prob"] == pytest.approx([min(1.0, a / b) for a, b in zip(c["p_target"], c["p_draft"])], rel=1e-5)
+    assert list(u.y) == c["u"] and list(u.x) == list(pt.x)[: len(c["u"])]
+    j = c["rejected_position"]
+    assert c["u"][j - 1] >= c["accept_prob"][j - 1]  # the figure marks the draw that failed
+    ticks = list(pt.x)
+    assert all("accepted" in t for t in ticks[: j - 1]) and "rejected" in ticks[j - 1]
+    assert all("discarded" in t for t in ticks[j:])
+    early = figures.acceptance_figure(c, k, stage=2)
+    assert len(early.data) == 2 and not any("rejected" in t for t in early.data[0].x)
+
+
+# ---------------------------------------------------------------- resample and bonus
+
+def test_resample_figure_numbers(sampled):
+    c = first_cycle(sampled, rejected=True)
+    fig = figures.resample_figure(c, sampled.k)
+    entries = c["residual_top"]
+    assert [list(t.y) for t in fig.data] == [[e[f] for e in entries] for f in ("p_target", "p_draft", "residual")]
+    for e in entries:  # residual = normalised max(0, p_target - p_draft): proportional to the difference
+        assert e["residual"] == pytest.approx(0.0, abs=1e-6) or e["p_target"] > e["p_draft"]
+    chosen = [e["token_id"] for e in entries].index(c["resampled_token_id"])
+    assert list(fig.data[2].marker.line.width) == [3 if i == chosen else 0 for i in range(len(entries))]
+    assert fig.layout.annotations[0].x == fig.data[0].x[chosen]
+    assert figures.esc(derive.visible_text(c["next_token_text"])) in fig.data[0].x[chosen]
+
+
+def test_bonus_figure_numbers(same_model):
+    c, k = same_model.cycles[0], same_model.k
+    fig = figures.resample_figure(c, k)
+    entries = c["target_top"][k]
+    assert list(fig.data[0].y) == [e["p"] for e in entries]
+    ids = [e["token_id"] for e in entries]
+    assert list(fig.data[0].marker.line.width) == [3 if i == c["bonus_token_id"] else 0 for i in ids]
+    assert f"K+1={k + 1}" in fig.layout.title.text
+
+
+# ---------------------------------------------------------------- KV caches
+
+def cache_positions(fig) -> dict:
+    """{(state label, model): [cache positions]} read back from the cells' bars."""
+    out = {}
+    for bar in (t for t in fig.data if t.type == "bar"):
+        for model, base in zip(bar.y, bar.base):
+            out.setdefault((bar.name.split(" ", 1)[1], model), []).append(round(base + 0.45))
+    return out
+
+
+def test_cache_figure_matches_recorded_lengths(sampled):
+    c = partial_rejection(sampled)
+    t, d = c["target_cache_len"], c["draft_cache_len"]
+    texts = all_texts(sampled)[: c["committed_len_before"]] + c["draft_token_texts"]
+    first = max(0, min(t["before"], d["before"]) - figures.CACHE_CONTEXT)
+    draft_stage = cache_positions(figures.cache_figure(c, 1, texts))
+    assert ("provisional", "target") not in draft_stage
+    assert draft_stage[("provisional", "draft")] == list(range(d["before"], d["after_append"]))
+    verify = cache_positions(figures.cache_figure(c, 2, texts))
+    assert verify[("provisional", "target")] == list(range(t["before"], t["after_append"]))
+    assert t["after_append"] - t["before"] == sampled.k + 1  # the target scored K+1 positions
+    assert verify[("committed", "target")] == list(range(first, t["before"]))
+    rollback_fig = figures.cache_figure(c, 5, texts)
+    rollback = cache_positions(rollback_fig)
+    assert rollback[("rolled back", "target")] == list(range(t["after_rollback"], t["after_append"]))
+    assert rollback[("rolled back", "draft")] == list(range(d["after_rollback"], d["after_append"]))
+    assert rollback[("committed", "target")] == list(range(first, t["after_rollback"]))
+    assert f"target {t['after_append']} → {t['after_rollback']}" in rollback_fig.layout.title.text
+    cells = {(float(x), y): s for tr in text_traces(rollback_fig) for x, y, s in zip(tr.x, tr.y, tr.text)}
+    assert cells[(float(t["after_append"] - 1), "target")] == "✗" + figures.shown(texts[t["after_append"] - 1])
+
+
+def test_cache_figure_shows_draft_catch_up(same_model):
+    c = next(c for c in same_model.cycles if c["draft_catch_up"])
+    d = c["draft_cache_len"]
+    texts = all_texts(same_model)[: c["committed_len_before"]] + c["draft_token_texts"]
+    rollback = cache_positions(figures.cache_figure(c, 5, texts))
+    assert rollback[("draft catch-up (d_K fed)", "draft")] == list(range(d["after_append"], d["after_rollback"]))
+    assert d["after_rollback"] - d["after_append"] == 1
+    # All K accepted: the target keeps all K+1 entries (the bonus token has no K/V yet), nothing is rolled back.
+    assert ("rolled back", "target") not in rollback
+    assert rollback[("committed", "target")][-1] == c["target_cache_len"]["after_append"] - 1
+
+
+# ---------------------------------------------------------------- one cycle at a glance
+
+def test_cycle_figure_stages(sampled):
+    c, k = partial_rejection(sampled), sampled.k
+    stage1 = figures.cycle_figure(c, k, 1)
+    assert [t.name for t in stage1.data if t.type == "bar"] == ["? provisional"]
+    numbers = text_traces(stage1)[1]
+    assert list(numbers.text) == [f"p_draft {p:.3f}" for p in c["p_draft"]]
+    stage3 = figures.cycle_figure(c, k, 3)
+    bars = {t.name: len(t.x) for t in stage3.data if t.type == "bar"}
+    assert bars["✓ accepted draft"] == c["num_accepted"] and bars["✗ rejected"] == 1
+    assert bars.get("– discarded (never tested)", 0) == k - c["num_accepted"] - 1
+    stage4 = figures.cycle_figure(c, k, 4)
+    committed = [s for tr in text_traces(stage4) for y, s in zip(tr.y, tr.text) if y == figures.COMMITTED_ROW]
+    assert [s.rsplit(" ", 1)[0] for s in committed] == [figures.shown(t) for t in c["committed_token_texts"]]
+    assert committed[-1].endswith("↻")
+
+
+# ---------------------------------------------------------------- all cycles
+
+def test_overview_points(sampled):
+    ov = derive.overview(sampled)
+    fig = figures.overview_figure(ov, len(sampled.cycles), current=3)
+    points = {t.name.split(" ", 1)[1]: list(zip(t.x.tolist(), t.y.tolist())) for t in fig.data}
+    k = sampled.k
+    assert points["accepted draft"] == [(c["cycle"], i + 1) for c in sampled.cycles for i in range(c["num_accepted"])]
+    assert points["rejected"] == [(c["cycle"], c["rejected_position"]) for c in sampled.cycles if c["rejected_position"]]
+    assert len(points["discarded (never tested)"]) == sum(k - c["num_accepted"] - 1 for c in sampled.cycles
+                                                          if c["rejected_position"])
+    assert points["bonus"] == [(c["cycle"], k + 1) for c in sampled.cycles if c["bonus_token_id"] is not None]
+    assert fig.layout.shapes[0].x0 == 2.5 and fig.layout.shapes[0].x1 == 3.5
+
+
+# ---------------------------------------------------------------- every figure is valid Plotly and escapes text
+
+def xss_trace(trace: Trace) -> Trace:
+    """The trace with every token text replaced by an HTML payload."""
+    header, cycles = copy.deepcopy(trace.header), copy.deepcopy(trace.cycles)
+    header["prompt_token_texts"] = [XSS] * len(header["prompt_token_texts"])
+    for c in cycles:
+        c["draft_token_texts"] = [XSS] * len(c["draft_token_texts"])
+        c["committed_token_texts"] = [XSS] * len(c["committed_token_texts"])
+        c["next_token_text"] = XSS
+        for entry in (c["residual_top"] or []) + [e for row in c["target_top"] for e in row]:
+            entry["text"] = XSS
+    return Trace(header, cycles, trace.summary)
+
+
+def every_figure(trace: Trace):
+    tokens = derive.token_table(trace)
+    ov = derive.overview(trace)
+    for c in trace.cycles[:3]:
+        texts = [t.text for t in tokens[: c["committed_len_before"]]] + c["draft_token_texts"]
+        for stage in range(1, 6):
+            yield figures.cycle_figure(c, trace.k, stage)
+            yield figures.acceptance_figure(c, trace.k, stage)
+            yield figures.cache_figure(c, stage, texts)
+        yield figures.resample_figure(c, trace.k)
+    yield figures.text_figure(tokens, 1)
+    yield figures.overview_figure(ov, len(trace.cycles), 1)
+
+
+@pytest.mark.parametrize("name", ["sampled", "same_model"])
+def test_figures_are_valid_plotly(name, request):
+    for fig in every_figure(request.getfixturevalue(name)):
+        figures.validated(fig)  # raises on an invalid property
+
+
+def test_token_text_is_escaped_everywhere(sampled, same_model):
+    for trace in (xss_trace(sampled), xss_trace(same_model)):
+        strings = [s for fig in every_figure(trace) for s in strings_in(fig.to_dict())]
+        assert not [s for s in strings if "<img" in s]
+        assert any("&lt;img·src=x·onerror=alert(1)&gt;" in s for s in strings)  # spaces made visible
+
+
+def test_captions_and_markdown_escape(sampled):
+    c = partial_rejection(sampled)
+    j = c["rejected_position"]
+    caption = explain.stage_caption(c, sampled.k, 3)
+    assert f"u={c['u'][j - 1]:.3f} ≥ {c['accept_prob'][j - 1]:.3f}" in caption and f"{c['num_accepted']} accepted" in caption
+    t = c["target_cache_len"]
+    assert f"target {t['after_append']} → {t['after_rollback']}" in explain.stage_caption(c, sampled.k, 5)
+    escaped = md(f"{XSS} **bold** $x$ :red[y] [a](javascript:alert(1))")
+    assert "<img" not in escaped and "&lt;img" in escaped
+    assert "\\*\\*bold\\*\\*" in escaped and "\\$x\\$" in escaped and "\\:red\\[y\\]" in escaped
+    assert json.dumps(escaped)  # plain text, ready for st.markdown
