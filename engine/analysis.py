@@ -232,6 +232,7 @@ class KAdvice:
     refined: float
     verify_s: float  # t_verify(K+1) from the calibration
     extrapolated: bool  # K+1 lies beyond the calibrated widths: t_verify from the fitted line
+    cost_steps: float  # one cycle's time in target steps: (K t_draft + t_verify(K+1)) / t_step
 
 
 def advise_k(alpha: float, draft_step_s: float, cal: Calibration, ks: list[int]) -> list[KAdvice]:
@@ -239,7 +240,8 @@ def advise_k(alpha: float, draft_step_s: float, cal: Calibration, ks: list[int])
     c = cost_ratio(draft_step_s, cal.target_step_s)
     return [KAdvice(k, expected_tokens_per_cycle(alpha, k), predicted_speedup(alpha, k, c),
                     refined_speedup(alpha, k, cal.target_step_s, draft_step_s, cal.verify_time(k + 1)),
-                    cal.verify_time(k + 1), not cal.measured(k + 1))
+                    cal.verify_time(k + 1), not cal.measured(k + 1),
+                    (k * draft_step_s + cal.verify_time(k + 1)) / cal.target_step_s)
             for k in ks]
 
 
@@ -255,12 +257,13 @@ def best_k(advice: list[KAdvice]) -> KAdvice:
 
 def advice_sentence(advice: list[KAdvice]) -> str:
     best = best_k(advice)
+    why = (f"At K={best.k} a cycle costs {best.cost_steps:.2f} target steps (K draft steps and one verify pass) "
+           f"and commits {best.expected_tokens:.2f} tokens on average.")
     if best.refined < 1.0:
         return (f"No K pays off on this hardware: the best, K={best.k}, is predicted at {best.refined:.2f}x, "
-                f"slower than plain decoding. The draft costs too much per step, or accepts too rarely, "
-                f"for what verification saves.")
+                f"slower than plain decoding. {why}")
     return (f"Best K = {best.k}: predicted {best.refined:.2f}x plain decoding "
-            f"(Leviathan's formula would say {best.leviathan:.2f}x at that K).")
+            f"(Leviathan's formula would say {best.leviathan:.2f}x at that K). {why}")
 
 
 # ---------------------------------------------------------------- everything for one trace

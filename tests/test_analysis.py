@@ -99,6 +99,8 @@ def test_advisor_finds_the_best_k_and_says_when_none_pays_off():
     costly = advise_k(0.3, 0.008, LINEAR, list(range(1, 9)))
     assert all(a.refined < 1 for a in costly)
     assert advice_sentence(costly).startswith("No K pays off on this hardware")
+    one = costly[0]  # K=1: one 8 ms draft step and a 12 ms verify pass, in 10 ms target steps
+    assert one.cost_steps == pytest.approx(2.0) and one.refined == pytest.approx(one.expected_tokens / 2.0)
 
 
 # ---------------------------------------------------------------- calibration and real traces

@@ -1,0 +1,282 @@
+"""Statistics: acceptance, cost and measured speed of the open trace, and why speculation pays off or not.
+
+Every number comes from engine/analysis.py (the same code as `python -m engine stats`);
+this page lays them out, draws them (app/figures_stats.py) and runs the K sweep.
+"""
+import dataclasses
+
+import streamlit as st
+
+from app import figures_stats as figs
+from app import live, state
+from app.safe import md
+from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
+                             trace_stats)
+from engine.calibrate import calibrate
+from engine.config import MAX_K, SettingsError, SpecSettings
+from engine.presets import PRESETS
+from engine.speculative import Pair
+from engine.sweep import SweepResult, k_sweep
+from engine.trace import Trace, TraceError
+
+NOW_CALIBRATION = "now_calibration"  # session_state: {trace key: calibration measured on this machine}
+SWEEPS = "k_sweeps"  # session_state: {trace key: SweepResult}
+
+
+# ---------------------------------------------------------------- data (cached per trace)
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def stats_of(key: str, _trace: Trace) -> TraceStats:
+    return trace_stats(_trace)
+
+
+def with_calibration(trace: Trace, key: str) -> tuple[Trace, str, bool]:
+    """The trace, with a calibration measured on this machine if it has none and one was taken."""
+    measured_now = st.session_state.get(NOW_CALIBRATION, {}).get(key)
+    if measured_now is None or trace.header.get("calibration") is not None:
+        return trace, key, False
+    return Trace({**trace.header, "calibration": measured_now}, trace.cycles, trace.summary), key + "+now", True
+
+
+def chart(fig, key: str | None = None) -> None:
+    st.plotly_chart(fig, key=key, config={"displaylogo": False})
+
+
+def trace_pair(header: dict) -> Pair | None:
+    """The model pair that wrote the trace: its preset, else the model names as folders or ids."""
+    preset = header.get("preset")
+    try:
+        with st.spinner("Loading models (once per server process)…"):
+            if preset in PRESETS:
+                return live.cached_preset(preset)
+            return live.cached_pair(header["target"]["name"], header["draft"]["name"])
+    except live.LOAD_ERRORS as err:
+        st.error(f"Could not load this trace's models: {md(str(err))}", icon=":material/error:")
+        return None
+
+
+def trace_settings(header: dict, **changes) -> SpecSettings:
+    known = {f.name for f in dataclasses.fields(SpecSettings)}
+    return SpecSettings(**{**{k: v for k, v in header["settings"].items() if k in known}, **changes})
+
+
+# ---------------------------------------------------------------- sections
+
+def acceptance_section(st_: TraceStats) -> None:
+    a = st_.acceptance
+    cols = st.columns(4)
+    cols[0].metric("Draft acceptance rate", f"{a['acceptance_rate']:.3f}")
+    cols[0].caption(DEFINITIONS["acceptance_rate"])
+    cols[1].metric("Mean acceptance length", f"{a['mean_acceptance_length']:.3f}")
+    cols[1].caption(DEFINITIONS["mean_acceptance_length"])
+    cols[2].metric("alpha (mean beta)", f"{st_.alpha:.3f}")
+    cols[2].caption(DEFINITIONS["alpha"])
+    cols[3].metric("Cycles", f"{st_.num_cycles}")
+    cols[3].caption(f"K = {st_.k} draft tokens each.")
+    st.markdown("**Per-position acceptance**: " + " · ".join(
+        f"{i}: {p:.3f}" for i, p in enumerate(a["per_position_acceptance"], start=1)))
+    st.caption(DEFINITIONS["per_position_acceptance"])
+    left, right = st.columns(2)
+    with left:
+        chart(figs.per_position_figure(st_), key="fig_per_position")
+    with right:
+        chart(figs.tokens_per_cycle_figure(st_), key="fig_tokens_per_cycle")
+    st.caption("The prediction assumes every draft token passes independently with probability alpha "
+               "(Leviathan et al. 2023): then a cycle commits n ≤ K tokens with probability "
+               "alpha^(n-1)(1 - alpha), and K+1 with probability alpha^K.")
+
+
+def calibrate_now(trace: Trace, key: str) -> None:
+    st.info(NO_CALIBRATION, icon=":material/timer_off:")  # our own text: its `code` should render
+    if not st.button("Measure step times now (on this machine)", key="calibrate_now"):
+        return
+    pair = trace_pair(trace.header)
+    if pair is None:
+        return
+    with st.spinner("Timing single steps and verify widths…"):
+        result = calibrate(pair, trace.header["prompt_token_ids"], trace_settings(trace.header))
+    st.session_state.setdefault(NOW_CALIBRATION, {})[key] = result
+    st.rerun()
+
+
+def cost_section(st_: TraceStats, measured_now: bool) -> None:
+    r, cal, t = st_.speed, st_.calibration, st_.times
+    if measured_now:
+        st.warning("Step times measured now on this machine, not when the trace was recorded: "
+                   "if the machines differ, so do c and the speedups.", icon=":material/timer:")
+    cols = st.columns(4)
+    cols[0].metric("t_step (target, 1 token)", f"{r.target_step_s * 1000:.2f} ms")
+    cols[1].metric("t_draft (one draft step)", f"{r.draft_step_s * 1000:.2f} ms")
+    cols[2].metric("c = t_draft / t_step", f"{r.c:.3f}")
+    cols[3].metric(f"t_verify({st_.k + 1}) in target steps", f"{r.verify_in_steps:.2f}")
+    st.caption(f"c: {DEFINITIONS['c']} Leviathan's formula takes a verify pass over K+1 positions to cost "
+               f"one target step; this trace's took {r.verify_s * 1000:.2f} ms.")
+    left, right = st.columns(2)
+    with left:
+        chart(figs.verify_cost_figure(cal, st_.k, t.verify_s), key="fig_verify_cost")
+    with right:
+        chart(figs.cycle_profile_figure(t), key="fig_profile")
+
+
+def speed_section(st_: TraceStats) -> None:
+    r = st_.speed
+    cols = st.columns(3)
+    cols[0].metric("Measured speedup", f"{r.measured:.2f}x")
+    cols[0].caption(DEFINITIONS["measured"])
+    cols[1].metric("Leviathan prediction", f"{r.leviathan:.2f}x")
+    cols[1].caption(DEFINITIONS["leviathan"])
+    cols[2].metric("Refined prediction", f"{r.refined:.2f}x")
+    cols[2].caption(DEFINITIONS["refined"])
+    st.info(md(explain_speed(r)), icon=":material/lightbulb:")
+    chart(figs.speed_figure(r), key="fig_speed")
+
+
+def advisor_section(st_: TraceStats) -> None:
+    sentence = advice_sentence(st_.advice)
+    if best_k(st_.advice).refined < 1.0:
+        st.warning(md(sentence), icon=":material/trending_down:")
+    else:
+        st.success(md(sentence), icon=":material/trending_up:")
+    chart(figs.advisor_figure(st_.advice, st_.k), key="fig_advisor")
+    st.dataframe([{"K": a.k, "E[tokens per cycle]": round(a.expected_tokens, 3),
+                   "Leviathan": round(a.leviathan, 3), "refined": round(a.refined, 3),
+                   "t_verify(K+1) ms": round(a.verify_s * 1000, 3),
+                   "verify time": "fitted line" if a.extrapolated else "measured"} for a in st_.advice],
+                 hide_index=True, height="content", key="advisor_table")
+    st.caption("Alpha, the draft step time and the verify-cost curve are held at this trace's values; "
+               "only K changes. Beyond the calibrated widths, verify time follows a fitted straight line.")
+
+
+def sweep_section(trace: Trace, key: str) -> None:
+    st.write("Run this trace's prompt and settings again at several K, then compare measured speed and "
+             "acceptance with what the formulas predict from the same run.")
+    default_ks = sorted({1, 2, 4, 6, trace.k} & set(range(1, MAX_K + 1)))
+    cols = st.columns([3, 1])
+    ks = cols[0].multiselect("K values", list(range(1, 17)), default=default_ks, key="sweep_ks")
+    max_new = cols[1].number_input("Max new tokens", 1, 512, min(64, trace.header["settings"]["max_new_tokens"]),
+                                   key="sweep_max_new")
+    if st.button("Run the K sweep", key="sweep_run", type="primary", disabled=not ks):
+        run_sweep(trace, key, sorted(ks), int(max_new))
+    result = st.session_state.get(SWEEPS, {}).get(key)
+    if result is not None:
+        show_sweep(result)
+
+
+def run_sweep(trace: Trace, key: str, ks: list[int], max_new: int) -> None:
+    try:
+        settings = trace_settings(trace.header, max_new_tokens=max_new)
+    except SettingsError as err:
+        st.error(md(str(err)))
+        return
+    pair = trace_pair(trace.header)
+    if pair is None:
+        return
+    bar = st.progress(0.0, text="Starting the sweep…")
+    result = k_sweep(pair, trace.header["prompt_token_ids"], settings, ks,
+                     on_progress=lambda fraction, text: bar.progress(fraction, text=text))
+    bar.empty()
+    st.session_state.setdefault(SWEEPS, {})[key] = result
+
+
+def show_sweep(result: SweepResult) -> None:
+    chart(figs.sweep_figure(result), key="fig_sweep")
+    predicted = result.predicted_tokens_per_s()
+    st.dataframe([{"K": p.k, "tokens/s": round(p.tokens_per_s, 2), "Leviathan tokens/s": round(lev, 2),
+                   "refined tokens/s": round(ref, 2), "speedup": round(p.tokens_per_s / result.plain_tokens_per_s, 3),
+                   "acceptance rate": round(p.acceptance_rate, 3),
+                   "mean acceptance length": round(p.mean_acceptance_length, 3), "alpha": round(p.alpha, 3)}
+                  for p, lev, ref in zip(result.points, predicted["leviathan"], predicted["refined"])],
+                 hide_index=True, height="content", key="sweep_table")
+    st.caption(f"Plain target decoding: {result.plain_tokens_per_s:.2f} tokens/s. Predictions use alpha "
+               f"{result.alpha:.3f} pooled over the sweep and its own step-time calibration.")
+
+
+# ---------------------------------------------------------------- comparing two traces
+
+def summary_rows(trace: Trace, st_: TraceStats) -> dict[str, str]:
+    """One column of the comparison table: every value as text."""
+    s, r, a = trace.header["settings"], st_.speed, st_.acceptance
+    na = "no calibration"
+    return {
+        "target ← draft": f"{trace.header['target']['name']} ← {trace.header['draft']['name']}",
+        "K · temperature": f"{s['k']} · {s['temperature']}",
+        "cycles": f"{st_.num_cycles}",
+        "draft acceptance rate": f"{a['acceptance_rate']:.3f}",
+        "mean acceptance length": f"{a['mean_acceptance_length']:.3f}",
+        "alpha": f"{st_.alpha:.3f}",
+        "c": f"{r.c:.3f}" if r else na,
+        "measured speedup": f"{r.measured:.2f}x" if r else na,
+        "Leviathan prediction": f"{r.leviathan:.2f}x" if r else na,
+        "refined prediction": f"{r.refined:.2f}x" if r else na,
+        "best K (refined)": f"{best_k(st_.advice).k}" if st_.advice else na,
+        "end-to-end tokens/s": f"{st_.tokens_per_s:.1f}" if st_.tokens_per_s is not None else "incomplete run",
+    }
+
+
+def other_refs() -> list[state.TraceRef]:
+    refs = [state.TraceRef("bundled", n) for n in state.bundled_traces()]
+    runs = state.runs_dir()
+    if runs.is_dir():
+        refs += [state.TraceRef("run", p.name) for p in sorted(runs.glob("*.jsonl"))]
+    return refs
+
+
+def compare_section(trace: Trace, st_: TraceStats) -> None:
+    refs = [r for r in other_refs() if r != state.current_ref()]
+    if not refs:
+        st.info("There is no other trace to compare with: open **Choose a trace** to run or upload one.")
+        return
+    ref = st.selectbox("Compare with", refs, format_func=lambda r: r.label, key="compare_with")
+    try:
+        other, other_key = state.load_ref(ref)
+    except (TraceError, OSError) as err:
+        st.error(f"Could not open {md(ref.label)}: {md(str(err))}")
+        return
+    other_stats = stats_of(other_key, other)
+    mine, theirs = summary_rows(trace, st_), summary_rows(other, other_stats)
+    st.dataframe([{"": name, "this trace": mine[name], ref.label: theirs[name]} for name in mine],
+                 hide_index=True, height="content", key="compare_table")
+    chart(figs.compare_acceptance_figure(["this trace", ref.label], [st_, other_stats]), key="fig_compare")
+
+
+# ---------------------------------------------------------------- the page
+
+def main() -> None:
+    st.title("Why speculation pays off, or doesn't")
+    trace = state.current_trace()
+    if trace is None:
+        st.warning("No trace is open. Open **Choose a trace** first.", icon=":material/folder_open:")
+        return
+    state.write_url()
+    h = trace.header
+    st.caption(f"Target **{md(h['target']['name'])}** · draft **{md(h['draft']['name'])}** · K={trace.k} · "
+               f"temperature {h['settings']['temperature']} · {len(trace.cycles)} cycles"
+               + ("" if trace.complete else " · incomplete run (no summary)"))
+    if not trace.cycles:
+        st.warning("This trace has no cycles to analyse.")
+        return
+    shown, key, measured_now = with_calibration(trace, state.current_key())
+    st_ = stats_of(key, shown)
+    tabs = st.tabs(["Acceptance", "Cost and speed", "K advisor", "K sweep", "Compare two traces"])
+    with tabs[0]:
+        acceptance_section(st_)
+    with tabs[1]:
+        if st_.speed is None:
+            if st_.calibration_error:
+                st.error(md(st_.calibration_error))
+            calibrate_now(trace, state.current_key())
+        else:
+            cost_section(st_, measured_now)
+            speed_section(st_)
+    with tabs[2]:
+        if st_.advice:
+            advisor_section(st_)
+        else:
+            st.info("The K advisor needs step times: see **Cost and speed**.")
+    with tabs[3]:
+        sweep_section(trace, state.current_key())
+    with tabs[4]:
+        compare_section(trace, st_)
+
+
+main()

@@ -1,0 +1,175 @@
+"""The statistics page in the real app (streamlit.testing AppTest) on tiny-model traces.
+
+Every number the page shows is compared with engine/analysis.py's computation on the
+same trace file, read independently of the app.
+"""
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.safe import md
+from app.state import TraceRef
+from engine.analysis import NO_CALIBRATION, advice_sentence, best_k, explain_speed, trace_stats
+from engine.config import SpecSettings
+from engine.run import load_pair, run_to_trace
+from engine.trace import load_trace
+from tests.tiny import noisy_pair, save_tiny
+
+MAIN = Path(__file__).resolve().parent.parent / "app" / "main.py"
+PAGE = "views/statistics.py"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """Tiny model folders and three traces: calibrated sampled, calibrated greedy, uncalibrated."""
+    root = tmp_path_factory.mktemp("stats_page")
+    pair = load_pair(*save_tiny(noisy_pair(0, noise=0.05), root / "models"), device="cpu")
+    traces = root / "traces"
+    run_to_trace(pair, "the dog ran", SpecSettings(k=3, temperature=1.0, max_new_tokens=40, seed=6),
+                 traces / "default.jsonl", calibrate=True)
+    run_to_trace(pair, "the dog ran", SpecSettings(k=2, temperature=0.0, max_new_tokens=30),
+                 traces / "greedy.jsonl", calibrate=True)
+    run_to_trace(pair, "the dog ran", SpecSettings(k=2, temperature=1.0, max_new_tokens=20, seed=2),
+                 traces / "uncalibrated.jsonl")
+    return root
+
+
+def open_page(folder: Path, monkeypatch, trace: str = "default.jsonl") -> AppTest:
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(folder / "traces"))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(folder / "runs"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    at = AppTest.from_file(str(MAIN), default_timeout=120)
+    at.query_params["trace"] = f"bundled:{trace}"
+    at.run()
+    at.switch_page(PAGE).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def figure(at: AppTest, key: str) -> dict:
+    found = [e for e in at.get("plotly_chart") if e.proto.id.endswith(f"-{key}")]
+    assert len(found) == 1, f"figure {key} not shown"
+    return json.loads(found[0].proto.spec)
+
+
+def table(at: AppTest, column: str):
+    """The one table with this column (AppTest does not expose a dataframe's key)."""
+    found = [d.value for d in at.dataframe if column in d.value.columns]
+    assert len(found) == 1, f"no single table with a column {column!r}"
+    return found[0]
+
+
+def expected_metrics(st) -> dict[str, str]:
+    a, r = st.acceptance, st.speed
+    return {
+        "Draft acceptance rate": f"{a['acceptance_rate']:.3f}",
+        "Mean acceptance length": f"{a['mean_acceptance_length']:.3f}",
+        "alpha (mean beta)": f"{st.alpha:.3f}", "Cycles": f"{st.num_cycles}",
+        "t_step (target, 1 token)": f"{r.target_step_s * 1000:.2f} ms",
+        "t_draft (one draft step)": f"{r.draft_step_s * 1000:.2f} ms",
+        "c = t_draft / t_step": f"{r.c:.3f}", f"t_verify({st.k + 1}) in target steps": f"{r.verify_in_steps:.2f}",
+        "Measured speedup": f"{r.measured:.2f}x", "Leviathan prediction": f"{r.leviathan:.2f}x",
+        "Refined prediction": f"{r.refined:.2f}x",
+    }
+
+
+def test_every_number_matches_the_engine(folder, monkeypatch):
+    at = open_page(folder, monkeypatch)
+    st = trace_stats(load_trace(folder / "traces" / "default.jsonl"))
+    assert metrics(at) == expected_metrics(st)
+    per_position = " · ".join(f"{i}: {p:.3f}" for i, p in enumerate(st.acceptance["per_position_acceptance"], 1))
+    assert any(m.value == f"**Per-position acceptance**: {per_position}" for m in at.markdown)
+    assert any(md(explain_speed(st.speed)) == i.value for i in at.info)
+    advice_box = at.success if best_k(st.advice).refined >= 1 else at.warning
+    assert [b.value for b in advice_box] == [md(advice_sentence(st.advice))]
+    rows = table(at, "E[tokens per cycle]")
+    assert list(rows["K"]) == [a.k for a in st.advice]
+    assert list(rows["refined"]) == pytest.approx([round(a.refined, 3) for a in st.advice])
+    assert list(rows["Leviathan"]) == pytest.approx([round(a.leviathan, 3) for a in st.advice])
+
+
+def test_figures_draw_the_engine_numbers(folder, monkeypatch):
+    at = open_page(folder, monkeypatch)
+    st = trace_stats(load_trace(folder / "traces" / "default.jsonl"))
+    per_position = figure(at, "fig_per_position")["data"]
+    assert per_position[0]["y"] == pytest.approx(st.acceptance["per_position_acceptance"])
+    assert per_position[1]["y"] == pytest.approx([st.alpha ** i for i in range(1, st.k + 1)])
+    histogram = figure(at, "fig_tokens_per_cycle")["data"]
+    assert histogram[0]["y"] == pytest.approx([c / st.num_cycles for c in st.tokens_per_cycle])
+    assert histogram[1]["y"] == pytest.approx(st.pmf)
+    speed = figure(at, "fig_speed")["data"][0]["y"]
+    assert speed == pytest.approx([st.speed.measured, st.speed.leviathan, st.speed.refined])
+    verify = figure(at, "fig_verify_cost")["data"]
+    assert verify[0]["y"] == pytest.approx([t * 1000 for t in st.calibration.verify_s])
+    advisor = figure(at, "fig_advisor")["data"]
+    assert advisor[1]["y"] == pytest.approx([a.refined for a in st.advice])
+    assert advisor[2]["x"] == [best_k(st.advice).k]
+
+
+def test_uncalibrated_trace_can_be_calibrated_on_this_machine(folder, monkeypatch):
+    at = open_page(folder, monkeypatch, "uncalibrated.jsonl")
+    assert "Measured speedup" not in metrics(at)
+    assert [i.value for i in at.info if "calibration" in i.value] == [NO_CALIBRATION]
+    at.button(key="calibrate_now").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = metrics(at)
+    assert {"Measured speedup", "c = t_draft / t_step", "Refined prediction"} <= set(shown)
+    assert any("measured now on this machine" in w.value for w in at.warning)
+    # The page's numbers use the calibration it just took: recompute them from the file plus that.
+    trace = load_trace(folder / "traces" / "uncalibrated.jsonl")
+    (taken,) = at.session_state["now_calibration"].values()
+    trace.header["calibration"] = taken
+    assert shown == expected_metrics(trace_stats(trace))
+
+
+def test_k_sweep_runs_live_and_shows_its_measurements(folder, monkeypatch):
+    at = open_page(folder, monkeypatch)
+    at.multiselect(key="sweep_ks").set_value([1, 2])
+    at.number_input(key="sweep_max_new").set_value(8)
+    at.button(key="sweep_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    (result,) = at.session_state["k_sweeps"].values()
+    rows = table(at, "refined tokens/s")
+    assert list(rows["K"]) == [1, 2]
+    assert list(rows["tokens/s"]) == pytest.approx([round(p.tokens_per_s, 2) for p in result.points])
+    assert list(rows["mean acceptance length"]) == pytest.approx(
+        [round(p.mean_acceptance_length, 3) for p in result.points])
+    predicted = result.predicted_tokens_per_s()
+    assert list(rows["refined tokens/s"]) == pytest.approx([round(v, 2) for v in predicted["refined"]])
+    sweep = figure(at, "fig_sweep")["data"]
+    assert sweep[0]["y"] == pytest.approx([p.tokens_per_s for p in result.points])
+    assert all(1 <= p.tokens <= 8 for p in result.points)  # the max-new-tokens input reached the runs
+
+
+def test_compare_two_traces_side_by_side(folder, monkeypatch):
+    at = open_page(folder, monkeypatch)
+    offered = at.selectbox(key="compare_with").options
+    assert "example: default.jsonl" not in offered and "example: greedy.jsonl" in offered  # not itself
+    at.selectbox(key="compare_with").set_value(TraceRef("bundled", "greedy.jsonl")).run()
+    assert not at.exception
+    rows = table(at, "this trace")
+    by_name = dict(zip(rows[""], zip(rows["this trace"], rows["example: greedy.jsonl"])))
+    mine = trace_stats(load_trace(folder / "traces" / "default.jsonl"))
+    other = trace_stats(load_trace(folder / "traces" / "greedy.jsonl"))
+    assert by_name["alpha"] == (f"{mine.alpha:.3f}", f"{other.alpha:.3f}")
+    assert by_name["K · temperature"] == ("3 · 1.0", "2 · 0.0")
+    assert by_name["measured speedup"] == (f"{mine.speed.measured:.2f}x", f"{other.speed.measured:.2f}x")
+    assert by_name["best K (refined)"] == (f"{best_k(mine.advice).k}", f"{best_k(other.advice).k}")
+    compare = figure(at, "fig_compare")["data"]
+    assert compare[0]["y"] == pytest.approx(mine.acceptance["per_position_acceptance"])
+    assert compare[2]["y"] == pytest.approx(other.acceptance["per_position_acceptance"])
+
+
+def test_incomplete_trace_renders(folder, monkeypatch):
+    lines = (folder / "traces" / "default.jsonl").read_text().splitlines()
+    (folder / "traces" / "cut.jsonl").write_text("\n".join(lines[:4]) + "\n")  # header and three cycles
+    at = open_page(folder, monkeypatch, "cut.jsonl")
+    assert metrics(at)["Cycles"] == "3" and len(lines) > 5
+    assert any("incomplete run" in c.value for c in at.caption)
+    (folder / "traces" / "cut.jsonl").unlink()
