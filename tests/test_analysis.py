@@ -13,7 +13,7 @@ from engine.config import SpecSettings
 from engine.metrics import expected_tokens_per_cycle, predicted_speedup
 from engine.run import run_to_trace
 from engine.sweep import k_sweep
-from engine.trace import Trace, load_trace
+from engine.trace import load_trace
 from tests.tiny import noisy_pair, save_tiny
 
 LINEAR = Calibration(cache_len=10, target_step_s=0.010, draft_step_s=0.002,
@@ -163,7 +163,7 @@ def test_cli_stats_prints_the_analysis(calibrated, capsys):
     assert f"draft acceptance rate: {st.acceptance['acceptance_rate']:.3f}" in out
     assert f"measured: {st.speed.measured:.3f}x" in out and f"refined prediction: {st.speed.refined:.3f}x" in out
     assert f"c = t_draft / t_step: {st.speed.c:.3f}" in out
-    assert f"<- best" in out and "K ADVISOR" in out
+    assert "<- best" in out and "K ADVISOR" in out
     for n, count in enumerate(st.tokens_per_cycle, start=1):
         assert f"  {n:>6}  {count:>6}  {count / st.num_cycles:>8.3f}  {st.pmf[n - 1]:>9.3f}" in out
 

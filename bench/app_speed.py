@@ -1,0 +1,175 @@
+"""App speed: time to the first chart, and the server time of one Next step on a 500-cycle trace.
+
+    python bench/app_speed.py                       # default bundled trace, a generated 500-cycle trace
+    python bench/app_speed.py --long-trace FILE     # use an existing long trace
+
+1. Start to first chart: starts `streamlit run app/main.py` on the bundled default
+   trace, opens it in headless Chromium (Playwright) as soon as the server answers, and
+   times until the first Plotly chart is drawn. Also times a second, warm page load.
+2. Next step: streamlit.testing AppTest on a trace of at least 500 cycles; clicks Next
+   repeatedly and reads the server's time of each script run (app/timing.py).
+Writes bench/results/app-speed.json and .md.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from bench_report import machine_info  # noqa: E402
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_server(port: int, deadline_s: float = 120) -> None:
+    end = time.perf_counter() + deadline_s
+    while time.perf_counter() < end:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1)
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError("the Streamlit server did not answer")
+
+
+def first_chart_s(page, url: str) -> float:
+    start = time.perf_counter()
+    page.goto(url)
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=120_000)
+    return time.perf_counter() - start
+
+
+def time_to_first_chart(env: dict) -> dict:
+    """Cold: process start to the first chart; browser: page load to the first chart; warm: a reload."""
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    started = time.perf_counter()
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
+                               "--server.headless", "true", "--server.port", str(port),
+                               "--browser.gatherUsageStats", "false"], env=env, cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_server(port)
+        server_up = time.perf_counter() - started
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            first = first_chart_s(page, f"http://127.0.0.1:{port}/")
+            cold = time.perf_counter() - started
+            warm = [first_chart_s(browser.new_page(), f"http://127.0.0.1:{port}/") for _ in range(3)]
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return {"server_up_s": server_up, "first_page_to_chart_s": first, "cold_start_to_chart_s": cold,
+            "warm_page_to_chart_s": statistics.median(warm)}
+
+
+def make_long_trace(path: Path, cycles: int = 500) -> Path:
+    """A real run of at least `cycles` cycles: the tiny-shakespeare pair if trained, else tiny test models."""
+    import torch
+
+    from engine.config import SpecSettings
+    from engine.models import ModelLoadError
+    from engine.run import load_preset, run_to_trace
+    from engine.speculative import Pair
+
+    torch.set_num_threads(1)
+    try:
+        pair, prompt, preset = load_preset("tiny-shakespeare", device="cpu"), "ROMEO:\n", "tiny-shakespeare"
+    except (ModelLoadError, OSError, ValueError):
+        from tests.tiny import noisy_pair
+        pair, prompt, preset = noisy_pair(0, noise=0.05), "the cat sat on", None
+    pair = Pair(pair.target, pair.draft, set())  # no EOS: run to the token budget
+    for tokens_per_cycle in (3, 5):  # a cycle commits 1..K+1 tokens; retry with more if it fell short
+        s = SpecSettings(k=4, temperature=1.0, max_new_tokens=cycles * tokens_per_cycle, seed=0)
+        if len(run_to_trace(pair, prompt, s, path, preset, chat_template=False).cycles) >= cycles:
+            return path
+    raise RuntimeError(f"could not make a trace of {cycles} cycles")
+
+
+def next_step_ms(trace: Path, clicks: int) -> dict:
+    """Server time of each Next click on the stepper, from cycle 400 of the long trace."""
+    import streamlit.testing.v1.app_test as app_test
+    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+    from streamlit.testing.v1 import AppTest
+
+    from app import timing
+
+    shared = ScriptCache()  # a server compiles each page once; AppTest would recompile on every run
+    app_test.ScriptCache = lambda: shared
+    os.environ["SPECLAB_TRACE"] = str(trace)
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120)
+    at.query_params.update({"trace": "env", "cycle": "400", "stage": "4"})
+    at.run()
+    at.button(key="nav_next").click().run()  # warms the per-trace caches, as a user's first step does
+    timing.RECENT_RUNS_MS.clear()
+    for _ in range(clicks):
+        at.button(key="nav_next").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    runs = list(timing.RECENT_RUNS_MS)
+    from engine.trace import load_trace
+
+    return {"cycles": len(load_trace(trace).cycles),
+            "clicks": clicks, "median_ms": statistics.median(runs), "best_ms": min(runs), "worst_ms": max(runs),
+            "runs_ms": runs}
+
+
+def markdown(result: dict) -> str:
+    m, f, n = result["machine"], result["first_chart"], result["next_step"]
+    ok = "met" if n["median_ms"] <= 150 else "**missed**"
+    return "\n".join([
+        "## App speed (bench/app_speed.py)", "",
+        f"Machine: {m['cpu']}, {m['cores']} cores; {m['date']}.", "",
+        "| measure | time |", "|---|---|",
+        f"| server start to first chart (cold, {f['trace']} trace) | {f['cold_start_to_chart_s']:.2f} s |",
+        f"| of which: server process up | {f['server_up_s']:.2f} s |",
+        f"| first page load to first chart | {f['first_page_to_chart_s']:.2f} s |",
+        f"| later page load to first chart (warm server) | {f['warm_page_to_chart_s']:.2f} s |",
+        f"| one Next step, server time, {n['cycles']}-cycle trace (median of {n['clicks']}) | {n['median_ms']:.0f} ms "
+        f"(best {n['best_ms']:.0f}, worst {n['worst_ms']:.0f}); goal <= 150 ms: {ok} |", ""])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--long-trace", help="a trace of at least 500 cycles (default: generate one)")
+    p.add_argument("--first-trace", help="the trace the app opens for the first-chart timing (default: bundled default)")
+    p.add_argument("--clicks", type=int, default=20)
+    p.add_argument("--out", default=str(HERE / "results"))
+    args = p.parse_args(argv)
+    env = {k: v for k, v in os.environ.items() if k != "SPECLAB_TRACE"}  # the bundled default trace
+    if args.first_trace:
+        env["SPECLAB_TRACE"] = str(Path(args.first_trace).resolve())
+    first = time_to_first_chart(env)
+    long_trace = Path(args.long_trace) if args.long_trace else make_long_trace(
+        Path(tempfile.mkdtemp(prefix="speclab-app-bench-")) / "long.jsonl")
+    first["trace"] = Path(args.first_trace).name if args.first_trace else "bundled default"
+    result = {"machine": machine_info(0), "first_chart": first, "next_step": next_step_ms(long_trace, args.clicks)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "app-speed.json").write_text(json.dumps(result, indent=2))
+    (out / "app-speed.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Writing speed-benchmark results: JSON, a Markdown table per pair, and one page for all pairs."""
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+# (ratio, threshold, which settings it applies to, wording) - the targets of the speed issue.
+TARGETS = [
+    ("a/c", 1.0, lambda name, st: True, "engine (tracing on) at least as fast as HF assisted generation"),
+    ("a/d", 1.5, lambda name, st: name == "tiny-shakespeare" and st["temperature"] == 0,
+     "1.5x plain HF decoding on tiny-shakespeare, greedy"),
+    ("a/d", 1.0, lambda name, st: name == "chat", "no slowdown on chat at the advisor's best K"),
+    ("a/b", 0.95, lambda name, st: True, "tracing costs at most 5%"),
+    ("fraction_of_leviathan", 0.8, lambda name, st: True, "measured speedup at least 80% of Leviathan's prediction"),
+]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(threads: int) -> dict:
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": threads, "os": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def value_of(setting: dict, key: str) -> float:
+    return setting["ratios"][key] if key in setting["ratios"] else setting[key]
+
+
+def target_lines(result: dict) -> list[str]:
+    lines = []
+    for key, threshold, applies, words in TARGETS:
+        for st in result["settings"]:
+            if applies(result["name"], st):
+                v = value_of(st, key)
+                mark = "met" if v >= threshold else "**missed**"
+                lines.append(f"- {words} (T={st['temperature']:g}): {key} = {v:.2f}, target >= {threshold:g}: {mark}")
+    return lines
+
+
+def speed_table(result: dict) -> list[str]:
+    head = ("| T | K | alpha | c | (a) traced | (b) untraced | (c) HF assisted | (d) HF plain | (e) engine plain "
+            "| a/c | a/d | a/b | Leviathan | refined | measured (a/d) / Leviathan | / refined |")
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for st in result["settings"]:
+        tps, r = st["tokens_per_s"], st["ratios"]
+        rows.append(f"| {st['temperature']:g} | {st['k']} | {st['alpha']:.3f} | {st['c']:.3f} | "
+                    + " | ".join(f"{tps[m]:.1f}" for m in "abcde")
+                    + f" | {r['a/c']:.2f} | {r['a/d']:.2f} | {r['a/b']:.3f} | {st['predicted']['leviathan']:.2f}x "
+                    f"| {st['predicted']['refined']:.2f}x | {st['fraction_of_leviathan']:.0%} | {st['fraction_of_refined']:.0%} |")
+    return rows
+
+
+def profile_table(result: dict) -> list[str]:
+    head = ("| T | cycle ms | draft steps | verify | catch-up | other (test, sampling, rollback, Python) "
+            "| t_step ms | t_draft ms | verify / t_step | tracing overhead |")
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for st in result["settings"]:
+        p = st["profile_ms"]
+        share = {k: p[k] / p["cycle"] for k in ("draft_steps", "verify", "catch_up", "other")}
+        rows.append(f"| {st['temperature']:g} | {p['cycle']:.2f} | "
+                    + " | ".join(f"{p[k]:.2f} ({share[k]:.0%})" for k in share)
+                    + f" | {p['target_step']:.2f} | {p['draft_step']:.2f} | {p['verify_in_steps']:.2f} "
+                    f"| {st['tracing_overhead']:.1%} |")
+    return rows
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    vocab = (" The draft has a pruned vocabulary; for (c) it is wrapped (bench/hf.py) so HF sees full-vocabulary "
+             "ids and logits." if result["draft_pruned_vocab"] else "")
+    lines = [f"### {result['name']}: {result['target']} ← {result['draft']}", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads; {m['os']}; "
+             f"torch {m['torch']}, transformers {m['transformers']}; {m['date']}.",
+             f"{len(result['prompts'])} prompts x {result['repeats']} repeats, "
+             f"{result['settings'][0]['max_new_tokens']} new tokens each, no EOS stop; tokens/s are medians over "
+             f"repeats, end to end.{vocab}", "", *speed_table(result), "",
+             "Where a cycle's time goes (traced runs, mean per cycle):", "", *profile_table(result), "",
+             "Targets:", "", *target_lines(result), ""]
+    return "\n".join(lines)
+
+
+def write_reports(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"speed-{result['name']}.json").write_text(json.dumps(result, indent=2))
+    (out / f"speed-{result['name']}.md").write_text(markdown(result))
+    combined = ["## Speed benchmark (bench/speed.py)", ""]
+    for path in sorted(out.glob("speed-*.json")):
+        combined.append(markdown(json.loads(path.read_text())))
+    (out / "speed.md").write_text("\n".join(combined))
+    print(markdown(result))

@@ -1,0 +1,206 @@
+"""Speed benchmark: tokens/s of our engine against Hugging Face, same machine, pair, prompts, settings.
+
+    python bench/speed.py --preset tiny-shakespeare
+    python bench/speed.py --preset chat
+    python bench/speed.py --target DIR --draft DIR --name tiny   # any pair, e.g. tiny test models
+
+Methods, each generating exactly --max-new-tokens tokens (no EOS stop) from the same prompt ids:
+  a  our engine, tracing on: run_to_trace (writes a trace file, records every cycle)
+  b  our engine, tracing off: speculative_generate(..., record=False), no file
+  c  HF assisted generation, target.generate(assistant_model=draft) with the same fixed K
+  d  HF plain decoding, target.generate without an assistant
+  e  our plain decoding loop (engine.speculative.target_generate), for a like-for-like speedup
+Each repeat runs every method on every prompt (interleaved, so drift spreads evenly);
+a method's rate in one repeat is its tokens over its time summed over the prompts, and
+the table reports the median over repeats. Times are end to end (prefill included).
+
+K: --k N, or "auto": a short calibrated pilot run and the K advisor's best K (refined
+prediction), chosen separately for each temperature. Results go to
+bench/results/speed-NAME.json and .md, and bench/results/speed.md collects every preset.
+"""
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import hf  # noqa: E402
+from engine.analysis import (best_k, calibration_of, cycle_times, measured_alpha, refined_speedup,  # noqa: E402
+                             trace_stats)
+from engine.calibrate import calibrate  # noqa: E402
+from engine.config import SpecSettings  # noqa: E402
+from engine.metrics import predicted_speedup  # noqa: E402
+from engine.presets import PRESETS  # noqa: E402
+from engine.run import encode_prompt, load_pair, load_preset, run_to_trace  # noqa: E402
+from engine.speculative import Pair, speculative_generate, target_generate  # noqa: E402
+from bench_report import machine_info, write_reports  # noqa: E402
+
+PROMPTS = {
+    "chat": ["Explain why the sky is blue in two sentences.", "What is a good way to learn to cook?",
+             "Give me three tips for a job interview."],
+    "tiny-shakespeare": ["ROMEO:\n", "KING HENRY:\nWhat say you", "Enter a Messenger.\n"],
+    "custom": ["the cat sat on", "the dog ran", "a cat"],
+}
+METHODS = ("a", "b", "c", "d", "e")
+METHOD_NAMES = {"a": "engine, tracing on", "b": "engine, tracing off", "c": "HF assisted generation",
+                "d": "HF plain decoding", "e": "engine plain decoding"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS))
+    p.add_argument("--target"), p.add_argument("--draft")
+    p.add_argument("--name", help="results name (default: the preset)")
+    p.add_argument("--k", default="auto", help='draft tokens per cycle, or "auto" (the K advisor\'s best K)')
+    p.add_argument("--temperatures", default="0,1", help="comma-separated; 0 = greedy")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--prompts", type=int, default=3, help="how many of the preset's prompts")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--out", default=str(HERE / "results"))
+    args = p.parse_args(argv)
+    if bool(args.preset) == bool(args.target and args.draft):
+        p.error("give --preset, or both --target and --draft")
+    return args
+
+
+# ---------------------------------------------------------------- one timed generation per method
+
+def timed(fn) -> tuple[int, float]:
+    start = time.perf_counter()
+    tokens = fn()
+    return tokens, time.perf_counter() - start
+
+
+class Runner:
+    """Runs each method once on one prompt; keeps the traces method a writes."""
+
+    def __init__(self, pair: Pair, preset: str | None, chat: bool, k: int, folder: Path) -> None:
+        self.pair, self.preset, self.chat, self.folder = pair, preset, chat, folder
+        self.assistant = hf.full_vocab_assistant(pair.draft)
+        hf.no_eos(pair.target.model)
+        hf.no_eos(self.assistant)
+        hf.fix_k(self.assistant, k)
+        self.traces: list = []
+
+    def run(self, method: str, prompt: str, ids: list[int], s: SpecSettings) -> tuple[int, float]:
+        pair = self.pair
+        if method == "a":
+            path = self.folder / f"trace-{len(self.traces)}.jsonl"
+            n, t = timed(lambda: run_to_trace(pair, prompt, s, path, self.preset, self.chat).summary["num_generated"])
+            self.traces.append(path)
+            return n, t
+        if method == "b":
+            return timed(lambda: sum(len(r["committed_token_ids"]) for r in speculative_generate(pair, ids, s, record=False)))
+        if method == "c":
+            return timed(lambda: len(hf.hf_generate(pair.target.model, ids, s, self.assistant)))
+        if method == "d":
+            return timed(lambda: len(hf.hf_generate(pair.target.model, ids, s)))
+        return timed(lambda: len(target_generate(pair.target, ids, s, pair.eos_ids)))
+
+
+# ---------------------------------------------------------------- one setting (temperature)
+
+def choose_k(pair: Pair, prompt: str, s: SpecSettings, preset: str | None, chat: bool, folder: Path) -> dict:
+    """A calibrated pilot run at K=4, then the K advisor's pick among K = 1..8."""
+    trace = run_to_trace(pair, prompt, s, folder / "pilot.jsonl", preset, chat, calibrate=True)
+    st = trace_stats(trace)
+    best = best_k(st.advice)
+    return {"k": best.k, "pilot_alpha": st.alpha, "predicted_refined": best.refined,
+            "advice": [{"k": a.k, "leviathan": a.leviathan, "refined": a.refined} for a in st.advice]}
+
+
+def bench_setting(pair: Pair, args, temperature: float, prompts: list[str], chat: bool) -> dict:
+    preset = args.preset
+    base = SpecSettings(k=4, temperature=temperature, max_new_tokens=args.max_new_tokens, seed=0)
+    folder = Path(tempfile.mkdtemp(prefix="speclab-bench-"))
+    pilot = choose_k(pair, prompts[0], base, preset, chat, folder) if args.k == "auto" else None
+    k = pilot["k"] if pilot else int(args.k)
+    s = SpecSettings(k=k, temperature=temperature, max_new_tokens=args.max_new_tokens, seed=0)
+    ids = [encode_prompt(pair.target.tokenizer, p, chat) for p in prompts]
+    runner = Runner(pair, preset, chat, k, folder)
+    for method in METHODS:  # warm-up: first calls pay for allocations and lazy imports
+        runner.run(method, prompts[0], ids[0], s)
+    runner.traces.clear()
+    rates = {m: [] for m in METHODS}
+    for repeat in range(args.repeats):
+        totals = {m: [0, 0.0] for m in METHODS}
+        for prompt, prompt_ids in zip(prompts, ids):
+            for method in METHODS:
+                n, t = runner.run(method, prompt, prompt_ids, s)
+                assert n == s.max_new_tokens, f"method {method} generated {n} tokens, not {s.max_new_tokens}"
+                totals[method][0] += n
+                totals[method][1] += t
+        for m, (n, t) in totals.items():
+            rates[m].append(n / t)
+        print(f"  T={temperature} repeat {repeat + 1}: " + "  ".join(f"{m} {rates[m][-1]:.1f}/s" for m in METHODS),
+              flush=True)
+    cal = calibrate(pair, ids[0], s)
+    return summarise(rates, runner.traces, cal, s, pilot)
+
+
+def summarise(rates: dict, trace_paths: list[Path], cal: dict, s: SpecSettings, pilot: dict | None) -> dict:
+    from engine.trace import load_trace
+
+    traces = [load_trace(p) for p in trace_paths]
+    cycles = [c for t in traces for c in t.cycles]
+    times = cycle_times(cycles)
+    calibration = calibration_of({"calibration": cal})
+    alpha = measured_alpha(cycles)
+    c = times.draft_step_s / calibration.target_step_s
+    med = {m: statistics.median(r) for m, r in rates.items()}
+    measured = med["a"] / med["d"]
+    leviathan = predicted_speedup(alpha, s.k, c)
+    refined = refined_speedup(alpha, s.k, calibration.target_step_s, times.draft_step_s, times.verify_s)
+    return {
+        "temperature": s.temperature, "k": s.k, "max_new_tokens": s.max_new_tokens, "pilot": pilot,
+        "tokens_per_s": med, "rates": rates,
+        "ratios": {"a/c": med["a"] / med["c"], "a/d": measured, "a/b": med["a"] / med["b"], "b/e": med["b"] / med["e"],
+                   "e/d": med["e"] / med["d"]},
+        "alpha": alpha, "c": c, "calibration": cal,
+        "predicted": {"leviathan": leviathan, "refined": refined},
+        "measured_speedup": measured, "fraction_of_leviathan": measured / leviathan,
+        "fraction_of_refined": measured / refined,
+        "profile_ms": {"draft_steps": times.draft_s * 1e3, "verify": times.verify_s * 1e3,
+                       "catch_up": times.catch_up_s * 1e3, "other": times.other_s * 1e3, "cycle": times.cycle_s * 1e3,
+                       "draft_step": times.draft_step_s * 1e3, "target_step": calibration.target_step_s * 1e3,
+                       "verify_in_steps": times.verify_s / calibration.target_step_s},
+        "tracing_overhead": 1 - med["a"] / med["b"],
+        "cycles": len(cycles),
+    }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    name = args.name or args.preset or "custom"
+    if args.preset:
+        pair, chat = load_preset(args.preset, device="cpu"), PRESETS[args.preset].use_chat_template
+    else:
+        pair, chat = load_pair(args.target, args.draft, device="cpu"), False
+    pair = Pair(pair.target, pair.draft, set())  # no EOS stop: every method makes max_new_tokens tokens
+    prompts = PROMPTS.get(args.preset or "custom", PROMPTS["custom"])[: args.prompts]
+    started = time.time()
+    settings = []
+    for temperature in (float(t) for t in args.temperatures.split(",")):
+        print(f"{name}: temperature {temperature}", flush=True)
+        settings.append(bench_setting(pair, args, temperature, prompts, chat))
+    result = {"name": name, "preset": args.preset, "target": pair.target.name, "draft": pair.draft.name,
+              "draft_pruned_vocab": pair.draft.kept_token_ids is not None, "prompts": prompts,
+              "repeats": args.repeats, "machine": machine_info(args.threads), "wall_s": time.time() - started,
+              "settings": settings}
+    write_reports(result, Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
