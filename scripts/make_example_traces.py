@@ -37,7 +37,7 @@ def run() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     for name, args in EXAMPLES.items():
         print(f"== {name}", flush=True)
-        if main(["run", *args, "--device", "cpu", "--out", str(OUT / name)]) != 0:
+        if main(["run", *args, "--device", "cpu", "--calibrate", "--out", str(OUT / name)]) != 0:
             return 1
     return 0
 
