@@ -18,8 +18,14 @@ def quoted(text: str) -> str:
     return f"'{visible_text(text)}'"
 
 
-def stage_caption(c: dict, k: int, stage: int) -> str:
-    """What happens at this stage of cycle c, and why, in one line."""
+def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None) -> str:
+    """What happens at this stage of cycle c, and why, in one line.
+
+    `faults` is the trace header's "faults" entry: a run recorded with a deliberate bug
+    (teaching pages) gets its rollback described as it really happened.
+    """
+    if stage == 5 and faults and faults.get("keep_rejected_kv"):
+        return _skipped_rollback(c, k)
     return {1: _draft, 2: _verify, 3: _test, 4: _resample, 5: _rollback}[stage](c, k)
 
 
@@ -61,5 +67,11 @@ def _rollback(c: dict, k: int) -> str:
             f"draft {d['after_append']} → {d['after_rollback']}; both now hold every committed token but the last, "
             f"which opens the next cycle.")
     if c["draft_catch_up"]:
-        text += f" The draft never ran on its own last token, so it is fed now (catch-up)."
+        text += " The draft never ran on its own last token, so it is fed now (catch-up)."
     return text
+
+
+def _skipped_rollback(c: dict, k: int) -> str:
+    t = c["target_cache_len"]
+    return (f"This run was recorded with a deliberate fault: the rollback is skipped, so the target's cache stays at "
+            f"{t['after_rollback']} entries, K/V of rejected tokens included, and later cycles attend to them.")

@@ -3,7 +3,9 @@
 No Streamlit calls here, so tests call these directly. Colours come from the Okabe-Ito
 palette (readable with the common colour-vision deficiencies) and every category
 also has a symbol, a pattern or a word, so nothing relies on colour alone. Figures set
-no background colour: the app's light or dark theme supplies it.
+no background colour: the app's light or dark theme supplies it. Cells (tokens, cache
+entries) are opaque light tints with dark text, readable on either theme; text drawn
+straight on the background takes the theme's font colour.
 
 Plotly renders a subset of HTML in text, tick labels and hovers, so every token text
 passes through `esc` (html.escape) before it goes into a figure.
@@ -32,6 +34,7 @@ OKABE_ITO = {
 PROVISIONAL, COMMITTED, ROLLED_BACK, CATCH_UP = "provisional", "committed", "rolled back", "catch-up"
 MONO = "ui-monospace, SFMono-Regular, Menlo, Consolas, 'DejaVu Sans Mono', monospace"
 GRID = "rgba(128,128,128,0.55)"  # cell borders, visible on light and dark backgrounds
+INK = "#1b1d26"  # text on cells: cells are light tints in both themes, so dark ink always reads
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,13 @@ def esc(text: str) -> str:
     return html.escape(text, quote=False)
 
 
-def shown(text: str) -> str:
-    """A token as the figures show it: whitespace visible, then escaped."""
-    return esc(visible_text(text))
+def shown(text: str, limit: int | None = None) -> str:
+    """A token as the figures show it: whitespace visible, cut to `limit` characters
+    (a cell or tick has room for only so many; hovers show it whole), then escaped."""
+    visible = visible_text(text)
+    if limit is not None and len(visible) > limit:
+        visible = visible[: max(1, limit - 1)] + "…"
+    return esc(visible)
 
 
 def fmt_p(p: float | None) -> str:
@@ -75,9 +82,11 @@ def fmt_p(p: float | None) -> str:
     return f"{p:.3f}" if p >= 0.001 or p == 0 else f"{p:.1e}"
 
 
-def rgba(hex_colour: str, alpha: float) -> str:
+def tint(hex_colour: str, amount: float = 0.6) -> str:
+    """An opaque light tint: the colour mixed with `amount` of white."""
     r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
-    return f"rgba({r},{g},{b},{alpha})"
+    r, g, b = (round(v + (255 - v) * amount) for v in (r, g, b))
+    return f"#{r:02X}{g:02X}{b:02X}"
 
 
 # ---------------------------------------------------------------- building blocks (plain dicts)
@@ -103,23 +112,24 @@ def solid_pattern(shape: str) -> dict:
 
 
 def cells(name: str, style: Style, y: list, base: list, width: list, hover: list[str],
-          fill_alpha: float = 0.35, outline: list[float] | None = None, legend: bool = True,
-          thickness: float = 0.8) -> dict:
+          outline: list[float] | None = None, legend: bool = True, thickness: float = 0.8) -> dict:
     """Rectangles as horizontal bars (one per cell), hatched when the style has a pattern."""
     return dict(type="bar", orientation="h", y=np.asarray(y), base=np.asarray(base), x=np.asarray(width),
                 width=thickness, name=name, showlegend=legend, hovertext=np.asarray(hover),
                 hovertemplate="%{hovertext}<extra></extra>",
-                marker=dict(color=rgba(style.colour, fill_alpha),
+                marker=dict(color=tint(style.colour),
                             line=dict(color=style.colour if outline else GRID,
                                       width=1 if outline is None else np.asarray(outline)),
                             pattern=dict(shape=style.pattern, fillmode="overlay", fgcolor=style.colour,
                                          fgopacity=0.5, size=7, solidity=0.2)))
 
 
-def labels(x: list, y: list, text: list[str], size: int = 13) -> dict:
-    """Text drawn over cells (a separate trace, so Plotly never shrinks or hides it)."""
+def labels(x: list, y: list, text: list[str], size: int = 13, on_cells: bool = True) -> dict:
+    """Text drawn over cells (a separate trace, so Plotly never shrinks or hides it); dark ink
+    on cells, the theme's font colour when `on_cells` is False (text on the background)."""
+    font = dict(family=MONO, size=size, **({"color": INK} if on_cells else {}))
     return dict(type="scatter", x=np.asarray(x), y=np.asarray(y), text=np.asarray(text), mode="text",
-                showlegend=False, hoverinfo="skip", textfont=dict(family=MONO, size=size))
+                showlegend=False, hoverinfo="skip", textfont=font)
 
 
 def legend_name(key: str) -> str:
@@ -161,7 +171,7 @@ def text_figure(tokens: Sequence[TokenInfo], highlight_cycle: int | None = None,
             traces.append(cells(legend_name(origin), STYLES[origin], [t.row for t in group],
                                 [t.col for t in group], [t.width for t in group], [token_hover(t) for t in group],
                                 outline=[2.5 if t.cycle == highlight_cycle else 0.5 for t in group]))
-    traces.append(labels([t.col + t.width / 2 for t in kept], [t.row for t in kept], [shown(t.text) for t in kept]))
+    traces.append(labels([t.col + t.width / 2 for t in kept], [t.row for t in kept], [shown(t.text, t.width) for t in kept]))
     rows = min(last_row + 1, visible_rows)
     omitted = " · earlier lines left out" if len(kept) < len(tokens) else ""
     return figure(traces, f"Text so far (hover a token for its numbers; this cycle's tokens are outlined){omitted}",
@@ -173,12 +183,17 @@ def text_figure(tokens: Sequence[TokenInfo], highlight_cycle: int | None = None,
 # ---------------------------------------------------------------- one cycle at a glance
 
 DRAFT_ROW, NUMBERS_ROW, COMMITTED_ROW = 0, 1, 2  # y of the rows in the cycle figure
+COLUMN = 16  # characters per position column in the cycle figure ("p_target 0.123" and a margin)
+
+
+def cell_chars(k: int) -> int:
+    """Characters of token text a cycle-figure cell can hold: fewer as K grows."""
+    return max(3, min(COLUMN - 6, 100 // (k + 1) - 6))
 
 
 def _column_widths(c: dict, k: int) -> list[int]:
-    """Width in characters of each position column 1..K+1 (a token or its numbers)."""
-    texts = list(c["draft_token_texts"]) + [c["next_token_text"]]
-    return [max(len(visible_text(t)) + 5, 16) for t in texts[:k]] + [max(len(visible_text(texts[k])) + 4, 16)]
+    """Width in characters of each position column 1..K+1 (equal: the figure is as wide as the page)."""
+    return [COLUMN] * (k + 1)
 
 
 def cycle_figure(c: dict, k: int, stage: int) -> go.Figure:
@@ -196,10 +211,10 @@ def cycle_figure(c: dict, k: int, stage: int) -> go.Figure:
                             [widths[i] - 1 for i in idx], [_draft_hover(c, i, stage) for i in idx], outline=[2] * len(idx)))
     marks = [f" {STYLES[o].mark}" if stage >= 3 else "" for o in outcomes]
     traces.append(labels(centres[:k], [DRAFT_ROW] * k,
-                         [f"{i + 1}: {shown(c['draft_token_texts'][i])}{marks[i]}" for i in range(k)]))
-    traces.append(labels(centres[:k], [NUMBERS_ROW] * k, _numbers(c, k, stage), size=11))
+                         [f"{i + 1}: {shown(c['draft_token_texts'][i], cell_chars(k))}{marks[i]}" for i in range(k)]))
+    traces.append(labels(centres[:k], [NUMBERS_ROW] * k, _numbers(c, k, stage), size=11, on_cells=False))
     slot = "target's extra<br>position K+1" if stage >= 2 else "K+1<br>(no draft token)"
-    traces.append(labels([centres[k]], [DRAFT_ROW], [slot], size=11))
+    traces.append(labels([centres[k]], [DRAFT_ROW], [slot], size=11, on_cells=False))
     rows = 3 if stage >= 4 else 2
     if stage >= 4:
         traces += _committed_row(c, starts, widths)
@@ -237,7 +252,7 @@ def _committed_row(c: dict, starts: list[int], widths: list[int]) -> list[dict]:
                             [widths[i] - 1 for i in idx], [token_hover(tokens[i]) for i in idx],
                             outline=[2] * len(idx), legend=origin != ACCEPTED))
     traces.append(labels([starts[i] + (widths[i] - 1) / 2 for i in range(len(tokens))], [COMMITTED_ROW] * len(tokens),
-                         [f"{shown(t.text)} {STYLES[t.origin].mark}" for t in tokens]))
+                         [f"{shown(t.text, cell_chars(len(starts) - 1))} {STYLES[t.origin].mark}" for t in tokens]))
     return traces
 
 
@@ -247,7 +262,7 @@ def position_ticks(c: dict, k: int, stage: int) -> list[str]:
     outcomes = position_outcomes(c, k)
     ticks = []
     for i in range(k):
-        tick = f"{i + 1}: {shown(c['draft_token_texts'][i])}"
+        tick = f"{i + 1}: {shown(c['draft_token_texts'][i], 12)}"
         if stage >= 3:
             tick += f"<br>{STYLES[outcomes[i]].mark} {outcomes[i]}"
         ticks.append(tick)
@@ -291,7 +306,7 @@ def _acceptance_marks(c: dict, ticks: list[str]) -> list[dict]:
 
 def unique_labels(texts: list[str], ids: list[int]) -> list[str]:
     """Category labels; two tokens that decode alike get their ids added."""
-    names = [shown(t) for t in texts]
+    names = [shown(t, 12) for t in texts]
     return [f"{n} #{i}" if names.count(n) > 1 else n for n, i in zip(names, ids)]
 
 
@@ -310,7 +325,7 @@ def resample_figure(c: dict, k: int) -> go.Figure:
               for field, name, colour, pattern in (
                   ("p_target", "p_target", P_TARGET_COLOUR, ""), ("p_draft", "p_draft", P_DRAFT_COLOUR, "/"),
                   ("residual", "norm(max(0, p_target − p_draft))", RESIDUAL_COLOUR, "x"))]
-    return figure(traces, f"Resample at rejected position {c['rejected_position']}: draw from the residual (top tokens)",
+    return figure(traces, f"Resample at position {c['rejected_position']} from the residual",
                   380, top=96, barmode="group", bargap=0.25, yaxis=probability_axis(), xaxis=dict(type="category"),
                   annotations=[_sampled_mark(names[ids.index(chosen)], "↻ resampled")])
 
@@ -376,13 +391,13 @@ def _cache_state(state: str, per_model: dict, first: int, texts: Sequence[str]) 
     for model, ranges in per_model.items():
         start, end = ranges.get(state, (0, 0))
         for p in range(max(start, first), end):
-            token = shown(texts[p]) if p < len(texts) else "?"
+            text = texts[p] if p < len(texts) else "?"
             ys.append(model), xs.append(p)
-            names.append(f"✗{token}" if state == ROLLED_BACK else token)
-            hover.append(f"{model} cache position {p}: K/V of <b>{token}</b> · {STYLES[state].label}")
+            names.append(("✗" if state == ROLLED_BACK else "") + shown(text, 6))
+            hover.append(f"{model} cache position {p}: K/V of <b>{shown(text)}</b> · {STYLES[state].label}")
     if not xs:
         return []
-    return [cells(legend_name(state), STYLES[state], ys, [x - 0.45 for x in xs], [0.9] * len(xs), hover, fill_alpha=0.3),
+    return [cells(legend_name(state), STYLES[state], ys, [x - 0.45 for x in xs], [0.9] * len(xs), hover),
             labels(xs, ys, names, size=10)]
 
 
@@ -419,8 +434,9 @@ def overview_figure(ov: Overview, num_cycles: int, current: int | None = None) -
                                               line=dict(width=0), layer="below")]
     lo = 0 if current is None else max(0, min(current - OVERVIEW_WINDOW // 2, num_cycles - OVERVIEW_WINDOW))
     return figure(traces, "All cycles", 160 + 22 * (ov.k + 1), dragmode="pan", clickmode="event+select", shapes=shapes,
-                  xaxis=dict(title=dict(text="cycle (click a marker to jump there)"),
-                             range=[lo - 0.5, min(num_cycles, lo + OVERVIEW_WINDOW) - 0.5]),
+                  xaxis=dict(title=dict(text="cycle (click a marker to jump there)"), tickformat="d",
+                             range=[lo - 0.5, min(num_cycles, lo + OVERVIEW_WINDOW) - 0.5],
+                             **({"dtick": 1} if num_cycles <= 20 else {})),
                   yaxis=dict(title=dict(text="position"), tickvals=list(range(1, ov.k + 2)),
                              ticktext=[str(i) for i in range(1, ov.k + 1)] + ["K+1"],
                              range=[ov.k + 1.6, 0.4], fixedrange=True))

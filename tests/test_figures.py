@@ -100,7 +100,7 @@ def test_text_figure_tokens_in_order_coloured_by_origin(name, request):
     origins = expected_origins(trace)
     assert len(seen) == len(origins)
     for i, origin in enumerate(origins):
-        assert seen[i][0] == figures.rgba(figures.STYLES[origin].colour, 0.35), f"token {i} ({origin})"
+        assert seen[i][0] == figures.tint(figures.STYLES[origin].colour), f"token {i} ({origin})"
     ends = derive.tokens_through(trace)
     this_cycle = range(ends[cycle - 1], ends[cycle])
     assert [i for i in seen if seen[i][1] == 2.5] == list(this_cycle)
@@ -124,9 +124,22 @@ def test_text_hover_shows_the_tokens_numbers(sampled):
     assert f"drawn from the residual: {figures.fmt_p(entry['residual'])}" in resampled.hovertext[0]
 
 
+def test_origins_differ_by_more_than_colour():
+    origins = [derive.PROMPT, derive.ACCEPTED, derive.RESAMPLED, derive.BONUS]
+    outcomes = [derive.ACCEPTED, derive.REJECTED, derive.DISCARDED, derive.BONUS]
+    for group in (origins, outcomes):
+        styles = [figures.STYLES[g] for g in group]
+        assert len({s.mark for s in styles}) == len({s.label for s in styles}) == len(group)
+        assert all(s.colour in figures.OKABE_ITO.values() for s in styles)
+    assert len({figures.STYLES[o].colour for o in origins}) == 4  # and the colours differ too
+    assert len({figures.STYLES[o].symbol for o in outcomes}) == 4  # overview markers differ in shape
+    assert figures.tint("#0072B2", 0.6) == "#99C7E0"
+
+
 def test_visible_whitespace():
     assert derive.visible_text(" a\n\tb\x00") == "·a↵→b\\x00"
     assert derive.visible_text("") == "∅"
+    assert figures.shown("abcdefghij", 6) == "abcde…" and figures.shown(XSS, 6) == "&lt;img·…"
     placed = derive.place_tokens([derive.TokenInfo(t, derive.PROMPT, None) for t in ["ab", "c\n", "d"]], wrap=10)
     assert [(t.row, t.col) for t in placed] == [(0, 0), (0, 2), (1, 0)]
 
@@ -208,7 +221,7 @@ def test_cache_figure_matches_recorded_lengths(sampled):
     assert rollback[("committed", "target")] == list(range(first, t["after_rollback"]))
     assert f"target {t['after_append']} → {t['after_rollback']}" in rollback_fig.layout.title.text
     cells = {(float(x), y): s for tr in text_traces(rollback_fig) for x, y, s in zip(tr.x, tr.y, tr.text)}
-    assert cells[(float(t["after_append"] - 1), "target")] == "✗" + figures.shown(texts[t["after_append"] - 1])
+    assert cells[(float(t["after_append"] - 1), "target")] == "✗" + figures.shown(texts[t["after_append"] - 1], 6)
 
 
 def test_cache_figure_shows_draft_catch_up(same_model):
@@ -237,7 +250,7 @@ def test_cycle_figure_stages(sampled):
     assert bars.get("– discarded (never tested)", 0) == k - c["num_accepted"] - 1
     stage4 = figures.cycle_figure(c, k, 4)
     committed = [s for tr in text_traces(stage4) for y, s in zip(tr.y, tr.text) if y == figures.COMMITTED_ROW]
-    assert [s.rsplit(" ", 1)[0] for s in committed] == [figures.shown(t) for t in c["committed_token_texts"]]
+    assert [s.rsplit(" ", 1)[0] for s in committed] == [figures.shown(t, figures.cell_chars(k)) for t in c["committed_token_texts"]]
     assert committed[-1].endswith("↻")
 
 
@@ -305,6 +318,8 @@ def test_captions_and_markdown_escape(sampled):
     assert f"u={c['u'][j - 1]:.3f} ≥ {c['accept_prob'][j - 1]:.3f}" in caption and f"{c['num_accepted']} accepted" in caption
     t = c["target_cache_len"]
     assert f"target {t['after_append']} → {t['after_rollback']}" in explain.stage_caption(c, sampled.k, 5)
+    faulty = explain.stage_caption(c, sampled.k, 5, {"keep_rejected_kv": True})
+    assert "deliberate fault" in faulty and f"stays at {t['after_rollback']} entries" in faulty
     escaped = md(f"{XSS} **bold** $x$ :red[y] [a](javascript:alert(1))")
     assert "<img" not in escaped and "&lt;img" in escaped
     assert "\\*\\*bold\\*\\*" in escaped and "\\$x\\$" in escaped and "\\:red\\[y\\]" in escaped

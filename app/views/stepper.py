@@ -1,7 +1,7 @@
 """Step through a trace: one cycle at a time, each cycle in five stages."""
 import streamlit as st
 
-from app import derive, figures, keys, state
+from app import derive, figures, state
 from app.explain import STAGES, stage_caption
 from app.safe import md
 from engine.trace import Trace
@@ -61,12 +61,15 @@ def from_overview() -> None:
 # ---------------------------------------------------------------- controls
 
 def nav_buttons(cycle: int, last: int) -> None:
+    """First / previous / next / last and the cycle slider. Left/Right are Streamlit's own
+    button shortcuts (st.button(shortcut=...)): they ignore keys typed into inputs, and a
+    focused slider keeps its arrow keys."""
     cols = st.columns([1.1, 1.3, 1.1, 1.1, 5.4])
     cols[0].button("« First", key="nav_first", on_click=jump, args=(0,), disabled=cycle == 0, width="stretch")
     cols[1].button("‹ Previous", key="nav_prev", on_click=move, args=(-1,), disabled=cycle == 0,
-                   help="Previous cycle (← key)", width="stretch")
+                   shortcut="Left", help="Previous cycle (← key)", width="stretch")
     cols[2].button("Next ›", key="nav_next", on_click=move, args=(1,), disabled=cycle == last,
-                   help="Next cycle (→ key)", width="stretch")
+                   shortcut="Right", help="Next cycle (→ key)", width="stretch")
     cols[3].button("Last »", key="nav_last", on_click=jump, args=(last,), disabled=cycle == last, width="stretch")
     if last > 0:
         st.session_state["cycle_slider"] = cycle
@@ -87,10 +90,11 @@ def stage_controls(stage: int) -> None:
 
 def play_controls() -> float | None:
     """Play/pause and speed; returns seconds per step while playing."""
-    cols = st.columns([1, 2, 2, 5])
+    cols = st.columns([1, 2, 2, 5], vertical_alignment="center")
     playing = cols[0].toggle("Play", key="playing")
     speed = cols[1].selectbox("Speed", list(SPEEDS), index=1, key="play_speed", label_visibility="collapsed")
     cols[2].radio("Play by", ["stages", "cycles"], key="play_by", horizontal=True, label_visibility="collapsed")
+    cols[3].caption("The address bar always links to this trace, cycle and stage: copy it to share this view.")
     return SPEEDS[speed] if playing else None
 
 
@@ -126,10 +130,6 @@ def header(trace: Trace) -> None:
 
 
 def chart(fig, key: str | None = None, **kwargs):
-    """Show a figure; in the light theme, text drawn on cells gets full-contrast ink
-    (Streamlit's Plotly theme greys it, which is too faint on coloured cells)."""
-    if st.context.theme.type == "light":
-        fig.update_traces(textfont_color="#1b1d26", selector=dict(mode="text"))
     return st.plotly_chart(fig, key=key, config={"displaylogo": False}, **kwargs)
 
 
@@ -146,15 +146,16 @@ def test_table(c: dict, k: int) -> list[dict]:
              "result": f"{figures.STYLES[outcomes[i]].mark} {outcomes[i]}"} for i in range(k)]
 
 
-TABLE_COLUMNS = {name: st.column_config.NumberColumn(name, format="%.4f")
-                 for name in ("p_target", "p_draft", "min(1, ratio)", "u")}
+TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width="small"),
+                 **{name: st.column_config.NumberColumn(name, format="%.4f")
+                    for name in ("p_target", "p_draft", "min(1, ratio)", "u")}}
 
 
 def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     tokens, ends, _ = derived(state.current_key(), trace)
     c, k = trace.cycles[cycle], trace.k
     st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
-    st.info(md(stage_caption(c, k, stage)), icon=":material/lightbulb:")
+    st.info(md(stage_caption(c, k, stage, trace.header.get("faults"))), icon=":material/lightbulb:")
     chart(figures.cycle_figure(c, k, stage))
     left, right = st.columns(2)
     with left:
@@ -202,7 +203,6 @@ def main() -> None:
     state.write_url()
     cycle_view(trace, cycle, stage)
     overview(trace, cycle)
-    keys.arrow_keys()
     if seconds:
         play_ticker(seconds)
 

@@ -1,0 +1,231 @@
+"""The app in a real browser: Playwright drives Debian's chromium against `streamlit run app/main.py`.
+
+Screenshots go to test-output/ (gitignored). Skips, with the reason, only where
+/usr/bin/chromium or the playwright package is missing.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "test-output"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+XSS = "<img src=x onerror=alert(1)>"
+XSS_SHOWN = "<img·src=x·onerror=alert(1)>"  # as the app shows it: spaces made visible
+TIMEOUT_MS = 90_000  # two shared CPU cores: a cold page load can take a while
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright python package is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def streamlit_server(traces: Path, tmp: Path, theme: str):
+    """`streamlit run app/main.py` on a free port; yields its URL once it answers."""
+    port = free_port()
+    env = dict(os.environ, SPECLAB_TRACES_DIR=str(traces), SPECLAB_RUNS_DIR=str(tmp / "runs"),
+               SPECLAB_UPLOADS_DIR=str(tmp / "uploads"))
+    env.pop("SPECLAB_TRACE", None)
+    log = (tmp / f"streamlit-{theme}.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
+                             "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                             "--theme.base", theme], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "streamlit exited early"
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as answer:
+                if answer.read() == b"ok":
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError("streamlit did not start")
+
+
+def xss_copy(source: Path, out: Path) -> None:
+    """A real trace with every token text replaced by an HTML payload."""
+    records = [json.loads(line) for line in source.read_text().splitlines()]
+    records[0]["prompt_token_texts"] = [XSS] * len(records[0]["prompt_token_texts"])
+    for c in records[1:-1]:
+        c["draft_token_texts"] = [XSS] * len(c["draft_token_texts"])
+        c["committed_token_texts"] = [XSS] * len(c["committed_token_texts"])
+        c["next_token_text"] = XSS
+        for entry in (c["residual_top"] or []) + [e for row in c["target_top"] + c["draft_top"] for e in row]:
+            entry["text"] = XSS
+    out.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+
+
+@pytest.fixture(scope="module")
+def traces(example_traces, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("browser-traces")
+    shutil.copy(example_traces["sampled"], folder / "default.jsonl")
+    shutil.copy(example_traces["same-model"], folder / "same-model.jsonl")
+    xss_copy(example_traces["sampled"], folder / "xss.jsonl")
+    SHOTS.mkdir(exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def light_url(traces, tmp_path_factory):
+    """One light-theme server shared by the tests that do not need a fresh process."""
+    with streamlit_server(traces, tmp_path_factory.mktemp("light-server"), "light") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def open_page(browser, url: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 2600})
+    page.set_default_timeout(TIMEOUT_MS)
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(url)
+    return page, dialogs
+
+
+IDLE = """() => !document.querySelector('[data-stale="true"]')
+    && !(document.querySelector('header') || {innerText: ''}).innerText.includes('Stop')
+    && document.querySelectorAll('.js-plotly-plot .main-svg').length >= 8
+    && [...document.querySelectorAll('[data-testid="stDataFrame"]')].every(d => d.querySelector('canvas'))"""
+
+
+def settled(page, heading: str) -> None:
+    """Wait until the step heading reads `heading` and the app is idle (no script running,
+    no stale element, every chart and table drawn), twice in a row."""
+    page.wait_for_function("h => [...document.querySelectorAll('h3')].some(e => e.innerText.startsWith(h))", arg=heading)
+    for _ in range(2):
+        page.wait_for_function(IDLE)
+        page.wait_for_timeout(500)  # Plotly's last redraw; and a rerun that started late shows up here
+
+
+def heading(page) -> str:
+    return page.locator("h3").first.inner_text()
+
+
+def chart_titles(page) -> list[str]:
+    return page.eval_on_selector_all(".js-plotly-plot .gtitle", "els => els.map(e => e.textContent)")
+
+
+def test_step_with_buttons_keys_stages_and_play(browser, light_url):
+    page, dialogs = open_page(browser, light_url)
+    settled(page, "Cycle 0 · stage 1")
+    titles0 = chart_titles(page)
+    assert "Cycle 0: the K=4 draft positions" in titles0
+    page.screenshot(path=SHOTS / "light-cycle0-stage1-draft.png")
+
+    page.locator(".st-key-nav_next button:visible").click()
+    settled(page, "Cycle 1 · stage 1")
+    titles1 = chart_titles(page)
+    assert "Cycle 1: the K=4 draft positions" in titles1 and titles1 != titles0
+    assert "cycle=1" in page.url
+
+    page.keyboard.press("ArrowRight")
+    settled(page, "Cycle 2 · stage 1")
+    assert "Cycle 2: the K=4 draft positions" in chart_titles(page) and "cycle=2" in page.url
+    page.keyboard.press("ArrowLeft")
+    settled(page, "Cycle 1 · stage 1")
+    page.locator(".st-key-cycle_slider input").focus()  # a focused slider keeps its arrow keys:
+    page.keyboard.press("ArrowRight")  # one step, not one for the slider plus one for Next
+    settled(page, "Cycle 2 · stage 1")
+    page.wait_for_timeout(1500)
+    assert heading(page).startswith("Cycle 2 ")
+    page.keyboard.press("ArrowLeft")
+    settled(page, "Cycle 1 · stage 1")
+    page.locator("h1").first.click()  # focus back on the page
+
+    page.locator(".st-key-stage_select").get_by_text("3 Test", exact=True).click()
+    settled(page, "Cycle 1 · stage 3")
+    assert "Left-to-right test: accept while u < min(1, p_target / p_draft)" in chart_titles(page)
+    page.screenshot(path=SHOTS / "light-cycle1-stage3-test.png")
+    page.locator(".st-key-stage_select").get_by_text("4 Resample / bonus", exact=True).click()
+    settled(page, "Cycle 1 · stage 4")
+    page.screenshot(path=SHOTS / "light-cycle1-stage4-resample.png")
+    page.locator(".st-key-stage_select").get_by_text("5 Rollback", exact=True).click()
+    settled(page, "Cycle 1 · stage 5")
+    assert any(t.startswith("KV caches after rollback") for t in chart_titles(page))
+    page.screenshot(path=SHOTS / "light-cycle1-stage5-rollback.png")
+
+    page.locator(".st-key-playing label").click()  # play, one step a second
+    settled(page, "Cycle 2 · stage 1")
+    settled(page, "Cycle 2 · stage 2")
+    page.locator(".st-key-playing label").click()  # pause
+    page.wait_for_timeout(1500)
+    paused_at = heading(page)
+    page.wait_for_timeout(2500)
+    assert heading(page) == paused_at
+    assert not dialogs
+
+
+def test_overview_click_jumps_to_cycle(browser, light_url, traces):
+    cycles = [json.loads(line) for line in (traces / "default.jsonl").read_text().splitlines()][1:-1]
+    target = max(c["cycle"] for c in cycles if c["num_accepted"] > 0)  # where the last accepted marker sits
+    page, _ = open_page(browser, light_url + "/?cycle=0&stage=3")
+    settled(page, "Cycle 0 · stage 3")
+    overview = page.locator(".js-plotly-plot").last
+    marker = overview.locator(".scatterlayer .trace").first.locator("path.point").last  # the last accepted marker
+    marker.scroll_into_view_if_needed()
+    box = marker.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)  # Plotly picks the point under the pointer on hover, then selects it on click
+    page.wait_for_timeout(300)
+    page.mouse.click(x, y)
+    page.wait_for_function("() => !/^Cycle 0 /.test(document.querySelector('h3').innerText)")
+    settled(page, f"Cycle {target} · stage 3")
+    assert f"cycle={target}" in page.url
+
+
+def test_html_in_token_text_is_shown_not_run(browser, light_url):
+    page, dialogs = open_page(browser, light_url + "/?trace=bundled:xss.jsonl&cycle=1&stage=4")
+    settled(page, "Cycle 1 · stage 4")
+    page.wait_for_timeout(1500)  # time for any injected onerror handler to fire
+    assert not dialogs
+    assert page.evaluate("() => document.querySelectorAll('img[src=\"x\"]').length") == 0
+    svg_texts = page.eval_on_selector_all(".js-plotly-plot text", "els => els.map(e => e.textContent)")
+    assert any(XSS_SHOWN in t for t in svg_texts)
+    assert XSS_SHOWN in page.locator("[data-testid='stAlertContentInfo']").first.inner_text()
+    page.screenshot(path=SHOTS / "light-xss-trace-stage4.png")
+
+
+def test_dark_theme_screenshots(browser, traces, tmp_path):
+    with streamlit_server(traces, tmp_path, "dark") as url:
+        page, dialogs = open_page(browser, url + "/?cycle=1&stage=3")
+        settled(page, "Cycle 1 · stage 3")
+        page.screenshot(path=SHOTS / "dark-cycle1-stage3-test.png")
+        page.goto(url + "/?trace=bundled:same-model.jsonl&cycle=1&stage=5")
+        settled(page, "Cycle 1 · stage 5")
+        page.screenshot(path=SHOTS / "dark-bonus-cycle1-stage5-rollback.png")
+        assert not dialogs
