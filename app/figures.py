@@ -170,7 +170,8 @@ def text_figure(tokens: Sequence[TokenInfo], highlight_cycle: int | None = None,
         if group:
             traces.append(cells(legend_name(origin), STYLES[origin], [t.row for t in group],
                                 [t.col for t in group], [t.width for t in group], [token_hover(t) for t in group],
-                                outline=[2.5 if t.cycle == highlight_cycle else 0.5 for t in group]))
+                                outline=[2.5 if t.cycle is not None and t.cycle == highlight_cycle else 0.5
+                                         for t in group]))
     traces.append(labels([t.col + t.width / 2 for t in kept], [t.row for t in kept], [shown(t.text, t.width) for t in kept]))
     rows = min(last_row + 1, visible_rows)
     omitted = " · earlier lines left out" if len(kept) < len(tokens) else ""

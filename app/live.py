@@ -73,6 +73,8 @@ def run_form() -> None:
     st.text_area("Prompt", key="live_prompt", height=80)
     values = settings_inputs()
     chat = st.checkbox("Wrap the prompt in the chat template (if the tokenizer has one)", key="live_chat")
+    st.caption("Models load once per server process, so the first run of a pair takes longer. "
+               "Local model folders work offline; the run is saved under runs/live/ and opens in the stepper.")
     if st.button("Run", key="live_run", type="primary"):
         try:
             settings = SpecSettings(**{k: (float(v) if k in ("temperature", "top_p") else int(v)) for k, v in values.items()})

@@ -8,7 +8,6 @@ folder next to the main script as a legacy multipage app and, on reruns, can run
 page without this script (no sidebar, no trace opened).
 """
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so `app` and `engine` import
@@ -20,18 +19,18 @@ from app import sidebar, state, timing  # noqa: E402
 PAGES = [
     st.Page("views/stepper.py", title="Step through cycles", icon=":material/play_circle:", default=True),
     st.Page("views/trace_source.py", title="Choose a trace", icon=":material/folder_open:", url_path="source"),
+    st.Page("views/statistics.py", title="Statistics and speed", icon=":material/monitoring:", url_path="statistics"),
 ]
 
 
 def main() -> None:
-    started = time.perf_counter()
+    timer = timing.RunTimer()
     st.set_page_config(page_title="Speculative Decoding Lab", page_icon=":material/fast_forward:", layout="wide")
     state.open_from_url_or_default()
     page = st.navigation(PAGES)
     sidebar.render()
     page.run()
-    # Server time of this run, for the speed test (one Next step must stay well under 150 ms).
-    timing.RECENT_RUNS_MS.append((time.perf_counter() - started) * 1000)
+    timer.stop()  # server time of this run, for the speed test (a Next step must stay well under 150 ms)
 
 
 main()

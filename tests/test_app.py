@@ -222,10 +222,12 @@ def test_next_step_is_fast_on_a_500_cycle_trace(traces_dir, monkeypatch):
     at = start({"trace": "bundled:long.jsonl", "cycle": "400", "stage": "4"})
     at.button(key="nav_next").click().run()  # warm the per-trace caches
     timing.RECENT_RUNS_MS.clear()
+    timing.RECENT_RUNS_CPU_MS.clear()
     for _ in range(10):
         at.button(key="nav_next").click().run()
     assert shown_step(at).startswith("Cycle 411 ")
-    runs = list(timing.RECENT_RUNS_MS)
-    print(f"Next step on a 500-cycle trace: best {min(runs):.0f} ms, median {statistics.median(runs):.0f} ms")
-    # The best run is the server's own work; the median also carries other processes' load.
-    assert min(runs) < 100 and statistics.median(runs) < 300
+    wall, cpu = list(timing.RECENT_RUNS_MS), list(timing.RECENT_RUNS_CPU_MS)
+    print(f"Next step on a 500-cycle trace: CPU median {statistics.median(cpu):.0f} ms, "
+          f"wall best {min(wall):.0f} ms, wall median {statistics.median(wall):.0f} ms")
+    # CPU time is the server's own work; wall time also counts waiting for a core on a busy machine.
+    assert statistics.median(cpu) < 100 and min(wall) < 150

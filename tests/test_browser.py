@@ -228,4 +228,9 @@ def test_dark_theme_screenshots(browser, traces, tmp_path):
         page.goto(url + "/?trace=bundled:same-model.jsonl&cycle=1&stage=5")
         settled(page, "Cycle 1 · stage 5")
         page.screenshot(path=SHOTS / "dark-bonus-cycle1-stage5-rollback.png")
+        page.goto(url + "/source")
+        page.get_by_text("Live run", exact=True).click()
+        page.wait_for_selector(".st-key-live_run button")
+        page.wait_for_timeout(500)
+        page.screenshot(path=SHOTS / "dark-choose-trace-live-run.png")
         assert not dialogs

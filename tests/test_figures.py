@@ -104,6 +104,8 @@ def test_text_figure_tokens_in_order_coloured_by_origin(name, request):
     ends = derive.tokens_through(trace)
     this_cycle = range(ends[cycle - 1], ends[cycle])
     assert [i for i in seen if seen[i][1] == 2.5] == list(this_cycle)
+    unmarked = figures.text_figure(tokens, highlight_cycle=None)  # stages 1-3: nothing of this cycle is final yet
+    assert all(w == 0.5 for bar in unmarked.data if bar.type == "bar" for w in bar.marker.line.width)
 
 
 def test_text_hover_shows_the_tokens_numbers(sampled):

@@ -146,8 +146,9 @@ def test_table(c: dict, k: int) -> list[dict]:
              "result": f"{figures.STYLES[outcomes[i]].mark} {outcomes[i]}"} for i in range(k)]
 
 
-TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width="small"),
-                 **{name: st.column_config.NumberColumn(name, format="%.4f")
+TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width=40),
+                 "draft token": st.column_config.TextColumn("draft token", width="small"),
+                 **{name: st.column_config.NumberColumn(name, format="%.4f", width="small")
                     for name in ("p_target", "p_draft", "min(1, ratio)", "u")}}
 
 
