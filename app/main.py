@@ -19,6 +19,10 @@ from app import sidebar, state, timing  # noqa: E402
 PAGES = [
     st.Page("views/stepper.py", title="Step through cycles", icon=":material/play_circle:", default=True),
     st.Page("views/trace_source.py", title="Choose a trace", icon=":material/folder_open:", url_path="source"),
+    st.Page("views/walkthrough.py", title="How a cycle works", icon=":material/school:", url_path="walkthrough"),
+    st.Page("views/rollback_demo.py", title="Why rollback matters", icon=":material/bug_report:", url_path="rollback"),
+    st.Page("views/exactness_lab.py", title="Exactness lab", icon=":material/science:", url_path="exactness"),
+    st.Page("views/interview.py", title="Interview practice", icon=":material/quiz:", url_path="interview"),
     st.Page("views/statistics.py", title="Statistics and speed", icon=":material/monitoring:", url_path="statistics"),
 ]
 

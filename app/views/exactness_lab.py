@@ -1,0 +1,146 @@
+"""Exactness lab: sample the next token many times and compare with the target distribution."""
+import streamlit as st
+
+from app import teaching_pair
+from app.figures_teaching import histogram_entries, lab_histogram_figure
+from app.safe import md
+from app.teaching_ui import WALKTHROUGH, chart
+from engine.config import SettingsError, SpecSettings
+from engine.exactness import MAX_VOCAB_FOR_SECOND_TOKEN, LabResult, run_lab
+from engine.speculative import ACCEPTANCE_RULES, Faults, Pair
+
+SIGNIFICANCE = 0.01
+TOP_TOKENS = 20  # bars in the histogram; the rest is one "other" bar
+SAMPLE_COUNTS = [200, 400, 1000, 2000, 5000]
+RULE_NAMES = {
+    "ratio": "min(1, p_target/p_draft), residual (correct)",
+    "token_match": "accept when a target sample matches the draft token",
+    "no_residual": "on rejection, draw from the target instead of the residual",
+    "p_target_only": "accept with probability p_target alone",
+}
+RULE_SHORT = {"ratio": "ratio rule", "token_match": "token match", "no_residual": "no residual",
+              "p_target_only": "p_target only"}
+RULE_WHY = {
+    "ratio": "The correct rule. Proposed-and-kept gives min(p_draft, p_target); the residual supplies exactly "
+             "the rest, so every token comes out with the target's probability.",
+    "token_match": "Looks natural (\"did the target pick the same token?\") but keeps a guess with probability "
+                   "p_target(d) instead of min(1, p_target/p_draft): tokens both models like are kept too "
+                   "rarely, and the fallback residual then over-supplies others.",
+    "no_residual": "The acceptance step is right, but the fallback draws from the full target distribution. "
+                   "Tokens the draft already offered get a second chance through the fallback, so they come "
+                   "out too often: the overlap is counted twice.",
+    "p_target_only": "Ignores how often the draft proposes a token. A token the draft proposes rarely but the "
+                     "target likes is under-produced, and the residual cannot make up for it.",
+}
+GREEDY_WHY = ("**Greedy draft**: the draft always proposes its most likely token but is judged with its sampling "
+              "distribution. The test assumes the proposal was *drawn* from p_draft; a deterministic proposal "
+              "breaks that, and the output leans towards the draft's favourite.")
+
+
+@st.cache_data(max_entries=32, show_spinner="Sampling with the real engine…")
+def lab(pair_key: str, prompt_ids: tuple[int, ...], settings: tuple, rule: str, greedy: bool, n: int,
+        position: int, _pair: Pair) -> LabResult:
+    faults = Faults(acceptance_rule=rule, greedy_draft=greedy)
+    return run_lab(_pair, list(prompt_ids), SpecSettings(**dict(settings)), faults, n, position)
+
+
+def controls(choice: teaching_pair.PairChoice, vocab: int) -> tuple | None:
+    with st.form("lab_form"):
+        prompt = st.text_area("Prefix", choice.prompt, key="lab_prompt", height=68)
+        cols = st.columns(5)
+        temperature = cols[0].number_input("Temperature", 0.05, 2.0, 1.0, step=0.05, key="lab_temperature")
+        top_k = cols[1].number_input("Top-k (0 = off)", 0, 1000, 0, key="lab_top_k")
+        k = cols[2].number_input("K", 1, 4, 1, key="lab_k",
+                                 help="Only draft position 1 can decide the next token, so K=1 is enough for it "
+                                      "(and fastest); the token after next also meets position 2 and the bonus.")
+        n = cols[3].select_slider("Samples", SAMPLE_COUNTS, 400, key="lab_n")
+        seed = cols[4].number_input("Seed", 0, 2**31 - 1, 0, key="lab_seed")
+        positions = [1, 2] if vocab <= MAX_VOCAB_FOR_SECOND_TOKEN else [1]
+        position = st.radio("Which token", positions, horizontal=True, key="lab_position",
+                            format_func={1: "the next token", 2: "the token after next (passes a bonus or a second cycle)"}.get)
+        st.form_submit_button("Sample", type="primary")
+    # Outside the form, so switching the rule redraws at once (each rule's result is cached).
+    cols = st.columns([3, 1], vertical_alignment="bottom")
+    rule = cols[0].radio("Acceptance rule", list(RULE_NAMES), key="lab_rule", format_func=RULE_NAMES.get)
+    greedy = cols[1].checkbox("Greedy draft (propose the argmax)", key="lab_greedy")
+    try:
+        s = SpecSettings(k=int(k), temperature=float(temperature), top_k=int(top_k), seed=int(seed))
+    except SettingsError as err:
+        st.error(md(str(err)))
+        return None
+    return prompt, s, rule, greedy, int(n), int(position)
+
+
+def verdict(name: str, p_value: float) -> str:
+    if p_value >= SIGNIFICANCE:
+        return f"{name}: consistent with the target (p = {p_value:.3g} ≥ {SIGNIFICANCE})"
+    return f"{name}: **not** the target's distribution (p = {p_value:.2g} < {SIGNIFICANCE})"
+
+
+def rule_distance(res: LabResult) -> float | None:
+    """Total variation between the rule's worked-out distribution and the target's (next token only)."""
+    if res.predicted is None:
+        return None
+    return 0.5 * sum(abs(a - b) for a, b in zip(res.predicted, res.exact))
+
+
+def results(res: LabResult, pair: Pair, rule: str, greedy: bool) -> None:
+    label = RULE_SHORT[rule] + (" + greedy draft" if greedy else "")
+    texts = teaching_pair.texts_of(pair, histogram_entries(res, TOP_TOKENS))
+    chart(lab_histogram_figure(res, texts, label, TOP_TOKENS), key="lab_histogram")
+    cols = st.columns(4)
+    cols[0].metric("Chi-square, speculative", f"{res.speculative_test.statistic:.1f}",
+                   help=f"{res.speculative_test.dof} degrees of freedom")
+    cols[1].metric("Chi-square, plain sampling", f"{res.plain_test.statistic:.1f}",
+                   help=f"{res.plain_test.dof} degrees of freedom")
+    cols[2].metric("First draft token accepted", f"{res.acceptance_rate:.0%}")
+    gap = rule_distance(res)
+    if gap is not None:
+        cols[3].metric("Rule vs target, on paper", f"{gap:.3f}",
+                       help="Total variation between what this rule samples (worked out from both models' "
+                            "distributions) and the target's distribution: 0 for the correct rule.")
+    ok = res.speculative_test.p_value >= SIGNIFICANCE
+    show = st.success if ok else st.error
+    show(verdict("Speculative sampling", res.speculative_test.p_value) + "  \n"
+         + verdict("Plain target sampling", res.plain_test.p_value))
+    if ok and gap is not None and gap > 0.01:
+        st.warning(f"This rule is wrong (it is {gap:.3f} away from the target in total variation), but "
+                   f"{res.samples} samples were not enough to tell. Take more samples.")
+    st.caption(f"Pearson chi-square against the exact target distribution, tokens expecting fewer than 5 "
+               f"samples pooled into one cell ({res.speculative_test.cells} cells). At p < {SIGNIFICANCE} a "
+               f"correct sampler is flagged by chance about once in {round(1 / SIGNIFICANCE)} runs; change the "
+               f"seed to see that. A wrong rule close to the truth needs more samples to be caught.")
+
+
+def main() -> None:
+    st.title("Exactness you can see")
+    st.markdown(
+        "Speculative sampling promises more than 'similar' text: each token is drawn from *exactly* the "
+        "target's distribution. Here you can test that. Pick a prefix; the page draws the next token many "
+        "times with the real engine (every sample a full cycle: draft, verify, test, resample or bonus, "
+        "rollback) and many times from the target alone, then compares both histograms with the target's "
+        "exact distribution. Switch the acceptance rule to a common mistake and watch the histogram move.")
+    st.latex(r"P(x) = \underbrace{\min\bigl(p_\text{draft}(x), p_\text{target}(x)\bigr)}_{\text{proposed and kept}}"
+             r" + \underbrace{\max\bigl(0, p_\text{target}(x) - p_\text{draft}(x)\bigr)}_{\text{from the residual}}"
+             r" = p_\text{target}(x)")
+    st.page_link(WALKTHROUGH, label="Where these terms come from", icon=":material/school:")
+    picked = teaching_pair.pick("lab")
+    if picked is None:
+        return
+    choice, pair = picked
+    form = controls(choice, pair.target.full_vocab_size)
+    if form is None:
+        return
+    prompt, s, rule, greedy, n, position = form
+    prompt_ids = teaching_pair.encode(pair, choice, prompt)
+    if prompt_ids is None:
+        return
+    st.markdown(RULE_WHY[rule] if not greedy else GREEDY_WHY)
+    res = lab(choice.key, tuple(prompt_ids), tuple(s.to_dict().items()), rule, greedy, n, position, pair)
+    results(res, pair, rule, greedy)
+    with st.expander("The rules in the engine"):
+        for name, text in ACCEPTANCE_RULES.items():
+            st.markdown(f"- `{name}`: {md(text)}")
+
+
+main()

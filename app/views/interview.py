@@ -1,0 +1,307 @@
+"""Interview practice: questions with hidden answers, each tied to live data."""
+from pathlib import Path
+from statistics import median
+
+import streamlit as st
+
+from app import figures, state, teaching_pair
+from app.figures_teaching import (acceptance_length_figure, cache_layouts_figure, forward_cost_figure,
+                                  speedup_figure)
+from app.safe import md
+from app.teaching_ui import EXACTNESS_LAB, ROLLBACK_DEMO, chart, open_in_stepper
+from engine.metrics import acceptance_metrics, expected_tokens_per_cycle
+from engine.speculative import Pair
+from engine.teaching import NumericsCheck, batched_vs_stepwise, forward_times, low_precision_copy
+from engine.trace import Trace
+
+LOW_PRECISION_MAX_PARAMS = 50_000_000  # copy the target to bfloat16 only when that is quick
+
+RED_FLAGS = [
+    ("Memory is cheap, keep the rejected K/V.",
+     "It is not about memory: the next pass would attend to tokens that are not in the text, at shifted "
+     "positions. The output stops being the target's (see the rollback demo)."),
+    ("Accept a draft token when the target would have sampled the same one.",
+     "That keeps a token with probability p_target instead of min(1, p_target/p_draft), and the output "
+     "distribution moves (see the exactness lab)."),
+    ("After a rejection, just sample from the target again.",
+     "Tokens the draft already had a chance to offer get counted twice; only the residual max(0, p_target − p_draft) is exact."),
+    ("Speculation changes the output a little; that is the price of the speed.",
+     "With the ratio test and the residual the output distribution is exactly the target's. Any measurable "
+     "shift is a bug (or floating-point near-ties in greedy mode)."),
+    ("Apply temperature and top-p to the target only.",
+     "The test compares the two distributions actually sampled from; both must be warped the same way."),
+    ("A bigger K is always faster.",
+     "Acceptance decays with position and every extra guess costs a draft step; the speedup peaks and falls."),
+    ("Acceptance rate and acceptance length are the same number.",
+     "One is accepted/drafted (at most 1), the other is tokens per cycle (between 1 and K+1)."),
+    ("Any small model can draft for any large one.",
+     "Only if token ids mean the same strings, or with an explicit translation between vocabularies."),
+]
+
+
+# ---------------------------------------------------------------- picking cycles of the open trace
+
+def find_cycle(trace: Trace | None, wanted) -> dict | None:
+    return next((c for c in trace.cycles if wanted(c)), None) if trace else None
+
+
+def needs_trace() -> None:
+    st.caption("Open a trace (**Choose a trace**) to see this on real cycles.")
+
+
+def alpha_of(trace: Trace) -> float:
+    betas = [b for c in trace.cycles for b in c["beta"]]
+    return sum(betas) / len(betas) if betas else 0.0
+
+
+def c_estimate(trace: Trace) -> float:
+    """Cost of a draft step relative to a target step, taking the verify pass as one target step."""
+    steps = [t for c in trace.cycles for t in c["draft_step_times_s"]]
+    verify = [c["verify_time_s"] for c in trace.cycles]
+    return median(steps) / median(verify) if steps and verify and median(verify) > 0 else 0.0
+
+
+def sequence_texts(trace: Trace, c: dict) -> list[str]:
+    texts = list(trace.header["prompt_token_texts"])
+    for earlier in trace.cycles[: c["cycle"]]:
+        texts += earlier["committed_token_texts"]
+    return texts + list(c["draft_token_texts"])
+
+
+# ---------------------------------------------------------------- live measurements (cached)
+
+@st.cache_data(max_entries=8, show_spinner="Timing the target model…")
+def timings(pair_key: str, prefix: tuple[int, ...], k: int, _pair: Pair) -> list[float]:
+    return forward_times(_pair.target, list(prefix), k + 1)
+
+
+@st.cache_data(max_entries=8, show_spinner="Comparing step-by-step and batched logits…")
+def numerics(pair_key: str, ids: tuple[int, ...], positions: int, _pair: Pair) -> list[NumericsCheck]:
+    checks = [batched_vs_stepwise(_pair.target, list(ids), positions)]
+    if sum(p.numel() for p in _pair.target.model.parameters()) <= LOW_PRECISION_MAX_PARAMS:
+        checks.append(batched_vs_stepwise(low_precision_copy(_pair.target), list(ids), positions))
+    return checks
+
+
+def live_pair() -> tuple[teaching_pair.PairChoice, Pair] | None:
+    """The first available teaching pair, loaded once; None if there is none."""
+    options = teaching_pair.choices()
+    if not options:
+        st.caption("No model pair is available for the live measurement on this machine.")
+        return None
+    pair = teaching_pair.load(options[0])
+    return (options[0], pair) if pair else None
+
+
+# ---------------------------------------------------------------- the questions
+
+def q_rejected_cache(trace: Trace | None) -> None:
+    with st.expander("What happens to the KV cache entries of rejected positions?"):
+        st.markdown(
+            "They are removed before the next cycle, in both models. Verification wrote K/V for all K+1 "
+            "positions and drafting wrote K/V for the guesses, but only the committed prefix may stay: "
+            "attention reads every cell in the cache, so a left-over cell is a token the model believes is in "
+            "the text. How 'removed' is implemented depends on the cache layout (see the paged-cache question): "
+            "slicing a tensor, moving a length pointer, or handing slots back. After a full accept the draft "
+            "is one entry *short* instead, and is fed its last guess (the catch-up).")
+        c = find_cycle(trace, lambda c: c["rejected_position"] is not None)
+        if c is None:
+            needs_trace()
+            return
+        chart(figures.cache_figure(c, 5, sequence_texts(trace, c)), key="iv_cache")
+        open_in_stepper(c["cycle"], 5, key="iv_link_cache")
+        st.page_link(ROLLBACK_DEMO, label="Watch what goes wrong if they stay", icon=":material/bug_report:")
+
+
+def q_k_plus_one(trace: Trace | None, live: tuple | None) -> None:
+    with st.expander("Why does verification score K+1 positions, not K?"):
+        st.markdown(
+            "The target is fed the last committed token plus the K guesses. Output 1 (after the last committed "
+            "token) judges guess 1, output i judges guess i, and output K+1, after the last guess, is a "
+            "prediction nobody has used yet. If every guess passes, a bonus token is drawn from it; if one "
+            "fails, the output at that position supplies the residual. Either way a cycle commits at least one "
+            "token, so speculation never makes less progress per target pass than plain decoding, and at best "
+            "K+1. The extra position costs almost nothing because the pass is limited by reading the weights, "
+            "not by the number of positions; the chart measures that on the live model.")
+        c = find_cycle(trace, lambda c: c["rejected_position"] is None)
+        if c is not None:
+            chart(figures.cycle_figure(c, trace.k, 4), key="iv_bonus")
+            open_in_stepper(c["cycle"], 4, key="iv_link_bonus")
+        if live is not None:
+            choice, pair = live
+            k = trace.k if trace else 4
+            prefix = teaching_pair.encode(pair, choice, choice.prompt)
+            if prefix:
+                name = "/".join(Path(pair.target.name).parts[-2:])  # a folder path: its last two parts
+                chart(forward_cost_figure(timings(choice.key, tuple(prefix), k, pair), name), key="iv_cost")
+
+
+def q_tokenizers(trace: Trace | None) -> None:
+    with st.expander("What changes if the draft and target use different tokenizers?"):
+        st.markdown(
+            "The acceptance test compares two probabilities of *the same token id*. If the id means different "
+            "strings to the two models, the ratio compares unrelated events and the exactness argument falls "
+            "apart; even the guesses cannot be fed to the target as they are. This engine refuses such a pair "
+            "when loading it (it compares both vocabularies and special tokens). Systems handle it in a few ways:\n"
+            "- **Require one vocabulary.** Most serving engines do; draft heads such as Medusa or EAGLE are "
+            "built on the target's own embeddings and vocabulary.\n"
+            "- **Draft over a subset of the target's ids.** The draft's output layer covers only frequent "
+            "tokens and a table maps its rows to target ids; tokens outside the subset just get probability 0 "
+            "in the draft, which the residual covers. This project's chat draft does this (`draft_vocab.json`).\n"
+            "- **Translate through text.** Hugging Face's universal assisted generation decodes the draft's "
+            "guesses to text and re-encodes them with the target's tokenizer, re-tokenizing a small window "
+            "so token boundaries line up. Exact probability ratios need extra care there (a later variant "
+            "restricts sampling to tokens both vocabularies share).")
+        if trace is not None:
+            t, d = trace.header["target"], trace.header["draft"]
+            kept = f", draft output layer covers {d['kept_vocab']} of them" if d.get("kept_vocab") else ""
+            st.caption(f"Open trace: both models use the {md(trace.header['tokenizer'])} tokenizer, "
+                       f"{t['vocab_size']} token ids{md(kept)}.")
+
+
+def numerics_table(checks: list[NumericsCheck]) -> list[dict]:
+    return [{"dtype": c.dtype, "positions": c.positions, "max |logit difference|": f"{c.max_abs_logit_diff:.2e}",
+             "closest top-2 gap (logits)": f"{c.smallest_top2_gap:.3g}", "greedy picks that differ": c.argmax_flips}
+            for c in checks]
+
+
+def closest_tie(trace: Trace) -> tuple[float, int] | None:
+    """Smallest gap between the target's two most likely tokens anywhere in the trace."""
+    gaps = [(row[0]["p"] - row[1]["p"], c["cycle"]) for c in trace.cycles for row in c["target_top"] if len(row) > 1]
+    return min(gaps) if gaps else None
+
+
+def q_greedy_numerics(trace: Trace | None, live: tuple | None) -> None:
+    with st.expander("Why can greedy output change when speculation is switched on?"):
+        st.markdown(
+            "On paper it cannot: greedy speculation keeps a guess only if it is the target's argmax, so the text "
+            "equals plain greedy decoding. In floating point, the verification pass computes K+1 positions in one "
+            "batched matrix product while plain decoding computes one at a time. Different shapes pick different "
+            "kernels and sum in a different order, so logits differ in the last bits (more in bfloat16 than in "
+            "float32, and more again when a server batches requests differently). Where the top two tokens are "
+            "nearly tied, that is enough to flip the argmax, and from there the two texts continue differently. "
+            "Neither is wrong; both are the target's greedy text up to rounding. The same effect is why a draft "
+            "identical to the target does not always reach 100% acceptance.")
+        if live is not None:
+            choice, pair = live
+            ids = teaching_pair.encode(pair, choice, choice.prompt * 3)
+            if ids and len(ids) > 5:
+                st.caption(f"Measured now on {md(pair.target.name)}: the last positions of the prompt scored step "
+                           "by step and in one pass.")
+                st.dataframe(numerics_table(numerics(choice.key, tuple(ids), min(5, len(ids) - 1), pair)),
+                             hide_index=True, key="iv_numerics")
+        if trace is not None and (tie := closest_tie(trace)):
+            st.caption(f"Closest near-tie in the open trace: the target's top two tokens {tie[0]:.2e} apart "
+                       f"(cycle {tie[1]}). Ties that close are where greedy texts part.")
+
+
+def q_paged(trace: Trace | None) -> None:
+    with st.expander("How do paged KV caches roll back?"):
+        st.markdown(
+            "Rolling back always means 'the cache is now N entries long'; what that costs depends on the layout.\n"
+            "- **Contiguous growable tensors** (Hugging Face `DynamicCache`): `crop` slices the tail off every "
+            "layer's tensors.\n"
+            "- **Static preallocated buffer** (gpt-fast, Hugging Face `StaticCache`): nothing is freed or copied; "
+            "the current length (the position pointer) moves back. The stale values stay in memory, are masked "
+            "out of attention, and are overwritten by the next cycle's writes.\n"
+            "- **Paged blocks** (vLLM's PagedAttention): a request owns a table of fixed-size blocks. vLLM moves "
+            "the request's count of computed tokens (`num_computed_tokens`) back, and the rejected slots are "
+            "simply overwritten later. SGLang hands the rejected slots back to its allocator. Either way a "
+            "block (page) can only go back to the pool once *all* its slots are rolled back; a partly used "
+            "block stays with the request.")
+        c = find_cycle(trace, lambda c: c["rejected_position"] is not None and c["num_accepted"] < trace.k - 1)
+        c = c or find_cycle(trace, lambda c: c["rejected_position"] is not None)
+        if c is None:
+            needs_trace()
+            return
+        block = st.select_slider("Block size", [2, 4, 8, 16], 4, key="iv_block")
+        t = c["target_cache_len"]
+        chart(cache_layouts_figure(t["before"], t["after_append"], t["after_rollback"], block), key="iv_layouts")
+        st.caption(f"The target cache of cycle {c['cycle']} of the open trace: {t['after_append']} → "
+                   f"{t['after_rollback']} entries.")
+        open_in_stepper(c["cycle"], 5, key="iv_link_paged")
+
+
+def q_payoff(trace: Trace | None) -> None:
+    with st.expander("When does speculation stop paying off?"):
+        st.markdown(
+            "Let α be the chance a guess is accepted and c the time of a draft step divided by the time of a "
+            "target step. Per cycle we pay K draft steps plus one target pass and commit on average "
+            "(1−α^(K+1))/(1−α) tokens. With K=1 that is a win exactly when α > c, and no larger K helps when "
+            "K=1 does not (the extra guesses are accepted less often than the first). Speculation also stops "
+            "paying when the target pass over K+1 positions no longer costs one step: at large batch sizes "
+            "the GPU is already busy computing, and the 'free' positions cost real time.")
+        st.latex(r"\text{speedup}(K) = \frac{1-\alpha^{K+1}}{(1-\alpha)(Kc+1)}, \qquad"
+                 r"\text{speedup}(1) > 1 \iff \alpha > c")
+        if trace is None:
+            needs_trace()
+            return
+        alpha, c = alpha_of(trace), c_estimate(trace)
+        c = st.slider("c (draft step / target step)", 0.0, 1.0, round(min(c, 1.0), 2), 0.01, key="iv_c",
+                      help="Starts at this trace's estimate: median draft step / median verify pass.")
+        chart(speedup_figure(alpha, c, 12, trace.k), key="iv_speedup")
+
+
+def q_acceptance_length(trace: Trace | None) -> None:
+    with st.expander("What does 'acceptance length' mean?"):
+        st.markdown(
+            "The mean number of tokens a cycle commits: accepted guesses plus the one resampled or bonus token, "
+            "so it lies between 1 and K+1 (vLLM reports it as 1 + accepted / number of drafts). It is the "
+            "number of tokens you get per target pass, which is why it predicts the speedup better than the "
+            "acceptance *rate* (accepted / drafted). Under independent acceptance with rate α it is "
+            "(1−α^(K+1))/(1−α).")
+        if trace is None:
+            needs_trace()
+            return
+        per_cycle = [c["num_accepted"] + 1 for c in trace.cycles]
+        m = acceptance_metrics([c["num_accepted"] for c in trace.cycles], trace.k)
+        alpha = alpha_of(trace)
+        st.caption(f"Open trace: acceptance rate {m['acceptance_rate']:.3f}, mean acceptance length "
+                   f"{m['mean_acceptance_length']:.3f}, i.i.d. prediction from α={alpha:.3f}: "
+                   f"{expected_tokens_per_cycle(alpha, trace.k):.3f}. The prediction assumes every guess is "
+                   f"accepted independently with the same chance; real acceptance comes in streaks (easy and "
+                   f"hard stretches of text), so the two differ.")
+        chart(acceptance_length_figure(per_cycle, trace.k, alpha), key="iv_length")
+
+
+def q_catch_up(trace: Trace | None) -> None:
+    with st.expander("Why is the last draft token fed back into the draft after a full accept?"):
+        st.markdown(
+            "The draft computed K/V for each token it *read*, and it read the last committed token and its "
+            "first K−1 guesses; its K-th guess was only *produced*. When all K pass, that guess is committed but "
+            "absent from the draft's cache. Feeding it now (gpt-fast does it at once; others fold it into the "
+            "next draft step) keeps the draft's cache aligned with the text. Forgetting it does not break "
+            "exactness, since the target decides, but the draft guesses from a text with a hole in it and "
+            "acceptance drops.")
+        c = find_cycle(trace, lambda c: c["draft_catch_up"])
+        if c is None:
+            needs_trace() if trace is None else st.caption("No cycle of the open trace needed a catch-up.")
+            return
+        chart(figures.cache_figure(c, 5, sequence_texts(trace, c)), key="iv_catch_up")
+        open_in_stepper(c["cycle"], 5, key="iv_link_catch_up")
+
+
+def main() -> None:
+    st.title("Interview practice")
+    st.markdown(
+        "Answer each question out loud first, then open it. Every answer points at live data: a cycle of the "
+        "open trace (with a link into the stepper) or a measurement made now on a real model.")
+    trace = state.current_trace()
+    trace = trace if trace is not None and trace.cycles else None
+    live = live_pair()
+    q_rejected_cache(trace)
+    q_k_plus_one(trace, live)
+    q_tokenizers(trace)
+    q_greedy_numerics(trace, live)
+    q_paged(trace)
+    q_payoff(trace)
+    q_acceptance_length(trace)
+    q_catch_up(trace)
+    st.subheader("Red flags")
+    st.markdown("Things that sound reasonable in an interview and are wrong:")
+    for claim, why in RED_FLAGS:
+        st.markdown(f"- *“{claim}”* {why}")
+    st.page_link(EXACTNESS_LAB, label="Test the sampling claims yourself", icon=":material/science:")
+
+
+main()

@@ -1,0 +1,135 @@
+"""What if we don't roll back? The correct engine beside two deliberately broken ones."""
+import streamlit as st
+
+from app import teaching_pair
+from app.figures_teaching import cache_strip_figure, divergence_figure, drift_figure
+from app.safe import md
+from app.teaching_ui import WALKTHROUGH, chart
+from engine.config import MAX_NEW_TOKENS, SettingsError, SpecSettings
+from engine.speculative import Pair
+from engine.teaching import (CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison,
+                             compare_runs, first_divergence)
+
+BROKEN_TEXT = {
+    KEEP_REJECTED: (
+        "**Keeps the rejected K/V.** After the decision it skips trimming the caches. The rejected and "
+        "discarded guesses stay in both caches as if they were part of the text, and every later token is "
+        "stored at a position shifted by them. From then on the target predicts from a text that does not "
+        "exist, so its distributions drift away from the truth and the output is no longer the target's."),
+    SKIP_CATCH_UP: (
+        "**Forgets the draft catch-up.** After a cycle where all K guesses pass, the draft has never run on its "
+        "own last guess, and this mode does not feed it. The draft's cache is now missing a token, and every "
+        "later entry sits one position early. The *target* is untouched, so the output is still exactly "
+        "distributed like the target's: this bug only shows as a lower acceptance rate, a silent slowdown."),
+}
+
+
+@st.cache_data(max_entries=16, show_spinner="Running the correct engine and both broken ones…")
+def comparison(pair_key: str, prompt_ids: tuple[int, ...], settings: tuple, _pair: Pair) -> Comparison:
+    return compare_runs(_pair, list(prompt_ids), SpecSettings(**dict(settings)))
+
+
+def settings_form(choice: teaching_pair.PairChoice) -> tuple[str, SpecSettings] | None:
+    with st.form("rb_form"):
+        prompt = st.text_area("Prompt", choice.prompt, key="rb_prompt", height=68)
+        cols = st.columns(4)
+        k = cols[0].number_input("K (draft tokens per cycle)", 1, 8, 4, key="rb_k")
+        temperature = cols[1].number_input("Temperature (0 = greedy)", 0.0, 2.0, 0.0, step=0.1, key="rb_temperature")
+        seed = cols[2].number_input("Seed", 0, 2**31 - 1, 0, key="rb_seed")
+        max_new = cols[3].number_input("New tokens", 4, min(MAX_NEW_TOKENS, 96), 40, key="rb_max_new")
+        st.form_submit_button("Run all three", type="primary")
+    try:
+        return prompt, SpecSettings(k=int(k), temperature=float(temperature), seed=int(seed),
+                                    max_new_tokens=int(max_new))
+    except SettingsError as err:
+        st.error(md(str(err)))
+        return None
+
+
+def run_metrics(cmp: Comparison) -> None:
+    correct = cmp.runs[CORRECT]
+    cols = st.columns(len(cmp.runs))
+    for col, (mode, run) in zip(cols, cmp.runs.items()):
+        with col.container(border=True):
+            st.markdown(f"**{md(MODE_LABELS[mode])}**")
+            first = first_divergence(run.generated, correct.generated)
+            st.metric("First token that differs from the correct run", "none" if first is None else str(first))
+            st.metric("Largest target drift (total variation)", f"{max(c.target_tv for c in run.cycles):.2g}")
+            change = run.acceptance_rate - correct.acceptance_rate
+            st.metric("Draft acceptance rate", f"{run.acceptance_rate:.2f}",
+                      delta=None if mode == CORRECT or abs(change) < 0.005 else f"{change:+.2f}")
+
+
+def outputs_section(cmp: Comparison) -> None:
+    st.subheader("Where the outputs part ways")
+    greedy = cmp.settings["temperature"] == 0
+    st.markdown(
+        "All three runs share the prompt, the settings and the random seed, so they agree until a broken "
+        "rollback first changes what a model sees. "
+        + ("At temperature 0 the correct engine must reproduce plain target decoding token for token, so that "
+           "row is shown as the reference." if greedy else
+           "At temperature > 0, compare the runs with each other; a plain target sample would use its random "
+           "numbers differently, so the drift chart below is the reference instead."))
+    chart(divergence_figure(cmp), key="rb_divergence")
+
+
+def drift_section(cmp: Comparison) -> None:
+    st.subheader("How far the cache has drifted from the truth")
+    st.markdown(
+        "After every cycle each model predicts the next token twice: once from the run's own cache, and once "
+        "from a fresh pass over the committed text with no cache at all. A correct cache gives the same "
+        "distribution up to float rounding (around 1e-7 here); a broken one does not. Measured on the "
+        "models' untempered distributions, so greedy runs show a graded distance too.")
+    metric = st.radio("Distance", ["tv", "kl"], horizontal=True, key="rb_metric",
+                      format_func={"tv": "total variation", "kl": "KL(fresh ‖ cached)"}.get)
+    chart(drift_figure(cmp, metric), key="rb_drift")
+
+
+def cache_section(cmp: Comparison) -> None:
+    st.subheader("The stale cells, and how much the target attends to them")
+    mode = st.radio("Run", list(cmp.runs), index=1, horizontal=True, key="rb_cache_mode", format_func=MODE_LABELS.get)
+    run = cmp.runs[mode]
+    last = len(run.cycles) - 1
+    cycle = st.slider("After cycle", 0, last, min(3, last), key="rb_cache_cycle") if last > 0 else 0
+    probe = run.cycles[cycle]
+    stale, share = probe.target_cache.num_stale, probe.stale_attention
+    missing = probe.draft_cache.missing
+    st.markdown(
+        f"After cycle {cycle} the target cache holds **{len(probe.target_cache.token_ids)}** cells for "
+        f"**{probe.committed_len - 1}** committed positions: **{stale}** stale. At the next position the target "
+        f"puts **{share:.0%}** of its attention (averaged over layers and heads) on stale cells."
+        + (f" The draft cache is missing committed position(s) {', '.join(map(str, missing[:8]))}."
+           if missing else ""))
+    chart(cache_strip_figure(probe.target_cache, probe.draft_cache, probe.attention, cmp.texts,
+                             f"{MODE_LABELS[mode]}: both caches after cycle {cycle}"), key="rb_cache")
+
+
+def main() -> None:
+    st.title("What if we don't roll back?")
+    st.markdown(
+        "A rejected guess must leave no trace: its keys and values have to go from both caches before the "
+        "next cycle. This page runs the real engine three times on the same prompt and seed: correctly, "
+        "and in two deliberately broken modes that exist only for this demonstration (the command line and "
+        "the live-run page cannot select them).")
+    for text in BROKEN_TEXT.values():
+        st.markdown("- " + text)
+    st.page_link(WALKTHROUGH, label="What the rollback is, step by step", icon=":material/school:")
+    picked = teaching_pair.pick("rb")
+    if picked is None:
+        return
+    choice, pair = picked
+    form = settings_form(choice)
+    if form is None:
+        return
+    prompt, settings = form
+    prompt_ids = teaching_pair.encode(pair, choice, prompt)
+    if prompt_ids is None:
+        return
+    cmp = comparison(choice.key, tuple(prompt_ids), tuple(settings.to_dict().items()), pair)
+    run_metrics(cmp)
+    outputs_section(cmp)
+    drift_section(cmp)
+    cache_section(cmp)
+
+
+main()

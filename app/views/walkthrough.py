@@ -1,0 +1,252 @@
+"""Concept walkthrough: one cycle of a real trace, stage by stage, with the formulas."""
+import time
+import uuid
+from statistics import median
+
+import streamlit as st
+
+from app import figures, state, teaching_pair
+from app.derive import visible_text
+from app.safe import md
+from app.teaching_ui import ROLLBACK_DEMO, EXACTNESS_LAB, chart, open_in_stepper
+from engine.config import SpecSettings
+from engine.run import run_to_trace
+from engine.trace import Trace
+
+CITATIONS = (
+    "Leviathan, Kalman and Matias (2023), *Fast Inference from Transformers via Speculative Decoding*, ICML 2023.  \n"
+    "Chen, Borgeaud, Irving, Lespiau, Sifre and Jumper (2023), *Accelerating Large Language Model Decoding "
+    "with Speculative Sampling*, arXiv:2302.01318.")
+
+
+# ---------------------------------------------------------------- choosing the cycle
+
+def describe(c: dict, k: int) -> str:
+    if c["rejected_position"] is None:
+        return f"cycle {c['cycle']}: all {k} accepted + bonus"
+    return f"cycle {c['cycle']}: {c['num_accepted']} accepted, rejected at {c['rejected_position']}"
+
+
+def teaching_cycle(trace: Trace) -> int:
+    """The most instructive cycle: some drafts accepted and then a rejection, else any rejection."""
+    k = trace.k
+    for wanted in (lambda c: 0 < c["num_accepted"] < k, lambda c: c["num_accepted"] < k):
+        for c in trace.cycles:
+            if wanted(c):
+                return c["cycle"]
+    return 0
+
+
+def other_kind(trace: Trace, c: dict) -> dict | None:
+    """A cycle that ended the other way (bonus vs resample), to link to."""
+    full = c["rejected_position"] is None
+    return next((o for o in trace.cycles if (o["rejected_position"] is None) != full), None)
+
+
+def sequence_texts(trace: Trace, c: dict) -> list[str]:
+    """Token text at each position: prompt and committed tokens so far, then this cycle's drafts."""
+    texts = list(trace.header["prompt_token_texts"])
+    for earlier in trace.cycles[: c["cycle"]]:
+        texts += earlier["committed_token_texts"]
+    return texts + list(c["draft_token_texts"])
+
+
+def q(text: str) -> str:
+    """A token quoted for Markdown: whitespace visible, everything escaped."""
+    return f"'{md(visible_text(text))}'"
+
+
+# ---------------------------------------------------------------- the five stages
+
+def stage_draft(trace: Trace, c: dict) -> None:
+    k = trace.k
+    st.header("1 · Draft: the small model guesses ahead")
+    st.markdown(
+        "The draft model is run K times in a row, each time on its own previous guess. At every step it "
+        "produces a whole probability distribution over the vocabulary, warped with the same temperature, "
+        "top-k and top-p the target will use, and draws one token from it. The engine writes down how likely "
+        "the draft found the token it drew, $p_\\text{draft}$. Nothing is final yet: these are proposals.")
+    tokens = ", ".join(f"{q(t)} ({p:.3f})" for t, p in zip(c["draft_token_texts"], c["p_draft"]))
+    st.markdown(f"In **cycle {c['cycle']}** the draft proposed K={k} tokens (with $p_\\text{{draft}}$): {tokens}.")
+    st.latex(r"d_i \sim p_\text{draft}(\,\cdot \mid x_{1..n},\, d_1, \dots, d_{i-1}), \qquad i = 1, \dots, K")
+    chart(figures.cycle_figure(c, k, 1), key="wt_cycle_1")
+    open_in_stepper(c["cycle"], 1, key="wt_link_1")
+
+
+def stage_verify(trace: Trace, c: dict) -> None:
+    k = trace.k
+    st.header(f"2 · Verify: one target pass over K+1 = {k + 1} positions")
+    st.markdown(
+        "The target model reads the last committed token followed by the K guesses in **one** forward pass. "
+        "A causal model's output at a position depends only on the positions before it, so this single pass "
+        "yields exactly what the target would have predicted at each step had it generated the guesses itself: "
+        "at position i, its distribution after the first i−1 guesses. The extra (K+1)-th output is its "
+        "prediction after all K guesses, which becomes useful in stage 4.")
+    st.latex(r"p_\text{target}(\,\cdot \mid x_{1..n},\, d_1, \dots, d_{i-1}), \qquad i = 1, \dots, K+1"
+             r"\quad\text{(one forward pass)}")
+    st.markdown(
+        "**Why this costs about one decoding step.** Producing one token of a large model is limited by "
+        "memory, not arithmetic: every weight has to travel from memory to the compute units, and is then "
+        "used for a single multiply-add. Scoring K+1 positions moves the same weights once and uses each "
+        "K+1 times. Until K+1 approaches the hardware's ratio of arithmetic speed to memory bandwidth "
+        "(hundreds of operations per byte on current GPUs), the pass takes roughly as long as one token.")
+    step, verify = median(c["draft_step_times_s"]), c["verify_time_s"]
+    st.caption(f"Recorded in this trace for cycle {c['cycle']}: one draft step {step * 1000:.2f} ms (median), "
+               f"the target's pass over {k + 1} positions {verify * 1000:.2f} ms. On a CPU with tiny models fixed "
+               f"per-call overhead dominates instead, which also keeps the cost nearly flat in K.")
+    chart(figures.cycle_figure(c, k, 2), key="wt_cycle_2")
+    open_in_stepper(c["cycle"], 2, key="wt_link_2")
+
+
+def test_rows(c: dict, k: int) -> list[dict]:
+    rows = []
+    for i in range(k):
+        tested = i < len(c["u"])
+        result = ("accepted" if i < c["num_accepted"] else "rejected") if tested else "discarded (not tested)"
+        rows.append({"position": i + 1, "draft token": visible_text(c["draft_token_texts"][i]),
+                     "p_target": round(c["p_target"][i], 4), "p_draft": round(c["p_draft"][i], 4),
+                     "min(1, p_target/p_draft)": round(c["accept_prob"][i], 4),
+                     "u": f"{c['u'][i]:.4f}" if tested else "not drawn", "result": result})
+    return rows
+
+
+def stage_test(trace: Trace, c: dict) -> None:
+    k = trace.k
+    st.header("3 · Test: keep each guess with probability min(1, ratio)")
+    st.markdown(
+        "The guesses are checked from left to right. For each, draw a uniform number u and keep the guess "
+        "if u falls under the ratio of the two models' probabilities. A token the target likes at least as "
+        "much as the draft did is always kept; a token the draft was over-confident about is kept only in "
+        "proportion. The first failure ends the test: every later guess was built on the token just thrown "
+        "away, so those are discarded without being tested.")
+    st.latex(r"\text{keep } d_i \iff u_i < \min\!\left(1,\ \frac{p_\text{target}(d_i)}{p_\text{draft}(d_i)}\right),"
+             r"\qquad u_i \sim \mathcal{U}[0, 1)")
+    st.dataframe(test_rows(c, k), hide_index=True, key="wt_test_table")
+    chart(figures.acceptance_figure(c, k, 3), key="wt_accept")
+    open_in_stepper(c["cycle"], 3, key="wt_link_3")
+
+
+def stage_resample(trace: Trace, c: dict) -> None:
+    k = trace.k
+    st.header("4 · Resample at the rejection, or take the bonus token")
+    st.markdown(
+        "**At a rejection** the replacement is not drawn from the target's distribution but from the "
+        "*residual*: the probability the target puts on tokens beyond what the draft already offered, "
+        "rescaled to sum to one.")
+    st.latex(r"x \sim \frac{\max\bigl(0,\ p_\text{target}(x) - p_\text{draft}(x)\bigr)}"
+             r"{\sum_y \max\bigl(0,\ p_\text{target}(y) - p_\text{draft}(y)\bigr)}")
+    st.markdown(
+        "Why the residual makes the output exact: a token x can come out in two ways. Proposed and kept: "
+        "$p_\\text{draft}(x)\\cdot\\min(1, p_\\text{target}(x)/p_\\text{draft}(x)) = \\min(p_\\text{draft}(x), "
+        "p_\\text{target}(x))$. Or rejected (probability $1-\\beta$) and then drawn from the residual, whose "
+        "normaliser is exactly $1-\\beta$. Adding the two gives back $p_\\text{target}(x)$ for every x.")
+    st.latex(r"\beta = \sum_x \min\bigl(p_\text{target}(x), p_\text{draft}(x)\bigr), \qquad"
+             r"\min(p_\text{d}, p_\text{t}) + (1-\beta)\,\frac{\max(0, p_\text{t} - p_\text{d})}{1-\beta}"
+             r" = p_\text{t}")
+    st.markdown(
+        "**When all K guesses pass**, the target's (K+1)-th output from stage 2 already is its prediction "
+        "after all of them, so one more token is drawn from it for free: the bonus token. A cycle therefore "
+        "commits between 1 and K+1 tokens for one target pass.")
+    st.latex(r"x_\text{bonus} \sim p_\text{target}(\,\cdot \mid x_{1..n},\, d_1, \dots, d_K)")
+    what = (f"resampled {q(c['next_token_text'])} at position {c['rejected_position']}"
+            if c["rejected_position"] else f"added the bonus token {q(c['next_token_text'])}")
+    st.markdown(f"Cycle {c['cycle']} {what}, committing {len(c['committed_token_ids'])} token(s).")
+    chart(figures.resample_figure(c, k), key="wt_resample")
+    open_in_stepper(c["cycle"], 4, key="wt_link_4")
+    other = other_kind(trace, c)
+    if other is not None:
+        kind = "the bonus token" if other["rejected_position"] is None else "a resample"
+        open_in_stepper(other["cycle"], 4, key="wt_link_4_other",
+                        label=f"See {kind} instead: cycle {other['cycle']}, stage 4")
+
+
+def stage_rollback(trace: Trace, c: dict) -> None:
+    st.header("5 · Roll back: forget what was not kept")
+    t, d = c["target_cache_len"], c["draft_cache_len"]
+    st.markdown(
+        "While drafting and verifying, both models stored keys and values (K/V) for every position they "
+        "read, including guesses that were just rejected or discarded. The engine now trims both caches "
+        "back to the committed text. This project's convention: after each cycle a cache holds every "
+        "committed token except the last, which is fed in at the start of the next cycle.")
+    st.markdown(
+        f"Cycle {c['cycle']}: the target cache goes {t['after_append']} → {t['after_rollback']} entries, "
+        f"the draft cache {d['after_append']} → {d['after_rollback']}."
+        + (" The draft never ran on its own last guess (it only proposed it), so that token is fed to the "
+           "draft now: the catch-up." if c["draft_catch_up"] else ""))
+    st.info(
+        "**An everyday picture.** You dictate a letter to a quick assistant who types ahead, guessing your "
+        "next few words. You read the screen: the first two guesses are right, the third is not, and you say "
+        "the word you meant. The assistant must delete the wrong word *and everything typed after it* before "
+        "adding yours. Leaving them in would put words in the letter you never said, and every later guess "
+        "would be made from that garbled letter. The KV cache is the assistant's memory of the letter so far.",
+        icon=":material/keyboard:")
+    chart(figures.cache_figure(c, 5, sequence_texts(trace, c)), key="wt_cache")
+    open_in_stepper(c["cycle"], 5, key="wt_link_5")
+    st.page_link(ROLLBACK_DEMO, label="What goes wrong without the rollback: run it", icon=":material/bug_report:")
+
+
+def payoff(trace: Trace) -> None:
+    st.header("What one cycle buys")
+    st.markdown(
+        "If each guess is accepted with probability α independently, a cycle commits on average the "
+        "number below, for the price of K draft steps and one target pass. With c the cost of a draft step "
+        "relative to a target step, the expected speedup over plain decoding follows.")
+    st.latex(r"\mathbb{E}[\text{tokens per cycle}] = \frac{1-\alpha^{K+1}}{1-\alpha}, \qquad"
+             r"\text{speedup} = \frac{1-\alpha^{K+1}}{(1-\alpha)(Kc+1)}, \qquad \alpha = \mathbb{E}[\beta]")
+    betas = [b for c in trace.cycles for b in c["beta"]]
+    if betas:
+        st.caption(f"This trace: α ≈ mean β = {sum(betas) / len(betas):.3f} over {len(betas)} drafted positions, K={trace.k}.")
+    st.page_link(EXACTNESS_LAB, label="Check the exactness claim by sampling", icon=":material/science:")
+    st.markdown("**Sources.**  \n" + CITATIONS)
+
+
+# ---------------------------------------------------------------- no trace: make one
+
+def make_trace() -> None:
+    st.info("No trace is open. Make a short one now with a real model pair (a few seconds), or open one "
+            "on **Choose a trace**.", icon=":material/folder_open:")
+    picked = teaching_pair.pick("wt")
+    if picked is None:
+        return
+    choice, pair = picked
+    prompt = st.text_input("Prompt", choice.prompt, key="wt_prompt")
+    if st.button("Make a trace", key="wt_make", type="primary"):
+        name = f"walkthrough-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.jsonl"
+        settings = SpecSettings(k=4, temperature=1.0, max_new_tokens=32, seed=0)
+        try:
+            with st.spinner("Running speculative decoding…"):
+                run_to_trace(pair, prompt, settings, state.runs_dir() / name, preset=choice.preset,
+                             chat_template=choice.chat)
+        except (ValueError, RuntimeError) as err:
+            st.error(f"The run stopped: {md(str(err))}")
+            return
+        if state.set_current(state.TraceRef("run", name)) is None:
+            st.rerun()
+
+
+def main() -> None:
+    st.title("How one speculative cycle works")
+    st.markdown(
+        "A language model writes one token per forward pass, and for a large model each pass is slow. "
+        "Speculative decoding lets a small **draft** model guess a few tokens ahead and has the large "
+        "**target** model check all the guesses in a single pass. The checking rule is built so that the "
+        "text that comes out is distributed *exactly* as if the target had written it alone. Below is one "
+        "cycle of a real run, stage by stage; every number comes from the open trace.")
+    trace = state.current_trace()
+    if trace is None or not trace.cycles:
+        make_trace()
+        return
+    options = [c["cycle"] for c in trace.cycles]
+    cycle = st.selectbox("Cycle to walk through", options, index=teaching_cycle(trace), key="wt_cycle",
+                         format_func=lambda i: describe(trace.cycles[i], trace.k))
+    c = trace.cycles[cycle]
+    h = trace.header
+    st.caption(f"Trace: target **{md(h['target']['name'])}**, draft **{md(h['draft']['name'])}**, "
+               f"K={trace.k}, temperature {h['settings']['temperature']}.")
+    for stage in (stage_draft, stage_verify, stage_test, stage_resample, stage_rollback):
+        stage(trace, c)
+        st.divider()
+    payoff(trace)
+
+
+main()

@@ -1,0 +1,103 @@
+"""The teaching pages in a real browser: each renders without an exception in the light and
+the dark theme, and a screenshot of the whole page (hidden answers opened) is saved under
+test-output/ for a person to look at. Token text carrying HTML is shown, never run.
+
+Reuses the app's browser-test helpers (tests/test_browser.py: Debian chromium, never
+`playwright install`; the module skips with the reason when chromium or playwright is missing).
+"""
+from pathlib import Path
+
+import pytest
+
+from tests.test_browser import SHOTS, TIMEOUT_MS, browser, streamlit_server, xss_copy  # noqa: F401 (browser: a fixture)
+from tests.test_teaching_pages import make_teaching_folder
+
+PAGES = {"walkthrough": "How one speculative cycle works", "rollback": "What if we don't roll back?",
+         "exactness": "Exactness you can see", "interview": "Interview practice"}
+NAV_LABELS = ("How a cycle works", "Why rollback matters", "Exactness lab", "Interview practice")
+IDLE = """() => !document.querySelector('[data-stale="true"]')
+    && !(document.querySelector('header') || {innerText: ''}).innerText.includes('Stop')
+    && document.querySelectorAll('.js-plotly-plot .main-svg').length >= 1"""
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    root = make_teaching_folder(tmp_path_factory.mktemp("browser_teaching"))
+    xss_copy(root / "traces" / "default.jsonl", root / "traces" / "xss.jsonl")
+    SHOTS.mkdir(exist_ok=True)
+    return root
+
+
+@pytest.fixture(scope="module", params=["light", "dark"])
+def server(request, folder, tmp_path_factory):
+    """One server per theme, running the pages on the tiny saved pair (SPECLAB_TEACHING_PAIR)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECLAB_TEACHING_PAIR", str(folder / "pair"))
+        mp.setenv("OMP_NUM_THREADS", "1")
+        with streamlit_server(folder / "traces", tmp_path_factory.mktemp(f"server-{request.param}"),
+                              request.param) as url:
+            yield url, request.param
+
+
+def settle(page, title: str) -> None:
+    """Wait for the title, then until the script has finished and the charts are drawn, twice."""
+    page.get_by_role("heading", name=title).first.wait_for()
+    for _ in range(2):
+        page.wait_for_function(IDLE)
+        page.wait_for_timeout(700)
+
+
+def open_expanders(page) -> None:
+    """Open every closed expander (one click each), so the screenshot shows the hidden answers."""
+    closed = page.locator('[data-testid="stExpander"] details:not([open]) > summary')
+    for _ in range(closed.count()):
+        closed.first.click()
+    page.wait_for_timeout(1000)
+
+
+def screenshot_whole_page(page, path: Path) -> None:
+    """Streamlit scrolls inside its main container: grow the viewport to its height first."""
+    height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+    page.set_viewport_size({"width": 1400, "height": min(int(height) + 40, 16000)})
+    page.wait_for_timeout(1500)  # Plotly redraws at the new width
+    page.screenshot(path=str(path))
+
+
+def new_page(browser, url: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS * 2)  # live model runs on two shared cores
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(url)
+    return page, dialogs
+
+
+@pytest.mark.parametrize("name", list(PAGES))
+def test_teaching_page_renders(browser, server, name):
+    url, theme = server
+    page, dialogs = new_page(browser, f"{url}/{name}")
+    try:
+        settle(page, PAGES[name])
+        open_expanders(page)
+        assert page.locator('[data-testid="stException"]').count() == 0
+        assert page.locator(".js-plotly-plot:visible").count() >= 1
+        nav = page.locator('[data-testid="stSidebarNav"]')
+        assert all(nav.get_by_text(label).count() == 1 for label in NAV_LABELS)
+        screenshot_whole_page(page, SHOTS / f"teaching-{name}-{theme}.png")
+        assert not dialogs
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("server", ["light"], indirect=True)
+def test_walkthrough_shows_html_token_text_as_text(browser, server):
+    url, _ = server
+    page, dialogs = new_page(browser, f"{url}/walkthrough?trace=bundled:xss.jsonl")
+    try:
+        settle(page, PAGES["walkthrough"])
+        page.wait_for_timeout(1500)
+        assert not dialogs, dialogs  # an <img onerror> that ran would have opened an alert
+        assert page.locator("img[src='x']").count() == 0
+        assert page.get_by_text("img", exact=False).count() > 0  # shown as text
+    finally:
+        page.close()
