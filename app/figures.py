@@ -185,11 +185,12 @@ def text_figure(tokens: Sequence[TokenInfo], highlight_cycle: int | None = None,
 
 DRAFT_ROW, NUMBERS_ROW, COMMITTED_ROW = 0, 1, 2  # y of the rows in the cycle figure
 COLUMN = 16  # characters per position column in the cycle figure ("p_target 0.123" and a margin)
+WIDE_K = 8  # beyond this many positions, labels shrink to what fits (numbers lose their names; hovers keep all)
 
 
 def cell_chars(k: int) -> int:
-    """Characters of token text a cycle-figure cell can hold: fewer as K grows."""
-    return max(3, min(COLUMN - 6, 100 // (k + 1) - 6))
+    """Characters of token text a cycle-figure cell can hold: fewer as K grows (the hover has it all)."""
+    return max(1, min(COLUMN - 6, 100 // (k + 1) - 6))
 
 
 def _column_widths(c: dict, k: int) -> list[int]:
@@ -211,15 +212,17 @@ def cycle_figure(c: dict, k: int, stage: int) -> go.Figure:
         traces.append(cells(legend_name(outcome), STYLES[outcome], [DRAFT_ROW] * len(idx), [starts[i] for i in idx],
                             [widths[i] - 1 for i in idx], [_draft_hover(c, i, stage) for i in idx], outline=[2] * len(idx)))
     marks = [f" {STYLES[o].mark}" if stage >= 3 else "" for o in outcomes]
+    number = (lambda i: f"{i + 1}: ") if k <= WIDE_K else (lambda i: "")  # many positions: the hover numbers them
     traces.append(labels(centres[:k], [DRAFT_ROW] * k,
-                         [f"{i + 1}: {shown(c['draft_token_texts'][i], cell_chars(k))}{marks[i]}" for i in range(k)]))
+                         [f"{number(i)}{shown(c['draft_token_texts'][i], cell_chars(k))}{marks[i]}" for i in range(k)],
+                         size=13 if k <= WIDE_K else 11))
     traces.append(labels(centres[:k], [NUMBERS_ROW] * k, _numbers(c, k, stage), size=11, on_cells=False))
-    slot = "target's extra<br>position K+1" if stage >= 2 else "K+1<br>(no draft token)"
+    slot = ("target's extra<br>position K+1" if stage >= 2 else "K+1<br>(no draft token)") if k <= WIDE_K else "K+1"
     traces.append(labels([centres[k]], [DRAFT_ROW], [slot], size=11, on_cells=False))
     rows = 3 if stage >= 4 else 2
     if stage >= 4:
         traces += _committed_row(c, starts, widths)
-    names = ["draft proposes", "p_draft / p_target" if stage >= 2 else "p_draft", "committed"]
+    names = ["draft proposes", "p_draft<br>p_target" if stage >= 2 else "p_draft", "committed"]
     return figure(traces, f"Cycle {c['cycle']}: the K={k} draft positions", 100 + 58 * rows, barmode="overlay",
                   yaxis=dict(tickvals=list(range(rows)), ticktext=names[:rows], range=[rows - 0.5, -0.5],
                              fixedrange=True, showgrid=False, zeroline=False),
@@ -238,9 +241,10 @@ def _draft_hover(c: dict, i: int, stage: int) -> str:
 
 def _numbers(c: dict, k: int, stage: int) -> list[str]:
     """Under each draft token: p_draft, then p_target once the target has scored it."""
-    lines = [f"p_draft {c['p_draft'][i]:.3f}" for i in range(k)]
+    name_d, name_t, digits = ("p_draft ", "p_target ", 3) if k <= WIDE_K else ("", "", 2)
+    lines = [f"{name_d}{c['p_draft'][i]:.{digits}f}" for i in range(k)]
     if stage >= 2:
-        lines = [f"{line}<br>p_target {c['p_target'][i]:.3f}" for i, line in enumerate(lines)]
+        lines = [f"{line}<br>{name_t}{c['p_target'][i]:.{digits}f}" for i, line in enumerate(lines)]
     return lines
 
 
@@ -263,6 +267,9 @@ def position_ticks(c: dict, k: int, stage: int) -> list[str]:
     outcomes = position_outcomes(c, k)
     ticks = []
     for i in range(k):
+        if k > WIDE_K:  # many positions: the number and the mark; the hover has the rest
+            ticks.append(f"{i + 1}" + (f"<br>{STYLES[outcomes[i]].mark}" if stage >= 3 else ""))
+            continue
         tick = f"{i + 1}: {shown(c['draft_token_texts'][i], 12)}"
         if stage >= 3:
             tick += f"<br>{STYLES[outcomes[i]].mark} {outcomes[i]}"
@@ -275,28 +282,30 @@ def acceptance_figure(c: dict, k: int, stage: int = 3) -> go.Figure:
     min(1, p_target/p_draft) (a bar-wide line) and the draw u (a diamond) where tested."""
     ticks = position_ticks(c, k, stage)
     fade = [0.35 if o == DISCARDED and stage >= 3 else 1.0 for o in position_outcomes(c, k)]
+    values = k <= WIDE_K  # numbers printed on the bars; with many positions only in the hover
     traces = [
         dict(type="bar", x=ticks, y=c["p_target"], name="p_target (target model)",
-             marker=dict(color=P_TARGET_COLOUR, opacity=fade), text=[f"{p:.3f}" for p in c["p_target"]],
+             marker=dict(color=P_TARGET_COLOUR, opacity=fade), text=[f"{p:.3f}" for p in c["p_target"]] if values else None,
              textposition="outside", hovertemplate="p_target %{y:.4f}<extra></extra>"),
         dict(type="bar", x=ticks, y=c["p_draft"], name="p_draft (draft model)",
              marker=dict(color=P_DRAFT_COLOUR, opacity=fade, pattern=solid_pattern("/")),
-             text=[f"{p:.3f}" for p in c["p_draft"]], textposition="outside",
+             text=[f"{p:.3f}" for p in c["p_draft"]] if values else None, textposition="outside",
              hovertemplate="p_draft %{y:.4f}<extra></extra>"),
     ]
     if stage >= 3:
-        traces += _acceptance_marks(c, ticks)
+        traces += _acceptance_marks(c, ticks, values)
     return figure(traces, "Left-to-right test: accept while u < min(1, p_target / p_draft)", 380, top=96,
                   barmode="group", bargap=0.3, yaxis=probability_axis(), xaxis=dict(type="category"))
 
 
-def _acceptance_marks(c: dict, ticks: list[str]) -> list[dict]:
+def _acceptance_marks(c: dict, ticks: list[str], values: bool) -> list[dict]:
     tested = ticks[: len(c["u"])]  # u is drawn only up to the first rejection
     return [
         dict(type="scatter", x=ticks, y=c["accept_prob"], mode="markers", name="min(1, p_target/p_draft)",
-             marker=dict(symbol="line-ew-open", size=46, color=ACCEPT_COLOUR, line=dict(width=4, color=ACCEPT_COLOUR)),
+             marker=dict(symbol="line-ew-open", size=46 if values else 16, color=ACCEPT_COLOUR,
+                         line=dict(width=4, color=ACCEPT_COLOUR)),
              hovertemplate="acceptance probability %{y:.4f}<extra></extra>"),
-        dict(type="scatter", x=tested, y=c["u"], mode="markers+text", name="u (uniform draw)",
+        dict(type="scatter", x=tested, y=c["u"], mode="markers+text" if values else "markers", name="u (uniform draw)",
              text=[f"u={u:.2f}" for u in c["u"]], textposition="middle right",
              marker=dict(symbol="diamond", size=12, color=U_COLOUR, line=dict(width=1, color=GRID)),
              hovertemplate="u %{y:.4f}<extra></extra>"),

@@ -5,6 +5,9 @@ import json
 import re
 import shutil
 import statistics
+import subprocess
+import sys
+import time
 
 from pathlib import Path
 
@@ -57,6 +60,17 @@ def test_opens_on_default_bundled_trace(traces_dir):
     assert "The small draft model proposes K=4 tokens" in plain(at.info[0].value)
     assert at.query_params["trace"] == "bundled:default.jsonl" and at.query_params["cycle"] == "0"
     assert "default.jsonl" in plain(at.sidebar.caption[0].value)
+
+
+def test_opens_in_seconds_without_loading_a_model(traces_dir):
+    """A fresh process: the stepper on the bundled trace must not import torch or transformers."""
+    code = (f"import sys; from streamlit.testing.v1 import AppTest; at = AppTest.from_file({MAIN!r}, default_timeout=60).run(); "
+            "print(at.subheader[0].value, 'torch' in sys.modules, 'transformers' in sys.modules, len(at.exception))")
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    seconds = time.perf_counter() - started
+    assert out.stdout.split("\n")[-2] == "Cycle 0 · stage 1 Draft False False 0", out.stderr[-2000:]
+    assert seconds < 30  # interpreter start, imports and the first run, on a busy machine; ~3 s when idle
 
 
 def test_first_trace_by_name_without_default(traces_dir):
@@ -149,6 +163,18 @@ def test_good_upload_opens_and_gets_a_link(traces_dir, example_traces):
     assert "Opened run.jsonl" in plain(at.success[0].value)
     link = start({"trace": ref.token, "cycle": "1"})  # a new session reopens it from the URL
     assert link.session_state["trace_ref"] == ref and shown_step(link).startswith("Cycle 1 ")
+
+
+def test_unfinished_upload_opens_with_a_warning(traces_dir, example_traces):
+    at = start()
+    at.switch_page(SOURCE_PAGE).run()
+    lines = example_traces["sampled"].read_text().splitlines()
+    unfinished = "\n".join(lines[:4]) + "\n" + lines[4][:40]  # header, 3 cycles, half a line: a killed run
+    at.file_uploader(key="upload_file").set_value(("killed.jsonl", unfinished.encode(), "application/json")).run()
+    assert not at.exception and not at.error
+    assert "did not finish" in plain(at.warning[0].value) and "3 cycles" in plain(at.success[0].value)
+    at.switch_page("views/stepper.py").run()
+    assert "incomplete run" in plain(at.caption[0].value)
 
 
 @pytest.fixture

@@ -140,7 +140,11 @@ def chart_titles(page) -> list[str]:
     return page.eval_on_selector_all(".js-plotly-plot .gtitle", "els => els.map(e => e.textContent)")
 
 
-def test_step_with_buttons_keys_stages_and_play(browser, light_url):
+def last_cycle(traces: Path) -> int:
+    return len((traces / "default.jsonl").read_text().splitlines()) - 3  # header and summary lines
+
+
+def test_step_with_buttons_keys_stages_and_play(browser, light_url, traces):
     page, dialogs = open_page(browser, light_url)
     settled(page, "Cycle 0 · stage 1")
     titles0 = chart_titles(page)
@@ -187,6 +191,16 @@ def test_step_with_buttons_keys_stages_and_play(browser, light_url):
     paused_at = heading(page)
     page.wait_for_timeout(2500)
     assert heading(page) == paused_at
+
+    page.locator(".st-key-nav_last button:visible").click()
+    settled(page, f"Cycle {last_cycle(traces)} · stage")
+    page.locator(".st-key-stage_select").get_by_text("4 Resample / bonus", exact=True).click()
+    settled(page, f"Cycle {last_cycle(traces)} · stage 4")
+    page.locator(".st-key-playing label").click()  # play from the last cycle: one step, then it stops itself
+    settled(page, f"Cycle {last_cycle(traces)} · stage 5")
+    page.wait_for_function("() => document.querySelector('.st-key-playing input').checked === false")
+    page.wait_for_timeout(2000)
+    assert heading(page).startswith(f"Cycle {last_cycle(traces)} · stage 5")
     assert not dialogs
 
 

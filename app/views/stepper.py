@@ -91,6 +91,8 @@ def stage_controls(stage: int) -> None:
 def play_controls() -> float | None:
     """Play/pause and speed; returns seconds per step while playing."""
     cols = st.columns([1, 2, 2, 5], vertical_alignment="center")
+    if st.session_state.pop("_play_reached_end", False):
+        st.session_state["playing"] = False  # set before the toggle exists in this run, as Streamlit requires
     playing = cols[0].toggle("Play", key="playing")
     speed = cols[1].selectbox("Speed", list(SPEEDS), index=1, key="play_speed", label_visibility="collapsed")
     cols[2].radio("Play by", ["stages", "cycles"], key="play_by", horizontal=True, label_visibility="collapsed")
@@ -107,7 +109,7 @@ def play_ticker(seconds: float) -> None:
         if st.session_state.pop("_tick_from_full_run", False):
             return  # the full run that drew the page: wait for the timer
         if at_end():
-            st.session_state["playing"] = False
+            st.session_state["_play_reached_end"] = True
         elif st.session_state.get("play_by") == "cycles":
             move(1)
         else:

@@ -28,24 +28,15 @@ def upload() -> None:
     file = st.file_uploader("Trace file (.jsonl)", type=["jsonl", "json", "txt"], key="upload_file")
     if file is None:
         return
-    error = upload_bytes(file.name, file.getvalue())
+    error = state.open_upload(file.name, file.getvalue())  # validates through engine.trace, stores, opens
     if error:
-        show_upload_error(error)
+        st.error(f"Could not open this file as a trace: {md(error)}", icon=":material/error:")
     else:
         trace = state.current_trace()
         st.success(f"Opened {md(file.name)}: {len(trace.cycles)} cycles.")
         if not trace.complete:
             st.warning("This run did not finish (the file has no summary line): showing the cycles it has.")
         st.page_link(STEPPER, label="Step through it", icon=":material/play_circle:")
-
-
-def upload_bytes(name: str, data: bytes) -> str | None:
-    """The upload path without the widget: validate, store and open; an error message or None."""
-    return state.open_upload(name, data)
-
-
-def show_upload_error(error: str) -> None:
-    st.error(f"Could not open this file as a trace: {md(error)}", icon=":material/error:")
 
 
 def main() -> None:
