@@ -30,7 +30,8 @@ def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None) -> st
 
 
 def _draft(c: dict, k: int) -> str:
-    tokens = ", ".join(quoted(t) for t in c["draft_token_texts"])
+    shown = c["draft_token_texts"][:8]  # a long K would swamp the line; the figure has them all
+    tokens = ", ".join(quoted(t) for t in shown) + (", …" if k > len(shown) else "")
     return (f"The small draft model proposes K={k} tokens one after another ({tokens}); they are provisional, "
             f"because drafting is cheap but only the target model decides what is kept.")
 
