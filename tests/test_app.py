@@ -4,17 +4,14 @@ import html
 import json
 import re
 import shutil
-import statistics
 import subprocess
 import sys
-import time
 
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import timing
 from engine.trace import load_trace
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
@@ -66,11 +63,9 @@ def test_opens_in_seconds_without_loading_a_model(traces_dir):
     """A fresh process: the stepper on the bundled trace must not import torch or transformers."""
     code = (f"import sys; from streamlit.testing.v1 import AppTest; at = AppTest.from_file({MAIN!r}, default_timeout=60).run(); "
             "print(at.subheader[0].value, 'torch' in sys.modules, 'transformers' in sys.modules, len(at.exception))")
-    started = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    seconds = time.perf_counter() - started
+    # Speed itself is measured by bench/app_speed.py; here: no model code is even imported.
     assert out.stdout.split("\n")[-2] == "Cycle 0 · stage 1 Draft False False 0", out.stderr[-2000:]
-    assert seconds < 30  # interpreter start, imports and the first run, on a busy machine; ~3 s when idle
 
 
 def test_first_trace_by_name_without_default(traces_dir):
@@ -238,7 +233,7 @@ def stretched(source, out, cycles: int) -> None:
     out.write_text("\n".join(json.dumps(r) for r in [*lines, summary]) + "\n")
 
 
-def test_next_step_is_fast_on_a_500_cycle_trace(traces_dir, monkeypatch):
+def test_next_step_works_on_a_500_cycle_trace(traces_dir, monkeypatch):
     import streamlit.testing.v1.app_test as app_test
     from streamlit.runtime.scriptrunner.script_cache import ScriptCache
 
@@ -246,14 +241,8 @@ def test_next_step_is_fast_on_a_500_cycle_trace(traces_dir, monkeypatch):
     monkeypatch.setattr(app_test, "ScriptCache", lambda: shared)
     stretched(traces_dir / "default.jsonl", traces_dir / "long.jsonl", 500)
     at = start({"trace": "bundled:long.jsonl", "cycle": "400", "stage": "4"})
-    at.button(key="nav_next").click().run()  # warm the per-trace caches
-    timing.RECENT_RUNS_MS.clear()
-    timing.RECENT_RUNS_CPU_MS.clear()
-    for _ in range(10):
+    for _ in range(11):
         at.button(key="nav_next").click().run()
+    # Its server time is measured by bench/app_speed.py, not asserted here.
     assert shown_step(at).startswith("Cycle 411 ")
-    wall, cpu = list(timing.RECENT_RUNS_MS), list(timing.RECENT_RUNS_CPU_MS)
-    print(f"Next step on a 500-cycle trace: CPU median {statistics.median(cpu):.0f} ms, "
-          f"wall best {min(wall):.0f} ms, wall median {statistics.median(wall):.0f} ms")
-    # CPU time is the server's own work; wall time also counts waiting for a core on a busy machine.
-    assert statistics.median(cpu) < 100 and min(wall) < 150
+    assert not at.exception
