@@ -1,6 +1,7 @@
 """Regenerate the bundled example traces in assets/traces/ with the CLI.
 
-    python scripts/make_example_traces.py
+    python scripts/make_example_traces.py            # all of them
+    python scripts/make_example_traces.py chat       # only those whose name contains "chat"
 
 Each trace is an ordinary `python -m engine run` on a shipped preset, on the CPU, so
 anyone can reproduce them. default.jsonl is the one the app opens on.
@@ -20,11 +21,11 @@ EXAMPLES = {
                       "--k", "4", "--temperature", "0.7", "--max-new-tokens", "64", "--seed", "1"],
     "chat-greedy-k4.jsonl": ["--preset", "chat", "--prompt", "Explain why the sky is blue.",
                              "--k", "4", "--temperature", "0", "--max-new-tokens", "64"],
-    "chat-sampled-k2-high-acceptance.jsonl": ["--preset", "chat", "--prompt", "List the days of the week.",
+    "chat-sampled-k2.jsonl": ["--preset", "chat", "--prompt", "List the days of the week.",
                                               "--k", "2", "--temperature", "0.5", "--max-new-tokens", "48", "--seed", "2"],
-    "chat-sampled-k6-low-acceptance.jsonl": ["--preset", "chat", "--prompt", "Invent a name for a purple dragon who bakes bread.",
+    "chat-sampled-k6-hot-low-acceptance.jsonl": ["--preset", "chat", "--prompt", "Invent a name for a purple dragon who bakes bread.",
                                              "--k", "6", "--temperature", "1.2", "--max-new-tokens", "48", "--seed", "3"],
-    "shakespeare-sampled-k4.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "ROMEO:\n",
+    "shakespeare-sampled-k4-high-acceptance.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "ROMEO:\n",
                                      "--k", "4", "--temperature", "0.8", "--max-new-tokens", "160", "--seed", "4"],
     "shakespeare-greedy-k8.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "KING HENRY:\nWhat say you",
                                     "--k", "8", "--temperature", "0", "--max-new-tokens", "160"],
@@ -33,9 +34,11 @@ EXAMPLES = {
 }
 
 
-def run() -> int:
+def run(filters: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     for name, args in EXAMPLES.items():
+        if filters and not any(f in name or f in args for f in filters):
+            continue
         print(f"== {name}", flush=True)
         if main(["run", *args, "--device", "cpu", "--calibrate", "--out", str(OUT / name)]) != 0:
             return 1
@@ -43,4 +46,4 @@ def run() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(run(sys.argv[1:]))
