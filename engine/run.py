@@ -27,7 +27,9 @@ def load_preset(name: str, device: str | None = None) -> Pair:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[name]
-    return load_pair(str(preset.target_folder()), str(preset.draft_folder()), device)
+    pair = load_pair(str(preset.target_folder()), str(preset.draft_folder()), device)
+    pair.target.name, pair.draft.name = preset.target_name, preset.draft_name
+    return pair
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
