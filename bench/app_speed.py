@@ -49,9 +49,13 @@ def wait_for_server(port: int, deadline_s: float = 120) -> None:
     raise TimeoutError("the Streamlit server did not answer")
 
 
-def first_chart_s(page, url: str) -> float:
+def first_chart_s(page, url: str, marks: dict | None = None) -> float:
+    """Seconds from navigation to the first drawn Plotly chart; `marks` also gets the page title's time."""
     start = time.perf_counter()
     page.goto(url)
+    page.wait_for_selector("h1", timeout=120_000)
+    if marks is not None:
+        marks["title_s"] = time.perf_counter() - start
     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=120_000)
     return time.perf_counter() - start
 
@@ -74,13 +78,14 @@ def time_to_first_chart(env: dict) -> dict:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             first = first_chart_s(page, f"http://127.0.0.1:{port}/")
             cold = time.perf_counter() - started
-            warm = [first_chart_s(browser.new_page(), f"http://127.0.0.1:{port}/") for _ in range(3)]
+            marks: dict = {}
+            warm = [first_chart_s(browser.new_page(), f"http://127.0.0.1:{port}/", marks) for _ in range(3)]
             browser.close()
     finally:
         server.terminate()
         server.wait(timeout=30)
     return {"server_up_s": server_up, "first_page_to_chart_s": first, "cold_start_to_chart_s": cold,
-            "warm_page_to_chart_s": statistics.median(warm)}
+            "warm_page_to_chart_s": statistics.median(warm), "warm_page_to_title_s": marks["title_s"]}
 
 
 def make_long_trace(path: Path, cycles: int = 500) -> Path:
@@ -122,15 +127,16 @@ def next_step_ms(trace: Path, clicks: int) -> dict:
     at.run()
     at.button(key="nav_next").click().run()  # warms the per-trace caches, as a user's first step does
     timing.RECENT_RUNS_MS.clear()
+    timing.RECENT_RUNS_CPU_MS.clear()
     for _ in range(clicks):
         at.button(key="nav_next").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    runs = list(timing.RECENT_RUNS_MS)
+    runs, cpu = list(timing.RECENT_RUNS_MS), list(timing.RECENT_RUNS_CPU_MS)
     from engine.trace import load_trace
 
     return {"cycles": len(load_trace(trace).cycles),
             "clicks": clicks, "median_ms": statistics.median(runs), "best_ms": min(runs), "worst_ms": max(runs),
-            "runs_ms": runs}
+            "median_cpu_ms": statistics.median(cpu), "runs_ms": runs, "runs_cpu_ms": cpu}
 
 
 def markdown(result: dict) -> str:
@@ -144,8 +150,10 @@ def markdown(result: dict) -> str:
         f"| of which: server process up | {f['server_up_s']:.2f} s |",
         f"| first page load to first chart | {f['first_page_to_chart_s']:.2f} s |",
         f"| later page load to first chart (warm server) | {f['warm_page_to_chart_s']:.2f} s |",
+        f"| of which: page load to the page title (last warm load) | {f['warm_page_to_title_s']:.2f} s |",
         f"| one Next step, server time, {n['cycles']}-cycle trace (median of {n['clicks']}) | {n['median_ms']:.0f} ms "
-        f"(best {n['best_ms']:.0f}, worst {n['worst_ms']:.0f}); goal <= 150 ms: {ok} |", ""])
+        f"(best {n['best_ms']:.0f}, worst {n['worst_ms']:.0f}; CPU {n['median_cpu_ms']:.0f}); goal <= 150 ms: {ok} |",
+        ""])
 
 
 def main(argv=None) -> int:

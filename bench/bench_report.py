@@ -46,26 +46,26 @@ def target_lines(result: dict) -> list[str]:
             if applies(result["name"], st):
                 v = value_of(st, key)
                 mark = "met" if v >= threshold else "**missed**"
-                lines.append(f"- {words} (T={st['temperature']:g}): {key} = {v:.2f}, target >= {threshold:g}: {mark}")
+                lines.append(f"- {words} (T={st['temperature']:g}): {key} = {v:.3f}, target >= {threshold:g}: {mark}")
     return lines
 
 
 def speed_table(result: dict) -> list[str]:
     head = ("| T | K | alpha | c | (a) traced | (b) untraced | (c) HF assisted | (d) HF plain | (e) engine plain "
-            "| a/c | a/d | a/b | Leviathan | refined | measured (a/d) / Leviathan | / refined |")
+            "| a/c | a/d | a/b | e/d | Leviathan | refined | measured (a/d) / Leviathan | / refined |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for st in result["settings"]:
         tps, r = st["tokens_per_s"], st["ratios"]
         rows.append(f"| {st['temperature']:g} | {st['k']} | {st['alpha']:.3f} | {st['c']:.3f} | "
                     + " | ".join(f"{tps[m]:.1f}" for m in "abcde")
-                    + f" | {r['a/c']:.2f} | {r['a/d']:.2f} | {r['a/b']:.3f} | {st['predicted']['leviathan']:.2f}x "
+                    + f" | {r['a/c']:.2f} | {r['a/d']:.2f} | {r['a/b']:.3f} | {r['e/d']:.2f} | {st['predicted']['leviathan']:.2f}x "
                     f"| {st['predicted']['refined']:.2f}x | {st['fraction_of_leviathan']:.0%} | {st['fraction_of_refined']:.0%} |")
     return rows
 
 
 def profile_table(result: dict) -> list[str]:
     head = ("| T | cycle ms | draft steps | verify | catch-up | other (test, sampling, rollback, Python) "
-            "| t_step ms | t_draft ms | verify / t_step | tracing overhead |")
+            "| t_step ms (loop e) | t_draft ms | verify / t_step | tracing overhead |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for st in result["settings"]:
         p = st["profile_ms"]
@@ -75,6 +75,18 @@ def profile_table(result: dict) -> list[str]:
                     + f" | {p['target_step']:.2f} | {p['draft_step']:.2f} | {p['verify_in_steps']:.2f} "
                     f"| {st['tracing_overhead']:.1%} |")
     return rows
+
+
+def advisor_lines(result: dict) -> list[str]:
+    """What the K advisor predicted from the pilot run that chose K (when K was "auto")."""
+    lines = []
+    for st in result["settings"]:
+        pilot = st.get("pilot")
+        if pilot:
+            verdict = "a slowdown: no K pays off" if pilot["predicted_refined"] < 1 else "a speedup"
+            lines.append(f"- T={st['temperature']:g}: the K advisor (pilot run, alpha {pilot['pilot_alpha']:.2f}) chose "
+                         f"K={pilot['k']}, predicted {pilot['predicted_refined']:.2f}x (refined), {verdict}.")
+    return (["K choice:", "", *lines, ""]) if lines else []
 
 
 def markdown(result: dict) -> str:
@@ -88,7 +100,7 @@ def markdown(result: dict) -> str:
              f"{result['settings'][0]['max_new_tokens']} new tokens each, no EOS stop; tokens/s are medians over "
              f"repeats, end to end.{vocab}", "", *speed_table(result), "",
              "Where a cycle's time goes (traced runs, mean per cycle):", "", *profile_table(result), "",
-             "Targets:", "", *target_lines(result), ""]
+             *advisor_lines(result), "Targets:", "", *target_lines(result), ""]
     return "\n".join(lines)
 
 

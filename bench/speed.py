@@ -9,10 +9,12 @@ Methods, each generating exactly --max-new-tokens tokens (no EOS stop) from the 
   b  our engine, tracing off: speculative_generate(..., record=False), no file
   c  HF assisted generation, target.generate(assistant_model=draft) with the same fixed K
   d  HF plain decoding, target.generate without an assistant
-  e  our plain decoding loop (engine.speculative.target_generate), for a like-for-like speedup
+  e  our plain decoding loop (engine.sweep.plain_decode, target_generate's loop), whose per-token
+     decode time is the t_step behind c and both predictions
 Each repeat runs every method on every prompt (interleaved, so drift spreads evenly);
-a method's rate in one repeat is its tokens over its time summed over the prompts, and
-the table reports the median over repeats. Times are end to end (prefill included).
+a method's rate in one repeat is its tokens over its time summed over the prompts. The
+table reports each rate's median over repeats, and each ratio as the median over repeats
+of the ratio within a repeat. Times are end to end (prefill included).
 
 K: --k N, or "auto": a short calibrated pilot run and the K advisor's best K (refined
 prediction), chosen separately for each temperature. Results go to
@@ -23,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -33,14 +36,15 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import hf  # noqa: E402
-from engine.analysis import (best_k, calibration_of, cycle_times, measured_alpha, refined_speedup,  # noqa: E402
-                             trace_stats)
+from engine.analysis import (advise_k, best_k, calibration_of, cycle_times, measured_alpha,  # noqa: E402
+                             refined_speedup)
 from engine.calibrate import calibrate  # noqa: E402
 from engine.config import SpecSettings  # noqa: E402
 from engine.metrics import predicted_speedup  # noqa: E402
 from engine.presets import PRESETS  # noqa: E402
 from engine.run import encode_prompt, load_pair, load_preset, run_to_trace  # noqa: E402
-from engine.speculative import Pair, speculative_generate, target_generate  # noqa: E402
+from engine.speculative import Pair, speculative_generate  # noqa: E402
+from engine.sweep import plain_decode  # noqa: E402
 from bench_report import machine_info, write_reports  # noqa: E402
 
 PROMPTS = {
@@ -90,6 +94,7 @@ class Runner:
         hf.no_eos(self.assistant)
         hf.fix_k(self.assistant, k)
         self.traces: list = []
+        self.plain_step_s: list[float] = []
 
     def run(self, method: str, prompt: str, ids: list[int], s: SpecSettings) -> tuple[int, float]:
         pair = self.pair
@@ -104,25 +109,39 @@ class Runner:
             return timed(lambda: len(hf.hf_generate(pair.target.model, ids, s, self.assistant)))
         if method == "d":
             return timed(lambda: len(hf.hf_generate(pair.target.model, ids, s)))
-        return timed(lambda: len(target_generate(pair.target, ids, s, pair.eos_ids)))
+        start = time.perf_counter()
+        n, decode_s = plain_decode(pair.target, ids, s, pair.eos_ids)
+        self.plain_step_s.append(decode_s / n)  # t_step as plain decoding meets it, prefill aside
+        return n, time.perf_counter() - start
 
 
 # ---------------------------------------------------------------- one setting (temperature)
 
-def choose_k(pair: Pair, prompt: str, s: SpecSettings, preset: str | None, chat: bool, folder: Path) -> dict:
-    """A calibrated pilot run at K=4, then the K advisor's pick among K = 1..8."""
-    trace = run_to_trace(pair, prompt, s, folder / "pilot.jsonl", preset, chat, calibrate=True)
-    st = trace_stats(trace)
-    best = best_k(st.advice)
-    return {"k": best.k, "pilot_alpha": st.alpha, "predicted_refined": best.refined,
-            "advice": [{"k": a.k, "leviathan": a.leviathan, "refined": a.refined} for a in st.advice]}
+def choose_k(pair: Pair, prompts: list[str], s: SpecSettings, preset: str | None, chat: bool,
+             folder: Path) -> dict:
+    """The K advisor's pick among K = 1..8 from pilot runs at K=4 on every prompt.
+
+    A short untimed run first, so the pilot's step times are not those of cold first
+    calls; alpha and the draft step are pooled over the prompts, verify costs come from
+    one calibration.
+    """
+    list(speculative_generate(pair, encode_prompt(pair.target.tokenizer, prompts[0], chat),
+                              replace(s, max_new_tokens=8), record=False))
+    traces = [run_to_trace(pair, p, s, folder / f"pilot-{i}.jsonl", preset, chat, calibrate=i == 0)
+              for i, p in enumerate(prompts)]
+    cycles = [c for t in traces for c in t.cycles]
+    alpha = measured_alpha(cycles)
+    advice = advise_k(alpha, cycle_times(cycles).draft_step_s, calibration_of(traces[0].header), list(range(1, 9)))
+    best = best_k(advice)
+    return {"k": best.k, "pilot_alpha": alpha, "predicted_refined": best.refined,
+            "advice": [{"k": a.k, "leviathan": a.leviathan, "refined": a.refined} for a in advice]}
 
 
 def bench_setting(pair: Pair, args, temperature: float, prompts: list[str], chat: bool) -> dict:
     preset = args.preset
     base = SpecSettings(k=4, temperature=temperature, max_new_tokens=args.max_new_tokens, seed=0)
     folder = Path(tempfile.mkdtemp(prefix="speclab-bench-"))
-    pilot = choose_k(pair, prompts[0], base, preset, chat, folder) if args.k == "auto" else None
+    pilot = choose_k(pair, prompts, base, preset, chat, folder) if args.k == "auto" else None
     k = pilot["k"] if pilot else int(args.k)
     s = SpecSettings(k=k, temperature=temperature, max_new_tokens=args.max_new_tokens, seed=0)
     ids = [encode_prompt(pair.target.tokenizer, p, chat) for p in prompts]
@@ -130,6 +149,7 @@ def bench_setting(pair: Pair, args, temperature: float, prompts: list[str], chat
     for method in METHODS:  # warm-up: first calls pay for allocations and lazy imports
         runner.run(method, prompts[0], ids[0], s)
     runner.traces.clear()
+    runner.plain_step_s.clear()
     rates = {m: [] for m in METHODS}
     for repeat in range(args.repeats):
         totals = {m: [0, 0.0] for m in METHODS}
@@ -143,36 +163,45 @@ def bench_setting(pair: Pair, args, temperature: float, prompts: list[str], chat
             rates[m].append(n / t)
         print(f"  T={temperature} repeat {repeat + 1}: " + "  ".join(f"{m} {rates[m][-1]:.1f}/s" for m in METHODS),
               flush=True)
-    cal = calibrate(pair, ids[0], s)
-    return summarise(rates, runner.traces, cal, s, pilot)
+    cal = calibrate(pair, ids[0], s, repeats=15)  # more repeats than the default: c and both predictions rest on it
+    return summarise(rates, runner.traces, statistics.median(runner.plain_step_s), cal, s, pilot)
 
 
-def summarise(rates: dict, trace_paths: list[Path], cal: dict, s: SpecSettings, pilot: dict | None) -> dict:
+def paired_ratio(rates: dict, x: str, y: str) -> float:
+    """Median over repeats of rate x / rate y within the same repeat: the methods ran
+    interleaved, so a slow spell of the machine hits both sides of each ratio."""
+    return statistics.median(a / b for a, b in zip(rates[x], rates[y]))
+
+
+def summarise(rates: dict, trace_paths: list[Path], t_step: float, cal: dict, s: SpecSettings,
+              pilot: dict | None) -> dict:
+    """Ratios, alpha, c and both predictions. t_step is the median per-token time of method e's
+    decoding loop, measured interleaved with the other methods: on a shared machine a separate
+    calibration drifts by tens of percent between runs, and c and both predictions rest on t_step."""
     from engine.trace import load_trace
 
     traces = [load_trace(p) for p in trace_paths]
     cycles = [c for t in traces for c in t.cycles]
     times = cycle_times(cycles)
-    calibration = calibration_of({"calibration": cal})
     alpha = measured_alpha(cycles)
-    c = times.draft_step_s / calibration.target_step_s
+    c = times.draft_step_s / t_step
     med = {m: statistics.median(r) for m, r in rates.items()}
-    measured = med["a"] / med["d"]
+    ratios = {f"{x}/{y}": paired_ratio(rates, x, y) for x, y in (("a", "c"), ("a", "d"), ("a", "b"), ("b", "e"), ("e", "d"))}
+    measured = ratios["a/d"]
     leviathan = predicted_speedup(alpha, s.k, c)
-    refined = refined_speedup(alpha, s.k, calibration.target_step_s, times.draft_step_s, times.verify_s)
+    refined = refined_speedup(alpha, s.k, t_step, times.draft_step_s, times.verify_s)
     return {
         "temperature": s.temperature, "k": s.k, "max_new_tokens": s.max_new_tokens, "pilot": pilot,
         "tokens_per_s": med, "rates": rates,
-        "ratios": {"a/c": med["a"] / med["c"], "a/d": measured, "a/b": med["a"] / med["b"], "b/e": med["b"] / med["e"],
-                   "e/d": med["e"] / med["d"]},
+        "ratios": ratios,
         "alpha": alpha, "c": c, "calibration": cal,
         "predicted": {"leviathan": leviathan, "refined": refined},
         "measured_speedup": measured, "fraction_of_leviathan": measured / leviathan,
         "fraction_of_refined": measured / refined,
         "profile_ms": {"draft_steps": times.draft_s * 1e3, "verify": times.verify_s * 1e3,
                        "catch_up": times.catch_up_s * 1e3, "other": times.other_s * 1e3, "cycle": times.cycle_s * 1e3,
-                       "draft_step": times.draft_step_s * 1e3, "target_step": calibration.target_step_s * 1e3,
-                       "verify_in_steps": times.verify_s / calibration.target_step_s},
+                       "draft_step": times.draft_step_s * 1e3, "target_step": t_step * 1e3,
+                       "calibrated_target_step": cal["target_step_s"] * 1e3, "verify_in_steps": times.verify_s / t_step},
         "tracing_overhead": 1 - med["a"] / med["b"],
         "cycles": len(cycles),
     }

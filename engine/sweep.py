@@ -63,9 +63,9 @@ class SweepResult:
                 "mean_acceptance_length": [a.expected_tokens for a in advice]}
 
 
-def plain_decode_rate(target: LoadedModel, prompt_ids: list[int], s: SpecSettings,
-                      eos_ids: set[int]) -> float:
-    """Tokens/s of the target alone (the loop of target_generate, with prefill not timed)."""
+def plain_decode(target: LoadedModel, prompt_ids: list[int], s: SpecSettings,
+                 eos_ids: set[int]) -> tuple[int, float]:
+    """The target alone (the loop of target_generate): tokens made and seconds, prefill not timed."""
     gen = torch.Generator().manual_seed(s.seed)
     cache = prefill(target, prompt_ids)
     last, count = prompt_ids[-1], 0
@@ -75,7 +75,7 @@ def plain_decode_rate(target: LoadedModel, prompt_ids: list[int], s: SpecSetting
         count += 1
         if last in eos_ids:
             break
-    return count / (time.perf_counter() - start)
+    return count, time.perf_counter() - start
 
 
 def run_point(pair: Pair, prompt_ids: list[int], s: SpecSettings) -> SweepPoint:
@@ -98,10 +98,10 @@ def k_sweep(pair: Pair, prompt_ids: list[int], s: SpecSettings, ks: list[int],
     report(0.0, "timing single steps and verify widths")
     cal = calibrate(pair, prompt_ids, s, max_positions=max(DEFAULT_MAX_POSITIONS, max(ks) + 1))
     report(1 / steps, "plain target decoding")
-    plain = plain_decode_rate(pair.target, prompt_ids, s, pair.eos_ids)
+    count, seconds = plain_decode(pair.target, prompt_ids, s, pair.eos_ids)
     points = []
     for i, k in enumerate(ks):
         report((i + 2) / steps, f"speculative decoding at K={k}")
         points.append(run_point(pair, prompt_ids, replace(s, k=k)))
     report(1.0, "done")
-    return SweepResult(points, plain, cal)
+    return SweepResult(points, count / seconds, cal)
