@@ -7,7 +7,7 @@ from typing import Callable
 from .calibrate import calibrate as measure_step_times
 from .config import SpecSettings
 from .models import (LoadedModel, check_same_token_space, load_model, pick_device, pick_dtype)
-from .presets import PRESETS, Preset
+from .presets import PRESETS
 from .speculative import (CACHE_CONVENTION, CACHE_CONVENTION_TEXT, Faults, NO_FAULTS, Pair,
                           eos_ids_of, speculative_generate)
 from .trace import FORMAT, VERSION, Trace, TraceWriter, library_versions, make_summary

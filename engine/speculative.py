@@ -157,8 +157,7 @@ def commit_tokens(draft_tokens: list[int], d: Decision, budget: int,
     return tokens, hit_eos or len(tokens) == budget
 
 
-def roll_back(draft: LoadedModel, state: RunState, draft_tokens: list[int],
-              faults: Faults) -> tuple[bool, float]:
+def roll_back(draft: LoadedModel, state: RunState, faults: Faults) -> tuple[bool, float]:
     """Bring both caches to committed length - 1; feed d_K to the draft if it never saw it.
 
     Returns whether the draft needed that catch-up, and its time.
@@ -241,7 +240,7 @@ def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator
     committed, state.finished = commit_tokens(draft_tokens, decision, budget, pair.eos_ids)
     state.committed += committed
     state.generated += committed
-    caught_up, catch_up_time = roll_back(pair.draft, state, draft_tokens, faults)
+    caught_up, catch_up_time = roll_back(pair.draft, state, faults)
     cycle_time = time.perf_counter() - cycle_start
     rec = {
         "type": "cycle", "cycle": cycle, "committed_len_before": before["committed_len"],
