@@ -29,8 +29,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_info(threads: int) -> dict:
+def machine_info(threads: int, device: torch.device | None = None, dtype: torch.dtype | None = None) -> dict:
+    gpu = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else None
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": threads, "os": platform.platform(),
+            "device": str(device) if device is not None else "cpu", "gpu": gpu,
+            "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
             "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
@@ -43,7 +46,7 @@ def target_lines(result: dict) -> list[str]:
     lines = []
     for key, threshold, applies, words in TARGETS:
         for st in result["settings"]:
-            if applies(result["name"], st):
+            if applies(result.get("preset") or result["name"], st):
                 v = value_of(st, key)
                 mark = "met" if v >= threshold else "**missed**"
                 lines.append(f"- {words} (T={st['temperature']:g}): {key} = {v:.3f}, target >= {threshold:g}: {mark}")
@@ -89,12 +92,18 @@ def advisor_lines(result: dict) -> list[str]:
     return (["K choice:", "", *lines, ""]) if lines else []
 
 
+def gpu_words(machine: dict) -> str:
+    if not machine.get("gpu"):
+        return ""
+    return f"GPU {machine['gpu']} ({machine.get('dtype')}), with "
+
+
 def markdown(result: dict) -> str:
     m = result["machine"]
     vocab = (" The draft has a pruned vocabulary; for (c) it is wrapped (bench/hf.py) so HF sees full-vocabulary "
              "ids and logits." if result["draft_pruned_vocab"] else "")
     lines = [f"### {result['name']}: {result['target']} ← {result['draft']}", "",
-             f"Machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads; {m['os']}; "
+             f"Machine: {gpu_words(m)}{m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads; {m['os']}; "
              f"torch {m['torch']}, transformers {m['transformers']}; {m['date']}.",
              f"{len(result['prompts'])} prompts x {result['repeats']} repeats, "
              f"{result['settings'][0]['max_new_tokens']} new tokens each, no EOS stop; tokens/s are medians over "

@@ -43,7 +43,8 @@ from engine.config import SpecSettings  # noqa: E402
 from engine.metrics import predicted_speedup  # noqa: E402
 from engine.presets import PRESETS  # noqa: E402
 from engine.run import encode_prompt, load_pair, load_preset, run_to_trace  # noqa: E402
-from engine.speculative import Pair, speculative_generate  # noqa: E402
+from engine.models import pick_device  # noqa: E402
+from engine.speculative import Pair, speculative_generate, sync  # noqa: E402
 from engine.sweep import plain_decode  # noqa: E402
 from bench_report import machine_info, write_reports  # noqa: E402
 
@@ -69,6 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=3, help="how many of the preset's prompts")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--out", default=str(HERE / "results"))
     args = p.parse_args(argv)
     if bool(args.preset) == bool(args.target and args.draft):
@@ -78,9 +80,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------- one timed generation per method
 
-def timed(fn) -> tuple[int, float]:
+def timed(fn, device: torch.device) -> tuple[int, float]:
     start = time.perf_counter()
     tokens = fn()
+    sync(device)
     return tokens, time.perf_counter() - start
 
 
@@ -97,18 +100,19 @@ class Runner:
         self.plain_step_s: list[float] = []
 
     def run(self, method: str, prompt: str, ids: list[int], s: SpecSettings) -> tuple[int, float]:
-        pair = self.pair
+        pair, device = self.pair, self.pair.target.device
         if method == "a":
             path = self.folder / f"trace-{len(self.traces)}.jsonl"
-            n, t = timed(lambda: run_to_trace(pair, prompt, s, path, self.preset, self.chat).summary["num_generated"])
             self.traces.append(path)
-            return n, t
+            return timed(lambda: run_to_trace(pair, prompt, s, path, self.preset, self.chat).summary["num_generated"],
+                         device)
         if method == "b":
-            return timed(lambda: sum(len(r["committed_token_ids"]) for r in speculative_generate(pair, ids, s, record=False)))
+            return timed(lambda: sum(len(r["committed_token_ids"])
+                                     for r in speculative_generate(pair, ids, s, record=False)), device)
         if method == "c":
-            return timed(lambda: len(hf.hf_generate(pair.target.model, ids, s, self.assistant)))
+            return timed(lambda: len(hf.hf_generate(pair.target.model, ids, s, self.assistant)), device)
         if method == "d":
-            return timed(lambda: len(hf.hf_generate(pair.target.model, ids, s)))
+            return timed(lambda: len(hf.hf_generate(pair.target.model, ids, s)), device)
         start = time.perf_counter()
         n, decode_s = plain_decode(pair.target, ids, s, pair.eos_ids)
         self.plain_step_s.append(decode_s / n)  # t_step as plain decoding meets it, prefill aside
@@ -212,10 +216,11 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     name = args.name or args.preset or "custom"
+    device = str(pick_device(args.device))
     if args.preset:
-        pair, chat = load_preset(args.preset, device="cpu"), PRESETS[args.preset].use_chat_template
+        pair, chat = load_preset(args.preset, device=device), PRESETS[args.preset].use_chat_template
     else:
-        pair, chat = load_pair(args.target, args.draft, device="cpu"), False
+        pair, chat = load_pair(args.target, args.draft, device=device), False
     pair = Pair(pair.target, pair.draft, set())  # no EOS stop: every method makes max_new_tokens tokens
     prompts = PROMPTS.get(args.preset or "custom", PROMPTS["custom"])[: args.prompts]
     started = time.time()
@@ -225,7 +230,7 @@ def main(argv=None) -> int:
         settings.append(bench_setting(pair, args, temperature, prompts, chat))
     result = {"name": name, "preset": args.preset, "target": pair.target.name, "draft": pair.draft.name,
               "draft_pruned_vocab": pair.draft.kept_token_ids is not None, "prompts": prompts,
-              "repeats": args.repeats, "machine": machine_info(args.threads), "wall_s": time.time() - started,
+              "repeats": args.repeats, "machine": machine_info(args.threads, pair.target.device, pair.target.dtype), "wall_s": time.time() - started,
               "settings": settings}
     write_reports(result, Path(args.out))
     return 0

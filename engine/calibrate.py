@@ -21,7 +21,7 @@ import torch
 
 from .config import SpecSettings
 from .models import LoadedModel
-from .sampling import sample, warp_probs
+from .sampling import draw as draw_token, warp_probs
 from .speculative import Pair, crop, sync
 
 DEFAULT_MAX_POSITIONS = 9  # verify widths 1..9 cover K = 1..8 without extrapolating
@@ -47,7 +47,7 @@ def _step(model: LoadedModel, cache, token_ids: list[int], s: SpecSettings,
     """One forward over `token_ids`, warped; with `draw`, also sample the next token."""
     probs = warp_probs(model.forward(token_ids, cache), s)
     if draw:
-        sample(probs[-1], gen)
+        draw_token(probs[-1], s, gen)
 
 
 def time_widths(model: LoadedModel, context: list[int], widths: list[int], s: SpecSettings,

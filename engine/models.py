@@ -38,11 +38,14 @@ class LoadedModel:
     kept_token_ids: torch.Tensor | None = None  # (V_kept,) full ids, on device
     full_to_row: torch.Tensor | None = None  # (V_full,) model row of each full id
     cache_arg: str = "past_key_values"
+    can_skip_logits: bool = False
 
     def __post_init__(self) -> None:
+        params = inspect.signature(self.model.forward).parameters
         # transformers 5.x renamed the argument to `cache`; 4.x only knows `past_key_values`.
-        if "cache" in inspect.signature(self.model.forward).parameters:
+        if "cache" in params:
             self.cache_arg = "cache"
+        self.can_skip_logits = "logits_to_keep" in params
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
@@ -60,6 +63,20 @@ class LoadedModel:
         full = logits.new_full((logits.shape[0], self.full_vocab_size), float("-inf"))
         full[:, self.kept_token_ids] = logits[:, 1:]  # row 0 (unknown bucket) is never proposed
         return full
+
+    @torch.inference_mode()
+    def fill(self, token_ids: list[int], cache: DynamicCache) -> None:
+        """Append K/V for `token_ids` without using their logits (a prompt's prefill).
+
+        The output layer is asked for the last position only where the model allows it:
+        over a 49k vocabulary, logits for every prompt position cost more than the rest
+        of a short prompt's forward.
+        """
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # (1, T)
+        if self.full_to_row is not None:
+            ids = self.full_to_row[ids]
+        extra = {"logits_to_keep": 1} if self.can_skip_logits else {}
+        self.model(input_ids=ids, use_cache=True, **{self.cache_arg: cache}, **extra)
 
 
 def pick_device(requested: str | None = None) -> torch.device:

@@ -38,8 +38,27 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token id from a (V,) distribution on the CPU generator."""
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
+    """One token id from a (V,) distribution, by inverse CDF with one draw from the CPU generator.
+
+    torch.multinomial costs about 1.7 ms on a 49k vocabulary on this CPU; a cumulative
+    sum and a binary search cost about 0.06 ms, and the draw stays on the CPU generator
+    so a run is reproducible on any device.
+    """
+    cdf = probs.double().cumsum(-1)  # (V,) non-decreasing; flat over zero-probability tokens
+    point = uniform(generator) * float(cdf[-1])
+    # The first index whose cdf exceeds the point: a token of probability 0 has cdf equal to
+    # its predecessor's, so it can never be that first index.
+    index = int(torch.searchsorted(cdf, torch.tensor([point], dtype=cdf.dtype, device=cdf.device), right=True))
+    if index >= cdf.shape[-1]:  # rounding put the point at the very top: take the last possible token
+        index = int(torch.nonzero(probs > 0)[-1])
+    return index
+
+
+def draw(probs: torch.Tensor, s: SpecSettings, generator: torch.Generator) -> int:
+    """The next token: the argmax when greedy (no random draw spent), else a sample."""
+    if s.temperature == 0:
+        return int(probs.argmax())
+    return sample(probs, generator)
 
 
 def uniform(generator: torch.Generator) -> float:

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from .config import SpecSettings
 from .models import LoadedModel
-from .sampling import residual, sample, uniform, warp_probs
+from .sampling import draw, residual, sample, uniform, warp_probs
 
 CACHE_CONVENTION = "committed_minus_one"
 CACHE_CONVENTION_TEXT = (
@@ -84,7 +84,7 @@ def prefill(model: LoadedModel, prompt_ids: list[int]) -> DynamicCache:
     """Cache every prompt token but the last, which opens the first cycle."""
     cache = model.new_cache()
     if len(prompt_ids) > 1:
-        model.forward(prompt_ids[:-1], cache)
+        model.fill(prompt_ids[:-1], cache)
     return cache
 
 
@@ -98,7 +98,7 @@ def propose(draft: LoadedModel, state: RunState, s: SpecSettings, gen: torch.Gen
         start = time.perf_counter()
         logits = draft.forward([feed], state.draft_cache)  # (1, V)
         probs = warp_probs(logits[-1], s)  # (V,)
-        feed = int(probs.argmax()) if faults.greedy_draft else sample(probs, gen)
+        feed = int(probs.argmax()) if faults.greedy_draft else draw(probs, s, gen)
         sync(draft.device)
         step_times.append(time.perf_counter() - start)
         tokens.append(feed)
@@ -308,7 +308,7 @@ def target_generate(target: LoadedModel, prompt_ids: list[int], s: SpecSettings,
     last, out = prompt_ids[-1], []
     while len(out) < s.max_new_tokens:
         probs = warp_probs(target.forward([last], cache)[-1], s)
-        last = sample(probs, gen)
+        last = draw(probs, s, gen)
         out.append(last)
         if last in eos_ids:
             break

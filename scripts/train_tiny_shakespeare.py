@@ -284,6 +284,13 @@ def acceptance_stats(target, draft, windows: torch.Tensor, temperatures=(1.0, 0.
 
 
 @torch.no_grad()
+def cache_kwarg(model) -> str:
+    """transformers 5.x from about 5.20 names the cache argument `cache`; earlier versions `past_key_values`."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def decode_step_times(models: dict, prompt: torch.Tensor, steps: int) -> dict:
     """Median seconds of one single-token cached decode step per model (batch 1), cache held at len(prompt).
 
@@ -299,14 +306,14 @@ def decode_step_times(models: dict, prompt: torch.Tensor, steps: int) -> dict:
     for name, model in models.items():
         model.eval()
         cache = DynamicCache(config=model.config)
-        out = model(input_ids=prompt[None], cache=cache, use_cache=True)
+        out = model(input_ids=prompt[None], **{cache_kwarg(model): cache}, use_cache=True)
         cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
         state[name] = [cache, cache.get_seq_length(), out.logits[:, -1:].argmax(-1), [], []]
     for _ in range(steps):
         for name, model in models.items():
             cache, keep, tok, wall, cpu = state[name]
             t0, c0 = time.perf_counter(), time.thread_time()
-            out = model(input_ids=tok, cache=cache, use_cache=True)
+            out = model(input_ids=tok, **{cache_kwarg(model): cache}, use_cache=True)
             tok = out.logits[:, -1:].argmax(-1)
             wall.append(time.perf_counter() - t0)
             cpu.append(time.thread_time() - c0)
