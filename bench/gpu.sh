@@ -15,6 +15,6 @@ for preset in "${presets[@]}"; do
     chat) tokens=48 ;;
     *) tokens=160 ;;
   esac
-  $PY bench/speed.py --preset "$preset" --device cuda --name "$preset-cuda" --max-new-tokens $tokens --repeats "$REPEATS"
+  $PY bench/speed.py --preset "$preset" --device cuda --dtype "${DTYPE:-bfloat16}" --name "$preset-cuda" --max-new-tokens $tokens --repeats "$REPEATS"
   $PY bench/gpu_checks.py --preset "$preset"
 done

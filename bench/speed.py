@@ -71,6 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16 (GPU only)")
     p.add_argument("--out", default=str(HERE / "results"))
     args = p.parse_args(argv)
     if bool(args.preset) == bool(args.target and args.draft):
@@ -218,9 +219,9 @@ def main(argv=None) -> int:
     name = args.name or args.preset or "custom"
     device = str(pick_device(args.device))
     if args.preset:
-        pair, chat = load_preset(args.preset, device=device), PRESETS[args.preset].use_chat_template
+        pair, chat = load_preset(args.preset, device, args.dtype), PRESETS[args.preset].use_chat_template
     else:
-        pair, chat = load_pair(args.target, args.draft, device=device), False
+        pair, chat = load_pair(args.target, args.draft, device, dtype_name=args.dtype), False
     pair = Pair(pair.target, pair.draft, set())  # no EOS stop: every method makes max_new_tokens tokens
     prompts = PROMPTS.get(args.preset or "custom", PROMPTS["custom"])[: args.prompts]
     started = time.time()

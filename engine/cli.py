@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--trace-top-k", type=int, default=10, help="entries of each distribution kept for charts")
     run.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    run.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                     help="weights and compute (default float32: half precision can flip near-tie argmaxes, "
+                          "so greedy speculation may part from plain greedy decoding; GPU only)")
     run.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
     run.add_argument("--out", required=True, help="trace file to write (.jsonl)")
@@ -80,9 +83,9 @@ def cmd_run(args) -> int:
     target, draft, preset = resolve_models(args)
     print(f"loading target {target}\nloading draft  {draft}", file=sys.stderr)
     if preset:
-        pair = load_preset(preset, args.device)
+        pair = load_preset(preset, args.device, args.dtype)
     else:
-        pair = load_pair(target, draft, args.device, args.trust_remote_code)
+        pair = load_pair(target, draft, args.device, args.trust_remote_code, args.dtype)
     bar = tqdm(total=settings.max_new_tokens, unit="tok", desc="generating", file=sys.stderr)
 
     def progress(rec: dict) -> None:

@@ -85,11 +85,25 @@ def pick_device(requested: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def pick_dtype(device: torch.device) -> torch.dtype:
-    # fp32 on CPU: half precision is slow there and blurs the greedy-equality check.
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtype:
+    """float32 unless asked otherwise, on the GPU too.
+
+    The point of this tool is to watch an exact algorithm. In half precision a verify
+    pass over K+1 positions and a one-token decode step round differently, so a near
+    tie in the target's argmax can flip and greedy speculation parts from plain greedy
+    decoding (measured on an H200 in bfloat16: the chat preset's outputs part after
+    32-63 tokens; in float32 they did not). Half precision is there for large pairs.
+    """
+    if requested is None:
+        return torch.float32
+    if requested not in DTYPES:
+        raise ValueError(f"unknown dtype {requested!r}; choose one of {', '.join(DTYPES)}")
+    if DTYPES[requested] != torch.float32 and device.type == "cpu":
+        raise ValueError(f"{requested} on the CPU is slow and blurs the greedy-equality check: use float32 there")
+    return DTYPES[requested]
 
 
 def _gguf_file(folder: Path) -> str | None:

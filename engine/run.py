@@ -14,20 +14,20 @@ from .trace import FORMAT, VERSION, Trace, TraceWriter, library_versions, make_s
 
 
 def load_pair(target: str, draft: str, device: str | None = None,
-              trust_remote_code: bool = False) -> Pair:
+              trust_remote_code: bool = False, dtype_name: str | None = None) -> Pair:
     dev = pick_device(device)
-    dtype = pick_dtype(dev)
+    dtype = pick_dtype(dev, dtype_name)
     target_model = load_model(target, dev, dtype, trust_remote_code)
     draft_model = load_model(draft, dev, dtype, trust_remote_code)
     check_same_token_space(target_model, draft_model)
     return Pair(target_model, draft_model, eos_ids_of(target_model))
 
 
-def load_preset(name: str, device: str | None = None) -> Pair:
+def load_preset(name: str, device: str | None = None, dtype_name: str | None = None) -> Pair:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[name]
-    pair = load_pair(str(preset.target_folder()), str(preset.draft_folder()), device)
+    pair = load_pair(str(preset.target_folder()), str(preset.draft_folder()), device, dtype_name=dtype_name)
     pair.target.name, pair.draft.name = preset.target_name, preset.draft_name
     return pair
 

@@ -6,7 +6,7 @@ import torch
 
 from engine.cli import main
 from engine.config import SettingsError, SpecSettings
-from engine.models import (DRAFT_VOCAB_FILE, ModelLoadError, TokenizerMismatchError, load_model)
+from engine.models import (DRAFT_VOCAB_FILE, ModelLoadError, TokenizerMismatchError, load_model, pick_dtype)
 from engine.run import load_pair
 from engine.speculative import speculative_generate, target_generate
 from engine.trace import load_trace
@@ -94,4 +94,22 @@ def test_cli_reports_bad_input_and_writes_nothing(tmp_path, capsys, args, messag
     out = tmp_path / "bad.jsonl"
     assert main(["run", "--prompt", "x", "--out", str(out), *args]) == 2
     assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_float32_is_the_default_dtype_on_every_device():
+    # Half precision can flip a near-tie argmax between a verify pass and a one-token step.
+    assert pick_dtype(torch.device("cpu")) == torch.float32
+    assert pick_dtype(torch.device("cuda")) == torch.float32
+    assert pick_dtype(torch.device("cuda"), "bfloat16") == torch.bfloat16
+    with pytest.raises(ValueError, match="choose one of"):
+        pick_dtype(torch.device("cuda"), "int8")
+
+
+def test_cli_refuses_half_precision_on_the_cpu(folders, tmp_path, capsys):
+    out = tmp_path / "half.jsonl"
+    code = main(["run", "--prompt", "the cat", "--target", folders[0], "--draft", folders[1],
+                 "--device", "cpu", "--dtype", "bfloat16", "--out", str(out)])
+    assert code == 2
+    assert "use float32 there" in capsys.readouterr().err
     assert not out.exists()
