@@ -99,7 +99,7 @@ def make_long_trace(path: Path, cycles: int = 500) -> Path:
 
     torch.set_num_threads(1)
     try:
-        pair, prompt, preset = load_preset("tiny-shakespeare", device="cpu"), "ROMEO:\n", "tiny-shakespeare"
+        pair, prompt, preset = load_preset("tiny-shakespeare", device="cpu"), "Romeo.\n", "tiny-shakespeare"
     except (ModelLoadError, OSError, ValueError):
         from tests.tiny import noisy_pair
         pair, prompt, preset = noisy_pair(0, noise=0.05), "the cat sat on", None

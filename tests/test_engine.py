@@ -95,3 +95,16 @@ def test_same_seed_same_trace_and_other_seed_differs():
     other = [strip_timings(r) for r in speculative_generate(pair, PROMPT, SpecSettings(k=3, max_new_tokens=30, seed=12))]
     assert first == again
     assert first != other
+
+
+def test_prefill_skips_prompt_logits_but_caches_the_same_keys_and_values():
+    target = tiny_pair(0).target
+    assert target.can_skip_logits  # a Llama takes logits_to_keep, so prefill asks for one position only
+    ids = PROMPT + [3, 4]
+    filled, forwarded = target.new_cache(), target.new_cache()
+    target.fill(ids, filled)
+    target.forward(ids, forwarded)
+    assert cache_len(filled) == cache_len(forwarded) == len(ids)
+    for (k, v), (fk, fv) in zip(layer_tensors(filled), layer_tensors(forwarded)):
+        torch.testing.assert_close(k, fk)
+        torch.testing.assert_close(v, fv)
