@@ -14,9 +14,9 @@ What it does:
      Two plays (Hamlet, Macbeth; ~5.5% of the bytes) are held out for validation.
   2. Tokenizer: ``ByT5Tokenizer(extra_ids=0)`` (pad=0, eos=1, unk=2, byte b -> b+3;
      vocab 259; no vocabulary file).
-  3. Target: Llama (4 layers, hidden 256, 8 heads, MLP 768; ~3.5M params) trained
-     with next-byte cross-entropy. Draft: Llama (1 layer, hidden 128, 4 heads,
-     MLP 512; ~0.3M params): cheap next-byte pre-training (``--draft-ce-steps``),
+  3. Target: Llama (8 layers, hidden 384, 6 heads, MLP 1152; ~15.4M params) trained
+     with next-byte cross-entropy. Draft: Llama (1 layer, hidden 256, 8 heads,
+     MLP 768; ~0.9M params): cheap next-byte pre-training (``--draft-ce-steps``),
      then distillation to imitate the target: KL(target || draft) at temperature 1
      on training windows (``--draft-steps``; 0 turns it off). Distillation raises
      the acceptance rate alpha. ``--target-from`` reuses a saved target and
@@ -32,8 +32,10 @@ quality drops past the trained length (held-out loss per byte, target: ~1.76 at
 positions 64-512, 1.96 at 512-768, 2.15 at 768-1024; with 256-byte windows it was
 already 2.10 at 256-512, hence 512 with half the batch, same bytes per step).
 
-Runs on one CPU thread (``--threads``); about 19 minutes with the defaults on a quiet
-machine (target ~13 min, draft ~5 min, measurements ~1 min), more on a busy one.
+Runs on one CPU thread by default (``--threads``). The shipped pair took 42 minutes with
+``--threads 2`` on this project's 2-core machine (target 33 min, draft 8.5 min, measurements
+about 1 min). The earlier 4-layer target took 19 minutes but cost 0.41 of a target step per
+draft step, too much for speculation to pay.
 Seeded; on the same machine and library versions a rerun gives the same weights
 up to floating-point nondeterminism of the CPU kernels.
 """
