@@ -50,13 +50,15 @@ class LoadedModel:
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
+    def model_input(self, token_ids: list[int]) -> torch.Tensor:
+        """(1, T) ids as the model numbers them: a pruned draft's own rows."""
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        return ids if self.full_to_row is None else self.full_to_row[ids]
+
     @torch.inference_mode()
     def forward(self, token_ids: list[int], cache: DynamicCache) -> torch.Tensor:
         """Append K/V for `token_ids` to `cache`; return full-vocabulary logits (T, V_full)."""
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # (1, T)
-        if self.full_to_row is not None:
-            ids = self.full_to_row[ids]
-        out = self.model(input_ids=ids, use_cache=True, **{self.cache_arg: cache})
+        out = self.model(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache})
         logits = out.logits[0].float()  # (T, V_model)
         if self.kept_token_ids is None:
             return logits[:, : self.full_vocab_size]
@@ -72,11 +74,8 @@ class LoadedModel:
         over a 49k vocabulary, logits for every prompt position cost more than the rest
         of a short prompt's forward.
         """
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # (1, T)
-        if self.full_to_row is not None:
-            ids = self.full_to_row[ids]
         extra = {"logits_to_keep": 1} if self.can_skip_logits else {}
-        self.model(input_ids=ids, use_cache=True, **{self.cache_arg: cache}, **extra)
+        self.model(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache}, **extra)
 
 
 def pick_device(requested: str | None = None) -> torch.device:

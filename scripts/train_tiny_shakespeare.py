@@ -60,6 +60,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from smollm2_target import cache_kwarg  # noqa: E402  (the cache argument's name differs across transformers 5.x)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "assets" / "models" / "tiny-shakespeare"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speculative-decoding-lab" / "shakespeare"
@@ -299,13 +302,6 @@ def acceptance_stats(target, draft, windows: torch.Tensor, temperatures=(1.0, 0.
 
 
 @torch.no_grad()
-def cache_kwarg(model) -> str:
-    """transformers 5.x from about 5.20 names the cache argument `cache`; earlier versions `past_key_values`."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def decode_step_times(models: dict, prompt: torch.Tensor, steps: int) -> dict:
     """Median seconds of one single-token cached decode step per model (batch 1), cache held at len(prompt).
 
