@@ -1,0 +1,149 @@
+"""A draft model with its own tokenizer (Hugging Face "universal assisted generation").
+
+Each cycle the draft continues the committed text in its own tokens; that text is
+re-encoded with the target's tokenizer, and the target verifies those tokens. The draft
+never gives a distribution over the target's tokens, so the proposal is deterministic
+(one-hot rows), which keeps greedy decoding exact: accept while the token is the
+target's argmax, and the output equals the target's own greedy output.
+
+Sampling is refused: the ratio test needs the draft's probability of each *target*
+token, which exists only for strings both vocabularies share (Timor et al., ICML 2025,
+"Lossless speculative decoding algorithms for heterogeneous vocabularies"). With a
+deterministic proposal at T > 0, p_draft would be one-hot on a greedy draft token whose
+real sampling law is unknown, and the output would not follow the target.
+
+The draft keeps its own KV cache over its own tokens of the committed text, so its
+length is not the target's cache length; it is recorded under "drafter_state".
+"""
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from ..config import SettingsError, SpecSettings
+from ..kv import cache_len, crop, sync
+from ..models import LoadedModel
+from .base import CatchUp, Proposal, one_hot_rows
+
+SAMPLING_REFUSED = (
+    "the other-tokenizer drafter runs only greedy (temperature 0): the ratio test needs the "
+    "draft's probability of each target token, which exists only for strings both vocabularies "
+    "share (Timor et al., ICML 2025); use --temperature 0, or a drafter that shares the target's tokenizer")
+
+
+@dataclass
+class OtherTokenizerState:
+    cache: DynamicCache  # K/V of `cached` (draft token ids)
+    cached: list[int] = field(default_factory=list)  # draft ids whose K/V the cache holds, in order
+    committed_draft_ids: list[int] = field(default_factory=list)  # the committed text in draft tokens
+    last_record: dict | None = None  # this cycle's drafter_state, completed by roll_back
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class OtherTokenizerDrafter:
+    model: LoadedModel  # the draft, with its own tokenizer
+    target_tokenizer: object
+    vocab_size: int  # the target's full vocabulary
+    max_draft_steps: int = 0  # draft tokens per cycle at most; 0 means K
+    kind: str = "other-tokenizer"
+
+    def describe(self) -> dict:
+        m = self.model
+        return {"name": m.name, "architecture": type(m.model).__name__,
+                "parameters": sum(p.numel() for p in m.model.parameters()),
+                "vocab_size": m.full_vocab_size, "kept_vocab": None,
+                "tokenizer": type(m.tokenizer).__name__}
+
+    def settings(self) -> dict:
+        return {"kind": self.kind, "max_draft_steps": self.max_draft_steps,
+                "draft_tokenizer": type(self.model.tokenizer).__name__,
+                "draft_vocab_size": self.model.full_vocab_size}
+
+    def check_settings(self, s: SpecSettings) -> None:
+        if s.temperature != 0:
+            raise SettingsError(SAMPLING_REFUSED)
+
+    # ------------------------------------------------------------ text in both token spaces
+
+    def text_of(self, target_ids: list[int]) -> str:
+        return self.target_tokenizer.decode(target_ids)
+
+    def draft_ids_of(self, text: str) -> list[int]:
+        return list(self.model.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def target_ids_of(self, text: str) -> list[int]:
+        return list(self.target_tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # ------------------------------------------------------------ the drafter interface
+
+    def start(self, prompt_ids: list[int]) -> OtherTokenizerState:
+        state = OtherTokenizerState(self.model.new_cache())
+        self.roll_back(state, prompt_ids)
+        return state
+
+    def propose(self, state: OtherTokenizerState, committed: list[int], k: int, s: SpecSettings,
+                gen: torch.Generator) -> Proposal:
+        self.check_settings(s)
+        cache_before = cache_len(state.cache)
+        own: list[int] = []  # draft tokens proposed this cycle
+        target_ids: list[int] = []
+        step_times: list[float] = []
+        feed = state.committed_draft_ids[-1:] if state.committed_draft_ids else []
+        eos = self.model.tokenizer.eos_token_id
+        for _ in range(self.max_draft_steps or k):
+            if not feed:
+                break
+            start = time.perf_counter()
+            logits = self.model.forward(feed, state.cache)  # (1, V_draft)
+            state.cached += feed
+            token = int(logits[-1].argmax())
+            sync(self.model.device)
+            step_times.append(time.perf_counter() - start)
+            if token == eos:
+                break
+            own.append(token)
+            target_ids = self.target_ids_of(self.model.tokenizer.decode(own))
+            if len(target_ids) >= k:
+                break
+            feed = [token]
+        proposal = target_ids[:k]
+        # Where each draft token's text ends, counted in target tokens: the boundaries the app draws.
+        ends = [len(self.target_ids_of(self.model.tokenizer.decode(own[:i + 1]))) for i in range(len(own))]
+        record = {"kind": self.kind, "draft_token_ids": own,
+                  "draft_token_texts": [self.model.tokenizer.decode([t]) for t in own],
+                  "draft_token_target_ends": ends, "target_token_ids": proposal,
+                  "target_token_texts": [self.target_tokenizer.decode([t]) for t in proposal],
+                  "draft_cache_len": {"before": cache_before, "after_append": cache_len(state.cache)}}
+        state.last_record = record
+        return Proposal(proposal, one_hot_rows(proposal, self.vocab_size), step_times or [0.0], record)
+
+    def cache_len(self, state: OtherTokenizerState) -> None:
+        return None  # its cache counts draft tokens, not target positions: see drafter_state
+
+    def roll_back(self, state: OtherTokenizerState, committed: list[int]) -> CatchUp:
+        """Re-encode the committed text in draft tokens; keep the cache over the common prefix."""
+        start = time.perf_counter()
+        ids = self.draft_ids_of(self.text_of(committed))
+        keep = min(common_prefix(state.cached, ids), max(len(ids) - 1, 0))
+        crop(state.cache, keep)
+        state.cached = state.cached[:keep]
+        missing = ids[keep:len(ids) - 1]
+        if missing:
+            self.model.forward(missing, state.cache)
+            state.cached += missing
+            sync(self.model.device)
+        state.committed_draft_ids = ids
+        if state.last_record is not None:
+            state.last_record["draft_cache_len"]["after_rollback"] = cache_len(state.cache)
+            state.last_record["draft_committed_len"] = len(ids)
+        return CatchUp(bool(missing), time.perf_counter() - start if missing else 0.0)
