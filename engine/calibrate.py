@@ -74,6 +74,20 @@ def time_widths(model: LoadedModel, context: list[int], widths: list[int], s: Sp
     return {w: statistics.median(t) for w, t in times.items()}
 
 
+def time_drafter_step(pair: Pair, context: list[int], s: SpecSettings, repeats: int) -> float:
+    """Median time a drafter without a same-tokenizer draft model takes to propose one token
+    (for prompt lookup: one n-gram search; for the other-tokenizer draft: its steps and re-encoding)."""
+    gen = torch.Generator().manual_seed(0)
+    state = pair.drafter.start(context)
+    times = []
+    for round_number in range(repeats + 1):  # round 0 warms up and is not kept
+        proposal = pair.drafter.propose(state, context, 1, s, gen)
+        pair.drafter.roll_back(state, context)
+        if round_number:
+            times.append(sum(proposal.step_times_s))
+    return statistics.median(times)
+
+
 def calibrate(pair: Pair, prompt_ids: list[int], s: SpecSettings, cache_len: int | None = None,
               max_positions: int | None = None, repeats: int = 7) -> dict:
     """Step times of both models at `cache_len` cached positions (default: the run's mean).
@@ -88,7 +102,10 @@ def calibrate(pair: Pair, prompt_ids: list[int], s: SpecSettings, cache_len: int
     widths = list(range(1, max_positions + 1))
     verify = time_widths(pair.target, context, widths, s, repeats, draw=False)
     target_step = time_widths(pair.target, context, [1], s, repeats, draw=True)[1]
-    draft_step = time_widths(pair.draft, context, [1], s, repeats, draw=True)[1]
+    if pair.draft is not None and pair.drafter.kind == "model":
+        draft_step = time_widths(pair.draft, context, [1], s, repeats, draw=True)[1]
+    else:
+        draft_step = time_drafter_step(pair, context, s, repeats)
     return {
         "cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),
         "target_step_s": target_step, "draft_step_s": draft_step,

@@ -118,10 +118,16 @@ class OtherTokenizerDrafter:
             feed = [token]
         proposal = target_ids[:k]
         # Where each draft token's text ends, counted in target tokens: the boundaries the app draws.
-        ends = [len(self.target_ids_of(self.model.tokenizer.decode(own[:i + 1]))) for i in range(len(own))]
+        # A boundary lines up when re-encoding the text up to that draft token gives a prefix of the
+        # whole re-encoding; a target token that merges across it makes it not line up.
+        whole = self.target_ids_of(self.model.tokenizer.decode(own))
+        prefixes = [self.target_ids_of(self.model.tokenizer.decode(own[:i + 1])) for i in range(len(own))]
+        ends = [len(p) for p in prefixes]
+        aligned = [p == whole[:len(p)] for p in prefixes]
         record = {"kind": self.kind, "draft_token_ids": own,
                   "draft_token_texts": [self.model.tokenizer.decode([t]) for t in own],
-                  "draft_token_target_ends": ends, "target_token_ids": proposal,
+                  "draft_token_target_ends": ends, "draft_token_boundary_aligned": aligned,
+                  "target_token_ids": proposal,
                   "target_token_texts": [self.target_tokenizer.decode([t]) for t in proposal],
                   "draft_cache_len": {"before": cache_before, "after_append": cache_len(state.cache)}}
         state.last_record = record
