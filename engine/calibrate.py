@@ -14,7 +14,6 @@ Each is the median of `repeats` timings taken after a warm-up. The result is pla
 data (JSON-ready) so it can ride in a trace header as the optional "calibration" field.
 """
 import statistics
-import time
 from typing import Callable
 
 import torch
@@ -22,7 +21,8 @@ import torch
 from .config import SpecSettings
 from .models import LoadedModel
 from .sampling import draw as draw_token, warp_probs
-from .speculative import Pair, crop, sync
+from .speculative import Pair, crop
+from .timing import timed
 
 DEFAULT_MAX_POSITIONS = 9  # verify widths 1..9 cover K = 1..8 without extrapolating
 
@@ -36,10 +36,7 @@ def context_of_length(prompt_ids: list[int], length: int) -> list[int]:
 
 
 def _timed(fn: Callable[[], None], device: torch.device) -> float:
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - start
+    return timed(fn, device)[1]
 
 
 def _step(model: LoadedModel, cache, token_ids: list[int], s: SpecSettings,

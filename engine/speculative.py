@@ -16,6 +16,7 @@ from .drafters import Drafter, ModelDrafter
 from .kv import cache_len, crop, prefill, sync  # noqa: F401  (re-exported: callers import them from here)
 from .models import LoadedModel
 from .sampling import draw, residual, sample, uniform, warp_probs
+from .timing import timed
 
 CACHE_CONVENTION = "committed_minus_one"
 CACHE_CONVENTION_TEXT = (
@@ -186,10 +187,7 @@ def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator
     proposal = drafter.propose(state.draft_state, state.committed, s.k, s, gen)
     draft_tokens = proposal.token_ids
     draft_cache_appended = drafter.cache_len(state.draft_state)
-    verify_start = time.perf_counter()
-    p_target = verify(pair.target, state, draft_tokens, s)
-    sync(pair.target.device)
-    verify_time = time.perf_counter() - verify_start
+    p_target, verify_time = timed(lambda: verify(pair.target, state, draft_tokens, s), pair.target.device)
     target_cache_appended = cache_len(state.target_cache)
     decision = rule.decide(draft_tokens, proposal.p_draft, p_target, gen)
     budget = s.max_new_tokens - len(state.generated)

@@ -8,7 +8,8 @@ import json
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from types import UnionType
+from typing import IO, NotRequired, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 from .metrics import acceptance_metrics
 
@@ -57,18 +58,75 @@ HEADER_FIELDS = {
 }
 SETTINGS_FIELDS = {"k": (int,), "temperature": NUM, "top_k": (int,), "top_p": NUM,
                    "seed": (int,), "max_new_tokens": (int,), "trace_top_k": (int,)}
-CACHE_LEN_FIELDS = {"before": (int,), "after_append": (int,), "after_rollback": (int,)}
-CYCLE_FIELDS = {
-    "type": (str,), "cycle": (int,), "committed_len_before": (int,),
-    "draft_token_ids": (list,), "draft_token_texts": (list,), "p_draft": (list,), "p_target": (list,),
-    "accept_prob": (list,), "u": (list,), "beta": (list,), "num_accepted": (int,),
-    "rejected_position": (int, None), "resampled_token_id": (int, None), "bonus_token_id": (int, None),
-    "next_token_text": (str,), "residual_top": (list, None), "target_top": (list,), "draft_top": (list,),
-    "committed_token_ids": (list,), "committed_token_texts": (list,), "finished": (bool,),
-    "target_cache_len": (dict,), "draft_cache_len": (dict, None), "draft_catch_up": (bool,),
-    "verify_positions": (int,), "draft_time_s": NUM, "draft_step_times_s": (list,),
-    "verify_time_s": NUM, "catch_up_time_s": NUM, "cycle_time_s": NUM,
-}
+class CacheLengths(TypedDict):
+    before: int  # positions cached when the cycle starts (committed length - 1)
+    after_append: int  # after drafting (draft) or verifying (target): provisional entries included
+    after_rollback: int  # after the rollback (and a draft's catch-up)
+
+
+class CycleRecord(TypedDict):
+    """One cycle of a trace: the names are written here once; the loader's table is derived from them.
+
+    Written by engine.speculative.run_cycle (the fields from draft_token_texts on are the
+    `record=True` part, describe_cycle). n below is the number of proposals: K for a draft
+    model, 0..K for prompt lookup and the other-tokenizer draft.
+    """
+
+    type: str  # "cycle"
+    cycle: int
+    committed_len_before: int
+    draft_token_ids: list  # (n,) in the target's vocabulary
+    draft_token_texts: list  # (n,)
+    p_draft: list  # (n,) the drafter's probability of each proposed token (1.0 for a deterministic drafter)
+    p_target: list  # (n,)
+    accept_prob: list  # (n,) min(1, p_target / p_draft)
+    u: list  # the uniform draws, up to the first rejection
+    beta: list  # (n,) sum_x min(p_target, p_draft) at each position
+    num_accepted: int
+    rejected_position: int | None  # 1-based; None when all n passed
+    resampled_token_id: int | None
+    bonus_token_id: int | None
+    next_token_text: str
+    residual_top: list | None
+    target_top: list  # (n+1,) top entries of the target's distributions
+    draft_top: list  # (n,)
+    committed_token_ids: list
+    committed_token_texts: list
+    finished: bool
+    target_cache_len: CacheLengths
+    draft_cache_len: CacheLengths | None  # None when the drafter keeps no cache over the target's positions
+    draft_catch_up: bool
+    verify_positions: int  # n + 1
+    draft_time_s: float
+    draft_step_times_s: list
+    verify_time_s: float
+    catch_up_time_s: float
+    cycle_time_s: float
+    drafter_state: NotRequired[dict]  # prompt lookup / other tokenizer: the match or the token mapping
+
+
+def _allowed(annotation) -> tuple:
+    """A field's annotation as the loader's tuple of JSON types (None marks nullable)."""
+    if annotation is type(None):
+        return (None,)
+    if get_origin(annotation) in (Union, UnionType):
+        return tuple(t for arg in get_args(annotation) for t in _allowed(arg))
+    if annotation is float:
+        return NUM  # JSON has one number type: an integer-valued time is still a number
+    if is_typeddict(annotation):
+        return (dict,)
+    return (annotation,)
+
+
+def fields_of(record_type) -> dict:
+    """Field name -> allowed JSON types, for the required fields of a TypedDict."""
+    hints = get_type_hints(record_type)  # in declaration order
+    return {name: _allowed(hint) for name, hint in hints.items() if name in record_type.__required_keys__}
+
+
+CYCLE_FIELDS = fields_of(CycleRecord)
+CACHE_LEN_FIELDS = fields_of(CacheLengths)
+
 SUMMARY_FIELDS = {
     "type": (str,), "generated_token_ids": (list,), "generated_text": (str,),
     "acceptance_rate": NUM, "mean_acceptance_length": NUM, "per_position_acceptance": (list,),

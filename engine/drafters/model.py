@@ -1,14 +1,14 @@
 """The classic drafter: a small model sharing the target's tokenizer, K autoregressive steps."""
-import time
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
 from ..config import SpecSettings
-from ..kv import cache_len, crop, prefill, sync
+from ..kv import cache_len, crop, prefill
 from ..models import LoadedModel
 from ..sampling import draw, warp_probs
+from ..timing import timed
 from .base import CatchUp, Proposal
 
 
@@ -53,15 +53,17 @@ class ModelDrafter:
         dists, step_times = [], []
         feed = committed[-1]
         for _ in range(k):
-            start = time.perf_counter()
-            logits = self.model.forward([feed], state.cache)  # (1, V)
-            probs = warp_probs(logits[-1], s)  # (V,)
-            feed = int(probs.argmax()) if self.greedy_proposals else draw(probs, s, gen)
-            sync(self.model.device)
-            step_times.append(time.perf_counter() - start)
+            (feed, probs), elapsed = timed(lambda: self.step(state, feed, s, gen), self.model.device)
+            step_times.append(elapsed)
             tokens.append(feed)
             dists.append(probs)
         return Proposal(tokens, torch.stack(dists).cpu(), step_times)
+
+    def step(self, state: ModelDraftState, feed: int, s: SpecSettings, gen: torch.Generator) -> tuple[int, torch.Tensor]:
+        """One draft step: the next token and the (V,) distribution it was drawn from."""
+        logits = self.model.forward([feed], state.cache)  # (1, V)
+        probs = warp_probs(logits[-1], s)  # (V,)
+        return (int(probs.argmax()) if self.greedy_proposals else draw(probs, s, gen)), probs
 
     def cache_len(self, state: ModelDraftState) -> int:
         return cache_len(state.cache)
@@ -73,7 +75,5 @@ class ModelDrafter:
         missing = committed[cache_len(state.cache):keep]
         if not missing or not self.catch_up:
             return CatchUp()
-        start = time.perf_counter()
-        self.model.forward(missing, state.cache)  # after a full accept: only d_K
-        sync(self.model.device)
-        return CatchUp(True, time.perf_counter() - start)
+        _, elapsed = timed(lambda: self.model.forward(missing, state.cache), self.model.device)  # after a full accept: only d_K
+        return CatchUp(True, elapsed)

@@ -15,14 +15,14 @@ real sampling law is unknown, and the output would not follow the target.
 The draft keeps its own KV cache over its own tokens of the committed text, so its
 length is not the target's cache length; it is recorded under "drafter_state".
 """
-import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
 from ..config import SettingsError, SpecSettings
-from ..kv import cache_len, crop, sync
+from ..kv import cache_len, crop
+from ..timing import timed
 from ..models import LoadedModel
 from .base import CatchUp, Proposal, one_hot_rows
 
@@ -103,12 +103,9 @@ class OtherTokenizerDrafter:
         for _ in range(self.max_draft_steps or k):
             if not feed:
                 break
-            start = time.perf_counter()
-            logits = self.model.forward(feed, state.cache)  # (1, V_draft)
+            token, elapsed = timed(lambda: int(self.model.forward(feed, state.cache)[-1].argmax()), self.model.device)
             state.cached += feed
-            token = int(logits[-1].argmax())
-            sync(self.model.device)
-            step_times.append(time.perf_counter() - start)
+            step_times.append(elapsed)
             if token == eos:
                 break
             own.append(token)
@@ -138,18 +135,17 @@ class OtherTokenizerDrafter:
 
     def roll_back(self, state: OtherTokenizerState, committed: list[int]) -> CatchUp:
         """Re-encode the committed text in draft tokens; keep the cache over the common prefix."""
-        start = time.perf_counter()
         ids = self.draft_ids_of(self.text_of(committed))
         keep = min(common_prefix(state.cached, ids), max(len(ids) - 1, 0))
         crop(state.cache, keep)
         state.cached = state.cached[:keep]
         missing = ids[keep:len(ids) - 1]
+        elapsed = 0.0
         if missing:
-            self.model.forward(missing, state.cache)
+            _, elapsed = timed(lambda: self.model.forward(missing, state.cache), self.model.device)
             state.cached += missing
-            sync(self.model.device)
         state.committed_draft_ids = ids
         if state.last_record is not None:
             state.last_record["draft_cache_len"]["after_rollback"] = cache_len(state.cache)
             state.last_record["draft_committed_len"] = len(ids)
-        return CatchUp(bool(missing), time.perf_counter() - start if missing else 0.0)
+        return CatchUp(bool(missing), elapsed)

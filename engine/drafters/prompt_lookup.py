@@ -7,12 +7,12 @@ No model runs, so drafting costs almost nothing (c close to 0); it pays off when
 output repeats the input (rewriting, summarising, editing code). With no match the
 cycle proposes nothing and is a plain target step.
 """
-import time
 from dataclasses import dataclass
 
 import torch
 
 from ..config import SettingsError, SpecSettings
+from ..timing import timed
 from .base import CatchUp, Proposal, one_hot_rows
 
 MAX_NGRAM = 16
@@ -63,11 +63,9 @@ class PromptLookupDrafter:
 
     def propose(self, state: None, committed: list[int], k: int, s: SpecSettings,
                 gen: torch.Generator) -> Proposal:
-        start = time.perf_counter()
-        match = find_match(committed, self.max_ngram, self.min_ngram)
+        match, elapsed = timed(lambda: find_match(committed, self.max_ngram, self.min_ngram))
         tokens = [] if match is None else committed[match.continuation_start:match.continuation_start + k]
         rows = one_hot_rows(tokens, self.vocab_size)  # (n, V)
-        elapsed = time.perf_counter() - start
         record = {"kind": self.kind, "matched": match is not None, "proposed": len(tokens),
                   "ngram_size": match and match.ngram_size, "match_start": match and match.match_start,
                   "continuation_start": match and match.continuation_start}
