@@ -11,6 +11,7 @@ import streamlit as st
 
 from app import derive
 from app.figures import INK, OKABE_ITO
+from app.safe import md
 
 ROLE_STYLE = {
     derive.LOOKUP_NGRAM: f"background:{OKABE_ITO['sky_blue']};color:{INK};",
@@ -48,8 +49,11 @@ def show_provenance(texts: list[str], c: dict) -> None:
         st.html(legend_html() + lookup_html(view))
     elif state.get("kind") == "other-tokenizer":
         rows = derive.alignment_rows(c)
-        st.caption("The draft's own tokens, their text, and the target tokens that text re-encodes to "
-                   "(only the first K target tokens are verified).")
+        fragment = state.get("healed_fragment")
+        healed = (f" The committed text ended in the draft token {derive.visible_text(fragment)!r}: the draft "
+                  f"re-predicted it (token healing), so only the text after it is new.") if fragment else ""
+        st.caption(md("The draft's own tokens, their text, and the target tokens that text re-encodes to "
+                      "(only the first K target tokens are verified)." + healed))
         st.dataframe([{"draft token id": r.draft_token_id, "draft token": derive.visible_text(r.draft_text),
                        "target tokens": " | ".join(derive.visible_text(t) for t in r.target_texts) or "(past K)",
                        "boundary lines up": {True: "yes", False: "no", None: "?"}[r.aligned]} for r in rows],

@@ -69,6 +69,8 @@ def test_proposals_are_the_draft_text_re_encoded_with_the_target_tokenizer():
     st = rec["drafter_state"]
     draft_tok, target_tok = pair.drafter.model.tokenizer, pair.target.tokenizer
     text = draft_tok.decode(st["draft_token_ids"])
+    assert text.startswith(st["healed_fragment"])  # the re-predicted last committed token
+    text = text[len(st["healed_fragment"]):]
     assert rec["draft_token_ids"] == target_tok(text, add_special_tokens=False)["input_ids"][:4]
     assert st["target_token_ids"] == rec["draft_token_ids"]
     # The same word has different ids in the two vocabularies: the mapping is real.
@@ -89,9 +91,9 @@ def test_both_caches_hold_the_committed_text_after_every_cycle():
         rec = run_cycle(pair, state, s, gen, cycle, texts)
         assert_cache_matches_fresh_prefill(pair.target, state.target_cache, state.committed)
         draft_ids = drafter.draft_ids_of(drafter.text_of(state.committed))
-        fresh = prefill(drafter.model, draft_ids)  # the draft's own convention: its tokens but the last
-        assert state.draft_state.cached == draft_ids[:-1]
-        assert cache_len(state.draft_state.cache) == len(draft_ids) - 1 == rec["drafter_state"]["draft_cache_len"]["after_rollback"]
+        fresh = prefill(drafter.model, draft_ids[:-1])  # the draft's own convention: its tokens but the last two
+        assert state.draft_state.cached == draft_ids[:-2]
+        assert cache_len(state.draft_state.cache) == len(draft_ids) - 2 == rec["drafter_state"]["draft_cache_len"]["after_rollback"]
         for (k, v), (fk, fv) in zip(layer_tensors(state.draft_state.cache), layer_tensors(fresh)):
             torch.testing.assert_close(k, fk, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(v, fv, rtol=1e-4, atol=1e-5)
