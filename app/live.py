@@ -97,6 +97,17 @@ def run_form() -> None:
                 settings, chat, drafter)
 
 
+def drafter_of(header: dict) -> DrafterOptions:
+    """The drafter a trace was written with, from its header (a draft model for older traces)."""
+    d = header.get("drafter") or {}
+    kind = d.get("kind", "model")
+    if kind == "prompt-lookup":
+        return DrafterOptions(kind, max_ngram=int(d.get("max_ngram", 3)), min_ngram=int(d.get("min_ngram", 1)))
+    if kind == "other-tokenizer":
+        return DrafterOptions(kind, max_draft_steps=int(d.get("max_draft_steps", 0)))
+    return DrafterOptions()
+
+
 def drafter_inputs(preset: str, draft: str) -> DrafterOptions | None:
     """The drafter and its own options; None (with the reason shown) if they do not fit."""
     kind = st.radio("Drafter", list(DRAFTER_KINDS), format_func=DRAFTER_LABELS.get, key="live_drafter", horizontal=True)

@@ -146,3 +146,21 @@ def test_a_bundled_trace_per_new_drafter(name):
     assert trace.drafter_kind == name.split("-")[1] + "-" + name.split("-")[2]
     assert trace.header["calibration"]["draft_step_s"] < trace.header["calibration"]["target_step_s"]
     assert any(c["num_accepted"] > 0 for c in trace.cycles)
+
+
+def test_stats_page_on_the_bundled_prompt_lookup_trace(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(BUNDLED))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    name = "chat-prompt-lookup-greedy-k4.jsonl"
+    at = AppTest.from_file(MAIN, default_timeout=120)
+    at.query_params["trace"] = f"bundled:{name}"
+    at.run()
+    at.switch_page("views/statistics.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    st = trace_stats(load_trace(BUNDLED / name))
+    table = next(d.value for d in at.dataframe if "n-gram size" in d.value.columns)
+    assert list(table["accepted"]) == [r.accepted for r in st.by_ngram]
+    assert st.speed.c < 0.05  # no model runs: c close to 0
+    shown_c = [m.value for m in at.metric if m.label == "c = t_draft / t_step"]
+    assert shown_c == [f"{st.speed.c:.3f}"]
