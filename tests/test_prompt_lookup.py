@@ -189,3 +189,23 @@ def test_load_with_drafter_builds_a_lookup_pair(tmp_path):
     pair = load_with_drafter(target, DrafterOptions("prompt-lookup", max_ngram=4, min_ngram=2), device="cpu")
     assert pair.draft is None and pair.drafter.settings() == {"kind": "prompt-lookup", "max_ngram": 4, "min_ngram": 2}
     assert cache_len(start_run(pair, [1, 2, 3]).target_cache) == 2
+
+
+# ---------------------------------------------------------------- the presets
+
+GROUNDED = {"chat": "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog near the river bank.",
+            "tiny-shakespeare": "Romeo.\nO Romeo, Romeo, wherefore art thou Romeo?\nRomeo.\nO Romeo, Romeo"}
+
+
+@pytest.mark.parametrize("name", ["tiny-shakespeare", "chat"])
+def test_preset_with_prompt_lookup_is_greedy_equal_to_its_target(name):
+    from engine.presets import PRESETS
+    from engine.run import encode_prompt, load_preset
+    preset = PRESETS[name]
+    pair = load_preset(name, device="cpu", drafter=DrafterOptions("prompt-lookup"))
+    ids = encode_prompt(pair.target.tokenizer, GROUNDED[name], preset.use_chat_template)
+    for k in (2, 4) if name == "chat" else (1, 2, 4, 8):
+        s = SpecSettings(k=k, temperature=0, max_new_tokens=24)
+        records = list(speculative_generate(pair, ids, s))
+        assert [t for r in records for t in r["committed_token_ids"]] == target_generate(pair.target, ids, s, pair.eos_ids)
+        assert sum(r["num_accepted"] for r in records) > 0
