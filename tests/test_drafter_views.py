@@ -164,3 +164,21 @@ def test_stats_page_on_the_bundled_prompt_lookup_trace(monkeypatch, tmp_path):
     assert st.speed.c < 0.05  # no model runs: c close to 0
     shown_c = [m.value for m in at.metric if m.label == "c = t_draft / t_step"]
     assert shown_c == [f"{st.speed.c:.3f}"]
+
+
+def test_interview_tokenizer_question_opens_the_bundled_other_tokenizer_trace(monkeypatch, tmp_path):
+    from tests.test_teaching_pages import make_teaching_folder
+    root = make_teaching_folder(tmp_path / "teaching")
+    monkeypatch.setenv("SPECLAB_TEACHING_PAIR", str(root / "pair"))
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(BUNDLED))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    at = AppTest.from_file(MAIN, default_timeout=180)
+    at.run()
+    at.switch_page("views/interview.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.button(key="iv_tokenizer_trace").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["trace_ref"].token == "bundled:shakespeare-other-tokenizer-greedy-k6.jsonl"
+    assert at.subheader[0].value == "Cycle 0 · stage 1 Draft"
+    assert "its own tokenizer" in plain(at.info[0].value)
