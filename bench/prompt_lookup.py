@@ -151,13 +151,17 @@ def main(argv=None) -> int:
         for t in (float(x) for x in args.temperatures.split(",")):
             results.append(bench_temperature(pair, args, t, Path(tmp)))
             print(json.dumps(results[-1], indent=1), flush=True)
+            write_results(results, args)  # after each temperature: a stopped run keeps what it measured
+    print(report(results, args))
+    return 0
+
+
+def write_results(results: list[dict], args) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"note": NOTE, "machine": machine_info(args.threads), "settings": {k: str(v) for k, v in vars(args).items()},
                "prompts": PROMPTS, "results": results}
     args.out.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(report(results, args))
-    print(report(results, args))
-    return 0
 
 
 if __name__ == "__main__":
