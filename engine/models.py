@@ -78,6 +78,41 @@ class LoadedModel:
         self.model(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache}, **extra)
 
 
+    @torch.inference_mode()
+    def forward_with_features(self, token_ids: list[int], cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward(), and the top feature (T, H) at each position: an EAGLE head drafts from it."""
+        with TopFeatureTap(self.model) as tap:
+            logits = self.forward(token_ids, cache)
+        return logits, tap.features
+
+    @torch.inference_mode()
+    def fill_with_features(self, token_ids: list[int], cache: DynamicCache) -> torch.Tensor:
+        """fill(), and the top feature (T, H) at each position."""
+        with TopFeatureTap(self.model) as tap:
+            self.fill(token_ids, cache)
+        return tap.features
+
+
+class TopFeatureTap:
+    """Records the output of a causal LM's last decoder layer (before the final norm) during
+    one forward: the same pass that yields the logits, not a second one."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.layer = model.model.layers[-1]
+        self.features: torch.Tensor | None = None
+
+    def _record(self, module, args, output) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output  # (1, T, H)
+        self.features = hidden[0].detach()
+
+    def __enter__(self) -> "TopFeatureTap":
+        self.handle = self.layer.register_forward_hook(self._record)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+
+
 def pick_device(requested: str | None = None) -> torch.device:
     if requested:
         return torch.device(requested)

@@ -61,6 +61,7 @@ class RunState:
     draft_state: Any  # whatever the pair's drafter keeps (a draft cache for the model drafter)
     generated: list[int] = field(default_factory=list)
     finished: bool = False
+    verify_features: torch.Tensor | None = None  # (n+1, H) the last verify's top features, for an EAGLE head
 
     @property
     def draft_cache(self) -> DynamicCache:
@@ -69,10 +70,23 @@ class RunState:
 
 
 def verify(target: LoadedModel, state: RunState, draft_tokens: list[int],
-           s: SpecSettings) -> torch.Tensor:
-    """One target pass over [last committed, d1..dn]: n+1 distributions (n+1, V)."""
-    logits = target.forward([state.committed[-1], *draft_tokens], state.target_cache)
+           s: SpecSettings, keep_features: bool = False) -> torch.Tensor:
+    """One target pass over [last committed, d1..dn]: n+1 distributions (n+1, V).
+
+    With keep_features, the same pass also leaves the target's top features at those n+1
+    positions in state.verify_features (a drafter that reads them needs no second pass).
+    """
+    ids = [state.committed[-1], *draft_tokens]
+    if keep_features:
+        logits, state.verify_features = target.forward_with_features(ids, state.target_cache)
+    else:
+        logits = target.forward(ids, state.target_cache)
     return warp_probs(logits, s).cpu()
+
+
+def reads_target_features(drafter: Drafter) -> bool:
+    """True for a drafter (the EAGLE head) that drafts from the target's features."""
+    return getattr(drafter, "reads_target_features", False)
 
 
 def accept_reject(draft_tokens: list[int], p_draft: torch.Tensor, p_target: torch.Tensor,
@@ -187,7 +201,8 @@ def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator
     proposal = drafter.propose(state.draft_state, state.committed, s.k, s, gen)
     draft_tokens = proposal.token_ids
     draft_cache_appended = drafter.cache_len(state.draft_state)
-    p_target, verify_time = timed(lambda: verify(pair.target, state, draft_tokens, s), pair.target.device)
+    reads = reads_target_features(drafter)
+    p_target, verify_time = timed(lambda: verify(pair.target, state, draft_tokens, s, reads), pair.target.device)
     target_cache_appended = cache_len(state.target_cache)
     decision = rule.decide(draft_tokens, proposal.p_draft, p_target, gen)
     budget = s.max_new_tokens - len(state.generated)
@@ -195,6 +210,8 @@ def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator
     state.committed += committed
     state.generated += committed
     rule.roll_back(state.target_cache, len(state.committed) - 1)
+    if reads:
+        drafter.take_target_features(state.draft_state, state.verify_features)
     catch_up = drafter.roll_back(state.draft_state, state.committed)
     cycle_time = time.perf_counter() - cycle_start
     draft_after = drafter.cache_len(state.draft_state)
@@ -243,6 +260,10 @@ def describe_cycle(draft_tokens: list[int], d: Decision, p_draft: torch.Tensor,
 def start_run(pair: Pair, prompt_ids: list[int]) -> RunState:
     if not prompt_ids:
         raise ValueError("the prompt is empty: at least one token is needed to start decoding")
+    if reads_target_features(pair.drafter):  # the prefill's features fill the head: no second pass
+        cache = pair.target.new_cache()
+        features = pair.target.fill_with_features(prompt_ids[:-1], cache) if len(prompt_ids) > 1 else None
+        return RunState(list(prompt_ids), cache, pair.drafter.start(prompt_ids, features))
     return RunState(list(prompt_ids), prefill(pair.target, prompt_ids), pair.drafter.start(prompt_ids))
 
 

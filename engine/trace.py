@@ -13,7 +13,7 @@ from typing import IO, NotRequired, TypedDict, Union, get_args, get_origin, get_
 
 from .metrics import acceptance_metrics
 
-DRAFTER_KINDS = ("model", "prompt-lookup", "other-tokenizer")  # engine.drafters names the same three
+DRAFTER_KINDS = ("model", "prompt-lookup", "other-tokenizer", "eagle")  # engine.drafters names the same four
 
 FORMAT = "speclab-trace"
 VERSION = 1
@@ -173,14 +173,14 @@ def _check_cycle(c: dict, k: int, index: int, where: str, kind: str = "model") -
     _check_fields(c["target_cache_len"], CACHE_LEN_FIELDS, f"{where} target_cache_len")
     if c["draft_cache_len"] is not None:
         _check_fields(c["draft_cache_len"], CACHE_LEN_FIELDS, f"{where} draft_cache_len")
-    elif kind == "model":
+    elif kind in ("model", "eagle"):
         raise TraceError(f"{where}: field 'draft_cache_len' is null, but a draft model keeps a cache")
     if "drafter_state" in c and not isinstance(c["drafter_state"], dict):
         raise TraceError(f"{where}: field 'drafter_state' should be an object")
     if c["cycle"] != index:
         raise TraceError(f"{where}: cycle number {c['cycle']} where {index} was expected")
     proposed = len(c["draft_token_ids"])
-    if kind == "model" and proposed != k:
+    if kind in ("model", "eagle") and proposed != k:
         raise TraceError(f"{where}: field 'draft_token_ids' has {proposed} entries, expected {k} (K={k})")
     if proposed > k:
         raise TraceError(f"{where}: {proposed} draft tokens, more than K={k}")
