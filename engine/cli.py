@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--drafter", choices=list(DRAFTER_KINDS), default="model",
                      help="what proposes tokens: a draft model sharing the target's tokenizer (default), "
                           "prompt lookup (copies the tokens that followed the last n-gram earlier in the text), "
-                          "or a draft model with another tokenizer (greedy only)")
+                          "a draft model with another tokenizer (greedy only), "
+                          "or an EAGLE-style head that drafts from the target's features (--draft: its folder)")
     run.add_argument("--max-ngram", type=int, default=3, help="prompt lookup: longest n-gram matched first")
     run.add_argument("--min-ngram", type=int, default=1, help="prompt lookup: shortest n-gram tried")
     run.add_argument("--draft-steps", type=int, default=0,
@@ -51,7 +52,7 @@ def drafter_options(args):
     from .run import DrafterOptions
 
     return DrafterOptions(kind=args.drafter, max_ngram=args.max_ngram, min_ngram=args.min_ngram,
-                          draft_model=args.draft if args.drafter == "other-tokenizer" else None,
+                          draft_model=args.draft if args.drafter in ("other-tokenizer", "eagle") else None,
                           max_draft_steps=args.draft_steps)
 
 

