@@ -28,6 +28,7 @@ DRAFTER_LABELS = {
     "model": "draft model (shares the target's tokenizer)",
     "prompt-lookup": "prompt lookup (n-gram copy from earlier text, no model)",
     "other-tokenizer": "draft model with its own tokenizer (greedy only)",
+    "eagle": "EAGLE-style head (drafts from the target's own features)",
 }
 
 
@@ -105,6 +106,8 @@ def drafter_of(header: dict) -> DrafterOptions:
         return DrafterOptions(kind, max_ngram=int(d.get("max_ngram", 3)), min_ngram=int(d.get("min_ngram", 1)))
     if kind == "other-tokenizer":
         return DrafterOptions(kind, max_draft_steps=int(d.get("max_draft_steps", 0)))
+    if kind == "eagle":
+        return DrafterOptions(kind)
     return DrafterOptions()
 
 
@@ -126,6 +129,11 @@ def drafter_inputs(preset: str, draft: str) -> DrafterOptions | None:
         if preset == CUSTOM:
             return DrafterOptions(kind, draft_model=draft or None)
         return DrafterOptions(kind)
+    if kind == "eagle":
+        st.caption("One decoder layer reads the target's top feature of the last committed token with the next "
+                   "token's embedding and predicts the next feature; the target's own output layer gives q. "
+                   "Its cache is the draft row of the KV strip. With a custom pair, the draft field names the head's folder.")
+        return DrafterOptions(kind, draft_model=(draft or None) if preset == CUSTOM else None)
     return DrafterOptions()
 
 

@@ -4,6 +4,12 @@ A drafter proposes up to K tokens in the target's vocabulary, each with the dist
 it was drawn from over that whole vocabulary (a deterministic drafter gives a one-hot
 row), and is told after each cycle what was committed so it can roll its own state back.
 The cycle (verify, ratio test, residual or bonus, target rollback) never looks further.
+
+One optional extension: a drafter that drafts from the target's own features (the EAGLE
+head, eagle.py) sets `reads_target_features = True`. Then `start(prompt_ids, features)` gets
+the prefill's top features, and after each verify the cycle calls
+`take_target_features(state, features)` with that pass's (n+1, H) features before
+`roll_back`: the same target passes, no second one.
 """
 from dataclasses import dataclass
 from typing import Any, Protocol
