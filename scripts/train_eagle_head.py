@@ -223,6 +223,7 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=0.1, help="input noise, as a fraction of the features' std")
     ap.add_argument("--end-utc", default="", help="stop training at this UTC time (HH:MM), then evaluate and save")
     ap.add_argument("--max-epochs", type=int, default=50)
+    ap.add_argument("--skip-measure", action="store_true", help="no baseline draft and no c (quick trials)")
     ap.add_argument("--eval-every", type=int, default=60)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
@@ -344,9 +345,9 @@ def main() -> None:
     head.load_state_dict({k: v.half().float() for k, v in head.state_dict().items()})
     ev_fp16 = evaluate(head, fr, ho_ex, H)
     say(f"EVAL fp16 head: {ev_fp16}")
-    baseline = draft_model_scores(target, ho_recs)
+    baseline = None if args.skip_measure else draft_model_scores(target, ho_recs)
     say(f"today's chat draft on the same held-out answers: {baseline}")
-    c = measure_c(target, tok, head, kept, ho_recs[0]["prompt_ids"])
+    c = {} if args.skip_measure else measure_c(target, tok, head, kept, ho_recs[0]["prompt_ids"])
     say(f"c: {c}")
     info = {
         "what": "chat preset EAGLE-style draft head for SmolLM2-135M-Instruct (engine/drafters/eagle.py)",
