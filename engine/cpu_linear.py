@@ -33,13 +33,15 @@ class RowPolicy:
     """Which path a layer takes for M rows: F.linear below `dense_below`, else oneDNN with
     fewer than `pad_to` rows padded by zero rows (discarded after the product). Rows of a
     matrix product do not mix, so padding changes no real row's value; it exists because
-    oneDNN's kernel for 1-2 rows was measured slower than for 3 (bench/verify_cost.py)."""
+    oneDNN's kernel for 1-2 rows was measured slower than for 3 on the output layer (the
+    decoder's 2-row products follow the same rule; no difference could be measured there)."""
 
     dense_below: int = 1
     pad_to: int = 1
 
 
-# Measured on the AMD EPYC this project's CI uses (bench/results/verify-cost-*.md).
+# Chosen from measurements on a 2-core AMD EPYC (README, "Verify cost on the CPU";
+# bench/results/verify-cost-*.md).
 DEFAULT_POLICY = {"decoder": RowPolicy(dense_below=2, pad_to=3), "output": RowPolicy(dense_below=1, pad_to=3)}
 
 
