@@ -1,0 +1,224 @@
+"""The three KV-cache layouts: same tokens, honest bookkeeping, rollbacks that leave no trace in the output."""
+import random
+
+import pytest
+import torch
+
+from engine.config import SettingsError, SpecSettings
+from engine.kv_layouts import (LAYOUTS, BlockPool, CacheFullError, CacheLayout, PagedKVCache, StaticKVCache,
+                               attended_kv, check_invariants, new_cache, roll_back_cache)
+from engine.speculative import TokenTexts, prefill, run_cycle, speculative_generate, start_run, target_generate
+from tests.tiny import noisy_pair, tiny_pair
+
+PROMPT = [1, 2, 4, 6, 7]
+CACHE_FIELDS = ("target_cache_layout_state", "draft_cache_layout_state")
+
+
+def tokens_of(records: list[dict]) -> list[int]:
+    return [t for r in records for t in r["committed_token_ids"]]
+
+
+def without_cache_fields(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if k not in CACHE_FIELDS and not k.endswith("_s")}
+
+
+def assert_same_record(a, b, where: str = "") -> None:
+    """Ids, texts, draws and decisions exactly equal; probabilities equal to float32 rounding.
+
+    A static buffer attends over its whole preallocated length (masked slots weigh
+    exactly 0), so its matmuls sum in another order than a cropped tensor's: the
+    probabilities can differ in the 7th digit, never the draws or the tokens.
+    """
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for key in a:
+            assert_same_record(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_record(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and not where.split(".")[-1].startswith("u["):
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-7), where
+    else:
+        assert a == b, where
+
+
+def assert_matches_fresh_prefill(model, cache, committed: list[int]) -> None:
+    """Every attended position holds the K/V a fresh prefill of the committed sequence computes."""
+    fresh = prefill(model, committed)
+    assert int(cache.get_seq_length()) == len(committed) - 1 == int(fresh.get_seq_length())
+    for (k, v), (fk, fv) in zip(attended_kv(cache), attended_kv(fresh), strict=True):
+        torch.testing.assert_close(k, fk, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(v, fv, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_tokens_equal_across_layouts_and_plain_decoding(k):
+    pair = noisy_pair(0)
+    plain = target_generate(pair.target, PROMPT, SpecSettings(k=k, temperature=0, max_new_tokens=40), pair.eos_ids)
+    for layout in LAYOUTS:
+        s = SpecSettings(k=k, temperature=0, max_new_tokens=40, cache_layout=layout, block_size=4)
+        records = list(speculative_generate(pair, PROMPT, s))
+        assert tokens_of(records) == plain, layout
+        accepted = [r["num_accepted"] for r in records]
+        assert max(accepted) >= 1 and min(accepted) < k  # both rollback paths ran
+
+
+@pytest.mark.parametrize("layout", ["static", "paged"])
+def test_sampled_trace_is_the_same_as_dynamic_apart_from_cache_fields(layout):
+    pair = noisy_pair(1, noise=0.1)
+    base = SpecSettings(k=3, temperature=1.0, max_new_tokens=30, seed=11)
+    dynamic = [without_cache_fields(r) for r in speculative_generate(pair, PROMPT, base)]
+    other = list(speculative_generate(pair, PROMPT, SpecSettings(**{**base.to_dict(), "cache_layout": layout,
+                                                                     "block_size": 4})))
+    assert_same_record([without_cache_fields(r) for r in other], dynamic)
+    assert any(r["rejected_position"] for r in other) and all(r["target_cache_layout_state"] for r in other)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_invariants_and_committed_kv_after_every_cycle(layout, temperature):
+    pair = noisy_pair(1, noise=0.04)
+    s = SpecSettings(k=4, temperature=temperature, max_new_tokens=30, seed=5, cache_layout=layout, block_size=4)
+    gen, texts = torch.Generator().manual_seed(s.seed), TokenTexts(pair.target.tokenizer)
+    state = start_run(pair, PROMPT, s)
+    cycle = 0
+    while not state.finished:
+        rec = run_cycle(pair, state, s, gen, cycle, texts)
+        for model, cache in ((pair.target, state.target_cache), (pair.draft, state.draft_cache)):
+            check_invariants(cache)
+            assert_matches_fresh_prefill(model, cache, state.committed)
+        assert_layout_record(rec, layout, len(state.committed) - 1)
+        cycle += 1
+
+
+def assert_layout_record(rec: dict, layout: str, committed_minus_one: int) -> None:
+    t, lens = rec["target_cache_layout_state"], rec["target_cache_len"]
+    if layout == "static":
+        assert [t[w]["write_position"] for w in ("before", "after_append", "after_rollback")] == \
+            [lens["before"], lens["after_append"], lens["after_rollback"]]
+        # the rejected positions stay in the buffer as stale slots
+        assert t["after_rollback"]["stale_slots"] == lens["after_append"] - lens["after_rollback"]
+    if layout == "paged":
+        size = 4
+        for when in ("before", "after_append", "after_rollback"):
+            assert len(t[when]["block_table"]) == -(-lens[when] // size)
+            assert t[when]["num_tokens"] == lens[when]
+        assert t["blocks_freed"] == t["after_append"]["block_table"][len(t["after_rollback"]["block_table"]):]
+        assert t["blocks_allocated"] == t["after_append"]["block_table"][len(t["before"]["block_table"]):]
+    assert lens["after_rollback"] == committed_minus_one
+
+
+@torch.inference_mode()  # the buffers were made in inference mode
+def poison(cache: StaticKVCache, start: int, end: int, value: float = 1e9) -> None:
+    for layer in cache.layers:
+        layer.keys[:, :, start:end] = value
+        layer.values[:, :, start:end] = -value
+
+
+def run_poisoned(pair, s, poison_from_write_position: int) -> tuple[list[int], int]:
+    """A static run that overwrites slots with huge values after every rollback.
+
+    With offset 0 it poisons exactly the stale slots (write position .. high water);
+    with a negative offset it also poisons committed slots, which the model does read.
+    """
+    gen, texts = torch.Generator().manual_seed(s.seed), TokenTexts(pair.target.tokenizer)
+    state = start_run(pair, PROMPT, s)
+    out, poisoned, cycle = [], 0, 0
+    while not state.finished:
+        rec = run_cycle(pair, state, s, gen, cycle, texts)
+        out += rec["committed_token_ids"]
+        for cache in (state.target_cache, state.draft_cache):
+            pos, high = cache.write_position(), cache.layers[0].high_water
+            poison(cache, max(0, pos + poison_from_write_position), high)
+            poisoned += high - pos
+        cycle += 1
+    return out, poisoned
+
+
+def test_static_stale_slots_are_never_read():
+    """Masked means never read: huge values in the rejected slots change nothing.
+
+    Huge finite values, not NaN: attention here is dense, so a masked slot still meets a
+    weight of exactly 0 in the matmul, and 0 * NaN is NaN while 0 * 1e9 is 0. A kernel
+    that skipped masked slots would tolerate NaN too; this one proves the weight is 0.
+    """
+    pair = tiny_pair(2)
+    s = SpecSettings(k=4, temperature=1.0, max_new_tokens=30, seed=3, cache_layout="static")
+    clean = tokens_of(list(speculative_generate(pair, PROMPT, s)))
+    poisoned, stale = run_poisoned(pair, s, 0)
+    assert stale > 20 and poisoned == clean
+    corrupted, _ = run_poisoned(pair, s, -2)  # the same poison on two committed slots is read
+    assert corrupted != clean
+
+
+def random_cycles(cache, model, cycles: int, k: int, rng: random.Random, check_every: int) -> int:
+    """Append K+1 random tokens, keep a random accept length, like a verify and its rollback."""
+    committed = [1, 2, 3]
+    prefill(model, committed, cache)
+    freed = 0
+    for cycle in range(cycles):
+        if len(committed) > 120:  # a new request: start over from a short prompt
+            committed = committed[:3]
+            roll_back_cache(cache, 2)
+        proposal = [rng.randrange(model.full_vocab_size) for _ in range(k)]
+        model.forward([committed[-1], *proposal], cache)
+        committed += proposal[: rng.randint(0, k)] + [rng.randrange(model.full_vocab_size)]
+        used_before = len(cache.block_table)
+        roll_back_cache(cache, len(committed) - 1)
+        missing = committed[int(cache.get_seq_length()):len(committed) - 1]
+        if missing:
+            model.forward(missing, cache)  # a correction token whose K/V the verify did not hold
+        freed += max(0, used_before - len(cache.block_table))
+        check_invariants(cache)
+        assert len(cache.pool.free) + len(cache.pool.used) == cache.pool.num_blocks
+        if cycle % check_every == 0:
+            assert_matches_fresh_prefill(model, cache, committed)
+    assert_matches_fresh_prefill(model, cache, committed)
+    return freed
+
+
+def test_paged_thousand_random_cycles_leak_no_block_and_keep_committed_kv():
+    model = tiny_pair(0).target
+    layout = CacheLayout("paged", capacity=160, block_size=4)
+    cache = new_cache(layout, model.model.config)
+    freed = random_cycles(cache, model, 1000, 4, random.Random(0), check_every=50)
+    assert freed > 100  # rollbacks really returned blocks
+    roll_back_cache(cache, 0)
+    assert cache.block_table == [] and len(cache.pool.free) == cache.pool.num_blocks
+
+
+def test_paged_rollback_keeps_the_partial_block_and_frees_whole_ones():
+    model = tiny_pair(0).target
+    cache = new_cache(CacheLayout("paged", capacity=64, block_size=4), model.model.config)
+    model.forward(list(range(1, 12)), cache)  # 11 positions: blocks 0,1,2 (the last holds 3)
+    assert cache.block_table == [0, 1, 2]
+    roll_back_cache(cache, 5)  # position 4 lives in logical block 1: keep it, free block 2
+    assert cache.block_table == [0, 1] and list(cache.pool.free)[-1] == 2 and cache.get_seq_length() == 5
+    model.forward([3, 4, 5, 6], cache)  # fills the partial block and takes the next free one
+    assert cache.block_table == [0, 1, 3]
+
+
+def test_paged_pool_and_static_buffer_refuse_to_overflow():
+    model = tiny_pair(0).target
+    for layout in (CacheLayout("paged", capacity=8, block_size=4), CacheLayout("static", capacity=8)):
+        cache = new_cache(layout, model.model.config)
+        model.forward(list(range(1, 9)), cache)
+        with pytest.raises(CacheFullError):
+            model.forward([1], cache)
+
+
+def test_block_pool_refuses_a_double_free():
+    pool = BlockPool(4, 2)
+    block = pool.allocate()
+    pool.release([block])
+    with pytest.raises(KeyError):
+        pool.release([block])
+
+
+def test_settings_check_the_layout():
+    with pytest.raises(SettingsError, match="cache_layout"):
+        SpecSettings(cache_layout="ring")
+    with pytest.raises(SettingsError, match="block_size"):
+        SpecSettings(cache_layout="paged", block_size=0)
+    assert isinstance(new_cache(CacheLayout("paged", 10, 4), tiny_pair(0).target.model.config), PagedKVCache)
