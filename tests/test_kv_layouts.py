@@ -222,3 +222,83 @@ def test_settings_check_the_layout():
     with pytest.raises(SettingsError, match="block_size"):
         SpecSettings(cache_layout="paged", block_size=0)
     assert isinstance(new_cache(CacheLayout("paged", 10, 4), tiny_pair(0).target.model.config), PagedKVCache)
+
+
+# ---------------------------------------------------------------- traces, the CLI and stats
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    from tests.tiny import save_tiny
+    return save_tiny(noisy_pair(0, noise=0.08), tmp_path_factory.mktemp("models"))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cli_records_the_layout_and_stats_report_it(folders, tmp_path, capsys, layout):
+    from engine.cli import main
+    from engine.layout_stats import layout_stats
+    from engine.trace import load_trace
+    out = tmp_path / f"{layout}.jsonl"
+    assert main(["run", "--prompt", "the cat sat", "--target", folders[0], "--draft", folders[1], "--k", "4",
+                 "--temperature", "0", "--max-new-tokens", "24", "--cache", layout, "--block-size", "4",
+                 "--out", str(out)]) == 0
+    trace = load_trace(out)
+    assert trace.header["cache_layout"]["name"] == layout == trace.header["settings"]["cache_layout"]
+    ls = layout_stats(trace)
+    peak = max(c["target_cache_len"]["after_append"] for c in trace.cycles)
+    assert ls.target.peak_slots_attended == peak
+    if layout == "static":
+        assert ls.target.peak_slots_held == trace.header["cache_layout"]["capacity"] >= peak
+        stale = [c["target_cache_layout_state"]["after_rollback"]["stale_slots"] for c in trace.cycles]
+        assert ls.target.stale_slots_max == max(stale) > 0
+    if layout == "paged":
+        freed = sum(len(c["target_cache_layout_state"]["blocks_freed"]) for c in trace.cycles)
+        assert ls.target.blocks_freed == freed and ls.target.peak_slots_held % 4 == 0 >= peak - ls.target.peak_slots_held
+    if layout == "dynamic":
+        assert ls.target.peak_slots_held == peak
+    capsys.readouterr()
+    assert main(["stats", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"KV-CACHE LAYOUT: {layout}" in printed
+    row = next(line for line in printed.splitlines() if line.strip().startswith("target") and "  " in line
+               and line.split()[1].isdigit() and int(line.split()[1]) == peak)
+    assert int(row.split()[2]) == ls.target.peak_slots_held
+
+
+def test_cli_refuses_an_unknown_layout(tmp_path, capsys):
+    from engine.cli import main
+    with pytest.raises(SystemExit):
+        main(["run", "--prompt", "x", "--cache", "ring", "--out", str(tmp_path / "x.jsonl")])
+    assert "invalid choice: 'ring'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layout, path, value, message", [
+    ("static", ("target_cache_layout_state", "after_rollback", "write_position"), 999, "write_position"),
+    ("static", ("draft_cache_layout_state", "after_rollback", "stale_slots"), -1, "stale_slots"),
+    ("paged", ("target_cache_layout_state", "after_append", "block_table"), [0, 0], "block table"),
+    ("paged", ("target_cache_layout_state", "before", "block_table"), [10 ** 9], "block table"),
+    ("paged", ("target_cache_layout_state", "blocks_freed"), ["x"], "blocks_freed"),
+    ("dynamic", ("draft_cache_layout_state", "after_append", "slots_allocated"), 10 ** 12, "slots_allocated"),
+])
+def test_loader_refuses_layout_fields_that_disagree(folders, tmp_path, layout, path, value, message):
+    import json
+    from engine.run import run_to_trace
+    from engine.trace import TraceError, loads_trace
+    from engine.speculative import Pair
+    from tests.tiny import tiny_pair
+    pair = tiny_pair(0)
+    out = tmp_path / "t.jsonl"
+    run_to_trace(pair, "the cat sat", SpecSettings(k=3, max_new_tokens=10, cache_layout=layout, block_size=4), out)
+    lines = out.read_text().splitlines()
+    loads_trace("\n".join(lines))  # the real trace loads
+    rec = json.loads(lines[1])
+    target = rec
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    lines[1] = json.dumps(rec)
+    with pytest.raises(TraceError, match=message):
+        loads_trace("\n".join(lines))
+    header = json.loads(lines[0])
+    header["cache_layout"]["name"] = "ring"
+    with pytest.raises(TraceError, match="cache_layout"):
+        loads_trace("\n".join([json.dumps(header), *lines[1:]]))
