@@ -302,3 +302,22 @@ def test_loader_refuses_layout_fields_that_disagree(folders, tmp_path, layout, p
     header["cache_layout"]["name"] = "ring"
     with pytest.raises(TraceError, match="cache_layout"):
         loads_trace("\n".join([json.dumps(header), *lines[1:]]))
+
+
+# ---------------------------------------------------------------- the bundled trace of each layout
+
+def test_one_bundled_trace_per_layout_with_the_same_tokens():
+    from pathlib import Path
+    from engine.layout_stats import layout_stats
+    from engine.trace import load_trace
+    from tests.checks import assert_self_consistent
+    folder = Path(__file__).resolve().parent.parent / "assets" / "traces"
+    traces = {layout: load_trace(folder / f"shakespeare-cache-{layout}.jsonl") for layout in LAYOUTS}
+    for layout, trace in traces.items():
+        assert_self_consistent(trace)
+        assert trace.header["cache_layout"]["name"] == layout and trace.header["preset"] == "tiny-shakespeare"
+    tokens = {layout: t.summary["generated_token_ids"] for layout, t in traces.items()}
+    assert tokens["static"] == tokens["dynamic"] == tokens["paged"]
+    static, paged = layout_stats(traces["static"]), layout_stats(traces["paged"])
+    assert static.target.stale_slots_max > 0 and paged.target.blocks_freed > 0
+    assert paged.block_size == 4 and any(c["rejected_position"] for c in traces["paged"].cycles)
