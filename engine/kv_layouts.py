@@ -338,6 +338,11 @@ def kv_bytes_held(cache: Cache) -> int:
     return sum((l.keys.numel() + l.values.numel()) * l.keys.element_size() for l in layers)
 
 
+def kv_bytes_reserved(cache: Cache) -> int:
+    """Bytes of K/V tensors allocated behind this cache: for paged, the whole pool (shared by every sequence it serves)."""
+    return sum((l.keys.numel() + l.values.numel()) * l.keys.element_size() for l in cache.layers if l.is_initialized)
+
+
 def check_invariants(cache: Cache) -> None:
     """Raise AssertionError if the layout's bookkeeping disagrees with itself."""
     lengths = {int(layer.get_seq_length()) for layer in cache.layers if layer.is_initialized}
