@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from .config import SpecSettings
-from .kv_layouts import cycle_layout_state, layout_for_run, layout_state, new_cache, roll_back_cache
+from .kv_layouts import cycle_layout_fields, layout_for_run, layout_state, new_cache, roll_back_cache
 from .models import LoadedModel
 from .sampling import draw, residual, sample, uniform, warp_probs
 
@@ -252,8 +252,8 @@ def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator
                              "after_rollback": cache_len(state.target_cache)},
         "draft_cache_len": {"before": before["draft"], "after_append": draft_cache_appended,
                             "after_rollback": cache_len(state.draft_cache)},
-        "target_cache_layout_state": cycle_layout_state(state.target_cache, layout_before[0], target_layout_appended),
-        "draft_cache_layout_state": cycle_layout_state(state.draft_cache, layout_before[1], draft_layout_appended),
+        **cycle_layout_fields(state.target_cache, state.draft_cache, layout_before,
+                              (target_layout_appended, draft_layout_appended)),
         "draft_catch_up": caught_up, "verify_positions": len(draft_tokens) + 1,
         "draft_time_s": sum(step_times), "draft_step_times_s": step_times,
         "verify_time_s": verify_time, "catch_up_time_s": catch_up_time, "cycle_time_s": cycle_time,
