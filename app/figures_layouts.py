@@ -30,6 +30,20 @@ LAYOUT_STYLES = {
     FREED_SLOT: Style("slot of a block returned to the free list", OKABE_ITO["vermillion"], "↩", "x", "x"),
 }
 ALL_STYLES = {**STYLES, **LAYOUT_STYLES}
+LAYOUT_WORDS = {"dynamic": "dynamic (growable tensors, crop the tail)",
+                "static": "static (preallocated buffer, move the write position)",
+                "paged": "paged (blocks from a pool, free whole blocks)"}
+ROLLBACK_WORDS = {
+    "dynamic": "The cache is a set of contiguous tensors (Hugging Face `DynamicCache`): the rollback slices "
+               "their tail off, and the memory of the cut positions is gone.",
+    "static": "The cache is one buffer preallocated for the whole run (gpt-fast, Hugging Face `StaticCache`): "
+              "the rollback only moves the write position back. The rejected K/V stay in their slots, greyed "
+              "below, but a query at position p attends to slots 0..p only, so they are never read, and the "
+              "next cycle overwrites them.",
+    "paged": "The cache is a block table over a pool of fixed-size blocks (vLLM PagedAttention): the rollback "
+             "lowers the token count and returns every block that lies wholly past it to the free list. The "
+             "partly filled block stays; its stale slots are overwritten by the next append.",
+}
 CONTEXT = 6  # committed cells drawn before the ones this cycle touches
 MAX_CELLS = 64  # slots drawn at most in one row
 MAX_POOL = 96  # pool blocks drawn at most

@@ -224,3 +224,14 @@ def test_rollback_page_sets_the_bug_beside_the_static_cache(teaching_folder, mon
     names = {t["name"] for t in fig["data"] if t.get("name")}
     assert any("inside the attended range" in n for n in names) and any("stale: rejected K/V, masked" in n for n in names)
     assert "Stale K/V that corrupts, and stale K/V that does not" in [s.value for s in at.subheader]
+
+
+@pytest.mark.parametrize("name, title", [("static", "Static cache (target): rollback"),
+                                         ("paged", "Paged cache (target): rollback")])
+def test_walkthrough_rollback_stage_draws_the_layout(layout_dir, name, title):
+    at = start({"trace": f"bundled:{name}.jsonl"})
+    at.switch_page("views/walkthrough.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = charts(at)
+    assert shown["wt_layout_0"]["layout"]["title"]["text"].startswith(title)
+    assert any(fl.LAYOUT_WORDS[name] in plain(m.value) for m in at.markdown)

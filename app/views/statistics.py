@@ -8,7 +8,7 @@ import dataclasses
 import streamlit as st
 
 from app import figures_stats as figs
-from app.figures_layouts import memory_figure
+from app.figures_layouts import LAYOUT_WORDS, memory_figure
 from app import live, state
 from app.safe import md
 from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
@@ -242,11 +242,6 @@ def compare_section(trace: Trace, st_: TraceStats) -> None:
 
 
 # ---------------------------------------------------------------- KV-cache layout
-
-LAYOUT_WORDS = {"dynamic": "dynamic (growable tensors, crop the tail)",
-                "static": "static (preallocated buffer, move the write position)",
-                "paged": "paged (blocks from a pool, free whole blocks)"}
-
 
 def layout_section(ls: LayoutStats) -> None:
     st.markdown(f"Both caches used the **{LAYOUT_WORDS[ls.name]}** layout"
