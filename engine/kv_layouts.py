@@ -112,19 +112,22 @@ def new_cache(layout: CacheLayout, config) -> Cache:
 # ---------------------------------------------------------------- static: move the write position
 
 class StaticKVLayer(StaticLayer):
-    """HF's static layer, plus the highest slot ever written (to count stale slots)."""
+    """HF's static layer, plus the highest slot written before the last rollback (to count stale slots).
+
+    The forward pass stays free of Python bookkeeping (a CUDA graph can capture it): the
+    high-water mark is read at rollback time, the only moment the position moves back.
+    """
 
     def __init__(self, max_cache_len: int) -> None:
         super().__init__(max_cache_len=max_cache_len)
         self.high_water = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        end = int(self.cumulative_length) + key_states.shape[-2]
-        if end > self.max_cache_len:
-            raise CacheFullError(f"static cache full: {end} positions needed, {self.max_cache_len} preallocated")
-        keys, values = super().update(key_states, value_states, *args, **kwargs)  # (B, H, capacity, D) each
-        self.high_water = max(self.high_water, end)
-        return keys, values
+        if not torch.compiler.is_compiling():  # eager only: a clear error instead of an index assert
+            end = int(self.cumulative_length) + key_states.shape[-2]
+            if end > self.max_cache_len:
+                raise CacheFullError(f"static cache full: {end} positions needed, {self.max_cache_len} preallocated")
+        return super().update(key_states, value_states, *args, **kwargs)  # (B, H, capacity, D) each
 
 
 class StaticKVCache(Cache):
@@ -139,9 +142,13 @@ class StaticKVCache(Cache):
     def write_position(self) -> int:
         return int(self.layers[0].get_seq_length())
 
+    def high_water(self) -> int:
+        """One past the highest slot ever written."""
+        return max(self.layers[0].high_water, self.write_position())
+
     def stale_slots(self) -> int:
         """Slots at or after the write position that still hold K/V of rejected tokens."""
-        return self.layers[0].high_water - self.write_position()
+        return self.high_water() - self.write_position()
 
 
 def roll_back_static(cache: StaticKVCache, keep: int) -> None:
@@ -151,7 +158,9 @@ def roll_back_static(cache: StaticKVCache, keep: int) -> None:
     """
     for layer in cache.layers:
         if layer.is_initialized:
-            layer.cumulative_length.fill_(min(int(layer.cumulative_length), keep))
+            position = int(layer.cumulative_length)
+            layer.high_water = max(layer.high_water, position)
+            layer.cumulative_length.fill_(min(position, keep))
 
 
 # ---------------------------------------------------------------- paged: a block table over a pool
@@ -357,7 +366,7 @@ def check_invariants(cache: Cache) -> None:
     assert len(lengths) <= 1, f"layers disagree on the cache length: {lengths}"
     name = layout_name(cache)
     if name == "static":
-        assert 0 <= cache.write_position() <= cache.layers[0].high_water <= cache.capacity
+        assert 0 <= cache.write_position() <= cache.high_water() <= cache.capacity
     if name == "paged":
         pool, table = cache.pool, cache.block_table
         assert len(pool.free) + len(pool.used) == pool.num_blocks, "a block leaked or was counted twice"

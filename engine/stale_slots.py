@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import SpecSettings
+from .kv_layouts import roll_back_static
 from .models import LoadedModel
 from .speculative import Pair, TokenTexts, run_cycle, start_run
 from .teaching import eager_attention
@@ -44,8 +45,7 @@ def attention_over_buffer(m: LoadedModel, cache, token_id: int) -> torch.Tensor:
     ids = m.model_input([token_id])
     with eager_attention(m.model):
         out = m.model(input_ids=ids, use_cache=True, output_attentions=True, **{m.cache_arg: cache})
-    for layer in cache.layers:
-        layer.cumulative_length.fill_(position)
+    roll_back_static(cache, position)
     return torch.stack([a[0, :, -1, :].float() for a in out.attentions]).mean(dim=(0, 1)).cpu()  # (capacity,)
 
 

@@ -133,7 +133,7 @@ def run_poisoned(pair, s, poison_from_write_position: int) -> tuple[list[int], i
         rec = run_cycle(pair, state, s, gen, cycle, texts)
         out += rec["committed_token_ids"]
         for cache in (state.target_cache, state.draft_cache):
-            pos, high = cache.write_position(), cache.layers[0].high_water
+            pos, high = cache.write_position(), cache.high_water()
             poison(cache, max(0, pos + poison_from_write_position), high)
             poisoned += high - pos
         cycle += 1
