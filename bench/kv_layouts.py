@@ -35,7 +35,8 @@ import torch  # noqa: E402
 
 from bench_report import machine_info  # noqa: E402
 from engine.config import SpecSettings  # noqa: E402
-from engine.kv_layouts import CacheLayout, kv_bytes_held, kv_bytes_reserved, new_cache, roll_back_cache  # noqa: E402
+from engine.kv_layouts import (CacheLayout, kv_bytes_held, kv_bytes_reserved, layout_name, new_cache,  # noqa: E402
+                               roll_back_cache)  # noqa: E402
 from engine.run import encode_prompt, load_preset  # noqa: E402
 from engine.speculative import Pair, TokenTexts, prefill, run_cycle, start_run  # noqa: E402
 
@@ -43,11 +44,21 @@ VARIANTS = {"dynamic": ("dynamic", 16), "static": ("static", 16), "paged-16": ("
 PROMPTS = {"tiny-shakespeare": "Romeo.\n", "chat": "Explain why the sky is blue in two sentences."}
 
 
+def slots_held(cache) -> int:
+    """K/V slots this sequence holds: positions (dynamic), the buffer (static), its blocks' slots (paged)."""
+    name = layout_name(cache)
+    if name == "static":
+        return cache.capacity
+    if name == "paged":
+        return len(cache.block_table) * cache.block_size
+    return int(cache.get_seq_length())
+
+
 def memory_run(pair: Pair, prompt_ids: list[int], s: SpecSettings) -> dict:
     """Bytes held by both caches after each verify and after each rollback, over one run."""
     gen, texts = torch.Generator().manual_seed(s.seed), TokenTexts(pair.target.tokenizer)
     state = start_run(pair, prompt_ids, s)
-    peak_per_cycle, after_rollback = [], []
+    peak_per_cycle, after_rollback, unused = [], [], []
     cycle, peak = 0, 0
     verify = pair.target.forward
 
@@ -63,12 +74,14 @@ def memory_run(pair: Pair, prompt_ids: list[int], s: SpecSettings) -> dict:
             run_cycle(pair, state, s, gen, cycle, texts, record=False)
             peak_per_cycle.append(peak)
             after_rollback.append(kv_bytes_held(state.target_cache) + kv_bytes_held(state.draft_cache))
+            unused.append(slots_held(state.target_cache) - int(state.target_cache.get_seq_length()))
             cycle += 1
     finally:
         pair.target.forward = verify
     return {"cycles": cycle, "committed": len(state.committed), "peak_bytes": max(peak_per_cycle),
             "mean_bytes_after_verify": statistics.mean(peak_per_cycle), "final_bytes": after_rollback[-1],
             "bytes_after_verify": peak_per_cycle, "bytes_after_rollback": after_rollback,
+            "mean_unused_target_slots": statistics.mean(unused), "unused_target_slots": unused,
             "reserved_bytes": kv_bytes_reserved(state.target_cache) + kv_bytes_reserved(state.draft_cache),
             "generated": list(state.generated)}
 
@@ -121,13 +134,16 @@ def markdown(result: dict) -> str:
              "Held: what this sequence occupies (dynamic: its tensors; static: the whole buffer; paged: the blocks in "
              "its table). Reserved: the tensors allocated behind the cache (paged: the pool, which an engine shares "
              "between sequences).", "",
+             "Unused slots: slots the target's cache holds after a rollback that no position attends to "
+             "(static: the rest of the buffer; paged: the tail of the last block, internal fragmentation).", "",
              "| layout | cycles | peak KiB held (after a verify) | mean KiB held after a verify | KiB held after the last rollback "
-             "| KiB reserved | same tokens as dynamic |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             "| KiB reserved | unused target slots after a rollback, mean | same tokens as dynamic |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     dyn = result["memory"]["dynamic"]["generated"]
     for v, r in result["memory"].items():
         lines.append(f"| {v} | {r['cycles']} | {r['peak_bytes'] / 1024:.1f} | {r['mean_bytes_after_verify'] / 1024:.1f} | "
-                     f"{r['final_bytes'] / 1024:.1f} | {r['reserved_bytes'] / 1024:.1f} | {'yes' if r['generated'] == dyn else 'no'} |")
+                     f"{r['final_bytes'] / 1024:.1f} | {r['reserved_bytes'] / 1024:.1f} | {r['mean_unused_target_slots']:.1f} | "
+                     f"{'yes' if r['generated'] == dyn else 'no'} |")
     lines += ["", f"### One rollback of the target cache ({result['positions']} positions, K={result['k']}), microseconds",
               "", f"{result['rounds']} interleaved rounds x {result['trials']} trials; a round's figure is its median trial.",
               "", "| layout | median over rounds | p10 - p90 of rounds |", "|---|---:|---:|"]
