@@ -166,12 +166,26 @@ def roll_back_static(cache: StaticKVCache, keep: int) -> None:
 # ---------------------------------------------------------------- paged: a block table over a pool
 
 class BlockPool:
-    """A free list of block ids (vLLM's free block queue): allocate from the front, free to the back."""
+    """Blocks of K/V storage and their free list (vLLM's free block queue: allocate from the front, free to the back).
+
+    Every sequence of one model that shares the pool writes into the same per-layer
+    tensors (num_blocks, H, block_size, D); a block id means the same slots in every layer.
+    """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.free: deque[int] = deque(range(num_blocks))
         self.used: set[int] = set()
+        self.storage: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer index -> (keys, values)
+
+    def layer_storage(self, layer_idx: int, key_states: torch.Tensor,
+                      value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's K/V block tensors, allocated at the first write (shape, dtype and device from it)."""
+        if layer_idx not in self.storage:
+            heads, k_dim, v_dim = key_states.shape[1], key_states.shape[-1], value_states.shape[-1]
+            self.storage[layer_idx] = (key_states.new_zeros(self.num_blocks, heads, self.block_size, k_dim),
+                                       value_states.new_zeros(self.num_blocks, heads, self.block_size, v_dim))
+        return self.storage[layer_idx]
 
     def allocate(self) -> int:
         if not self.free:
@@ -187,23 +201,21 @@ class BlockPool:
 
 
 class PagedLayer(CacheLayerMixin):
-    """One layer's K/V pool (num_blocks, H, block_size, D); the block table belongs to the cache."""
+    """One layer of one sequence: its view of the pool's block tensors; the block table belongs to the cache."""
 
     is_compileable = False
     is_croppable = True
 
-    def __init__(self, cache: "PagedKVCache") -> None:
+    def __init__(self, cache: "PagedKVCache", layer_idx: int) -> None:
         super().__init__()
-        self.cache = cache
+        self.cache, self.layer_idx = cache, layer_idx
         self.num_tokens = 0  # positions the model attends to (vLLM: num_computed_tokens)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         if key_states.shape[0] != 1:
-            raise ValueError("the paged layout here holds one sequence (batch size 1)")
-        pool, (_, heads, _, k_dim), v_dim = self.cache.pool, key_states.shape, value_states.shape[-1]
+            raise ValueError("the paged layout here holds one sequence per cache (batch size 1)")
         self.device = key_states.device
-        self.keys = key_states.new_zeros(pool.num_blocks, heads, pool.block_size, k_dim)
-        self.values = value_states.new_zeros(pool.num_blocks, heads, pool.block_size, v_dim)
+        self.keys, self.values = self.cache.pool.layer_storage(self.layer_idx, key_states, value_states)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -247,7 +259,7 @@ class PagedKVCache(Cache):
         self.pool = pool
         self.block_table: list[int] = []  # logical block i -> physical block id
         self.events: list[tuple[str, int]] = []  # ("alloc" | "free", block id), in order
-        super().__init__(layers=[PagedLayer(self) for _ in range(num_layers)])
+        super().__init__(layers=[PagedLayer(self, i) for i in range(num_layers)])
 
     @property
     def block_size(self) -> int:
@@ -357,6 +369,8 @@ def kv_bytes_held(cache: Cache) -> int:
 
 def kv_bytes_reserved(cache: Cache) -> int:
     """Bytes of K/V tensors allocated behind this cache: for paged, the whole pool (shared by every sequence it serves)."""
+    if layout_name(cache) == "paged":
+        return sum((k.numel() + v.numel()) * k.element_size() for k, v in cache.pool.storage.values())
     return sum((l.keys.numel() + l.values.numel()) * l.keys.element_size() for l in cache.layers if l.is_initialized)
 
 

@@ -156,40 +156,67 @@ def test_static_stale_slots_are_never_read():
     assert corrupted != clean
 
 
-def random_cycles(cache, model, cycles: int, k: int, rng: random.Random, check_every: int) -> int:
-    """Append K+1 random tokens, keep a random accept length, like a verify and its rollback."""
-    committed = [1, 2, 3]
-    prefill(model, committed, cache)
-    freed = 0
-    for cycle in range(cycles):
-        if len(committed) > 120:  # a new request: start over from a short prompt
-            committed = committed[:3]
-            roll_back_cache(cache, 2)
-        proposal = [rng.randrange(model.full_vocab_size) for _ in range(k)]
-        model.forward([committed[-1], *proposal], cache)
-        committed += proposal[: rng.randint(0, k)] + [rng.randrange(model.full_vocab_size)]
-        used_before = len(cache.block_table)
-        roll_back_cache(cache, len(committed) - 1)
-        missing = committed[int(cache.get_seq_length()):len(committed) - 1]
-        if missing:
-            model.forward(missing, cache)  # a correction token whose K/V the verify did not hold
-        freed += max(0, used_before - len(cache.block_table))
-        check_invariants(cache)
-        assert len(cache.pool.free) + len(cache.pool.used) == cache.pool.num_blocks
-        if cycle % check_every == 0:
-            assert_matches_fresh_prefill(model, cache, committed)
-    assert_matches_fresh_prefill(model, cache, committed)
-    return freed
+class RandomSequence:
+    """One sequence in a paged cache, driven by verify-like appends and random accept lengths.
+
+    A dynamic cache gets the same appends and crops, as a cheap reference for every cycle.
+    """
+
+    def __init__(self, model, cache, rng: random.Random) -> None:
+        self.model, self.cache, self.rng = model, cache, rng
+        self.reference = model.new_cache()
+        self.committed = [1, 2, 3]
+        for c in (cache, self.reference):
+            prefill(model, self.committed, c)
+
+    def cycle(self, k: int) -> int:
+        """One verify of K+1 positions, a random accept length, the rollback; returns the blocks it freed."""
+        if len(self.committed) > 120:  # a new request: start over from a short prompt
+            self.committed = self.committed[:3]
+            for c in (self.cache, self.reference):
+                roll_back_cache(c, 2)
+        vocab = self.model.full_vocab_size
+        proposal = [self.rng.randrange(vocab) for _ in range(k)]
+        for c in (self.cache, self.reference):
+            self.model.forward([self.committed[-1], *proposal], c)
+        self.committed += proposal[: self.rng.randint(0, k)] + [self.rng.randrange(vocab)]
+        blocks_before = len(self.cache.block_table)
+        for c in (self.cache, self.reference):
+            roll_back_cache(c, len(self.committed) - 1)
+            missing = self.committed[int(c.get_seq_length()):len(self.committed) - 1]
+            if missing:
+                self.model.forward(missing, c)  # the resampled token's K/V, which the verify did not hold
+        return max(0, blocks_before - len(self.cache.block_table))
+
+    def check(self, fresh: bool) -> None:
+        check_invariants(self.cache)
+        for (k, v), (rk, rv) in zip(attended_kv(self.cache), attended_kv(self.reference), strict=True):
+            torch.testing.assert_close(k, rk, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(v, rv, rtol=1e-4, atol=1e-5)
+        if fresh:
+            assert_matches_fresh_prefill(self.model, self.cache, self.committed)
 
 
 def test_paged_thousand_random_cycles_leak_no_block_and_keep_committed_kv():
+    """Two sequences share one pool, as in a serving engine; 1,000 cycles with random accept lengths."""
     model = tiny_pair(0).target
-    layout = CacheLayout("paged", capacity=160, block_size=4)
-    cache = new_cache(layout, model.model.config)
-    freed = random_cycles(cache, model, 1000, 4, random.Random(0), check_every=50)
+    pool = BlockPool(num_blocks=80, block_size=4)
+    rng = random.Random(0)
+    seqs = [RandomSequence(model, PagedKVCache(2, pool), rng) for _ in range(2)]
+    freed = 0
+    for cycle in range(1000):
+        seq = seqs[cycle % 2]
+        freed += seq.cycle(k=4)
+        seq.check(fresh=cycle % 50 < 2)
+        assert len(pool.free) + len(pool.used) == pool.num_blocks  # no block leaked
+        assert set(seqs[0].cache.block_table).isdisjoint(seqs[1].cache.block_table)
+        assert pool.used == set(seqs[0].cache.block_table) | set(seqs[1].cache.block_table)
     assert freed > 100  # rollbacks really returned blocks
-    roll_back_cache(cache, 0)
-    assert cache.block_table == [] and len(cache.pool.free) == cache.pool.num_blocks
+    for seq in seqs:
+        seq.check(fresh=True)
+        roll_back_cache(seq.cache, 0)
+    assert len(pool.free) == pool.num_blocks and not pool.used
+    assert len(pool.storage) == 2  # one K/V tensor pair per layer, shared by both sequences
 
 
 def test_paged_rollback_keeps_the_partial_block_and_frees_whole_ones():
