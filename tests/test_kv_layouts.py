@@ -353,3 +353,19 @@ def test_one_bundled_trace_per_layout_with_the_same_tokens():
     static, paged = layout_stats(traces["static"]), layout_stats(traces["paged"])
     assert static.target.stale_slots_max > 0 and paged.target.blocks_freed > 0
     assert paged.block_size == 4 and any(c["rejected_position"] for c in traces["paged"].cycles)
+
+
+def test_a_run_that_never_rolls_back_fits_every_layout_and_breaks_the_same_way():
+    """The teaching fault keeps every rejected entry: the capacity covers it, and the tokens match dynamic's."""
+    from engine.speculative import Faults
+    pair = tiny_pair(1)
+    faults = Faults(keep_rejected_kv=True)
+    runs = {}
+    for layout in LAYOUTS:
+        s = SpecSettings(k=4, temperature=0, max_new_tokens=20, cache_layout=layout, block_size=4)
+        records = list(speculative_generate(pair, PROMPT, s, faults))
+        runs[layout] = tokens_of(records)
+        assert records[-1]["target_cache_len"]["after_rollback"] > len(PROMPT) + 20  # the rejected K/V stayed
+    assert runs["static"] == runs["dynamic"] == runs["paged"]
+    plain = target_generate(pair.target, PROMPT, SpecSettings(k=4, temperature=0, max_new_tokens=20), set())
+    assert runs["dynamic"] != plain
