@@ -6,8 +6,9 @@
   Rollback moves the write position back; the rejected K/V stay in their slots, hidden
   by the causal mask (a query at position p never attends to a slot after p), and the
   next append overwrites them.
-- paged: fixed-size blocks drawn from a pool (vLLM PagedAttention). Each layer's K/V
-  live in a (num_blocks, heads, block_size, head_dim) tensor; a block table maps the
+- paged: fixed-size blocks drawn from a pool (vLLM PagedAttention). The pool owns each
+  layer's (num_blocks, heads, block_size, head_dim) K/V tensors, shared by every sequence
+  (cache) drawing from it; a sequence's block table maps the
   sequence's logical blocks to physical block ids, and attention reads K/V gathered
   through that table. Rollback lowers the token count (vLLM's `num_computed_tokens`)
   and returns blocks that lie wholly past it to the free list; a partly filled block
