@@ -369,3 +369,16 @@ def test_a_run_that_never_rolls_back_fits_every_layout_and_breaks_the_same_way()
     assert runs["static"] == runs["dynamic"] == runs["paged"]
     plain = target_generate(pair.target, PROMPT, SpecSettings(k=4, temperature=0, max_new_tokens=20), set())
     assert runs["dynamic"] != plain
+
+
+def test_stats_of_a_trace_from_before_layouts_report_a_dynamic_cache():
+    from pathlib import Path
+    from engine.layout_stats import layout_stats
+    from engine.report import format_stats
+    from engine.trace import load_trace
+    trace = load_trace(Path(__file__).resolve().parent.parent / "assets" / "traces" / "default.jsonl")
+    assert "cache_layout" not in trace.header
+    ls = layout_stats(trace)
+    peak = max(c["target_cache_len"]["after_append"] for c in trace.cycles)
+    assert ls.name == "dynamic" and ls.target.peak_slots_attended == ls.target.peak_slots_held == peak
+    assert "KV-CACHE LAYOUT: dynamic" in format_stats(trace)
