@@ -107,3 +107,14 @@ def test_greedy_speculation_on_the_fast_path_equals_reference_plain_decoding(k):
     assert pair.target.runner is not pair.target.model  # speculation ran on the packed twin
     pair.target.fast_linear = False  # plain decoding with the model as loaded (MKL F.linear)
     assert spec == target_generate(pair.target, prompt, s, pair.eos_ids)
+
+
+@pytest.mark.parametrize("layout", ["dynamic", "static", "paged"])
+def test_fast_path_works_with_every_cache_layout(layout):
+    pair = noisy_pair(1)
+    s = SpecSettings(k=4, temperature=0, max_new_tokens=30, cache_layout=layout)
+    prompt = [1, 2, 4, 6, 7]
+    spec = [t for r in speculative_generate(pair, prompt, s) for t in r["committed_token_ids"]]
+    pair.target.fast_linear = False
+    assert spec == target_generate(pair.target, prompt, SpecSettings(k=4, temperature=0, max_new_tokens=30),
+                                   pair.eos_ids)
