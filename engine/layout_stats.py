@@ -102,13 +102,14 @@ class LayoutStats:
     name: str
     block_size: int | None
     target: ModelLayoutStats
-    draft: ModelLayoutStats
+    draft: ModelLayoutStats | None  # None for a drafter without a cache over the target's positions
 
 
 def layout_stats(trace) -> LayoutStats:
     layout = layout_of(trace.header)
-    per_model = {m: _model_stats(layout, trace.cycles, m) for m in MODELS}
-    return LayoutStats(layout["name"], layout.get("block_size"), per_model["target"], per_model["draft"])
+    per_model = {m: _model_stats(layout, trace.cycles, m) for m in MODELS
+                 if all(c[f"{m}_cache_len"] is not None for c in trace.cycles)}
+    return LayoutStats(layout["name"], layout.get("block_size"), per_model["target"], per_model.get("draft"))
 
 
 def _model_stats(layout: dict, cycles: list[dict], model: str) -> ModelLayoutStats:
@@ -136,7 +137,9 @@ def layout_lines(ls: LayoutStats) -> list[str]:
     lines = [head, "  model   peak attended  peak slots held  stale slots max/mean  blocks alloc/freed  "
                    "peak pool use  unused slots mean"]
     for model in MODELS:
-        m: ModelLayoutStats = getattr(ls, model)
+        m: ModelLayoutStats | None = getattr(ls, model)
+        if m is None:
+            continue  # prompt lookup / other tokenizer: no draft cache over the target's positions
         stale = f"{m.stale_slots_max}/{m.stale_slots_mean:.1f}" if ls.name == "static" else "-"
         blocks = f"{m.blocks_allocated}/{m.blocks_freed}" if ls.name == "paged" else "-"
         occupancy = f"{m.peak_pool_occupancy:.0%}" if ls.name == "paged" else "-"

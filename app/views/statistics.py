@@ -267,6 +267,8 @@ def layout_section(ls: LayoutStats) -> None:
     rows = []
     for model in ("target", "draft"):
         m = getattr(ls, model)
+        if m is None:
+            continue  # a drafter without a cache over the target's positions
         row = {"model": model, "peak K/V slots attended": m.peak_slots_attended, "peak K/V slots held": m.peak_slots_held}
         if ls.name == "static":
             row.update({"stale slots, max": m.stale_slots_max, "stale slots, mean": round(m.stale_slots_mean, 2)})
