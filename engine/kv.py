@@ -6,6 +6,8 @@ different cache layout only has to change this module.
 import torch
 from transformers import DynamicCache
 
+from .kv_layouts import roll_back_cache
+
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -17,15 +19,13 @@ def cache_len(cache: DynamicCache) -> int:
 
 
 def crop(cache: DynamicCache, keep: int) -> None:
-    """Drop every position at or after `keep` (portable across transformers 4.x and 5.x)."""
-    extra = cache_len(cache) - keep
-    if extra > 0:
-        cache.crop(-extra)
+    """Roll the cache back to `keep` positions, the way its layout does (engine/kv_layouts.py)."""
+    roll_back_cache(cache, keep)
 
 
-def prefill(model, prompt_ids: list[int]) -> DynamicCache:
+def prefill(model, prompt_ids: list[int], cache: DynamicCache | None = None) -> DynamicCache:
     """Cache every prompt token but the last, which opens the first cycle."""
-    cache = model.new_cache()
+    cache = model.new_cache() if cache is None else cache
     if len(prompt_ids) > 1:
         model.fill(prompt_ids[:-1], cache)
     return cache

@@ -14,6 +14,7 @@ from transformers import DynamicCache
 from .config import SpecSettings
 from .drafters import Drafter, ModelDrafter
 from .kv import cache_len, crop, prefill, sync  # noqa: F401  (re-exported: callers import them from here)
+from .kv_layouts import cycle_layout_state, layout_for_run, layout_name, layout_state, new_cache
 from .models import LoadedModel
 from .sampling import draw, residual, sample, uniform, warp_probs
 from .timing import timed
@@ -190,6 +191,23 @@ def residual_entries(d: Decision, p_target: torch.Tensor, p_draft: torch.Tensor,
             for t in ids_list if float(d.residual_probs[t]) > 0 or t == d.next_token_id]
 
 
+def layout_states(target_cache, draft_cache) -> tuple[dict | None, dict | None]:
+    """The layout facts of the target's and (if the drafter keeps one) the draft's cache."""
+    return (None if target_cache is None else layout_state(target_cache),
+            None if draft_cache is None else layout_state(draft_cache))
+
+
+def cycle_layout_fields(target_cache, draft_cache, before: tuple, after_append: tuple) -> dict:
+    """Layout state of one cycle; none for a dynamic cache (its state is its length), and none
+    for the draft when the drafter keeps no cache over the target's positions."""
+    if layout_name(target_cache) == "dynamic":
+        return {}
+    fields = {"target_cache_layout_state": cycle_layout_state(target_cache, before[0], after_append[0])}
+    if draft_cache is not None:
+        fields["draft_cache_layout_state"] = cycle_layout_state(draft_cache, before[1], after_append[1])
+    return fields
+
+
 def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator,
               cycle: int, texts: TokenTexts, rule: CycleRule = RATIO_TEST,
               record: bool = True) -> dict:
@@ -197,13 +215,17 @@ def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator
     drafter = rule.drafter(pair.drafter)
     before = {"committed_len": len(state.committed), "target": cache_len(state.target_cache),
               "draft": drafter.cache_len(state.draft_state)}
+    draft_cache = state.draft_cache if before["draft"] is not None else None  # one over the target's positions
+    layout_before = layout_states(state.target_cache, draft_cache)
     cycle_start = time.perf_counter()
     proposal = drafter.propose(state.draft_state, state.committed, s.k, s, gen)
     draft_tokens = proposal.token_ids
     draft_cache_appended = drafter.cache_len(state.draft_state)
+    draft_layout_appended = layout_states(None, draft_cache)[1]
     reads = reads_target_features(drafter)
     p_target, verify_time = timed(lambda: verify(pair.target, state, draft_tokens, s, reads), pair.target.device)
     target_cache_appended = cache_len(state.target_cache)
+    target_layout_appended = layout_states(state.target_cache, None)[0]
     decision = rule.decide(draft_tokens, proposal.p_draft, p_target, gen)
     budget = s.max_new_tokens - len(state.generated)
     committed, state.finished = commit_tokens(draft_tokens, decision, budget, pair.eos_ids)
@@ -223,6 +245,8 @@ def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator
                              "after_rollback": cache_len(state.target_cache)},
         "draft_cache_len": None if draft_after is None else {
             "before": before["draft"], "after_append": draft_cache_appended, "after_rollback": draft_after},
+        **cycle_layout_fields(state.target_cache, draft_cache, layout_before,
+                              (target_layout_appended, draft_layout_appended)),
         "draft_catch_up": catch_up.happened, "verify_positions": len(draft_tokens) + 1,
         "draft_time_s": sum(proposal.step_times_s), "draft_step_times_s": proposal.step_times_s,
         "verify_time_s": verify_time, "catch_up_time_s": catch_up.time_s, "cycle_time_s": cycle_time,
@@ -257,14 +281,19 @@ def describe_cycle(draft_tokens: list[int], d: Decision, p_draft: torch.Tensor,
     }
 
 
-def start_run(pair: Pair, prompt_ids: list[int]) -> RunState:
+def start_run(pair: Pair, prompt_ids: list[int], s: SpecSettings | None = None,
+              rule: CycleRule = RATIO_TEST) -> RunState:
+    """Prefill the target's cache and start the drafter, in the layout `s.cache_layout`
+    (dynamic without settings); a rule that never rolls back needs room for every cycle."""
     if not prompt_ids:
         raise ValueError("the prompt is empty: at least one token is needed to start decoding")
+    layout = layout_for_run(s or SpecSettings(), len(prompt_ids), getattr(rule, "keep_rejected_kv", False))
+    target_cache = new_cache(layout, pair.target.model.config)
     if reads_target_features(pair.drafter):  # the prefill's features fill the head: no second pass
-        cache = pair.target.new_cache()
-        features = pair.target.fill_with_features(prompt_ids[:-1], cache) if len(prompt_ids) > 1 else None
-        return RunState(list(prompt_ids), cache, pair.drafter.start(prompt_ids, features))
-    return RunState(list(prompt_ids), prefill(pair.target, prompt_ids), pair.drafter.start(prompt_ids))
+        features = pair.target.fill_with_features(prompt_ids[:-1], target_cache) if len(prompt_ids) > 1 else None
+        return RunState(list(prompt_ids), target_cache, pair.drafter.start(prompt_ids, layout, features))
+    target_cache = prefill(pair.target, prompt_ids, target_cache)
+    return RunState(list(prompt_ids), target_cache, pair.drafter.start(prompt_ids, layout))
 
 
 def speculative_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings,
@@ -273,7 +302,7 @@ def speculative_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings,
     pair.drafter.check_settings(s)
     gen = torch.Generator().manual_seed(s.seed)
     texts = TokenTexts(pair.target.tokenizer)
-    state = start_run(pair, prompt_ids)
+    state = start_run(pair, prompt_ids, s, rule)
     cycle = 0
     while not state.finished:
         yield run_cycle(pair, state, s, gen, cycle, texts, rule, record)

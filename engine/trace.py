@@ -11,6 +11,7 @@ from pathlib import Path
 from types import UnionType
 from typing import IO, NotRequired, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
 
+from .layout_stats import LayoutFieldError, check_layout_cycle, check_layout_header
 from .metrics import acceptance_metrics
 
 DRAFTER_KINDS = ("model", "prompt-lookup", "other-tokenizer", "eagle")  # engine.drafters names the same four
@@ -164,6 +165,10 @@ def _check_header(h: dict, where: str) -> None:
     if "drafter" in h:  # optional: absent in traces written before there were several drafters
         if not isinstance(h["drafter"], dict) or h["drafter"].get("kind") not in DRAFTER_KINDS:
             raise TraceError(f"{where}: header 'drafter' must be an object whose 'kind' is one of {', '.join(DRAFTER_KINDS)}")
+    try:
+        check_layout_header(h)
+    except LayoutFieldError as err:
+        raise TraceError(f"{where}: {err}") from None
 
 
 def _check_cycle(c: dict, k: int, index: int, where: str, kind: str = "model") -> None:
@@ -235,6 +240,10 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
             raise TraceError(f"{where}: a record after the summary")
         if rec.get("type") == "cycle":
             _check_cycle(rec, k, len(cycles), where, kind)
+            try:
+                check_layout_cycle(header, rec)
+            except LayoutFieldError as err:
+                raise TraceError(f"{where}: {err}") from None
             cycles.append(rec)
         elif rec.get("type") == "summary":
             _check_fields(rec, SUMMARY_FIELDS, where)

@@ -40,6 +40,11 @@ EXAMPLES = {
     "shakespeare-other-tokenizer-greedy-k6.jsonl": [
         "--preset", "tiny-shakespeare", "--drafter", "other-tokenizer", "--prompt", "Romeo.\n",
         "--k", "6", "--temperature", "0", "--max-new-tokens", "120"],
+    # One short run per KV-cache layout: the same prompt, settings and seed, so the tokens agree.
+    **{f"shakespeare-cache-{layout}.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "Juliet.\n", "--k", "4",
+                                              "--temperature", "0.8", "--max-new-tokens", "48", "--seed", "6",
+                                              "--cache", layout, "--block-size", "4"]
+       for layout in ("dynamic", "static", "paged")},
 }
 
 

@@ -8,12 +8,14 @@ import dataclasses
 import streamlit as st
 
 from app import figures_stats as figs
+from app.figures_layouts import LAYOUT_WORDS, memory_figure
 from app import live, state
 from app.safe import md
 from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
                              trace_stats)
 from engine.calibrate import calibrate
 from engine.config import MAX_K, SettingsError, SpecSettings
+from engine.layout_stats import LayoutStats, layout_stats
 from engine.presets import PRESETS
 from engine.speculative import Pair
 from engine.sweep import SweepResult, k_sweep
@@ -153,13 +155,15 @@ def advisor_section(st_: TraceStats) -> None:
     else:
         st.success(md(sentence), icon=":material/trending_up:")
     chart(figs.advisor_figure(st_.advice, st_.k), key="fig_advisor")
+    chart(figs.verify_steps_figure(st_.calibration, st_.advice), key="fig_verify_steps")
     st.dataframe([{"K": a.k, "E[tokens per cycle]": round(a.expected_tokens, 3),
                    "Leviathan": round(a.leviathan, 3), "refined": round(a.refined, 3),
                    "t_verify(K+1) ms": round(a.verify_s * 1000, 3),
                    "verify time": "fitted line" if a.extrapolated else "measured"} for a in st_.advice],
                  hide_index=True, height="content", key="advisor_table")
     st.caption("Alpha, the draft step time and the verify-cost curve are held at this trace's values; "
-               "only K changes. Beyond the calibrated widths, verify time follows a fitted straight line.")
+               "only K changes. The advisor picks K among the measured widths; beyond them, verify time "
+               "follows a fitted straight line, shown but never picked.")
 
 
 def sweep_section(trace: Trace, key: str) -> None:
@@ -254,6 +258,29 @@ def compare_section(trace: Trace, st_: TraceStats) -> None:
     chart(figs.compare_acceptance_figure(["this trace", ref.label], [st_, other_stats]), key="fig_compare")
 
 
+# ---------------------------------------------------------------- KV-cache layout
+
+def layout_section(ls: LayoutStats) -> None:
+    st.markdown(f"Both caches used the **{LAYOUT_WORDS[ls.name]}** layout"
+                + (f", blocks of **{ls.block_size}** slots." if ls.block_size else ".")
+                + " Attended slots are what the model reads; held slots are what memory keeps for this sequence.")
+    rows = []
+    for model in ("target", "draft"):
+        m = getattr(ls, model)
+        if m is None:
+            continue  # a drafter without a cache over the target's positions
+        row = {"model": model, "peak K/V slots attended": m.peak_slots_attended, "peak K/V slots held": m.peak_slots_held}
+        if ls.name == "static":
+            row.update({"stale slots, max": m.stale_slots_max, "stale slots, mean": round(m.stale_slots_mean, 2)})
+        if ls.name == "paged":
+            row.update({"blocks allocated": m.blocks_allocated, "blocks freed": m.blocks_freed,
+                        "peak pool use": f"{m.peak_pool_occupancy:.0%}",
+                        "unused slots in held blocks, mean": round(m.unused_slots_mean, 2)})
+        rows.append(row)
+    st.dataframe(rows, hide_index=True)
+    chart(memory_figure(ls), key="layout_memory")
+
+
 # ---------------------------------------------------------------- the page
 
 def main() -> None:
@@ -272,7 +299,7 @@ def main() -> None:
         return
     shown, key, measured_now = with_calibration(trace, state.current_key())
     st_ = stats_of(key, shown)
-    tabs = st.tabs(["Acceptance", "Cost and speed", "K advisor", "K sweep", "Compare two traces"])
+    tabs = st.tabs(["Acceptance", "Cost and speed", "K advisor", "K sweep", "Compare two traces", "KV-cache layout"])
     with tabs[0]:
         acceptance_section(st_)
     with tabs[1]:
@@ -292,6 +319,8 @@ def main() -> None:
         sweep_section(trace, state.current_key())
     with tabs[4]:
         compare_section(trace, st_)
+    with tabs[5]:
+        layout_section(layout_stats(trace))
 
 
 main()

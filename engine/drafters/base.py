@@ -47,8 +47,8 @@ class Drafter(Protocol):
     def check_settings(self, s: SpecSettings) -> None:
         """Raise SettingsError when this drafter cannot run exactly with these settings."""
 
-    def start(self, prompt_ids: list[int]) -> Any:
-        """Per-run state (a cache, a token mapping), ready for the first cycle."""
+    def start(self, prompt_ids: list[int], layout: Any = None) -> Any:
+        """Per-run state (a cache in `layout`, a kv_layouts.CacheLayout; a token mapping), ready for the first cycle."""
 
     def propose(self, state: Any, committed: list[int], k: int, s: SpecSettings,
                 gen: torch.Generator) -> Proposal:

@@ -27,6 +27,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaModel
 
 from ..config import SpecSettings
 from ..kv import cache_len, crop
+from ..kv_layouts import CacheLayout, new_cache
 from ..models import LoadedModel, ModelLoadError
 from ..sampling import draw, warp_probs
 from ..timing import timed
@@ -151,8 +152,10 @@ class EagleDrafter:
     def check_settings(self, s: SpecSettings) -> None:
         pass
 
-    def start(self, prompt_ids: list[int], features: torch.Tensor | None = None) -> EagleState:
-        """Fill the head over the prompt from the prefill's features f_0..f_{n-2}.
+    def start(self, prompt_ids: list[int], layout: CacheLayout | None = None,
+              features: torch.Tensor | None = None) -> EagleState:
+        """Fill the head over the prompt from the prefill's features f_0..f_{n-2}; its cache in
+        the run's layout (kv_layouts.CacheLayout; dynamic without one).
 
         Without `features` (a calibration that has no run around it) the target is run
         over the prompt here, once; a run always passes the prefill's features.
@@ -160,7 +163,8 @@ class EagleDrafter:
         if features is None:
             features = self.target.fill_with_features(prompt_ids[:-1], self.target.new_cache()) \
                 if len(prompt_ids) > 1 else self.features_of_nothing()
-        state = EagleState(self.head.new_cache(), features)
+        cache = self.head.new_cache() if layout is None else new_cache(layout, self.head.config)
+        state = EagleState(cache, features)
         self.roll_back(state, list(prompt_ids))
         return state
 

@@ -6,6 +6,7 @@ from transformers import DynamicCache
 
 from ..config import SpecSettings
 from ..kv import cache_len, crop, prefill
+from ..kv_layouts import CacheLayout, new_cache
 from ..models import LoadedModel
 from ..sampling import draw, warp_probs
 from ..timing import timed
@@ -44,8 +45,9 @@ class ModelDrafter:
     def check_settings(self, s: SpecSettings) -> None:
         pass
 
-    def start(self, prompt_ids: list[int]) -> ModelDraftState:
-        return ModelDraftState(prefill(self.model, prompt_ids))
+    def start(self, prompt_ids: list[int], layout: CacheLayout | None = None) -> ModelDraftState:
+        cache = None if layout is None else new_cache(layout, self.model.model.config)  # the target's layout
+        return ModelDraftState(prefill(self.model, prompt_ids, cache))
 
     def propose(self, state: ModelDraftState, committed: list[int], k: int, s: SpecSettings,
                 gen: torch.Generator) -> Proposal:

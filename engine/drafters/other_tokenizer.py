@@ -93,7 +93,8 @@ class OtherTokenizerDrafter:
 
     # ------------------------------------------------------------ the drafter interface
 
-    def start(self, prompt_ids: list[int]) -> OtherTokenizerState:
+    def start(self, prompt_ids: list[int], layout=None) -> OtherTokenizerState:
+        """Its cache is always dynamic: it counts the draft's own tokens, not the target's positions."""
         tok = self.model.tokenizer
         state = OtherTokenizerState(self.model.new_cache(), token_texts=[tok.decode([i]) for i in range(len(tok))])
         self.roll_back(state, prompt_ids)

@@ -58,7 +58,7 @@ class PromptLookupDrafter:
     def check_settings(self, s: SpecSettings) -> None:
         pass
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def start(self, prompt_ids: list[int], layout=None) -> None:
         return None  # everything it needs is the committed sequence itself
 
     def propose(self, state: None, committed: list[int], k: int, s: SpecSettings,
