@@ -95,18 +95,17 @@ class LoadedModel:
         extra = {"logits_to_keep": 1} if self.can_skip_logits else {}
         self.runner(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache}, **extra)
 
-
     @torch.inference_mode()
     def forward_with_features(self, token_ids: list[int], cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
         """forward(), and the top feature (T, H) at each position: an EAGLE head drafts from it."""
-        with TopFeatureTap(self.model) as tap:
+        with TopFeatureTap(self.runner) as tap:  # the module the forward really runs
             logits = self.forward(token_ids, cache)
         return logits, tap.features
 
     @torch.inference_mode()
     def fill_with_features(self, token_ids: list[int], cache: DynamicCache) -> torch.Tensor:
         """fill(), and the top feature (T, H) at each position."""
-        with TopFeatureTap(self.model) as tap:
+        with TopFeatureTap(self.runner) as tap:
             self.fill(token_ids, cache)
         return tap.features
 

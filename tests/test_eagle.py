@@ -187,7 +187,7 @@ def test_no_second_target_pass_per_cycle(eagle_pair):
     """One target forward per cycle (the verify pass); the head takes its features from it."""
     pair = eagle_pair
     calls = []
-    handle = pair.target.model.register_forward_hook(lambda *a: calls.append(1))
+    handle = pair.target.runner.register_forward_hook(lambda *a: calls.append(1))  # what the engine calls
     try:
         s = SpecSettings(k=3, temperature=0, max_new_tokens=20)
         records = list(speculative_generate(pair, PROMPT, s))
@@ -336,3 +336,18 @@ def test_cli_runs_the_eagle_drafter(eagle_pair, tmp_path):
     spec = [t for c in trace.cycles for t in c["committed_token_ids"]]
     s = SpecSettings(k=3, temperature=0, max_new_tokens=12)
     assert spec == target_generate(pair.target, trace.header["prompt_token_ids"], s, set())[: len(spec)]
+
+
+@pytest.mark.parametrize("layout", ["static", "paged"])
+def test_head_cache_in_every_layout_greedy_equal_and_trace_loads(eagle_pair, layout, tmp_path):
+    """The head's cache is made in the run's layout and rolled back by that layout's crop."""
+    from engine.config import LAYOUTS
+    assert layout in LAYOUTS
+    s = SpecSettings(k=4, temperature=0, max_new_tokens=30, cache_layout=layout, block_size=4)
+    tokens = [t for r in speculative_generate(eagle_pair, PROMPT, s) for t in r["committed_token_ids"]]
+    assert tokens == target_generate(eagle_pair.target, PROMPT, s, set())
+    run_to_trace(eagle_pair, "the cat sat on a mat", s, tmp_path / "t.jsonl", chat_template=False)
+    trace = load_trace(tmp_path / "t.jsonl")
+    assert trace.header["cache_layout"]["name"] == layout
+    assert_self_consistent(trace)
+    assert all("draft_cache_layout_state" in c for c in trace.cycles)  # the head's cache is its own row

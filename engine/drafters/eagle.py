@@ -207,6 +207,7 @@ class EagleDrafter:
         return Proposal(tokens, torch.stack(dists).cpu(), step_times,
                         {"feature_sources": sources, "first_feature_position": n - 2})
 
+    @torch.inference_mode()
     def step(self, state: EagleState, position: int, token: int, prev: torch.Tensor,
              s: SpecSettings, gen: torch.Generator) -> tuple[int, torch.Tensor, torch.Tensor]:
         predicted = self.feed(state, position, [token], prev)  # (1, H)
