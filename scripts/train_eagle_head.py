@@ -336,8 +336,8 @@ def main() -> None:
             step += 1
             if step % 10 == 0:
                 curve.append({"step": step, "epoch": epoch, "minutes": round((time.time() - t_start) / 60, 2),
-                              "loss": round(float(loss), 4), "reg": round(reg, 4), "cls": round(cls, 4), "lr": lr})
-                say(f"step {step} epoch {epoch}: loss {float(loss):.4f} reg {reg:.4f} cls {cls:.4f} lr {lr:.2e}")
+                              "loss": round(float(loss.detach()), 4), "reg": round(reg, 4), "cls": round(cls, 4), "lr": lr})
+                say(f"step {step} epoch {epoch}: loss {float(loss.detach()):.4f} reg {reg:.4f} cls {cls:.4f} lr {lr:.2e}")
             if step % args.eval_every == 0:
                 ev = evaluate(head, fr, ho_ex[:quick], ho_refs[:quick], H, step2=False)
                 evals.append({"step": step, "minutes": round((time.time() - t_start) / 60, 2), "heldout_answers": quick, **ev})

@@ -351,3 +351,17 @@ def test_head_cache_in_every_layout_greedy_equal_and_trace_loads(eagle_pair, lay
     assert trace.header["cache_layout"]["name"] == layout
     assert_self_consistent(trace)
     assert all("draft_cache_layout_state" in c for c in trace.cycles)  # the head's cache is its own row
+
+
+def test_shipped_chat_head_is_half_precision_small_and_documented():
+    from safetensors import safe_open
+    folder = ROOT / "assets" / "models" / "chat-eagle"
+    assert (folder / "head.safetensors").stat().st_size <= 25 * 2**20
+    with safe_open(str(folder / "head.safetensors"), "pt") as f:
+        assert all(f.get_tensor(k).dtype == torch.float16 for k in f.keys())
+    spec = json.loads((folder / "head_config.json").read_text())
+    assert spec["format"] == "speclab-eagle-head" and spec["target"] == {"hidden_size": 576, "vocab_size": 49152}
+    info = json.loads((folder / "training.json").read_text())
+    m = info["measurements"]
+    assert 0 < m["alpha_temperature_1"] < 1 and 0 < m["greedy_agreement"] < 1 and m["c"] > 0
+    assert info["data"]["train_answer_tokens"] > 0 and info["training"]["curve"]
