@@ -31,7 +31,28 @@ from smollm2_target import cache_kwarg, load_target  # noqa: E402
 
 
 @torch.inference_mode()
-def sample_batch(model, prompt_ids: list[list[int]], max_new: int, topk: int, eos: set[int], pad: int, gen):
+def sample_batch(model, prompt_ids: list[list[int]], max_new: int, topk: int, eos: set[int], pad: int, gen,
+                 keep_features: bool = False):
+    """One left-padded batch of answers. With keep_features, each record also gets "feats":
+    the target's top features (last decoder layer output, pre-norm) at every position that
+    was fed, prompt + answer minus its last token, (P + T - 1, H) float16; they come free
+    with sampling, so the EAGLE head's training needs no second teacher-forced pass."""
+    from transformers import DynamicCache
+
+    tapped = {}
+
+    def record(module, args, output):
+        tapped["h"] = (output[0] if isinstance(output, tuple) else output).detach()
+
+    handle = model.model.layers[-1].register_forward_hook(record) if keep_features else None
+    try:
+        return _sample_batch(model, prompt_ids, max_new, topk, eos, pad, gen, tapped if keep_features else None)
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def _sample_batch(model, prompt_ids, max_new, topk, eos, pad, gen, tapped):
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -50,6 +71,7 @@ def sample_batch(model, prompt_ids: list[list[int]], max_new: int, topk: int, eo
     logits = out.logits[:, -1, :].float()
     next_pos = pos[:, -1] + 1
     alive = list(range(B))  # original row index for each current row
+    res_feat = [[tapped["h"][i, L - len(p):].half()] if tapped is not None else [] for i, p in enumerate(prompt_ids)]
     res_tok = [[] for _ in range(B)]
     res_ids = [[] for _ in range(B)]
     res_lp = [[] for _ in range(B)]
@@ -81,6 +103,10 @@ def sample_batch(model, prompt_ids: list[list[int]], max_new: int, topk: int, eo
         cache = out.cache if hasattr(out, "cache") else out.past_key_values
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1
+        if tapped is not None:
+            h = tapped["h"][:, -1].half()  # (B_alive, H)
+            for r, orig in enumerate(alive):
+                res_feat[orig].append(h[r:r + 1])
     recs = []
     for i in range(B):
         recs.append({
@@ -89,6 +115,9 @@ def sample_batch(model, prompt_ids: list[list[int]], max_new: int, topk: int, eo
             "topk_ids": torch.stack(res_ids[i]),
             "topk_lp": torch.stack(res_lp[i]),
         })
+        if tapped is not None:
+            recs[-1]["feats"] = torch.cat(res_feat[i])  # (P + T - 1, H)
+            assert len(recs[-1]["feats"]) == len(prompt_ids[i]) + len(res_tok[i]) - 1
     return recs
 
 
@@ -104,6 +133,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deadline", type=float, default=0, help="stop after this many minutes (0: none)")
+    ap.add_argument("--features", action="store_true", help="also keep the target's top features (for the EAGLE head)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the target runs in float32 on either)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -146,7 +176,7 @@ def main():
         pids = [chat_ids(tok, p) for p in prompts]
         g = torch.Generator(device=args.device).manual_seed(bseed)
         t0 = time.time()
-        recs = sample_batch(model, pids, args.max_new, args.topk, eos, pad, g)
+        recs = sample_batch(model, pids, args.max_new, args.topk, eos, pad, g, keep_features=args.features)
         dt = time.time() - t0
         for p, r in zip(prompts, recs):
             r["prompt"] = p
