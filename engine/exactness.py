@@ -13,6 +13,7 @@ A chi-square goodness-of-fit test says how surprising each histogram would be if
 really came from the target's distribution.
 """
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -22,6 +23,7 @@ from .speculative import Faults, Pair, RunState, TokenTexts, crop, run_cycle, st
 
 MIN_EXPECTED = 5.0  # the chi-square approximation needs about five expected counts per cell
 MAX_VOCAB_FOR_SECOND_TOKEN = 4096  # the exact second-token law needs one pass per first token
+Progress = Callable[[float], None]  # called with the share of the work done, 0..1
 
 
 @dataclass
@@ -108,7 +110,7 @@ def _reset(state: RunState, prompt_ids: list[int]) -> None:
 
 
 def speculative_samples(pair: Pair, prompt_ids: list[int], s: SpecSettings, faults: Faults,
-                        n: int, position: int = 1) -> tuple[torch.Tensor, float]:
+                        n: int, position: int = 1, on_progress: Progress | None = None) -> tuple[torch.Tensor, float]:
     """Counts (V,) of the token at `position` over n independent speculative runs, and
     the share of runs whose first draft token was accepted."""
     run = SpecSettings(**{**s.to_dict(), "max_new_tokens": position})
@@ -117,7 +119,10 @@ def speculative_samples(pair: Pair, prompt_ids: list[int], s: SpecSettings, faul
     state = start_run(pair, prompt_ids)  # prefilled once; every sample starts from it
     counts = torch.zeros(pair.target.full_vocab_size, dtype=torch.long)
     first_accepted = 0
-    for _ in range(n):
+    every = max(1, n // 50)  # about 50 progress reports per run
+    for i in range(n):
+        if on_progress and i % every == 0:
+            on_progress(i / n)
         _reset(state, prompt_ids)
         cycle = 0
         while not state.finished:
@@ -169,13 +174,15 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> ChiSquare:
 
 
 def run_lab(pair: Pair, prompt_ids: list[int], s: SpecSettings, faults: Faults, n: int,
-            position: int = 1) -> LabResult:
-    """Everything the exactness lab shows for one prefix, rule and sample count."""
+            position: int = 1, on_progress: Progress | None = None) -> LabResult:
+    """Everything the exactness lab shows for one prefix, rule and sample count.
+
+    `on_progress` hears the share done of the speculative sampling, which is nearly all the time."""
     p_target, p_draft = next_token_probs(pair, prompt_ids, s)
     exact = p_target if position == 1 else second_token_probs(pair, prompt_ids, s, p_target)
     predicted = predicted_first_token(p_target, p_draft, faults.acceptance_rule, faults.greedy_draft) \
         if position == 1 else None
-    spec_counts, accepted = speculative_samples(pair, prompt_ids, s, faults, n, position)
+    spec_counts, accepted = speculative_samples(pair, prompt_ids, s, faults, n, position, on_progress)
     if position == 1:
         plain_counts = plain_samples(exact, n, s.seed + 1)
     else:  # two plain draws in a row: the first token, then the next given it
