@@ -104,7 +104,7 @@ def run(preset: str, target: str, draft: str, prompt: str, settings: SpecSetting
     watch = LiveView(settings.max_new_tokens)
     try:
         run_to_trace(pair, prompt, settings, out, preset=None if preset == CUSTOM else preset,
-                     chat_template=chat, on_cycle=watch.on_cycle)
+                     chat_template=chat, on_cycle=watch.on_cycle, calibrate=True)  # step times for the stats page
     except (ValueError, RuntimeError) as err:
         st.error(f"The run stopped: {md(str(err))}", icon=":material/error:")
         return

@@ -13,6 +13,8 @@ from app.safe import md
 from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
                              trace_stats)
 from engine.calibrate import calibrate
+from engine.metrics import TOKENS_PER_S, decoding_tokens_per_s
+from engine.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
 from engine.config import MAX_K, SettingsError, SpecSettings
 from engine.presets import PRESETS
 from engine.speculative import Pair
@@ -21,6 +23,8 @@ from engine.trace import Trace, TraceError
 
 NOW_CALIBRATION = "now_calibration"  # session_state: {trace key: calibration measured on this machine}
 SWEEPS = "k_sweeps"  # session_state: {trace key: SweepResult}
+REFUSED = "refused_calibration"  # session_state: {trace key: why a calibration was not shown}
+NOW_SPREAD = "now_calibration_spread"  # session_state: {trace key: worst spread of the accepted calibration}
 
 
 # ---------------------------------------------------------------- data (cached per trace)
@@ -86,24 +90,57 @@ def acceptance_section(st_: TraceStats) -> None:
                "alpha^(n-1)(1 - alpha), and K+1 with probability alpha^K.")
 
 
+CALIBRATION_ROUNDS = 3  # whole calibrations; their spread says whether the machine was quiet enough
+
+
+def calibrate_repeated(pair: Pair, trace: Trace) -> tuple[dict, dict[str, Repeated]]:
+    """Calibrate several times; the per-quantity median, and each quantity's repeats."""
+    rounds = [calibrate(pair, trace.header["prompt_token_ids"], trace_settings(trace.header))
+              for _ in range(CALIBRATION_ROUNDS)]
+    spread = {"target step": repeated_values([r["target_step_s"] for r in rounds]),
+              "draft step": repeated_values([r["draft_step_s"] for r in rounds])}
+    widths = rounds[0]["verify_positions"]
+    for i, w in enumerate(widths):
+        spread[f"verify over {w}"] = repeated_values([r["verify_s"][i] for r in rounds])
+    median = {**rounds[0], "repeats": rounds[0]["repeats"] * CALIBRATION_ROUNDS,
+              "target_step_s": spread["target step"].median_s, "draft_step_s": spread["draft step"].median_s,
+              "verify_s": [spread[f"verify over {w}"].median_s for w in widths]}
+    return median, spread
+
+
 def calibrate_now(trace: Trace, key: str) -> None:
     st.info(NO_CALIBRATION, icon=":material/timer_off:")  # our own text: its `code` should render
+    if st.session_state.get(REFUSED, {}).get(key):
+        st.warning(st.session_state[REFUSED][key], icon=":material/timer_off:")
     if not st.button("Measure step times now (on this machine)", key="calibrate_now"):
         return
     pair = trace_pair(trace.header)
     if pair is None:
         return
-    with st.spinner("Timing single steps and verify widths…"):
-        result = calibrate(pair, trace.header["prompt_token_ids"], trace_settings(trace.header))
-    st.session_state.setdefault(NOW_CALIBRATION, {})[key] = result
+    with st.spinner(f"Timing single steps and verify widths, {CALIBRATION_ROUNDS} times…"):
+        result, spread = calibrate_repeated(pair, trace)
+    shaky = {name: r for name, r in spread.items() if r.spread > MAX_SPREAD}
+    if shaky:  # refuse to show numbers whose repeats disagree
+        worst = max(shaky, key=lambda n: shaky[n].spread)
+        st.session_state.setdefault(REFUSED, {})[key] = (
+            f"Not shown: the {CALIBRATION_ROUNDS} calibrations disagreed by up to {shaky[worst].spread:.0%} "
+            f"({worst}; {len(shaky)} of {len(spread)} quantities over {MAX_SPREAD:.0%}). The machine is busy; "
+            "numbers this noisy would contradict each other. Measure again when it is quieter.")
+    else:
+        st.session_state.setdefault(REFUSED, {}).pop(key, None)
+        st.session_state.setdefault(NOW_CALIBRATION, {})[key] = result
+        st.session_state.setdefault(NOW_SPREAD, {})[key] = max(r.spread for r in spread.values())
     st.rerun()
 
 
 def cost_section(st_: TraceStats, measured_now: bool) -> None:
     r, cal, t = st_.speed, st_.calibration, st_.times
     if measured_now:
+        spread = st.session_state.get(NOW_SPREAD, {}).get(state.current_key())
         st.warning("Step times measured now on this machine, not when the trace was recorded: "
-                   "if the machines differ, so do c and the speedups.", icon=":material/timer:")
+                   "if the machines differ, so do c and the speedups."
+                   + (f" The {CALIBRATION_ROUNDS} calibrations agreed within {spread:.0%}." if spread is not None else ""),
+                   icon=":material/timer:")
     cols = st.columns(4)
     cols[0].metric("t_step (target, 1 token)", f"{r.target_step_s * 1000:.2f} ms")
     cols[1].metric("t_draft (one draft step)", f"{r.draft_step_s * 1000:.2f} ms")
@@ -128,6 +165,9 @@ def speed_section(st_: TraceStats) -> None:
     cols[2].metric("Refined prediction", f"{r.refined:.2f}x")
     cols[2].caption(DEFINITIONS["refined"])
     st.info(md(explain_speed(r)), icon=":material/lightbulb:")
+    gap = disagreement_words("Refined prediction vs measured speedup", r.refined, r.measured, MAX_SPREAD)
+    if gap:
+        st.warning(gap, icon=":material/compare_arrows:")
     chart(figs.speed_figure(r), key="fig_speed")
 
 
@@ -187,7 +227,7 @@ def show_sweep(result: SweepResult) -> None:
                    "mean acceptance length": round(p.mean_acceptance_length, 3), "alpha": round(p.alpha, 3)}
                   for p, lev, ref in zip(result.points, predicted["leviathan"], predicted["refined"])],
                  hide_index=True, height="content", key="sweep_table")
-    st.caption(f"Plain target decoding: {result.plain_tokens_per_s:.2f} tokens/s. Predictions use alpha "
+    st.caption(f"Plain target decoding: {result.plain_tokens_per_s:.2f} tokens/s ({TOKENS_PER_S}). Predictions use alpha "
                f"{result.alpha:.3f} pooled over the sweep and its own step-time calibration.")
 
 
@@ -209,7 +249,7 @@ def summary_rows(trace: Trace, st_: TraceStats) -> dict[str, str]:
         "Leviathan prediction": f"{r.leviathan:.2f}x" if r else na,
         "refined prediction": f"{r.refined:.2f}x" if r else na,
         "best K (refined)": f"{best_k(st_.advice).k}" if st_.advice else na,
-        "end-to-end tokens/s": f"{st_.tokens_per_s:.1f}" if st_.tokens_per_s is not None else "incomplete run",
+        "tokens/s (decoding)": f"{decoding_tokens_per_s(trace.cycles):.1f}",
     }
 
 
@@ -236,6 +276,7 @@ def compare_section(trace: Trace, st_: TraceStats) -> None:
     mine, theirs = summary_rows(trace, st_), summary_rows(other, other_stats)
     st.dataframe([{"": name, "this trace": mine[name], ref.label: theirs[name]} for name in mine],
                  hide_index=True, height="content", key="compare_table")
+    st.caption(TOKENS_PER_S[0].upper() + TOKENS_PER_S[1:] + ", the same definition as the K sweep's.")
     chart(figs.compare_acceptance_figure(["this trace", ref.label], [st_, other_stats]), key="fig_compare")
 
 
