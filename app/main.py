@@ -32,8 +32,10 @@ def main() -> None:
     st.set_page_config(page_title="Speculative Decoding Lab", page_icon=":material/fast_forward:", layout="wide")
     state.open_from_url_or_default()
     page = st.navigation(PAGES)
-    sidebar.render()
+    slot = st.sidebar.empty()
+    sidebar.render(slot)  # drawn first, so it is there even if the page stops early
     page.run()
+    sidebar.render(slot)  # and again: a live run or an upload in this run may have opened another trace
     timer.stop()  # server time of this run, for the speed test (a Next step must stay well under 150 ms)
 
 

@@ -5,8 +5,9 @@ from app import state
 from app.safe import md
 
 
-def render() -> None:
-    with st.sidebar:
+def render(slot=None) -> None:
+    """Into `slot` (an st.sidebar.empty() placeholder, so a second call replaces the first), else the sidebar."""
+    with (slot.container() if slot is not None else st.sidebar):
         ref, trace = state.current_ref(), state.current_trace()
         if trace is None:
             st.caption("No trace open.")

@@ -200,6 +200,9 @@ def test_live_run_on_local_folders(traces_dir, model_folders):
     trace = load_trace(ref.path)
     assert ref.kind == "run" and trace.complete and trace.cycles and trace.k == 3
     assert plain(at.success[0].value).startswith(f"Finished: {len(trace.cycles)} cycles")
+    names = [plain(c.value) for c in at.sidebar.caption]  # the sidebar names the new run at once
+    assert len(names) == 1 and names[0].startswith(f"Open trace: **{ref.label}**") and "default.jsonl" not in names[0]
+    assert "calibration" in trace.header  # live runs record step times for the statistics page
     table = at.dataframe[0].value  # the latest cycles, as they arrived
     assert list(table["cycle"])[-1] == len(trace.cycles) - 1
     at.switch_page("views/stepper.py").run()

@@ -140,36 +140,54 @@ def sequence_texts(tokens: list[derive.TokenInfo], c: dict) -> list[str]:
     return [t.text for t in tokens[: c["committed_len_before"]]] + list(c["draft_token_texts"])
 
 
-def test_table(c: dict, k: int) -> list[dict]:
+def test_table(c: dict, k: int, greedy: bool = False) -> list[dict]:
+    """One row per draft position. Numbers as text, so an undrawn u reads "not drawn" (never None);
+    greedy cycles show the target's argmax instead of u and the ratio."""
     outcomes = derive.position_outcomes(c, k)
-    return [{"pos": i + 1, "draft token": derive.visible_text(c["draft_token_texts"][i]),
-             "p_target": c["p_target"][i], "p_draft": c["p_draft"][i], "min(1, ratio)": c["accept_prob"][i],
-             "u": c["u"][i] if i < len(c["u"]) else None,
-             "result": f"{figures.STYLES[outcomes[i]].mark} {outcomes[i]}"} for i in range(k)]
+    rows = []
+    for i in range(k):
+        row = {"pos": i + 1, "draft token": derive.visible_text(c["draft_token_texts"][i]),
+               "p_target": f"{c['p_target'][i]:.4f}", "p_draft": f"{c['p_draft'][i]:.4f}"}
+        if greedy:
+            top = figures.target_argmax(c, i)
+            row["target's argmax"] = derive.visible_text(top["text"]) if top and i <= c["num_accepted"] else figures.NOT_DRAWN
+        else:
+            row["min(1, ratio)"] = f"{c['accept_prob'][i]:.4f}"
+            row["u"] = f"{c['u'][i]:.4f}" if i < len(c["u"]) else figures.NOT_DRAWN
+        row["result"] = f"{figures.STYLES[outcomes[i]].mark} {outcomes[i].split(' ')[0]}"
+        rows.append(row)
+    return rows
 
 
+# Pixel widths that fit every header and value in half of a 1366-wide page (about 600 px).
 TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width=40),
-                 "draft token": st.column_config.TextColumn("draft token", width="small"),
-                 **{name: st.column_config.NumberColumn(name, format="%.4f", width="small")
-                    for name in ("p_target", "p_draft", "min(1, ratio)", "u")}}
+                 "draft token": st.column_config.TextColumn("draft token", width=95),
+                 "p_target": st.column_config.TextColumn("p_target", width=72),
+                 "p_draft": st.column_config.TextColumn("p_draft", width=72),
+                 "min(1, ratio)": st.column_config.TextColumn("min(1, ratio)", width=100),
+                 "u": st.column_config.TextColumn("u", width=80),
+                 "target's argmax": st.column_config.TextColumn("target's argmax", width=120),
+                 "result": st.column_config.TextColumn("result", width=100)}
 
 
 def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     tokens, ends, _ = derived(state.current_key(), trace)
     c, k = trace.cycles[cycle], trace.k
+    greedy = trace.header["settings"]["temperature"] == 0
     st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
-    st.info(md(stage_caption(c, k, stage, trace.header.get("faults"))), icon=":material/lightbulb:")
-    chart(figures.cycle_figure(c, k, stage))
+    st.info(md(stage_caption(c, k, stage, trace.header.get("faults"), greedy)), icon=":material/lightbulb:")
+    chart(figures.cycle_figure(c, k, stage, greedy))
     left, right = st.columns(2)
     with left:
         if stage >= 2:
-            chart(figures.acceptance_figure(c, k, stage))
+            chart(figures.acceptance_figure(c, k, stage, greedy))
     with right:
         if stage >= 4:
             chart(figures.resample_figure(c, k))
         elif stage == 3:
-            st.caption("The test, position by position (u is drawn only up to the first rejection):")
-            st.dataframe(test_table(c, k), hide_index=True, column_config=TABLE_COLUMNS)
+            st.caption("The test, position by position (the target's argmax, compared with each draft token):"
+                       if greedy else "The test, position by position (u is drawn only up to the first rejection):")
+            st.dataframe(test_table(c, k, greedy), hide_index=True, column_config=TABLE_COLUMNS, key="test_table")
     chart(figures.cache_figure(c, stage, sequence_texts(tokens, c)))
     shown_until = ends[cycle] if stage >= 4 else c["committed_len_before"]
     chart(figures.text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
