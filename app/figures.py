@@ -373,7 +373,7 @@ def unique_labels(texts: list[str], ids: list[int]) -> list[str]:
     return [f"{n} #{i}" if names.count(n) > 1 else n for n, i in zip(names, ids)]
 
 
-RESIDUAL_BARS = 6  # tokens shown at a rejection: the rejected draft, the resampled one, the residual's largest
+RESIDUAL_BARS = 5  # tokens shown at a rejection: the rejected draft, the resampled one, the residual's largest
 
 
 def residual_bars(c: dict) -> list[dict]:
@@ -400,8 +400,8 @@ def resample_figure(c: dict, k: int) -> go.Figure:
         return _bonus_figure(c, k)
     entries = residual_bars(c)
     chosen = c["resampled_token_id"]
-    marks = {"rejected": f"{STYLES[REJECTED].mark} rejected draft", "resampled": f"{STYLES[RESAMPLED].mark} resampled"}
-    names = [f"{shown(e['text'], 10)}<br>{marks[e['role']]}" if e["role"] else shown(e["text"], 10) for e in entries]
+    marks = {"rejected": f"{STYLES[REJECTED].mark} rejected", "resampled": f"{STYLES[RESAMPLED].mark} resampled"}
+    names = [f"{shown(e['text'], 8)}<br>{marks[e['role']]}" if e["role"] else shown(e["text"], 8) for e in entries]
     names = [f"{n} #{e['token_id']}" if names.count(n) > 1 else n for n, e in zip(names, entries)]
     edge = [3 if e["token_id"] == chosen else 0 for e in entries]
     full = np.asarray([shown(e["text"]) for e in entries])

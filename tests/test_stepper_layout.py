@@ -108,7 +108,9 @@ def test_residual_chart_shows_the_rejected_and_the_sampled_token(traces_by_k):
             labels = list(pt.x)
             assert len(labels) <= figures.RESIDUAL_BARS
             # first bar: the rejected draft token, with its own numbers from the trace
-            assert "rejected draft" in labels[0] and figures.shown(c["draft_token_texts"][j - 1], 10) in labels[0]
+            assert "rejected" in labels[0] and figures.shown(c["draft_token_texts"][j - 1], 8) in labels[0]
+            slot_px = figures.HALF_WIDTH_PX / len(labels)
+            assert all(figures.text_px(t, 12) <= slot_px for t in labels), labels  # tick labels fit their slots
             assert pt.y[0] == pytest.approx(c["p_target"][j - 1]) and pd.y[0] == pytest.approx(c["p_draft"][j - 1])
             # the resampled token: labelled, outlined, with the trace's residual value
             chosen = [i for i, w in enumerate(res.marker.line.width) if w == 3]

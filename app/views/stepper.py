@@ -6,7 +6,7 @@ from app.explain import STAGES, stage_caption
 from app.safe import md
 from engine.trace import Trace
 
-SPEEDS = {"slow (2 s)": 2.0, "normal (1 s)": 1.0, "fast (0.4 s)": 0.4}
+SPEEDS = {"2 s/step": 2.0, "1 s/step": 1.0, "0.4 s/step": 0.4}
 
 
 # ---------------------------------------------------------------- per-trace data (cached)
@@ -60,11 +60,11 @@ def from_overview() -> None:
 
 # ---------------------------------------------------------------- controls
 
-def nav_buttons(cycle: int, last: int) -> None:
+def nav_buttons(cycle: int, last: int) -> list:
     """First / previous / next / last and the cycle slider. Left/Right are Streamlit's own
     button shortcuts (st.button(shortcut=...)): they ignore keys typed into inputs, and a
     focused slider keeps its arrow keys."""
-    cols = st.columns([1.1, 1.3, 1.1, 1.1, 5.4])
+    cols = st.columns([1.15, 1.5, 1.15, 1.1, 2.9, 1.05, 1.4], vertical_alignment="center")
     cols[0].button("« First", key="nav_first", on_click=jump, args=(0,), disabled=cycle == 0, width="stretch")
     cols[1].button("‹ Previous", key="nav_prev", on_click=move, args=(-1,), disabled=cycle == 0,
                    shortcut="Left", help="Previous cycle (← key)", width="stretch")
@@ -75,10 +75,12 @@ def nav_buttons(cycle: int, last: int) -> None:
         st.session_state["cycle_slider"] = cycle
         cols[4].slider("Cycle", 0, last, key="cycle_slider", on_change=from_widget, args=("cycle_slider", "cycle"),
                        label_visibility="collapsed")
+    return cols[5:]  # where the play toggle and its speed go: one row fewer on a projector
 
 
-def stage_controls(stage: int) -> None:
-    cols = st.columns([1, 6, 1])
+def stage_controls(stage: int):
+    """The stage buttons; returns the column beside them, where the play controls go."""
+    cols = st.columns([1.1, 5.8, 1.1, 2.2], vertical_alignment="center")
     cols[0].button("◁ Stage", key="stage_prev", on_click=step_stage, args=(-1,), width="stretch",
                    help="Previous stage (into the previous cycle from stage 1)")
     st.session_state["stage_select"] = stage
@@ -86,17 +88,19 @@ def stage_controls(stage: int) -> None:
                               on_change=from_widget, args=("stage_select", "stage"), label_visibility="collapsed")
     cols[2].button("Stage ▷", key="stage_next", on_click=step_stage, args=(1,), width="stretch",
                    help="Next stage (into the next cycle after stage 5)")
+    return cols[3]
 
 
-def play_controls() -> float | None:
-    """Play/pause and speed; returns seconds per step while playing."""
-    cols = st.columns([1, 2, 2, 5], vertical_alignment="center")
+def play_controls(cols: list) -> float | None:
+    """Play/pause, speed and what a step is, in three columns of the control rows; returns seconds
+    per step while playing."""
     if st.session_state.pop("_play_reached_end", False):
         st.session_state["playing"] = False  # set before the toggle exists in this run, as Streamlit requires
     playing = cols[0].toggle("Play", key="playing")
-    speed = cols[1].selectbox("Speed", list(SPEEDS), index=1, key="play_speed", label_visibility="collapsed")
+    speed = cols[1].selectbox("Speed", list(SPEEDS), index=1, key="play_speed", label_visibility="collapsed",
+                              help="Time per step while playing. The address bar always links to this trace, "
+                                   "cycle and stage: copy it to share this view.")
     cols[2].radio("Play by", ["stages", "cycles"], key="play_by", horizontal=True, label_visibility="collapsed")
-    cols[3].caption("The address bar always links to this trace, cycle and stage: copy it to share this view.")
     return SPEEDS[speed] if playing else None
 
 
@@ -121,9 +125,16 @@ def play_ticker(seconds: float) -> None:
 
 # ---------------------------------------------------------------- the view
 
+COMPACT = """<style>
+[data-testid="stMainBlockContainer"] { padding-top: 2.2rem; }
+[data-testid="stMainBlockContainer"] h1 { font-size: 1.9rem; padding: 0 0 0.2rem 0; }
+</style>"""  # a projector (1366x768) shows one cycle's figure under the controls without scrolling
+
+
 def header(trace: Trace) -> None:
     h = trace.header
     s = h["settings"]
+    st.html(COMPACT)
     st.title("Speculative decoding, one cycle at a time")
     done = "" if trace.complete else " · incomplete run (no summary)"
     st.caption(f"Target **{md(h['target']['name'])}** · draft **{md(h['draft']['name'])}** · K={s['k']} · "
@@ -159,15 +170,15 @@ def test_table(c: dict, k: int, greedy: bool = False) -> list[dict]:
     return rows
 
 
-# Pixel widths that fit every header and value in half of a 1366-wide page (about 600 px).
-TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width=40),
-                 "draft token": st.column_config.TextColumn("draft token", width=95),
-                 "p_target": st.column_config.TextColumn("p_target", width=72),
-                 "p_draft": st.column_config.TextColumn("p_draft", width=72),
-                 "min(1, ratio)": st.column_config.TextColumn("min(1, ratio)", width=100),
-                 "u": st.column_config.TextColumn("u", width=80),
-                 "target's argmax": st.column_config.TextColumn("target's argmax", width=120),
-                 "result": st.column_config.TextColumn("result", width=100)}
+# Pixel widths that fit every header and value in the right column at 1366x768 (about 520 px).
+TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width=36),
+                 "draft token": st.column_config.TextColumn("draft token", width=82),
+                 "p_target": st.column_config.TextColumn("p_target", width=66),
+                 "p_draft": st.column_config.TextColumn("p_draft", width=62),
+                 "min(1, ratio)": st.column_config.TextColumn("min(1, ratio)", width=92),
+                 "u": st.column_config.TextColumn("u", width=66),
+                 "target's argmax": st.column_config.TextColumn("target's argmax", width=104),
+                 "result": st.column_config.TextColumn("result", width=92)}
 
 
 def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
@@ -177,7 +188,7 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
     st.info(md(stage_caption(c, k, stage, trace.header.get("faults"), greedy)), icon=":material/lightbulb:")
     chart(figures.cycle_figure(c, k, stage, greedy))
-    left, right = st.columns(2)
+    left, right = st.columns([0.9, 1.1])  # the right column holds the stage-3 table: every header fits
     with left:
         if stage >= 2:
             chart(figures.acceptance_figure(c, k, stage, greedy))
@@ -217,9 +228,8 @@ def main() -> None:
         st.warning("This trace has no cycles to show.")
         return
     last = len(trace.cycles) - 1
-    nav_buttons(state.step()[0], last)
-    stage_controls(state.step()[1])
-    seconds = play_controls()
+    toggle_col, speed_col = nav_buttons(state.step()[0], last)
+    seconds = play_controls([toggle_col, speed_col, stage_controls(state.step()[1])])
     cycle, stage = state.step()
     state.write_url()
     cycle_view(trace, cycle, stage)
