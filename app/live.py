@@ -12,6 +12,7 @@ import streamlit as st
 from app import state
 from app.derive import visible_text
 from app.safe import md
+from app.teaching_ui import STEPPER
 from engine.config import MAX_K, MAX_NEW_TOKENS, SettingsError, SpecSettings
 from engine.models import ModelLoadError, TokenizerMismatchError
 from engine.presets import DEFAULT_PRESET, PRESETS
@@ -19,7 +20,6 @@ from engine.run import load_pair, load_preset, run_to_trace
 from engine.speculative import Pair
 
 CUSTOM = "custom"  # the pair is given as two model folders (or hub ids)
-STEPPER = "views/stepper.py"
 LOAD_ERRORS = (ModelLoadError, TokenizerMismatchError, ValueError, OSError)
 
 
@@ -84,16 +84,22 @@ def run_form() -> None:
         run(st.session_state["live_preset"], target.strip(), draft.strip(), st.session_state["live_prompt"], settings, chat)
 
 
+def load_or_error(preset: str | None, target: str = "", draft: str = "", whose: str = "the models") -> Pair | None:
+    """The one place a page loads a pair: a preset by name, else two folders; behind a spinner,
+    cached per server process; an error shown (None returned) if it cannot be loaded."""
+    try:
+        with st.spinner("Loading models (once per server process)…"):
+            return cached_preset(preset) if preset else cached_pair(target, draft)
+    except LOAD_ERRORS as err:
+        st.error(f"Could not load {whose}: {md(str(err))}", icon=":material/error:")
+        return None
+
+
 def load_models(preset: str, target: str, draft: str) -> Pair | None:
     if preset == CUSTOM and not (target and draft):
         st.error("Type both a target and a draft model (local folders work offline).")
         return None
-    try:
-        with st.spinner("Loading models (once per server process)…"):
-            return cached_preset(preset) if preset != CUSTOM else cached_pair(target, draft)
-    except LOAD_ERRORS as err:
-        st.error(f"Could not load the models: {md(str(err))}", icon=":material/error:")
-        return None
+    return load_or_error(None if preset == CUSTOM else preset, target, draft)
 
 
 def run(preset: str, target: str, draft: str, prompt: str, settings: SpecSettings, chat: bool) -> None:

@@ -92,14 +92,7 @@ def pick(prefix: str) -> tuple[PairChoice, Pair] | None:
 
 
 def load(choice: PairChoice) -> Pair | None:
-    try:
-        with st.spinner("Loading models (once per server process)…"):
-            if choice.preset:
-                return live.cached_preset(choice.preset)
-            return live.cached_pair(choice.target, choice.draft)
-    except live.LOAD_ERRORS as err:
-        st.error(f"Could not load the models: {md(str(err))}", icon=":material/error:")
-        return None
+    return live.load_or_error(choice.preset, choice.target, choice.draft)
 
 
 def encode(pair: Pair, choice: PairChoice, prompt: str) -> list[int] | None:

@@ -4,7 +4,6 @@ from contextlib import contextmanager
 from urllib.parse import urlencode
 
 import streamlit as st
-import torch
 
 from app import state
 
@@ -15,12 +14,12 @@ WALKTHROUGH = "views/walkthrough.py"
 INTERVIEW = "views/interview.py"
 
 
-def chart(fig, key: str | None = None) -> None:
-    """Show a figure; in the light theme, text drawn on cells gets full-contrast ink
-    (Streamlit's Plotly theme greys it, too faint on coloured cells)."""
+def chart(fig, key: str | None = None, **kwargs):
+    """Show a figure (every page draws through here); in the light theme, text drawn on cells gets
+    full-contrast ink (Streamlit's Plotly theme greys it, too faint on coloured cells)."""
     if st.context.theme.type == "light":
         fig.update_traces(textfont_color="#1b1d26", selector=dict(mode="text"))
-    st.plotly_chart(fig, key=key, config={"displaylogo": False})
+    return st.plotly_chart(fig, key=key, config={"displaylogo": False}, **kwargs)
 
 
 def stepper_query(cycle: int, stage: int) -> dict[str, str] | None:
@@ -58,6 +57,8 @@ RATES = "live_rates"  # session_state: {(page, pair key): seconds per unit of wo
 def one_torch_thread():
     """Small models on a shared CPU run many times faster on one thread: with two threads each
     tiny matrix product waits for a core that another process holds (25x slower measured under load)."""
+    import torch  # here, not at the top: the stepper imports this module and must open without torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -3,11 +3,12 @@ from statistics import median
 
 import streamlit as st
 
-from app import figures, state, teaching_pair
+from app import derive, figures, state, teaching_pair
 from app.figures_teaching import (acceptance_length_figure, cache_layouts_figure, forward_cost_figure,
                                   speedup_figure)
 from app.safe import md
 from app.teaching_ui import EXACTNESS_LAB, ROLLBACK_DEMO, chart, one_torch_thread, open_in_stepper
+from engine.analysis import measured_alpha
 from engine.metrics import acceptance_metrics, expected_tokens_per_cycle
 from engine.repeats import MAX_SPREAD, Repeated
 from engine.speculative import Pair
@@ -49,23 +50,11 @@ def needs_trace() -> None:
     st.caption("Open a trace (**Choose a trace**) to see this on real cycles.")
 
 
-def alpha_of(trace: Trace) -> float:
-    betas = [b for c in trace.cycles for b in c["beta"]]
-    return sum(betas) / len(betas) if betas else 0.0
-
-
 def c_estimate(trace: Trace) -> float:
     """Cost of a draft step relative to a target step, taking the verify pass as one target step."""
     steps = [t for c in trace.cycles for t in c["draft_step_times_s"]]
     verify = [c["verify_time_s"] for c in trace.cycles]
     return median(steps) / median(verify) if steps and verify and median(verify) > 0 else 0.0
-
-
-def sequence_texts(trace: Trace, c: dict) -> list[str]:
-    texts = list(trace.header["prompt_token_texts"])
-    for earlier in trace.cycles[: c["cycle"]]:
-        texts += earlier["committed_token_texts"]
-    return texts + list(c["draft_token_texts"])
 
 
 # ---------------------------------------------------------------- live measurements (on request)
@@ -140,7 +129,7 @@ def q_rejected_cache(trace: Trace | None) -> None:
         if c is None:
             needs_trace()
             return
-        chart(figures.cache_figure(c, 5, sequence_texts(trace, c)), key="iv_cache")
+        chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c)), key="iv_cache")
         open_in_stepper(c["cycle"], 5, key="iv_link_cache")
         st.page_link(ROLLBACK_DEMO, label="Watch what goes wrong if they stay", icon=":material/bug_report:")
 
@@ -290,7 +279,7 @@ def q_payoff(trace: Trace | None) -> None:
         if trace is None:
             needs_trace()
             return
-        alpha, c = alpha_of(trace), c_estimate(trace)
+        alpha, c = measured_alpha(trace.cycles), c_estimate(trace)
         c = st.slider("c (draft step / target step)", 0.0, 1.0, round(min(c, 1.0), 2), 0.01, key="iv_c",
                       help="Starts at this trace's estimate: median draft step / median verify pass.")
         chart(speedup_figure(alpha, c, 12, trace.k), key="iv_speedup")
@@ -309,7 +298,7 @@ def q_acceptance_length(trace: Trace | None) -> None:
             return
         per_cycle = [c["num_accepted"] + 1 for c in trace.cycles]
         m = acceptance_metrics([c["num_accepted"] for c in trace.cycles], trace.k)
-        alpha = alpha_of(trace)
+        alpha = measured_alpha(trace.cycles)
         st.caption(f"Open trace: acceptance rate {m['acceptance_rate']:.3f}, mean acceptance length "
                    f"{m['mean_acceptance_length']:.3f}, i.i.d. prediction from α={alpha:.3f}: "
                    f"{expected_tokens_per_cycle(alpha, trace.k):.3f}. The prediction assumes every guess is "
@@ -331,7 +320,7 @@ def q_catch_up(trace: Trace | None) -> None:
         if c is None:
             needs_trace() if trace is None else st.caption("No cycle of the open trace needed a catch-up.")
             return
-        chart(figures.cache_figure(c, 5, sequence_texts(trace, c)), key="iv_catch_up")
+        chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c)), key="iv_catch_up")
         open_in_stepper(c["cycle"], 5, key="iv_link_catch_up")
 
 

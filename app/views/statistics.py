@@ -10,6 +10,7 @@ import streamlit as st
 from app import figures_stats as figs
 from app import live, state
 from app.safe import md
+from app.teaching_ui import chart
 from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
                              trace_stats)
 from engine.calibrate import calibrate
@@ -42,21 +43,11 @@ def with_calibration(trace: Trace, key: str) -> tuple[Trace, str, bool]:
     return Trace({**trace.header, "calibration": measured_now}, trace.cycles, trace.summary), key + "+now", True
 
 
-def chart(fig, key: str | None = None) -> None:
-    st.plotly_chart(fig, key=key, config={"displaylogo": False})
-
-
 def trace_pair(header: dict) -> Pair | None:
     """The model pair that wrote the trace: its preset, else the model names as folders or ids."""
     preset = header.get("preset")
-    try:
-        with st.spinner("Loading models (once per server process)…"):
-            if preset in PRESETS:
-                return live.cached_preset(preset)
-            return live.cached_pair(header["target"]["name"], header["draft"]["name"])
-    except live.LOAD_ERRORS as err:
-        st.error(f"Could not load this trace's models: {md(str(err))}", icon=":material/error:")
-        return None
+    return live.load_or_error(preset if preset in PRESETS else None, header["target"]["name"],
+                              header["draft"]["name"], whose="this trace's models")
 
 
 def trace_settings(header: dict, **changes) -> SpecSettings:

@@ -4,6 +4,7 @@ import streamlit as st
 from app import derive, figures, state
 from app.explain import STAGES, stage_caption
 from app.safe import md
+from app.teaching_ui import chart
 from engine.trace import Trace
 
 SPEEDS = {"2 s/step": 2.0, "1 s/step": 1.0, "0.4 s/step": 0.4}
@@ -142,15 +143,6 @@ def header(trace: Trace) -> None:
                f"{len(trace.cycles)} cycles{done}")
 
 
-def chart(fig, key: str | None = None, **kwargs):
-    return st.plotly_chart(fig, key=key, config={"displaylogo": False}, **kwargs)
-
-
-def sequence_texts(tokens: list[derive.TokenInfo], c: dict) -> list[str]:
-    """Token text at each sequence position: committed so far, then this cycle's drafts."""
-    return [t.text for t in tokens[: c["committed_len_before"]]] + list(c["draft_token_texts"])
-
-
 def test_table(c: dict, k: int, greedy: bool = False) -> list[dict]:
     """One row per draft position. Numbers as text, so an undrawn u reads "not drawn" (never None);
     greedy cycles show the target's argmax instead of u and the ratio."""
@@ -199,7 +191,7 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
             st.caption("The test, position by position (the target's argmax, compared with each draft token):"
                        if greedy else "The test, position by position (u is drawn only up to the first rejection):")
             st.dataframe(test_table(c, k, greedy), hide_index=True, column_config=TABLE_COLUMNS, key="test_table")
-    chart(figures.cache_figure(c, stage, sequence_texts(tokens, c)))
+    chart(figures.cache_figure(c, stage, derive.sequence_texts(trace, c)))
     shown_until = ends[cycle] if stage >= 4 else c["committed_len_before"]
     chart(figures.text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
 

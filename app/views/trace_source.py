@@ -3,8 +3,7 @@ import streamlit as st
 
 from app import live, state
 from app.safe import md
-
-STEPPER = "views/stepper.py"
+from app.teaching_ui import STEPPER
 
 
 def bundled() -> None:

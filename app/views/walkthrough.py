@@ -5,10 +5,11 @@ from statistics import median
 
 import streamlit as st
 
-from app import figures, state, teaching_pair
+from app import derive, figures, state, teaching_pair
 from app.derive import visible_text
 from app.safe import md
 from app.teaching_ui import ROLLBACK_DEMO, EXACTNESS_LAB, chart, open_in_stepper
+from engine.analysis import measured_alpha
 from engine.config import SpecSettings
 from engine.run import run_to_trace
 from engine.trace import Trace
@@ -41,14 +42,6 @@ def other_kind(trace: Trace, c: dict) -> dict | None:
     """A cycle that ended the other way (bonus vs resample), to link to."""
     full = c["rejected_position"] is None
     return next((o for o in trace.cycles if (o["rejected_position"] is None) != full), None)
-
-
-def sequence_texts(trace: Trace, c: dict) -> list[str]:
-    """Token text at each position: prompt and committed tokens so far, then this cycle's drafts."""
-    texts = list(trace.header["prompt_token_texts"])
-    for earlier in trace.cycles[: c["cycle"]]:
-        texts += earlier["committed_token_texts"]
-    return texts + list(c["draft_token_texts"])
 
 
 def q(text: str) -> str:
@@ -180,7 +173,7 @@ def stage_rollback(trace: Trace, c: dict) -> None:
         "adding yours. Leaving them in would put words in the letter you never said, and every later guess "
         "would be made from that garbled letter. The KV cache is the assistant's memory of the letter so far.",
         icon=":material/keyboard:")
-    chart(figures.cache_figure(c, 5, sequence_texts(trace, c)), key="wt_cache")
+    chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c)), key="wt_cache")
     open_in_stepper(c["cycle"], 5, key="wt_link_5")
     st.page_link(ROLLBACK_DEMO, label="What goes wrong without the rollback: run it", icon=":material/bug_report:")
 
@@ -193,9 +186,9 @@ def payoff(trace: Trace) -> None:
         "relative to a target step, the expected speedup over plain decoding follows.")
     st.latex(r"\mathbb{E}[\text{tokens per cycle}] = \frac{1-\alpha^{K+1}}{1-\alpha}, \qquad"
              r"\text{speedup} = \frac{1-\alpha^{K+1}}{(1-\alpha)(Kc+1)}, \qquad \alpha = \mathbb{E}[\beta]")
-    betas = [b for c in trace.cycles for b in c["beta"]]
-    if betas:
-        st.caption(f"This trace: α ≈ mean β = {sum(betas) / len(betas):.3f} over {len(betas)} drafted positions, K={trace.k}.")
+    drafted = sum(len(c["beta"]) for c in trace.cycles)
+    if drafted:
+        st.caption(f"This trace: α ≈ mean β = {measured_alpha(trace.cycles):.3f} over {drafted} drafted positions, K={trace.k}.")
     st.page_link(EXACTNESS_LAB, label="Check the exactness claim by sampling", icon=":material/science:")
     st.markdown("**Sources.**  \n" + CITATIONS)
 
