@@ -12,6 +12,7 @@ ROLLBACK_DEMO = "views/rollback_demo.py"
 EXACTNESS_LAB = "views/exactness_lab.py"
 WALKTHROUGH = "views/walkthrough.py"
 INTERVIEW = "views/interview.py"
+STATISTICS = "views/statistics.py"
 
 
 def chart(fig, key: str | None = None, **kwargs):

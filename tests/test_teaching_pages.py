@@ -147,8 +147,11 @@ def test_interview_questions_have_hidden_answers_and_red_flags(env):
     at = open_page("interview")
     assert len(at.expander) >= 7
     labels = " ".join(e.label for e in at.expander)
-    for topic in ("rejected", "K+1", "tokenizers", "greedy", "paged", "stop paying", "acceptance length"):
+    for topic in ("rejected", "K+1", "tokenizers", "greedy", "paged", "stop paying", "acceptance length",
+                  "exactly the target's distribution", "pick K"):
         assert topic in labels
+    links = [p.proto.page for p in at.get("page_link")]
+    assert {"exactness", "statistics", "walkthrough"} <= set(links)  # each answer points at the page that shows it
     assert any(s.value == "Red flags" for s in at.subheader)
     for key in ("iv_cache", "iv_layouts", "iv_speedup", "iv_length"):
         figure(at, key)

@@ -7,7 +7,8 @@ from app import derive, figures, state, teaching_pair
 from app.figures_teaching import (acceptance_length_figure, cache_layouts_figure, forward_cost_figure,
                                   speedup_figure)
 from app.safe import md
-from app.teaching_ui import EXACTNESS_LAB, ROLLBACK_DEMO, chart, one_torch_thread, open_in_stepper
+from app.teaching_ui import (EXACTNESS_LAB, ROLLBACK_DEMO, STATISTICS, WALKTHROUGH, chart, one_torch_thread,
+                             open_in_stepper)
 from engine.analysis import measured_alpha
 from engine.metrics import acceptance_metrics, expected_tokens_per_cycle
 from engine.repeats import MAX_SPREAD, Repeated
@@ -324,6 +325,48 @@ def q_catch_up(trace: Trace | None) -> None:
         open_in_stepper(c["cycle"], 5, key="iv_link_catch_up")
 
 
+def q_exactness(trace: Trace | None) -> None:
+    with st.expander("Why is the output exactly the target's distribution, not just close to it?"):
+        st.markdown(
+            "Look at one position and a token x. It can come out in two ways. **Proposed and kept**: the draft "
+            "proposes x with probability p_draft(x) and keeps it with probability min(1, p_target(x)/p_draft(x)); "
+            "together that is min(p_draft(x), p_target(x)). **Rejected, then resampled**: the proposal fails "
+            "with probability 1 − β, where β = Σ_y min(p_draft(y), p_target(y)), and the residual "
+            "max(0, p_target(x) − p_draft(x)) / (1 − β) is drawn. The 1 − β cancels, and "
+            "min(p_d, p_t) + max(0, p_t − p_d) = p_t for every x. By induction over positions the whole text is "
+            "distributed like the target's. Two conditions matter: the draft token must really be *drawn* from "
+            "p_draft (a greedy draft judged as if it were sampled breaks this), and both distributions must be "
+            "warped (temperature, top-k, top-p) the same way. Greedy is the limit case: accept while the draft "
+            "token equals the target's argmax, and the text equals plain greedy decoding.")
+        st.latex(r"P(x) = \min(p_\text{d}, p_\text{t}) + (1-\beta)\,\frac{\max(0, p_\text{t} - p_\text{d})}{1-\beta}"
+                 r" = p_\text{t}(x)")
+        st.page_link(EXACTNESS_LAB, label="See it: histograms and a chi-square test, correct and broken rules",
+                     icon=":material/science:")
+        st.page_link(WALKTHROUGH, label="The derivation, step by step", icon=":material/school:")
+        c = find_cycle(trace, lambda c: c["rejected_position"] is not None)
+        if c is not None:
+            open_in_stepper(c["cycle"], 4, key="iv_link_exact", label=f"A resample from the residual: cycle {c['cycle']}")
+
+
+def q_pick_k(trace: Trace | None) -> None:
+    with st.expander("How do you pick K?"):
+        st.markdown(
+            "Measure, then predict, then measure again. (1) Measure α, the acceptance per drafted token, on "
+            "text like your traffic, and c, the time of a draft step over a target step, on your hardware. "
+            "(2) The expected speedup (1−α^(K+1)) / ((1−α)(Kc+1)) rises while an extra guess is still likely to "
+            "be accepted and falls once its draft step costs more than it brings: the best K grows with α and "
+            "shrinks with c. With K=1 speculation pays only if α > c. (3) Refine the verify cost: scoring K+1 "
+            "positions costs about one step on a GPU at small batch, more on a CPU or a busy GPU. (4) Run a K "
+            "sweep and keep the measured best; acceptance varies with the text (real acceptance comes in "
+            "streaks), which is why engines adapt K per request or per step (EAGLE-2's dynamic trees, Hugging "
+            "Face's adaptive schedule).")
+        st.page_link(STATISTICS, label="This trace's K advisor and a live K sweep", icon=":material/monitoring:")
+        if trace is not None:
+            alpha = measured_alpha(trace.cycles)
+            st.caption(f"Open trace: α = {alpha:.3f}, c ≈ {c_estimate(trace):.3f}, K = {trace.k}. The payoff question "
+                       "below has a chart of the predicted speedup against K for these numbers.")
+
+
 def main() -> None:
     st.title("Interview practice")
     st.markdown(
@@ -331,6 +374,8 @@ def main() -> None:
         "open trace (with a link into the stepper) or a measurement made now on a real model.")
     trace = state.current_trace()
     trace = trace if trace is not None and trace.cycles else None
+    q_exactness(trace)
+    q_pick_k(trace)
     q_rejected_cache(trace)
     q_k_plus_one(trace)
     q_tokenizers(trace)
