@@ -525,3 +525,30 @@ def overview_figure(ov: Overview, num_cycles: int, current: int | None = None) -
                   yaxis=dict(title=dict(text="position"), tickvals=list(range(1, ov.k + 2)),
                              ticktext=[str(i) for i in range(1, ov.k + 1)] + ["K+1"],
                              range=[ov.k + 1.6, 0.4], fixedrange=True))
+
+
+# ---------------------------------------------------------------- where a cycle's time went
+
+TIME_PARTS = (("draft_time_s", "draft: K steps", OKABE_ITO["orange"], "/"),
+              ("verify_time_s", "verify: one target pass", OKABE_ITO["blue"], ""),
+              ("catch_up_time_s", "draft catch-up", OKABE_ITO["bluish_green"], "+"))
+
+
+def cycle_time_parts(c: dict) -> list[tuple[str, float]]:
+    """(part, seconds) of one cycle, as recorded; what is left of cycle_time_s is the test, the
+    resample, the rollback (cache crops) and Python bookkeeping, which the engine does not time apart."""
+    parts = [(name, c[field]) for field, name, _, _ in TIME_PARTS]
+    return parts + [("test, resample, rollback, other", max(0.0, c["cycle_time_s"] - sum(v for _, v in parts)))]
+
+
+def cycle_time_figure(c: dict) -> go.Figure:
+    """One stacked bar: where this cycle's wall time went, in milliseconds."""
+    colours = [colour for _, _, colour, _ in TIME_PARTS] + [OKABE_ITO["grey"]]
+    patterns = [pattern for _, _, _, pattern in TIME_PARTS] + ["."]
+    traces = [dict(type="bar", orientation="h", y=["time"], x=[seconds * 1000], name=name,
+                   marker=dict(color=colour, pattern=solid_pattern(pattern) if pattern else None),
+                   hovertemplate=f"{name}: %{{x:.2f}} ms<extra></extra>")
+              for (name, seconds), colour, pattern in zip(cycle_time_parts(c), colours, patterns)]
+    return figure(traces, f"Cycle {c['cycle']}: {c['cycle_time_s'] * 1000:.1f} ms of wall time", 150, top=64,
+                  barmode="stack", xaxis=dict(title=dict(text="milliseconds"), rangemode="tozero"),
+                  yaxis=dict(visible=False, fixedrange=True))

@@ -203,7 +203,7 @@ def test_live_run_on_local_folders(traces_dir, model_folders):
     names = [plain(c.value) for c in at.sidebar.caption]  # the sidebar names the new run at once
     assert len(names) == 1 and names[0].startswith(f"Open trace: **{ref.label}**") and "default.jsonl" not in names[0]
     assert "calibration" in trace.header  # live runs record step times for the statistics page
-    table = at.dataframe[0].value  # the latest cycles, as they arrived
+    table = at.dataframe[-1].value  # the latest cycles, as they arrived (after the bundled list)
     assert list(table["cycle"])[-1] == len(trace.cycles) - 1
     at.switch_page("views/stepper.py").run()
     assert shown_step(at) == "Cycle 0 · stage 1 Draft" and at.query_params["trace"] == ref.token
@@ -249,3 +249,41 @@ def test_next_step_works_on_a_500_cycle_trace(traces_dir, monkeypatch):
     # Its server time is measured by bench/app_speed.py, not asserted here.
     assert shown_step(at).startswith("Cycle 411 ")
     assert not at.exception
+
+
+# ---------------------------------------------------------------- the bundled examples, described
+
+BUNDLED = Path(__file__).resolve().parent.parent / "assets" / "traces"
+
+
+def test_bundled_list_describes_each_trace(monkeypatch, tmp_path):
+    from engine.analysis import trace_stats
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(BUNDLED))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    at = start()
+    at.switch_page(SOURCE_PAGE).run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    names = sorted(p.name for p in BUNDLED.glob("*.jsonl"))
+    assert list(table["trace"]) == names
+    for name, k, temperature, alpha, speedup in zip(table["trace"], table["K"], table["temperature"],
+                                                    table["alpha"], table["measured speedup"]):
+        trace = load_trace(BUNDLED / name)
+        stats = trace_stats(trace)
+        assert (k, temperature) == (trace.k, trace.header["settings"]["temperature"])
+        assert alpha == pytest.approx(round(stats.alpha, 3))
+        assert speedup == f"{stats.speed.measured:.2f}×"
+
+
+@pytest.mark.parametrize("name", ["default.jsonl", "shakespeare-sampled-k4-high-acceptance.jsonl"])
+def test_a_slower_trace_says_so_up_front(monkeypatch, name):
+    from engine.analysis import trace_stats
+    monkeypatch.setenv("SPECLAB_TRACE", str(BUNDLED / name))
+    at = start()
+    speed = trace_stats(load_trace(BUNDLED / name)).speed
+    notes = [w.value for w in at.warning if "slower" in w.value]
+    if speed.measured < 1:
+        assert len(notes) == 1 and f"{speed.measured:.2f}×" in notes[0] and f"c = {speed.c:.2f}" in notes[0]
+    else:
+        assert not notes

@@ -169,3 +169,14 @@ def test_stepper_table_says_not_drawn_and_shows_argmax_when_greedy(traces_by_k, 
     assert argmax[j - 1] == derive.visible_text(g["target_top"][j - 1][0]["text"])
     assert argmax[j:] == ["not drawn"] * (greedy.k - j)
     assert "argmax" in at.info[0].value and "u=" not in at.info[0].value
+
+
+def test_cycle_time_bar_adds_up_to_the_recorded_cycle_time(traces_by_k):
+    for c in traces_by_k[4].cycles[:5]:
+        fig = figures.cycle_time_figure(c)
+        ms = {t.name: t.x[0] for t in fig.data}
+        assert ms["draft: K steps"] == pytest.approx(c["draft_time_s"] * 1000)
+        assert ms["verify: one target pass"] == pytest.approx(c["verify_time_s"] * 1000)
+        assert ms["draft catch-up"] == pytest.approx(c["catch_up_time_s"] * 1000)
+        assert sum(ms.values()) == pytest.approx(c["cycle_time_s"] * 1000)
+        figures.validated(fig)

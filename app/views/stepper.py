@@ -5,12 +5,29 @@ from app import derive, figures, state
 from app.explain import STAGES, stage_caption
 from app.safe import md
 from app.teaching_ui import chart
+from engine.analysis import SpeedReport, trace_stats
 from engine.trace import Trace
 
 SPEEDS = {"2 s/step": 2.0, "1 s/step": 1.0, "0.4 s/step": 0.4}
 
 
 # ---------------------------------------------------------------- per-trace data (cached)
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def speed_of(key: str, _trace: Trace) -> SpeedReport | None:
+    """The trace's measured and predicted speedup (engine/analysis.py), when it carries step times."""
+    return trace_stats(_trace).speed
+
+
+def slower_note(r: SpeedReport, k: int) -> str:
+    """Said up front when the open trace ran slower than plain decoding would have, and why."""
+    cost = k * r.c + r.verify_in_steps
+    return (f"This run was **slower** than plain decoding: {r.measured:.2f}× its speed. Each cycle cost about "
+            f"{cost:.2f} target steps (K={k} draft steps at c = {r.c:.2f} each, plus a verify pass worth "
+            f"{r.verify_in_steps:.2f} steps) and committed {r.expected_tokens:.2f} tokens on average, so "
+            f"speculation loses here; it is still a correct run to step through. **Statistics and speed** shows "
+            f"which K would pay off, and the example traces include faster pairs.")
+
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def derived(key: str, _trace: Trace) -> tuple[list[derive.TokenInfo], list[int], derive.Overview]:
@@ -141,6 +158,9 @@ def header(trace: Trace) -> None:
     st.caption(f"Target **{md(h['target']['name'])}** · draft **{md(h['draft']['name'])}** · K={s['k']} · "
                f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
                f"{len(trace.cycles)} cycles{done}")
+    speed = speed_of(state.current_key(), trace) if trace.cycles else None
+    if speed is not None and speed.measured < 1:
+        st.warning(slower_note(speed, trace.k), icon=":material/trending_down:")
 
 
 def test_table(c: dict, k: int, greedy: bool = False) -> list[dict]:
@@ -192,6 +212,7 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
                        if greedy else "The test, position by position (u is drawn only up to the first rejection):")
             st.dataframe(test_table(c, k, greedy), hide_index=True, column_config=TABLE_COLUMNS, key="test_table")
     chart(figures.cache_figure(c, stage, derive.sequence_texts(trace, c)))
+    chart(figures.cycle_time_figure(c), key="cycle_time")
     shown_until = ends[cycle] if stage >= 4 else c["committed_len_before"]
     chart(figures.text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
 
