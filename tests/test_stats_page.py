@@ -210,3 +210,25 @@ def test_incomplete_trace_renders(folder, monkeypatch):
     assert metrics(at)["Cycles"] == "3" and len(lines) > 5
     assert any("incomplete run" in c.value for c in at.caption)
     (folder / "traces" / "cut.jsonl").unlink()
+
+
+def test_race_and_explorer_use_the_trace_and_its_calibration(folder, monkeypatch):
+    at = open_page(folder, monkeypatch)
+    trace = load_trace(folder / "traces" / "default.jsonl")
+    st = trace_stats(trace)
+    race = figure(at, "fig_race")["data"]
+    plain, spec = race[0], race[1]
+    total = sum(len(c["committed_token_ids"]) for c in trace.cycles)
+    assert spec["y"][-1] == plain["y"][-1] == total  # the same number of tokens
+    assert spec["x"][-1] == pytest.approx(sum(c["cycle_time_s"] for c in trace.cycles))
+    assert plain["x"][-1] == pytest.approx(total * st.speed.target_step_s)
+    explorer = figure(at, "fig_explorer")["data"]
+    star = next(t for t in explorer if t["name"] == "this trace, measured")
+    assert star["x"] == [trace.k] and star["y"] == [pytest.approx(st.speed.measured)]
+    at.slider(key="ex_alpha").set_value(0.8).run()
+    at.slider(key="ex_c").set_value(0.1).run()
+    at.slider(key="ex_k").set_value(5).run()
+    chosen = next(t for t in figure(at, "fig_explorer")["data"] if t["name"] == "chosen K=5")
+    from engine.metrics import predicted_speedup
+    assert chosen["y"] == [pytest.approx(predicted_speedup(0.8, 5, 0.1))]
+    assert any(f"**{predicted_speedup(0.8, 5, 0.1):.2f}×**" in m.value for m in at.markdown)

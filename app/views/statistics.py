@@ -14,7 +14,7 @@ from app.teaching_ui import chart
 from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
                              trace_stats)
 from engine.calibrate import calibrate
-from engine.metrics import TOKENS_PER_S, decoding_tokens_per_s
+from engine.metrics import TOKENS_PER_S, decoding_tokens_per_s, predicted_speedup
 from engine.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
 from engine.config import MAX_K, SettingsError, SpecSettings
 from engine.presets import PRESETS
@@ -222,6 +222,37 @@ def show_sweep(result: SweepResult) -> None:
                f"{result.alpha:.3f} pooled over the sweep and its own step-time calibration.")
 
 
+# ---------------------------------------------------------------- the race and the explorer
+
+def race_section(trace: Trace, st_: TraceStats) -> None:
+    if st_.speed is None:
+        st.info("The race needs the time of one plain target step: see **Cost and speed**.")
+        return
+    st.markdown("Both decoders produce the same number of tokens. Speculative: this trace's own cycles, each "
+                "as long as it took. Plain: one calibrated target step per token. Prefill is left out of both.")
+    chart(figs.race_figure(trace.cycles, st_.speed.target_step_s), key="fig_race")
+
+
+def explorer_section(trace: Trace, st_: TraceStats) -> None:
+    r = st_.speed
+    trace_c = r.c if r else 0.3
+    cols = st.columns(3)
+    alpha = cols[0].slider("α (acceptance per draft token)", 0.0, 0.99, round(min(st_.alpha, 0.99), 2), 0.01,
+                           key="ex_alpha", help="Starts at this trace's α.")
+    c = cols[1].slider("c (draft step / target step)", 0.0, 1.0, round(min(trace_c, 1.0), 2), 0.01, key="ex_c",
+                       help="Starts at this trace's c." if r else "This trace has no step times; 0.3 to start.")
+    k = cols[2].slider("K", 1, 16, min(trace.k, 16), key="ex_k")
+    point = (trace.k, r.measured) if r else None
+    chart(figs.explorer_figure(alpha, c, k, 16, point, st_.alpha, trace_c), key="fig_explorer")
+    predicted = predicted_speedup(alpha, k, c)
+    text = f"At α = {alpha:.2f}, c = {c:.2f} and K = {k} the formula predicts **{predicted:.2f}×**."
+    if r:
+        text += (f" This trace measured **{r.measured:.2f}×** at K = {trace.k} (its own α and c predict "
+                 f"{r.leviathan:.2f}×; the gap is what the formula leaves out, such as a verify pass costing "
+                 f"{r.verify_in_steps:.2f} target steps instead of 1).")
+    st.markdown(text)
+
+
 # ---------------------------------------------------------------- comparing two traces
 
 def summary_rows(trace: Trace, st_: TraceStats) -> dict[str, str]:
@@ -289,7 +320,7 @@ def main() -> None:
         return
     shown, key, measured_now = with_calibration(trace, state.current_key())
     st_ = stats_of(key, shown)
-    tabs = st.tabs(["Acceptance", "Cost and speed", "K advisor", "K sweep", "Compare two traces"])
+    tabs = st.tabs(["Acceptance", "Cost and speed", "K advisor", "K sweep", "Race and explorer", "Compare two traces"])
     with tabs[0]:
         acceptance_section(st_)
     with tabs[1]:
@@ -308,6 +339,9 @@ def main() -> None:
     with tabs[3]:
         sweep_section(trace, state.current_key())
     with tabs[4]:
+        race_section(trace, st_)
+        explorer_section(trace, st_)
+    with tabs[5]:
         compare_section(trace, st_)
 
 
