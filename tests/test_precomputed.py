@@ -113,3 +113,19 @@ def test_pages_open_on_stored_results_without_loading_models(bundled_pairs_only,
     assert not at.exception, [e.value for e in at.exception]
     assert any("Precomputed with the real engine" in c.value for c in at.caption)
     assert at.get("plotly_chart")
+
+
+def test_the_full_chi_square_is_stored_and_shown_without_sampling(bundled_pairs_only, monkeypatch):
+    """Samples 2000 and Show: the stored full test appears at once (no model loaded); Run live would sample."""
+    from app import live
+
+    monkeypatch.setattr(live, "load_preset", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    at = AppTest.from_file(MAIN, default_timeout=60)
+    at.run()
+    at.switch_page("views/exactness_lab.py").run()
+    at.select_slider(key="lab_n").set_value(2000)
+    [show] = [b for b in at.button if b.label == "Show"]
+    show.click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("Precomputed with the real engine" in c.value for c in at.caption)
+    assert any("2000 samples" in json.dumps(json.loads(c.proto.spec)["layout"]["title"]) for c in at.get("plotly_chart"))

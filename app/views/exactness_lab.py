@@ -102,8 +102,11 @@ def controls(choice: teaching_pair.PairChoice) -> tuple | None:
         position = st.radio("Which token", [1, 2], horizontal=True, key="lab_position",
                             format_func={1: "the next token", 2: "the token after next (passes a bonus or a second "
                                          f"cycle; vocabularies up to {MAX_VOCAB_FOR_SECOND_TOKEN} tokens)"}.get)
-        clicked = st.form_submit_button("Run live", type="primary", icon=":material/play_arrow:",
-                                        help="Sample now on this machine, with a progress bar.")
+        buttons = st.columns([1, 1, 4])
+        buttons[0].form_submit_button("Show", icon=":material/visibility:",
+                                      help="Apply these settings: the stored result if there is one, else a Run live button.")
+        clicked = buttons[1].form_submit_button("Run live", type="primary", icon=":material/play_arrow:",
+                                                help="Sample now on this machine, with a progress bar.")
     # Outside the form, so switching the rule redraws at once (each rule's result is cached).
     cols = st.columns([3, 1], vertical_alignment="bottom")
     rule = cols[0].radio("Acceptance rule", list(RULE_NAMES), key="lab_rule", format_func=RULE_NAMES.get)

@@ -73,8 +73,11 @@ def settings_form(choice: teaching_pair.PairChoice) -> tuple[str, SpecSettings, 
         temperature = cols[1].number_input("Temperature (0 = greedy)", 0.0, 2.0, 0.0, step=0.1, key="rb_temperature")
         seed = cols[2].number_input("Seed", 0, 2**31 - 1, 0, key="rb_seed")
         max_new = cols[3].number_input("New tokens", 4, min(MAX_NEW_TOKENS, 96), 40, key="rb_max_new")
-        clicked = st.form_submit_button("Run live", type="primary", icon=":material/play_arrow:",
-                                        help="Run all three engines now on this machine, with a progress bar.")
+        buttons = st.columns([1, 1, 4])
+        buttons[0].form_submit_button("Show", icon=":material/visibility:",
+                                      help="Apply these settings: the stored result if there is one, else a Run live button.")
+        clicked = buttons[1].form_submit_button("Run live", type="primary", icon=":material/play_arrow:",
+                                                help="Run all three engines now on this machine, with a progress bar.")
     try:
         return prompt, SpecSettings(k=int(k), temperature=float(temperature), seed=int(seed),
                                     max_new_tokens=int(max_new)), clicked
