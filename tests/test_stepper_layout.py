@@ -5,6 +5,7 @@ Geometry is checked from the figures themselves: each label's drawn width (monos
 figures.text_px) against the room its column or bar has at the projector's plot width.
 """
 import copy
+import json
 
 from pathlib import Path
 
@@ -180,3 +181,15 @@ def test_cycle_time_bar_adds_up_to_the_recorded_cycle_time(traces_by_k):
         assert ms["draft catch-up"] == pytest.approx(c["catch_up_time_s"] * 1000)
         assert sum(ms.values()) == pytest.approx(c["cycle_time_s"] * 1000)
         figures.validated(fig)
+
+
+def test_walkthrough_on_a_greedy_trace_explains_the_argmax_check(traces_by_k, layout_folder, monkeypatch):
+    monkeypatch.setenv("SPECLAB_TRACE", str(layout_folder / "k0.jsonl"))
+    at = AppTest.from_file(MAIN, default_timeout=60)
+    at.run()
+    at.switch_page("views/walkthrough.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("argmax check" in i.value for i in at.info)
+    accept = [json.loads(c.proto.spec) for c in at.get("plotly_chart") if c.proto.id.endswith("-wt_accept")]
+    assert len(accept) == 1 and "argmax" in accept[0]["layout"]["title"]["text"]
+    assert not any(t.get("name") == "u (uniform draw)" for t in accept[0]["data"])

@@ -114,8 +114,14 @@ def stage_test(trace: Trace, c: dict) -> None:
         "away, so those are discarded without being tested.")
     st.latex(r"\text{keep } d_i \iff u_i < \min\!\left(1,\ \frac{p_\text{target}(d_i)}{p_\text{draft}(d_i)}\right),"
              r"\qquad u_i \sim \mathcal{U}[0, 1)")
-    st.dataframe(test_rows(c, k), hide_index=True, key="wt_test_table")
-    chart(figures.acceptance_figure(c, k, 3), key="wt_accept")
+    greedy = trace.header["settings"]["temperature"] == 0
+    if greedy:
+        st.info("This trace is greedy (temperature 0): no u is drawn. Both distributions are one-hot, so the ratio "
+                "is 1 when the draft token is the target's argmax and 0 otherwise: the test is an argmax check. "
+                "Open a sampled trace to see u at work.", icon=":material/info:")
+    else:
+        st.dataframe(test_rows(c, k), hide_index=True, key="wt_test_table")
+    chart(figures.acceptance_figure(c, k, 3, greedy), key="wt_accept")
     open_in_stepper(c["cycle"], 3, key="wt_link_3")
 
 
