@@ -10,6 +10,7 @@ recomputes stored entries with the engine and compares.
 Each entry also records how long it took, so a page can estimate a live run's time.
 """
 import json
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 
@@ -86,10 +87,10 @@ def find(key: str) -> dict | None:
 
 def seconds_per_unit(kind: str, pair_key: str, units_of) -> float | None:
     """Recorded seconds per unit of work (a generated token, a sample) for this page and pair,
-    from the stored entries; None if none was stored for it."""
+    the median over the stored entries; None if none was stored for it."""
     rates = []
     for entry in entries().values():
         kind_, pair = json.loads(entry["key"])[:2]
         if kind_ == kind and pair == pair_key and entry["seconds"] > 0:
             rates.append(entry["seconds"] / max(units_of(json.loads(entry["key"])), 1))
-    return max(rates) if rates else None
+    return statistics.median(rates) if rates else None

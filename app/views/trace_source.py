@@ -18,9 +18,11 @@ def _describe(keys: tuple[str, ...], _refs: tuple) -> list[dict]:
             rows.append({"trace": ref.name, "pair": f"unreadable: {err}"})
             continue
         h, stats = trace.header, trace_stats(trace)
-        rows.append({"trace": ref.name, "pair": f"{h['target']['name']} ← {h['draft']['name']}", "K": trace.k,
-                     "temperature": h["settings"]["temperature"], "alpha": round(stats.alpha, 3),
-                     "measured speedup": f"{stats.speed.measured:.2f}×" if stats.speed else "no step times"})
+        pair = f"{h['preset']} preset" if h.get("preset") else f"{h['target']['name']} ← {h['draft']['name']}"
+        rows.append({"trace": ref.name, "K": trace.k, "temperature": h["settings"]["temperature"],
+                     "alpha": round(stats.alpha, 3),
+                     "measured speedup": f"{stats.speed.measured:.2f}×" if stats.speed else "no step times",
+                     "pair": pair})
     return rows
 
 
@@ -38,7 +40,7 @@ def bundled() -> None:
         return
     rows = describe_bundled(names)
     st.dataframe(rows, hide_index=True, key="bundled_table",
-                 column_config={"pair": st.column_config.TextColumn("pair (target ← draft)", width="large")})
+                 column_config={"pair": st.column_config.TextColumn("model pair", width="medium")})
     st.caption("Measured speedup: this run's tokens per second of decoding against plain target decoding on the "
                "same machine (its recorded step times); below 1× speculation was slower there.")
     ref = state.current_ref()
