@@ -144,7 +144,7 @@ def play_ticker(seconds: float) -> None:
 # ---------------------------------------------------------------- the view
 
 COMPACT = """<style>
-[data-testid="stMainBlockContainer"] { padding-top: 2.2rem; }
+[data-testid="stMainBlockContainer"] { padding-top: 4rem; }  /* just under the toolbar (3.75rem) */
 [data-testid="stMainBlockContainer"] h1 { font-size: 1.9rem; padding: 0 0 0.2rem 0; }
 </style>"""  # a projector (1366x768) shows one cycle's figure under the controls without scrolling
 
