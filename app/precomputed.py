@@ -17,6 +17,7 @@ from pathlib import Path
 import streamlit as st
 
 from engine.exactness import ChiSquare, LabResult
+from engine.stale_slots import StaticCycle, StaticRun
 from engine.teaching import CacheView, Comparison, CycleProbe, RunLog
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +50,10 @@ def comparison_from_dict(data: dict) -> Comparison:
     runs = {mode: RunLog(**{**run, "cycles": [probe(p) for p in run["cycles"]]}) for mode, run in data["runs"].items()}
     return Comparison(data["prompt_ids"], data["settings"], data["reference"], runs,
                       {int(i): t for i, t in data["texts"].items()})
+
+
+def static_from_dict(data: dict) -> StaticRun:
+    return StaticRun(data["generated"], [StaticCycle(**c) for c in data["cycles"]])
 
 
 def lab_to_dict(res: LabResult, texts: dict[int, str]) -> dict:

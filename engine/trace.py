@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from .layout_stats import LayoutFieldError, check_layout_cycle, check_layout_header
 from .metrics import acceptance_metrics
 
 FORMAT = "speclab-trace"
@@ -91,6 +92,10 @@ def _check_header(h: dict, where: str) -> None:
     _check_fields(h["settings"], SETTINGS_FIELDS, f"{where} settings")
     if h["settings"]["k"] < 1:
         raise TraceError(f"{where}: settings.k must be at least 1")
+    try:
+        check_layout_header(h)
+    except LayoutFieldError as err:
+        raise TraceError(f"{where}: {err}") from None
 
 
 def _check_cycle(c: dict, k: int, index: int, where: str) -> None:
@@ -149,6 +154,10 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
             raise TraceError(f"{where}: a record after the summary")
         if rec.get("type") == "cycle":
             _check_cycle(rec, k, len(cycles), where)
+            try:
+                check_layout_cycle(header, rec)
+            except LayoutFieldError as err:
+                raise TraceError(f"{where}: {err}") from None
             cycles.append(rec)
         elif rec.get("type") == "summary":
             _check_fields(rec, SUMMARY_FIELDS, where)

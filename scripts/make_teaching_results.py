@@ -9,6 +9,7 @@ took. The pages show these at once when pair, prompt and settings match exactly;
 tests/test_precomputed.py recomputes entries and compares them.
 """
 import argparse
+import dataclasses
 import datetime
 import json
 import platform
@@ -28,6 +29,7 @@ from engine.exactness import run_lab  # noqa: E402
 from engine.presets import PRESETS  # noqa: E402
 from engine.run import encode_prompt, load_preset  # noqa: E402
 from engine.speculative import Faults  # noqa: E402
+from engine.stale_slots import static_run  # noqa: E402
 from engine.teaching import compare_runs  # noqa: E402
 
 PRESET = "tiny-shakespeare"
@@ -55,6 +57,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=precomputed.RESULTS_FILE)
     p.add_argument("--threads", type=int, default=1, help="torch threads (the app's live runs use 1)")
+    p.add_argument("--only-rollback", action="store_true",
+                   help="recompute the rollback entry only, keeping the file's exactness entries")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     pair = load_preset(PRESET)
@@ -67,12 +71,17 @@ def main() -> None:
     settings = rollback_defaults()
     start = time.perf_counter()
     cmp = compare_runs(pair, ids, SpecSettings(**settings))
+    static = static_run(pair, ids, SpecSettings(**settings))  # the page's static-cache side-by-side
     entries.append({"key": precomputed.rollback_key(PAIR_KEY, prompt, settings), "made": made,
-                    "seconds": time.perf_counter() - start, "result": precomputed.comparison_to_dict(cmp)})
+                    "seconds": time.perf_counter() - start, "result": precomputed.comparison_to_dict(cmp),
+                    "static": dataclasses.asdict(static)})
     print(f"rollback: {entries[-1]['seconds']:.1f} s", flush=True)
+    if args.only_rollback:
+        old = json.loads(args.out.read_text(encoding="utf-8"))["entries"]
+        entries += [e for e in old if json.loads(e["key"])[0] != precomputed.ROLLBACK]
 
     settings = exactness_defaults()
-    for rule, greedy, n in exactness_runs():
+    for rule, greedy, n in [] if args.only_rollback else exactness_runs():
         start = time.perf_counter()
         res = run_lab(pair, ids, SpecSettings(**settings), Faults(acceptance_rule=rule, greedy_draft=greedy), n)
         texts = {i: pair.target.tokenizer.decode([i]) for i in histogram_entries(res, TOP_TOKENS)}

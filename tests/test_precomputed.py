@@ -17,6 +17,7 @@ from engine.exactness import chi_square, next_token_probs, run_lab
 from engine.presets import PRESETS
 from engine.run import encode_prompt, load_preset
 from engine.speculative import Faults
+from engine.stale_slots import static_run
 from engine.teaching import compare_runs
 from scripts import make_teaching_results as script
 
@@ -54,6 +55,9 @@ def test_stored_rollback_matches_a_live_run(stored, shakespeare):
     kept = precomputed.comparison_from_dict(entry["result"])
     live = compare_runs(pair, ids, SpecSettings(**settings))
     assert kept.reference == live.reference and kept.prompt_ids == live.prompt_ids == ids
+    static = static_run(pair, ids, SpecSettings(**settings))
+    assert precomputed.static_from_dict(entry["static"]).generated == static.generated
+    assert [c.stale_slots for c in precomputed.static_from_dict(entry["static"]).cycles] == [c.stale_slots for c in static.cycles]
     for mode, run in live.runs.items():
         old = kept.runs[mode]
         assert old.generated == run.generated, mode

@@ -2,10 +2,12 @@
 import streamlit as st
 
 from app import precomputed, teaching_pair
+from app.figures_layouts import stale_comparison_figure
 from app.figures_teaching import cache_strip_figure, divergence_figure, drift_figure
 from app.safe import md
 from app.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, run_with_progress
 from engine.config import MAX_NEW_TOKENS, SettingsError, SpecSettings
+from engine.stale_slots import StaticRun, static_run
 from engine.teaching import (CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison,
                              compare_runs, first_divergence)
 
@@ -37,27 +39,34 @@ def run_live(choice: teaching_pair.PairChoice, prompt: str, settings: SpecSettin
     prompt_ids = teaching_pair.encode(pair, choice, prompt) if pair else None
     if prompt_ids is None:
         return
-    cmp, seconds = run_with_progress(
-        PAGE, choice.key, settings.max_new_tokens, "Running the correct engine and both broken ones",
-        lambda on_progress: compare_runs(pair, prompt_ids, settings, on_progress))
-    st.session_state.setdefault(LIVE, {})[key] = (cmp, seconds)
+
+    def work(on_progress):  # the three traced runs, then the correct engine on a static cache (~ a fourth)
+        cmp = compare_runs(pair, prompt_ids, settings, lambda f: on_progress(0.8 * f))
+        static = static_run(pair, prompt_ids, settings)
+        on_progress(1.0)
+        return cmp, static
+
+    (cmp, static), seconds = run_with_progress(
+        PAGE, choice.key, settings.max_new_tokens, "Running the correct engine, both broken ones and a static cache", work)
+    st.session_state.setdefault(LIVE, {})[key] = (cmp, static, seconds)
 
 
 def result_for(choice: teaching_pair.PairChoice, prompt: str, settings: SpecSettings,
-               run_now: bool) -> Comparison | None:
+               run_now: bool) -> tuple[Comparison, StaticRun | None] | None:
     """This session's live result, else the stored one, else (after a click) a live run."""
     key = precomputed.rollback_key(choice.key, prompt, settings.to_dict())
     if run_now:
         run_live(choice, prompt, settings, key)
     if key in st.session_state.get(LIVE, {}):
-        cmp, seconds = st.session_state[LIVE][key]
+        cmp, static, seconds = st.session_state[LIVE][key]
         st.caption(f"Run live in this session ({seconds:.0f} s).")
-        return cmp
+        return cmp, static
     stored = precomputed.find(key)
     if stored is not None:
         st.caption(f"Precomputed with the real engine by `scripts/make_teaching_results.py` ({stored['made']}; "
                    f"it took {stored['seconds']:.0f} s there). **Run live** repeats it on this machine.")
-        return precomputed.comparison_from_dict(stored["result"])
+        static = precomputed.static_from_dict(stored["static"]) if stored.get("static") else None
+        return precomputed.comparison_from_dict(stored["result"]), static
     estimate = estimate_s(PAGE, choice.key, settings.max_new_tokens,
                           precomputed.seconds_per_unit(PAGE, choice.key, new_tokens_of))
     st.info(f"No stored result for these settings: press **Run live** ({estimate_words(estimate)}).",
@@ -144,6 +153,34 @@ def cache_section(cmp: Comparison) -> None:
                              f"{MODE_LABELS[mode]}: both caches after cycle {cycle}"), key="rb_cache")
 
 
+def stale_section(cmp: Comparison, static: StaticRun) -> None:
+    st.subheader("Stale K/V that corrupts, and stale K/V that does not")
+    st.markdown(
+        "A static cache (gpt-fast, Hugging Face `StaticCache`) also keeps rejected K/V in memory: its rollback "
+        "only moves the write position back. The difference is *where* the leftovers sit. The broken run never "
+        "moves its length back, so the rejected entries stay **inside** the range the next query reads, and "
+        "every later token is written after them, at a shifted position. The static cache's leftovers sit "
+        "**past** the write position: a query at position p attends to slots 0..p only (the causal mask), so "
+        "they get an attention weight of exactly 0 and the next append overwrites them. Both numbers below are "
+        "measured on the real models: the attention the next position gives to the stale entries.")
+    bug_run = cmp.runs[KEEP_REJECTED]
+    last = min(len(bug_run.cycles), len(static.cycles)) - 1
+    telling = [i for i in range(last + 1)
+               if static.cycles[i].stale_slots >= 2 and bug_run.cycles[i].target_cache.num_stale > 0]
+    start = telling[0] if telling else min(2, last)  # a cycle where both kinds of leftovers exist
+    cycle = st.slider("After cycle", 0, last, start, key="rb_stale_cycle") if last > 0 else 0
+    bug, sc = bug_run.cycles[cycle], static.cycles[cycle]
+    cols = st.columns(3)
+    cols[0].metric("Bug: attention on rejected K/V", f"{bug.stale_attention:.1%}")
+    cols[1].metric("Static cache: attention on stale slots", f"{sc.attention_on_stale:.1%}",
+                   help=f"{sc.stale_slots} stale slot(s) after the rollback; the next position's own write "
+                        "overwrites the first, the rest stay masked")
+    same = static.generated == cmp.runs[CORRECT].generated
+    cols[2].metric("Static cache output equals the correct run", "yes" if same else "no")
+    chart(stale_comparison_figure(bug.target_cache.status, bug.stale_attention, sc.write_position,
+                                  sc.stale_slots, sc.attention_on_stale, cycle), key="rb_stale")
+
+
 def main() -> None:
     st.title("What if we don't roll back?")
     st.markdown(
@@ -160,13 +197,18 @@ def main() -> None:
     form = settings_form(choice)
     if form is None:
         return
-    cmp = result_for(choice, *form)
-    if cmp is None:
+    found = result_for(choice, *form)
+    if found is None:
         return
+    cmp, static = found
     run_metrics(cmp)
     outputs_section(cmp)
     drift_section(cmp)
     cache_section(cmp)
+    if static is not None:
+        stale_section(cmp, static)
+    else:
+        st.info("The static-cache comparison was not stored with this result: press **Run live**.")
 
 
 main()

@@ -1,7 +1,7 @@
 """Step through a trace: one cycle at a time, each cycle in five stages."""
 import streamlit as st
 
-from app import derive, figures, state
+from app import derive, figures, figures_layouts, state
 from app.explain import STAGES, stage_caption
 from app.safe import md
 from app.teaching_ui import chart
@@ -213,6 +213,9 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
             st.dataframe(test_table(c, k, greedy), hide_index=True, column_config=TABLE_COLUMNS, key="test_table")
     chart(figures.cache_figure(c, stage, derive.sequence_texts(trace, c)))
     chart(figures.cycle_time_figure(c), key="cycle_time")
+    if stage in (2, 5):  # the verify appends to the target's cache, the rollback trims it: in the trace's layout
+        for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, stage, derive.sequence_texts(trace, c))):
+            chart(fig, key=f"layout_{i}")
     shown_until = ends[cycle] if stage >= 4 else c["committed_len_before"]
     chart(figures.text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
 
