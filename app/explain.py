@@ -35,6 +35,8 @@ def _greedy_test(c: dict, k: int) -> str:
     n, j = c["num_accepted"], c["rejected_position"]
     head = ("Temperature 0: there is no random draw. Left to right, a draft token is kept only if it is the "
             "target's most likely token (its argmax)")
+    if k == 0:
+        return "Temperature 0, and nothing was proposed: there is no draft token to test."
     if j is None:
         return f"{head}: all {k} were, so the text is exactly what plain greedy decoding would write."
     rest = f"; positions {j + 1}–{k} are discarded untested" if j < k else ""
@@ -44,6 +46,8 @@ def _greedy_test(c: dict, k: int) -> str:
 
 def _greedy_resample(c: dict, k: int) -> str:
     token = quoted(c["next_token_text"])
+    if k == 0:
+        return f"With nothing proposed, the target's argmax {token} is committed: one ordinary greedy step."
     if c["rejected_position"] is None:
         return (f"All {k} drafts matched, so the target's argmax at position {k + 1} (already computed) is added: "
                 f"{token}, {k + 1} tokens for one target pass.")
@@ -51,15 +55,35 @@ def _greedy_resample(c: dict, k: int) -> str:
             f"the residual puts all its mass there), exactly as plain greedy decoding would.")
 
 
+def _listed(texts: list[str], limit: int = 8) -> str:
+    shown = texts[:limit]  # a long K would swamp the line; the figure has them all
+    return ", ".join(quoted(t) for t in shown) + (", …" if len(texts) > len(shown) else "")
+
+
 def _draft(c: dict, k: int) -> str:
-    shown = c["draft_token_texts"][:8]  # a long K would swamp the line; the figure has them all
-    tokens = ", ".join(quoted(t) for t in shown) + (", …" if k > len(shown) else "")
+    drafter = c.get("drafter_state") or {}
+    tokens = _listed(c["draft_token_texts"])
+    if drafter.get("kind") == "prompt-lookup":
+        if not drafter["matched"]:
+            return ("Prompt lookup found no earlier occurrence of the last tokens, so it proposes nothing: "
+                    "this cycle is a plain target step (one position verified, its token drawn from the target).")
+        return (f"Prompt lookup found the last {drafter['ngram_size']} token(s) earlier in the text (at position "
+                f"{drafter['match_start']}) and copies the {k} token(s) that followed ({tokens}). The proposal is "
+                f"deterministic (p_draft = 1), so each token is kept with probability p_target: still exact.")
+    if drafter.get("kind") == "other-tokenizer":
+        own = _listed(drafter["draft_token_texts"])
+        return (f"The draft model, which has its own tokenizer, proposes {len(drafter['draft_token_ids'])} of its own "
+                f"tokens ({own}); their text, re-encoded with the target's tokenizer, gives the {k} target tokens "
+                f"tested below ({tokens}). Greedy only: accepted while each is the target's argmax.")
     return (f"The small draft model proposes K={k} tokens one after another ({tokens}); they are provisional, "
             f"because drafting is cheap but only the target model decides what is kept.")
 
 
 def _verify(c: dict, k: int) -> str:
     t = c["target_cache_len"]
+    if k == 0:
+        return (f"Nothing was proposed, so the target runs one ordinary decoding step on the last committed token; "
+                f"its cache grows {t['before']} → {t['after_append']}.")
     return (f"The target model scores all {k + 1} positions (the last committed token plus the {k} drafts) in one "
             f"forward pass, the whole point of speculation; its cache grows provisionally {t['before']} → {t['after_append']}.")
 
@@ -86,6 +110,16 @@ def _resample(c: dict, k: int) -> str:
 
 def _rollback(c: dict, k: int) -> str:
     t, d = c["target_cache_len"], c["draft_cache_len"]
+    if d is None:  # prompt lookup keeps no cache; the other-tokenizer draft keeps one over its own tokens
+        text = (f"Target cache entries past the committed prefix are removed: {t['after_append']} → {t['after_rollback']}, "
+                f"every committed token but the last.")
+        own = (c.get("drafter_state") or {}).get("draft_cache_len")
+        if own:
+            text += (f" The draft re-encodes the committed text in its own tokens and keeps its cache over the part "
+                     f"that did not change: {own['after_append']} → {own['after_rollback']} draft-token positions.")
+        else:
+            text += " Prompt lookup has nothing to roll back: the next lookup reads the committed text."
+        return text
     text = (f"Cache entries past the committed prefix are removed: target {t['after_append']} → {t['after_rollback']}, "
             f"draft {d['after_append']} → {d['after_rollback']}; both now hold every committed token but the last, "
             f"which opens the next cycle.")

@@ -7,9 +7,12 @@ than MAX_SPREAD the number is flagged (`trustworthy` is False) and the app says 
 words instead of presenting it as a measurement.
 """
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable
+
+import torch
+
+from .timing import timed
 
 MAX_SPREAD = 0.30  # repeats whose interquartile range exceeds 30% of their median are not trusted
 
@@ -57,19 +60,12 @@ def _quartiles(times: tuple[float, ...]) -> tuple[float, float]:
 
 
 def repeat_timed(fn: Callable[[], None], repeats: int = 7, warmup: int = 1,
-                 sync: Callable[[], None] | None = None) -> Repeated:
-    """Run `fn` warmup times untimed, then `repeats` times timed (with `sync` before each stop,
-    e.g. a CUDA synchronise)."""
+                 device: torch.device | None = None) -> Repeated:
+    """Run `fn` warmup times untimed, then `repeats` times, each timed by engine.timing.timed
+    (which waits for `device`'s queued work, e.g. CUDA kernels, before reading the clock)."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        if sync is not None:
-            sync()
-        times.append(time.perf_counter() - start)
-    return Repeated(tuple(times))
+    return Repeated(tuple(timed(fn, device)[1] for _ in range(repeats)))
 
 
 def repeated_values(values: list[float]) -> Repeated:

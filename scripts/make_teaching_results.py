@@ -28,7 +28,7 @@ from engine.config import SpecSettings  # noqa: E402
 from engine.exactness import run_lab  # noqa: E402
 from engine.presets import PRESETS  # noqa: E402
 from engine.run import encode_prompt, load_preset  # noqa: E402
-from engine.speculative import Faults  # noqa: E402
+from engine.teaching_faults import Faults  # noqa: E402
 from engine.stale_slots import static_run  # noqa: E402
 from engine.teaching import compare_runs  # noqa: E402
 

@@ -16,7 +16,7 @@ from engine.config import SpecSettings
 from engine.exactness import chi_square, next_token_probs, run_lab
 from engine.presets import PRESETS
 from engine.run import encode_prompt, load_preset
-from engine.speculative import Faults
+from engine.teaching_faults import Faults
 from engine.stale_slots import static_run
 from engine.teaching import compare_runs
 from scripts import make_teaching_results as script

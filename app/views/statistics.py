@@ -48,8 +48,11 @@ def with_calibration(trace: Trace, key: str) -> tuple[Trace, str, bool]:
 def trace_pair(header: dict) -> Pair | None:
     """The model pair that wrote the trace: its preset, else the model names as folders or ids."""
     preset = header.get("preset")
+    drafter = live.drafter_of(header)  # the same drafter the trace was written with
+    if preset not in PRESETS and drafter.kind == "other-tokenizer":
+        drafter = dataclasses.replace(drafter, draft_model=header["draft"]["name"])
     return live.load_or_error(preset if preset in PRESETS else None, header["target"]["name"],
-                              header["draft"]["name"], whose="this trace's models")
+                              header["draft"]["name"], whose="this trace's models", drafter=drafter)
 
 
 def trace_settings(header: dict, **changes) -> SpecSettings:
@@ -81,6 +84,18 @@ def acceptance_section(st_: TraceStats) -> None:
     st.caption("The prediction assumes every draft token passes independently with probability alpha "
                "(Leviathan et al. 2023): then a cycle commits n ≤ K tokens with probability "
                "alpha^(n-1)(1 - alpha), and K+1 with probability alpha^K.")
+    if st_.by_ngram:
+        ngram_section(st_)
+
+
+def ngram_section(st_: TraceStats) -> None:
+    """Prompt lookup: does a longer matched n-gram predict the continuation better?"""
+    st.markdown("**Prompt lookup: acceptance by matched n-gram size**")
+    st.dataframe([{"n-gram size": "no match" if r.ngram_size is None else str(r.ngram_size), "cycles": r.cycles,
+                   "proposed": r.proposed, "accepted": r.accepted, "acceptance rate": round(r.acceptance_rate, 3)}
+                  for r in st_.by_ngram], hide_index=True, key="ngram_table")
+    st.caption("A cycle without a match proposes nothing: it is a plain target step. Prompt lookup runs no "
+               "model, so its draft step costs almost nothing and c is close to 0.")
 
 
 CALIBRATION_ROUNDS = 3  # whole calibrations; their spread says whether the machine was quiet enough
@@ -315,6 +330,8 @@ def layout_section(ls: LayoutStats) -> None:
     rows = []
     for model in ("target", "draft"):
         m = getattr(ls, model)
+        if m is None:
+            continue  # a drafter without a cache over the target's positions
         row = {"model": model, "peak K/V slots attended": m.peak_slots_attended, "peak K/V slots held": m.peak_slots_held}
         if ls.name == "static":
             row.update({"stale slots, max": m.stale_slots_max, "stale slots, mean": round(m.stale_slots_mean, 2)})

@@ -7,6 +7,7 @@ import streamlit as st
 
 from app import derive, figures, figures_layouts, state, teaching_pair
 from app.derive import visible_text
+from app.explain import stage_caption
 from app.safe import md
 from app.teaching_ui import ROLLBACK_DEMO, EXACTNESS_LAB, chart, open_in_stepper
 from engine.analysis import measured_alpha
@@ -52,7 +53,7 @@ def q(text: str) -> str:
 # ---------------------------------------------------------------- the five stages
 
 def stage_draft(trace: Trace, c: dict) -> None:
-    k = trace.k
+    k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     st.header("1 · Draft: the small model guesses ahead")
     st.markdown(
         "The draft model is run K times in a row, each time on its own previous guess. At every step it "
@@ -61,13 +62,15 @@ def stage_draft(trace: Trace, c: dict) -> None:
         "the draft found the token it drew, $p_\\text{draft}$. Nothing is final yet: these are proposals.")
     tokens = ", ".join(f"{q(t)} ({p:.3f})" for t, p in zip(c["draft_token_texts"], c["p_draft"]))
     st.markdown(f"In **cycle {c['cycle']}** the draft proposed K={k} tokens (with $p_\\text{{draft}}$): {tokens}.")
+    if trace.drafter_kind != "model":  # prompt lookup / other tokenizer: how this trace's proposals were made
+        st.info(md(stage_caption(c, k, 1)), icon=":material/lightbulb:")
     st.latex(r"d_i \sim p_\text{draft}(\,\cdot \mid x_{1..n},\, d_1, \dots, d_{i-1}), \qquad i = 1, \dots, K")
     chart(figures.cycle_figure(c, k, 1), key="wt_cycle_1")
     open_in_stepper(c["cycle"], 1, key="wt_link_1")
 
 
 def stage_verify(trace: Trace, c: dict) -> None:
-    k = trace.k
+    k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     st.header(f"2 · Verify: one target pass over K+1 = {k + 1} positions")
     st.markdown(
         "The target model reads the last committed token followed by the K guesses in **one** forward pass. "
@@ -83,8 +86,10 @@ def stage_verify(trace: Trace, c: dict) -> None:
         "used for a single multiply-add. Scoring K+1 positions moves the same weights once and uses each "
         "K+1 times. Until K+1 approaches the hardware's ratio of arithmetic speed to memory bandwidth "
         "(hundreds of operations per byte on current GPUs), the pass takes roughly as long as one token.")
-    step, verify = median(c["draft_step_times_s"]), c["verify_time_s"]
-    st.caption(f"Recorded in this trace for cycle {c['cycle']}: one draft step {step * 1000:.2f} ms (median), "
+    verify = c["verify_time_s"]
+    step = (f"one draft step {median(c['draft_step_times_s']) * 1000:.2f} ms (median)" if c["draft_step_times_s"]
+            else "no draft step")
+    st.caption(f"Recorded in this trace for cycle {c['cycle']}: {step}, "
                f"the target's pass over {k + 1} positions {verify * 1000:.2f} ms. On a CPU with tiny models fixed "
                f"per-call overhead dominates instead, which also keeps the cost nearly flat in K.")
     chart(figures.cycle_figure(c, k, 2), key="wt_cycle_2")
@@ -104,7 +109,7 @@ def test_rows(c: dict, k: int) -> list[dict]:
 
 
 def stage_test(trace: Trace, c: dict) -> None:
-    k = trace.k
+    k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     st.header("3 · Test: keep each guess with probability min(1, ratio)")
     st.markdown(
         "The guesses are checked from left to right. For each, draw a uniform number u and keep the guess "
@@ -126,7 +131,7 @@ def stage_test(trace: Trace, c: dict) -> None:
 
 
 def stage_resample(trace: Trace, c: dict) -> None:
-    k = trace.k
+    k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     st.header("4 · Resample at the rejection, or take the bonus token")
     st.markdown(
         "**At a rejection** the replacement is not drawn from the target's distribution but from the "
@@ -167,11 +172,14 @@ def stage_rollback(trace: Trace, c: dict) -> None:
         "read, including guesses that were just rejected or discarded. The engine now trims both caches "
         "back to the committed text. This project's convention: after each cycle a cache holds every "
         "committed token except the last, which is fed in at the start of the next cycle.")
-    st.markdown(
-        f"Cycle {c['cycle']}: the target cache goes {t['after_append']} → {t['after_rollback']} entries, "
-        f"the draft cache {d['after_append']} → {d['after_rollback']}."
-        + (" The draft never ran on its own last guess (it only proposed it), so that token is fed to the "
-           "draft now: the catch-up." if c["draft_catch_up"] else ""))
+    if d is None:  # a drafter without a cache over the target's positions (prompt lookup, other tokenizer)
+        st.markdown(md(stage_caption(c, derive.proposals(c), 5)))
+    else:
+        st.markdown(
+            f"Cycle {c['cycle']}: the target cache goes {t['after_append']} → {t['after_rollback']} entries, "
+            f"the draft cache {d['after_append']} → {d['after_rollback']}."
+            + (" The draft never ran on its own last guess (it only proposed it), so that token is fed to the "
+               "draft now: the catch-up." if c["draft_catch_up"] else ""))
     st.info(
         "**An everyday picture.** You dictate a letter to a quick assistant who types ahead, guessing your "
         "next few words. You read the screen: the first two guesses are right, the third is not, and you say "
@@ -242,7 +250,7 @@ def main() -> None:
         return
     options = [c["cycle"] for c in trace.cycles]
     cycle = st.selectbox("Cycle to walk through", options, index=teaching_cycle(trace), key="wt_cycle",
-                         format_func=lambda i: describe(trace.cycles[i], trace.k))
+                         format_func=lambda i: describe(trace.cycles[i], derive.proposals(trace.cycles[i])))
     c = trace.cycles[cycle]
     h = trace.header
     st.caption(f"Trace: target **{md(h['target']['name'])}**, draft **{md(h['draft']['name'])}**, "
