@@ -5,15 +5,22 @@ run keeps the cycles it finished), then a summary. A file without its summary is
 incomplete and is never reported as a finished run.
 """
 import json
+import math
+import os
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from .metrics import acceptance_metrics
+from .trace_checks import BrokenInvariant, check_trace
 
 FORMAT = "speclab-trace"
 VERSION = 1
+MAX_TRACE_BYTES = 256 * 2**20  # 4096 tokens at K=32 with top-100 lists stay well below this
+MAX_DEPTH = 16  # a trace nests 4 deep today; room for layout and drafter fields
+PARTIAL_SUFFIX = ".partial"  # the file a run streams into until it finishes
 
 
 class TraceError(ValueError):
@@ -119,6 +126,47 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not allowed in a trace")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is too large (not a finite float)")
+    return value
+
+
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _too_deep(line: str) -> bool:
+    """Whether brackets (outside strings) nest deeper than MAX_DEPTH; checked before json.loads recurses."""
+    if line.count("[") + line.count("{") <= MAX_DEPTH:
+        return False
+    depth = 0
+    for m in _BRACKETS.finditer(line):
+        ch = m.group()
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
+def split_records(text: str) -> list[str]:
+    """Lines as the writer ends them: on '\\n' only. U+2028, U+2029, U+0085 and the like are
+    legal inside a JSON string and stay in their token text; a UTF-8 BOM is skipped."""
+    return text.removeprefix("\ufeff").split("\n")
+
+
+def _parse_line(line: str) -> object:
+    if _too_deep(line):
+        raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+    try:
+        return json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool = False) -> Trace:
     """Validate and parse trace lines; raise TraceError naming the line and field at fault."""
     records = []
@@ -126,7 +174,7 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
         if not line.strip():
             continue
         try:
-            rec = json.loads(line, parse_constant=_reject_constant)
+            rec = _parse_line(line)
         except ValueError as err:
             last = number == len(lines) or not any(l.strip() for l in lines[number:])
             if last and allow_incomplete:
@@ -143,6 +191,7 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
     _check_header(header, f"{source} line {n0}")
     k = header["settings"]["k"]
     cycles, summary = [], None
+    cycle_lines, summary_line = [], None
     for number, rec in rest:
         where = f"{source} line {number}"
         if summary is not None:
@@ -150,56 +199,90 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
         if rec.get("type") == "cycle":
             _check_cycle(rec, k, len(cycles), where)
             cycles.append(rec)
+            cycle_lines.append(number)
         elif rec.get("type") == "summary":
             _check_fields(rec, SUMMARY_FIELDS, where)
-            summary = rec
+            summary, summary_line = rec, number
         else:
             raise TraceError(f"{where}: unknown record type {rec.get('type')!r}")
     if summary is None and not allow_incomplete:
         raise TraceError(f"{source}: no summary after {len(cycles)} cycles - the run did not finish (the file is incomplete)")
+    try:
+        check_trace(header, cycles, summary, n0, cycle_lines, summary_line)
+    except BrokenInvariant as err:
+        raise TraceError(f"{source} {err}") from None
     return Trace(header, cycles, summary)
 
 
-def load_trace(path: str | Path, allow_incomplete: bool = False) -> Trace:
+def _too_big(size: int, source: str, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise TraceError(f"{source}: {size / 2**20:.1f} MiB is larger than the {max_bytes / 2**20:.0f} MiB "
+                         "a trace may have")
+
+
+def load_trace(path: str | Path, allow_incomplete: bool = False, source: str | None = None,
+               max_bytes: int = MAX_TRACE_BYTES) -> Trace:
+    """Read and check a trace file. `source` names it in messages (default: the path as given)."""
     path = Path(path)
+    source = source or str(path)
     if not path.is_file():
-        raise TraceError(f"trace file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise TraceError(f"{path}: not UTF-8 text ({err})") from None
-    return parse_trace(text.splitlines(), str(path), allow_incomplete)
+        raise TraceError(f"trace file not found: {source}")
+    _too_big(path.stat().st_size, source, max_bytes)
+    with path.open("rb") as f:
+        data = f.read(max_bytes + 1)
+    return loads_trace(data, source, allow_incomplete, max_bytes)
 
 
-def loads_trace(data: bytes | str, source: str = "upload", allow_incomplete: bool = False) -> Trace:
+def loads_trace(data: bytes | str, source: str = "upload", allow_incomplete: bool = False,
+                max_bytes: int = MAX_TRACE_BYTES) -> Trace:
+    _too_big(len(data), source, max_bytes)
     if isinstance(data, bytes):
         try:
             data = data.decode("utf-8")
         except UnicodeDecodeError as err:
             raise TraceError(f"{source}: not UTF-8 text ({err})") from None
-    return parse_trace(data.splitlines(), source, allow_incomplete)
+    return parse_trace(split_records(data), source, allow_incomplete)
+
+
+def partial_path(path: str | Path) -> Path:
+    """Where a run streams its trace until it finishes: `out.jsonl.partial` beside `out.jsonl`."""
+    path = Path(path)
+    return path.with_name(path.name + PARTIAL_SUFFIX)
 
 
 class TraceWriter:
-    """Appends records to a trace file, flushing each so a killed run keeps its cycles."""
+    """Streams records into `<path>.partial`, flushing each so a killed run keeps its cycles, and
+    renames it to `path` only when the run ends without an error: a failed run never
+    destroys an earlier trace at `path`.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.partial = partial_path(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file: IO[str] = self.path.open("w", encoding="utf-8")
+        self.file: IO[str] = self.partial.open("w", encoding="utf-8", newline="\n")
 
     def write(self, record: dict) -> None:
+        # ensure_ascii=False keeps token texts readable; the reader splits on '\n' only, so
+        # U+2028 and friends inside a string round-trip.
         self.file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
         self.file.flush()
 
     def close(self) -> None:
         self.file.close()
 
+    def finish(self) -> None:
+        self.file.close()
+        os.replace(self.partial, self.path)
+
     def __enter__(self) -> "TraceWriter":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.close()  # the partial file keeps the finished cycles under its own name
 
 
 def make_summary(cycles: list[dict], k: int, generated_text: str, stop_reason: str,

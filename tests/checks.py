@@ -1,33 +1,13 @@
-"""Checks shared by the tests that read traces."""
-import pytest
+"""Checks shared by the tests that read traces.
 
+The invariants themselves live in one place, engine/trace_checks.py, which `load_trace`
+runs on every file; the tests call the same code on records they hold in memory.
+"""
 from engine.trace import Trace
+from engine.trace_checks import check_records
 
 
 def assert_self_consistent(trace: Trace) -> None:
     """Every recorded number agrees with the others and with the rules of a cycle."""
     assert trace.complete
-    committed = list(trace.header["prompt_token_ids"])
-    for c in trace.cycles:
-        assert c["committed_len_before"] == len(committed)
-        for p_t, p_d, a in zip(c["p_target"], c["p_draft"], c["accept_prob"]):
-            assert a == pytest.approx(min(1.0, p_t / p_d), rel=1e-5)
-        n = c["num_accepted"]
-        assert all(u < a for u, a in zip(c["u"][:n], c["accept_prob"]))  # accepted draws passed
-        if n < trace.k:
-            assert c["u"][n] >= c["accept_prob"][n] and c["rejected_position"] == n + 1
-            assert c["resampled_token_id"] in c["committed_token_ids"][-1:] or c["finished"]
-        else:
-            assert c["bonus_token_id"] in c["committed_token_ids"][-1:] or c["finished"]
-        assert c["committed_token_ids"][:n] == c["draft_token_ids"][:len(c["committed_token_ids"][:n])]
-        t, d = c["target_cache_len"], c["draft_cache_len"]
-        assert t["before"] == d["before"] == len(committed) - 1
-        assert t["after_append"] == t["before"] + trace.k + 1
-        assert d["after_append"] == d["before"] + trace.k
-        committed += c["committed_token_ids"]
-        assert t["after_rollback"] == d["after_rollback"] == len(committed) - 1
-        assert c["draft_catch_up"] == (d["after_append"] < len(committed) - 1)
-        assert all(0.0 <= b <= 1.0 + 1e-5 for b in c["beta"])
-    generated = committed[len(trace.header["prompt_token_ids"]):]
-    assert generated == trace.summary["generated_token_ids"]
-    assert len(generated) <= trace.header["settings"]["max_new_tokens"]
+    check_records(trace.header, trace.cycles, trace.summary)  # raises BrokenInvariant naming the rule
