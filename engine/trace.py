@@ -133,23 +133,24 @@ def _finite_float(text: str) -> float:
     return value
 
 
-_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\[\]|\{\}")
 
 
 def _too_deep(line: str) -> bool:
-    """Whether brackets (outside strings) nest deeper than MAX_DEPTH; checked before json.loads recurses."""
+    """Whether brackets (outside strings) nest deeper than MAX_DEPTH; checked before json.loads recurses.
+
+    Each pass removes the innermost bracket pairs, so it takes one pass per level (regex speed).
+    """
     if line.count("[") + line.count("{") <= MAX_DEPTH:
         return False
-    depth = 0
-    for m in _BRACKETS.finditer(line):
-        ch = m.group()
-        if ch in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", line))
+    for _ in range(MAX_DEPTH):
+        brackets, removed = _INNERMOST.subn("", brackets)
+        if not brackets or not removed:
+            return False  # all matched within the limit, or unbalanced (json.loads will say so)
+    return bool(brackets)
 
 
 def split_records(text: str) -> list[str]:
@@ -177,7 +178,8 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
             rec = _parse_line(line)
         except ValueError as err:
             last = number == len(lines) or not any(l.strip() for l in lines[number:])
-            if last and allow_incomplete:
+            finished = any(r.get("type") == "summary" for _, r in records)
+            if last and allow_incomplete and not finished:
                 break  # a run killed mid-write: keep the cycles before it
             raise TraceError(f"{source} line {number}: not valid JSON ({err})" + (" - the file looks truncated" if last else "")) from None
         if not isinstance(rec, dict):

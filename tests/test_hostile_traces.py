@@ -1,0 +1,137 @@
+"""Hostile traces (tests/hostile.py) against the loader, `engine stats` and the app's pages.
+
+Every case must end as its label says: a valid trace loads and its statistics print; an
+invalid one is refused with one clear line (a TraceError, exit code 2). Nothing may raise
+anything else or run past a per-case time limit.
+"""
+import signal
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main as cli_main
+from engine.config import SpecSettings
+from engine.run import run_to_trace
+from engine.speculative import Faults, Pair
+from engine.trace import MAX_TRACE_BYTES, TraceError, loads_trace
+from tests.hostile import INVALID, PARTIAL, VALID, Base, generate
+from tests.tiny import noisy_pair, tiny_pair
+
+ROOT = Path(__file__).resolve().parent.parent
+CASE_SECONDS = 10  # far above any case's real cost (milliseconds): reaching it means a hang
+
+
+class Hang(BaseException):
+    """Raised by the timer; a BaseException so no `except Exception` in the code under test swallows it."""
+
+
+@contextmanager
+def time_limit(seconds: float):
+    def alarm(signum, frame):
+        raise Hang()
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def write_bases(folder: Path) -> list[Base]:
+    """Real engine traces from tiny models (every kind of cycle and every declared fault) and two bundled ones."""
+    pair, noisy, eos_pair = tiny_pair(), noisy_pair(0, noise=0.1), tiny_pair(3, eos=True)
+    same = Pair(noisy.target, noisy.target, set())
+    runs = {
+        "sampled": (noisy, SpecSettings(k=4, temperature=1.0, max_new_tokens=30, seed=1), Faults(), True),
+        "eos": (eos_pair, SpecSettings(k=3, temperature=1.0, max_new_tokens=40, seed=5), Faults(), False),
+        "greedy": (noisy, SpecSettings(k=3, temperature=0.0, max_new_tokens=20), Faults(), False),
+        "same-model": (same, SpecSettings(k=3, temperature=1.0, max_new_tokens=14, seed=2), Faults(), False),
+        "k32": (pair, SpecSettings(k=32, temperature=0.9, top_k=6, top_p=0.9, max_new_tokens=16, seed=4,
+                                   trace_top_k=3), Faults(), False),
+        "keep-rejected": (pair, SpecSettings(k=3, max_new_tokens=20, seed=3), Faults(keep_rejected_kv=True), False),
+        "skip-catch-up": (same, SpecSettings(k=2, max_new_tokens=12, seed=3), Faults(skip_draft_catch_up=True), False),
+        "p-target-only": (pair, SpecSettings(k=3, max_new_tokens=16, seed=6), Faults(acceptance_rule="p_target_only"), False),
+        "token-match": (pair, SpecSettings(k=3, max_new_tokens=16, seed=7), Faults(acceptance_rule="token_match"), False),
+        "no-residual": (pair, SpecSettings(k=3, max_new_tokens=16, seed=8), Faults(acceptance_rule="no_residual",
+                                                                                   greedy_draft=True), False),
+    }
+    bases = []
+    for name, (p, s, faults, calibrate) in runs.items():
+        path = folder / f"{name}.jsonl"
+        run_to_trace(p, "the cat sat on", s, path, faults=faults, calibrate=calibrate)
+        bases.append(Base.read(name, path))
+    for name in ("default.jsonl", "shakespeare-greedy-k8.jsonl"):
+        bases.append(Base.read(name, ROOT / "assets" / "traces" / name))
+    return bases
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    return generate(write_bases(tmp_path_factory.mktemp("bases")))
+
+
+def outcome(fn) -> str:
+    """'accepted', 'refused: ...', 'crash: ...' or 'hang'."""
+    try:
+        with time_limit(CASE_SECONDS):
+            fn()
+        return "accepted"
+    except Hang:
+        return "hang"
+    except TraceError as err:
+        message = str(err)
+        if "\n" in message or not message.strip():
+            return f"crash: refusal is not one line: {message[:200]!r}"
+        return "refused: " + message
+    except Exception as err:  # noqa: BLE001 - any other exception is the bug this test looks for
+        return f"crash: {type(err).__name__}: {err}"[:300]
+
+
+def test_the_generator_covers_every_category(cases):
+    assert len(cases) >= 1000
+    by_category = Counter(c.category for c in cases)
+    assert set(by_category) >= {"valid", "truncated", "retyped", "out-of-range", "inconsistent", "huge", "deep",
+                                "non-finite", "structure"}
+    assert Counter(c.expect for c in cases)[VALID] >= 100
+
+
+def test_load_trace_refuses_exactly_the_bad_ones(cases):
+    failures = []
+    for case in cases:
+        # The app and `engine stats` read with allow_incomplete=True; False is stricter (a missing summary
+        # or a cut last line is refused too), so a case refused with True needs no second run.
+        for allow in ((False, True) if case.expect != INVALID else (True,)):
+            limit = case.max_bytes or MAX_TRACE_BYTES
+            got = outcome(lambda: loads_trace(case.data, case.name, allow_incomplete=allow, max_bytes=limit))
+            want = "accepted" if case.expect == VALID or (case.expect == PARTIAL and allow) else "refused"
+            if not got.startswith(want):
+                failures.append(f"{case.name} (allow_incomplete={allow}): expected {want}, got {got}")
+            elif case.category in ("inconsistent", "out-of-range") and got.startswith("refused") \
+                    and "line " not in got:
+                failures.append(f"{case.name}: the refusal names no line: {got}")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
+
+
+def test_engine_stats_prints_or_refuses_every_case(cases, tmp_path, capsys):
+    """`python -m engine stats` in-process on every case (the CLI reads incomplete traces too)."""
+    failures = []
+    path = tmp_path / "case.jsonl"
+    for i, case in enumerate(cases):
+        if case.max_bytes or (case.expect == INVALID and i % 4):
+            continue  # size limits are tested above; a refusal is the loader's, so a quarter of them suffice
+        path.write_bytes(case.data)
+        code = []
+        got = outcome(lambda: code.append(cli_main(["stats", str(path)])))
+        out, err = capsys.readouterr()
+        want = 2 if case.expect == INVALID else 0
+        if got != "accepted" or code != [want]:
+            failures.append(f"{case.name}: expected exit {want}, got {got} {code} {err.strip()[:200]}")
+        elif want == 2 and len(err.strip().splitlines()) != 1:
+            failures.append(f"{case.name}: the error is not one line: {err[:300]!r}")
+        elif want == 0 and "ACCEPTANCE" not in out:
+            failures.append(f"{case.name}: no statistics printed")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
