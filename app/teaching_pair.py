@@ -13,7 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import live
+from app import live, state
 from app.safe import md
 from engine.presets import PRESETS, SMOLLM2_PACKAGE
 from engine.run import encode_prompt
@@ -93,7 +93,7 @@ def load(choice: PairChoice) -> Pair | None:
                 return live.cached_preset(choice.preset)
             return live.cached_pair(choice.target, choice.draft)
     except live.LOAD_ERRORS as err:
-        st.error(f"Could not load the models: {md(str(err))}", icon=":material/error:")
+        st.error(f"Could not load the models: {md(state.shown_paths(str(err)))}", icon=":material/error:")
         return None
 
 

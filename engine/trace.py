@@ -72,6 +72,13 @@ SUMMARY_FIELDS = {
 }
 
 
+def model_name(header: dict, role: str) -> str:
+    """The name a trace gives its "target" or "draft" model; a placeholder when it gives none."""
+    entry = header.get(role)
+    name = entry.get("name") if isinstance(entry, dict) else None
+    return name if isinstance(name, str) and name else f"unnamed {role} model"
+
+
 def _type_ok(value, allowed: tuple) -> bool:
     if value is None:
         return None in allowed

@@ -112,7 +112,21 @@ def test_figures_draw_the_engine_numbers(folder, monkeypatch):
     assert advisor[2]["x"] == [best_k(st.advice).k]
 
 
+def test_a_trace_never_makes_the_server_load_the_models_it_names(folder, monkeypatch):
+    """The uncalibrated trace's header names real model folders; without a preset or a pair the
+    server's operator configured, measuring refuses instead of loading them."""
+    monkeypatch.delenv("SPECLAB_MEASURE_PAIR", raising=False)
+    import engine.run
+    monkeypatch.setattr(engine.run, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    at = open_page(folder, monkeypatch, "uncalibrated.jsonl")
+    assert str(folder / "models") in load_trace(folder / "traces" / "uncalibrated.jsonl").header["target"]["name"]
+    at.button(key="calibrate_now").click().run()
+    assert not at.exception and "Measured speedup" not in metrics(at)
+    assert any("never loads models a trace names" in e.value for e in at.error)
+
+
 def test_uncalibrated_trace_can_be_calibrated_on_this_machine(folder, monkeypatch):
+    monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))  # the operator's pair
     at = open_page(folder, monkeypatch, "uncalibrated.jsonl")
     assert "Measured speedup" not in metrics(at)
     assert [i.value for i in at.info if "calibration" in i.value] == [NO_CALIBRATION]
@@ -129,6 +143,7 @@ def test_uncalibrated_trace_can_be_calibrated_on_this_machine(folder, monkeypatc
 
 
 def test_k_sweep_runs_live_and_shows_its_measurements(folder, monkeypatch):
+    monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))
     at = open_page(folder, monkeypatch)
     at.multiselect(key="sweep_ks").set_value([1, 2])
     at.number_input(key="sweep_max_new").set_value(8)

@@ -153,10 +153,11 @@ def q_tokenizers(trace: Trace | None) -> None:
             "so token boundaries line up. Exact probability ratios need extra care there (a later variant "
             "restricts sampling to tokens both vocabularies share).")
         if trace is not None:
-            t, d = trace.header["target"], trace.header["draft"]
+            t, d = trace.header["target"], trace.header["draft"]  # dicts; every entry in them is optional
             kept = f", draft output layer covers {d['kept_vocab']} of them" if d.get("kept_vocab") else ""
-            st.caption(f"Open trace: both models use the {md(trace.header['tokenizer'])} tokenizer, "
-                       f"{t['vocab_size']} token ids{md(kept)}.")
+            vocab = f"{t['vocab_size']} token ids" if t.get("vocab_size") else "a vocabulary the trace does not size"
+            st.caption(f"Open trace: both models use the {md(str(trace.header.get('tokenizer', 'same')))} tokenizer, "
+                       f"{md(vocab)}{md(kept)}.")
 
 
 def numerics_table(checks: list[NumericsCheck]) -> list[dict]:

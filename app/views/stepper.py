@@ -184,7 +184,7 @@ def overview(trace: Trace, cycle: int) -> None:
 def no_trace() -> None:
     st.title("Speculative decoding, one cycle at a time")
     folder = state.traces_dir()
-    st.warning(f"No trace is open: there is no bundled example trace (`*.jsonl`) in {md(str(folder))}. "
+    st.warning(f"No trace is open: there is no bundled example trace (`*.jsonl`) in {md(state.shown_paths(str(folder)))}. "
                "Open **Choose a trace** to start a live run or upload a trace.", icon=":material/folder_open:")
     st.page_link("views/trace_source.py", label="Choose a trace", icon=":material/folder_open:")
 

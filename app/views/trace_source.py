@@ -10,7 +10,7 @@ STEPPER = "views/stepper.py"
 def bundled() -> None:
     names = state.bundled_traces()
     if not names:
-        st.info(f"No bundled example traces yet: add `*.jsonl` files to {md(str(state.traces_dir()))}.")
+        st.info(f"No bundled example traces yet: add `*.jsonl` files to {md(state.shown_paths(str(state.traces_dir())))}.")
         return
     ref = state.current_ref()
     index = names.index(ref.name) if ref and ref.kind == "bundled" and ref.name in names else 0
