@@ -43,6 +43,22 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
     return list(ids)
 
 
+def context_length(pair: Pair) -> int | None:
+    """Positions both models can attend to (their configs' max_position_embeddings), if known."""
+    sizes = [getattr(m.model.config, "max_position_embeddings", None) for m in (pair.target, pair.draft)]
+    sizes = [n for n in sizes if isinstance(n, int) and n > 0]
+    return min(sizes) if sizes else None
+
+
+def check_prompt_fits(pair: Pair, prompt_len: int, s: SpecSettings) -> None:
+    """The last verify pass reaches position prompt + max_new_tokens + K - 1: it must fit the context."""
+    context = context_length(pair)
+    if context is not None and prompt_len + s.max_new_tokens + s.k > context:
+        room = context - s.max_new_tokens - s.k
+        raise ValueError(f"the prompt is {prompt_len} tokens; with max_new_tokens {s.max_new_tokens} and K {s.k} "
+                         f"the models' context of {context} leaves room for {max(room, 0)} prompt tokens")
+
+
 def describe_model(m: LoadedModel) -> dict:
     params = sum(p.numel() for p in m.model.parameters())
     return {"name": m.name, "architecture": type(m.model).__name__, "parameters": params,
@@ -75,8 +91,11 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     With `calibrate`, the header also gets step times of both models (engine/calibrate.py),
     which the statistics need for c, t_step and the speedup predictions.
     """
+    if not prompt.strip():
+        raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
+    check_prompt_fits(pair, len(prompt_ids), s)
     header = make_header(pair, s, prompt, prompt_ids, preset, use_chat)
     if faults != NO_FAULTS:
         header["faults"] = asdict(faults)  # marks a deliberately broken teaching run
