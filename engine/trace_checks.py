@@ -349,9 +349,12 @@ def check_caches(c: dict, n_prop: int, committed_after: int, chain: CacheChain, 
 
 
 def check_times(c: dict, n_prop: int, facts: RunFacts, where: str) -> None:
-    for name in ("draft_time_s", "verify_time_s", "catch_up_time_s", "cycle_time_s"):
+    for name in ("draft_time_s", "catch_up_time_s"):
         if c[name] < 0:
             fail(where, name, "a time cannot be negative")
+    for name in ("verify_time_s", "cycle_time_s"):  # a forward pass always takes some time
+        if c[name] <= 0:
+            fail(where, name, "a measured time must be positive")
     steps = c["draft_step_times_s"]
     if facts.default_drafter and len(steps) != n_prop:
         fail(where, "draft_step_times_s", f"one time per draft step: {n_prop}, got {len(steps)}")

@@ -135,3 +135,29 @@ def test_engine_stats_prints_or_refuses_every_case(cases, tmp_path, capsys):
         elif want == 0 and "ACCEPTANCE" not in out:
             failures.append(f"{case.name}: no statistics printed")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
+
+
+def test_the_checker_knows_every_fault_the_engine_can_declare():
+    """trace_checks mirrors speculative.Faults without importing torch: the two must not drift apart."""
+    from dataclasses import fields
+
+    from engine.speculative import ACCEPTANCE_RULES
+    from engine.trace_checks import ACCEPTANCE_RULES as CHECKED_RULES, FAULT_FIELDS
+    assert {f.name: f.type for f in fields(Faults)} == FAULT_FIELDS
+    assert tuple(ACCEPTANCE_RULES) == CHECKED_RULES
+
+
+def test_a_declared_fault_is_checked_not_excused(tmp_path):
+    """A run that keeps its rejected K/V loads with its fault declared and is refused without it."""
+    import json
+    pair = tiny_pair()
+    path = tmp_path / "keep.jsonl"
+    run_to_trace(pair, "the cat sat on", SpecSettings(k=3, max_new_tokens=20, seed=3), path,
+                 faults=Faults(keep_rejected_kv=True))
+    text = path.read_text()
+    assert loads_trace(text).header["faults"]["keep_rejected_kv"] is True
+    header, rest = text.split("\n", 1)
+    undeclared = json.dumps({k: v for k, v in json.loads(header).items() if k != "faults"}) + "\n" + rest
+    with pytest.raises(TraceError, match=r"cycle \d+\): field 'target_cache_len.after_rollback': must be \d+: "
+                                         "committed length - 1 by the convention"):
+        loads_trace(undeclared)
