@@ -4,6 +4,7 @@ Every case must end as its label says: a valid trace loads and its statistics pr
 invalid one is refused with one clear line (a TraceError, exit code 2). Nothing may raise
 anything else or run past a per-case time limit.
 """
+import html
 import signal
 from collections import Counter
 from contextlib import contextmanager
@@ -161,3 +162,60 @@ def test_a_declared_fault_is_checked_not_excused(tmp_path):
     with pytest.raises(TraceError, match=r"cycle \d+\): field 'target_cache_len.after_rollback': must be \d+: "
                                          "committed length - 1 by the convention"):
         loads_trace(undeclared)
+
+
+# ---------------------------------------------------------------- the app's pages
+
+APP_SAMPLE = {  # case name -> what the page must do with it
+    "sampled/target-empty": VALID, "sampled/odd-text-3": VALID, "default.jsonl/odd-text-0": VALID,
+    "k32/identity": VALID, "keep-rejected/names-are-paths": VALID, "eos/cut-line-1": PARTIAL,
+    "sampled/numeric-model-name": INVALID, "sampled/deep-1000": INVALID,
+    "greedy/inconsistent-target_cache_len.after_rollback+1@0": INVALID,
+}
+TRACE_PAGES = ["views/stepper.py", "views/trace_source.py", "views/interview.py", "views/statistics.py"]
+MODEL_PAGES = ["views/walkthrough.py", "views/rollback_demo.py", "views/exactness_lab.py"]
+
+
+@pytest.fixture(scope="module")
+def app_folder(tmp_path_factory, cases):
+    from tests.test_teaching_pages import make_teaching_folder
+    root = make_teaching_folder(tmp_path_factory.mktemp("app"))  # tiny teaching pair and a default trace
+    by_name = {c.name: c for c in cases}
+    for i, name in enumerate(APP_SAMPLE):
+        (root / "traces" / f"hostile-{i}.jsonl").write_bytes(by_name[name].data)
+    return root
+
+
+def render(folder: Path, monkeypatch, trace_file: str, page: str):
+    from streamlit.testing.v1 import AppTest
+    monkeypatch.setenv("SPECLAB_TEACHING_PAIR", str(folder / "pair"))
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(folder / "traces"))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(folder / "runs"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60)
+    at.query_params.update({"trace": f"bundled:{trace_file}", "cycle": "1", "stage": "5"})
+    at.run()
+    if page != "views/stepper.py":
+        at.switch_page(page).run()
+    return at
+
+
+@pytest.mark.parametrize("index", range(len(APP_SAMPLE)), ids=list(APP_SAMPLE))
+def test_every_page_draws_or_explains_a_hostile_trace(app_folder, monkeypatch, index):
+    """Valid traces draw on every page with no error; refused ones leave the default trace open
+    and say why in one line naming the line of the file."""
+    name, expect = list(APP_SAMPLE.items())[index]
+    pages = TRACE_PAGES + (MODEL_PAGES if index < 2 else [])
+    for page in pages:
+        shown = []
+        got = outcome(lambda: shown.append(render(app_folder, monkeypatch, f"hostile-{index}.jsonl", page)))
+        assert got == "accepted", f"{name} on {page}: {got}"
+        at = shown[0]
+        assert not at.exception, f"{name} on {page}: {[e.value for e in at.exception]}"
+        errors = [html.unescape(e.value.replace("\\", "")) for e in at.error]  # as the reader sees them
+        opened = at.session_state["trace_ref"].name
+        if expect == INVALID:
+            assert opened == "default.jsonl", f"{name} on {page}: a refused trace was opened"
+            assert any("line" in e and f"hostile-{index}.jsonl" in e for e in errors), f"{name} on {page}: {errors}"
+        else:
+            assert opened == f"hostile-{index}.jsonl" and not errors, f"{name} on {page}: {errors}"

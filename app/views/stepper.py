@@ -4,7 +4,7 @@ import streamlit as st
 from app import derive, figures, state
 from app.explain import STAGES, stage_caption
 from app.safe import md
-from engine.trace import Trace
+from engine.trace import Trace, model_name
 
 SPEEDS = {"slow (2 s)": 2.0, "normal (1 s)": 1.0, "fast (0.4 s)": 0.4}
 
@@ -126,7 +126,7 @@ def header(trace: Trace) -> None:
     s = h["settings"]
     st.title("Speculative decoding, one cycle at a time")
     done = "" if trace.complete else " · incomplete run (no summary)"
-    st.caption(f"Target **{md(h['target']['name'])}** · draft **{md(h['draft']['name'])}** · K={s['k']} · "
+    st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}** · K={s['k']} · "
                f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
                f"{len(trace.cycles)} cycles{done}")
 
