@@ -8,7 +8,6 @@ import json
 import math
 import os
 import platform
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -140,24 +139,20 @@ def _finite_float(text: str) -> float:
     return value
 
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_INNERMOST = re.compile(r"\[\]|\{\}")
+def _too_deep(value) -> bool:
+    """Whether containers nest deeper than MAX_DEPTH (the record itself is level 1).
 
-
-def _too_deep(line: str) -> bool:
-    """Whether brackets (outside strings) nest deeper than MAX_DEPTH; checked before json.loads recurses.
-
-    Each pass removes the innermost bracket pairs, so it takes one pass per level (regex speed).
+    json.loads itself stops at the interpreter's recursion limit (a RecursionError, caught
+    below); this walk, without recursion, holds records to a much smaller limit.
     """
-    if line.count("[") + line.count("{") <= MAX_DEPTH:
-        return False
-    brackets = _NOT_BRACKET.sub("", _STRING.sub("", line))
-    for _ in range(MAX_DEPTH):
-        brackets, removed = _INNERMOST.subn("", brackets)
-        if not brackets or not removed:
-            return False  # all matched within the limit, or unbalanced (json.loads will say so)
-    return bool(brackets)
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        children = v.values() if isinstance(v, dict) else v
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
 
 
 def split_records(text: str) -> list[str]:
@@ -167,12 +162,13 @@ def split_records(text: str) -> list[str]:
 
 
 def _parse_line(line: str) -> object:
-    if _too_deep(line):
-        raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
     try:
-        return json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
-        raise ValueError("nested too deeply") from None
+        raise ValueError(f"nested more than {MAX_DEPTH} levels deep") from None
+    if isinstance(value, (dict, list)) and _too_deep(value):
+        raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+    return value
 
 
 def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool = False) -> Trace:
