@@ -25,6 +25,7 @@ FAULT_FIELDS = {"keep_rejected_kv": bool, "skip_draft_catch_up": bool, "acceptan
 ACCEPTANCE_RULES = ("ratio", "p_target_only", "no_residual", "token_match")
 DEFAULT_DRAFTERS = (None, "model", "draft_model", "draft-model")
 MAX_VERIFY_WIDTH = 1024  # calibrated verify widths beyond this are not a real measurement
+MAX_TOKEN_ID = 2**31 - 1  # the bound when a header gives no vocab_size: no tokenizer has more ids
 REL_TOL, ABS_TOL = 1e-5, 1e-6  # float32 numbers written as float64: a few ulps of slack
 
 
@@ -77,9 +78,10 @@ def drafter_name(header: dict) -> str | None:
 
 
 def check_token_ids(ids: list, vocab: int | None, where: str, field: str) -> None:
+    limit = vocab if vocab is not None else MAX_TOKEN_ID + 1
     for i, t in enumerate(ids):
-        if not is_int(t) or t < 0 or (vocab is not None and t >= vocab):
-            fail(where, f"{field}[{i}]", f"a token id must be an integer in 0..{'vocab_size-1' if vocab else 'inf'}, got {t!r:.40}")
+        if not is_int(t) or not 0 <= t < limit:
+            fail(where, f"{field}[{i}]", f"a token id must be an integer in 0..{limit - 1}, got {t!r:.40}")
 
 
 def check_texts(texts: list, n: int, where: str, field: str) -> None:

@@ -284,6 +284,7 @@ def range_cases(base: Base, rng: random.Random) -> list[Case]:
     edits += [
         ("prompt-empty", lambda h, cs, s: h.update(prompt_token_ids=[], prompt_token_texts=[])),
         ("prompt-token-negative", lambda h, cs, s: h["prompt_token_ids"].__setitem__(0, -1)),
+        ("token-huge-without-vocab", lambda h, cs, s: (h.update(target={}), h["eos_token_ids"].append(2**40))),
         ("eos-huge", lambda h, cs, s: h.update(eos_token_ids=[10**12])),
         ("vocab-zero", lambda h, cs, s: h["target"].update(vocab_size=0)),
         ("convention-other", lambda h, cs, s: h["cache_convention"].update(name="full")),
