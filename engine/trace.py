@@ -128,14 +128,18 @@ def _check_cycle(c: dict, k: int, index: int, where: str) -> None:
         raise TraceError(f"{where}: committed_token_texts and committed_token_ids differ in length")
 
 
+class _Refused(ValueError):
+    """Valid JSON that a trace may still not hold (the message says what)."""
+
+
 def _reject_constant(name: str):
-    raise ValueError(f"{name} is not allowed in a trace")
+    raise _Refused(f"{name} is not a number a trace may hold")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"the number {text[:40]} is too large (not a finite float)")
+        raise _Refused(f"the number {text[:40]} is too large to be a finite number")
     return value
 
 
@@ -165,9 +169,9 @@ def _parse_line(line: str) -> object:
     try:
         value = json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
-        raise ValueError(f"nested more than {MAX_DEPTH} levels deep") from None
+        raise _Refused(f"the record nests more than {MAX_DEPTH} levels deep") from None
     if isinstance(value, (dict, list)) and _too_deep(value):
-        raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+        raise _Refused(f"the record nests more than {MAX_DEPTH} levels deep")
     return value
 
 
@@ -184,6 +188,8 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
             finished = any(r.get("type") == "summary" for _, r in records)
             if last and allow_incomplete and not finished:
                 break  # a run killed mid-write: keep the cycles before it
+            if isinstance(err, _Refused):
+                raise TraceError(f"{source} line {number}: {err}") from None
             raise TraceError(f"{source} line {number}: not valid JSON ({err})" + (" - the file looks truncated" if last else "")) from None
         if not isinstance(rec, dict):
             raise TraceError(f"{source} line {number}: expected a JSON object")
