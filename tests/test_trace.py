@@ -58,7 +58,7 @@ def test_truncated_file_is_incomplete_not_finished(trace_file):
     (lambda h, c: c.pop("u"), "missing field 'u'"),
     (lambda h, c: c.update(p_draft="high"), "'p_draft' should be list"),
     (lambda h, c: c.update(num_accepted=True), "'num_accepted' should be int"),
-    (lambda h, c: c.update(accept_prob=[0.5]), "'accept_prob' has 1 entries"),
+    (lambda h, c: c.update(accept_prob=[0.5]), "field 'accept_prob': needs one entry per draft token"),
     (lambda h, c: c["target_cache_len"].pop("after_rollback"), "missing field 'after_rollback'"),
 ])
 def test_malformed_trace_gets_a_clear_error(trace_file, edit, message):
