@@ -186,14 +186,14 @@ def app_folder(tmp_path_factory, cases):
     return root
 
 
-def render(folder: Path, monkeypatch, trace_file: str, page: str):
+def render(folder: Path, monkeypatch, trace_file: str, page: str, stage: int = 5):
     from streamlit.testing.v1 import AppTest
     monkeypatch.setenv("SPECLAB_TEACHING_PAIR", str(folder / "pair"))
     monkeypatch.setenv("SPECLAB_TRACES_DIR", str(folder / "traces"))
     monkeypatch.setenv("SPECLAB_RUNS_DIR", str(folder / "runs"))
     monkeypatch.delenv("SPECLAB_TRACE", raising=False)
     at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60)
-    at.query_params.update({"trace": f"bundled:{trace_file}", "cycle": "1", "stage": "5"})
+    at.query_params.update({"trace": f"bundled:{trace_file}", "cycle": "1", "stage": str(stage)})
     at.run()
     if page != "views/stepper.py":
         at.switch_page(page).run()
@@ -205,10 +205,11 @@ def test_every_page_draws_or_explains_a_hostile_trace(app_folder, monkeypatch, i
     """Valid traces draw on every page with no error; refused ones leave the default trace open
     and say why in one line naming the line of the file."""
     name, expect = list(APP_SAMPLE.items())[index]
-    pages = TRACE_PAGES + (MODEL_PAGES if index < 2 else [])
-    for page in pages:
+    views = [(page, 5) for page in TRACE_PAGES + (MODEL_PAGES if index < 2 else [])]
+    views += [("views/stepper.py", stage) for stage in (1, 3)] if expect != INVALID else []  # other cache figures
+    for page, stage in views:
         shown = []
-        got = outcome(lambda: shown.append(render(app_folder, monkeypatch, f"hostile-{index}.jsonl", page)))
+        got = outcome(lambda: shown.append(render(app_folder, monkeypatch, f"hostile-{index}.jsonl", page, stage)))
         assert got == "accepted", f"{name} on {page}: {got}"
         at = shown[0]
         assert not at.exception, f"{name} on {page}: {[e.value for e in at.exception]}"
