@@ -13,7 +13,7 @@ import streamlit as st
 from app import state
 from app.derive import visible_text
 from app.safe import md
-from engine.config import MAX_K, MAX_NEW_TOKENS, SettingsError, SpecSettings
+from engine.config import LAYOUTS, MAX_BLOCK_SIZE, MAX_K, MAX_NEW_TOKENS, SettingsError, SpecSettings
 from engine.models import ModelLoadError, TokenizerMismatchError
 from engine.presets import DEFAULT_PRESET, PRESETS
 from engine.run import load_pair, load_preset, run_to_trace
@@ -62,6 +62,20 @@ def settings_inputs() -> dict:
     )
 
 
+LAYOUT_LABELS = {"dynamic": "dynamic: growable tensors, crop the tail (HF DynamicCache)",
+                 "static": "static: preallocated buffer, move the write position (gpt-fast, HF StaticCache)",
+                 "paged": "paged: blocks from a pool, free whole blocks (vLLM PagedAttention)"}
+
+
+def cache_inputs() -> dict:
+    """The KV-cache layout both models write into, and the paged layout's block size."""
+    cols = st.columns([3, 1])
+    layout = cols[0].selectbox("KV-cache layout", LAYOUTS, format_func=LAYOUT_LABELS.get, key="live_cache_layout")
+    block = cols[1].number_input("Block size (paged)", 1, MAX_BLOCK_SIZE, 16, key="live_block_size",
+                                 disabled=layout != "paged", help="Small blocks such as 4 make the block table readable")
+    return {"cache_layout": layout, "block_size": block}
+
+
 def run_form() -> None:
     init_defaults()
     options = [*PRESETS, CUSTOM] if custom_allowed() else list(PRESETS)
@@ -74,12 +88,14 @@ def run_form() -> None:
         draft = cols[1].text_input("Draft model (folder or id)", key="live_draft")
     st.text_area("Prompt", key="live_prompt", height=80)
     values = settings_inputs()
+    values.update(cache_inputs())
     chat = st.checkbox("Wrap the prompt in the chat template (if the tokenizer has one)", key="live_chat")
     st.caption("Models load once per server process, so the first run of a pair takes longer. "
                "Local model folders work offline; the run is saved under runs/live/ and opens in the stepper.")
     if st.button("Run", key="live_run", type="primary"):
         try:
-            settings = SpecSettings(**{k: (float(v) if k in ("temperature", "top_p") else int(v)) for k, v in values.items()})
+            settings = SpecSettings(**{k: (v if k == "cache_layout" else float(v) if k in ("temperature", "top_p") else int(v))
+                                       for k, v in values.items()})
         except SettingsError as err:
             st.error(md(str(err)))
             return

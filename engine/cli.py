@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from .config import SettingsError, SpecSettings
+from .config import LAYOUTS, SettingsError, SpecSettings
 from .models import ModelLoadError, TokenizerMismatchError
 from .presets import DEFAULT_PRESET, PRESETS
 from .trace import Trace, TraceError, load_trace, partial_path
@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                      help="weights and compute (default float32: half precision can flip near-tie argmaxes, "
                           "so greedy speculation may part from plain greedy decoding; GPU only)")
+    run.add_argument("--cache", choices=LAYOUTS, default="dynamic",
+                     help="KV-cache layout of both models: dynamic (HF DynamicCache, crop the tail), static "
+                          "(preallocated buffer, move the write position) or paged (vLLM-style blocks, free whole blocks)")
+    run.add_argument("--block-size", type=int, default=16, help="slots per block of the paged layout")
     run.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
     run.add_argument("--out", required=True, help="trace file to write (.jsonl)")
@@ -65,7 +69,8 @@ def settings_from_args(args) -> SpecSettings:
     if temperature is None:
         temperature = PRESETS[args.preset or DEFAULT_PRESET].default_temperature if args.target is None else 1.0
     return SpecSettings(k=args.k, temperature=temperature, top_k=args.top_k, top_p=args.top_p,
-                        seed=args.seed, max_new_tokens=args.max_new_tokens, trace_top_k=args.trace_top_k)
+                        seed=args.seed, max_new_tokens=args.max_new_tokens, trace_top_k=args.trace_top_k,
+                        cache_layout=args.cache, block_size=args.block_size)
 
 
 def format_metrics(trace: Trace) -> str:

@@ -4,6 +4,8 @@ from dataclasses import asdict, dataclass
 MAX_K = 32  # beyond this a draft's acceptance has long since died out
 MAX_NEW_TOKENS = 4096
 MAX_TRACE_TOP_K = 100
+LAYOUTS = ("dynamic", "static", "paged")  # engine/kv_layouts.py builds them
+MAX_BLOCK_SIZE = 1024
 
 
 class SettingsError(ValueError):
@@ -19,6 +21,8 @@ class SpecSettings:
     seed: int = 0
     max_new_tokens: int = 64
     trace_top_k: int = 10  # entries of each distribution kept in the trace for charts
+    cache_layout: str = "dynamic"  # KV-cache layout of both models: dynamic, static or paged
+    block_size: int = 16  # slots per block of the paged layout
 
     def __post_init__(self) -> None:
         validate_settings(self)
@@ -40,6 +44,9 @@ def validate_settings(s: SpecSettings) -> None:
     _check_int("seed", s.seed, 0, 2**63 - 1)
     _check_int("max_new_tokens", s.max_new_tokens, 1, MAX_NEW_TOKENS)
     _check_int("trace_top_k", s.trace_top_k, 1, MAX_TRACE_TOP_K)
+    _check_int("block_size", s.block_size, 1, MAX_BLOCK_SIZE)
+    if s.cache_layout not in LAYOUTS:
+        raise SettingsError(f"cache_layout must be one of {', '.join(LAYOUTS)}, got {s.cache_layout!r}")
     if isinstance(s.temperature, bool) or not isinstance(s.temperature, (int, float)):
         raise SettingsError(f"temperature must be a number, got {s.temperature!r}")
     if not 0.0 <= s.temperature <= 100.0 or s.temperature != s.temperature:

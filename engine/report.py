@@ -4,6 +4,7 @@ The same numbers the app's statistics page shows (engine/analysis.py computes bo
 """
 from .analysis import (DEFINITIONS, NO_CALIBRATION, CycleTimes, TraceStats, advice_sentence, best_k,
                        explain_speed, predicted_per_position, trace_stats)
+from .layout_stats import layout_lines, layout_stats
 from .trace import Trace
 
 
@@ -91,6 +92,7 @@ def format_stats(trace: Trace) -> str:
         sections += [cost_lines(st), speed_lines(st), advisor_lines(st)]
     else:
         sections.append([f"COST AND SPEED: {st.calibration_error or NO_CALIBRATION}"])
+    sections.append(layout_lines(layout_stats(trace)))
     end = (f"generated tokens: {trace.summary['num_generated']}   end-to-end tokens/s: "
            f"{trace.summary['tokens_per_s']:.1f}   stop: {trace.summary['stop_reason']}"
            if trace.summary else "INCOMPLETE trace: no summary (the run did not finish)")

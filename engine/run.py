@@ -6,6 +6,7 @@ from typing import Callable
 
 from .calibrate import calibrate as measure_step_times
 from .config import SpecSettings
+from .kv_layouts import layout_for_run
 from .models import (LoadedModel, check_same_token_space, load_model, pick_device, pick_dtype)
 from .presets import PRESETS
 from .speculative import (CACHE_CONVENTION, CACHE_CONVENTION_TEXT, Faults, NO_FAULTS, Pair,
@@ -67,7 +68,7 @@ def describe_model(m: LoadedModel) -> dict:
 
 
 def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
-                preset: str | None, chat_template: bool) -> dict:
+                preset: str | None, chat_template: bool, faults: Faults = NO_FAULTS) -> dict:
     tok = pair.target.tokenizer
     return {
         "type": "header", "format": FORMAT, "version": VERSION,
@@ -76,6 +77,7 @@ def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
         "settings": s.to_dict(), "prompt": prompt, "prompt_token_ids": prompt_ids,
         "prompt_token_texts": [tok.decode([t]) for t in prompt_ids],
         "cache_convention": {"name": CACHE_CONVENTION, "text": CACHE_CONVENTION_TEXT},
+        "cache_layout": layout_for_run(s, len(prompt_ids), faults.keep_rejected_kv).describe(),
         "device": str(pair.target.device), "dtype": str(pair.target.dtype).removeprefix("torch."),
         "versions": library_versions(), "eos_token_ids": sorted(pair.eos_ids),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -96,7 +98,7 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
     check_prompt_fits(pair, len(prompt_ids), s)
-    header = make_header(pair, s, prompt, prompt_ids, preset, use_chat)
+    header = make_header(pair, s, prompt, prompt_ids, preset, use_chat, faults)
     if faults != NO_FAULTS:
         header["faults"] = asdict(faults)  # marks a deliberately broken teaching run
     if calibrate:  # optional header field; traces without it stay valid

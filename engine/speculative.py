@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from .config import SpecSettings
+from .kv_layouts import cycle_layout_fields, layout_for_run, layout_state, new_cache, roll_back_cache
 from .models import LoadedModel
 from .sampling import draw, residual, sample, uniform, warp_probs
 
@@ -74,15 +75,13 @@ def cache_len(cache: DynamicCache) -> int:
 
 
 def crop(cache: DynamicCache, keep: int) -> None:
-    """Drop every position at or after `keep` (portable across transformers 4.x and 5.x)."""
-    extra = cache_len(cache) - keep
-    if extra > 0:
-        cache.crop(-extra)
+    """Roll the cache back to `keep` positions, the way its layout does (engine/kv_layouts.py)."""
+    roll_back_cache(cache, keep)
 
 
-def prefill(model: LoadedModel, prompt_ids: list[int]) -> DynamicCache:
+def prefill(model: LoadedModel, prompt_ids: list[int], cache: DynamicCache | None = None) -> DynamicCache:
     """Cache every prompt token but the last, which opens the first cycle."""
-    cache = model.new_cache()
+    cache = model.new_cache() if cache is None else cache
     if len(prompt_ids) > 1:
         model.fill(prompt_ids[:-1], cache)
     return cache
@@ -227,14 +226,17 @@ def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator
     """Draft K, verify once, test, commit, roll back. Returns the cycle's trace record."""
     before = {"committed_len": len(state.committed), "target": cache_len(state.target_cache),
               "draft": cache_len(state.draft_cache)}
+    layout_before = (layout_state(state.target_cache), layout_state(state.draft_cache))
     cycle_start = time.perf_counter()
     draft_tokens, p_draft, step_times = propose(pair.draft, state, s, gen, faults)
     draft_cache_appended = cache_len(state.draft_cache)
+    draft_layout_appended = layout_state(state.draft_cache)
     verify_start = time.perf_counter()
     p_target = verify(pair.target, state, draft_tokens, s)
     sync(pair.target.device)
     verify_time = time.perf_counter() - verify_start
     target_cache_appended = cache_len(state.target_cache)
+    target_layout_appended = layout_state(state.target_cache)
     decision = accept_reject(draft_tokens, p_draft, p_target, gen, faults.acceptance_rule)
     budget = s.max_new_tokens - len(state.generated)
     committed, state.finished = commit_tokens(draft_tokens, decision, budget, pair.eos_ids)
@@ -250,6 +252,8 @@ def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator
                              "after_rollback": cache_len(state.target_cache)},
         "draft_cache_len": {"before": before["draft"], "after_append": draft_cache_appended,
                             "after_rollback": cache_len(state.draft_cache)},
+        **cycle_layout_fields(state.target_cache, state.draft_cache, layout_before,
+                              (target_layout_appended, draft_layout_appended)),
         "draft_catch_up": caught_up, "verify_positions": len(draft_tokens) + 1,
         "draft_time_s": sum(step_times), "draft_step_times_s": step_times,
         "verify_time_s": verify_time, "catch_up_time_s": catch_up_time, "cycle_time_s": cycle_time,
@@ -282,10 +286,15 @@ def describe_cycle(draft_tokens: list[int], d: Decision, p_draft: torch.Tensor,
     }
 
 
-def start_run(pair: Pair, prompt_ids: list[int]) -> RunState:
+def start_run(pair: Pair, prompt_ids: list[int], s: SpecSettings | None = None,
+              faults: Faults = NO_FAULTS) -> RunState:
+    """Prefill both caches, in the layout `s.cache_layout` (dynamic without settings)."""
     if not prompt_ids:
         raise ValueError("the prompt is empty: at least one token is needed to start decoding")
-    return RunState(list(prompt_ids), prefill(pair.target, prompt_ids), prefill(pair.draft, prompt_ids))
+    layout = layout_for_run(s or SpecSettings(), len(prompt_ids), faults.keep_rejected_kv)
+    caches = [new_cache(layout, m.model.config) for m in (pair.target, pair.draft)]
+    return RunState(list(prompt_ids), prefill(pair.target, prompt_ids, caches[0]),
+                    prefill(pair.draft, prompt_ids, caches[1]))
 
 
 def speculative_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings,
@@ -293,7 +302,7 @@ def speculative_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings,
     """Yield one record per cycle until EOS or max_new_tokens."""
     gen = torch.Generator().manual_seed(s.seed)
     texts = TokenTexts(pair.target.tokenizer)
-    state = start_run(pair, prompt_ids)
+    state = start_run(pair, prompt_ids, s, faults)
     cycle = 0
     while not state.finished:
         yield run_cycle(pair, state, s, gen, cycle, texts, faults, record)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from .layout_stats import LayoutFieldError, check_layout_cycle, check_layout_header
 from .metrics import acceptance_metrics
 from .trace_checks import BrokenInvariant, check_trace
 
@@ -102,6 +103,10 @@ def _check_header(h: dict, where: str) -> None:
         raise TraceError(f"{where}: trace version {h.get('version')!r} is not supported (this engine reads version {VERSION})")
     _check_fields(h, HEADER_FIELDS, where)
     _check_fields(h["settings"], SETTINGS_FIELDS, f"{where} settings")
+    try:
+        check_layout_header(h)
+    except LayoutFieldError as err:
+        raise TraceError(f"{where}: {err}") from None
 
 
 def _check_cycle(c: dict, k: int, index: int, where: str) -> None:
@@ -195,6 +200,10 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
             raise TraceError(f"{where}: a record after the summary")
         if rec.get("type") == "cycle":
             _check_cycle(rec, k, len(cycles), where)
+            try:
+                check_layout_cycle(header, rec)
+            except LayoutFieldError as err:
+                raise TraceError(f"{where}: {err}") from None
             cycles.append(rec)
             cycle_lines.append(number)
         elif rec.get("type") == "summary":

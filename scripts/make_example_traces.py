@@ -31,6 +31,11 @@ EXAMPLES = {
                                     "--k", "8", "--temperature", "0", "--max-new-tokens", "160"],
     "shakespeare-sampled-k2-hot.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "Enter a Messenger.\n",
                                          "--k", "2", "--temperature", "1.3", "--max-new-tokens", "120", "--seed", "5"],
+    # One short run per KV-cache layout: the same prompt, settings and seed, so the tokens agree.
+    **{f"shakespeare-cache-{layout}.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "Juliet.\n", "--k", "4",
+                                              "--temperature", "0.8", "--max-new-tokens", "48", "--seed", "6",
+                                              "--cache", layout, "--block-size", "4"]
+       for layout in ("dynamic", "static", "paged")},
 }
 
 

@@ -221,6 +221,9 @@ def q_paged(trace: Trace | None) -> None:
         st.caption(f"The target cache of cycle {c['cycle']} of the open trace: {t['after_append']} → "
                    f"{t['after_rollback']} entries.")
         open_in_stepper(c["cycle"], 5, key="iv_link_paged")
+        st.caption("To watch a real block table: open the example trace `shakespeare-cache-paged.jsonl` (or run "
+                   "with `--cache paged --block-size 4`); stages 2 and 5 of the stepper draw its blocks, the "
+                   "blocks each cycle allocates and the ones it returns to the free list.")
 
 
 def q_payoff(trace: Trace | None) -> None:

@@ -2,11 +2,13 @@
 import streamlit as st
 
 from app import teaching_pair
+from app.figures_layouts import stale_comparison_figure
 from app.figures_teaching import cache_strip_figure, divergence_figure, drift_figure
 from app.safe import md
 from app.teaching_ui import WALKTHROUGH, chart
 from engine.config import MAX_NEW_TOKENS, SettingsError, SpecSettings
 from engine.speculative import Pair
+from engine.stale_slots import StaticRun, static_run
 from engine.teaching import (CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison,
                              compare_runs, first_divergence)
 
@@ -27,6 +29,11 @@ BROKEN_TEXT = {
 @st.cache_data(max_entries=16, show_spinner="Running the correct engine and both broken ones…")
 def comparison(pair_key: str, prompt_ids: tuple[int, ...], settings: tuple, _pair: Pair) -> Comparison:
     return compare_runs(_pair, list(prompt_ids), SpecSettings(**dict(settings)))
+
+
+@st.cache_data(max_entries=16, show_spinner="Running the correct engine on a static cache…")
+def static_comparison(pair_key: str, prompt_ids: tuple[int, ...], settings: tuple, _pair: Pair) -> StaticRun:
+    return static_run(_pair, list(prompt_ids), SpecSettings(**dict(settings)))
 
 
 def settings_form(choice: teaching_pair.PairChoice) -> tuple[str, SpecSettings] | None:
@@ -104,6 +111,34 @@ def cache_section(cmp: Comparison) -> None:
                              f"{MODE_LABELS[mode]}: both caches after cycle {cycle}"), key="rb_cache")
 
 
+def stale_section(cmp: Comparison, static: StaticRun) -> None:
+    st.subheader("Stale K/V that corrupts, and stale K/V that does not")
+    st.markdown(
+        "A static cache (gpt-fast, Hugging Face `StaticCache`) also keeps rejected K/V in memory: its rollback "
+        "only moves the write position back. The difference is *where* the leftovers sit. The broken run never "
+        "moves its length back, so the rejected entries stay **inside** the range the next query reads, and "
+        "every later token is written after them, at a shifted position. The static cache's leftovers sit "
+        "**past** the write position: a query at position p attends to slots 0..p only (the causal mask), so "
+        "they get an attention weight of exactly 0 and the next append overwrites them. Both numbers below are "
+        "measured on the real models: the attention the next position gives to the stale entries.")
+    bug_run = cmp.runs[KEEP_REJECTED]
+    last = min(len(bug_run.cycles), len(static.cycles)) - 1
+    telling = [i for i in range(last + 1)
+               if static.cycles[i].stale_slots >= 2 and bug_run.cycles[i].target_cache.num_stale > 0]
+    start = telling[0] if telling else min(2, last)  # a cycle where both kinds of leftovers exist
+    cycle = st.slider("After cycle", 0, last, start, key="rb_stale_cycle") if last > 0 else 0
+    bug, sc = bug_run.cycles[cycle], static.cycles[cycle]
+    cols = st.columns(3)
+    cols[0].metric("Bug: attention on rejected K/V", f"{bug.stale_attention:.1%}")
+    cols[1].metric("Static cache: attention on stale slots", f"{sc.attention_on_stale:.1%}",
+                   help=f"{sc.stale_slots} stale slot(s) after the rollback; the next position's own write "
+                        "overwrites the first, the rest stay masked")
+    same = static.generated == cmp.runs[CORRECT].generated
+    cols[2].metric("Static cache output equals the correct run", "yes" if same else "no")
+    chart(stale_comparison_figure(bug.target_cache.status, bug.stale_attention, sc.write_position,
+                                  sc.stale_slots, sc.attention_on_stale, cycle), key="rb_stale")
+
+
 def main() -> None:
     st.title("What if we don't roll back?")
     st.markdown(
@@ -130,6 +165,7 @@ def main() -> None:
     outputs_section(cmp)
     drift_section(cmp)
     cache_section(cmp)
+    stale_section(cmp, static_comparison(choice.key, tuple(prompt_ids), tuple(settings.to_dict().items()), pair))
 
 
 main()

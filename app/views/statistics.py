@@ -10,12 +10,14 @@ from pathlib import Path
 import streamlit as st
 
 from app import figures_stats as figs
+from app.figures_layouts import LAYOUT_WORDS, memory_figure
 from app import live, state
 from app.safe import md
 from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
                              trace_stats)
 from engine.calibrate import calibrate
 from engine.config import MAX_K, SettingsError, SpecSettings
+from engine.layout_stats import LayoutStats, layout_stats
 from engine.presets import PRESETS
 from engine.speculative import Pair
 from engine.sweep import SweepResult, k_sweep
@@ -257,6 +259,27 @@ def compare_section(trace: Trace, st_: TraceStats) -> None:
     chart(figs.compare_acceptance_figure(["this trace", ref.label], [st_, other_stats]), key="fig_compare")
 
 
+# ---------------------------------------------------------------- KV-cache layout
+
+def layout_section(ls: LayoutStats) -> None:
+    st.markdown(f"Both caches used the **{LAYOUT_WORDS[ls.name]}** layout"
+                + (f", blocks of **{ls.block_size}** slots." if ls.block_size else ".")
+                + " Attended slots are what the model reads; held slots are what memory keeps for this sequence.")
+    rows = []
+    for model in ("target", "draft"):
+        m = getattr(ls, model)
+        row = {"model": model, "peak K/V slots attended": m.peak_slots_attended, "peak K/V slots held": m.peak_slots_held}
+        if ls.name == "static":
+            row.update({"stale slots, max": m.stale_slots_max, "stale slots, mean": round(m.stale_slots_mean, 2)})
+        if ls.name == "paged":
+            row.update({"blocks allocated": m.blocks_allocated, "blocks freed": m.blocks_freed,
+                        "peak pool use": f"{m.peak_pool_occupancy:.0%}",
+                        "unused slots in held blocks, mean": round(m.unused_slots_mean, 2)})
+        rows.append(row)
+    st.dataframe(rows, hide_index=True)
+    chart(memory_figure(ls), key="layout_memory")
+
+
 # ---------------------------------------------------------------- the page
 
 def main() -> None:
@@ -275,7 +298,7 @@ def main() -> None:
         return
     shown, key, measured_now = with_calibration(trace, state.current_key())
     st_ = stats_of(key, shown)
-    tabs = st.tabs(["Acceptance", "Cost and speed", "K advisor", "K sweep", "Compare two traces"])
+    tabs = st.tabs(["Acceptance", "Cost and speed", "K advisor", "K sweep", "Compare two traces", "KV-cache layout"])
     with tabs[0]:
         acceptance_section(st_)
     with tabs[1]:
@@ -295,6 +318,8 @@ def main() -> None:
         sweep_section(trace, state.current_key())
     with tabs[4]:
         compare_section(trace, st_)
+    with tabs[5]:
+        layout_section(layout_stats(trace))
 
 
 main()

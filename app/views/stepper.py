@@ -1,7 +1,7 @@
 """Step through a trace: one cycle at a time, each cycle in five stages."""
 import streamlit as st
 
-from app import derive, figures, state
+from app import derive, figures, figures_layouts, state
 from app.explain import STAGES, stage_caption
 from app.safe import md
 from engine.trace import Trace, model_name
@@ -171,6 +171,9 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
             st.caption("The test, position by position (u is drawn only up to the first rejection):")
             st.dataframe(test_table(c, k), hide_index=True, column_config=TABLE_COLUMNS)
     chart(figures.cache_figure(c, stage, sequence_texts(tokens, c)))
+    if stage in (2, 5):  # the verify appends to the target's cache, the rollback trims it: in the trace's layout
+        for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, stage, sequence_texts(tokens, c))):
+            chart(fig, key=f"layout_{i}")
     shown_until = ends[cycle] if stage >= 4 else c["committed_len_before"]
     chart(figures.text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
 

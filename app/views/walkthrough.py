@@ -5,7 +5,7 @@ from statistics import median
 
 import streamlit as st
 
-from app import figures, state, teaching_pair
+from app import figures, figures_layouts, state, teaching_pair
 from app.derive import visible_text
 from app.safe import md
 from app.teaching_ui import ROLLBACK_DEMO, EXACTNESS_LAB, chart, open_in_stepper
@@ -181,6 +181,11 @@ def stage_rollback(trace: Trace, c: dict) -> None:
         "would be made from that garbled letter. The KV cache is the assistant's memory of the letter so far.",
         icon=":material/keyboard:")
     chart(figures.cache_figure(c, 5, sequence_texts(trace, c)), key="wt_cache")
+    name = figures_layouts.layout_of(trace.header)["name"]
+    st.markdown(f"**How this run's cache layout does it: {figures_layouts.LAYOUT_WORDS[name]}.** "
+                + figures_layouts.ROLLBACK_WORDS[name])
+    for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, 5, sequence_texts(trace, c))):
+        chart(fig, key=f"wt_layout_{i}")
     open_in_stepper(c["cycle"], 5, key="wt_link_5")
     st.page_link(ROLLBACK_DEMO, label="What goes wrong without the rollback: run it", icon=":material/bug_report:")
 
