@@ -5,25 +5,30 @@ checks that the numbers agree with each other and with the rules of a cycle (des
 "One cycle, exactly" and "Cache conventions"). A trace is untrusted input: one that breaks
 an invariant is refused with a message naming the line, the cycle, the field and the rule.
 
-Runs recorded with a deliberate bug (header "faults", see engine/speculative.py `Faults`)
+Runs recorded with a deliberate bug (header "faults", see engine/teaching_faults.py `Faults`)
 are checked against the bug they declare: a run that keeps its rejected K/V must show
 exactly the cache lengths that bug produces, not the correct ones.
 
-Fields this module does not know (a future drafter's or cache layout's) are ignored.
-Invariants that hold only for the default drafter (a separate draft model proposing
-exactly K tokens) are applied only when the header names no other drafter.
+Fields this module does not know (a future cache layout's) are ignored. The header's
+`drafter` entry says which drafter proposed: a draft model ("model", or no entry in
+older traces) proposes exactly K tokens and keeps a cache over the target's positions.
+Prompt lookup and the other-tokenizer draft propose 0..K tokens deterministically (one-hot
+rows, so p_draft is 1) and keep no such cache; their `drafter_state` is checked against
+what each one does (the n-gram match; the draft's own tokens and cache).
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .config import SettingsError, SpecSettings
 from .metrics import acceptance_metrics
 
 CACHE_CONVENTION = "committed_minus_one"  # the only convention this engine writes and reads
-# The deliberate bugs a teaching run may declare (mirror of speculative.Faults; a test keeps them equal).
+# The deliberate bugs a teaching run may declare (mirror of teaching_faults.Faults; a test keeps them equal).
 FAULT_FIELDS = {"keep_rejected_kv": bool, "skip_draft_catch_up": bool, "acceptance_rule": str, "greedy_draft": bool}
 ACCEPTANCE_RULES = ("ratio", "p_target_only", "no_residual", "token_match")
-DEFAULT_DRAFTERS = (None, "model", "draft_model", "draft-model")
+DRAFTER_KINDS = ("model", "prompt-lookup", "other-tokenizer")  # engine.drafters names the same three
+ONE_HOT_DRAFTERS = ("prompt-lookup", "other-tokenizer")  # deterministic proposals, no cache over target positions
+MAX_NGRAM = 16  # engine/drafters/prompt_lookup.py
 MAX_VERIFY_WIDTH = 1024  # calibrated verify widths beyond this are not a real measurement
 MAX_TOKEN_ID = 2**31 - 1  # the bound when a header gives no vocab_size: no tokenizer has more ids
 REL_TOL, ABS_TOL = 1e-5, 1e-6  # float32 numbers written as float64: a few ulps of slack
@@ -45,11 +50,20 @@ class RunFacts:
     eos_ids: frozenset
     vocab_size: int | None
     faults: dict
-    default_drafter: bool
+    drafter: dict  # the header's drafter entry ({"kind": "model"} for traces without one)
 
     @property
     def rule(self) -> str:
         return self.faults.get("acceptance_rule", "ratio")
+
+    @property
+    def drafter_kind(self) -> str:
+        return self.drafter["kind"]
+
+    @property
+    def default_drafter(self) -> bool:
+        """A draft model: K proposals every cycle and a cache over the target's positions."""
+        return self.drafter_kind == "model"
 
 
 def fail(where: str, field: str, rule: str) -> None:
@@ -70,11 +84,23 @@ def is_num(x) -> bool:
 
 # ---------------------------------------------------------------- header
 
-def drafter_name(header: dict) -> str | None:
-    d = header.get("drafter")
-    if isinstance(d, dict):
-        d = d.get("name", d.get("kind"))
-    return d if isinstance(d, str) or d is None else repr(d)
+def check_drafter(h: dict, temperature: float, where: str) -> dict:
+    """The header's drafter entry and its settings; traces from before drafters had names used a draft model."""
+    d = h.get("drafter", {"kind": "model"})
+    if not isinstance(d, dict) or d.get("kind") not in DRAFTER_KINDS:
+        fail(where, "drafter", f"must be an object whose kind is one of {', '.join(DRAFTER_KINDS)}")
+    if d["kind"] == "prompt-lookup":
+        lo, hi = d.get("min_ngram"), d.get("max_ngram")
+        if not (is_int(lo) and is_int(hi) and 1 <= lo <= hi <= MAX_NGRAM):
+            fail(where, "drafter.min_ngram", f"prompt lookup needs 1 <= min_ngram <= max_ngram <= {MAX_NGRAM}")
+    if d["kind"] == "other-tokenizer":
+        if temperature != 0:
+            fail(where, "settings.temperature", "the other-tokenizer drafter runs greedy only (temperature 0): "
+                                                "a ratio test needs the draft's probability of each target token")
+        vocab = d.get("draft_vocab_size")
+        if vocab is not None and (not is_int(vocab) or vocab < 1):
+            fail(where, "drafter.draft_vocab_size", "must be a positive integer")
+    return d
 
 
 def check_token_ids(ids: list, vocab: int | None, where: str, field: str) -> None:
@@ -154,8 +180,9 @@ def check_header(h: dict, where: str) -> RunFacts:
     check_token_ids(h["eos_token_ids"], vocab, where, "eos_token_ids")
     faults = check_faults(h.get("faults"), where)
     check_calibration(h.get("calibration"), where)
+    drafter = check_drafter(h, float(s["temperature"]), where)
     return RunFacts(s["k"], float(s["temperature"]), s["max_new_tokens"], s["trace_top_k"], list(prompt),
-                    frozenset(h["eos_token_ids"]), vocab, faults, drafter_name(h) in DEFAULT_DRAFTERS)
+                    frozenset(h["eos_token_ids"]), vocab, faults, drafter)
 
 
 # ---------------------------------------------------------------- one cycle
@@ -293,6 +320,79 @@ def cycle_texts(c: dict) -> list[tuple[str, list[int], list[str]]]:
     return pairs
 
 
+# ---------------------------------------------------------------- drafters other than a draft model
+
+def check_one_hot(c: dict, n_prop: int, facts: RunFacts, where: str) -> None:
+    """A deterministic drafter proposes with probability 1: p_draft 1, its top list the token itself, beta = p_target."""
+    for i, (d, p_d, p_t, b, row) in enumerate(zip(c["draft_token_ids"], c["p_draft"], c["p_target"], c["beta"], c["draft_top"])):
+        if p_d != 1.0:
+            fail(where, f"p_draft[{i}]", f"{facts.drafter_kind} proposes deterministically: p_draft is 1")
+        if len(row) != 1 or row[0]["token_id"] != d:
+            fail(where, f"draft_top[{i}]", f"{facts.drafter_kind}'s distribution is one-hot on the proposed token {d}")
+        if not close(b, p_t):
+            fail(where, f"beta[{i}]", "with a one-hot draft, beta = sum_x min(p_target, p_draft) is p_target of the draft token")
+
+
+def check_prompt_lookup(state: dict, drafts: list[int], sequence: list[int], facts: RunFacts, where: str) -> None:
+    """The proposals are what followed an earlier occurrence of the sequence's last n tokens."""
+    if not state.get("matched"):
+        if drafts:
+            fail(where, "draft_token_ids", "prompt lookup without a match proposes nothing")
+        return
+    n, start, cont = state.get("ngram_size"), state.get("match_start"), state.get("continuation_start")
+    lo, hi = facts.drafter["min_ngram"], facts.drafter["max_ngram"]
+    if not (is_int(n) and lo <= n <= hi and is_int(start) and 0 <= start and cont == start + n < len(sequence)):
+        fail(where, "drafter_state", f"a match is n in {lo}..{hi} tokens at match_start, continuing at match_start + n "
+                                     "inside the committed sequence")
+    if sequence[start:start + n] != sequence[len(sequence) - n:]:
+        fail(where, "drafter_state.match_start", f"the {n} tokens there are not the sequence's last {n}")
+    if drafts != sequence[cont:cont + facts.k]:
+        fail(where, "draft_token_ids", f"prompt lookup proposes the (up to K) tokens that followed the match, from "
+                                       f"position {cont}: {sequence[cont:cont + facts.k]}")
+    if state.get("proposed") != len(drafts):
+        fail(where, "drafter_state.proposed", f"must be {len(drafts)}")
+
+
+def check_other_tokenizer(state: dict, drafts: list[int], c: dict, facts: RunFacts, run: "Progress", where: str) -> None:
+    """The draft's own tokens re-encode to the proposals; its own cache ends two short of the
+    committed text in draft tokens (the last one is re-predicted: token healing)."""
+    if state.get("target_token_ids") != drafts or state.get("target_token_texts") != c["draft_token_texts"]:
+        fail(where, "drafter_state.target_token_ids", "the re-encoded draft text is the cycle's proposal (ids and texts)")
+    own, own_texts = state.get("draft_token_ids"), state.get("draft_token_texts")
+    if not isinstance(own, list) or not isinstance(own_texts, list):
+        fail(where, "drafter_state.draft_token_ids", "the draft's own tokens: a list of ids and one of texts")
+    check_token_ids(own, facts.drafter.get("draft_vocab_size"), where, "drafter_state.draft_token_ids")
+    check_texts(own_texts, len(own), where, "drafter_state.draft_token_texts")
+    check_text_map(run.draft_texts, own, own_texts, where, "drafter_state.draft_token_texts")
+    lengths, committed = state.get("draft_cache_len"), state.get("draft_committed_len")
+    if not isinstance(lengths, dict) or not all(is_int(lengths.get(f)) and lengths[f] >= 0
+                                                for f in ("before", "after_append", "after_rollback")):
+        fail(where, "drafter_state.draft_cache_len", "the draft's own cache lengths: before, after_append, after_rollback")
+    if not is_int(committed) or lengths["after_rollback"] != max(committed - 2, 0):
+        fail(where, "drafter_state.draft_cache_len.after_rollback",
+             "the draft's cache keeps all of the committed text's draft tokens but the last two")
+    if run.own_cache is not None and lengths["before"] != run.own_cache:
+        fail(where, "drafter_state.draft_cache_len.before", f"must continue the previous cycle's length {run.own_cache}")
+    if lengths["after_append"] < lengths["before"]:
+        fail(where, "drafter_state.draft_cache_len.after_append", "drafting only appends to the draft's cache")
+    run.own_cache = lengths["after_rollback"]
+
+
+def check_drafter_state(c: dict, facts: RunFacts, run: "Progress", where: str) -> None:
+    if facts.default_drafter:
+        return
+    state = c.get("drafter_state")
+    if not isinstance(state, dict) or state.get("kind") != facts.drafter_kind:
+        fail(where, "drafter_state", f"every cycle of the {facts.drafter_kind} drafter records its state (kind {facts.drafter_kind!r})")
+    if c["draft_cache_len"] is not None:
+        fail(where, "draft_cache_len", f"{facts.drafter_kind} keeps no cache over the target's positions: null")
+    check_one_hot(c, len(c["draft_token_ids"]), facts, where)
+    if facts.drafter_kind == "prompt-lookup":
+        check_prompt_lookup(state, c["draft_token_ids"], facts.prompt_ids + run.generated, facts, where)
+    else:
+        check_other_tokenizer(state, c["draft_token_ids"], c, facts, run, where)
+
+
 # ---------------------------------------------------------------- caches
 
 @dataclass
@@ -373,6 +473,8 @@ class Progress:
     generated: list[int]
     chain: CacheChain
     finished: bool = False
+    draft_texts: dict = field(default_factory=dict)  # other tokenizer: the draft's own id -> text
+    own_cache: int | None = None  # other tokenizer: its own cache length after the last rollback
 
 
 def check_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where: str) -> None:
@@ -381,7 +483,7 @@ def check_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where: str
     if run.finished:
         fail(where, "cycle", "a cycle after the one that finished the run")
     if n_prop > facts.k or (facts.default_drafter and n_prop != facts.k):
-        fail(where, "draft_token_ids", f"a draft model proposes K = {facts.k} tokens, got {n_prop}")
+        fail(where, "draft_token_ids", f"a draft model proposes K = {facts.k} tokens, other drafters up to K; got {n_prop}")
     check_token_ids(drafts, facts.vocab_size, where, "draft_token_ids")
     check_texts(c["draft_token_texts"], n_prop, where, "draft_token_texts")
     prompt_len = len(facts.prompt_ids)
@@ -405,8 +507,9 @@ def check_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where: str
     check_residual(c, facts, where)
     if facts.temperature == 0:
         check_greedy(c, n, nxt, where)
-    for field, ids, strings in cycle_texts(c):
-        check_text_map(texts, ids, strings, where, field)
+    for name, ids, strings in cycle_texts(c):
+        check_text_map(texts, ids, strings, where, name)
+    check_drafter_state(c, facts, run, where)
     run.chain = check_caches(c, n_prop, prompt_len + len(run.generated) + len(want), run.chain, facts, where)
     check_times(c, n_prop, facts, where)
     run.generated += want
@@ -428,13 +531,12 @@ def check_summary(s: dict, cycles: list[dict], facts: RunFacts, run: Progress, w
     per_pos = s["per_position_acceptance"]
     if len(per_pos) != facts.k or not all(is_num(p) and 0 <= p <= 1 for p in per_pos):
         fail(where, "per_position_acceptance", f"K = {facts.k} rates in [0, 1]")
-    if facts.default_drafter:
-        m = acceptance_metrics([c["num_accepted"] for c in cycles], facts.k)
-        for name in ("acceptance_rate", "mean_acceptance_length"):
-            if not close(s[name], m[name]):
-                fail(where, name, f"disagrees with the cycles: {m[name]:.6g}")
-        if not all(close(a, b) for a, b in zip(per_pos, m["per_position_acceptance"])):
-            fail(where, "per_position_acceptance", "disagrees with the cycles")
+    m = acceptance_metrics([c["num_accepted"] for c in cycles], facts.k, [len(c["draft_token_ids"]) for c in cycles])
+    for name in ("acceptance_rate", "mean_acceptance_length"):
+        if not close(s[name], m[name]):
+            fail(where, name, f"disagrees with the cycles: {m[name]:.6g}")
+    if not all(close(a, b) for a, b in zip(per_pos, m["per_position_acceptance"])):
+        fail(where, "per_position_acceptance", "disagrees with the cycles")
     if s["wall_time_s"] < 0:
         fail(where, "wall_time_s", "a time cannot be negative")
     rate = len(run.generated) / s["wall_time_s"] if s["wall_time_s"] > 0 else 0.0

@@ -8,6 +8,10 @@ from engine.trace_checks import check_records
 
 
 def assert_self_consistent(trace: Trace) -> None:
-    """Every recorded number agrees with the others and with the rules of a cycle."""
+    """Every recorded number agrees with the others and with the rules of a cycle.
+
+    A draft model proposes K tokens every cycle and keeps a cache over the target's
+    positions; prompt lookup and the other-tokenizer draft propose n <= K tokens.
+    """
     assert trace.complete
     check_records(trace.header, trace.cycles, trace.summary)  # raises BrokenInvariant naming the rule

@@ -109,6 +109,10 @@ def set_text_everywhere(records: list[dict], token: int, text: str) -> None:
             for e in row if isinstance(row, list) else [row]:
                 if e["token_id"] == token:
                     e["text"] = text
+        state = c.get("drafter_state") or {}
+        if "target_token_ids" in state:  # other tokenizer: the re-encoded proposal, with its texts
+            state["target_token_texts"] = [text if t == token else x
+                                           for t, x in zip(state["target_token_ids"], state["target_token_texts"])]
 
 
 ODD_TEXTS = ["a\u2028b", "\u2029", "x\x85y", "<script>alert(1)</script>", "\ufeff", "\r", "😀\u200d", "\\n"]
@@ -421,6 +425,66 @@ def t_text(cycles: list[dict], token: int) -> str:
     return f"<{token}>"
 
 
+# ---------------------------------------------------------------- invalid: drafters other than a draft model
+
+def drafter_kind(base: Base) -> str:
+    return (base.header.get("drafter") or {}).get("kind", "model")
+
+
+def drafter_cases(base: Base) -> list[Case]:
+    """Edits that only a prompt-lookup or other-tokenizer trace can carry, each breaking one of its rules."""
+    kind, cycles = drafter_kind(base), base.cycles
+    proposing = [i for i, c in enumerate(cycles) if c["draft_token_ids"]]
+    ci = proposing[len(proposing) // 2]
+    edits = [
+        ("claims-draft-model", lambda h, cs, s: h["drafter"].update(kind="model")),
+        ("drafter-unknown", lambda h, cs, s: h["drafter"].update(kind="eagle")),
+        ("drafter-not-object", lambda h, cs, s: h.update(drafter="prompt-lookup")),
+        ("state-dropped", lambda h, cs, s: cs[ci].pop("drafter_state")),
+        ("state-other-kind", lambda h, cs, s: cs[ci]["drafter_state"].update(kind="model")),
+        ("draft-cache-claimed", lambda h, cs, s: cs[ci].update(draft_cache_len=dict(cs[ci]["target_cache_len"]))),
+        ("p_draft-not-one-hot", lambda h, cs, s: (cs[ci]["p_draft"].__setitem__(0, 0.5), cs[ci]["draft_top"][0][0].update(p=0.5),
+                                                   cs[ci]["accept_prob"].__setitem__(0, min(1.0, cs[ci]["p_target"][0] / 0.5)))),
+        ("draft_top-second-entry", lambda h, cs, s: cs[ci]["draft_top"][0].append(
+            {"token_id": other_token(base, cs[ci]["draft_token_ids"][0]), "text": "?", "p": 0.0001})),
+        ("beta-not-p_target", lambda h, cs, s: cs[ci]["beta"].__setitem__(
+            0, cs[ci]["p_target"][0] + (0.25 if cs[ci]["p_target"][0] < 0.5 else -0.25))),
+    ]
+    if kind == "prompt-lookup":
+        edits += [
+            ("match-moved", lambda h, cs, s: cs[ci]["drafter_state"].update(
+                match_start=cs[ci]["drafter_state"]["match_start"] + 1,
+                continuation_start=cs[ci]["drafter_state"]["continuation_start"] + 1)),
+            ("ngram-too-long", lambda h, cs, s: h["drafter"].update(max_ngram=17)),
+            ("ngram-outside-settings", lambda h, cs, s: h["drafter"].update(
+                min_ngram=cs[ci]["drafter_state"]["ngram_size"] + 1, max_ngram=16)),
+            ("unmatched-but-proposes", lambda h, cs, s: cs[ci]["drafter_state"].update(matched=False)),
+            ("proposed-miscounted", lambda h, cs, s: cs[ci]["drafter_state"].update(proposed=len(cs[ci]["draft_token_ids"]) + 1)),
+        ]
+    if kind == "other-tokenizer":
+        own = cycles[ci]["drafter_state"]["draft_token_ids"]
+        edits += [
+            ("sampled-temperature", lambda h, cs, s: h["settings"].update(temperature=1.0)),
+            ("reencoding-differs", lambda h, cs, s: cs[ci]["drafter_state"]["target_token_ids"].__setitem__(
+                0, other_token(base, cs[ci]["drafter_state"]["target_token_ids"][0]))),
+            ("own-cache-before+1", lambda h, cs, s: cs[ci]["drafter_state"]["draft_cache_len"].update(
+                before=cs[ci]["drafter_state"]["draft_cache_len"]["before"] + 1)),
+            ("own-cache-rollback+1", lambda h, cs, s: cs[ci]["drafter_state"]["draft_cache_len"].update(
+                after_rollback=cs[ci]["drafter_state"]["draft_cache_len"]["after_rollback"] + 1)),
+            ("own-id-out-of-vocab", lambda h, cs, s: cs[ci]["drafter_state"]["draft_token_ids"].__setitem__(
+                0, h["drafter"]["draft_vocab_size"])),
+        ]
+        if any(own[0] in c["drafter_state"]["draft_token_ids"] for i, c in enumerate(cycles) if i != ci):
+            edits.append(("own-text-changed-once", lambda h, cs, s: cs[ci]["drafter_state"]["draft_token_texts"].__setitem__(
+                0, cs[ci]["drafter_state"]["draft_token_texts"][0] + "#")))
+    edits += [
+        ("summary-rate", lambda h, cs, s: s.update(acceptance_rate=s["acceptance_rate"] + (0.1 if s["acceptance_rate"] < 0.5 else -0.1))),
+        ("summary-per-position", lambda h, cs, s: s["per_position_acceptance"].__setitem__(0, 0.999 if s["per_position_acceptance"][0] < 0.5 else 0.001)),
+        ("more-than-k", lambda h, cs, s: h["settings"].update(k=max(1, len(cs[ci]["draft_token_ids"]) - 1))),
+    ]
+    return [Case(f"drafter-{name}", "inconsistent", INVALID, dump(mutated(base, edit))) for name, edit in edits]
+
+
 # ---------------------------------------------------------------- invalid: huge and deep
 
 def huge_and_deep_cases(base: Base) -> list[Case]:
@@ -444,6 +508,12 @@ def generate(bases: list[Base], seed: int = 0, retypes_per_base: int = 6) -> lis
     rng = random.Random(seed)
     cases: list[Case] = []
     for i, base in enumerate(bases):
+        if drafter_kind(base) != "model":  # no draft cache over the target's positions: their own families
+            made = valid_cases(base, rng) + partial_cases(base) + drafter_cases(base)
+            for c in made:
+                c.name = f"{base.name}/{c.name}"
+            cases += made
+            continue
         ranges = range_cases(base, rng)
         made = (valid_cases(base, rng) + partial_cases(base) + retype_cases(base, rng, retypes_per_base)
                 + (ranges if i < 4 else ranges[::2]) + inconsistent_cases(base, rng)

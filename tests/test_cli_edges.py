@@ -55,6 +55,27 @@ def test_cheap_checks_fail_in_one_line_before_any_model_loads(tmp_path, capsys, 
     assert not (tmp_path / "a.jsonl").exists()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--drafter", "prompt-lookup", "--max-ngram", "0"], "--min-ngram (1) <= --max-ngram (0)"),
+    (["--drafter", "prompt-lookup", "--min-ngram", "4", "--max-ngram", "2"], "--min-ngram (4) <= --max-ngram (2)"),
+    (["--drafter", "prompt-lookup", "--max-ngram", "17"], "<= 16"),
+    (["--drafter", "prompt-lookup", "--draft", "somewhere"], "drop --draft"),
+    (["--drafter", "other-tokenizer", "--draft-steps", "-1", "--temperature", "0"], "--draft-steps"),
+    (["--drafter", "other-tokenizer", "--draft-steps", "33", "--temperature", "0"], "--draft-steps"),
+    (["--drafter", "other-tokenizer", "--temperature", "1"], "greedy"),
+    (["--drafter", "other-tokenizer", "--temperature", "0", "--preset", "chat"], "ships no draft"),
+    (["--drafter", "other-tokenizer", "--temperature", "0", "--target", "t"], "needs a draft model"),
+    (["--cache", "paged", "--block-size", "0"], "block_size"),
+    (["--cache", "paged", "--block-size", "1025"], "block_size"),
+    (["--drafter", "prompt-lookup", "--cache", "static", "--k", "0"], "k must be"),
+])
+def test_drafter_and_cache_options_fail_in_one_line_before_any_model_loads(tmp_path, capsys, no_model_loads,
+                                                                           args, message):
+    code, err = run_cli(capsys, "--prompt", "the cat", "--out", str(tmp_path / "a.jsonl"), *args)
+    assert code == 2 and message in err and err.startswith("error: "), err
+    assert not (tmp_path / "a.jsonl").exists()
+
+
 def test_a_prompt_longer_than_the_context_allows_is_refused_and_the_old_trace_survives(tmp_path, capsys, folders):
     out = tmp_path / "run.jsonl"
     out.write_text("an earlier trace")

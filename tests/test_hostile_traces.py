@@ -16,7 +16,8 @@ import pytest
 from engine.cli import main as cli_main
 from engine.config import SpecSettings
 from engine.run import run_to_trace
-from engine.speculative import Faults, Pair
+from engine.speculative import RATIO_TEST, Pair
+from engine.teaching_faults import Faults
 from engine.trace import MAX_TRACE_BYTES, TraceError, loads_trace
 from tests.hostile import INVALID, PARTIAL, VALID, Base, generate
 from tests.tiny import noisy_pair, tiny_pair
@@ -63,9 +64,10 @@ def write_bases(folder: Path) -> list[Base]:
     bases = []
     for name, (p, s, faults, calibrate) in runs.items():
         path = folder / f"{name}.jsonl"
-        run_to_trace(p, "the cat sat on", s, path, faults=faults, calibrate=calibrate)
+        run_to_trace(p, "the cat sat on", s, path, rule=faults if faults != Faults() else RATIO_TEST, calibrate=calibrate)
         bases.append(Base.read(name, path))
-    for name in ("default.jsonl", "shakespeare-greedy-k8.jsonl"):
+    for name in ("default.jsonl", "shakespeare-greedy-k8.jsonl", "shakespeare-cache-paged.jsonl",
+                 "chat-prompt-lookup-greedy-k4.jsonl", "shakespeare-other-tokenizer-greedy-k6.jsonl"):
         bases.append(Base.read(name, ROOT / "assets" / "traces" / name))
     return bases
 
@@ -139,13 +141,17 @@ def test_engine_stats_prints_or_refuses_every_case(cases, tmp_path, capsys):
 
 
 def test_the_checker_knows_every_fault_the_engine_can_declare():
-    """trace_checks mirrors speculative.Faults without importing torch: the two must not drift apart."""
+    """trace_checks mirrors teaching_faults.Faults without importing torch: the two must not drift apart."""
     from dataclasses import fields
 
-    from engine.speculative import ACCEPTANCE_RULES
+    from engine.drafters import DRAFTER_KINDS
+    from engine.drafters.prompt_lookup import MAX_NGRAM
+    from engine.teaching_faults import ACCEPTANCE_RULES, Faults
+    from engine.trace_checks import DRAFTER_KINDS as CHECKED_KINDS, MAX_NGRAM as CHECKED_MAX_NGRAM
     from engine.trace_checks import ACCEPTANCE_RULES as CHECKED_RULES, FAULT_FIELDS
     assert {f.name: f.type for f in fields(Faults)} == FAULT_FIELDS
     assert tuple(ACCEPTANCE_RULES) == CHECKED_RULES
+    assert tuple(DRAFTER_KINDS) == CHECKED_KINDS and MAX_NGRAM == CHECKED_MAX_NGRAM
 
 
 def test_a_declared_fault_is_checked_not_excused(tmp_path):
@@ -154,7 +160,7 @@ def test_a_declared_fault_is_checked_not_excused(tmp_path):
     pair = tiny_pair()
     path = tmp_path / "keep.jsonl"
     run_to_trace(pair, "the cat sat on", SpecSettings(k=3, max_new_tokens=20, seed=3), path,
-                 faults=Faults(keep_rejected_kv=True))
+                 rule=Faults(keep_rejected_kv=True))
     text = path.read_text()
     assert loads_trace(text).header["faults"]["keep_rejected_kv"] is True
     header, rest = text.split("\n", 1)
