@@ -19,7 +19,7 @@ what each one does (the n-gram match; the draft's own tokens and cache).
 import math
 from dataclasses import dataclass, field
 
-from .config import SettingsError, SpecSettings
+from .config import MAX_K, SettingsError, SpecSettings
 from .metrics import acceptance_metrics
 
 CACHE_CONVENTION = "committed_minus_one"  # the only convention this engine writes and reads
@@ -27,7 +27,6 @@ CACHE_CONVENTION = "committed_minus_one"  # the only convention this engine writ
 FAULT_FIELDS = {"keep_rejected_kv": bool, "skip_draft_catch_up": bool, "acceptance_rule": str, "greedy_draft": bool}
 ACCEPTANCE_RULES = ("ratio", "p_target_only", "no_residual", "token_match")
 DRAFTER_KINDS = ("model", "prompt-lookup", "other-tokenizer")  # engine.drafters names the same three
-ONE_HOT_DRAFTERS = ("prompt-lookup", "other-tokenizer")  # deterministic proposals, no cache over target positions
 MAX_NGRAM = 16  # engine/drafters/prompt_lookup.py
 MAX_VERIFY_WIDTH = 1024  # calibrated verify widths beyond this are not a real measurement
 MAX_TOKEN_ID = 2**31 - 1  # the bound when a header gives no vocab_size: no tokenizer has more ids
@@ -97,6 +96,9 @@ def check_drafter(h: dict, temperature: float, where: str) -> dict:
         if temperature != 0:
             fail(where, "settings.temperature", "the other-tokenizer drafter runs greedy only (temperature 0): "
                                                 "a ratio test needs the draft's probability of each target token")
+        steps = d.get("max_draft_steps", 0)
+        if not is_int(steps) or not 0 <= steps <= MAX_K:
+            fail(where, "drafter.max_draft_steps", f"must be an integer in 0 (K)..{MAX_K}")
         vocab = d.get("draft_vocab_size")
         if vocab is not None and (not is_int(vocab) or vocab < 1):
             fail(where, "drafter.draft_vocab_size", "must be a positive integer")
@@ -482,8 +484,10 @@ def check_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where: str
     n_prop = len(drafts)
     if run.finished:
         fail(where, "cycle", "a cycle after the one that finished the run")
-    if n_prop > facts.k or (facts.default_drafter and n_prop != facts.k):
-        fail(where, "draft_token_ids", f"a draft model proposes K = {facts.k} tokens, other drafters up to K; got {n_prop}")
+    if n_prop > facts.k:
+        fail(where, "draft_token_ids", f"{n_prop} draft tokens, more than K={facts.k}")
+    if facts.default_drafter and n_prop != facts.k:
+        fail(where, "draft_token_ids", f"has {n_prop} entries, expected {facts.k}: a draft model proposes exactly K")
     check_token_ids(drafts, facts.vocab_size, where, "draft_token_ids")
     check_texts(c["draft_token_texts"], n_prop, where, "draft_token_texts")
     prompt_len = len(facts.prompt_ids)

@@ -465,6 +465,7 @@ def drafter_cases(base: Base) -> list[Case]:
         own = cycles[ci]["drafter_state"]["draft_token_ids"]
         edits += [
             ("sampled-temperature", lambda h, cs, s: h["settings"].update(temperature=1.0)),
+            ("draft-steps-retyped", lambda h, cs, s: h["drafter"].update(max_draft_steps="many")),
             ("reencoding-differs", lambda h, cs, s: cs[ci]["drafter_state"]["target_token_ids"].__setitem__(
                 0, other_token(base, cs[ci]["drafter_state"]["target_token_ids"][0]))),
             ("own-cache-before+1", lambda h, cs, s: cs[ci]["drafter_state"]["draft_cache_len"].update(
