@@ -33,13 +33,16 @@ def load_preset(name: str, device: str | None = None, dtype_name: str | None = N
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[name]
     if drafter is not None and drafter.kind != "model":
-        if drafter.kind == "other-tokenizer" and drafter.draft_model is None:
+        shipped_draft = drafter.kind == "other-tokenizer" and drafter.draft_model is None
+        if shipped_draft:
             if preset.other_tokenizer_draft is None:
                 raise SettingsError(f"preset {name!r} ships no draft with another tokenizer: name one with --draft, "
                                     f"or use --preset tiny-shakespeare")
             drafter = replace(drafter, draft_model=str(preset.other_tokenizer_draft_folder()))
         pair = load_with_drafter(str(preset.target_folder()), drafter, device, dtype_name=dtype_name)
         pair.target.name = preset.target_name
+        if shipped_draft:  # traces name shipped models portably, never by this machine's path
+            pair.drafter.model.name = f"assets/models/{preset.other_tokenizer_draft}"
         return pair
     pair = load_pair(str(preset.target_folder()), str(preset.draft_folder()), device, dtype_name=dtype_name)
     pair.target.name, pair.draft.name = preset.target_name, preset.draft_name
