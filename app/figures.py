@@ -435,6 +435,7 @@ def _sampled_mark(label: str, word: str) -> dict:
 # ---------------------------------------------------------------- KV caches
 
 CACHE_CONTEXT = 6  # committed cells shown before the ones this cycle touches
+MAX_CACHE_CELLS = 512  # a strip never draws more cells than this, whatever lengths a trace records
 
 
 def cache_cells(lengths: dict, stage: int, model: str) -> dict[str, tuple[int, int]]:
@@ -465,7 +466,7 @@ def cache_figure(c: dict, stage: int, sequence_texts: Sequence[str]) -> go.Figur
     first = max(0, min(v["before"] for v in lengths.values()) - CACHE_CONTEXT)
     traces = [t for state in (COMMITTED, PROVISIONAL, ROLLED_BACK, CATCH_UP)
               for t in _cache_state(state, per_model, first, sequence_texts)]
-    end = max(max(v["after_append"], v["after_rollback"]) for v in lengths.values())
+    end = min(max(max(v["after_append"], v["after_rollback"]) for v in lengths.values()), first + MAX_CACHE_CELLS)
     note = f" (positions 0–{first - 1}: committed, not drawn)" if first else ""
     return figure(traces, cache_title(c, stage), 240, barmode="overlay",
                   yaxis=dict(categoryorder="array", categoryarray=["draft", "target"], fixedrange=True),
@@ -476,7 +477,7 @@ def _cache_state(state: str, per_model: dict, first: int, texts: Sequence[str]) 
     ys, xs, hover, names = [], [], [], []
     for model, ranges in per_model.items():
         start, end = ranges.get(state, (0, 0))
-        for p in range(max(start, first), end):
+        for p in range(max(start, first), min(end, first + MAX_CACHE_CELLS)):
             text = texts[p] if p < len(texts) else "?"
             ys.append(model), xs.append(p)
             names.append(("✗" if state == ROLLED_BACK else "") + shown(text, 6))

@@ -3,6 +3,7 @@ import streamlit as st
 
 from app import state
 from app.safe import md
+from engine.trace import model_name
 
 
 def render(slot=None) -> None:
@@ -13,7 +14,7 @@ def render(slot=None) -> None:
             st.caption("No trace open.")
         else:
             st.caption(f"Open trace: **{md(ref.label)}**  \n"
-                       f"{md(trace.header['target']['name'])} ← {md(trace.header['draft']['name'])}, "
+                       f"{md(model_name(trace.header, 'target'))} ← {md(model_name(trace.header, 'draft'))}, "
                        f"K={trace.k}, {len(trace.cycles)} cycles")
         if state.link_error():
             st.error(md(state.link_error()), icon=":material/error:")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from engine.presets import PRESETS
 from engine.trace import load_trace
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
@@ -184,7 +185,8 @@ def model_folders(tmp_path):
     return folders
 
 
-def test_live_run_on_local_folders(traces_dir, model_folders):
+def test_live_run_on_local_folders(traces_dir, model_folders, monkeypatch):
+    monkeypatch.setenv("SPECLAB_CUSTOM_MODELS", "1")  # the server's operator allows model folders
     at = start()
     at.switch_page(SOURCE_PAGE).run()
     at.selectbox(key="live_preset").set_value("custom").run()
@@ -209,7 +211,8 @@ def test_live_run_on_local_folders(traces_dir, model_folders):
     assert shown_step(at) == "Cycle 0 · stage 1 Draft" and at.query_params["trace"] == ref.token
 
 
-def test_live_run_reports_a_bad_folder(traces_dir, tmp_path):
+def test_live_run_reports_a_bad_folder(traces_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLAB_CUSTOM_MODELS", "1")
     at = start()
     at.switch_page(SOURCE_PAGE).run()
     at.selectbox(key="live_preset").set_value("custom").run()
@@ -217,14 +220,24 @@ def test_live_run_reports_a_bad_folder(traces_dir, tmp_path):
     at.text_input(key="live_draft").set_value(str(tmp_path / "missing"))
     at.button(key="live_run").click().run()
     assert not at.exception and "Could not load the models" in plain(at.error[0].value)
+    assert str(tmp_path) not in plain(at.error[0].value)  # the server's folders are shown relative
+
+
+def test_model_folders_are_offered_only_when_the_server_allows_them(traces_dir, monkeypatch):
+    monkeypatch.delenv("SPECLAB_CUSTOM_MODELS", raising=False)
+    at = start()
+    at.switch_page(SOURCE_PAGE).run()
+    assert at.selectbox(key="live_preset").options == [f"{n}: {p.description}" for n, p in PRESETS.items()]
 
 
 # ---------------------------------------------------------------- speed
 
 def stretched(source, out, cycles: int) -> None:
-    """A long trace made by repeating a real one's cycles, positions and cache lengths shifted."""
+    """A long, still consistent run (no summary yet) made by repeating a real one's cycles with
+    positions and cache lengths shifted; the last cycle, which ended the run, is left out."""
     records = [json.loads(line) for line in source.read_text().splitlines()]
-    header, body, summary = records[0], records[1:-1], records[-1]
+    header, body = records[0], records[1:-2]
+    header["settings"]["max_new_tokens"] = 4096  # room for every repeat: no cycle ends the run
     per_copy = sum(len(c["committed_token_ids"]) for c in body)
     lines = [header]
     for i in range(cycles):
@@ -233,7 +246,7 @@ def stretched(source, out, cycles: int) -> None:
         for name in ("target_cache_len", "draft_cache_len"):
             c[name] = {key: value + shift for key, value in c[name].items()}
         lines.append(c)
-    out.write_text("\n".join(json.dumps(r) for r in [*lines, summary]) + "\n")
+    out.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
 
 
 def test_next_step_works_on_a_500_cycle_trace(traces_dir, monkeypatch):

@@ -152,6 +152,7 @@ def layout_dir(tmp_path, layout_traces, monkeypatch):
     monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("SPECLAB_UPLOADS_DIR", str(tmp_path / "uploads"))
     monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    monkeypatch.setenv("SPECLAB_CUSTOM_MODELS", "1")  # the live-run test names model folders
     return folder
 
 

@@ -122,6 +122,19 @@ def test_figures_draw_the_engine_numbers(folder, monkeypatch):
     assert crossed == [best_k(st.advice).k + 1]
 
 
+def test_a_trace_never_makes_the_server_load_the_models_it_names(folder, monkeypatch):
+    """The uncalibrated trace's header names real model folders; without a preset or a pair the
+    server's operator configured, measuring refuses instead of loading them."""
+    monkeypatch.delenv("SPECLAB_MEASURE_PAIR", raising=False)
+    import engine.run
+    monkeypatch.setattr(engine.run, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    at = open_page(folder, monkeypatch, "uncalibrated.jsonl")
+    assert str(folder / "models") in load_trace(folder / "traces" / "uncalibrated.jsonl").header["target"]["name"]
+    at.button(key="calibrate_now").click().run()
+    assert not at.exception and "Measured speedup" not in metrics(at)
+    assert any("never loads models a trace names" in e.value for e in at.error)
+
+
 def repeat_calibration(monkeypatch, scales: list[float]) -> None:
     """The page calibrates several times and compares; tests must not time things, so each round
     returns one real calibration (taken once) scaled by the next factor."""
@@ -142,6 +155,7 @@ def repeat_calibration(monkeypatch, scales: list[float]) -> None:
 
 
 def test_noisy_calibration_is_refused(folder, monkeypatch):
+    monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))  # the operator's pair
     repeat_calibration(monkeypatch, [1.0, 1.6, 2.5])  # repeats 60% and more apart
     at = open_page(folder, monkeypatch, "uncalibrated.jsonl")
     at.button(key="calibrate_now").click().run()
@@ -151,6 +165,7 @@ def test_noisy_calibration_is_refused(folder, monkeypatch):
 
 
 def test_uncalibrated_trace_can_be_calibrated_on_this_machine(folder, monkeypatch):
+    monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))  # the operator's pair
     repeat_calibration(monkeypatch, [1.0, 1.05, 0.97])
     at = open_page(folder, monkeypatch, "uncalibrated.jsonl")
     assert "Measured speedup" not in metrics(at)
@@ -168,6 +183,7 @@ def test_uncalibrated_trace_can_be_calibrated_on_this_machine(folder, monkeypatc
 
 
 def test_k_sweep_runs_live_and_shows_its_measurements(folder, monkeypatch):
+    monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))
     at = open_page(folder, monkeypatch)
     at.multiselect(key="sweep_ks").set_value([1, 2])
     at.number_input(key="sweep_max_new").set_value(8)

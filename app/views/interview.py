@@ -201,10 +201,11 @@ def q_tokenizers(trace: Trace | None) -> None:
         if st.session_state.pop("_iv_open_failed", None):
             st.warning(f"The bundled trace {TOKENIZER_TRACE} could not be opened.")
         if trace is not None:
-            t, d = trace.header["target"], trace.header["draft"]
+            t, d = trace.header["target"], trace.header["draft"]  # dicts; every entry in them is optional
             kept = f", draft output layer covers {d['kept_vocab']} of them" if d.get("kept_vocab") else ""
-            st.caption(f"Open trace: both models use the {md(trace.header['tokenizer'])} tokenizer, "
-                       f"{t['vocab_size']} token ids{md(kept)}.")
+            vocab = f"{t['vocab_size']} token ids" if t.get("vocab_size") else "a vocabulary the trace does not size"
+            st.caption(f"Open trace: both models use the {md(str(trace.header.get('tokenizer', 'same')))} tokenizer, "
+                       f"{md(vocab)}{md(kept)}.")
 
 
 def numerics_table(checks: list[NumericsCheck]) -> list[dict]:

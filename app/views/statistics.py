@@ -4,6 +4,8 @@ Every number comes from engine/analysis.py (the same code as `python -m engine s
 this page lays them out, draws them (app/figures_stats.py) and runs the K sweep.
 """
 import dataclasses
+import os
+from pathlib import Path
 
 import streamlit as st
 
@@ -22,7 +24,7 @@ from engine.layout_stats import LayoutStats, layout_stats
 from engine.presets import PRESETS
 from engine.speculative import Pair
 from engine.sweep import SweepResult, k_sweep
-from engine.trace import Trace, TraceError
+from engine.trace import Trace, TraceError, model_name
 
 NOW_CALIBRATION = "now_calibration"  # session_state: {trace key: calibration measured on this machine}
 SWEEPS = "k_sweeps"  # session_state: {trace key: SweepResult}
@@ -45,14 +47,32 @@ def with_calibration(trace: Trace, key: str) -> tuple[Trace, str, bool]:
     return Trace({**trace.header, "calibration": measured_now}, trace.cycles, trace.summary), key + "+now", True
 
 
+MEASURE_PAIR = "SPECLAB_MEASURE_PAIR"  # a folder with target/ and draft/ the server's operator offers
+
+
 def trace_pair(header: dict) -> Pair | None:
-    """The model pair that wrote the trace: its preset, else the model names as folders or ids."""
+    """The pair to measure with: the trace's preset, else the pair the server's operator configured.
+
+    A trace is untrusted input: the model names in its header are never opened as paths
+    or ids, or an upload could make the server load (or probe) any folder it names.
+    """
     preset = header.get("preset")
+    configured = os.environ.get(MEASURE_PAIR)
+    if not (isinstance(preset, str) and preset in PRESETS) and not configured:
+        st.error("This trace was not recorded with one of this server's presets, and the server never loads "
+                 "models a trace names. Record the step times with `python -m engine run --calibrate ...`, or "
+                 f"start the server with {MEASURE_PAIR}=<folder holding target/ and draft/>.",
+                 icon=":material/block:")
+        return None
     drafter = live.drafter_of(header)  # the same drafter the trace was written with
-    if preset not in PRESETS and drafter.kind == "other-tokenizer":
-        drafter = dataclasses.replace(drafter, draft_model=header["draft"]["name"])
-    return live.load_or_error(preset if preset in PRESETS else None, header["target"]["name"],
-                              header["draft"]["name"], whose="this trace's models", drafter=drafter)
+    if isinstance(preset, str) and preset in PRESETS:
+        return live.load_or_error(preset, drafter=drafter)
+    st.info(f"Measuring on the pair this server offers for traces without a preset "
+            f"({md(Path(configured).name)}), not on models the trace names.")
+    target, draft = str(Path(configured) / "target"), str(Path(configured) / "draft")
+    if drafter.kind == "other-tokenizer":
+        drafter = dataclasses.replace(drafter, draft_model=draft)
+    return live.load_or_error(None, target, draft, drafter=drafter)
 
 
 def trace_settings(header: dict, **changes) -> SpecSettings:
@@ -202,7 +222,7 @@ def sweep_section(trace: Trace, key: str) -> None:
              "acceptance with what the formulas predict from the same run.")
     default_ks = sorted({1, 2, 4, 6, trace.k} & set(range(1, MAX_K + 1)))
     cols = st.columns([3, 1])
-    ks = cols[0].multiselect("K values", list(range(1, 17)), default=default_ks, key="sweep_ks")
+    ks = cols[0].multiselect("K values", list(range(1, MAX_K + 1)), default=default_ks, key="sweep_ks")
     max_new = cols[1].number_input("Max new tokens", 1, 512, min(64, trace.header["settings"]["max_new_tokens"]),
                                    key="sweep_max_new")
     if st.button("Run the K sweep", key="sweep_run", type="primary", disabled=not ks):
@@ -279,7 +299,7 @@ def summary_rows(trace: Trace, st_: TraceStats) -> dict[str, str]:
     s, r, a = trace.header["settings"], st_.speed, st_.acceptance
     na = "no calibration"
     return {
-        "target ← draft": f"{trace.header['target']['name']} ← {trace.header['draft']['name']}",
+        "target ← draft": f"{model_name(trace.header, 'target')} ← {model_name(trace.header, 'draft')}",
         "K · temperature": f"{s['k']} · {s['temperature']}",
         "cycles": f"{st_.num_cycles}",
         "draft acceptance rate": f"{a['acceptance_rate']:.3f}",
@@ -311,7 +331,7 @@ def compare_section(trace: Trace, st_: TraceStats) -> None:
     try:
         other, other_key = state.load_ref(ref)
     except (TraceError, OSError) as err:
-        st.error(f"Could not open {md(ref.label)}: {md(str(err))}")
+        st.error(f"Could not open {md(ref.label)}: {md(state.shown_paths(str(err)))}")
         return
     other_stats = stats_of(other_key, other)
     mine, theirs = summary_rows(trace, st_), summary_rows(other, other_stats)
@@ -354,7 +374,7 @@ def main() -> None:
         return
     state.write_url()
     h = trace.header
-    st.caption(f"Target **{md(h['target']['name'])}** · draft **{md(h['draft']['name'])}** · K={trace.k} · "
+    st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}** · K={trace.k} · "
                f"temperature {h['settings']['temperature']} · {len(trace.cycles)} cycles"
                + ("" if trace.complete else " · incomplete run (no summary)"))
     if not trace.cycles:

@@ -6,7 +6,7 @@ from app.explain import STAGES, stage_caption
 from app.safe import md
 from app.teaching_ui import chart
 from engine.analysis import SpeedReport, trace_stats
-from engine.trace import Trace
+from engine.trace import Trace, model_name
 
 SPEEDS = {"2 s/step": 2.0, "1 s/step": 1.0, "0.4 s/step": 0.4}
 
@@ -157,7 +157,7 @@ def header(trace: Trace) -> None:
     done = "" if trace.complete else " · incomplete run (no summary)"
     drafter = trace.drafter_kind
     via = "" if drafter == "model" else f" ({md(drafter)})"
-    st.caption(f"Target **{md(h['target']['name'])}** · draft **{md(h['draft']['name'])}**{via} · K={s['k']} · "
+    st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}**{via} · K={s['k']} · "
                f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
                f"{len(trace.cycles)} cycles{done}")
     speed = speed_of(state.current_key(), trace) if trace.cycles else None
@@ -234,7 +234,7 @@ def overview(trace: Trace, cycle: int) -> None:
 def no_trace() -> None:
     st.title("Speculative decoding, one cycle at a time")
     folder = state.traces_dir()
-    st.warning(f"No trace is open: there is no bundled example trace (`*.jsonl`) in {md(str(folder))}. "
+    st.warning(f"No trace is open: there is no bundled example trace (`*.jsonl`) in {md(state.shown_paths(str(folder)))}. "
                "Open **Choose a trace** to start a live run or upload a trace.", icon=":material/folder_open:")
     st.page_link("views/trace_source.py", label="Choose a trace", icon=":material/folder_open:")
 

@@ -5,7 +5,7 @@ from app import live, state
 from app.safe import md
 from app.teaching_ui import STEPPER
 from engine.analysis import trace_stats
-from engine.trace import TraceError
+from engine.trace import TraceError, model_name
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
@@ -18,7 +18,7 @@ def _describe(keys: tuple[str, ...], _refs: tuple) -> list[dict]:
             rows.append({"trace": ref.name, "pair": f"unreadable: {err}"})
             continue
         h, stats = trace.header, trace_stats(trace)
-        pair = f"{h['preset']} preset" if h.get("preset") else f"{h['target']['name']} ← {h['draft']['name']}"
+        pair = f"{h['preset']} preset" if h.get("preset") else f"{model_name(h, 'target')} ← {model_name(h, 'draft')}"
         rows.append({"trace": ref.name, "K": trace.k, "temperature": h["settings"]["temperature"],
                      "alpha": round(stats.alpha, 3),
                      "measured speedup": f"{stats.speed.measured:.2f}×" if stats.speed else "no step times",
@@ -36,7 +36,7 @@ def describe_bundled(names: list[str]) -> list[dict]:
 def bundled() -> None:
     names = state.bundled_traces()
     if not names:
-        st.info(f"No bundled example traces yet: add `*.jsonl` files to {md(str(state.traces_dir()))}.")
+        st.info(f"No bundled example traces yet: add `*.jsonl` files to {md(state.shown_paths(str(state.traces_dir())))}.")
         return
     rows = describe_bundled(names)
     st.dataframe(rows, hide_index=True, key="bundled_table",

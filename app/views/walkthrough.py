@@ -13,7 +13,7 @@ from app.teaching_ui import ROLLBACK_DEMO, EXACTNESS_LAB, chart, open_in_stepper
 from engine.analysis import measured_alpha
 from engine.config import SpecSettings
 from engine.run import run_to_trace
-from engine.trace import Trace
+from engine.trace import Trace, model_name
 
 CITATIONS = (
     "Leviathan, Kalman and Matias (2023), *Fast Inference from Transformers via Speculative Decoding*, ICML 2023.  \n"
@@ -253,7 +253,7 @@ def main() -> None:
                          format_func=lambda i: describe(trace.cycles[i], derive.proposals(trace.cycles[i])))
     c = trace.cycles[cycle]
     h = trace.header
-    st.caption(f"Trace: target **{md(h['target']['name'])}**, draft **{md(h['draft']['name'])}**, "
+    st.caption(f"Trace: target **{md(model_name(h, 'target'))}**, draft **{md(model_name(h, 'draft'))}**, "
                f"K={trace.k}, temperature {h['settings']['temperature']}.")
     for stage in (stage_draft, stage_verify, stage_test, stage_resample, stage_rollback):
         stage(trace, c)
