@@ -158,6 +158,26 @@ def advisor_figure(advice: Sequence[KAdvice], trace_k: int) -> go.Figure:
     return _layout(fig, "K advisor: predicted speedup against K", 360, top=90)
 
 
+def verify_steps_figure(cal: Calibration, advice: Sequence[KAdvice]) -> go.Figure:
+    """Verify cost per width in target steps: the measured curve the K advisor picks K from."""
+    steps = [t / cal.target_step_s for t in cal.verify_s]
+    best = best_k(advice).k + 1 if advice else None
+    fig = go.Figure(go.Bar(x=cal.verify_positions, y=steps, text=[f"{v:.2f}" for v in steps], textposition="outside",
+                           marker=dict(color=[OKABE_ITO["vermillion"] if n == best else COLOURS[MEASURED]
+                                              for n in cal.verify_positions],
+                                       pattern=_hatch(["x" if n == best else "" for n in cal.verify_positions])),
+                           name="measured verify cost", showlegend=False,
+                           hovertemplate="%{x} positions: %{y:.2f} target steps<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color=COLOURS[LEVIATHAN], dash="dash"),
+                  annotation_text="1 step: what Leviathan's formula assumes", annotation_position="top left")
+    title = "Verify cost per width, in target steps"
+    if best is not None:
+        title += f" (crossed bar: K+1 = {best}, the advisor's pick)"
+    fig.update_xaxes(title="positions verified in one target forward (K+1)", dtick=1)
+    fig.update_yaxes(title="t_verify(n) / t_step", rangemode="tozero")
+    return _layout(fig, title, 320, top=90)
+
+
 def sweep_figure(result: SweepResult) -> go.Figure:
     """Measured tokens/s and acceptance length per K against both predictions."""
     ks = [p.k for p in result.points]

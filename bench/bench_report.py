@@ -13,7 +13,7 @@ TARGETS = [
     ("a/c", 1.0, lambda name, st: True, "engine (tracing on) at least as fast as HF assisted generation"),
     ("a/d", 1.5, lambda name, st: name == "tiny-shakespeare" and st["temperature"] == 0,
      "1.5x plain HF decoding on tiny-shakespeare, greedy"),
-    ("a/d", 1.0, lambda name, st: name == "chat", "no slowdown on chat at the advisor's best K"),
+    ("a/d", 1.1, lambda name, st: name == "chat", "1.1x plain HF decoding on chat at the advisor's best K"),
     ("a/b", 0.95, lambda name, st: True, "tracing costs at most 5%"),
     ("fraction_of_leviathan", 0.8, lambda name, st: True, "measured speedup at least 80% of Leviathan's prediction"),
 ]
@@ -107,7 +107,8 @@ def markdown(result: dict) -> str:
              f"torch {m['torch']}, transformers {m['transformers']}; {m['date']}.",
              f"{len(result['prompts'])} prompts x {result['repeats']} repeats, "
              f"{result['settings'][0]['max_new_tokens']} new tokens each, no EOS stop; tokens/s are medians over "
-             f"repeats, end to end.{vocab}", "", *speed_table(result), "",
+             f"repeats, end to end.{vocab}", *([f"Conditions: {result['note']}"] if result.get("note") else []),
+             "", *speed_table(result), "",
              "Where a cycle's time goes (traced runs, mean per cycle):", "", *profile_table(result), "",
              *advisor_lines(result), "Targets:", "", *target_lines(result), ""]
     return "\n".join(lines)

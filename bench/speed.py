@@ -11,6 +11,8 @@ Methods, each generating exactly --max-new-tokens tokens (no EOS stop) from the 
   d  HF plain decoding, target.generate without an assistant
   e  our plain decoding loop (engine.sweep.plain_decode, target_generate's loop), whose per-token
      decode time is the t_step behind c and both predictions
+a, b and e run the engine's forward (on a float32 CPU model: oneDNN linear layers with
+pre-packed weights, engine/cpu_linear.py); c and d run Hugging Face on the model as loaded.
 Each repeat runs every method on every prompt (interleaved, so drift spreads evenly), with
 its own seed shared by all methods (repeat r uses seed r; HF's methods draw from torch's
 global generator, seeded with r before each call). One fixed seed would repeat one run's
@@ -77,6 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16 (GPU only)")
     p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--note", default="", help="conditions to print with the results (e.g. a machine under load)")
     args = p.parse_args(argv)
     if bool(args.preset) == bool(args.target and args.draft):
         p.error("give --preset, or both --target and --draft")
@@ -237,7 +240,7 @@ def main(argv=None) -> int:
     result = {"name": name, "preset": args.preset, "target": pair.target.name, "draft": pair.draft.name,
               "draft_pruned_vocab": pair.draft.kept_token_ids is not None, "prompts": prompts,
               "repeats": args.repeats, "seeds": list(range(args.repeats)), "machine": machine_info(args.threads, pair.target.device, pair.target.dtype), "wall_s": time.time() - started,
-              "settings": settings}
+              "settings": settings, "note": args.note}
     write_reports(result, Path(args.out))
     return 0
 

@@ -251,8 +251,12 @@ def advisor_ks(cal: Calibration, k: int) -> list[int]:
 
 
 def best_k(advice: list[KAdvice]) -> KAdvice:
-    """The K the refined prediction rates fastest (ties: the smaller K)."""
-    return max(advice, key=lambda a: (a.refined, -a.k))
+    """The K the refined prediction rates fastest (ties: the smaller K), among the K whose
+    verify width K+1 was measured: verify cost per width is not a straight line on a CPU
+    (a BLAS kernel may change with the row count), so the pick rests on the measured curve,
+    never on the fitted line. Only when no K was measured does the line decide."""
+    measured = [a for a in advice if not a.extrapolated] or advice
+    return max(measured, key=lambda a: (a.refined, -a.k))
 
 
 def advice_sentence(advice: list[KAdvice]) -> str:

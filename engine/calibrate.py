@@ -7,7 +7,8 @@ length:
 
 - target_step_s: one cached target decode step on 1 token, with the same warping and
   sampling plain decoding does per token;
-- verify_s[n]: one target forward over n positions plus warping, as `verify` does;
+- verify_s[n]: one target forward over n positions plus warping, as `verify` does, for
+  every n from 1 to K_max + 1 (the K advisor picks K from this measured curve);
 - draft_step_s: one cached draft step on 1 token, warping and sampling, as `propose` does.
 
 Each is the median of `repeats` timings taken after a warm-up. The result is plain
@@ -51,12 +52,15 @@ def _step(model: LoadedModel, cache, token_ids: list[int], s: SpecSettings,
 
 
 def time_widths(model: LoadedModel, context: list[int], widths: list[int], s: SpecSettings,
-                repeats: int, draw: bool) -> dict[int, float]:
+                repeats: int, draw: bool, step: bool = False) -> dict[int | str, float]:
     """Median time of a forward over each width of new positions, at cache length len(context) - 1.
 
     The cache is cropped back after every forward, so each timing starts from the same
     length. Repeats run round-robin over the widths, so slow drift (another process
-    waking up) spreads over all widths instead of biasing one.
+    waking up) spreads over all widths instead of biasing one. With `step`, one decode
+    step (1 position, warped and sampled, as plain decoding does) joins the round-robin
+    under the key "step": the advisor divides verify times by it, and on a shared machine
+    a step timed separately drifts apart from the widths by tens of percent.
     """
     gen = torch.Generator().manual_seed(0)
     cache = model.new_cache()
@@ -64,14 +68,15 @@ def time_widths(model: LoadedModel, context: list[int], widths: list[int], s: Sp
         model.forward(context[:-1], cache)
     keep = len(context) - 1
     feed = [context[-1]] + context[: max(widths) - 1]
-    times: dict[int, list[float]] = {w: [] for w in widths}
+    jobs: list[tuple[int | str, int, bool]] = [(w, w, draw) for w in widths] + ([("step", 1, True)] if step else [])
+    times: dict[int | str, list[float]] = {key: [] for key, _, _ in jobs}
     for round_number in range(repeats + 1):  # round 0 warms up and is not kept
-        for w in widths:
-            elapsed = _timed(lambda: _step(model, cache, feed[:w], s, gen, draw), model.device)
+        for key, w, sampled in jobs:
+            elapsed = _timed(lambda: _step(model, cache, feed[:w], s, gen, sampled), model.device)
             crop(cache, keep)
             if round_number:
-                times[w].append(elapsed)
-    return {w: statistics.median(t) for w, t in times.items()}
+                times[key].append(elapsed)
+    return {key: statistics.median(t) for key, t in times.items()}
 
 
 def calibrate(pair: Pair, prompt_ids: list[int], s: SpecSettings, cache_len: int | None = None,
@@ -86,8 +91,8 @@ def calibrate(pair: Pair, prompt_ids: list[int], s: SpecSettings, cache_len: int
     max_positions = max_positions or max(DEFAULT_MAX_POSITIONS, s.k + 1)
     context = context_of_length(prompt_ids, cache_len + 1)
     widths = list(range(1, max_positions + 1))
-    verify = time_widths(pair.target, context, widths, s, repeats, draw=False)
-    target_step = time_widths(pair.target, context, [1], s, repeats, draw=True)[1]
+    verify = time_widths(pair.target, context, widths, s, repeats, draw=False, step=True)
+    target_step = verify["step"]
     draft_step = time_widths(pair.draft, context, [1], s, repeats, draw=True)[1]
     return {
         "cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),

@@ -2,11 +2,13 @@
 import inspect
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from . import cpu_linear
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 
@@ -39,6 +41,8 @@ class LoadedModel:
     full_to_row: torch.Tensor | None = None  # (V_full,) model row of each full id
     cache_arg: str = "past_key_values"
     can_skip_logits: bool = False
+    fast_linear: bool = True  # engine forwards use engine/cpu_linear.py's packed twin where it applies
+    _twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.model.forward).parameters
@@ -46,6 +50,20 @@ class LoadedModel:
         if "cache" in params:
             self.cache_arg = "cache"
         self.can_skip_logits = "logits_to_keep" in params
+        if os.environ.get("SPECLAB_FAST_LINEAR", "1") == "0":
+            self.fast_linear = False
+
+    @property
+    def runner(self) -> torch.nn.Module:
+        """What the engine's forwards call: on a float32 CPU model, a twin whose linear layers
+        run oneDNN with pre-packed weights (engine/cpu_linear.py: a verify over K+1 positions
+        then costs about one step); otherwise the model itself. `self.model` stays untouched,
+        so Hugging Face's `generate` on it is what a user would run. Built on first use."""
+        if not self.fast_linear or not cpu_linear.available(self.model):
+            return self.model
+        if self._twin is None:
+            self._twin = cpu_linear.packed_twin(self.model)
+        return self._twin
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
@@ -58,7 +76,7 @@ class LoadedModel:
     @torch.inference_mode()
     def forward(self, token_ids: list[int], cache: DynamicCache) -> torch.Tensor:
         """Append K/V for `token_ids` to `cache`; return full-vocabulary logits (T, V_full)."""
-        out = self.model(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache})
+        out = self.runner(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache})
         logits = out.logits[0].float()  # (T, V_model)
         if self.kept_token_ids is None:
             return logits[:, : self.full_vocab_size]
@@ -75,7 +93,7 @@ class LoadedModel:
         of a short prompt's forward.
         """
         extra = {"logits_to_keep": 1} if self.can_skip_logits else {}
-        self.model(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache}, **extra)
+        self.runner(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache}, **extra)
 
 
 def pick_device(requested: str | None = None) -> torch.device:

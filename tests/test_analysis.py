@@ -7,7 +7,7 @@ import pytest
 from engine.analysis import (Calibration, advice_sentence, advise_k, best_k, calibration_of, cycle_times,
                              explain_speed, measured_alpha, predicted_per_position, refined_speedup,
                              speed_report, tokens_per_cycle_counts, trace_stats, truncated_geometric_pmf)
-from engine.calibrate import calibrate, context_of_length
+from engine.calibrate import calibrate, context_of_length, time_widths
 from engine.cli import main
 from engine.config import SpecSettings
 from engine.metrics import expected_tokens_per_cycle, predicted_speedup
@@ -103,6 +103,20 @@ def test_advisor_finds_the_best_k_and_says_when_none_pays_off():
     assert one.cost_steps == pytest.approx(2.0) and one.refined == pytest.approx(one.expected_tokens / 2.0)
 
 
+def test_advisor_picks_k_from_the_measured_widths_only():
+    # A curve with a slow width 2 (a BLAS kernel change): the line fitted through it falls,
+    # so past the last measured width (4) it would promise wide verifies for 11 ms: a guess.
+    bumpy = Calibration(10, 0.010, 0.001, [1, 2, 3, 4], [0.010, 0.020, 0.012, 0.011])
+    advice = advise_k(0.9, 0.001, bumpy, list(range(1, 9)))
+    assert [a.extrapolated for a in advice] == [False] * 3 + [True] * 5
+    assert [a.verify_s for a in advice[:3]] == [0.020, 0.012, 0.011]  # measured, not fitted
+    best = best_k(advice)
+    assert best.k == 3 and not best.extrapolated
+    assert best.refined < max(a.refined for a in advice)  # a fitted K looked better; it is not picked
+    only_fitted = [a for a in advice if a.extrapolated]
+    assert best_k(only_fitted) == max(only_fitted, key=lambda a: a.refined)
+
+
 # ---------------------------------------------------------------- calibration and real traces
 
 def test_context_of_length_repeats_the_prompt():
@@ -119,6 +133,13 @@ def test_calibration_shape(pair):
     assert len(cal["verify_s"]) == 11 and min(cal["verify_s"]) > 0
     assert cal["target_step_s"] > 0 and cal["draft_step_s"] > 0
     assert calibration_of({"calibration": json.loads(json.dumps(cal))}).verify_positions == cal["verify_positions"]
+
+
+def test_step_is_timed_in_the_same_round_robin_as_the_widths(pair):
+    s = SpecSettings(k=2, max_new_tokens=8)
+    times = time_widths(pair.target, [1, 2, 3, 4, 5], [1, 2, 3], s, repeats=1, draw=False, step=True)
+    assert set(times) == {1, 2, 3, "step"} and min(times.values()) > 0
+    assert set(time_widths(pair.target, [1, 2, 3], [2], s, repeats=1, draw=False)) == {2}
 
 
 def test_calibrated_trace_round_trips_and_stats_match_the_records(calibrated):

@@ -16,4 +16,6 @@ def test_preset_greedy_equals_target_and_drafts_get_accepted(name):
     records = list(speculative_generate(pair, prompt, s))
     spec = [t for r in records for t in r["committed_token_ids"]]
     assert spec == target_generate(pair.target, prompt, s, pair.eos_ids)
+    pair.target.fast_linear = False  # the model as loaded (F.linear), not the engine's packed CPU path
+    assert spec == target_generate(pair.target, prompt, s, pair.eos_ids)
     assert sum(r["num_accepted"] for r in records) > 0  # the draft is worth running at all

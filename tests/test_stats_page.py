@@ -110,6 +110,11 @@ def test_figures_draw_the_engine_numbers(folder, monkeypatch):
     advisor = figure(at, "fig_advisor")["data"]
     assert advisor[1]["y"] == pytest.approx([a.refined for a in st.advice])
     assert advisor[2]["x"] == [best_k(st.advice).k]
+    steps = figure(at, "fig_verify_steps")["data"][0]
+    assert steps["x"] == st.calibration.verify_positions
+    assert steps["y"] == pytest.approx([t / st.calibration.target_step_s for t in st.calibration.verify_s])
+    crossed = [n for n, shape in zip(steps["x"], steps["marker"]["pattern"]["shape"]) if shape == "x"]
+    assert crossed == [best_k(st.advice).k + 1]
 
 
 def test_uncalibrated_trace_can_be_calibrated_on_this_machine(folder, monkeypatch):

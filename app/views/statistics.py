@@ -140,13 +140,15 @@ def advisor_section(st_: TraceStats) -> None:
     else:
         st.success(md(sentence), icon=":material/trending_up:")
     chart(figs.advisor_figure(st_.advice, st_.k), key="fig_advisor")
+    chart(figs.verify_steps_figure(st_.calibration, st_.advice), key="fig_verify_steps")
     st.dataframe([{"K": a.k, "E[tokens per cycle]": round(a.expected_tokens, 3),
                    "Leviathan": round(a.leviathan, 3), "refined": round(a.refined, 3),
                    "t_verify(K+1) ms": round(a.verify_s * 1000, 3),
                    "verify time": "fitted line" if a.extrapolated else "measured"} for a in st_.advice],
                  hide_index=True, height="content", key="advisor_table")
     st.caption("Alpha, the draft step time and the verify-cost curve are held at this trace's values; "
-               "only K changes. Beyond the calibrated widths, verify time follows a fitted straight line.")
+               "only K changes. The advisor picks K among the measured widths; beyond them, verify time "
+               "follows a fitted straight line, shown but never picked.")
 
 
 def sweep_section(trace: Trace, key: str) -> None:
