@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
     run.add_argument("--out", required=True, help="trace file to write (.jsonl)")
+    run.add_argument("--fast", action="store_true",
+                     help="fast path (engine/fast_path.py): static caches, the cycle kept on the device, CUDA graphs "
+                          "on CUDA; elsewhere the same cycle runs eagerly (the reason is printed)")
     run.add_argument("--calibrate", action="store_true",
                      help="also time single steps and verify widths of both models (needed for c and speedups in stats)")
     stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file")
@@ -91,6 +94,12 @@ def cmd_run(args) -> int:
         pair = load_preset(preset, args.device, args.dtype)
     else:
         pair = load_pair(target, draft, args.device, args.trust_remote_code, args.dtype)
+    fast = None
+    if args.fast:
+        from .fast_path import plan_fast_path
+        plan = plan_fast_path(pair.target.device)
+        print(plan.message, file=sys.stderr)
+        fast = plan.capture
     bar = tqdm(total=settings.max_new_tokens, unit="tok", desc="generating", file=sys.stderr)
 
     def progress(rec: dict) -> None:
@@ -99,7 +108,7 @@ def cmd_run(args) -> int:
 
     trace = run_to_trace(pair, args.prompt, settings, args.out, preset,
                          chat_template=not args.no_chat_template, on_cycle=progress,
-                         calibrate=args.calibrate)
+                         calibrate=args.calibrate, fast=fast)
     bar.close()
     print(trace.summary["generated_text"])
     print(format_metrics(trace))

@@ -168,10 +168,24 @@ def new_fast_cache(model: LoadedModel, capacity: int) -> StaticKVCache:
     return cache
 
 
-def logits_of(model: LoadedModel, ids: torch.Tensor, cache) -> torch.Tensor:
+def causal_mask(cache: StaticKVCache, width: int) -> torch.Tensor:
+    """(1, 1, T, capacity) bool, True where query t may attend: slots up to its own position.
+
+    Built from the write position on the device. Given a ready 4-D mask, transformers skips its
+    own mask building, whose static-cache branch reads the position back to the host
+    (`q_offset == 0`), which a CUDA graph cannot capture. The logits are bit-identical.
+    """
+    layer = cache.layers[0]
+    query_positions = layer.cumulative_length + torch.arange(width, device=layer.cumulative_length.device)  # (T,)
+    slots = torch.arange(cache.capacity, device=query_positions.device)  # (capacity,)
+    return (slots[None, :] <= query_positions[:, None])[None, None]
+
+
+def logits_of(model: LoadedModel, ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
     """ids (T,) full-vocabulary ids -> full-vocabulary float32 logits (T, V), appending T K/V entries."""
     rows = ids if model.full_to_row is None else model.full_to_row[ids]
-    out = model.model(input_ids=rows.reshape(1, -1), use_cache=True, **{model.cache_arg: cache})
+    out = model.runner(input_ids=rows.reshape(1, -1), attention_mask=causal_mask(cache, ids.shape[0]),
+                      use_cache=True, **{model.cache_arg: cache})
     logits = out.logits[0].float()  # (T, V_model)
     if model.kept_token_ids is None:
         return logits[:, : model.full_vocab_size]
