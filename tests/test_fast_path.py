@@ -185,3 +185,16 @@ def test_cli_fast_on_the_cpu_prints_the_fallback_and_writes_a_valid_trace(tmp_pa
     ref = load_trace(ref_out)
     assert [comparable(c) for c in fast.cycles] == [comparable(c) for c in ref.cycles]
     assert fast.summary["generated_token_ids"] == ref.summary["generated_token_ids"]
+
+
+def test_models_built_once_serve_later_runs(pair):
+    s = SpecSettings(k=3, temperature=1.0, max_new_tokens=20, seed=4)
+    models = fp.FastModels.empty(pair, 3, 64)
+    for prompt in ([1, 2, 3], [5], [7, 8, 9, 10, 11]):
+        reused = list(fp.fast_generate(pair, prompt, s, models=models))
+        assert tokens(reused) == tokens(list(speculative_generate(pair, prompt, s)))
+    with pytest.raises(ValueError, match="K=3"):
+        list(fp.fast_generate(pair, PROMPT, SpecSettings(k=4), models=models))
+    plain = fp.FastPlainModel.empty(pair.target, 64)
+    for prompt in ([1, 2, 3], [5]):
+        assert fp.fast_plain_decode(pair.target, prompt, s, set(), model=plain) == target_generate(pair.target, prompt, s, set())
