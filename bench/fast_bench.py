@@ -222,8 +222,9 @@ def bench_setting(pair: Pair, args, k: int, temperature: float, prompts: list[st
     folder = Path(tempfile.mkdtemp(prefix="speclab-fast-bench-"))
     runner = Runner(pair, args.preset, k, capacity, capture, args.dry_run, folder)
     warm_start = time.perf_counter()
-    for method in methods:  # warm-up: captures, compilation, allocations
-        runner.run(method, prompts[0], ids[0], s)
+    longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+    for method in methods:  # warm-up: captures, compilation, allocations (HF keeps a static cache this long)
+        runner.run(method, prompts[longest], ids[longest], s)
     warm_up_s = time.perf_counter() - warm_start
     runner.trace_paths.clear()
     rates = {m: [] for m in methods}
