@@ -235,6 +235,8 @@ class FixedForward:
         self._restore(saved)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.capture == "compile":
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the previous outputs may be overwritten
         if self.capture != "graph":
             return self.fn(ids)
         self.ids.copy_(ids)
