@@ -185,6 +185,8 @@ def test_cli_fast_on_the_cpu_prints_the_fallback_and_writes_a_valid_trace(tmp_pa
     ref = load_trace(ref_out)
     assert [comparable(c) for c in fast.cycles] == [comparable(c) for c in ref.cycles]
     assert fast.summary["generated_token_ids"] == ref.summary["generated_token_ids"]
+    capsys.readouterr()
+    assert main(["stats", str(out)]) == 0 and "draft acceptance rate" in capsys.readouterr().out
 
 
 def test_models_built_once_serve_later_runs(pair):
