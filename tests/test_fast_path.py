@@ -200,3 +200,26 @@ def test_models_built_once_serve_later_runs(pair):
     plain = fp.FastPlainModel.empty(pair.target, 64)
     for prompt in ([1, 2, 3], [5]):
         assert fp.fast_plain_decode(pair.target, prompt, s, set(), model=plain) == target_generate(pair.target, prompt, s, set())
+
+
+def test_pruned_vocabulary_draft_gives_the_reference_records(tmp_path):
+    """The chat preset's draft knows only part of the vocabulary; the fast path maps ids and
+    scatters logits on the device the way engine/models.py does."""
+    import json
+
+    from engine.models import DRAFT_VOCAB_FILE
+    from engine.run import load_pair
+    from tests.tiny import WORDS, tiny_llama, tiny_tokenizer
+    folders = save_tiny(tiny_pair(0), tmp_path)
+    kept = [0, 1, 2, 3, 5, 8, 13]
+    draft = tmp_path / "pruned"
+    tiny_llama(4, 1, 16, vocab=len(kept) + 1).save_pretrained(draft)
+    tiny_tokenizer().save_pretrained(draft)
+    (draft / DRAFT_VOCAB_FILE).write_text(json.dumps(
+        {"format": "speclab-draft-vocab", "version": 1, "full_vocab_size": len(WORDS), "kept_token_ids": kept}))
+    pruned = load_pair(folders[0], str(draft), device="cpu")
+    for temperature in (0.0, 1.0):
+        s = SpecSettings(k=4, temperature=temperature, max_new_tokens=30, seed=3, cache_layout="static")
+        ref, fast = list(speculative_generate(pruned, [4, 6, 9], s)), list(fp.fast_generate(pruned, [4, 6, 9], s))
+        assert [comparable(r) for r in fast] == [comparable(r) for r in ref]
+        assert {t for r in fast for t in r["draft_token_ids"]} <= set(kept)
