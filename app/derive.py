@@ -103,6 +103,12 @@ def tokens_through(trace: Trace) -> list[int]:
     return ends
 
 
+def proposals(c: dict) -> int:
+    """Draft tokens this cycle proposed: K for a draft model, 0..K for prompt lookup and the
+    other-tokenizer draft."""
+    return len(c["draft_token_ids"])
+
+
 def position_outcomes(c: dict, k: int) -> list[str]:
     """Outcome of each drafted position 1..K: accepted, rejected or discarded."""
     n_acc = c["num_accepted"]
@@ -121,10 +127,64 @@ def overview(trace: Trace) -> Overview:
     points: dict[str, tuple[list[int], list[int]]] = {
         ACCEPTED: ([], []), REJECTED: ([], []), DISCARDED: ([], []), BONUS: ([], [])}
     for c in trace.cycles:
-        for pos, outcome in enumerate(position_outcomes(c, trace.k), start=1):
+        proposed = proposals(c)  # K for a draft model; prompt lookup may propose fewer
+        for pos, outcome in enumerate(position_outcomes(c, proposed), start=1):
             points[outcome][0].append(c["cycle"])
             points[outcome][1].append(pos)
         if c["bonus_token_id"] is not None:
             points[BONUS][0].append(c["cycle"])
-            points[BONUS][1].append(trace.k + 1)
+            points[BONUS][1].append(proposed + 1)
     return Overview(trace.k, points)
+
+
+# ---------------------------------------------------------------- where a proposal came from
+
+# Roles of a token in the prompt-lookup view.
+LOOKUP_PLAIN, LOOKUP_NGRAM, LOOKUP_COPIED, LOOKUP_TAIL = "plain", "matched n-gram", "copied as proposal", "last tokens"
+LOOKUP_CONTEXT = 24  # tokens shown before the match
+
+
+def lookup_view(texts: list[str], c: dict) -> list[tuple[str, str]] | None:
+    """(token text, role) over the committed sequence before a prompt-lookup cycle: the earlier
+    n-gram that matched, the tokens copied after it, and the last n tokens that were looked up.
+    None when the cycle is not a prompt-lookup cycle with a match. `texts` holds the token
+    texts of the committed sequence (prompt and output) up to this cycle."""
+    state = c.get("drafter_state") or {}
+    if state.get("kind") != "prompt-lookup" or not state.get("matched"):
+        return None
+    n, start, copied = state["ngram_size"], state["match_start"], len(c["draft_token_ids"])
+    end = len(texts)
+    roles = [LOOKUP_PLAIN] * end
+    for p in range(end - n, end):
+        roles[p] = LOOKUP_TAIL
+    for p in range(start, start + n):
+        roles[p] = LOOKUP_NGRAM
+    for p in range(start + n, min(start + n + copied, end)):
+        roles[p] = LOOKUP_COPIED
+    first = max(0, start - LOOKUP_CONTEXT)
+    return list(zip(texts[first:end], roles[first:end]))
+
+
+@dataclass(frozen=True)
+class DraftTokenRow:
+    """One draft token of the other-tokenizer drafter and the target tokens its text became."""
+
+    draft_token_id: int
+    draft_text: str
+    target_texts: list[str]  # the target tokens covering this draft token's text (within K)
+    aligned: bool | None  # does its end fall on a target token boundary? None if not recorded
+
+
+def alignment_rows(c: dict) -> list[DraftTokenRow] | None:
+    """Draft tokens vs the target's re-encoding, for an other-tokenizer cycle; else None."""
+    state = c.get("drafter_state") or {}
+    if state.get("kind") != "other-tokenizer":
+        return None
+    ends = state["draft_token_target_ends"]
+    aligned = state.get("draft_token_boundary_aligned") or [None] * len(ends)
+    target_texts = state["target_token_texts"]
+    rows, start = [], 0
+    for tid, text, end, ok in zip(state["draft_token_ids"], state["draft_token_texts"], ends, aligned):
+        rows.append(DraftTokenRow(tid, text, target_texts[start:end], ok))
+        start = end
+    return rows

@@ -29,15 +29,35 @@ def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None) -> st
     return {1: _draft, 2: _verify, 3: _test, 4: _resample, 5: _rollback}[stage](c, k)
 
 
+def _listed(texts: list[str], limit: int = 8) -> str:
+    shown = texts[:limit]  # a long K would swamp the line; the figure has them all
+    return ", ".join(quoted(t) for t in shown) + (", …" if len(texts) > len(shown) else "")
+
+
 def _draft(c: dict, k: int) -> str:
-    shown = c["draft_token_texts"][:8]  # a long K would swamp the line; the figure has them all
-    tokens = ", ".join(quoted(t) for t in shown) + (", …" if k > len(shown) else "")
+    drafter = c.get("drafter_state") or {}
+    tokens = _listed(c["draft_token_texts"])
+    if drafter.get("kind") == "prompt-lookup":
+        if not drafter["matched"]:
+            return ("Prompt lookup found no earlier occurrence of the last tokens, so it proposes nothing: "
+                    "this cycle is a plain target step (one position verified, its token drawn from the target).")
+        return (f"Prompt lookup found the last {drafter['ngram_size']} token(s) earlier in the text (at position "
+                f"{drafter['match_start']}) and copies the {k} token(s) that followed ({tokens}). The proposal is "
+                f"deterministic (p_draft = 1), so each token is kept with probability p_target: still exact.")
+    if drafter.get("kind") == "other-tokenizer":
+        own = _listed(drafter["draft_token_texts"])
+        return (f"The draft model, which has its own tokenizer, proposes {len(drafter['draft_token_ids'])} of its own "
+                f"tokens ({own}); their text, re-encoded with the target's tokenizer, gives the {k} target tokens "
+                f"tested below ({tokens}). Greedy only: accepted while each is the target's argmax.")
     return (f"The small draft model proposes K={k} tokens one after another ({tokens}); they are provisional, "
             f"because drafting is cheap but only the target model decides what is kept.")
 
 
 def _verify(c: dict, k: int) -> str:
     t = c["target_cache_len"]
+    if k == 0:
+        return (f"Nothing was proposed, so the target runs one ordinary decoding step on the last committed token; "
+                f"its cache grows {t['before']} → {t['after_append']}.")
     return (f"The target model scores all {k + 1} positions (the last committed token plus the {k} drafts) in one "
             f"forward pass, the whole point of speculation; its cache grows provisionally {t['before']} → {t['after_append']}.")
 
@@ -64,6 +84,16 @@ def _resample(c: dict, k: int) -> str:
 
 def _rollback(c: dict, k: int) -> str:
     t, d = c["target_cache_len"], c["draft_cache_len"]
+    if d is None:  # prompt lookup keeps no cache; the other-tokenizer draft keeps one over its own tokens
+        text = (f"Target cache entries past the committed prefix are removed: {t['after_append']} → {t['after_rollback']}, "
+                f"every committed token but the last.")
+        own = (c.get("drafter_state") or {}).get("draft_cache_len")
+        if own:
+            text += (f" The draft re-encodes the committed text in its own tokens and keeps its cache over the part "
+                     f"that did not change: {own['after_append']} → {own['after_rollback']} draft-token positions.")
+        else:
+            text += " Prompt lookup has nothing to roll back: the next lookup reads the committed text."
+        return text
     text = (f"Cache entries past the committed prefix are removed: target {t['after_append']} → {t['after_rollback']}, "
             f"draft {d['after_append']} → {d['after_rollback']}; both now hold every committed token but the last, "
             f"which opens the next cycle.")

@@ -385,11 +385,12 @@ def cache_figure(c: dict, stage: int, sequence_texts: Sequence[str]) -> go.Figur
     followed by this cycle's drafts (so a cell can show whose K/V it holds).
     """
     t_len, d_len = c["target_cache_len"], c["draft_cache_len"]
-    per_model = {"target": cache_cells(t_len, stage, "target"), "draft": cache_cells(d_len, stage, "draft")}
-    first = max(0, min(t_len["before"], d_len["before"]) - CACHE_CONTEXT)
+    lengths = {"target": t_len} if d_len is None else {"target": t_len, "draft": d_len}  # prompt lookup: no draft cache
+    per_model = {model: cache_cells(v, stage, model) for model, v in lengths.items()}
+    first = max(0, min(v["before"] for v in lengths.values()) - CACHE_CONTEXT)
     traces = [t for state in (COMMITTED, PROVISIONAL, ROLLED_BACK, CATCH_UP)
               for t in _cache_state(state, per_model, first, sequence_texts)]
-    end = max(max(v["after_append"], v["after_rollback"]) for v in (t_len, d_len))
+    end = max(max(v["after_append"], v["after_rollback"]) for v in lengths.values())
     note = f" (positions 0–{first - 1}: committed, not drawn)" if first else ""
     return figure(traces, cache_title(c, stage), 240, barmode="overlay",
                   yaxis=dict(categoryorder="array", categoryarray=["draft", "target"], fixedrange=True),
@@ -413,6 +414,12 @@ def _cache_state(state: str, per_model: dict, first: int, texts: Sequence[str]) 
 
 def cache_title(c: dict, stage: int) -> str:
     t, d = c["target_cache_len"], c["draft_cache_len"]
+    if d is None:  # a drafter without a cache over the target's positions
+        if stage < 2:
+            return f"KV cache: target {t['before']} (this drafter keeps no cache over the target's positions)"
+        if stage < 5:
+            return f"KV cache: target {t['before']} → {t['after_append']} (provisional entries dotted)"
+        return f"KV cache after rollback: target {t['after_append']} → {t['after_rollback']}"
     if stage == 1:
         return f"KV caches: draft {d['before']} → {d['after_append']} (provisional); target still {t['before']}"
     if stage < 5:

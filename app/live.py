@@ -15,22 +15,32 @@ from app.safe import md
 from engine.config import LAYOUTS, MAX_BLOCK_SIZE, MAX_K, MAX_NEW_TOKENS, SettingsError, SpecSettings
 from engine.models import ModelLoadError, TokenizerMismatchError
 from engine.presets import DEFAULT_PRESET, PRESETS
-from engine.run import load_pair, load_preset, run_to_trace
+from engine.run import DrafterOptions, load_pair, load_preset, load_with_drafter, run_to_trace
 from engine.speculative import Pair
+from engine.trace import DRAFTER_KINDS
 
 CUSTOM = "custom"  # the pair is given as two model folders (or hub ids)
 STEPPER = "views/stepper.py"
-LOAD_ERRORS = (ModelLoadError, TokenizerMismatchError, ValueError, OSError)
+LOAD_ERRORS = (ModelLoadError, TokenizerMismatchError, ValueError, OSError)  # SettingsError is a ValueError
+
+
+DRAFTER_LABELS = {
+    "model": "draft model (shares the target's tokenizer)",
+    "prompt-lookup": "prompt lookup (n-gram copy from earlier text, no model)",
+    "other-tokenizer": "draft model with its own tokenizer (greedy only)",
+}
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def cached_preset(name: str) -> Pair:
-    return load_preset(name)
+def cached_preset(name: str, drafter: DrafterOptions = DrafterOptions()) -> Pair:
+    return load_preset(name, drafter=drafter)
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def cached_pair(target: str, draft: str) -> Pair:
-    return load_pair(target, draft)
+def cached_pair(target: str, draft: str, drafter: DrafterOptions = DrafterOptions()) -> Pair:
+    if drafter.kind == "model":
+        return load_pair(target, draft)
+    return load_with_drafter(target, drafter)
 
 
 def apply_preset_defaults() -> None:
@@ -84,6 +94,7 @@ def run_form() -> None:
         cols = st.columns(2)
         target = cols[0].text_input("Target model (folder or id)", key="live_target")
         draft = cols[1].text_input("Draft model (folder or id)", key="live_draft")
+    drafter = drafter_inputs(st.session_state["live_preset"], draft.strip())
     st.text_area("Prompt", key="live_prompt", height=80)
     values = settings_inputs()
     values.update(cache_inputs())
@@ -97,23 +108,62 @@ def run_form() -> None:
         except SettingsError as err:
             st.error(md(str(err)))
             return
-        run(st.session_state["live_preset"], target.strip(), draft.strip(), st.session_state["live_prompt"], settings, chat)
+        if drafter is not None:
+            run(st.session_state["live_preset"], target.strip(), draft.strip(), st.session_state["live_prompt"],
+                settings, chat, drafter)
 
 
-def load_models(preset: str, target: str, draft: str) -> Pair | None:
-    if preset == CUSTOM and not (target and draft):
+def drafter_of(header: dict) -> DrafterOptions:
+    """The drafter a trace was written with, from its header (a draft model for older traces)."""
+    d = header.get("drafter") or {}
+    kind = d.get("kind", "model")
+    if kind == "prompt-lookup":
+        return DrafterOptions(kind, max_ngram=int(d.get("max_ngram", 3)), min_ngram=int(d.get("min_ngram", 1)))
+    if kind == "other-tokenizer":
+        return DrafterOptions(kind, max_draft_steps=int(d.get("max_draft_steps", 0)))
+    return DrafterOptions()
+
+
+def drafter_inputs(preset: str, draft: str) -> DrafterOptions | None:
+    """The drafter and its own options; None (with the reason shown) if they do not fit."""
+    kind = st.radio("Drafter", list(DRAFTER_KINDS), format_func=DRAFTER_LABELS.get, key="live_drafter", horizontal=True)
+    if kind == "prompt-lookup":
+        cols = st.columns(2)
+        longest = cols[0].number_input("Longest n-gram matched first", 1, 16, 3, key="live_max_ngram")
+        shortest = cols[1].number_input("Shortest n-gram tried", 1, 16, 1, key="live_min_ngram")
+        try:
+            return DrafterOptions(kind, max_ngram=int(longest), min_ngram=int(shortest))
+        except SettingsError as err:
+            st.error(md(str(err)))
+            return None
+    if kind == "other-tokenizer":
+        st.caption("The draft proposes in its own tokens; their text is re-encoded with the target's tokenizer. "
+                   "Runs only at temperature 0: a ratio test needs the draft's probability of each target token.")
+        if preset == CUSTOM:
+            return DrafterOptions(kind, draft_model=draft or None)
+        return DrafterOptions(kind)
+    return DrafterOptions()
+
+
+def load_models(preset: str, target: str, draft: str, drafter: DrafterOptions = DrafterOptions()) -> Pair | None:
+    if preset == CUSTOM and not (target and (draft or drafter.kind == "prompt-lookup")):
         st.error("Type both a target and a draft model (local folders work offline).")
         return None
     try:
         with st.spinner("Loading models (once per server process)…"):
-            return cached_preset(preset) if preset != CUSTOM else cached_pair(target, draft)
+            return cached_preset(preset, drafter) if preset != CUSTOM else cached_pair(target, draft, drafter)
     except LOAD_ERRORS as err:
         st.error(f"Could not load the models: {md(str(err))}", icon=":material/error:")
         return None
 
 
-def run(preset: str, target: str, draft: str, prompt: str, settings: SpecSettings, chat: bool) -> None:
-    pair = load_models(preset, target, draft)
+def run(preset: str, target: str, draft: str, prompt: str, settings: SpecSettings, chat: bool,
+        drafter: DrafterOptions = DrafterOptions()) -> None:
+    if drafter.kind == "other-tokenizer" and settings.temperature != 0:
+        from engine.drafters import SAMPLING_REFUSED
+        st.error(md(f"Set the temperature to 0: {SAMPLING_REFUSED}."), icon=":material/error:")
+        return
+    pair = load_models(preset, target, draft, drafter)
     if pair is None:
         return
     out = state.runs_dir() / f"live-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.jsonl"

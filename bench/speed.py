@@ -52,6 +52,7 @@ from engine.run import encode_prompt, load_pair, load_preset, run_to_trace  # no
 from engine.models import pick_device  # noqa: E402
 from engine.speculative import Pair, speculative_generate, sync  # noqa: E402
 from engine.sweep import plain_decode  # noqa: E402
+from engine.timing import timed as engine_timed  # noqa: E402
 from bench_report import machine_info, write_reports  # noqa: E402
 
 PROMPTS = {
@@ -89,10 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ---------------------------------------------------------------- one timed generation per method
 
 def timed(fn, device: torch.device) -> tuple[int, float]:
-    start = time.perf_counter()
-    tokens = fn()
-    sync(device)
-    return tokens, time.perf_counter() - start
+    return engine_timed(fn, device)
 
 
 class Runner:

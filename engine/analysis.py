@@ -48,9 +48,11 @@ def measured_alpha(cycles: list[dict]) -> float:
 
 def beta_by_position(cycles: list[dict], k: int) -> list[float]:
     """Mean beta at each draft position 1..K: does the draft drift as it runs ahead?"""
-    if not cycles:
-        return [0.0] * k
-    return [fmean(c["beta"][i] for c in cycles) for i in range(k)]
+    means = []
+    for i in range(k):  # prompt lookup may propose fewer than K: average over the cycles that reached i
+        at_i = [c["beta"][i] for c in cycles if len(c["beta"]) > i]
+        means.append(fmean(at_i) if at_i else 0.0)
+    return means
 
 
 def tokens_per_cycle_counts(cycles: list[dict], k: int) -> list[int]:
@@ -287,6 +289,35 @@ class TraceStats:
     speed: SpeedReport | None
     advice: list[KAdvice]
     tokens_per_s: float | None  # the summary's end-to-end rate (prefill and trace writing included)
+    drafter: str = "model"  # the trace header's drafter kind
+    by_ngram: list["NgramRow"] | None = None  # prompt lookup only: acceptance by matched n-gram size
+
+
+@dataclass(frozen=True)
+class NgramRow:
+    """Prompt-lookup cycles whose lookup matched an n-gram of this size (None: no match)."""
+
+    ngram_size: int | None
+    cycles: int
+    proposed: int
+    accepted: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+
+def acceptance_by_ngram(cycles: list[dict]) -> list[NgramRow]:
+    """Does a longer match predict the continuation better? One row per matched n, then no match."""
+    rows: dict[int | None, list[int]] = {}
+    for c in cycles:
+        n = (c.get("drafter_state") or {}).get("ngram_size")
+        row = rows.setdefault(n, [0, 0, 0])
+        row[0] += 1
+        row[1] += len(c["draft_token_ids"])
+        row[2] += c["num_accepted"]
+    order = sorted((n for n in rows if n is not None), reverse=True) + ([None] if None in rows else [])
+    return [NgramRow(n, *rows[n]) for n in order]
 
 
 def trace_stats(trace: Trace) -> TraceStats:
@@ -299,7 +330,9 @@ def trace_stats(trace: Trace) -> TraceStats:
         cal, cal_error = None, str(err)
     speed = speed_report(k, alpha, times, cal) if cal and times else None
     advice = advise_k(alpha, times.draft_step_s, cal, advisor_ks(cal, k)) if cal and times else []
-    return TraceStats(k, len(cycles), acceptance_metrics([c["num_accepted"] for c in cycles], k), alpha,
+    drafted = [len(c["draft_token_ids"]) for c in cycles]
+    return TraceStats(k, len(cycles), acceptance_metrics([c["num_accepted"] for c in cycles], k, drafted), alpha,
                       beta_by_position(cycles, k), tokens_per_cycle_counts(cycles, k),
                       truncated_geometric_pmf(alpha, k), times, cal, cal_error, speed, advice,
-                      trace.summary["tokens_per_s"] if trace.summary else None)
+                      trace.summary["tokens_per_s"] if trace.summary else None, trace.drafter_kind,
+                      acceptance_by_ngram(cycles) if trace.drafter_kind == "prompt-lookup" else None)

@@ -15,7 +15,6 @@ Each is the median of `repeats` timings taken after a warm-up. The result is pla
 data (JSON-ready) so it can ride in a trace header as the optional "calibration" field.
 """
 import statistics
-import time
 from typing import Callable
 
 import torch
@@ -23,7 +22,8 @@ import torch
 from .config import SpecSettings
 from .models import LoadedModel
 from .sampling import draw as draw_token, warp_probs
-from .speculative import Pair, crop, sync
+from .speculative import Pair, crop
+from .timing import timed
 
 DEFAULT_MAX_POSITIONS = 9  # verify widths 1..9 cover K = 1..8 without extrapolating
 
@@ -37,10 +37,7 @@ def context_of_length(prompt_ids: list[int], length: int) -> list[int]:
 
 
 def _timed(fn: Callable[[], None], device: torch.device) -> float:
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - start
+    return timed(fn, device)[1]
 
 
 def _step(model: LoadedModel, cache, token_ids: list[int], s: SpecSettings,
@@ -79,6 +76,20 @@ def time_widths(model: LoadedModel, context: list[int], widths: list[int], s: Sp
     return {key: statistics.median(t) for key, t in times.items()}
 
 
+def time_drafter_step(pair: Pair, context: list[int], s: SpecSettings, repeats: int) -> float:
+    """Median time a drafter without a same-tokenizer draft model takes to propose one token
+    (for prompt lookup: one n-gram search; for the other-tokenizer draft: its steps and re-encoding)."""
+    gen = torch.Generator().manual_seed(0)
+    state = pair.drafter.start(context)
+    times = []
+    for round_number in range(repeats + 1):  # round 0 warms up and is not kept
+        proposal = pair.drafter.propose(state, context, 1, s, gen)
+        pair.drafter.roll_back(state, context)
+        if round_number:
+            times.append(sum(proposal.step_times_s))
+    return statistics.median(times)
+
+
 def calibrate(pair: Pair, prompt_ids: list[int], s: SpecSettings, cache_len: int | None = None,
               max_positions: int | None = None, repeats: int = 7) -> dict:
     """Step times of both models at `cache_len` cached positions (default: the run's mean).
@@ -93,7 +104,10 @@ def calibrate(pair: Pair, prompt_ids: list[int], s: SpecSettings, cache_len: int
     widths = list(range(1, max_positions + 1))
     verify = time_widths(pair.target, context, widths, s, repeats, draw=False, step=True)
     target_step = verify["step"]
-    draft_step = time_widths(pair.draft, context, [1], s, repeats, draw=True)[1]
+    if pair.draft is not None and pair.drafter.kind == "model":
+        draft_step = time_widths(pair.draft, context, [1], s, repeats, draw=True)[1]
+    else:
+        draft_step = time_drafter_step(pair, context, s, repeats)
     return {
         "cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),
         "target_step_s": target_step, "draft_step_s": draft_step,

@@ -5,7 +5,7 @@ import sys
 from .config import LAYOUTS, SettingsError, SpecSettings
 from .models import ModelLoadError, TokenizerMismatchError
 from .presets import DEFAULT_PRESET, PRESETS
-from .trace import Trace, TraceError, load_trace
+from .trace import DRAFTER_KINDS, Trace, TraceError, load_trace
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,7 +16,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--preset", choices=sorted(PRESETS), default=None,
                      help=f"offline model pair (default {DEFAULT_PRESET} when no models are named)")
     run.add_argument("--target", help="target model: hub id, local folder, or folder with a .gguf file")
-    run.add_argument("--draft", help="draft model, same forms as --target")
+    run.add_argument("--draft", help="draft model, same forms as --target (with --drafter other-tokenizer: "
+                                     "a draft with its own tokenizer)")
+    run.add_argument("--drafter", choices=list(DRAFTER_KINDS), default="model",
+                     help="what proposes tokens: a draft model sharing the target's tokenizer (default), "
+                          "prompt lookup (copies the tokens that followed the last n-gram earlier in the text), "
+                          "or a draft model with another tokenizer (greedy only)")
+    run.add_argument("--max-ngram", type=int, default=3, help="prompt lookup: longest n-gram matched first")
+    run.add_argument("--min-ngram", type=int, default=1, help="prompt lookup: shortest n-gram tried")
+    run.add_argument("--draft-steps", type=int, default=0,
+                     help="other tokenizer: draft tokens per cycle at most (default 0: K)")
     run.add_argument("--k", type=int, default=4, help="draft tokens per cycle")
     run.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the preset's)")
     run.add_argument("--top-k", type=int, default=0)
@@ -45,8 +54,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def drafter_options(args):
+    from .run import DrafterOptions
+
+    return DrafterOptions(kind=args.drafter, max_ngram=args.max_ngram, min_ngram=args.min_ngram,
+                          draft_model=args.draft if args.drafter == "other-tokenizer" else None,
+                          max_draft_steps=args.draft_steps)
+
+
 def resolve_models(args) -> tuple[str, str, str | None]:
     """(target, draft, preset name) from --preset / --target / --draft."""
+    if args.drafter == "prompt-lookup" and args.draft is not None:
+        raise SettingsError("prompt lookup drafts without a model: drop --draft")
+    if args.drafter != "model":
+        if args.target is not None and args.preset:
+            raise SettingsError("--preset cannot be combined with --target")
+        if args.target is not None:
+            return args.target, args.draft, None
+        preset = PRESETS[args.preset or DEFAULT_PRESET]
+        return str(preset.target_folder()), args.draft, preset.name
     if (args.target is None) != (args.draft is None):
         raise SettingsError("name both --target and --draft, or neither (to use a preset)")
     if args.target is not None:
@@ -68,9 +94,10 @@ def settings_from_args(args) -> SpecSettings:
 
 def format_metrics(trace: Trace) -> str:
     from .metrics import acceptance_metrics
-    m = acceptance_metrics([c["num_accepted"] for c in trace.cycles], trace.k)
+    m = acceptance_metrics([c["num_accepted"] for c in trace.cycles], trace.k,
+                           [len(c["draft_token_ids"]) for c in trace.cycles])
     per_pos = " ".join(f"{p:.2f}" for p in m["per_position_acceptance"])
-    lines = [f"cycles: {m['num_cycles']}   K: {trace.k}",
+    lines = [f"cycles: {m['num_cycles']}   K: {trace.k}   drafter: {trace.drafter_kind}",
              f"draft acceptance rate: {m['acceptance_rate']:.3f}  (accepted / drafted)",
              f"mean acceptance length: {m['mean_acceptance_length']:.3f}  (1 + accepted / cycles)",
              f"per-position acceptance: {per_pos}"]
@@ -85,13 +112,19 @@ def format_metrics(trace: Trace) -> str:
 def cmd_run(args) -> int:
     from tqdm import tqdm
 
-    from .run import load_pair, load_preset, run_to_trace
+    from .run import load_pair, load_preset, load_with_drafter, run_to_trace
 
     settings = settings_from_args(args)
+    options = drafter_options(args)
     target, draft, preset = resolve_models(args)
-    print(f"loading target {target}\nloading draft  {draft}", file=sys.stderr)
+    if options.kind == "other-tokenizer" and settings.temperature != 0:
+        from .drafters import SAMPLING_REFUSED
+        raise SettingsError(SAMPLING_REFUSED)
+    print(f"loading target {target}\ndrafter: {options.kind}" + (f", draft {draft}" if draft else ""), file=sys.stderr)
     if preset:
-        pair = load_preset(preset, args.device, args.dtype)
+        pair = load_preset(preset, args.device, args.dtype, options)
+    elif options.kind != "model":
+        pair = load_with_drafter(target, options, args.device, args.trust_remote_code, args.dtype)
     else:
         pair = load_pair(target, draft, args.device, args.trust_remote_code, args.dtype)
     fast = None
@@ -104,7 +137,7 @@ def cmd_run(args) -> int:
 
     def progress(rec: dict) -> None:
         bar.update(len(rec["committed_token_ids"]))
-        bar.set_postfix(cycle=rec["cycle"], accepted=f"{rec['num_accepted']}/{settings.k}")
+        bar.set_postfix(cycle=rec["cycle"], accepted=f"{rec['num_accepted']}/{len(rec['draft_token_ids'])}")
 
     trace = run_to_trace(pair, args.prompt, settings, args.out, preset,
                          chat_template=not args.no_chat_template, on_cycle=progress,

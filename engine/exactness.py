@@ -19,7 +19,8 @@ from scipy.stats import chi2
 
 from .config import SpecSettings
 from .sampling import residual, sample, warp_probs
-from .speculative import Faults, Pair, RunState, TokenTexts, crop, run_cycle, start_run
+from .speculative import Pair, RunState, TokenTexts, crop, run_cycle, start_run
+from .teaching_faults import Faults
 
 MIN_EXPECTED = 5.0  # the chi-square approximation needs about five expected counts per cell
 MAX_VOCAB_FOR_SECOND_TOKEN = 4096  # the exact second-token law needs one pass per first token
@@ -101,10 +102,10 @@ def predicted_first_token(p_target: torch.Tensor, p_draft: torch.Tensor, rule: s
 
 # ---------------------------------------------------------------- sampling
 
-def _reset(state: RunState, prompt_ids: list[int]) -> None:
+def _reset(pair: Pair, state: RunState, prompt_ids: list[int]) -> None:
     """Back to the prefilled prefix: both caches hold all prompt tokens but the last."""
     crop(state.target_cache, len(prompt_ids) - 1)
-    crop(state.draft_cache, len(prompt_ids) - 1)
+    pair.drafter.roll_back(state.draft_state, list(prompt_ids))
     state.committed, state.generated, state.finished = list(prompt_ids), [], False
 
 
@@ -119,7 +120,7 @@ def speculative_samples(pair: Pair, prompt_ids: list[int], s: SpecSettings, faul
     counts = torch.zeros(pair.target.full_vocab_size, dtype=torch.long)
     first_accepted = 0
     for _ in range(n):
-        _reset(state, prompt_ids)
+        _reset(pair, state, prompt_ids)
         cycle = 0
         while not state.finished:
             rec = run_cycle(pair, state, run, gen, cycle, texts, faults, record=False)

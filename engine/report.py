@@ -83,9 +83,20 @@ def advisor_lines(st: TraceStats) -> list[str]:
     return lines
 
 
+def ngram_lines(st: TraceStats) -> list[str]:
+    lines = ["PROMPT LOOKUP: acceptance by matched n-gram size",
+             "  n-gram  cycles  proposed  accepted  acceptance rate"]
+    for r in st.by_ngram:
+        name = "none" if r.ngram_size is None else str(r.ngram_size)
+        lines.append(f"  {name:>6}  {r.cycles:>6}  {r.proposed:>8}  {r.accepted:>8}  {r.acceptance_rate:>15.3f}")
+    return lines
+
+
 def format_stats(trace: Trace) -> str:
     st = trace_stats(trace)
-    sections = [acceptance_lines(st), histogram_lines(st)]
+    sections = [[f"DRAFTER: {st.drafter}"], acceptance_lines(st), histogram_lines(st)]
+    if st.by_ngram:
+        sections.append(ngram_lines(st))
     if st.times:
         sections.append(profile_lines(st.times))
     if st.speed:

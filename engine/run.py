@@ -1,15 +1,16 @@
 """From settings to a finished trace file: load a pair, encode the prompt, run, record."""
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from .calibrate import calibrate as measure_step_times
-from .config import SpecSettings
+from .config import SettingsError, SpecSettings
+from .drafters import DRAFTER_KINDS, OtherTokenizerDrafter, PromptLookupDrafter
 from .kv_layouts import layout_for_run
 from .models import (LoadedModel, check_same_token_space, load_model, pick_device, pick_dtype)
 from .presets import PRESETS
-from .speculative import (CACHE_CONVENTION, CACHE_CONVENTION_TEXT, Faults, NO_FAULTS, Pair,
+from .speculative import (CACHE_CONVENTION, CACHE_CONVENTION_TEXT, RATIO_TEST, CycleRule, Pair,
                           eos_ids_of, speculative_generate)
 from .trace import FORMAT, VERSION, Trace, TraceWriter, library_versions, make_summary
 
@@ -24,13 +25,58 @@ def load_pair(target: str, draft: str, device: str | None = None,
     return Pair(target_model, draft_model, eos_ids_of(target_model))
 
 
-def load_preset(name: str, device: str | None = None, dtype_name: str | None = None) -> Pair:
+def load_preset(name: str, device: str | None = None, dtype_name: str | None = None,
+                drafter: "DrafterOptions | None" = None) -> Pair:
+    """The preset's pair; with `drafter`, its target and the drafter asked for."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[name]
+    if drafter is not None and drafter.kind != "model":
+        if drafter.kind == "other-tokenizer" and drafter.draft_model is None:
+            if preset.other_tokenizer_draft is None:
+                raise SettingsError(f"preset {name!r} ships no draft with another tokenizer: name one with --draft, "
+                                    f"or use --preset tiny-shakespeare")
+            drafter = replace(drafter, draft_model=str(preset.other_tokenizer_draft_folder()))
+        pair = load_with_drafter(str(preset.target_folder()), drafter, device, dtype_name=dtype_name)
+        pair.target.name = preset.target_name
+        return pair
     pair = load_pair(str(preset.target_folder()), str(preset.draft_folder()), device, dtype_name=dtype_name)
     pair.target.name, pair.draft.name = preset.target_name, preset.draft_name
     return pair
+
+
+@dataclass(frozen=True)
+class DrafterOptions:
+    """Which drafter, and its own options (the CLI's --drafter and the options after it)."""
+
+    kind: str = "model"  # one of DRAFTER_KINDS
+    max_ngram: int = 3  # prompt lookup: longest n-gram tried first
+    min_ngram: int = 1  # prompt lookup: shortest n-gram tried
+    draft_model: str | None = None  # other tokenizer: the draft's folder
+    max_draft_steps: int = 0  # other tokenizer: draft tokens per cycle at most (0: K)
+
+    def __post_init__(self) -> None:
+        if self.kind not in DRAFTER_KINDS:
+            raise SettingsError(f"unknown drafter {self.kind!r}; choose one of {', '.join(DRAFTER_KINDS)}")
+
+
+def load_with_drafter(target: str, options: DrafterOptions, device: str | None = None,
+                      trust_remote_code: bool = False, dtype_name: str | None = None) -> Pair:
+    """A target with a drafter that is not a same-tokenizer draft model."""
+    dev = pick_device(device)
+    dtype = pick_dtype(dev, dtype_name)
+    target_model = load_model(target, dev, dtype, trust_remote_code)
+    vocab = target_model.full_vocab_size
+    if options.kind == "prompt-lookup":
+        drafter = PromptLookupDrafter(vocab, options.max_ngram, options.min_ngram)
+    elif options.kind == "other-tokenizer":
+        if not options.draft_model:
+            raise SettingsError("the other-tokenizer drafter needs a draft model (--draft)")
+        draft_model = load_model(options.draft_model, dev, dtype, trust_remote_code)
+        drafter = OtherTokenizerDrafter(draft_model, target_model.tokenizer, vocab, options.max_draft_steps)
+    else:
+        raise SettingsError(f"load a model drafter with load_pair, not {options.kind!r}")
+    return Pair(target_model, None, eos_ids_of(target_model), drafter)
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
@@ -52,16 +98,17 @@ def describe_model(m: LoadedModel) -> dict:
 
 
 def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
-                preset: str | None, chat_template: bool, faults: Faults = NO_FAULTS) -> dict:
+                preset: str | None, chat_template: bool, rule: CycleRule = RATIO_TEST) -> dict:
     tok = pair.target.tokenizer
     return {
         "type": "header", "format": FORMAT, "version": VERSION,
-        "target": describe_model(pair.target), "draft": describe_model(pair.draft),
+        "target": describe_model(pair.target), "draft": pair.drafter.describe(),
+        "drafter": pair.drafter.settings(),
         "tokenizer": type(tok).__name__, "preset": preset, "chat_template": chat_template,
         "settings": s.to_dict(), "prompt": prompt, "prompt_token_ids": prompt_ids,
         "prompt_token_texts": [tok.decode([t]) for t in prompt_ids],
         "cache_convention": {"name": CACHE_CONVENTION, "text": CACHE_CONVENTION_TEXT},
-        "cache_layout": layout_for_run(s, len(prompt_ids), faults.keep_rejected_kv).describe(),
+        "cache_layout": layout_for_run(s, len(prompt_ids), getattr(rule, "keep_rejected_kv", False)).describe(),
         "device": str(pair.target.device), "dtype": str(pair.target.dtype).removeprefix("torch."),
         "versions": library_versions(), "eos_token_ids": sorted(pair.eos_ids),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -71,7 +118,7 @@ def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
 def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
                  preset: str | None = None, chat_template: bool = True,
                  on_cycle: Callable[[dict], None] | None = None,
-                 faults: Faults = NO_FAULTS, calibrate: bool = False, fast: str | None = None) -> Trace:
+                 rule: CycleRule = RATIO_TEST, calibrate: bool = False, fast: str | None = None) -> Trace:
     """Run speculative decoding on `prompt`, writing the trace to `out` as it goes.
 
     With `calibrate`, the header also gets step times of both models (engine/calibrate.py),
@@ -79,14 +126,15 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     mode: none, graph or compile) the cycles run on engine/fast_path.py over static caches;
     their records mean the same.
     """
+    pair.drafter.check_settings(s)  # refuse before anything is written
     if fast is not None:
         from .fast_path import check_fast_settings
-        s = check_fast_settings(s, faults)
+        s = check_fast_settings(s, rule, pair)
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
-    header = make_header(pair, s, prompt, prompt_ids, preset, use_chat, faults)
-    if faults != NO_FAULTS:
-        header["faults"] = asdict(faults)  # marks a deliberately broken teaching run
+    header = make_header(pair, s, prompt, prompt_ids, preset, use_chat, rule)
+    if rule is not RATIO_TEST:
+        header["faults"] = asdict(rule)  # marks a deliberately broken teaching run
     if calibrate:  # optional header field; traces without it stay valid
         header["calibration"] = measure_step_times(pair, prompt_ids, s)
     if fast is not None:  # optional header field: which path made the cycles
@@ -95,7 +143,7 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     with TraceWriter(out) as writer:
         writer.write(header)
         start = time.perf_counter()
-        for rec in _cycles(pair, prompt_ids, s, faults, fast):
+        for rec in _cycles(pair, prompt_ids, s, rule, fast):
             writer.write(rec)
             cycles.append(rec)
             if on_cycle:
@@ -109,8 +157,8 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     return Trace(header, cycles, summary)
 
 
-def _cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, faults: Faults, fast: str | None):
+def _cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, rule: CycleRule, fast: str | None):
     if fast is None:
-        return speculative_generate(pair, prompt_ids, s, faults)
+        return speculative_generate(pair, prompt_ids, s, rule)
     from .fast_path import fast_generate
     return fast_generate(pair, prompt_ids, s, capture=fast)

@@ -6,15 +6,18 @@ committed token is the first input of the next cycle, for both models.
 """
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator, Protocol
 
 import torch
 from transformers import DynamicCache
 
 from .config import SpecSettings
-from .kv_layouts import cycle_layout_fields, layout_for_run, layout_state, new_cache, roll_back_cache
+from .drafters import Drafter, ModelDrafter
+from .kv import cache_len, crop, prefill, sync  # noqa: F401  (re-exported: callers import them from here)
+from .kv_layouts import cycle_layout_state, layout_for_run, layout_name, layout_state, new_cache
 from .models import LoadedModel
 from .sampling import draw, residual, sample, uniform, warp_probs
+from .timing import timed
 
 CACHE_CONVENTION = "committed_minus_one"
 CACHE_CONVENTION_TEXT = (
@@ -23,124 +26,103 @@ CACHE_CONVENTION_TEXT = (
 )
 
 
-@dataclass(frozen=True)
-class Faults:
-    """Deliberate bugs for the teaching pages only; normal runs never set them."""
-
-    keep_rejected_kv: bool = False  # skip the rollback of both caches
-    skip_draft_catch_up: bool = False  # after a full accept, never feed d_K to the draft
-    acceptance_rule: str = "ratio"  # see ACCEPTANCE_RULES
-    greedy_draft: bool = False  # draft proposes its argmax but is judged by its sampling distribution
-
-
-ACCEPTANCE_RULES = {
-    "ratio": "accept with probability min(1, p_target/p_draft); resample from the residual (correct)",
-    "p_target_only": "accept with probability p_target alone (wrong: ignores how often the draft proposes)",
-    "no_residual": "on rejection sample from p_target instead of the residual (wrong: double-counts the overlap)",
-    "token_match": "accept only if a fresh target sample equals the draft token, else resample from the residual (wrong)",
-}
-
-
-NO_FAULTS = Faults()
-
-
 @dataclass
 class Decision:
     num_accepted: int
-    accept_prob: list[float]  # (K,) min(1, p_target/p_draft) of each draft token
+    accept_prob: list[float]  # (n,) min(1, p_target/p_draft) of each draft token
     u: list[float]  # one draw per tested position
-    rejected_position: int | None  # 1-based, None when all K passed
+    rejected_position: int | None  # 1-based, None when all n passed
     next_token_id: int  # the resampled or bonus token
     residual_probs: torch.Tensor | None  # (V,) at the rejection, None for a bonus
 
 
 @dataclass
+class Pair:
+    """A target and what drafts for it. `draft` is the draft model, if the drafter has one
+    that shares the target's token space; `drafter` defaults to drafting with it."""
+
+    target: LoadedModel
+    draft: LoadedModel | None
+    eos_ids: set[int]
+    drafter: Drafter | None = None
+
+    def __post_init__(self) -> None:
+        if self.drafter is None:
+            if self.draft is None:
+                raise ValueError("a pair needs a draft model or a drafter")
+            self.drafter = ModelDrafter(self.draft)
+
+
+@dataclass
 class RunState:
-    """What persists between cycles: the committed ids and both caches."""
+    """What persists between cycles: the committed ids, the target cache, the drafter's state."""
 
     committed: list[int]
     target_cache: DynamicCache
-    draft_cache: DynamicCache
+    draft_state: Any  # whatever the pair's drafter keeps (a draft cache for the model drafter)
     generated: list[int] = field(default_factory=list)
     finished: bool = False
 
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def cache_len(cache: DynamicCache) -> int:
-    return int(cache.get_seq_length())
-
-
-def crop(cache: DynamicCache, keep: int) -> None:
-    """Roll the cache back to `keep` positions, the way its layout does (engine/kv_layouts.py)."""
-    roll_back_cache(cache, keep)
-
-
-def prefill(model: LoadedModel, prompt_ids: list[int], cache: DynamicCache | None = None) -> DynamicCache:
-    """Cache every prompt token but the last, which opens the first cycle."""
-    cache = model.new_cache() if cache is None else cache
-    if len(prompt_ids) > 1:
-        model.fill(prompt_ids[:-1], cache)
-    return cache
-
-
-def propose(draft: LoadedModel, state: RunState, s: SpecSettings, gen: torch.Generator,
-            faults: Faults = NO_FAULTS) -> tuple[list[int], torch.Tensor, list[float]]:
-    """K autoregressive draft steps; returns tokens, their distributions (K, V), step times."""
-    tokens: list[int] = []
-    dists, step_times = [], []
-    feed = state.committed[-1]
-    for _ in range(s.k):
-        start = time.perf_counter()
-        logits = draft.forward([feed], state.draft_cache)  # (1, V)
-        probs = warp_probs(logits[-1], s)  # (V,)
-        feed = int(probs.argmax()) if faults.greedy_draft else draw(probs, s, gen)
-        sync(draft.device)
-        step_times.append(time.perf_counter() - start)
-        tokens.append(feed)
-        dists.append(probs)
-    return tokens, torch.stack(dists).cpu(), step_times
+    @property
+    def draft_cache(self) -> DynamicCache:
+        """The draft model's cache, for drafters that keep one."""
+        return self.draft_state.cache
 
 
 def verify(target: LoadedModel, state: RunState, draft_tokens: list[int],
            s: SpecSettings) -> torch.Tensor:
-    """One target pass over [last committed, d1..dK]: K+1 distributions (K+1, V)."""
+    """One target pass over [last committed, d1..dn]: n+1 distributions (n+1, V)."""
     logits = target.forward([state.committed[-1], *draft_tokens], state.target_cache)
     return warp_probs(logits, s).cpu()
 
 
 def accept_reject(draft_tokens: list[int], p_draft: torch.Tensor, p_target: torch.Tensor,
-                  gen: torch.Generator, rule: str = "ratio") -> Decision:
-    """Left-to-right ratio test; resample at the first rejection or add the bonus token."""
+                  gen: torch.Generator) -> Decision:
+    """Left-to-right ratio test; resample at the first rejection or add the bonus token.
+
+    p_draft (n, V) and p_target (n+1, V); n may be 0 (a plain target step: only the bonus).
+    """
     k = len(draft_tokens)
     idx = torch.arange(k)
-    p_t = p_target[idx, draft_tokens]  # (K,) target probability of each draft token
-    p_d = p_draft[idx, draft_tokens]  # (K,)
+    p_t = p_target[idx, draft_tokens]  # (n,) target probability of each draft token
+    p_d = p_draft[idx, draft_tokens]  # (n,)
     accept_prob = torch.clamp(p_t / p_d, max=1.0).tolist()
     draws: list[float] = []
     for i in range(k):
         draws.append(uniform(gen))
-        if not _passes(rule, draws[-1], accept_prob[i], float(p_t[i]), p_target[i], draft_tokens[i], gen):
-            res = p_target[i] if rule == "no_residual" else residual(p_target[i], p_draft[i])
+        # Strict '<': a token the target gives probability 0 is never accepted, even at u = 0.
+        if not draws[-1] < accept_prob[i]:
+            res = residual(p_target[i], p_draft[i])
             return Decision(i, accept_prob, draws, i + 1, sample(res, gen), res)
     return Decision(k, accept_prob, draws, None, sample(p_target[k], gen), None)
 
 
-def _passes(rule: str, u: float, accept_prob: float, p_t: float, target_probs: torch.Tensor,
-            token: int, gen: torch.Generator) -> bool:
-    if rule == "ratio":
-        # Strict '<': a token the target gives probability 0 is never accepted, even at u = 0.
-        return u < accept_prob
-    if rule == "p_target_only":
-        return u < p_t
-    if rule == "no_residual":
-        return u < accept_prob
-    if rule == "token_match":
-        return sample(target_probs, gen) == token
-    raise ValueError(f"unknown acceptance rule {rule!r}; known: {', '.join(ACCEPTANCE_RULES)}")
+class CycleRule(Protocol):
+    """How a cycle decides and rolls back. The engine runs RATIO_TEST; only the teaching
+    code (engine/teaching_faults.py) passes deliberately broken rules."""
+
+    def decide(self, draft_tokens: list[int], p_draft: torch.Tensor, p_target: torch.Tensor,
+               gen: torch.Generator) -> Decision: ...
+
+    def roll_back(self, cache: DynamicCache, keep: int) -> None: ...
+
+    def drafter(self, drafter: Drafter) -> Drafter: ...
+
+
+class RatioTest:
+    """The correct rule: the ratio test, rejected K/V cropped, the drafter as it is."""
+
+    def decide(self, draft_tokens, p_draft, p_target, gen) -> Decision:
+        return accept_reject(draft_tokens, p_draft, p_target, gen)
+
+    def roll_back(self, cache: DynamicCache, keep: int) -> None:
+        crop(cache, keep)
+
+    def drafter(self, drafter: Drafter) -> Drafter:
+        return drafter
+
+
+RATIO_TEST = RatioTest()
 
 
 def commit_tokens(draft_tokens: list[int], d: Decision, budget: int,
@@ -154,24 +136,6 @@ def commit_tokens(draft_tokens: list[int], d: Decision, budget: int,
     tokens = tokens[:budget]
     hit_eos = bool(tokens) and tokens[-1] in eos_ids
     return tokens, hit_eos or len(tokens) == budget
-
-
-def roll_back(draft: LoadedModel, state: RunState, faults: Faults) -> tuple[bool, float]:
-    """Bring both caches to committed length - 1; feed d_K to the draft if it never saw it.
-
-    Returns whether the draft needed that catch-up, and its time.
-    """
-    keep = len(state.committed) - 1
-    if not faults.keep_rejected_kv:
-        crop(state.target_cache, keep)
-        crop(state.draft_cache, keep)
-    missing = state.committed[cache_len(state.draft_cache):keep]
-    if not missing or faults.skip_draft_catch_up:
-        return False, 0.0
-    start = time.perf_counter()
-    draft.forward(missing, state.draft_cache)  # after a full accept: only d_K
-    sync(draft.device)
-    return True, time.perf_counter() - start
 
 
 class TokenTexts:
@@ -213,53 +177,67 @@ def residual_entries(d: Decision, p_target: torch.Tensor, p_draft: torch.Tensor,
             for t in ids_list if float(d.residual_probs[t]) > 0 or t == d.next_token_id]
 
 
-@dataclass
-class Pair:
-    target: LoadedModel
-    draft: LoadedModel
-    eos_ids: set[int]
+def layout_states(target_cache, draft_cache) -> tuple[dict | None, dict | None]:
+    """The layout facts of the target's and (if the drafter keeps one) the draft's cache."""
+    return (None if target_cache is None else layout_state(target_cache),
+            None if draft_cache is None else layout_state(draft_cache))
+
+
+def cycle_layout_fields(target_cache, draft_cache, before: tuple, after_append: tuple) -> dict:
+    """Layout state of one cycle; none for a dynamic cache (its state is its length), and none
+    for the draft when the drafter keeps no cache over the target's positions."""
+    if layout_name(target_cache) == "dynamic":
+        return {}
+    fields = {"target_cache_layout_state": cycle_layout_state(target_cache, before[0], after_append[0])}
+    if draft_cache is not None:
+        fields["draft_cache_layout_state"] = cycle_layout_state(draft_cache, before[1], after_append[1])
+    return fields
 
 
 def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator,
-              cycle: int, texts: TokenTexts, faults: Faults = NO_FAULTS,
+              cycle: int, texts: TokenTexts, rule: CycleRule = RATIO_TEST,
               record: bool = True) -> dict:
-    """Draft K, verify once, test, commit, roll back. Returns the cycle's trace record."""
+    """Draft up to K, verify once, test, commit, roll back. Returns the cycle's trace record."""
+    drafter = rule.drafter(pair.drafter)
     before = {"committed_len": len(state.committed), "target": cache_len(state.target_cache),
-              "draft": cache_len(state.draft_cache)}
-    layout_before = (layout_state(state.target_cache), layout_state(state.draft_cache))
+              "draft": drafter.cache_len(state.draft_state)}
+    draft_cache = state.draft_cache if before["draft"] is not None else None  # one over the target's positions
+    layout_before = layout_states(state.target_cache, draft_cache)
     cycle_start = time.perf_counter()
-    draft_tokens, p_draft, step_times = propose(pair.draft, state, s, gen, faults)
-    draft_cache_appended = cache_len(state.draft_cache)
-    draft_layout_appended = layout_state(state.draft_cache)
-    verify_start = time.perf_counter()
-    p_target = verify(pair.target, state, draft_tokens, s)
-    sync(pair.target.device)
-    verify_time = time.perf_counter() - verify_start
+    proposal = drafter.propose(state.draft_state, state.committed, s.k, s, gen)
+    draft_tokens = proposal.token_ids
+    draft_cache_appended = drafter.cache_len(state.draft_state)
+    draft_layout_appended = layout_states(None, draft_cache)[1]
+    p_target, verify_time = timed(lambda: verify(pair.target, state, draft_tokens, s), pair.target.device)
     target_cache_appended = cache_len(state.target_cache)
-    target_layout_appended = layout_state(state.target_cache)
-    decision = accept_reject(draft_tokens, p_draft, p_target, gen, faults.acceptance_rule)
+    target_layout_appended = layout_states(state.target_cache, None)[0]
+    decision = rule.decide(draft_tokens, proposal.p_draft, p_target, gen)
     budget = s.max_new_tokens - len(state.generated)
     committed, state.finished = commit_tokens(draft_tokens, decision, budget, pair.eos_ids)
     state.committed += committed
     state.generated += committed
-    caught_up, catch_up_time = roll_back(pair.draft, state, faults)
+    rule.roll_back(state.target_cache, len(state.committed) - 1)
+    catch_up = drafter.roll_back(state.draft_state, state.committed)
     cycle_time = time.perf_counter() - cycle_start
+    draft_after = drafter.cache_len(state.draft_state)
     rec = {
         "type": "cycle", "cycle": cycle, "committed_len_before": before["committed_len"],
         "draft_token_ids": draft_tokens, "num_accepted": decision.num_accepted,
         "committed_token_ids": committed, "finished": state.finished,
         "target_cache_len": {"before": before["target"], "after_append": target_cache_appended,
                              "after_rollback": cache_len(state.target_cache)},
-        "draft_cache_len": {"before": before["draft"], "after_append": draft_cache_appended,
-                            "after_rollback": cache_len(state.draft_cache)},
-        **cycle_layout_fields(state.target_cache, state.draft_cache, layout_before,
+        "draft_cache_len": None if draft_after is None else {
+            "before": before["draft"], "after_append": draft_cache_appended, "after_rollback": draft_after},
+        **cycle_layout_fields(state.target_cache, draft_cache, layout_before,
                               (target_layout_appended, draft_layout_appended)),
-        "draft_catch_up": caught_up, "verify_positions": len(draft_tokens) + 1,
-        "draft_time_s": sum(step_times), "draft_step_times_s": step_times,
-        "verify_time_s": verify_time, "catch_up_time_s": catch_up_time, "cycle_time_s": cycle_time,
+        "draft_catch_up": catch_up.happened, "verify_positions": len(draft_tokens) + 1,
+        "draft_time_s": sum(proposal.step_times_s), "draft_step_times_s": proposal.step_times_s,
+        "verify_time_s": verify_time, "catch_up_time_s": catch_up.time_s, "cycle_time_s": cycle_time,
     }
+    if proposal.state is not None:  # the model drafter adds nothing: its records stay as they were
+        rec["drafter_state"] = proposal.state
     if record:
-        rec.update(describe_cycle(draft_tokens, decision, p_draft, p_target, committed, s, texts))
+        rec.update(describe_cycle(draft_tokens, decision, proposal.p_draft, p_target, committed, s, texts))
     return rec
 
 
@@ -287,25 +265,26 @@ def describe_cycle(draft_tokens: list[int], d: Decision, p_draft: torch.Tensor,
 
 
 def start_run(pair: Pair, prompt_ids: list[int], s: SpecSettings | None = None,
-              faults: Faults = NO_FAULTS) -> RunState:
-    """Prefill both caches, in the layout `s.cache_layout` (dynamic without settings)."""
+              rule: CycleRule = RATIO_TEST) -> RunState:
+    """Prefill the target's cache and start the drafter, in the layout `s.cache_layout`
+    (dynamic without settings); a rule that never rolls back needs room for every cycle."""
     if not prompt_ids:
         raise ValueError("the prompt is empty: at least one token is needed to start decoding")
-    layout = layout_for_run(s or SpecSettings(), len(prompt_ids), faults.keep_rejected_kv)
-    caches = [new_cache(layout, m.model.config) for m in (pair.target, pair.draft)]
-    return RunState(list(prompt_ids), prefill(pair.target, prompt_ids, caches[0]),
-                    prefill(pair.draft, prompt_ids, caches[1]))
+    layout = layout_for_run(s or SpecSettings(), len(prompt_ids), getattr(rule, "keep_rejected_kv", False))
+    target_cache = prefill(pair.target, prompt_ids, new_cache(layout, pair.target.model.config))
+    return RunState(list(prompt_ids), target_cache, pair.drafter.start(prompt_ids, layout))
 
 
 def speculative_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings,
-                         faults: Faults = NO_FAULTS, record: bool = True) -> Iterator[dict]:
+                         rule: CycleRule = RATIO_TEST, record: bool = True) -> Iterator[dict]:
     """Yield one record per cycle until EOS or max_new_tokens."""
+    pair.drafter.check_settings(s)
     gen = torch.Generator().manual_seed(s.seed)
     texts = TokenTexts(pair.target.tokenizer)
-    state = start_run(pair, prompt_ids, s, faults)
+    state = start_run(pair, prompt_ids, s, rule)
     cycle = 0
     while not state.finished:
-        yield run_cycle(pair, state, s, gen, cycle, texts, faults, record)
+        yield run_cycle(pair, state, s, gen, cycle, texts, rule, record)
         cycle += 1
 
 

@@ -1,6 +1,6 @@
 """Correct and deliberately broken speculative runs side by side, for the teaching pages.
 
-The broken modes live in `speculative.Faults`; this module is the only caller that sets
+The broken modes live in `teaching_faults.Faults`; this module is the only caller that sets
 them, and it never writes a trace file, so a broken run cannot be mistaken for a real
 one. Each run is replayed with a mirror of both KV caches: for every cache cell we know
 which token's K/V it holds and where that token sits in the committed sequence, so the
@@ -10,7 +10,6 @@ sequence. A correct cache gives the same distribution up to float rounding.
 """
 import copy
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -19,8 +18,10 @@ import torch
 from .config import SpecSettings
 from .metrics import acceptance_metrics
 from .models import LoadedModel
-from .speculative import (Faults, NO_FAULTS, Pair, RunState, TokenTexts, cache_len, crop,
-                          prefill, run_cycle, start_run, target_generate)
+from .speculative import (Pair, RunState, TokenTexts, cache_len, crop, prefill, run_cycle, start_run,
+                          target_generate)
+from .timing import timed
+from .teaching_faults import ACCEPTANCE_RULES, NO_FAULTS, Faults  # noqa: F401  (the teaching pages import them from here)
 
 CORRECT, KEEP_REJECTED, SKIP_CATCH_UP = "correct", "keep_rejected_kv", "skip_draft_catch_up"
 MODES: dict[str, Faults] = {
@@ -279,11 +280,7 @@ def forward_times(m: LoadedModel, prefix_ids: list[int], max_positions: int,
     for n in range(1, max_positions + 1):
         times = []
         for _ in range(repeats):
-            start = time.perf_counter()
-            m.forward(feed[:n], cache)
-            if m.device.type == "cuda":
-                torch.cuda.synchronize(m.device)
-            times.append(time.perf_counter() - start)
+            times.append(timed(lambda: m.forward(feed[:n], cache), m.device)[1])
             crop(cache, keep)
         medians.append(sorted(times)[len(times) // 2])
     return medians

@@ -31,6 +31,15 @@ EXAMPLES = {
                                     "--k", "8", "--temperature", "0", "--max-new-tokens", "160"],
     "shakespeare-sampled-k2-hot.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "Enter a Messenger.\n",
                                          "--k", "2", "--temperature", "1.3", "--max-new-tokens", "120", "--seed", "5"],
+    # One per drafter that is not a draft model (see engine/drafters/):
+    "chat-prompt-lookup-greedy-k4.jsonl": [
+        "--preset", "chat", "--drafter", "prompt-lookup", "--max-ngram", "3", "--prompt",
+        "Fix the spelling in this paragraph and write it out again: The quick brown fox jumpd over the lazy dog. "
+        "The dog was not amused and barked at the fox untill it ran away into the forest.",
+        "--k", "4", "--temperature", "0", "--max-new-tokens", "64"],
+    "shakespeare-other-tokenizer-greedy-k6.jsonl": [
+        "--preset", "tiny-shakespeare", "--drafter", "other-tokenizer", "--prompt", "Romeo.\n",
+        "--k", "6", "--temperature", "0", "--max-new-tokens", "120"],
     # One short run per KV-cache layout: the same prompt, settings and seed, so the tokens agree.
     **{f"shakespeare-cache-{layout}.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "Juliet.\n", "--k", "4",
                                               "--temperature", "0.8", "--max-new-tokens", "48", "--seed", "6",

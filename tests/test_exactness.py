@@ -7,7 +7,8 @@ from scipy.stats import chi2
 
 from engine.config import SpecSettings
 from engine.sampling import warp_probs
-from engine.speculative import Faults, TokenTexts, run_cycle, start_run
+from engine.speculative import TokenTexts, run_cycle, start_run
+from engine.teaching_faults import Faults
 from tests.tiny import tiny_pair
 
 PROMPT = [1, 2, 4]

@@ -10,7 +10,8 @@ from engine.cli import main
 from engine.config import SpecSettings
 from engine.kv_layouts import attended_kv, check_invariants, new_cache, layout_for_run
 from engine.sampling import sample
-from engine.speculative import Faults, accept_reject, prefill, speculative_generate, target_generate
+from engine.teaching_faults import Faults
+from engine.speculative import accept_reject, prefill, speculative_generate, target_generate
 from engine.trace import load_trace
 from tests.tiny import noisy_pair, save_tiny, tiny_pair
 
@@ -167,7 +168,7 @@ def test_fast_path_refuses_teaching_faults(pair, tmp_path):
     from engine.run import run_to_trace
     with pytest.raises(ValueError, match="teaching faults"):
         run_to_trace(pair, "the cat", SpecSettings(k=2), tmp_path / "t.jsonl", fast="none",
-                     faults=Faults(keep_rejected_kv=True))
+                     rule=Faults(keep_rejected_kv=True))
 
 
 def test_cli_fast_on_the_cpu_prints_the_fallback_and_writes_a_valid_trace(tmp_path, capsys):
@@ -223,3 +224,13 @@ def test_pruned_vocabulary_draft_gives_the_reference_records(tmp_path):
         ref, fast = list(speculative_generate(pruned, [4, 6, 9], s)), list(fp.fast_generate(pruned, [4, 6, 9], s))
         assert [comparable(r) for r in fast] == [comparable(r) for r in ref]
         assert {t for r in fast for t in r["draft_token_ids"]} <= set(kept)
+
+
+def test_fast_path_refuses_a_drafter_without_a_draft_model(pair, tmp_path):
+    from engine.drafters.prompt_lookup import PromptLookupDrafter
+    from engine.run import run_to_trace
+    from engine.speculative import Pair
+    lookup = Pair(pair.target, None, set(), PromptLookupDrafter(pair.target.full_vocab_size))
+    with pytest.raises(ValueError, match="drafts with a draft model only"):
+        run_to_trace(lookup, "the cat", SpecSettings(k=2), tmp_path / "t.jsonl", fast="none")
+    assert not (tmp_path / "t.jsonl").exists()  # refused before anything was written

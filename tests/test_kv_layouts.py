@@ -357,7 +357,7 @@ def test_one_bundled_trace_per_layout_with_the_same_tokens():
 
 def test_a_run_that_never_rolls_back_fits_every_layout_and_breaks_the_same_way():
     """The teaching fault keeps every rejected entry: the capacity covers it, and the tokens match dynamic's."""
-    from engine.speculative import Faults
+    from engine.teaching_faults import Faults
     pair = tiny_pair(1)
     faults = Faults(keep_rejected_kv=True)
     runs = {}

@@ -7,7 +7,7 @@ import torch
 from engine.cli import build_parser
 from engine.config import SpecSettings
 from engine.exactness import chi_square, predicted_first_token, run_lab
-from engine.speculative import Faults
+from engine.teaching_faults import Faults
 from engine.teaching import (CORRECT, KEEP_REJECTED, SKIP_CATCH_UP, STALE, compare_runs,
                              first_divergence)
 from tests.tiny import noisy_pair, tiny_pair

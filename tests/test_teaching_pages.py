@@ -10,7 +10,8 @@ from app import figures_teaching as ft
 from engine.config import SpecSettings
 from engine.exactness import run_lab
 from engine.run import load_pair, run_to_trace
-from engine.speculative import Faults, Pair
+from engine.speculative import Pair
+from engine.teaching_faults import Faults
 from engine.teaching import KEEP_REJECTED, compare_runs
 from tests.tiny import noisy_pair, save_tiny
 

@@ -7,7 +7,8 @@ from app.safe import md
 from app.teaching_ui import WALKTHROUGH, chart
 from engine.config import SettingsError, SpecSettings
 from engine.exactness import MAX_VOCAB_FOR_SECOND_TOKEN, LabResult, run_lab
-from engine.speculative import ACCEPTANCE_RULES, Faults, Pair
+from engine.speculative import Pair
+from engine.teaching_faults import ACCEPTANCE_RULES, Faults
 
 SIGNIFICANCE = 0.01
 TOP_TOKENS = 20  # bars in the histogram; the rest is one "other" bar

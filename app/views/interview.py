@@ -8,7 +8,7 @@ from app import figures, state, teaching_pair
 from app.figures_teaching import (acceptance_length_figure, cache_layouts_figure, forward_cost_figure,
                                   speedup_figure)
 from app.safe import md
-from app.teaching_ui import EXACTNESS_LAB, ROLLBACK_DEMO, chart, open_in_stepper
+from app.teaching_ui import EXACTNESS_LAB, ROLLBACK_DEMO, chart, open_in_stepper, stepper_query
 from engine.metrics import acceptance_metrics, expected_tokens_per_cycle
 from engine.speculative import Pair
 from engine.teaching import NumericsCheck, batched_vs_stepwise, forward_times, low_precision_copy
@@ -136,13 +136,27 @@ def q_k_plus_one(trace: Trace | None, live: tuple | None) -> None:
                 chart(forward_cost_figure(timings(choice.key, tuple(prefix), k, pair), name), key="iv_cost")
 
 
+TOKENIZER_TRACE = "shakespeare-other-tokenizer-greedy-k6.jsonl"  # in assets/traces
+
+
+def open_bundled(name: str) -> None:
+    """Open a bundled trace at its first cycle, stage 1 (where the proposals' origin is shown)."""
+    if state.set_current(state.TraceRef("bundled", name), 0, 1) is None:
+        st.session_state["_iv_switch_to_stepper"] = True
+    else:
+        st.session_state["_iv_open_failed"] = True
+
+
 def q_tokenizers(trace: Trace | None) -> None:
+    if st.session_state.pop("_iv_switch_to_stepper", False):
+        st.switch_page("views/stepper.py", query_params=stepper_query(0, 1))
     with st.expander("What changes if the draft and target use different tokenizers?"):
         st.markdown(
             "The acceptance test compares two probabilities of *the same token id*. If the id means different "
             "strings to the two models, the ratio compares unrelated events and the exactness argument falls "
             "apart; even the guesses cannot be fed to the target as they are. This engine refuses such a pair "
-            "when loading it (it compares both vocabularies and special tokens). Systems handle it in a few ways:\n"
+            "as a plain draft model (it compares both vocabularies and special tokens), and offers the "
+            "other-tokenizer drafter instead (`--drafter other-tokenizer`). Systems handle it in a few ways:\n"
             "- **Require one vocabulary.** Most serving engines do; draft heads such as Medusa or EAGLE are "
             "built on the target's own embeddings and vocabulary.\n"
             "- **Draft over a subset of the target's ids.** The draft's output layer covers only frequent "
@@ -151,7 +165,15 @@ def q_tokenizers(trace: Trace | None) -> None:
             "- **Translate through text.** Hugging Face's universal assisted generation decodes the draft's "
             "guesses to text and re-encodes them with the target's tokenizer, re-tokenizing a small window "
             "so token boundaries line up. Exact probability ratios need extra care there (a later variant "
-            "restricts sampling to tokens both vocabularies share).")
+            "restricts sampling to tokens both vocabularies share).\n\n"
+            "This project's other-tokenizer drafter translates through text: a Shakespeare draft with its own "
+            "2048-token BPE proposes for the byte-level Shakespeare target, so one draft token becomes several "
+            "target bytes. Greedy only: it refuses sampling, because the draft gives no probability for each "
+            "target token and the ratio test would compare unrelated events.")
+        st.button("Open the bundled other-tokenizer trace in the stepper", key="iv_tokenizer_trace",
+                  icon=":material/play_circle:", on_click=open_bundled, args=(TOKENIZER_TRACE,))
+        if st.session_state.pop("_iv_open_failed", None):
+            st.warning(f"The bundled trace {TOKENIZER_TRACE} could not be opened.")
         if trace is not None:
             t, d = trace.header["target"], trace.header["draft"]
             kept = f", draft output layer covers {d['kept_vocab']} of them" if d.get("kept_vocab") else ""

@@ -49,9 +49,12 @@ def trace_pair(header: dict) -> Pair | None:
     preset = header.get("preset")
     try:
         with st.spinner("Loading models (once per server process)…"):
+            drafter = live.drafter_of(header)  # the same drafter the trace was written with
             if preset in PRESETS:
-                return live.cached_preset(preset)
-            return live.cached_pair(header["target"]["name"], header["draft"]["name"])
+                return live.cached_preset(preset, drafter)
+            if drafter.kind == "other-tokenizer":
+                drafter = dataclasses.replace(drafter, draft_model=header["draft"]["name"])
+            return live.cached_pair(header["target"]["name"], header["draft"]["name"], drafter)
     except live.LOAD_ERRORS as err:
         st.error(f"Could not load this trace's models: {md(str(err))}", icon=":material/error:")
         return None
@@ -86,6 +89,18 @@ def acceptance_section(st_: TraceStats) -> None:
     st.caption("The prediction assumes every draft token passes independently with probability alpha "
                "(Leviathan et al. 2023): then a cycle commits n ≤ K tokens with probability "
                "alpha^(n-1)(1 - alpha), and K+1 with probability alpha^K.")
+    if st_.by_ngram:
+        ngram_section(st_)
+
+
+def ngram_section(st_: TraceStats) -> None:
+    """Prompt lookup: does a longer matched n-gram predict the continuation better?"""
+    st.markdown("**Prompt lookup: acceptance by matched n-gram size**")
+    st.dataframe([{"n-gram size": "no match" if r.ngram_size is None else str(r.ngram_size), "cycles": r.cycles,
+                   "proposed": r.proposed, "accepted": r.accepted, "acceptance rate": round(r.acceptance_rate, 3)}
+                  for r in st_.by_ngram], hide_index=True, key="ngram_table")
+    st.caption("A cycle without a match proposes nothing: it is a plain target step. Prompt lookup runs no "
+               "model, so its draft step costs almost nothing and c is close to 0.")
 
 
 def calibrate_now(trace: Trace, key: str) -> None:
@@ -252,6 +267,8 @@ def layout_section(ls: LayoutStats) -> None:
     rows = []
     for model in ("target", "draft"):
         m = getattr(ls, model)
+        if m is None:
+            continue  # a drafter without a cache over the target's positions
         row = {"model": model, "peak K/V slots attended": m.peak_slots_attended, "peak K/V slots held": m.peak_slots_held}
         if ls.name == "static":
             row.update({"stale slots, max": m.stale_slots_max, "stale slots, mean": round(m.stale_slots_mean, 2)})

@@ -1,7 +1,7 @@
 """Step through a trace: one cycle at a time, each cycle in five stages."""
 import streamlit as st
 
-from app import derive, figures, figures_layouts, state
+from app import derive, drafter_view, figures, figures_layouts, state
 from app.explain import STAGES, stage_caption
 from app.safe import md
 from engine.trace import Trace
@@ -126,7 +126,9 @@ def header(trace: Trace) -> None:
     s = h["settings"]
     st.title("Speculative decoding, one cycle at a time")
     done = "" if trace.complete else " · incomplete run (no summary)"
-    st.caption(f"Target **{md(h['target']['name'])}** · draft **{md(h['draft']['name'])}** · K={s['k']} · "
+    drafter = trace.drafter_kind
+    via = "" if drafter == "model" else f" ({md(drafter)})"
+    st.caption(f"Target **{md(h['target']['name'])}** · draft **{md(h['draft']['name'])}**{via} · K={s['k']} · "
                f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
                f"{len(trace.cycles)} cycles{done}")
 
@@ -156,10 +158,13 @@ TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width=40),
 
 def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     tokens, ends, _ = derived(state.current_key(), trace)
-    c, k = trace.cycles[cycle], trace.k
+    c = trace.cycles[cycle]
+    k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
     st.info(md(stage_caption(c, k, stage, trace.header.get("faults"))), icon=":material/lightbulb:")
     chart(figures.cycle_figure(c, k, stage))
+    if stage == 1:  # prompt lookup / other tokenizer: where the proposal came from
+        drafter_view.show_provenance([t.text for t in tokens[: c["committed_len_before"]]], c)
     left, right = st.columns(2)
     with left:
         if stage >= 2:

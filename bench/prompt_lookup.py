@@ -1,0 +1,168 @@
+"""Prompt lookup benchmark: our engine against Hugging Face, on input-grounded prompts.
+
+    python bench/prompt_lookup.py                     # chat preset, CPU, T=0 and T=1
+    python bench/prompt_lookup.py --repeats 5 --max-new-tokens 96
+
+Prompts contain the text the answer should reuse (rewrite, fix, repeat back), where
+prompt lookup pays off. Methods, each generating up to --max-new-tokens tokens from the
+same prompt ids (no EOS stop, so every method makes the same number of tokens):
+  a  our engine with the prompt-lookup drafter, tracing on (run_to_trace writes a trace file)
+  c  HF generate(prompt_lookup_num_tokens=K, max_matching_ngram_size=N)
+  d  HF plain generate
+Repeats are interleaved (every method on every prompt, then the next repeat) so drift
+on a shared machine spreads over all methods; each repeat has its own seed shared by
+all methods. A rate is tokens / time summed over the prompts; ratios are medians over
+repeats of the ratio within a repeat, with their min and max. Results go to
+bench/results/prompt-lookup-chat.json and .md.
+
+HF's prompt lookup is greedy-only in the versions this project supports (it raises
+or falls back when sampling); its T=1 row is reported as not run if HF refuses.
+"""
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+
+import hf  # noqa: E402
+from bench_report import machine_info  # noqa: E402
+from engine.config import SpecSettings  # noqa: E402
+from engine.run import DrafterOptions, encode_prompt, load_preset, run_to_trace  # noqa: E402
+from engine.speculative import Pair  # noqa: E402
+from engine.trace import load_trace  # noqa: E402
+
+PROMPTS = [
+    "Fix the spelling in this paragraph and write it out again: The quick brown fox jumpd over the lazy dog. "
+    "The dog was not amused and barked at the fox untill it ran away into the forest.",
+    "Rewrite this code with the bug fixed:\ndef total(xs):\n    s = 0\n    for x in xs:\n        s = x\n    return s\n",
+    "Repeat this list, adding a full stop at the end of each line:\n- buy milk\n- call the bank\n"
+    "- water the plants\n- book a table for four\n- send the report to Anna",
+]
+NOTE = ("Measured on a 2-core CPU shared with other developers' jobs at the same time: timings are noisy. "
+        "Methods are interleaved and paired per repeat; the spread (min-max over repeats) is reported.")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--max-ngram", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=HERE / "results" / "prompt-lookup-chat")
+    return p.parse_args(argv)
+
+
+def timed(fn) -> tuple[int, float]:
+    start = time.perf_counter()
+    tokens = fn()
+    return tokens, time.perf_counter() - start
+
+
+def run_engine(pair: Pair, prompt: str, s: SpecSettings, folder: Path) -> int:
+    trace = run_to_trace(pair, prompt, s, folder / "bench.jsonl", preset="chat")
+    return trace.summary["num_generated"]
+
+
+def run_hf(pair: Pair, ids: list[int], s: SpecSettings, lookup: dict | None) -> int:
+    gen_config = hf.generation_config(s)
+    if lookup:
+        gen_config.prompt_lookup_num_tokens = lookup["k"]
+        gen_config.max_matching_ngram_size = lookup["max_ngram"]
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = pair.target.model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=gen_config)
+    return out.shape[1] - len(ids)
+
+
+def bench_temperature(pair: Pair, args, temperature: float, folder: Path) -> dict:
+    prompts = [(p, encode_prompt(pair.target.tokenizer, p, True)) for p in PROMPTS]
+    rates: dict[str, list[float]] = {"a": [], "c": [], "d": []}
+    errors: dict[str, str] = {}
+    acceptance = []
+    for r in range(args.repeats + 1):  # repeat 0 warms up and is not kept
+        totals = {m: [0, 0.0] for m in rates}
+        for prompt, ids in prompts:
+            s = SpecSettings(k=args.k, temperature=temperature, seed=r, max_new_tokens=args.max_new_tokens)
+            methods = {"a": lambda: run_engine(pair, prompt, s, folder),
+                       "c": lambda: run_hf(pair, ids, s, {"k": args.k, "max_ngram": args.max_ngram}),
+                       "d": lambda: run_hf(pair, ids, s, None)}
+            for m, fn in methods.items():
+                if m in errors:
+                    continue
+                torch.manual_seed(r)
+                try:
+                    n, t = timed(fn)
+                except (ValueError, RuntimeError) as err:  # e.g. HF refusing prompt lookup with sampling
+                    errors[m] = f"{type(err).__name__}: {err}"[:300]
+                    continue
+                totals[m][0] += n
+                totals[m][1] += t
+                if m == "a" and r:
+                    acceptance.append(load_trace(folder / "bench.jsonl").summary["acceptance_rate"])
+        if r:
+            for m, (n, t) in totals.items():
+                if m not in errors and t > 0:
+                    rates[m].append(n / t)
+    result = {"temperature": temperature, "rates_tokens_per_s": rates, "errors": errors,
+              "engine_acceptance_rate_median": statistics.median(acceptance) if acceptance else None}
+    for x, y in (("a", "d"), ("a", "c")):
+        if rates[x] and rates[y] and len(rates[x]) == len(rates[y]):
+            ratios = [a / b for a, b in zip(rates[x], rates[y])]
+            result[f"{x}/{y}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    return result
+
+
+def report(results: list[dict], args) -> str:
+    lines = ["# Prompt lookup on the chat preset (CPU)", "", NOTE, "",
+             f"K={args.k}, max n-gram {args.max_ngram}, {args.max_new_tokens} new tokens, {len(PROMPTS)} input-grounded "
+             f"prompts, {args.repeats} repeats, {args.threads} threads.", "",
+             "| T | a engine (tok/s) | c HF prompt lookup | d HF plain | a/d (min-max) | a/c (min-max) | engine acceptance |",
+             "|---|---|---|---|---|---|---|"]
+    for res in results:
+        med = {m: (f"{statistics.median(v):.2f}" if v else "not run") for m, v in res["rates_tokens_per_s"].items()}
+        ratio = {key: (f"{res[key]['median']:.2f} ({res[key]['min']:.2f}-{res[key]['max']:.2f})" if key in res else "-")
+                 for key in ("a/d", "a/c")}
+        acc = res["engine_acceptance_rate_median"]
+        lines.append(f"| {res['temperature']} | {med['a']} | {med['c']} | {med['d']} | {ratio['a/d']} | {ratio['a/c']} | "
+                     f"{'-' if acc is None else f'{acc:.2f}'} |")
+        for m, err in res["errors"].items():
+            lines.append(f"\nT={res['temperature']}, method {m} not run: {err}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    pair = load_preset("chat", "cpu", drafter=DrafterOptions("prompt-lookup", max_ngram=args.max_ngram))
+    hf.no_eos(pair.target.model)
+    pair.eos_ids = set()  # no EOS stop: every method makes max_new_tokens tokens
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for t in (float(x) for x in args.temperatures.split(",")):
+            results.append(bench_temperature(pair, args, t, Path(tmp)))
+            print(json.dumps(results[-1], indent=1), flush=True)
+            write_results(results, args)  # after each temperature: a stopped run keeps what it measured
+    print(report(results, args))
+    return 0
+
+
+def write_results(results: list[dict], args) -> None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"note": NOTE, "machine": machine_info(args.threads), "settings": {k: str(v) for k, v in vars(args).items()},
+               "prompts": PROMPTS, "results": results}
+    args.out.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(report(results, args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

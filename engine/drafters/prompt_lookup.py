@@ -1,0 +1,80 @@
+"""Prompt lookup (n-gram) drafting: copy what followed the last n tokens the previous time.
+
+As Hugging Face `generate(prompt_lookup_num_tokens=...)` and vLLM's `ngram` method do:
+take the last n tokens of prompt + output (n from max_ngram down to min_ngram), find
+their most recent earlier occurrence, and propose the up to K tokens that followed it.
+No model runs, so drafting costs almost nothing (c close to 0); it pays off when the
+output repeats the input (rewriting, summarising, editing code). With no match the
+cycle proposes nothing and is a plain target step.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from ..config import SettingsError, SpecSettings
+from ..timing import timed
+from .base import CatchUp, Proposal, one_hot_rows
+
+MAX_NGRAM = 16
+
+
+@dataclass
+class Match:
+    ngram_size: int  # n: how many trailing tokens matched
+    match_start: int  # position of the earlier occurrence of those n tokens
+    continuation_start: int  # match_start + n: where the proposed tokens were copied from
+
+
+def find_match(committed: list[int], max_ngram: int, min_ngram: int) -> Match | None:
+    """The longest n (max_ngram..min_ngram) whose last-n tokens occurred before with a follower;
+    among its occurrences the most recent one."""
+    length = len(committed)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        tail = committed[length - n:]
+        for start in range(length - n - 1, -1, -1):  # most recent first; always leaves a follower
+            if committed[start:start + n] == tail:
+                return Match(n, start, start + n)
+    return None
+
+
+@dataclass(frozen=True)
+class PromptLookupDrafter:
+    vocab_size: int  # the target's full vocabulary: one-hot rows over it
+    max_ngram: int = 3
+    min_ngram: int = 1
+    kind: str = "prompt-lookup"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_ngram <= self.max_ngram <= MAX_NGRAM:
+            raise SettingsError(f"n-gram sizes need 1 <= min ({self.min_ngram}) <= max ({self.max_ngram}) <= {MAX_NGRAM}")
+
+    def describe(self) -> dict:
+        return {"name": "prompt lookup (n-gram)", "architecture": "none (copies earlier tokens)",
+                "parameters": 0, "vocab_size": self.vocab_size, "kept_vocab": None}
+
+    def settings(self) -> dict:
+        return {"kind": self.kind, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+
+    def check_settings(self, s: SpecSettings) -> None:
+        pass
+
+    def start(self, prompt_ids: list[int], layout=None) -> None:
+        return None  # everything it needs is the committed sequence itself
+
+    def propose(self, state: None, committed: list[int], k: int, s: SpecSettings,
+                gen: torch.Generator) -> Proposal:
+        match, elapsed = timed(lambda: find_match(committed, self.max_ngram, self.min_ngram))
+        tokens = [] if match is None else committed[match.continuation_start:match.continuation_start + k]
+        rows = one_hot_rows(tokens, self.vocab_size)  # (n, V)
+        record = {"kind": self.kind, "matched": match is not None, "proposed": len(tokens),
+                  "ngram_size": match and match.ngram_size, "match_start": match and match.match_start,
+                  "continuation_start": match and match.continuation_start}
+        if match is None:
+            record["note"] = "no earlier occurrence of the last tokens: nothing proposed, a plain target step"
+        return Proposal(tokens, rows, [elapsed], record)
+
+    def cache_len(self, state: None) -> None:
+        return None
+
+    def roll_back(self, state: None, committed: list[int]) -> CatchUp:
+        return CatchUp()  # nothing to roll back: the next lookup reads the committed sequence
