@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
     run.add_argument("--out", required=True, help="trace file to write (.jsonl)")
+    run.add_argument("--fast", action="store_true",
+                     help="fast path (engine/fast_path.py): static caches, the cycle kept on the device, CUDA graphs "
+                          "on CUDA; elsewhere the same cycle runs eagerly (the reason is printed)")
     run.add_argument("--calibrate", action="store_true",
                      help="also time single steps and verify widths of both models (needed for c and speedups in stats)")
     stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file")
@@ -190,6 +193,12 @@ def cmd_run(args) -> int:
         pair = load_with_drafter(target, options, args.device, args.trust_remote_code, args.dtype)
     else:
         pair = load_pair(target, draft, args.device, args.trust_remote_code, args.dtype)
+    fast = None
+    if args.fast:
+        from .fast_path import plan_fast_path
+        plan = plan_fast_path(pair.target.device)
+        print(plan.message, file=sys.stderr)
+        fast = plan.capture
     bar = tqdm(total=settings.max_new_tokens, unit="tok", desc="generating", file=sys.stderr)
 
     def progress(rec: dict) -> None:
@@ -199,7 +208,7 @@ def cmd_run(args) -> int:
     try:
         trace = run_to_trace(pair, args.prompt, settings, args.out, preset,
                              chat_template=not args.no_chat_template, on_cycle=progress,
-                             calibrate=args.calibrate)
+                             calibrate=args.calibrate, fast=fast)
     finally:
         bar.close()  # ends the progress line, so a message after it starts on its own line
     print(trace.summary["generated_text"])

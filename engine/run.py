@@ -151,15 +151,20 @@ def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
 def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
                  preset: str | None = None, chat_template: bool = True,
                  on_cycle: Callable[[dict], None] | None = None,
-                 rule: CycleRule = RATIO_TEST, calibrate: bool = False) -> Trace:
+                 rule: CycleRule = RATIO_TEST, calibrate: bool = False, fast: str | None = None) -> Trace:
     """Run speculative decoding on `prompt`, writing the trace to `out` as it goes.
 
     With `calibrate`, the header also gets step times of both models (engine/calibrate.py),
-    which the statistics need for c, t_step and the speedup predictions.
+    which the statistics need for c, t_step and the speedup predictions. With `fast` (a capture
+    mode: none, graph or compile) the cycles run on engine/fast_path.py over static caches;
+    their records mean the same.
     """
     if not prompt.strip():
         raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
     pair.drafter.check_settings(s)  # refuse before anything is written
+    if fast is not None:
+        from .fast_path import check_fast_settings
+        s = check_fast_settings(s, rule, pair)
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
     check_prompt_fits(pair, len(prompt_ids), s)
@@ -168,11 +173,13 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
         header["faults"] = asdict(rule)  # marks a deliberately broken teaching run
     if calibrate:  # optional header field; traces without it stay valid
         header["calibration"] = measure_step_times(pair, prompt_ids, s)
+    if fast is not None:  # optional header field: which path made the cycles
+        header["fast_path"] = {"capture": fast}
     cycles: list[dict] = []
     with TraceWriter(out) as writer:
         writer.write(header)
         start = time.perf_counter()
-        for rec in speculative_generate(pair, prompt_ids, s, rule):
+        for rec in _cycles(pair, prompt_ids, s, rule, fast):
             writer.write(rec)
             cycles.append(rec)
             if on_cycle:
@@ -184,3 +191,10 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
         summary = make_summary(cycles, s.k, text, stop, wall)
         writer.write(summary)
     return Trace(header, cycles, summary)
+
+
+def _cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, rule: CycleRule, fast: str | None):
+    if fast is None:
+        return speculative_generate(pair, prompt_ids, s, rule)
+    from .fast_path import fast_generate
+    return fast_generate(pair, prompt_ids, s, capture=fast)
