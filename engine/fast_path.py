@@ -187,12 +187,7 @@ def logits_of(model: LoadedModel, ids: torch.Tensor, cache: StaticKVCache) -> to
     rows = ids if model.full_to_row is None else model.full_to_row[ids]
     out = model.runner(input_ids=rows.reshape(1, -1), attention_mask=causal_mask(cache, ids.shape[0]),
                       use_cache=True, **{model.cache_arg: cache})
-    logits = out.logits[0].float()  # (T, V_model)
-    if model.kept_token_ids is None:
-        return logits[:, : model.full_vocab_size]
-    full = logits.new_full((logits.shape[0], model.full_vocab_size), float("-inf"))
-    full[:, model.kept_token_ids] = logits[:, 1:]  # row 0 (unknown bucket) is never proposed
-    return full
+    return model.full_vocab_logits(out.logits[0])
 
 
 class FixedForward:
