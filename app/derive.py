@@ -137,6 +137,15 @@ def overview(trace: Trace) -> Overview:
     return Overview(trace.k, points)
 
 
+def sequence_texts(trace, c: dict) -> list[str]:
+    """Token text at each sequence position when cycle c starts: prompt and committed tokens so far,
+    then this cycle's drafts (a KV-cache cell shows whose K/V it holds with it)."""
+    texts = list(trace.header["prompt_token_texts"])
+    for earlier in trace.cycles[: c["cycle"]]:
+        texts += earlier["committed_token_texts"]
+    return texts + list(c["draft_token_texts"])
+
+
 # ---------------------------------------------------------------- where a proposal came from
 
 # Roles of a token in the prompt-lookup view.

@@ -18,7 +18,7 @@ def quoted(text: str) -> str:
     return f"'{visible_text(text)}'"
 
 
-def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None) -> str:
+def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None, greedy: bool = False) -> str:
     """What happens at this stage of cycle c, and why, in one line.
 
     `faults` is the trace header's "faults" entry: a run recorded with a deliberate bug
@@ -26,7 +26,33 @@ def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None) -> st
     """
     if stage == 5 and faults and faults.get("keep_rejected_kv"):
         return _skipped_rollback(c, k)
+    if greedy and stage in (3, 4):
+        return (_greedy_test if stage == 3 else _greedy_resample)(c, k)
     return {1: _draft, 2: _verify, 3: _test, 4: _resample, 5: _rollback}[stage](c, k)
+
+
+def _greedy_test(c: dict, k: int) -> str:
+    n, j = c["num_accepted"], c["rejected_position"]
+    head = ("Temperature 0: there is no random draw. Left to right, a draft token is kept only if it is the "
+            "target's most likely token (its argmax)")
+    if k == 0:
+        return "Temperature 0, and nothing was proposed: there is no draft token to test."
+    if j is None:
+        return f"{head}: all {k} were, so the text is exactly what plain greedy decoding would write."
+    rest = f"; positions {j + 1}–{k} are discarded untested" if j < k else ""
+    return (f"{head}: {n} accepted, position {j} ({quoted(c['draft_token_texts'][j - 1])}) rejected because the "
+            f"target's argmax there is {quoted(c['next_token_text'])}{rest}.")
+
+
+def _greedy_resample(c: dict, k: int) -> str:
+    token = quoted(c["next_token_text"])
+    if k == 0:
+        return f"With nothing proposed, the target's argmax {token} is committed: one ordinary greedy step."
+    if c["rejected_position"] is None:
+        return (f"All {k} drafts matched, so the target's argmax at position {k + 1} (already computed) is added: "
+                f"{token}, {k + 1} tokens for one target pass.")
+    return (f"At the rejected position the target's own argmax {token} is committed instead (at temperature 0 "
+            f"the residual puts all its mass there), exactly as plain greedy decoding would.")
 
 
 def _listed(texts: list[str], limit: int = 8) -> str:

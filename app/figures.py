@@ -76,6 +76,9 @@ def shown(text: str, limit: int | None = None) -> str:
     return esc(visible)
 
 
+NOT_DRAWN = "not drawn"  # the one wording for a u the test never drew (after the first rejection)
+
+
 def fmt_p(p: float | None) -> str:
     if p is None:
         return "not in the trace's top list"
@@ -152,7 +155,7 @@ def token_hover(t: TokenInfo) -> str:
     head += f" (cycle {t.cycle})"
     if t.origin == ACCEPTED:
         return (f"{head}<br>p_target {fmt_p(t.p_target)} · p_draft {fmt_p(t.p_draft)}"
-                f"<br>min(1, p_target/p_draft) {fmt_p(t.accept_prob)} · u {fmt_p(t.u)} → accepted")
+                f"<br>min(1, p_target/p_draft) {fmt_p(t.accept_prob)} · u {fmt_p(t.u) if t.u is not None else NOT_DRAWN} → accepted")
     if t.origin == RESAMPLED:
         return (f"{head}<br>drawn from the residual: {fmt_p(t.residual)}"
                 f"<br>p_target {fmt_p(t.p_target)} · p_draft {fmt_p(t.p_draft)}")
@@ -185,12 +188,30 @@ def text_figure(tokens: Sequence[TokenInfo], highlight_cycle: int | None = None,
 
 DRAFT_ROW, NUMBERS_ROW, COMMITTED_ROW = 0, 1, 2  # y of the rows in the cycle figure
 COLUMN = 16  # characters per position column in the cycle figure ("p_target 0.123" and a margin)
-WIDE_K = 8  # beyond this many positions, labels shrink to what fits (numbers lose their names; hovers keep all)
+PROJECTOR_WIDTH_PX = 900  # plot width of a full-width figure at 1366x768 with the sidebar open
+HALF_WIDTH_PX = 430  # a figure in one of two columns there
+CHAR_PX = 0.62  # width of a monospace character, in units of the font size
+
+
+def text_px(text: str, size: int) -> float:
+    """Rough drawn width of a one-line label (HTML line breaks split it; the widest line counts)."""
+    lines = text.replace("<br>", "\n").split("\n")
+    return max(len(html.unescape(line)) for line in lines) * size * CHAR_PX
+
+
+def named_numbers_fit(k: int) -> bool:
+    """Do 'p_target 0.123' labels fit K+1 columns of a projector-wide figure (with a 10% margin)?"""
+    return text_px("p_target 0.123", 11) <= 0.9 * PROJECTOR_WIDTH_PX / (k + 1)
+
+
+WIDE_K = max(k for k in range(1, 17) if named_numbers_fit(k))  # beyond this, labels lose their names; hovers keep all
 
 
 def cell_chars(k: int) -> int:
-    """Characters of token text a cycle-figure cell can hold: fewer as K grows (the hover has it all)."""
-    return max(1, min(COLUMN - 6, 100 // (k + 1) - 6))
+    """Characters of token text a cycle-figure cell can hold beside its number and mark ('8: ' and ' ✓'):
+    fewer as K grows (the hover has the whole token)."""
+    room = int(0.85 * PROJECTOR_WIDTH_PX / (k + 1) / (13 * CHAR_PX))
+    return max(1, min(COLUMN - 6, room - 5))
 
 
 def _column_widths(c: dict, k: int) -> list[int]:
@@ -198,7 +219,7 @@ def _column_widths(c: dict, k: int) -> list[int]:
     return [COLUMN] * (k + 1)
 
 
-def cycle_figure(c: dict, k: int, stage: int) -> go.Figure:
+def cycle_figure(c: dict, k: int, stage: int, greedy: bool = False) -> go.Figure:
     """Row 1: the K drafted tokens (provisional, then marked by the test's outcome).
     Row 2: p_draft under each (p_target too once the target has scored them).
     Row 3 (from stage 4): what the cycle commits, including the resampled or bonus token."""
@@ -210,7 +231,7 @@ def cycle_figure(c: dict, k: int, stage: int) -> go.Figure:
     for outcome in dict.fromkeys(outcomes):
         idx = [i for i in range(k) if outcomes[i] == outcome]
         traces.append(cells(legend_name(outcome), STYLES[outcome], [DRAFT_ROW] * len(idx), [starts[i] for i in idx],
-                            [widths[i] - 1 for i in idx], [_draft_hover(c, i, stage) for i in idx], outline=[2] * len(idx)))
+                            [widths[i] - 1 for i in idx], [_draft_hover(c, i, stage, greedy) for i in idx], outline=[2] * len(idx)))
     marks = [f" {STYLES[o].mark}" if stage >= 3 else "" for o in outcomes]
     number = (lambda i: f"{i + 1}: ") if k <= WIDE_K else (lambda i: "")  # many positions: the hover numbers them
     traces.append(labels(centres[:k], [DRAFT_ROW] * k,
@@ -229,12 +250,15 @@ def cycle_figure(c: dict, k: int, stage: int) -> go.Figure:
                   xaxis=dict(visible=False, range=[-0.5, starts[k] + widths[k]], fixedrange=True))
 
 
-def _draft_hover(c: dict, i: int, stage: int) -> str:
+def _draft_hover(c: dict, i: int, stage: int, greedy: bool = False) -> str:
     text = f"position {i + 1}: <b>{shown(c['draft_token_texts'][i])}</b><br>p_draft {fmt_p(c['p_draft'][i])}"
     if stage >= 2:
         text += f"<br>p_target {fmt_p(c['p_target'][i])}"
-    if stage >= 3:
-        u = fmt_p(c["u"][i]) if i < len(c["u"]) else "not drawn"
+    if stage >= 3 and greedy:
+        top = target_argmax(c, i)
+        text += f"<br>target's argmax <b>{shown(top['text']) if top else '?'}</b>" if i <= c["num_accepted"] else "<br>not tested"
+    elif stage >= 3:
+        u = fmt_p(c["u"][i]) if i < len(c["u"]) else NOT_DRAWN
         text += f"<br>min(1, p_target/p_draft) {fmt_p(c['accept_prob'][i])} · u {u}"
     return text
 
@@ -263,53 +287,82 @@ def _committed_row(c: dict, starts: list[int], widths: list[int]) -> list[dict]:
 
 # ---------------------------------------------------------------- the test, per position
 
+BAR_VALUES_MAX_K = 4  # above this, p_target / p_draft values on the bars would touch their neighbours
+
+
+def bar_values_fit(k: int) -> bool:
+    """Two grouped bars per position in a half-width figure: is each bar wide enough for '0.123'?"""
+    bar_px = HALF_WIDTH_PX / max(k, 1) * (1 - 0.3) / 2  # k = 0: prompt lookup found no match
+    return k <= BAR_VALUES_MAX_K and text_px("0.123", 12) <= bar_px
+
+
 def position_ticks(c: dict, k: int, stage: int) -> list[str]:
     outcomes = position_outcomes(c, k)
     ticks = []
     for i in range(k):
-        if k > WIDE_K:  # many positions: the number and the mark; the hover has the rest
+        if k > 4:  # many positions: the number and the mark; the hover has the token and the rest
             ticks.append(f"{i + 1}" + (f"<br>{STYLES[outcomes[i]].mark}" if stage >= 3 else ""))
             continue
-        tick = f"{i + 1}: {shown(c['draft_token_texts'][i], 12)}"
+        tick = f"{i + 1}: {shown(c['draft_token_texts'][i], 8)}"
         if stage >= 3:
-            tick += f"<br>{STYLES[outcomes[i]].mark} {outcomes[i]}"
+            tick += f"<br>{STYLES[outcomes[i]].mark} {outcomes[i].split(' ')[0]}"
         ticks.append(tick)
     return ticks
 
 
-def acceptance_figure(c: dict, k: int, stage: int = 3) -> go.Figure:
+def target_argmax(c: dict, i: int) -> dict | None:
+    """The target's most likely token at draft position i+1 (from the trace's top list)."""
+    top = c["target_top"][i] if i < len(c["target_top"]) else []
+    return top[0] if top else None
+
+
+def acceptance_figure(c: dict, k: int, stage: int = 3, greedy: bool = False) -> go.Figure:
     """Grouped bars p_target vs p_draft per drafted position; from stage 3 also
-    min(1, p_target/p_draft) (a bar-wide line) and the draw u (a diamond) where tested."""
+    min(1, p_target/p_draft) (a bar-wide line) and the draw u (a diamond) where tested.
+    Greedy (temperature 0): no u at all; the test is whether the draft token is the target's
+    argmax, so the target's top probability is marked instead."""
     ticks = position_ticks(c, k, stage)
     fade = [0.35 if o == DISCARDED and stage >= 3 else 1.0 for o in position_outcomes(c, k)]
-    values = k <= WIDE_K  # numbers printed on the bars; with many positions only in the hover
+    values = bar_values_fit(k)  # numbers printed on the bars only where they fit; always in the hover
+    tokens = np.asarray([shown(t) for t in c["draft_token_texts"]])
     traces = [
-        dict(type="bar", x=ticks, y=c["p_target"], name="p_target (target model)",
+        dict(type="bar", x=ticks, y=c["p_target"], name="p_target (target model)", customdata=tokens,
              marker=dict(color=P_TARGET_COLOUR, opacity=fade), text=[f"{p:.3f}" for p in c["p_target"]] if values else None,
-             textposition="outside", hovertemplate="p_target %{y:.4f}<extra></extra>"),
-        dict(type="bar", x=ticks, y=c["p_draft"], name="p_draft (draft model)",
+             textposition="outside", cliponaxis=False, hovertemplate="<b>%{customdata}</b>: p_target %{y:.4f}<extra></extra>"),
+        dict(type="bar", x=ticks, y=c["p_draft"], name="p_draft (draft model)", customdata=tokens,
              marker=dict(color=P_DRAFT_COLOUR, opacity=fade, pattern=solid_pattern("/")),
-             text=[f"{p:.3f}" for p in c["p_draft"]] if values else None, textposition="outside",
-             hovertemplate="p_draft %{y:.4f}<extra></extra>"),
+             text=[f"{p:.3f}" for p in c["p_draft"]] if values else None, textposition="outside", cliponaxis=False,
+             hovertemplate="<b>%{customdata}</b>: p_draft %{y:.4f}<extra></extra>"),
     ]
     if stage >= 3:
-        traces += _acceptance_marks(c, ticks, values)
-    return figure(traces, "Left-to-right test: accept while u < min(1, p_target / p_draft)", 380, top=96,
-                  barmode="group", bargap=0.3, yaxis=probability_axis(), xaxis=dict(type="category"))
+        traces += _argmax_marks(c, k, ticks) if greedy else _acceptance_marks(c, ticks, values)
+    title = ("Greedy test: keep while draft = target's argmax" if greedy else
+             "Test: keep while u < min(1, p_target / p_draft)")
+    return figure(traces, title, 380, top=96, barmode="group", bargap=0.3, yaxis=probability_axis(),
+                  xaxis=dict(type="category"))
 
 
 def _acceptance_marks(c: dict, ticks: list[str], values: bool) -> list[dict]:
-    tested = ticks[: len(c["u"])]  # u is drawn only up to the first rejection
+    tested = ticks[: len(c["u"])]  # u is drawn only up to the first rejection; the rest: "not drawn"
     return [
         dict(type="scatter", x=ticks, y=c["accept_prob"], mode="markers", name="min(1, p_target/p_draft)",
              marker=dict(symbol="line-ew-open", size=46 if values else 16, color=ACCEPT_COLOUR,
                          line=dict(width=4, color=ACCEPT_COLOUR)),
              hovertemplate="acceptance probability %{y:.4f}<extra></extra>"),
-        dict(type="scatter", x=tested, y=c["u"], mode="markers+text" if values else "markers", name="u (uniform draw)",
-             text=[f"u={u:.2f}" for u in c["u"]], textposition="middle right",
+        dict(type="scatter", x=tested, y=c["u"], mode="markers", name="u (uniform draw)",
              marker=dict(symbol="diamond", size=12, color=U_COLOUR, line=dict(width=1, color=GRID)),
-             hovertemplate="u %{y:.4f}<extra></extra>"),
+             hovertemplate="u %{y:.4f}<extra></extra>"),  # values in the hover and the table, never on the bars
     ]
+
+
+def _argmax_marks(c: dict, k: int, ticks: list[str]) -> list[dict]:
+    tops = [target_argmax(c, i) for i in range(k)]
+    tested = min(k, c["num_accepted"] + 1)
+    return [dict(type="scatter", x=ticks[:tested], y=[t["p"] if t else None for t in tops[:tested]], mode="markers",
+                 name="target's most likely token (argmax)",
+                 customdata=np.asarray([shown(t["text"]) if t else "?" for t in tops[:tested]]),
+                 marker=dict(symbol="line-ew-open", size=16, color=ACCEPT_COLOUR, line=dict(width=4, color=ACCEPT_COLOUR)),
+                 hovertemplate="target's argmax <b>%{customdata}</b> (p %{y:.4f})<extra></extra>")]
 
 
 # ---------------------------------------------------------------- resample or bonus
@@ -320,24 +373,46 @@ def unique_labels(texts: list[str], ids: list[int]) -> list[str]:
     return [f"{n} #{i}" if names.count(n) > 1 else n for n, i in zip(names, ids)]
 
 
+RESIDUAL_BARS = 5  # tokens shown at a rejection: the rejected draft, the resampled one, the residual's largest
+
+
+def residual_bars(c: dict) -> list[dict]:
+    """What the residual chart shows: the rejected draft token and the resampled token, always,
+    then the residual's largest entries; never a token with nothing to draw (all three ~0)."""
+    j = c["rejected_position"]
+    rejected_id = c["draft_token_ids"][j - 1]
+    entries = {e["token_id"]: dict(e) for e in c["residual_top"]}
+    rejected = entries.pop(rejected_id, None) or {
+        "token_id": rejected_id, "text": c["draft_token_texts"][j - 1], "p_target": c["p_target"][j - 1],
+        "p_draft": c["p_draft"][j - 1], "residual": 0.0}  # the draft over-proposed it: no residual mass
+    sampled = entries.pop(c["resampled_token_id"], None)  # never the rejected token: its residual is 0
+    shown_ = [dict(rejected, role="rejected")] + ([dict(sampled, role="resampled")] if sampled else [])
+    rest = sorted(entries.values(), key=lambda e: -e["residual"])
+    shown_ += [dict(e, role="") for e in rest if max(e["residual"], e["p_target"], e["p_draft"]) >= 0.005]
+    return shown_[:RESIDUAL_BARS]
+
+
 def resample_figure(c: dict, k: int) -> go.Figure:
-    """At a rejection: the top tokens' p_target, p_draft and residual; at a full accept:
-    the target's distribution at K+1 that the bonus token was drawn from."""
+    """At a rejection: p_target, p_draft and the residual of the rejected draft token, the resampled
+    token and the residual's other large entries; at a full accept: the target's distribution at K+1
+    that the bonus token was drawn from."""
     if c["rejected_position"] is None:
         return _bonus_figure(c, k)
-    entries, chosen = c["residual_top"], c["resampled_token_id"]
-    ids = [e["token_id"] for e in entries]
-    names = unique_labels([e["text"] for e in entries], ids)
-    edge = [3 if i == chosen else 0 for i in ids]
-    traces = [dict(type="bar", x=names, y=[e[field] for e in entries], name=name,
+    entries = residual_bars(c)
+    chosen = c["resampled_token_id"]
+    marks = {"rejected": f"{STYLES[REJECTED].mark} rejected", "resampled": f"{STYLES[RESAMPLED].mark} resampled"}
+    names = [f"{shown(e['text'], 8)}<br>{marks[e['role']]}" if e["role"] else shown(e["text"], 8) for e in entries]
+    names = [f"{n} #{e['token_id']}" if names.count(n) > 1 else n for n, e in zip(names, entries)]
+    edge = [3 if e["token_id"] == chosen else 0 for e in entries]
+    full = np.asarray([shown(e["text"]) for e in entries])
+    traces = [dict(type="bar", x=names, y=[e[field] for e in entries], name=name, customdata=full,
                    marker=dict(color=colour, pattern=solid_pattern(pattern), line=dict(width=edge, color=OKABE_ITO["vermillion"])),
-                   hovertemplate=f"{name} %{{y:.4f}}<extra>%{{x}}</extra>")
+                   hovertemplate=f"<b>%{{customdata}}</b>: {name} %{{y:.4f}}<extra></extra>")
               for field, name, colour, pattern in (
                   ("p_target", "p_target", P_TARGET_COLOUR, ""), ("p_draft", "p_draft", P_DRAFT_COLOUR, "/"),
                   ("residual", "norm(max(0, p_target − p_draft))", RESIDUAL_COLOUR, "x"))]
     return figure(traces, f"Resample at position {c['rejected_position']} from the residual",
-                  380, top=96, barmode="group", bargap=0.25, yaxis=probability_axis(), xaxis=dict(type="category"),
-                  annotations=[_sampled_mark(names[ids.index(chosen)], "↻ resampled")])
+                  380, top=96, barmode="group", bargap=0.25, yaxis=probability_axis(), xaxis=dict(type="category"))
 
 
 def _bonus_figure(c: dict, k: int) -> go.Figure:
@@ -360,6 +435,7 @@ def _sampled_mark(label: str, word: str) -> dict:
 # ---------------------------------------------------------------- KV caches
 
 CACHE_CONTEXT = 6  # committed cells shown before the ones this cycle touches
+MAX_CACHE_CELLS = 512  # a strip never draws more cells than this, whatever lengths a trace records
 
 
 def cache_cells(lengths: dict, stage: int, model: str) -> dict[str, tuple[int, int]]:
@@ -390,7 +466,7 @@ def cache_figure(c: dict, stage: int, sequence_texts: Sequence[str]) -> go.Figur
     first = max(0, min(v["before"] for v in lengths.values()) - CACHE_CONTEXT)
     traces = [t for state in (COMMITTED, PROVISIONAL, ROLLED_BACK, CATCH_UP)
               for t in _cache_state(state, per_model, first, sequence_texts)]
-    end = max(max(v["after_append"], v["after_rollback"]) for v in lengths.values())
+    end = min(max(max(v["after_append"], v["after_rollback"]) for v in lengths.values()), first + MAX_CACHE_CELLS)
     note = f" (positions 0–{first - 1}: committed, not drawn)" if first else ""
     return figure(traces, cache_title(c, stage), 240, barmode="overlay",
                   yaxis=dict(categoryorder="array", categoryarray=["draft", "target"], fixedrange=True),
@@ -401,7 +477,7 @@ def _cache_state(state: str, per_model: dict, first: int, texts: Sequence[str]) 
     ys, xs, hover, names = [], [], [], []
     for model, ranges in per_model.items():
         start, end = ranges.get(state, (0, 0))
-        for p in range(max(start, first), end):
+        for p in range(max(start, first), min(end, first + MAX_CACHE_CELLS)):
             text = texts[p] if p < len(texts) else "?"
             ys.append(model), xs.append(p)
             names.append(("✗" if state == ROLLED_BACK else "") + shown(text, 6))
@@ -457,3 +533,30 @@ def overview_figure(ov: Overview, num_cycles: int, current: int | None = None) -
                   yaxis=dict(title=dict(text="position"), tickvals=list(range(1, ov.k + 2)),
                              ticktext=[str(i) for i in range(1, ov.k + 1)] + ["K+1"],
                              range=[ov.k + 1.6, 0.4], fixedrange=True))
+
+
+# ---------------------------------------------------------------- where a cycle's time went
+
+TIME_PARTS = (("draft_time_s", "draft: K steps", OKABE_ITO["orange"], "/"),
+              ("verify_time_s", "verify: one target pass", OKABE_ITO["blue"], ""),
+              ("catch_up_time_s", "draft catch-up", OKABE_ITO["bluish_green"], "+"))
+
+
+def cycle_time_parts(c: dict) -> list[tuple[str, float]]:
+    """(part, seconds) of one cycle, as recorded; what is left of cycle_time_s is the test, the
+    resample, the rollback (cache crops) and Python bookkeeping, which the engine does not time apart."""
+    parts = [(name, c[field]) for field, name, _, _ in TIME_PARTS]
+    return parts + [("test, resample, rollback, other", max(0.0, c["cycle_time_s"] - sum(v for _, v in parts)))]
+
+
+def cycle_time_figure(c: dict) -> go.Figure:
+    """One stacked bar: where this cycle's wall time went, in milliseconds."""
+    colours = [colour for _, _, colour, _ in TIME_PARTS] + [OKABE_ITO["grey"]]
+    patterns = [pattern for _, _, _, pattern in TIME_PARTS] + ["."]
+    traces = [dict(type="bar", orientation="h", y=["time"], x=[seconds * 1000], name=name,
+                   marker=dict(color=colour, pattern=solid_pattern(pattern) if pattern else None),
+                   hovertemplate=f"{name}: %{{x:.2f}} ms<extra></extra>")
+              for (name, seconds), colour, pattern in zip(cycle_time_parts(c), colours, patterns)]
+    return figure(traces, f"Cycle {c['cycle']}: {c['cycle_time_s'] * 1000:.1f} ms of wall time", 150, top=64,
+                  barmode="stack", xaxis=dict(title=dict(text="milliseconds"), rangemode="tozero"),
+                  yaxis=dict(visible=False, fixedrange=True))

@@ -11,6 +11,7 @@ from plotly.subplots import make_subplots
 
 from engine.analysis import (Calibration, CycleTimes, KAdvice, SpeedReport, TraceStats, best_k,
                              predicted_per_position)
+from engine.metrics import predicted_speedup
 from engine.sweep import SweepResult
 
 from .figures import OKABE_ITO, esc
@@ -221,3 +222,61 @@ def compare_acceptance_figure(labels: Sequence[str], stats: Sequence[TraceStats]
     fig.update_xaxes(dtick=1)
     fig.update_yaxes(title="fraction of cycles", row=1, col=1)
     return _layout(fig, "Acceptance of the two traces", 380, top=110, legend_y=1.1, barmode="group")
+
+
+# ---------------------------------------------------------------- race and explorer
+
+def race_series(cycles: Sequence[dict], target_step_s: float) -> tuple[list[float], list[int], list[float], list[int]]:
+    """Tokens done over wall time: speculative from the recorded cycles (decoding only, prefill left
+    out on both sides), plain at one token per calibrated target step."""
+    spec_t, spec_n, t, n = [0.0], [0], 0.0, 0
+    for c in cycles:
+        t += c["cycle_time_s"]
+        n += len(c["committed_token_ids"])
+        spec_t.append(t)
+        spec_n.append(n)
+    plain_n = list(range(0, n + 1))
+    return spec_t, spec_n, [i * target_step_s for i in plain_n], plain_n
+
+
+def race_figure(cycles: Sequence[dict], target_step_s: float) -> go.Figure:
+    """Plain vs speculative decoding of the same number of tokens on one wall-clock axis."""
+    spec_t, spec_n, plain_t, plain_n = race_series(cycles, target_step_s)
+    fig = go.Figure()
+    fig.add_scatter(x=plain_t, y=plain_n, mode="lines", name=f"{PLAIN} (one target step per token)",
+                    line=dict(color=COLOURS[PLAIN], dash="dot", width=3),
+                    hovertemplate="plain: %{y} tokens after %{x:.3f} s<extra></extra>")
+    fig.add_scatter(x=spec_t, y=spec_n, mode="lines+markers", name="speculative (this trace's cycles)",
+                    line=dict(color=COLOURS[MEASURED], shape="hv", width=3), marker=dict(size=5),
+                    hovertemplate="speculative: %{y} tokens after %{x:.3f} s<extra></extra>")
+    for t, name, colour in ((spec_t[-1], "speculative", COLOURS[MEASURED]), (plain_t[-1], "plain", COLOURS[PLAIN])):
+        fig.add_vline(x=t, line=dict(color=colour, dash="dash", width=1),
+                      annotation_text=f"{name} done: {t:.2f} s", annotation_position="top left")
+    fig.update_xaxes(title="wall-clock seconds of decoding", rangemode="tozero")
+    fig.update_yaxes(title="tokens generated", rangemode="tozero")
+    return _layout(fig, f"The race: {spec_n[-1]} tokens, plain vs speculative", 360, top=90)
+
+
+def explorer_figure(alpha: float, c: float, k: int, k_max: int, trace_point: tuple[int, float] | None,
+                    trace_alpha: float, trace_c: float) -> go.Figure:
+    """Predicted speedup against K at the chosen alpha and c (Leviathan et al.), the chosen K marked,
+    and this trace's own measured speedup at its K beside its own prediction."""
+    ks = list(range(1, k_max + 1))
+    fig = go.Figure()
+    fig.add_scatter(x=ks, y=[predicted_speedup(alpha, kk, c) for kk in ks], mode="lines+markers",
+                    name=f"prediction at α={alpha:.2f}, c={c:.2f}", line=dict(color=COLOURS[LEVIATHAN], width=3),
+                    hovertemplate="K %{x}: %{y:.2f}×<extra></extra>")
+    fig.add_scatter(x=ks, y=[predicted_speedup(trace_alpha, kk, trace_c) for kk in ks], mode="lines",
+                    name=f"prediction at this trace's α={trace_alpha:.2f}, c={trace_c:.2f}",
+                    line=dict(color=COLOURS[REFINED], dash="dash", width=2), hovertemplate="K %{x}: %{y:.2f}×<extra></extra>")
+    fig.add_scatter(x=[k], y=[predicted_speedup(alpha, k, c)], mode="markers", name=f"chosen K={k}",
+                    marker=dict(symbol="diamond", size=14, color=COLOURS[LEVIATHAN], line=dict(width=2, color="white")),
+                    hovertemplate="K %{x}: %{y:.2f}×<extra>chosen</extra>")
+    if trace_point is not None:
+        fig.add_scatter(x=[trace_point[0]], y=[trace_point[1]], mode="markers", name="this trace, measured",
+                        marker=dict(symbol="star", size=18, color=COLOURS[MEASURED]),
+                        hovertemplate="measured at K %{x}: %{y:.2f}×<extra></extra>")
+    _break_even(fig)
+    fig.update_xaxes(title="K (draft tokens per cycle)", dtick=1)
+    fig.update_yaxes(title="speedup over plain decoding (×)", rangemode="tozero")
+    return _layout(fig, "Explore: predicted speedup (1−α^(K+1)) / ((1−α)(Kc+1))", 380, top=100)

@@ -14,6 +14,7 @@ from plotly.subplots import make_subplots
 
 from engine.exactness import LabResult
 from engine.metrics import expected_tokens_per_cycle, predicted_speedup
+from engine.repeats import Repeated
 from engine.teaching import (CORRECT, DRIFT_FLOOR, IN_PLACE, KEEP_REJECTED, MODE_LABELS, SHIFTED,
                              SKIP_CATCH_UP, STALE, CacheView, Comparison)
 
@@ -237,16 +238,25 @@ def lab_histogram_figure(res: LabResult, texts: dict[int, str], rule_label: str,
 
 # ---------------------------------------------------------------- interview figures
 
-def forward_cost_figure(seconds: Sequence[float], model_name: str) -> go.Figure:
-    """Time of one forward pass over 1..n new positions."""
-    n = list(range(1, len(seconds) + 1))
+def forward_cost_figure(timings: Sequence[Repeated], model_name: str) -> go.Figure:
+    """Time of one forward pass over 1..n new positions: median bar, middle half as an error bar;
+    a width whose repeats disagree (spread over MAX_SPREAD) is hatched grey and labelled so."""
+    n = list(range(1, len(timings) + 1))
+    ms = [t.median_s * 1000 for t in timings]
+    ok = [t.trustworthy for t in timings]
     fig = go.Figure()
-    fig.add_bar(x=n, y=[s * 1000 for s in seconds], marker=dict(color=OKABE_ITO["blue"]),
-                text=[f"{s * 1000:.1f} ms" for s in seconds], textposition="outside",
-                hovertemplate="%{x} positions: %{y:.2f} ms<extra></extra>")
+    fig.add_bar(x=n, y=ms, marker=dict(color=[OKABE_ITO["blue"] if good else OKABE_ITO["grey"] for good in ok],
+                                       pattern=dict(shape=["" if good else "/" for good in ok])),
+                error_y=dict(type="data", symmetric=False,
+                             array=[(t.high_s - t.median_s) * 1000 for t in timings],
+                             arrayminus=[(t.median_s - t.low_s) * 1000 for t in timings]),
+                text=[f"{v:.1f} ms" if good else f"{v:.1f} ms?<br>spread {t.spread:.0%}"
+                      for v, good, t in zip(ms, ok, timings)], textposition="outside", cliponaxis=False,
+                customdata=[t.describe() for t in timings],
+                hovertemplate="%{x} positions: %{customdata}<extra></extra>")
     fig.update_xaxes(title="positions scored in one forward pass", dtick=1)
-    fig.update_yaxes(title="median time (ms)", rangemode="tozero")
-    return layout(fig, f"{html.escape(model_name)}: one pass over n positions, measured now", 320, top=60)
+    fig.update_yaxes(title="median time (ms), bar: middle half of repeats", rangemode="tozero")
+    return layout(fig, f"{html.escape(model_name)}: one pass over n positions, measured now", 340, top=60)
 
 
 def speedup_figure(alpha: float, c: float, k_max: int = 12, k_marked: int | None = None) -> go.Figure:

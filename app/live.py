@@ -4,6 +4,7 @@ Models load once per process (st.cache_resource): every session and rerun shares
 The run writes a normal trace file under runs/live/, so it opens in the stepper and
 its link can be shared like any other trace.
 """
+import os
 import time
 import uuid
 
@@ -12,6 +13,7 @@ import streamlit as st
 from app import state
 from app.derive import visible_text
 from app.safe import md
+from app.teaching_ui import STEPPER
 from engine.config import LAYOUTS, MAX_BLOCK_SIZE, MAX_K, MAX_NEW_TOKENS, SettingsError, SpecSettings
 from engine.models import ModelLoadError, TokenizerMismatchError
 from engine.presets import DEFAULT_PRESET, PRESETS
@@ -20,7 +22,7 @@ from engine.speculative import Pair
 from engine.trace import DRAFTER_KINDS
 
 CUSTOM = "custom"  # the pair is given as two model folders (or hub ids)
-STEPPER = "views/stepper.py"
+ALLOW_CUSTOM = "SPECLAB_CUSTOM_MODELS"  # "1": visitors may name model folders on this server
 LOAD_ERRORS = (ModelLoadError, TokenizerMismatchError, ValueError, OSError)  # SettingsError is a ValueError
 
 
@@ -87,7 +89,7 @@ def cache_inputs() -> dict:
 
 def run_form() -> None:
     init_defaults()
-    options = [*PRESETS, CUSTOM]
+    options = [*PRESETS, CUSTOM] if custom_allowed() else list(PRESETS)
     st.selectbox("Model pair", options, key="live_preset", on_change=apply_preset_defaults,
                  format_func=lambda n: f"{n}: {PRESETS[n].description}" if n in PRESETS else "custom: two model folders or ids")
     target = draft = ""
@@ -112,6 +114,19 @@ def run_form() -> None:
         if drafter is not None:
             run(st.session_state["live_preset"], target.strip(), draft.strip(), st.session_state["live_prompt"],
                 settings, chat, drafter)
+
+
+def load_or_error(preset: str | None, target: str = "", draft: str = "", whose: str = "the models",
+                  drafter: DrafterOptions = DrafterOptions()) -> Pair | None:
+    """The one place a page loads a pair: a preset by name, else two folders (or a target and a
+    model-free drafter); behind a spinner, cached per server process; an error shown (None
+    returned) if it cannot be loaded."""
+    try:
+        with st.spinner("Loading models (once per server process)…"):
+            return cached_preset(preset, drafter) if preset else cached_pair(target, draft, drafter)
+    except LOAD_ERRORS as err:
+        st.error(f"Could not load {whose}: {md(state.shown_paths(str(err)))}", icon=":material/error:")
+        return None
 
 
 def drafter_of(header: dict) -> DrafterOptions:
@@ -153,16 +168,19 @@ def drafter_inputs(preset: str, draft: str) -> DrafterOptions | None:
     return DrafterOptions()
 
 
+def custom_allowed() -> bool:
+    """Whoever runs the server decides whether visitors may load models from folders on it."""
+    return os.environ.get(ALLOW_CUSTOM) == "1"
+
+
 def load_models(preset: str, target: str, draft: str, drafter: DrafterOptions = DrafterOptions()) -> Pair | None:
+    if preset == CUSTOM and not custom_allowed():
+        st.error(f"This server runs the presets only (its operator can allow model folders with {ALLOW_CUSTOM}=1).")
+        return None
     if preset == CUSTOM and not (target and (draft or drafter.kind == "prompt-lookup")):
         st.error("Type both a target and a draft model (local folders work offline).")
         return None
-    try:
-        with st.spinner("Loading models (once per server process)…"):
-            return cached_preset(preset, drafter) if preset != CUSTOM else cached_pair(target, draft, drafter)
-    except LOAD_ERRORS as err:
-        st.error(f"Could not load the models: {md(str(err))}", icon=":material/error:")
-        return None
+    return load_or_error(None if preset == CUSTOM else preset, target, draft, drafter=drafter)
 
 
 def run(preset: str, target: str, draft: str, prompt: str, settings: SpecSettings, chat: bool,
@@ -178,12 +196,12 @@ def run(preset: str, target: str, draft: str, prompt: str, settings: SpecSetting
     watch = LiveView(settings.max_new_tokens)
     try:
         run_to_trace(pair, prompt, settings, out, preset=None if preset == CUSTOM else preset,
-                     chat_template=chat, on_cycle=watch.on_cycle)
+                     chat_template=chat, on_cycle=watch.on_cycle, calibrate=True)  # step times for the stats page
     except (ValueError, RuntimeError) as err:
-        st.error(f"The run stopped: {md(str(err))}", icon=":material/error:")
+        st.error(f"The run stopped: {md(state.shown_paths(str(err)))}", icon=":material/error:")
         return
     if state.set_current(state.TraceRef("run", out.name)) is None:
-        st.success(f"Finished: {watch.cycles} cycles, {watch.tokens} tokens, saved to {md(str(out))}.")
+        st.success(f"Finished: {watch.cycles} cycles, {watch.tokens} tokens, saved to {md(state.shown_paths(str(out)))}.")
         st.page_link(STEPPER, label="Step through this run", icon=":material/play_circle:")
 
 

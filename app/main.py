@@ -8,6 +8,7 @@ folder next to the main script as a legacy multipage app and, on reruns, can run
 page without this script (no sidebar, no trace opened).
 """
 import sys
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so `app` and `engine` import
@@ -15,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so `app` and 
 import streamlit as st  # noqa: E402
 
 from app import sidebar, state, timing  # noqa: E402
+from app.safe import md  # noqa: E402
 
 PAGES = [
     st.Page("views/stepper.py", title="Step through cycles", icon=":material/play_circle:", default=True),
@@ -27,13 +29,37 @@ PAGES = [
 ]
 
 
+def run_page(page) -> None:
+    """Run a page; whatever it cannot draw becomes a message, never a traceback in the browser.
+
+    Streamlit's rerun and stop signals are BaseExceptions and pass through. The traceback
+    goes to the server's log for whoever runs it.
+    """
+    try:
+        page.run()
+    except Exception as err:  # noqa: BLE001 - one odd trace must not take a page down
+        traceback.print_exc()
+        st.error(f"This page could not be drawn for the open trace ({type(err).__name__}: "
+                 f"{md(state.shown_paths(str(err))[:300])}). Open another trace in **Choose a trace**.",
+                 icon=":material/error:")
+
+
+def draw_sidebar(slot) -> None:
+    try:
+        sidebar.render(slot)
+    except Exception:  # noqa: BLE001 - the page still runs and says what is wrong
+        traceback.print_exc()
+
+
 def main() -> None:
     timer = timing.RunTimer()
     st.set_page_config(page_title="Speculative Decoding Lab", page_icon=":material/fast_forward:", layout="wide")
     state.open_from_url_or_default()
     page = st.navigation(PAGES)
-    sidebar.render()
-    page.run()
+    slot = st.sidebar.empty()
+    draw_sidebar(slot)  # drawn first, so it is there even if the page stops early
+    run_page(page)
+    draw_sidebar(slot)  # and again: a live run or an upload in this run may have opened another trace
     timer.stop()  # server time of this run, for the speed test (a Next step must stay well under 150 ms)
 
 

@@ -3,16 +3,18 @@ import streamlit as st
 
 from app import state
 from app.safe import md
+from engine.trace import model_name
 
 
-def render() -> None:
-    with st.sidebar:
+def render(slot=None) -> None:
+    """Into `slot` (an st.sidebar.empty() placeholder, so a second call replaces the first), else the sidebar."""
+    with (slot.container() if slot is not None else st.sidebar):
         ref, trace = state.current_ref(), state.current_trace()
         if trace is None:
             st.caption("No trace open.")
         else:
             st.caption(f"Open trace: **{md(ref.label)}**  \n"
-                       f"{md(trace.header['target']['name'])} ← {md(trace.header['draft']['name'])}, "
+                       f"{md(model_name(trace.header, 'target'))} ← {md(model_name(trace.header, 'draft'))}, "
                        f"K={trace.k}, {len(trace.cycles)} cycles")
         if state.link_error():
             st.error(md(state.link_error()), icon=":material/error:")

@@ -7,9 +7,12 @@ inside the app's own folders, never an arbitrary path.
 
 Pages call `current_trace()`; the step (cycle, stage) lives in st.session_state too.
 """
+import atexit
 import hashlib
 import os
+import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +22,8 @@ from engine.trace import Trace, TraceError, load_trace, loads_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("bundled", "run", "upload", "env")
+MAX_UPLOAD_BYTES = 64 * 2**20  # a long chat run with K=8 and top-10 lists is a few MB
+MAX_UPLOADS = 64  # kept per server; the oldest go first
 
 # session_state keys (other pages read these through the helpers below)
 REF, TRACE, TRACE_KEY, ERROR, CYCLE, STAGE = "trace_ref", "trace", "trace_key", "trace_error", "cycle", "stage"
@@ -32,8 +37,33 @@ def runs_dir() -> Path:
     return Path(os.environ.get("SPECLAB_RUNS_DIR", ROOT / "runs" / "live"))
 
 
+_UPLOADS: list[Path] = []  # this server's private upload folder, made on first use
+_UPLOADS_LOCK = threading.Lock()
+
+
 def uploads_dir() -> Path:
-    return Path(os.environ.get("SPECLAB_UPLOADS_DIR", Path(tempfile.gettempdir()) / "speclab-uploads"))
+    """SPECLAB_UPLOADS_DIR if the server sets it, else a private folder of this server process.
+
+    The private folder is made by mkdtemp (mode 0700, a fresh name no other user can have
+    planted) and removed when the process exits.
+    """
+    if os.environ.get("SPECLAB_UPLOADS_DIR"):
+        return Path(os.environ["SPECLAB_UPLOADS_DIR"])
+    with _UPLOADS_LOCK:
+        if not _UPLOADS:
+            folder = Path(tempfile.mkdtemp(prefix="speclab-uploads-"))
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            _UPLOADS.append(folder)
+        return _UPLOADS[0]
+
+
+def shown_paths(text: str) -> str:
+    """A message with the server's absolute folders replaced by names relative to the app."""
+    folders = [(uploads_dir(), "uploads"), (runs_dir(), "runs"), (traces_dir(), "traces"), (ROOT, ""),
+               (Path(tempfile.gettempdir()), "tmp"), (Path.home(), "~")]
+    for folder, name in sorted(folders, key=lambda f: -len(str(f[0]))):
+        text = text.replace(str(folder) + os.sep, f"{name}/" if name else "").replace(str(folder), name or ".")
+    return text
 
 
 @dataclass(frozen=True)
@@ -88,9 +118,9 @@ def default_ref() -> TraceRef | None:
 # ---------------------------------------------------------------- loading (cached)
 
 @st.cache_data(max_entries=16, show_spinner="Reading trace…")
-def _load_path(path: str, mtime_ns: int) -> Trace:
+def _load_path(path: str, mtime_ns: int, source: str) -> Trace:
     """Keyed by path and modification time, so a rewritten file is read again."""
-    return load_trace(path, allow_incomplete=True)
+    return load_trace(path, allow_incomplete=True, source=source)
 
 
 @st.cache_data(max_entries=16, show_spinner="Reading trace…")
@@ -102,9 +132,9 @@ def load_ref(ref: TraceRef) -> tuple[Trace, str]:
     """The trace a ref names and a key that changes whenever its content can have changed."""
     path = ref.path
     if not path.is_file():
-        raise TraceError(f"trace file not found: {path}")
+        raise TraceError(f"trace file not found: {ref.label}")
     mtime = path.stat().st_mtime_ns
-    return _load_path(str(path), mtime), f"{ref.token}@{mtime}"
+    return _load_path(str(path), mtime, ref.label), f"{ref.token}@{mtime}"
 
 
 # ---------------------------------------------------------------- the current trace
@@ -114,7 +144,7 @@ def set_current(ref: TraceRef, cycle: int = 0, stage: int = 1) -> str | None:
     try:
         trace, key = load_ref(ref)
     except (TraceError, OSError) as err:
-        return str(err)
+        return shown_paths(str(err))
     st.session_state.update({REF: ref, TRACE: trace, TRACE_KEY: key})
     set_step(cycle, stage)
     return None
@@ -145,19 +175,48 @@ def open_upload(name: str, data: bytes) -> str | None:
     Returns an error message for the user, or None on success. The bytes are saved
     under their hash so the page URL can name the upload.
     """
+    if len(data) > MAX_UPLOAD_BYTES:
+        return f"{len(data) / 2**20:.1f} MiB is larger than the {MAX_UPLOAD_BYTES // 2**20} MiB an upload may have"
     try:
         _load_bytes(data, name)
     except TraceError as err:
-        return str(err)
+        return shown_paths(str(err))
     digest = hashlib.sha256(data).hexdigest()[:16]
     ref = TraceRef("upload", f"{digest}.jsonl")
     if current_ref() == ref:
         return None  # a rerun with the same file still in the uploader: keep the step
-    folder = uploads_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    if not ref.path.exists():
-        ref.path.write_bytes(data)
+    try:
+        store_upload(ref.path, data)
+    except OSError as err:
+        return f"could not keep the upload on the server: {shown_paths(str(err))}"
     return set_current(ref)
+
+
+def store_upload(path: Path, data: bytes) -> None:
+    """Write a new upload without following links (O_NOFOLLOW) or replacing a file (O_EXCL).
+
+    A file of that name already holds the same bytes (its name is their hash) unless
+    someone else wrote it: then it is refused, never trusted or overwritten.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # raises on a planted link
+        with os.fdopen(fd, "rb") as f:
+            if f.read(MAX_UPLOAD_BYTES + 1) != data:
+                raise OSError(f"{path.name} exists with other content") from None
+        return
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    prune_uploads(path.parent)
+
+
+def prune_uploads(folder: Path, keep: int = MAX_UPLOADS) -> None:
+    """Delete the oldest uploads beyond `keep` (links and folders are left alone)."""
+    files = [p for p in folder.glob("*.jsonl") if p.is_file() and not p.is_symlink()]
+    for old in sorted(files, key=lambda p: p.stat().st_mtime_ns)[:-keep]:
+        old.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- the step

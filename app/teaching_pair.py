@@ -66,35 +66,33 @@ def choices() -> list[PairChoice]:
     return found
 
 
-def pick(prefix: str) -> tuple[PairChoice, Pair] | None:
-    """A model-pair selector; returns the loaded pair, or None (with a message) if there is none."""
+def choose(prefix: str) -> PairChoice | None:
+    """A model-pair selector that loads nothing (stored results need no models); None until a
+    custom pair names both folders."""
     options = choices()
     labels = {c.key: c.label for c in options} | {CUSTOM: "custom: two model folders"}
     key = st.selectbox("Model pair", list(labels), format_func=labels.get, key=f"{prefix}_pair",
                        help="The tiny-shakespeare pair is the fastest; the chat pair is a real 135M model.")
-    if key == CUSTOM:
-        cols = st.columns(2)
-        target = cols[0].text_input("Target model folder", key=f"{prefix}_target").strip()
-        draft = cols[1].text_input("Draft model folder", key=f"{prefix}_draft").strip()
-        if not (target and draft):
-            st.info("Type both folders to load a custom pair.")
-            return None
-        choice = PairChoice(f"folders:{target}|{draft}", "custom", None, target, draft, "The")
-    else:
-        choice = next(c for c in options if c.key == key)
-    pair = load(choice)
+    if key != CUSTOM:
+        return next(c for c in options if c.key == key)
+    cols = st.columns(2)
+    target = cols[0].text_input("Target model folder", key=f"{prefix}_target").strip()
+    draft = cols[1].text_input("Draft model folder", key=f"{prefix}_draft").strip()
+    if not (target and draft):
+        st.info("Type both folders to load a custom pair.")
+        return None
+    return PairChoice(f"folders:{target}|{draft}", "custom", None, target, draft, "The")
+
+
+def pick(prefix: str) -> tuple[PairChoice, Pair] | None:
+    """A model-pair selector; returns the loaded pair, or None (with a message) if there is none."""
+    choice = choose(prefix)
+    pair = load(choice) if choice else None
     return (choice, pair) if pair else None
 
 
 def load(choice: PairChoice) -> Pair | None:
-    try:
-        with st.spinner("Loading models (once per server process)…"):
-            if choice.preset:
-                return live.cached_preset(choice.preset)
-            return live.cached_pair(choice.target, choice.draft)
-    except live.LOAD_ERRORS as err:
-        st.error(f"Could not load the models: {md(str(err))}", icon=":material/error:")
-        return None
+    return live.load_or_error(choice.preset, choice.target, choice.draft)
 
 
 def encode(pair: Pair, choice: PairChoice, prompt: str) -> list[int] | None:

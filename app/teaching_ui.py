@@ -1,4 +1,6 @@
 """Small Streamlit helpers the teaching pages share: charts and links into the stepper."""
+import time
+from contextlib import contextmanager
 from urllib.parse import urlencode
 
 import streamlit as st
@@ -10,14 +12,15 @@ ROLLBACK_DEMO = "views/rollback_demo.py"
 EXACTNESS_LAB = "views/exactness_lab.py"
 WALKTHROUGH = "views/walkthrough.py"
 INTERVIEW = "views/interview.py"
+STATISTICS = "views/statistics.py"
 
 
-def chart(fig, key: str | None = None) -> None:
-    """Show a figure; in the light theme, text drawn on cells gets full-contrast ink
-    (Streamlit's Plotly theme greys it, too faint on coloured cells)."""
+def chart(fig, key: str | None = None, **kwargs):
+    """Show a figure (every page draws through here); in the light theme, text drawn on cells gets
+    full-contrast ink (Streamlit's Plotly theme greys it, too faint on coloured cells)."""
     if st.context.theme.type == "light":
         fig.update_traces(textfont_color="#1b1d26", selector=dict(mode="text"))
-    st.plotly_chart(fig, key=key, config={"displaylogo": False})
+    return st.plotly_chart(fig, key=key, config={"displaylogo": False}, **kwargs)
 
 
 def stepper_query(cycle: int, stage: int) -> dict[str, str] | None:
@@ -44,3 +47,53 @@ def open_in_stepper(cycle: int, stage: int, key: str, label: str | None = None) 
         state.set_step(cycle, stage)
         st.switch_page(STEPPER, query_params=query)
     cols[1].markdown(f"[or in a new tab](./?{urlencode(query)})", help="A link that reopens this exact view.")
+
+
+# ---------------------------------------------------------------- live runs: progress and estimate
+
+RATES = "live_rates"  # session_state: {(page, pair key): seconds per unit of work measured here}
+
+
+@contextmanager
+def one_torch_thread():
+    """Small models on a shared CPU run many times faster on one thread: with two threads each
+    tiny matrix product waits for a core that another process holds (25x slower measured under load)."""
+    import torch  # here, not at the top: the stepper imports this module and must open without torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def estimate_s(page: str, pair_key: str, units: float, stored_rate: float | None) -> float | None:
+    """Seconds a live run of `units` of work should take: from this session's last run of the page
+    and pair if there was one, else from the rate stored with the precomputed results."""
+    rate = st.session_state.get(RATES, {}).get((page, pair_key), stored_rate)
+    return None if rate is None else rate * units
+
+
+def estimate_words(seconds: float | None) -> str:
+    if seconds is None:
+        return "time unknown on this pair (no earlier run to go by)"
+    return f"about {seconds:.0f} s here" if seconds >= 1 else "under a second"
+
+
+def run_with_progress(page: str, pair_key: str, units: float, label: str, work):
+    """Run `work(on_progress)` with a progress bar that says how long is left, then remember the rate."""
+    bar = st.progress(0.0, text=f"{label}…")
+    start = time.perf_counter()
+
+    def on_progress(fraction: float) -> None:
+        elapsed = time.perf_counter() - start
+        left = f" about {elapsed * (1 - fraction) / fraction:.0f} s left" if fraction > 0.02 else ""
+        bar.progress(min(max(fraction, 0.0), 1.0), text=f"{label}: {fraction:.0%} done after {elapsed:.0f} s;{left}")
+
+    with one_torch_thread():
+        result = work(on_progress)
+    seconds = time.perf_counter() - start
+    st.session_state.setdefault(RATES, {})[(page, pair_key)] = seconds / max(units, 1)
+    bar.empty()
+    return result, seconds

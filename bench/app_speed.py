@@ -88,6 +88,47 @@ def time_to_first_chart(env: dict) -> dict:
             "warm_page_to_chart_s": statistics.median(warm), "warm_page_to_title_s": marks["title_s"]}
 
 
+PAGES = {"Step through cycles": "", "Choose a trace": "source", "How a cycle works": "walkthrough",
+         "Why rollback matters": "rollback", "Exactness lab": "exactness", "Interview practice": "interview",
+         "Statistics and speed": "statistics"}
+FIRST_RESULT = ".js-plotly-plot .main-svg, [data-testid='stDataFrame'] canvas"  # a chart or a table drawn
+FIRST_RESULT_OF = {"interview": "[data-testid='stExpander']"}  # its charts sit in closed expanders: the questions
+
+
+def time_pages(env: dict, repeats: int = 3) -> dict:
+    """Each page, in a fresh server process: page load to its first drawn chart or table (the
+    interview page: its first question), the first
+    time the page is opened (cold: its models, stored results and caches not yet loaded) and then
+    `repeats` more times (warm, median)."""
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
+                               "--server.headless", "true", "--server.port", str(port),
+                               "--browser.gatherUsageStats", "false"], env=env, cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = {}
+    try:
+        wait_for_server(port)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            for name, path in PAGES.items():
+                times = []
+                for _ in range(1 + repeats):
+                    page = browser.new_page(viewport={"width": 1366, "height": 768})
+                    start = time.perf_counter()
+                    page.goto(f"http://127.0.0.1:{port}/{path}")
+                    page.wait_for_selector(FIRST_RESULT_OF.get(path, FIRST_RESULT), timeout=120_000)
+                    times.append(time.perf_counter() - start)
+                    page.close()
+                out[name] = {"cold_s": times[0], "warm_s": statistics.median(times[1:]), "all_s": times}
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return out
+
+
 def make_long_trace(path: Path, cycles: int = 500) -> Path:
     """A real run of at least `cycles` cycles: the tiny-shakespeare pair if trained, else tiny test models."""
     import torch
@@ -139,6 +180,16 @@ def next_step_ms(trace: Path, clicks: int) -> dict:
             "median_cpu_ms": statistics.median(cpu), "runs_ms": runs, "runs_cpu_ms": cpu}
 
 
+def pages_markdown(pages: dict) -> list[str]:
+    rows = ["", "Each page, page load to its first chart or table (a fresh server; cold = first open, warm = "
+            "median of the next three). Goal: at most 10 s cold and 2 s warm.", "",
+            "| page | cold | warm | goal |", "|---|---|---|---|"]
+    for name, t in pages.items():
+        ok = "met" if t["cold_s"] <= 10 and t["warm_s"] <= 2 else "**missed**"
+        rows.append(f"| {name} | {t['cold_s']:.2f} s | {t['warm_s']:.2f} s | {ok} |")
+    return rows + [""]
+
+
 def markdown(result: dict) -> str:
     m, f, n = result["machine"], result["first_chart"], result["next_step"]
     ok = "met" if n["median_ms"] <= 150 else "**missed**"
@@ -153,7 +204,7 @@ def markdown(result: dict) -> str:
         f"| of which: page load to the page title (last warm load) | {f['warm_page_to_title_s']:.2f} s |",
         f"| one Next step, server time, {n['cycles']}-cycle trace (median of {n['clicks']}) | {n['median_ms']:.0f} ms "
         f"(best {n['best_ms']:.0f}, worst {n['worst_ms']:.0f}; CPU {n['median_cpu_ms']:.0f}); goal <= 150 ms: {ok} |",
-        ""])
+        ""] + (pages_markdown(result["pages"]) if "pages" in result else []))
 
 
 def main(argv=None) -> int:
@@ -161,16 +212,26 @@ def main(argv=None) -> int:
     p.add_argument("--long-trace", help="a trace of at least 500 cycles (default: generate one)")
     p.add_argument("--first-trace", help="the trace the app opens for the first-chart timing (default: bundled default)")
     p.add_argument("--clicks", type=int, default=20)
+    p.add_argument("--pages-only", action="store_true", help="only the per-page timings")
     p.add_argument("--out", default=str(HERE / "results"))
     args = p.parse_args(argv)
     env = {k: v for k, v in os.environ.items() if k != "SPECLAB_TRACE"}  # the bundled default trace
     if args.first_trace:
         env["SPECLAB_TRACE"] = str(Path(args.first_trace).resolve())
+    pages = time_pages(env)
+    if args.pages_only:
+        print("\n".join(pages_markdown(pages)))
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "app-pages.json").write_text(json.dumps({"machine": machine_info(0), "pages": pages}, indent=2))
+        (out / "app-pages.md").write_text("## App pages (bench/app_speed.py --pages-only)\n" + "\n".join(pages_markdown(pages)))
+        return 0
     first = time_to_first_chart(env)
     long_trace = Path(args.long_trace) if args.long_trace else make_long_trace(
         Path(tempfile.mkdtemp(prefix="speclab-app-bench-")) / "long.jsonl")
     first["trace"] = Path(args.first_trace).name if args.first_trace else "bundled default"
-    result = {"machine": machine_info(0), "first_chart": first, "next_step": next_step_ms(long_trace, args.clicks)}
+    result = {"machine": machine_info(0), "pages": pages, "first_chart": first,
+              "next_step": next_step_ms(long_trace, args.clicks)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "app-speed.json").write_text(json.dumps(result, indent=2))

@@ -46,8 +46,7 @@ PROMPTS = [
     "Repeat this list, adding a full stop at the end of each line:\n- buy milk\n- call the bank\n"
     "- water the plants\n- book a table for four\n- send the report to Anna",
 ]
-NOTE = ("Measured on a 2-core CPU shared with other developers' jobs at the same time: timings are noisy. "
-        "Methods are interleaved and paired per repeat; the spread (min-max over repeats) is reported.")
+METHOD_NOTE = "Methods are interleaved and paired per repeat; the spread (min-max over repeats) is reported."
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,6 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=HERE / "results" / "prompt-lookup-chat")
+    p.add_argument("--note", default="", help="conditions of the run (e.g. a machine shared with other jobs)")
     return p.parse_args(argv)
 
 
@@ -123,7 +123,7 @@ def bench_temperature(pair: Pair, args, temperature: float, folder: Path) -> dic
 
 
 def report(results: list[dict], args) -> str:
-    lines = ["# Prompt lookup on the chat preset (CPU)", "", NOTE, "",
+    lines = ["# Prompt lookup on the chat preset (CPU)", "", f"{args.note} {METHOD_NOTE}".strip(), "",
              f"K={args.k}, max n-gram {args.max_ngram}, {args.max_new_tokens} new tokens, {len(PROMPTS)} input-grounded "
              f"prompts, {args.repeats} repeats, {args.threads} threads.", "",
              "| T | a engine (tok/s) | c HF prompt lookup | d HF plain | a/d (min-max) | a/c (min-max) | engine acceptance |",
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
 
 def write_results(results: list[dict], args) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"note": NOTE, "machine": machine_info(args.threads), "settings": {k: str(v) for k, v in vars(args).items()},
+    payload = {"note": f"{args.note} {METHOD_NOTE}".strip(), "machine": machine_info(args.threads), "settings": {k: str(v) for k, v in vars(args).items()},
                "prompts": PROMPTS, "results": results}
     args.out.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(report(results, args))

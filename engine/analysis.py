@@ -15,6 +15,7 @@ measured one:
 from dataclasses import dataclass
 from statistics import fmean
 
+from .config import MAX_K
 from .metrics import acceptance_metrics, expected_tokens_per_cycle, predicted_speedup
 from .trace import Trace
 
@@ -99,7 +100,10 @@ class Calibration:
         if len(xs) < 2:
             return ys[0], 0.0
         mx, my = fmean(xs), fmean(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        spread = sum((x - mx) ** 2 for x in xs)
+        if spread == 0:  # one width measured several times: no slope to fit
+            return my, 0.0
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / spread
         return my - slope * mx, slope
 
     def verify_time(self, positions: int) -> float:
@@ -248,8 +252,8 @@ def advise_k(alpha: float, draft_step_s: float, cal: Calibration, ks: list[int])
 
 
 def advisor_ks(cal: Calibration, k: int) -> list[int]:
-    """K = 1 up to the widest calibrated verify, and at least 2 past the trace's K."""
-    return list(range(1, max(max(cal.verify_positions) - 1, k + 2) + 1))
+    """K = 1 up to the widest calibrated verify, and at least 2 past the trace's K (never past MAX_K + 2)."""
+    return list(range(1, min(max(max(cal.verify_positions) - 1, k + 2), MAX_K + 2) + 1))
 
 
 def best_k(advice: list[KAdvice]) -> KAdvice:

@@ -1,11 +1,21 @@
-"""Command line: `python -m engine run ...` writes a trace; `python -m engine stats FILE` reads one."""
+"""Command line: `python -m engine run ...` writes a trace; `python -m engine stats FILE` reads one.
+
+Every error is one line on stderr and exit code 2; Ctrl-C is one line and exit code 130.
+The cheap checks (prompt, --out, --device, settings) run before any model loads. The trace
+streams into `OUT.partial` and becomes OUT only when the run ends, so a failed or killed
+run never destroys an earlier OUT and leaves its finished cycles under a clearly named file.
+"""
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from .config import LAYOUTS, SettingsError, SpecSettings
 from .models import ModelLoadError, TokenizerMismatchError
 from .presets import DEFAULT_PRESET, PRESETS
-from .trace import DRAFTER_KINDS, Trace, TraceError, load_trace
+from .trace import DRAFTER_KINDS, Trace, TraceError, load_trace, partial_path
+
+MAX_PROMPT_CHARS = 1_000_000  # far beyond any model's context; the token limit is checked after tokenizing
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
     run.add_argument("--out", required=True, help="trace file to write (.jsonl)")
+    run.add_argument("--fast", action="store_true",
+                     help="fast path (engine/fast_path.py): static caches, the cycle kept on the device, CUDA graphs "
+                          "on CUDA; elsewhere the same cycle runs eagerly (the reason is printed)")
     run.add_argument("--calibrate", action="store_true",
                      help="also time single steps and verify widths of both models (needed for c and speedups in stats)")
     stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file")
@@ -107,6 +120,61 @@ def format_metrics(trace: Trace) -> str:
     return "\n".join(lines)
 
 
+def check_prompt(prompt: str) -> None:
+    if not prompt.strip():
+        raise SettingsError("the prompt is empty or only whitespace: give the model some text to continue")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise SettingsError(f"the prompt has {len(prompt):,} characters; at most {MAX_PROMPT_CHARS:,} are read")
+
+
+def check_out(out: str) -> None:
+    """--out must name a file we can create or replace, in a folder we can write."""
+    path = Path(out)
+    if path.is_dir():
+        raise SettingsError(f"--out {out} is a folder: name a file such as {path / 'run.jsonl'}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise SettingsError(f"--out {out} exists and is read-only")
+    folder = path.parent
+    while not folder.exists():  # the writer creates missing folders under the nearest existing one
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise SettingsError(f"--out {out}: cannot write in {folder}")
+
+
+def check_device(device: str | None, dtype: str | None) -> None:
+    """A device torch knows and this machine has, and a dtype it supports (torch loads no model here)."""
+    import torch
+
+    from .models import pick_device, pick_dtype
+    try:
+        dev = pick_device(device)
+    except RuntimeError:
+        raise SettingsError(f"--device {device!r} is not a device torch knows: use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise SettingsError(f"--device {device}: no such CUDA device on this machine")
+    if dev.type not in ("cpu", "cuda") and dev.type != "mps":
+        raise SettingsError(f"--device {device}: only cpu, cuda and mps are supported")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise SettingsError(f"--device {device}: MPS is not available on this machine")
+    pick_dtype(dev, dtype)  # raises ValueError for half precision on the CPU
+
+
+def check_drafter(options, settings: SpecSettings, preset: str | None, draft: str | None) -> None:
+    """What the drafter needs, checked before any model loads (its n-gram and step ranges: DrafterOptions)."""
+    if options.kind != "other-tokenizer":
+        return
+    if settings.temperature != 0:
+        from .drafters import SAMPLING_REFUSED
+        raise SettingsError(SAMPLING_REFUSED)
+    if draft:
+        return
+    if not preset:
+        raise SettingsError("the other-tokenizer drafter needs a draft model with its own tokenizer (--draft)")
+    if PRESETS[preset].other_tokenizer_draft is None:
+        raise SettingsError(f"preset {preset!r} ships no draft with another tokenizer: name one with --draft, "
+                            f"or use --preset tiny-shakespeare")
+
+
 def cmd_run(args) -> int:
     from tqdm import tqdm
 
@@ -115,9 +183,10 @@ def cmd_run(args) -> int:
     settings = settings_from_args(args)
     options = drafter_options(args)
     target, draft, preset = resolve_models(args)
-    if options.kind == "other-tokenizer" and settings.temperature != 0:
-        from .drafters import SAMPLING_REFUSED
-        raise SettingsError(SAMPLING_REFUSED)
+    check_prompt(args.prompt)
+    check_out(args.out)
+    check_device(args.device, args.dtype)
+    check_drafter(options, settings, preset, draft)
     print(f"loading target {target}\ndrafter: {options.kind}" + (f", draft {draft}" if draft else ""), file=sys.stderr)
     if preset:
         pair = load_preset(preset, args.device, args.dtype, options)
@@ -125,16 +194,24 @@ def cmd_run(args) -> int:
         pair = load_with_drafter(target, options, args.device, args.trust_remote_code, args.dtype)
     else:
         pair = load_pair(target, draft, args.device, args.trust_remote_code, args.dtype)
+    fast = None
+    if args.fast:
+        from .fast_path import plan_fast_path
+        plan = plan_fast_path(pair.target.device)
+        print(plan.message, file=sys.stderr)
+        fast = plan.capture
     bar = tqdm(total=settings.max_new_tokens, unit="tok", desc="generating", file=sys.stderr)
 
     def progress(rec: dict) -> None:
         bar.update(len(rec["committed_token_ids"]))
         bar.set_postfix(cycle=rec["cycle"], accepted=f"{rec['num_accepted']}/{len(rec['draft_token_ids'])}")
 
-    trace = run_to_trace(pair, args.prompt, settings, args.out, preset,
-                         chat_template=not args.no_chat_template, on_cycle=progress,
-                         calibrate=args.calibrate)
-    bar.close()
+    try:
+        trace = run_to_trace(pair, args.prompt, settings, args.out, preset,
+                             chat_template=not args.no_chat_template, on_cycle=progress,
+                             calibrate=args.calibrate, fast=fast)
+    finally:
+        bar.close()  # ends the progress line, so a message after it starts on its own line
     print(trace.summary["generated_text"])
     print(format_metrics(trace))
     print(f"trace written to {args.out}")
@@ -149,10 +226,31 @@ def cmd_stats(args) -> int:
     return 0
 
 
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def kept_cycles(args) -> str:
+    """Where a stopped run's finished cycles are, if it wrote any."""
+    if args.command != "run":
+        return ""
+    partial = partial_path(args.out)
+    return f" (the cycles it finished are in {partial})" if partial.is_file() else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return cmd_run(args) if args.command == "run" else cmd_stats(args)
-    except (SettingsError, ModelLoadError, TokenizerMismatchError, TraceError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted{kept_cycles(args)}", file=sys.stderr)
+        return 130
+    except (SettingsError, ModelLoadError, TokenizerMismatchError, TraceError, ValueError, OSError) as err:
+        print(f"error: {one_line(err)}{kept_cycles(args)}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - the command line shows one line, never a traceback
+        if os.environ.get("SPECLAB_DEBUG"):
+            raise
+        print(f"error: {type(err).__name__}: {one_line(err)}{kept_cycles(args)} "
+              "(set SPECLAB_DEBUG=1 for the traceback)", file=sys.stderr)
         return 2

@@ -13,9 +13,9 @@ A chi-square goodness-of-fit test says how surprising each histogram would be if
 really came from the target's distribution.
 """
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
-from scipy.stats import chi2
 
 from .config import SpecSettings
 from .sampling import residual, sample, warp_probs
@@ -24,6 +24,7 @@ from .teaching_faults import Faults
 
 MIN_EXPECTED = 5.0  # the chi-square approximation needs about five expected counts per cell
 MAX_VOCAB_FOR_SECOND_TOKEN = 4096  # the exact second-token law needs one pass per first token
+Progress = Callable[[float], None]  # called with the share of the work done, 0..1
 
 
 @dataclass
@@ -110,7 +111,7 @@ def _reset(pair: Pair, state: RunState, prompt_ids: list[int]) -> None:
 
 
 def speculative_samples(pair: Pair, prompt_ids: list[int], s: SpecSettings, faults: Faults,
-                        n: int, position: int = 1) -> tuple[torch.Tensor, float]:
+                        n: int, position: int = 1, on_progress: Progress | None = None) -> tuple[torch.Tensor, float]:
     """Counts (V,) of the token at `position` over n independent speculative runs, and
     the share of runs whose first draft token was accepted."""
     run = SpecSettings(**{**s.to_dict(), "max_new_tokens": position})
@@ -119,7 +120,10 @@ def speculative_samples(pair: Pair, prompt_ids: list[int], s: SpecSettings, faul
     state = start_run(pair, prompt_ids)  # prefilled once; every sample starts from it
     counts = torch.zeros(pair.target.full_vocab_size, dtype=torch.long)
     first_accepted = 0
-    for _ in range(n):
+    every = max(1, n // 50)  # about 50 progress reports per run
+    for i in range(n):
+        if on_progress and i % every == 0:
+            on_progress(i / n)
         _reset(pair, state, prompt_ids)
         cycle = 0
         while not state.finished:
@@ -141,6 +145,16 @@ def plain_samples(probs: torch.Tensor, n: int, seed: int) -> torch.Tensor:
 
 # ---------------------------------------------------------------- the test
 
+def chi2_survival(statistic: float, dof: int) -> float:
+    """P(X >= statistic) for X ~ chi-square(dof): the regularised upper incomplete gamma
+    Q(dof/2, statistic/2). torch has it, so the app needs no scipy."""
+    if statistic <= 0:
+        return 1.0
+    q = torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                torch.tensor(statistic / 2, dtype=torch.float64))
+    return float(q)
+
+
 def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> ChiSquare:
     """Pearson chi-square of counts against probs; cells expecting fewer than 5 are pooled.
 
@@ -157,17 +171,19 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> ChiSquare:
         exp_cells, obs_cells = exp_cells[:-1], obs_cells[:-1]  # no rare cell at all
     stat = float(((obs_cells - exp_cells) ** 2 / exp_cells.clamp(min=1e-12)).sum())
     dof = max(len(exp_cells) - 1, 1)
-    return ChiSquare(stat, dof, float(chi2.sf(stat, dof)), len(exp_cells))
+    return ChiSquare(stat, dof, chi2_survival(stat, dof), len(exp_cells))
 
 
 def run_lab(pair: Pair, prompt_ids: list[int], s: SpecSettings, faults: Faults, n: int,
-            position: int = 1) -> LabResult:
-    """Everything the exactness lab shows for one prefix, rule and sample count."""
+            position: int = 1, on_progress: Progress | None = None) -> LabResult:
+    """Everything the exactness lab shows for one prefix, rule and sample count.
+
+    `on_progress` hears the share done of the speculative sampling, which is nearly all the time."""
     p_target, p_draft = next_token_probs(pair, prompt_ids, s)
     exact = p_target if position == 1 else second_token_probs(pair, prompt_ids, s, p_target)
     predicted = predicted_first_token(p_target, p_draft, faults.acceptance_rule, faults.greedy_draft) \
         if position == 1 else None
-    spec_counts, accepted = speculative_samples(pair, prompt_ids, s, faults, n, position)
+    spec_counts, accepted = speculative_samples(pair, prompt_ids, s, faults, n, position, on_progress)
     if position == 1:
         plain_counts = plain_samples(exact, n, s.seed + 1)
     else:  # two plain draws in a row: the first token, then the next given it

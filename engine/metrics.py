@@ -34,3 +34,14 @@ def expected_tokens_per_cycle(alpha: float, k: int) -> float:
 def predicted_speedup(alpha: float, k: int, c: float) -> float:
     """Expected wall-time improvement (Leviathan et al. 2023), verify costing one target step."""
     return expected_tokens_per_cycle(alpha, k) / (k * c + 1)
+
+
+TOKENS_PER_S = ("tokens/s: generated tokens divided by decoding seconds (the cycles, or the plain steps); "
+                "prefill and writing the trace are not counted")
+
+
+def decoding_tokens_per_s(cycles: list[dict]) -> float:
+    """The project's one tokens/s (TOKENS_PER_S) from a run's cycle records."""
+    seconds = sum(c["cycle_time_s"] for c in cycles)
+    tokens = sum(len(c["committed_token_ids"]) for c in cycles)
+    return tokens / seconds if seconds > 0 else 0.0

@@ -77,7 +77,11 @@ class LoadedModel:
     def forward(self, token_ids: list[int], cache: DynamicCache) -> torch.Tensor:
         """Append K/V for `token_ids` to `cache`; return full-vocabulary logits (T, V_full)."""
         out = self.runner(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache})
-        logits = out.logits[0].float()  # (T, V_model)
+        return self.full_vocab_logits(out.logits[0])
+
+    def full_vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's logits (T, V_model) as float32 over the full vocabulary (T, V_full)."""
+        logits = logits.float()
         if self.kept_token_ids is None:
             return logits[:, : self.full_vocab_size]
         full = logits.new_full((logits.shape[0], self.full_vocab_size), float("-inf"))

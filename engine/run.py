@@ -5,8 +5,9 @@ from pathlib import Path
 from typing import Callable
 
 from .calibrate import calibrate as measure_step_times
-from .config import SettingsError, SpecSettings
+from .config import MAX_K, SettingsError, SpecSettings
 from .drafters import DRAFTER_KINDS, OtherTokenizerDrafter, PromptLookupDrafter, load_head
+from .drafters.prompt_lookup import MAX_NGRAM
 from .kv_layouts import layout_for_run
 from .models import (LoadedModel, check_same_token_space, load_model, pick_device, pick_dtype)
 from .presets import PRESETS
@@ -32,7 +33,8 @@ def load_preset(name: str, device: str | None = None, dtype_name: str | None = N
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[name]
     if drafter is not None and drafter.kind != "model":
-        if drafter.kind == "other-tokenizer" and drafter.draft_model is None:
+        shipped_draft = drafter.kind == "other-tokenizer" and drafter.draft_model is None
+        if shipped_draft:
             if preset.other_tokenizer_draft is None:
                 raise SettingsError(f"preset {name!r} ships no draft with another tokenizer: name one with --draft, "
                                     f"or use --preset tiny-shakespeare")
@@ -44,6 +46,8 @@ def load_preset(name: str, device: str | None = None, dtype_name: str | None = N
             drafter = replace(drafter, draft_model=str(head))
         pair = load_with_drafter(str(preset.target_folder()), drafter, device, dtype_name=dtype_name)
         pair.target.name = preset.target_name
+        if shipped_draft:  # traces name shipped models portably, never by this machine's path
+            pair.drafter.model.name = f"assets/models/{preset.other_tokenizer_draft}"
         return pair
     pair = load_pair(str(preset.target_folder()), str(preset.draft_folder()), device, dtype_name=dtype_name)
     pair.target.name, pair.draft.name = preset.target_name, preset.draft_name
@@ -63,6 +67,15 @@ class DrafterOptions:
     def __post_init__(self) -> None:
         if self.kind not in DRAFTER_KINDS:
             raise SettingsError(f"unknown drafter {self.kind!r}; choose one of {', '.join(DRAFTER_KINDS)}")
+        for name in ("max_ngram", "min_ngram", "max_draft_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SettingsError(f"{name} must be an integer, got {value!r}")
+        if not 1 <= self.min_ngram <= self.max_ngram <= MAX_NGRAM:
+            raise SettingsError(f"n-gram sizes need 1 <= --min-ngram ({self.min_ngram}) <= --max-ngram "
+                                f"({self.max_ngram}) <= {MAX_NGRAM}")
+        if not 0 <= self.max_draft_steps <= MAX_K:
+            raise SettingsError(f"--draft-steps must be between 0 (K) and {MAX_K}, got {self.max_draft_steps}")
 
 
 def load_with_drafter(target: str, options: DrafterOptions, device: str | None = None,
@@ -99,6 +112,26 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
     return list(ids)
 
 
+def context_length(pair: Pair) -> int | None:
+    """Positions the target and a same-tokenizer draft can attend to (max_position_embeddings), if known.
+
+    Prompt lookup has no model; an other-tokenizer draft counts its own tokens, not the target's.
+    """
+    models = [m for m in (pair.target, pair.draft) if m is not None]
+    sizes = [getattr(m.model.config, "max_position_embeddings", None) for m in models]
+    sizes = [n for n in sizes if isinstance(n, int) and n > 0]
+    return min(sizes) if sizes else None
+
+
+def check_prompt_fits(pair: Pair, prompt_len: int, s: SpecSettings) -> None:
+    """The last verify pass reaches position prompt + max_new_tokens + K - 1: it must fit the context."""
+    context = context_length(pair)
+    if context is not None and prompt_len + s.max_new_tokens + s.k > context:
+        room = context - s.max_new_tokens - s.k
+        raise ValueError(f"the prompt is {prompt_len} tokens; with max_new_tokens {s.max_new_tokens} and K {s.k} "
+                         f"the models' context of {context} leaves room for {max(room, 0)} prompt tokens")
+
+
 def describe_model(m: LoadedModel) -> dict:
     params = sum(p.numel() for p in m.model.parameters())
     return {"name": m.name, "architecture": type(m.model).__name__, "parameters": params,
@@ -127,25 +160,35 @@ def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
 def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
                  preset: str | None = None, chat_template: bool = True,
                  on_cycle: Callable[[dict], None] | None = None,
-                 rule: CycleRule = RATIO_TEST, calibrate: bool = False) -> Trace:
+                 rule: CycleRule = RATIO_TEST, calibrate: bool = False, fast: str | None = None) -> Trace:
     """Run speculative decoding on `prompt`, writing the trace to `out` as it goes.
 
     With `calibrate`, the header also gets step times of both models (engine/calibrate.py),
-    which the statistics need for c, t_step and the speedup predictions.
+    which the statistics need for c, t_step and the speedup predictions. With `fast` (a capture
+    mode: none, graph or compile) the cycles run on engine/fast_path.py over static caches;
+    their records mean the same.
     """
+    if not prompt.strip():
+        raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
     pair.drafter.check_settings(s)  # refuse before anything is written
+    if fast is not None:
+        from .fast_path import check_fast_settings
+        s = check_fast_settings(s, rule, pair)
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
+    check_prompt_fits(pair, len(prompt_ids), s)
     header = make_header(pair, s, prompt, prompt_ids, preset, use_chat, rule)
     if rule is not RATIO_TEST:
         header["faults"] = asdict(rule)  # marks a deliberately broken teaching run
     if calibrate:  # optional header field; traces without it stay valid
         header["calibration"] = measure_step_times(pair, prompt_ids, s)
+    if fast is not None:  # optional header field: which path made the cycles
+        header["fast_path"] = {"capture": fast}
     cycles: list[dict] = []
     with TraceWriter(out) as writer:
         writer.write(header)
         start = time.perf_counter()
-        for rec in speculative_generate(pair, prompt_ids, s, rule):
+        for rec in _cycles(pair, prompt_ids, s, rule, fast):
             writer.write(rec)
             cycles.append(rec)
             if on_cycle:
@@ -157,3 +200,10 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
         summary = make_summary(cycles, s.k, text, stop, wall)
         writer.write(summary)
     return Trace(header, cycles, summary)
+
+
+def _cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, rule: CycleRule, fast: str | None):
+    if fast is None:
+        return speculative_generate(pair, prompt_ids, s, rule)
+    from .fast_path import fast_generate
+    return fast_generate(pair, prompt_ids, s, capture=fast)

@@ -14,7 +14,7 @@ import torch
 from .analysis import Calibration, advise_k, calibration_of, measured_alpha
 from .calibrate import DEFAULT_MAX_POSITIONS, calibrate
 from .config import SpecSettings
-from .metrics import acceptance_metrics
+from .metrics import acceptance_metrics, decoding_tokens_per_s
 from .models import LoadedModel
 from .sampling import draw, warp_probs
 from .speculative import Pair, prefill, speculative_generate
@@ -84,7 +84,7 @@ def run_point(pair: Pair, prompt_ids: list[int], s: SpecSettings) -> SweepPoint:
     tokens = sum(len(c["committed_token_ids"]) for c in cycles)
     m = acceptance_metrics([c["num_accepted"] for c in cycles], s.k)
     steps = [t for c in cycles for t in c["draft_step_times_s"]]
-    return SweepPoint(s.k, len(cycles), tokens, decode_s, tokens / decode_s, measured_alpha(cycles),
+    return SweepPoint(s.k, len(cycles), tokens, decode_s, decoding_tokens_per_s(cycles), measured_alpha(cycles),
                       m["acceptance_rate"], m["mean_acceptance_length"], sum(steps) / len(steps))
 
 

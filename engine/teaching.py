@@ -12,15 +12,16 @@ import copy
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 
 from .config import SpecSettings
 from .metrics import acceptance_metrics
 from .models import LoadedModel
+from .repeats import Repeated, repeat_timed
 from .speculative import (Pair, RunState, TokenTexts, cache_len, crop, prefill, run_cycle, start_run,
                           target_generate)
-from .timing import timed
 from .teaching_faults import ACCEPTANCE_RULES, NO_FAULTS, Faults  # noqa: F401  (the teaching pages import them from here)
 
 CORRECT, KEEP_REJECTED, SKIP_CATCH_UP = "correct", "keep_rejected_kv", "skip_draft_catch_up"
@@ -225,8 +226,10 @@ def probe_cycle(pair: Pair, state: RunState, rec: dict, target_cells: list[Cell]
     )
 
 
-def traced_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, mode: str) -> RunLog:
-    """Run the engine in `mode` (see MODES) and probe both caches after every cycle."""
+def traced_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, mode: str,
+               on_progress: Callable[[float], None] | None = None) -> RunLog:
+    """Run the engine in `mode` (see MODES) and probe both caches after every cycle;
+    `on_progress` hears the share of the new tokens generated so far."""
     gen = torch.Generator().manual_seed(s.seed)
     texts = TokenTexts(pair.target.tokenizer)
     state = start_run(pair, prompt_ids)
@@ -238,13 +241,21 @@ def traced_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, mode: str) ->
         rec = run_cycle(pair, state, s, gen, len(probes), texts, MODES[mode], record=False)
         target_cells, draft_cells = mirror_cycle(target_cells, draft_cells, rec, before, state.committed)
         probes.append(probe_cycle(pair, state, rec, target_cells, draft_cells))
+        if on_progress:
+            on_progress(min(1.0, len(state.generated) / max(s.max_new_tokens, 1)))
     m = acceptance_metrics([p.num_accepted for p in probes], s.k)
     return RunLog(mode, list(state.generated), probes, m["acceptance_rate"], m["mean_acceptance_length"])
 
 
-def compare_runs(pair: Pair, prompt_ids: list[int], s: SpecSettings) -> Comparison:
-    """All three modes on one prompt, settings and seed, plus plain target decoding."""
-    runs = {mode: traced_run(pair, prompt_ids, s, mode) for mode in MODES}
+def compare_runs(pair: Pair, prompt_ids: list[int], s: SpecSettings,
+                 on_progress: Callable[[float], None] | None = None) -> Comparison:
+    """All three modes on one prompt, settings and seed, plus plain target decoding.
+
+    `on_progress` hears the share of the work done (each mode a third; the plain reference is quick)."""
+    report = on_progress or (lambda fraction: None)
+    runs = {}
+    for i, mode in enumerate(MODES):
+        runs[mode] = traced_run(pair, prompt_ids, s, mode, lambda f, i=i: report((i + f) / len(MODES)))
     reference = target_generate(pair.target, prompt_ids, s, pair.eos_ids)
     texts = TokenTexts(pair.target.tokenizer)
     ids = set(prompt_ids) | set(reference)
@@ -267,8 +278,9 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 @torch.inference_mode()
 def forward_times(m: LoadedModel, prefix_ids: list[int], max_positions: int,
-                  repeats: int = 5) -> list[float]:
-    """Median seconds of one forward over n = 1..max_positions new positions after a cached prefix.
+                  repeats: int = 7) -> list[Repeated]:
+    """Time of one forward over n = 1..max_positions new positions after a cached prefix,
+    each warmed up once and repeated (engine/repeats.py: median and spread).
 
     Each timed call appends n positions to the prefix's cache and is cropped back, the
     way a verification pass is.
@@ -276,14 +288,14 @@ def forward_times(m: LoadedModel, prefix_ids: list[int], max_positions: int,
     cache = prefill(m, prefix_ids)
     keep = cache_len(cache)
     feed = (list(prefix_ids) * max_positions)[-max_positions:]  # any real tokens will do
-    medians = []
-    for n in range(1, max_positions + 1):
-        times = []
-        for _ in range(repeats):
-            times.append(timed(lambda: m.forward(feed[:n], cache), m.device)[1])
-            crop(cache, keep)
-        medians.append(sorted(times)[len(times) // 2])
-    return medians
+
+    def one_pass(n: int) -> None:
+        m.forward(feed[:n], cache)
+        crop(cache, keep)
+
+    # engine.timing.timed times each repeat (waiting for a GPU's queued work); repeats adds the spread
+    return [repeat_timed(lambda n=n: one_pass(n), repeats, warmup=1, device=m.device)
+            for n in range(1, max_positions + 1)]
 
 
 # ---------------------------------------------------------------- greedy and floating point

@@ -5,6 +5,8 @@ run keeps the cycles it finished), then a summary. A file without its summary is
 incomplete and is never reported as a finished run.
 """
 import json
+import math
+import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,11 +15,14 @@ from typing import IO, NotRequired, TypedDict, Union, get_args, get_origin, get_
 
 from .layout_stats import LayoutFieldError, check_layout_cycle, check_layout_header
 from .metrics import acceptance_metrics
+from .trace_checks import DRAFTER_KINDS, BrokenInvariant, check_trace  # noqa: F401 (DRAFTER_KINDS: engine.drafters reads it here)
 
-DRAFTER_KINDS = ("model", "prompt-lookup", "other-tokenizer", "eagle")  # engine.drafters names the same four
 
 FORMAT = "speclab-trace"
 VERSION = 1
+MAX_TRACE_BYTES = 256 * 2**20  # 4096 tokens at K=32 with top-100 lists stay well below this
+MAX_DEPTH = 16  # a trace nests 4 deep today; room for layout and drafter fields
+PARTIAL_SUFFIX = ".partial"  # the file a run streams into until it finishes
 
 
 class TraceError(ValueError):
@@ -136,6 +141,13 @@ SUMMARY_FIELDS = {
 }
 
 
+def model_name(header: dict, role: str) -> str:
+    """The name a trace gives its "target" or "draft" model; a placeholder when it gives none."""
+    entry = header.get(role)
+    name = entry.get("name") if isinstance(entry, dict) else None
+    return name if isinstance(name, str) and name else f"unnamed {role} model"
+
+
 def _type_ok(value, allowed: tuple) -> bool:
     if value is None:
         return None in allowed
@@ -160,15 +172,21 @@ def _check_header(h: dict, where: str) -> None:
         raise TraceError(f"{where}: trace version {h.get('version')!r} is not supported (this engine reads version {VERSION})")
     _check_fields(h, HEADER_FIELDS, where)
     _check_fields(h["settings"], SETTINGS_FIELDS, f"{where} settings")
-    if h["settings"]["k"] < 1:
-        raise TraceError(f"{where}: settings.k must be at least 1")
     if "drafter" in h:  # optional: absent in traces written before there were several drafters
         if not isinstance(h["drafter"], dict) or h["drafter"].get("kind") not in DRAFTER_KINDS:
-            raise TraceError(f"{where}: header 'drafter' must be an object whose 'kind' is one of {', '.join(DRAFTER_KINDS)}")
+            raise TraceError(f"{where}: field 'drafter' must be an object whose 'kind' is one of {', '.join(DRAFTER_KINDS)}")
     try:
         check_layout_header(h)
     except LayoutFieldError as err:
-        raise TraceError(f"{where}: {err}") from None
+        raise TraceError(layout_message(err, where)) from None
+
+
+def layout_message(err: LayoutFieldError, where: str) -> str:
+    """A layout refusal in the loader's form: where, then the field, then the rule."""
+    text = str(err)
+    name = text.split(":", 1)[0].split(" ", 1)[0]
+    rule = text[len(name):].removeprefix(":").strip()
+    return f"{where}: field '{name}': {rule}"
 
 
 def _check_cycle(c: dict, k: int, index: int, where: str, kind: str = "model") -> None:
@@ -183,30 +201,56 @@ def _check_cycle(c: dict, k: int, index: int, where: str, kind: str = "model") -
     if "drafter_state" in c and not isinstance(c["drafter_state"], dict):
         raise TraceError(f"{where}: field 'drafter_state' should be an object")
     if c["cycle"] != index:
-        raise TraceError(f"{where}: cycle number {c['cycle']} where {index} was expected")
-    proposed = len(c["draft_token_ids"])
-    if kind in ("model", "eagle") and proposed != k:
-        raise TraceError(f"{where}: field 'draft_token_ids' has {proposed} entries, expected {k} (K={k})")
-    if proposed > k:
-        raise TraceError(f"{where}: {proposed} draft tokens, more than K={k}")
-    lengths = {"draft_token_texts": proposed, "p_draft": proposed, "p_target": proposed,
-               "accept_prob": proposed, "beta": proposed, "draft_top": proposed, "target_top": proposed + 1}
-    for name, n in lengths.items():
-        if len(c[name]) != n:
-            raise TraceError(f"{where}: field '{name}' has {len(c[name])} entries, expected {n} (K={k})")
-    n_acc = c["num_accepted"]
-    if not 0 <= n_acc <= proposed:
-        raise TraceError(f"{where}: num_accepted {n_acc} outside 0..{proposed}")
-    if len(c["u"]) != min(n_acc + 1, proposed):
-        raise TraceError(f"{where}: {len(c['u'])} draws u for {n_acc} accepted of {proposed} proposed (K={k})")
-    if (c["rejected_position"] is None) != (n_acc == proposed) or (c["bonus_token_id"] is None) == (c["resampled_token_id"] is None):
-        raise TraceError(f"{where}: rejected_position, resampled_token_id and bonus_token_id disagree with num_accepted")
-    if len(c["committed_token_texts"]) != len(c["committed_token_ids"]):
-        raise TraceError(f"{where}: committed_token_texts and committed_token_ids differ in length")
+        raise TraceError(f"{where}: field 'cycle': cycle number {c['cycle']} where {index} was expected "
+                         "(cycles are numbered from 0, in order, none missing)")
+    # Lengths, ranges and how the fields agree: engine/trace_checks.py, after every record is read.
+
+
+class _Refused(ValueError):
+    """Valid JSON that a trace may still not hold (the message says what)."""
 
 
 def _reject_constant(name: str):
-    raise ValueError(f"{name} is not allowed in a trace")
+    raise _Refused(f"{name} is not a number a trace may hold")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"the number {text[:40]} is too large to be a finite number")
+    return value
+
+
+def _too_deep(value) -> bool:
+    """Whether containers nest deeper than MAX_DEPTH (the record itself is level 1).
+
+    json.loads itself stops at the interpreter's recursion limit (a RecursionError, caught
+    below); this walk, without recursion, holds records to a much smaller limit.
+    """
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        children = v.values() if isinstance(v, dict) else v
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def split_records(text: str) -> list[str]:
+    """Lines as the writer ends them: on '\\n' only. U+2028, U+2029, U+0085 and the like are
+    legal inside a JSON string and stay in their token text; a UTF-8 BOM is skipped."""
+    return text.removeprefix("\ufeff").split("\n")
+
+
+def _parse_line(line: str) -> object:
+    try:
+        value = json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise _Refused(f"the record nests more than {MAX_DEPTH} levels deep") from None
+    if isinstance(value, (dict, list)) and _too_deep(value):
+        raise _Refused(f"the record nests more than {MAX_DEPTH} levels deep")
+    return value
 
 
 def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool = False) -> Trace:
@@ -216,11 +260,14 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
         if not line.strip():
             continue
         try:
-            rec = json.loads(line, parse_constant=_reject_constant)
+            rec = _parse_line(line)
         except ValueError as err:
             last = number == len(lines) or not any(l.strip() for l in lines[number:])
-            if last and allow_incomplete:
+            finished = any(r.get("type") == "summary" for _, r in records)
+            if last and allow_incomplete and not finished:
                 break  # a run killed mid-write: keep the cycles before it
+            if isinstance(err, _Refused):
+                raise TraceError(f"{source} line {number}: {err}") from None
             raise TraceError(f"{source} line {number}: not valid JSON ({err})" + (" - the file looks truncated" if last else "")) from None
         if not isinstance(rec, dict):
             raise TraceError(f"{source} line {number}: expected a JSON object")
@@ -234,6 +281,7 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
     k = header["settings"]["k"]
     kind = drafter_kind(header)
     cycles, summary = [], None
+    cycle_lines, summary_line = [], None
     for number, rec in rest:
         where = f"{source} line {number}"
         if summary is not None:
@@ -243,58 +291,92 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
             try:
                 check_layout_cycle(header, rec)
             except LayoutFieldError as err:
-                raise TraceError(f"{where}: {err}") from None
+                raise TraceError(layout_message(err, where)) from None
             cycles.append(rec)
+            cycle_lines.append(number)
         elif rec.get("type") == "summary":
             _check_fields(rec, SUMMARY_FIELDS, where)
-            summary = rec
+            summary, summary_line = rec, number
         else:
             raise TraceError(f"{where}: unknown record type {rec.get('type')!r}")
     if summary is None and not allow_incomplete:
         raise TraceError(f"{source}: no summary after {len(cycles)} cycles - the run did not finish (the file is incomplete)")
+    try:
+        check_trace(header, cycles, summary, n0, cycle_lines, summary_line)
+    except BrokenInvariant as err:
+        raise TraceError(f"{source} {err}") from None
     return Trace(header, cycles, summary)
 
 
-def load_trace(path: str | Path, allow_incomplete: bool = False) -> Trace:
+def _too_big(size: int, source: str, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise TraceError(f"{source}: {size / 2**20:.1f} MiB is larger than the {max_bytes / 2**20:.0f} MiB "
+                         "a trace may have")
+
+
+def load_trace(path: str | Path, allow_incomplete: bool = False, source: str | None = None,
+               max_bytes: int = MAX_TRACE_BYTES) -> Trace:
+    """Read and check a trace file. `source` names it in messages (default: the path as given)."""
     path = Path(path)
+    source = source or str(path)
     if not path.is_file():
-        raise TraceError(f"trace file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise TraceError(f"{path}: not UTF-8 text ({err})") from None
-    return parse_trace(text.splitlines(), str(path), allow_incomplete)
+        raise TraceError(f"trace file not found: {source}")
+    _too_big(path.stat().st_size, source, max_bytes)
+    with path.open("rb") as f:
+        data = f.read(max_bytes + 1)
+    return loads_trace(data, source, allow_incomplete, max_bytes)
 
 
-def loads_trace(data: bytes | str, source: str = "upload", allow_incomplete: bool = False) -> Trace:
+def loads_trace(data: bytes | str, source: str = "upload", allow_incomplete: bool = False,
+                max_bytes: int = MAX_TRACE_BYTES) -> Trace:
+    _too_big(len(data), source, max_bytes)
     if isinstance(data, bytes):
         try:
             data = data.decode("utf-8")
         except UnicodeDecodeError as err:
             raise TraceError(f"{source}: not UTF-8 text ({err})") from None
-    return parse_trace(data.splitlines(), source, allow_incomplete)
+    return parse_trace(split_records(data), source, allow_incomplete)
+
+
+def partial_path(path: str | Path) -> Path:
+    """Where a run streams its trace until it finishes: `out.jsonl.partial` beside `out.jsonl`."""
+    path = Path(path)
+    return path.with_name(path.name + PARTIAL_SUFFIX)
 
 
 class TraceWriter:
-    """Appends records to a trace file, flushing each so a killed run keeps its cycles."""
+    """Streams records into `<path>.partial`, flushing each so a killed run keeps its cycles, and
+    renames it to `path` only when the run ends without an error: a failed run never
+    destroys an earlier trace at `path`.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.partial = partial_path(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file: IO[str] = self.path.open("w", encoding="utf-8")
+        self.file: IO[str] = self.partial.open("w", encoding="utf-8", newline="\n")
 
     def write(self, record: dict) -> None:
+        # ensure_ascii=False keeps token texts readable; the reader splits on '\n' only, so
+        # U+2028 and friends inside a string round-trip.
         self.file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
         self.file.flush()
 
     def close(self) -> None:
         self.file.close()
 
+    def finish(self) -> None:
+        self.file.close()
+        os.replace(self.partial, self.path)
+
     def __enter__(self) -> "TraceWriter":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.close()  # the partial file keeps the finished cycles under its own name
 
 
 def make_summary(cycles: list[dict], k: int, generated_text: str, stop_reason: str,

@@ -13,7 +13,7 @@ from engine.config import SpecSettings
 from engine.metrics import expected_tokens_per_cycle, predicted_speedup
 from engine.run import run_to_trace
 from engine.sweep import k_sweep
-from engine.trace import load_trace
+from engine.trace import Trace, TraceError, load_trace
 from tests.tiny import noisy_pair, save_tiny
 
 LINEAR = Calibration(cache_len=10, target_step_s=0.010, draft_step_s=0.002,
@@ -165,12 +165,18 @@ def test_calibrated_trace_round_trips_and_stats_match_the_records(calibrated):
 def test_trace_without_or_with_broken_calibration(calibrated, tmp_path):
     lines = calibrated.read_text().splitlines()
     header = json.loads(lines[0])
-    for value, error in ((None, None), ({"cache_len": 3}, "malformed"),
-                         ({**header["calibration"], "target_step_s": 0}, "not positive")):
+    good = load_trace(calibrated)
+    for value, error, refusal in ((None, None, None), ({"cache_len": 3}, "malformed", "calibration.target_step_s"),
+                                  ({**header["calibration"], "target_step_s": 0}, "not positive",
+                                   "calibration.target_step_s")):
         header["calibration"] = value
         path = tmp_path / "edited.jsonl"
         path.write_text("\n".join([json.dumps(header), *lines[1:]]))
-        st = trace_stats(load_trace(path))
+        if refusal:  # a file with a broken calibration is refused, naming the field
+            with pytest.raises(TraceError, match=refusal):
+                load_trace(path)
+        # In memory (a calibration measured now, say), the analysis still says what is wrong.
+        st = trace_stats(Trace(dict(header), good.cycles, good.summary))
         assert st.speed is None and st.advice == []
         assert (st.calibration_error is None) if error is None else (error in st.calibration_error)
         assert st.acceptance["num_cycles"] == len(lines) - 2  # acceptance still works

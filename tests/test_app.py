@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from engine.presets import PRESETS
 from engine.trace import load_trace
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
@@ -184,7 +185,8 @@ def model_folders(tmp_path):
     return folders
 
 
-def test_live_run_on_local_folders(traces_dir, model_folders):
+def test_live_run_on_local_folders(traces_dir, model_folders, monkeypatch):
+    monkeypatch.setenv("SPECLAB_CUSTOM_MODELS", "1")  # the server's operator allows model folders
     at = start()
     at.switch_page(SOURCE_PAGE).run()
     at.selectbox(key="live_preset").set_value("custom").run()
@@ -200,13 +202,17 @@ def test_live_run_on_local_folders(traces_dir, model_folders):
     trace = load_trace(ref.path)
     assert ref.kind == "run" and trace.complete and trace.cycles and trace.k == 3
     assert plain(at.success[0].value).startswith(f"Finished: {len(trace.cycles)} cycles")
-    table = at.dataframe[0].value  # the latest cycles, as they arrived
+    names = [plain(c.value) for c in at.sidebar.caption]  # the sidebar names the new run at once
+    assert len(names) == 1 and names[0].startswith(f"Open trace: **{ref.label}**") and "default.jsonl" not in names[0]
+    assert "calibration" in trace.header  # live runs record step times for the statistics page
+    table = at.dataframe[-1].value  # the latest cycles, as they arrived (after the bundled list)
     assert list(table["cycle"])[-1] == len(trace.cycles) - 1
     at.switch_page("views/stepper.py").run()
     assert shown_step(at) == "Cycle 0 · stage 1 Draft" and at.query_params["trace"] == ref.token
 
 
-def test_live_run_reports_a_bad_folder(traces_dir, tmp_path):
+def test_live_run_reports_a_bad_folder(traces_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLAB_CUSTOM_MODELS", "1")
     at = start()
     at.switch_page(SOURCE_PAGE).run()
     at.selectbox(key="live_preset").set_value("custom").run()
@@ -214,14 +220,24 @@ def test_live_run_reports_a_bad_folder(traces_dir, tmp_path):
     at.text_input(key="live_draft").set_value(str(tmp_path / "missing"))
     at.button(key="live_run").click().run()
     assert not at.exception and "Could not load the models" in plain(at.error[0].value)
+    assert str(tmp_path) not in plain(at.error[0].value)  # the server's folders are shown relative
+
+
+def test_model_folders_are_offered_only_when_the_server_allows_them(traces_dir, monkeypatch):
+    monkeypatch.delenv("SPECLAB_CUSTOM_MODELS", raising=False)
+    at = start()
+    at.switch_page(SOURCE_PAGE).run()
+    assert at.selectbox(key="live_preset").options == [f"{n}: {p.description}" for n, p in PRESETS.items()]
 
 
 # ---------------------------------------------------------------- speed
 
 def stretched(source, out, cycles: int) -> None:
-    """A long trace made by repeating a real one's cycles, positions and cache lengths shifted."""
+    """A long, still consistent run (no summary yet) made by repeating a real one's cycles with
+    positions and cache lengths shifted; the last cycle, which ended the run, is left out."""
     records = [json.loads(line) for line in source.read_text().splitlines()]
-    header, body, summary = records[0], records[1:-1], records[-1]
+    header, body = records[0], records[1:-2]
+    header["settings"]["max_new_tokens"] = 4096  # room for every repeat: no cycle ends the run
     per_copy = sum(len(c["committed_token_ids"]) for c in body)
     lines = [header]
     for i in range(cycles):
@@ -230,7 +246,7 @@ def stretched(source, out, cycles: int) -> None:
         for name in ("target_cache_len", "draft_cache_len"):
             c[name] = {key: value + shift for key, value in c[name].items()}
         lines.append(c)
-    out.write_text("\n".join(json.dumps(r) for r in [*lines, summary]) + "\n")
+    out.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
 
 
 def test_next_step_works_on_a_500_cycle_trace(traces_dir, monkeypatch):
@@ -246,3 +262,41 @@ def test_next_step_works_on_a_500_cycle_trace(traces_dir, monkeypatch):
     # Its server time is measured by bench/app_speed.py, not asserted here.
     assert shown_step(at).startswith("Cycle 411 ")
     assert not at.exception
+
+
+# ---------------------------------------------------------------- the bundled examples, described
+
+BUNDLED = Path(__file__).resolve().parent.parent / "assets" / "traces"
+
+
+def test_bundled_list_describes_each_trace(monkeypatch, tmp_path):
+    from engine.analysis import trace_stats
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(BUNDLED))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    at = start()
+    at.switch_page(SOURCE_PAGE).run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    names = sorted(p.name for p in BUNDLED.glob("*.jsonl"))
+    assert list(table["trace"]) == names
+    for name, k, temperature, alpha, speedup in zip(table["trace"], table["K"], table["temperature"],
+                                                    table["alpha"], table["measured speedup"]):
+        trace = load_trace(BUNDLED / name)
+        stats = trace_stats(trace)
+        assert (k, temperature) == (trace.k, trace.header["settings"]["temperature"])
+        assert alpha == pytest.approx(round(stats.alpha, 3))
+        assert speedup == f"{stats.speed.measured:.2f}×"
+
+
+@pytest.mark.parametrize("name", ["default.jsonl", "shakespeare-sampled-k4-high-acceptance.jsonl"])
+def test_a_slower_trace_says_so_up_front(monkeypatch, name):
+    from engine.analysis import trace_stats
+    monkeypatch.setenv("SPECLAB_TRACE", str(BUNDLED / name))
+    at = start()
+    speed = trace_stats(load_trace(BUNDLED / name)).speed
+    notes = [w.value for w in at.warning if "slower" in w.value]
+    if speed.measured < 1:
+        assert len(notes) == 1 and f"{speed.measured:.2f}×" in notes[0] and f"c = {speed.c:.2f}" in notes[0]
+    else:
+        assert not notes

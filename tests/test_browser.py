@@ -173,7 +173,7 @@ def test_step_with_buttons_keys_stages_and_play(browser, light_url, traces):
 
     page.locator(".st-key-stage_select").get_by_text("3 Test", exact=True).click()
     settled(page, "Cycle 1 · stage 3")
-    assert "Left-to-right test: accept while u < min(1, p_target / p_draft)" in chart_titles(page)
+    assert "Test: keep while u < min(1, p_target / p_draft)" in chart_titles(page)
     page.screenshot(path=SHOTS / "light-cycle1-stage3-test.png")
     page.locator(".st-key-stage_select").get_by_text("4 Resample / bonus", exact=True).click()
     settled(page, "Cycle 1 · stage 4")

@@ -14,6 +14,7 @@ from tests.test_teaching_pages import make_teaching_folder
 
 PAGES = {"walkthrough": "How one speculative cycle works", "rollback": "What if we don't roll back?",
          "exactness": "Exactness you can see", "interview": "Interview practice"}
+LIVE_ONLY = ("rollback", "exactness")
 NAV_LABELS = ("How a cycle works", "Why rollback matters", "Exactness lab", "Interview practice")
 IDLE = """() => !document.querySelector('[data-stale="true"]')
     && !(document.querySelector('header') || {innerText: ''}).innerText.includes('Stop')
@@ -77,6 +78,11 @@ def test_teaching_page_renders(browser, server, name):
     url, theme = server
     page, dialogs = new_page(browser, f"{url}/{name}")
     try:
+        if name in LIVE_ONLY:  # the injected pair has no stored result: the page waits for Run live
+            page.get_by_role("heading", name=PAGES[name]).first.wait_for()
+            page.get_by_text("No stored result", exact=False).first.wait_for()
+            assert page.locator(".js-plotly-plot").count() == 0  # nothing heavy ran on open
+            page.get_by_role("button", name="Run live").first.click()
         settle(page, PAGES[name])
         open_expanders(page)
         assert page.locator('[data-testid="stException"]').count() == 0

@@ -81,10 +81,20 @@ def test_every_stage_figure_and_caption_draws_for_both_drafters(drafter_traces):
                 assert "draft model proposes" not in caption or name == "other"
                 figures.cycle_figure(c, k, stage)
                 figures.cache_figure(c, stage, committed_texts(trace, c) + list(c["draft_token_texts"]))
+                assert derive.sequence_texts(trace, c) == committed_texts(trace, c) + list(c["draft_token_texts"])
                 if stage >= 2:
                     figures.acceptance_figure(c, k, stage)
                 if stage >= 4:
                     figures.resample_figure(c, k)
+                # both traces are greedy: the pages draw the greedy explanation and argmax marks
+                greedy_caption = explain.stage_caption(c, k, stage, greedy=True)
+                if stage == 3:
+                    assert greedy_caption.startswith("Temperature 0")
+                    if c["rejected_position"] is not None:
+                        assert explain.quoted(c["next_token_text"]) in greedy_caption
+                figures.cycle_figure(c, k, stage, greedy=True)
+                if stage >= 2:
+                    figures.acceptance_figure(c, k, stage, greedy=True)
         # bonus markers sit right after each cycle's own proposals
         bonus_cycles, bonus_positions = ov.points[derive.BONUS]
         for cyc, pos in zip(bonus_cycles, bonus_positions):
@@ -135,6 +145,15 @@ def test_stepper_stage_one_shows_the_proposal_origin(drafter_traces, tmp_path, m
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert marker in plain(at.info[0].value)
+    for stage in (3, 4):  # the greedy explanation, argmax table and residual chart draw for this drafter too
+        at2 = AppTest.from_file(MAIN, default_timeout=60)
+        at2.query_params.update({"trace": "bundled:default.jsonl", "cycle": str(cycle), "stage": str(stage)})
+        at2.run()
+        assert not at2.exception, [e.value for e in at2.exception]
+        assert plain(at2.info[0].value) == explain.stage_caption(trace.cycles[cycle], derive.proposals(trace.cycles[cycle]),
+                                                                stage, greedy=True)
+        if stage == 3:
+            assert "target's argmax" in list(at2.dataframe[-1].value.columns)
     if name == "other":
         table = at.dataframe[0].value
         assert list(table["draft token id"]) == trace.cycles[cycle]["drafter_state"]["draft_token_ids"]
@@ -182,3 +201,32 @@ def test_interview_tokenizer_question_opens_the_bundled_other_tokenizer_trace(mo
     assert at.session_state["trace_ref"].token == "bundled:shakespeare-other-tokenizer-greedy-k6.jsonl"
     assert at.subheader[0].value == "Cycle 0 · stage 1 Draft"
     assert "its own tokenizer" in plain(at.info[0].value)
+
+
+PAGES = ["views/stepper.py", "views/walkthrough.py", "views/rollback_demo.py", "views/exactness_lab.py",
+         "views/interview.py", "views/statistics.py", "views/trace_source.py"]
+
+
+@pytest.mark.parametrize("name", ["chat-prompt-lookup-greedy-k4.jsonl", "shakespeare-other-tokenizer-greedy-k6.jsonl"])
+def test_every_page_and_walkthrough_cycle_renders_a_bundled_drafter_trace(tmp_path, monkeypatch, name):
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    shutil.copy(BUNDLED / name, folder / "default.jsonl")
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(folder))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("SPECLAB_UPLOADS_DIR", str(tmp_path / "uploads"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    trace = load_trace(folder / "default.jsonl")
+    at = AppTest.from_file(MAIN, default_timeout=60)
+    at.query_params.update({"trace": "bundled:default.jsonl", "cycle": "0", "stage": "3"})
+    at.run()
+    for page in PAGES:
+        at.switch_page(page).run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+    at.switch_page("views/walkthrough.py").run()
+    no_proposal = [c["cycle"] for c in trace.cycles if not c["draft_token_ids"]]
+    for cycle in sorted({0, len(trace.cycles) - 1, *no_proposal[:1]}):  # a cycle that proposed nothing too
+        at.selectbox(key="wt_cycle").set_value(cycle).run()
+        assert not at.exception, (cycle, [e.value for e in at.exception])
+        if trace.cycles[cycle]["draft_cache_len"] is None:  # the rollback is told without a draft cache
+            assert any("Target cache entries past the committed prefix" in m.value for m in at.markdown)

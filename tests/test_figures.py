@@ -173,14 +173,15 @@ def test_acceptance_figure_numbers(sampled):
 def test_resample_figure_numbers(sampled):
     c = first_cycle(sampled, rejected=True)
     fig = figures.resample_figure(c, sampled.k)
-    entries = c["residual_top"]
-    assert [list(t.y) for t in fig.data] == [[e[f] for e in entries] for f in ("p_target", "p_draft", "residual")]
-    for e in entries:  # residual = normalised max(0, p_target - p_draft): proportional to the difference
+    entries = {figures.shown(e["text"]): e for e in c["residual_top"]}
+    for e in c["residual_top"]:  # residual = normalised max(0, p_target - p_draft): proportional to the difference
         assert e["residual"] == pytest.approx(0.0, abs=1e-6) or e["p_target"] > e["p_draft"]
-    chosen = [e["token_id"] for e in entries].index(c["resampled_token_id"])
-    assert list(fig.data[2].marker.line.width) == [3 if i == chosen else 0 for i in range(len(entries))]
-    assert fig.layout.annotations[0].x == fig.data[0].x[chosen]
+    for i in range(1, len(fig.data[0].x)):  # every bar after the rejected one is a residual entry, numbers as traced
+        e = entries[fig.data[0].customdata[i]]
+        assert [fig.data[f].y[i] for f in range(3)] == [e["p_target"], e["p_draft"], e["residual"]]
+    chosen = list(fig.data[2].marker.line.width).index(3)
     assert figures.esc(derive.visible_text(c["next_token_text"])) in fig.data[0].x[chosen]
+    assert "resampled" in fig.data[0].x[chosen]
 
 
 def test_bonus_figure_numbers(same_model):

@@ -152,6 +152,7 @@ def layout_dir(tmp_path, layout_traces, monkeypatch):
     monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("SPECLAB_UPLOADS_DIR", str(tmp_path / "uploads"))
     monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    monkeypatch.setenv("SPECLAB_CUSTOM_MODELS", "1")  # the live-run test names model folders
     return folder
 
 
@@ -210,12 +211,12 @@ def teaching_folder(tmp_path_factory):
 
 
 def test_rollback_page_sets_the_bug_beside_the_static_cache(teaching_folder, monkeypatch, tmp_path):
-    from tests.test_teaching_pages import figure, open_page
+    from tests.test_teaching_pages import click_run_live, figure, open_page
     monkeypatch.setenv("SPECLAB_TEACHING_PAIR", str(teaching_folder / "pair"))
     monkeypatch.setenv("SPECLAB_TRACES_DIR", str(teaching_folder / "traces"))
     monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.delenv("SPECLAB_TRACE", raising=False)
-    at = open_page("rollback")
+    at = click_run_live(open_page("rollback"))  # the injected pair has no stored result
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Static cache: attention on stale slots"] == "0.0%"
     assert metrics["Static cache output equals the correct run"] == "yes"

@@ -70,7 +70,11 @@ def figure(at: AppTest, key: str) -> dict:
 @pytest.mark.parametrize("name", list(PAGES))
 def test_every_teaching_page_renders(env, name):
     at = open_page(name)
-    assert at.title and at.get("plotly_chart")
+    assert at.title
+    if name in ("rollback", "exactness"):  # the injected pair has no stored result: a button, no wait
+        assert "Run live" in at.info[-1].value and "about" in at.info[-1].value or "time unknown" in at.info[-1].value
+    else:
+        assert at.get("plotly_chart")
 
 
 def test_walkthrough_covers_five_stages_with_formulas_and_citations(env):
@@ -105,8 +109,19 @@ def test_walkthrough_without_a_trace_makes_one(env, monkeypatch):
     assert [h.value[0] for h in at.header[:5]] == ["1", "2", "3", "4", "5"]
 
 
+def click_run_live(at: AppTest) -> AppTest:
+    """The form's "Run live" button (a form submit button has no key of its own)."""
+    [button] = [b for b in at.button if b.label == "Run live" and b.key.startswith("FormSubmitter:")]
+    button.click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
 def test_rollback_page_shows_the_broken_runs_diverging(env):
     at = open_page("rollback")
+    assert not at.get("plotly_chart") and "Run live" in at.info[0].value  # nothing stored for this pair
+    click_run_live(at)
+    assert any("Run live in this session" in c.value for c in at.caption)
     metrics = [(m.label, m.value) for m in at.metric]
     firsts = [v for label, v in metrics if label.startswith("First token")]
     assert firsts[0] == "none" and firsts[1] != "none"  # correct vs keeps-rejected-K/V
@@ -119,8 +134,12 @@ def test_rollback_page_shows_the_broken_runs_diverging(env):
 
 def test_exactness_lab_flags_a_broken_rule(env):
     at = open_page("exactness")
+    at.select_slider(key="lab_n").set_value(400)
+    click_run_live(at)
     assert at.success and "consistent with the target" in at.success[0].value
     at.radio(key="lab_rule").set_value("token_match").run()  # outside the form: applies at once
+    assert not at.exception and not at.error  # not run yet: a button, no long wait
+    at.button(key="lab_run").click().run()
     assert not at.exception
     assert at.error and "**not** the target's distribution" in at.error[0].value
 
@@ -129,11 +148,23 @@ def test_interview_questions_have_hidden_answers_and_red_flags(env):
     at = open_page("interview")
     assert len(at.expander) >= 7
     labels = " ".join(e.label for e in at.expander)
-    for topic in ("rejected", "K+1", "tokenizers", "greedy", "paged", "stop paying", "acceptance length"):
+    for topic in ("rejected", "K+1", "tokenizers", "greedy", "paged", "stop paying", "acceptance length",
+                  "exactly the target's distribution", "pick K"):
         assert topic in labels
+    links = [p.proto.page for p in at.get("page_link")]
+    assert {"exactness", "statistics", "walkthrough"} <= set(links)  # each answer points at the page that shows it
     assert any(s.value == "Red flags" for s in at.subheader)
-    for key in ("iv_cache", "iv_layouts", "iv_speedup", "iv_length", "iv_cost"):
+    for key in ("iv_cache", "iv_layouts", "iv_speedup", "iv_length"):
         figure(at, key)
+    assert "iv_cost" not in " ".join(chart_keys(at))  # nothing is timed on open
+    at.button(key="iv_measure_cost").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    cost = figure(at, "iv_cost")
+    bars = cost["data"][0]
+    assert len(bars["x"]) == 5 and all(y > 0 for y in bars["y"])  # K=4 in the tiny trace: widths 1..5
+    assert "error_y" in bars  # the spread of the repeats is drawn
+    words = " ".join(m.value for m in at.markdown)
+    assert "positions costs" in words or "not a measurement" in words
 
 
 # ---------------------------------------------------------------- figures escape token text

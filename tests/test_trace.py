@@ -58,7 +58,7 @@ def test_truncated_file_is_incomplete_not_finished(trace_file):
     (lambda h, c: c.pop("u"), "missing field 'u'"),
     (lambda h, c: c.update(p_draft="high"), "'p_draft' should be list"),
     (lambda h, c: c.update(num_accepted=True), "'num_accepted' should be int"),
-    (lambda h, c: c.update(accept_prob=[0.5]), "'accept_prob' has 1 entries"),
+    (lambda h, c: c.update(accept_prob=[0.5]), "field 'accept_prob': needs one entry per draft token"),
     (lambda h, c: c["target_cache_len"].pop("after_rollback"), "missing field 'after_rollback'"),
 ])
 def test_malformed_trace_gets_a_clear_error(trace_file, edit, message):
@@ -84,3 +84,31 @@ def test_non_utf8_and_missing_files(tmp_path):
         loads_trace(b"\xff\xfe\x00")
     with pytest.raises(TraceError, match="not found"):
         load_trace(tmp_path / "nope.jsonl")
+
+
+def test_reading_accepts_what_the_writer_writes_and_refuses_clearly(trace_file):
+    text = trace_file[0].read_text(encoding="utf-8")
+    header, rest = text.split("\n", 1)
+    assert loads_trace("\ufeff" + text).complete  # a BOM
+    assert loads_trace(text.replace("\n", "\r\n")).complete  # Windows line ends
+    cases = {
+        header[:-1] + ', "x": 1e999}\n' + rest: "line 1: the number 1e999 is too large to be a finite number",
+        header[:-1] + ', "x": -Infinity}\n' + rest: "line 1: -Infinity is not a number a trace may hold",
+        header[:-1] + ', "x": ' + "[" * 17 + "]" * 17 + "}\n" + rest: "line 1: the record nests more than 16 levels deep",
+        header[:-1] + ', "x": ' + "[" * 5000 + "]" * 5000 + "}\n" + rest: "line 1: the record nests more than 16",
+    }
+    for bad, message in cases.items():
+        with pytest.raises(TraceError, match=message):
+            loads_trace(bad)
+    with pytest.raises(TraceError, match=r"MiB is larger than the 0 MiB"):
+        loads_trace(text, max_bytes=1000)
+
+
+def test_an_inconsistent_cycle_is_refused_naming_line_cycle_field_and_rule(trace_file):
+    lines = lines_of(trace_file[0])
+    cycle = json.loads(lines[2])
+    cycle["accept_prob"][0] = cycle["accept_prob"][0] + 0.05 if cycle["accept_prob"][0] < 0.9 else 0.5
+    broken = "\n".join([lines[0], lines[1], json.dumps(cycle), *lines[3:]])
+    with pytest.raises(TraceError, match=r"line 3 \(cycle 1\): field 'accept_prob\[0\]': must equal "
+                                         r"min\(1, p_target/p_draft\)"):
+        loads_trace(broken)

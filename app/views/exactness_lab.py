@@ -1,18 +1,20 @@
 """Exactness lab: sample the next token many times and compare with the target distribution."""
 import streamlit as st
 
-from app import teaching_pair
+from app import precomputed, teaching_pair
 from app.figures_teaching import histogram_entries, lab_histogram_figure
 from app.safe import md
-from app.teaching_ui import WALKTHROUGH, chart
+from app.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, run_with_progress
 from engine.config import SettingsError, SpecSettings
 from engine.exactness import MAX_VOCAB_FOR_SECOND_TOKEN, LabResult, run_lab
-from engine.speculative import Pair
 from engine.teaching_faults import ACCEPTANCE_RULES, Faults
 
 SIGNIFICANCE = 0.01
 TOP_TOKENS = 20  # bars in the histogram; the rest is one "other" bar
-SAMPLE_COUNTS = [200, 400, 1000, 2000, 5000]
+SAMPLE_COUNTS = [100, 200, 400, 1000, 2000, 5000]
+DEFAULT_SAMPLES = 200  # about 10 s live on the tiny-shakespeare pair on a busy 2-core CPU
+LIVE = "lab_live"  # session_state: {stored-result key: (LabResult, texts, seconds)} run live in this session
+PAGE = precomputed.EXACTNESS
 RULE_NAMES = {
     "ratio": "min(1, p_target/p_draft), residual (correct)",
     "token_match": "accept when a target sample matches the draft token",
@@ -38,14 +40,53 @@ GREEDY_WHY = ("**Greedy draft**: the draft always proposes its most likely token
               "breaks that, and the output leans towards the draft's favourite.")
 
 
-@st.cache_data(max_entries=32, show_spinner="Sampling with the real engine…")
-def lab(pair_key: str, prompt_ids: tuple[int, ...], settings: tuple, rule: str, greedy: bool, n: int,
-        position: int, _pair: Pair) -> LabResult:
+def samples_of(key: list) -> int:
+    """Units of work of a stored entry's key: samples times the tokens each one generates."""
+    return key[6] * key[7]
+
+
+def run_live(choice: teaching_pair.PairChoice, prompt: str, s: SpecSettings, rule: str, greedy: bool,
+             n: int, position: int, key: str) -> None:
+    pair = teaching_pair.load(choice)
+    prompt_ids = teaching_pair.encode(pair, choice, prompt) if pair else None
+    if prompt_ids is None:
+        return
     faults = Faults(acceptance_rule=rule, greedy_draft=greedy)
-    return run_lab(_pair, list(prompt_ids), SpecSettings(**dict(settings)), faults, n, position)
+    try:
+        res, seconds = run_with_progress(PAGE, choice.key, n * position, f"Sampling {n} times with the real engine",
+                                         lambda on_progress: run_lab(pair, prompt_ids, s, faults, n, position, on_progress))
+    except ValueError as err:  # e.g. the token after next on a large vocabulary
+        st.error(md(str(err)), icon=":material/error:")
+        return
+    texts = teaching_pair.texts_of(pair, histogram_entries(res, TOP_TOKENS))
+    st.session_state.setdefault(LIVE, {})[key] = (res, texts, seconds)
 
 
-def controls(choice: teaching_pair.PairChoice, vocab: int) -> tuple | None:
+def result_for(choice: teaching_pair.PairChoice, prompt: str, s: SpecSettings, rule: str, greedy: bool,
+               n: int, position: int, run_now: bool) -> tuple[LabResult, dict[int, str]] | None:
+    """This session's live result, else the stored one, else a button that runs it live."""
+    key = precomputed.exactness_key(choice.key, prompt, s.to_dict(), rule, greedy, n, position)
+    estimate = estimate_s(PAGE, choice.key, n * position, precomputed.seconds_per_unit(PAGE, choice.key, samples_of))
+    if not run_now and key not in st.session_state.get(LIVE, {}) and precomputed.find(key) is None:
+        st.info(f"No stored result for this rule and these settings: press **Run live** "
+                f"({estimate_words(estimate)}).", icon=":material/play_arrow:")
+        run_now = st.button("Run live", key="lab_run", type="primary", icon=":material/play_arrow:")
+    if run_now:
+        run_live(choice, prompt, s, rule, greedy, n, position, key)
+    if key in st.session_state.get(LIVE, {}):
+        res, texts, seconds = st.session_state[LIVE][key]
+        st.caption(f"Sampled live in this session ({seconds:.0f} s).")
+        return res, texts
+    stored = precomputed.find(key)
+    if stored is None:
+        return None
+    st.caption(f"Precomputed with the real engine by `scripts/make_teaching_results.py` ({stored['made']}; "
+               f"{stored['seconds']:.0f} s there). **Run live** samples again on this machine "
+               f"({estimate_words(estimate)}).")
+    return precomputed.lab_from_dict(stored["result"])
+
+
+def controls(choice: teaching_pair.PairChoice) -> tuple | None:
     with st.form("lab_form"):
         prompt = st.text_area("Prefix", choice.prompt, key="lab_prompt", height=68)
         cols = st.columns(5)
@@ -54,12 +95,18 @@ def controls(choice: teaching_pair.PairChoice, vocab: int) -> tuple | None:
         k = cols[2].number_input("K", 1, 4, 1, key="lab_k",
                                  help="Only draft position 1 can decide the next token, so K=1 is enough for it "
                                       "(and fastest); the token after next also meets position 2 and the bonus.")
-        n = cols[3].select_slider("Samples", SAMPLE_COUNTS, 400, key="lab_n")
+        n = cols[3].select_slider("Samples", SAMPLE_COUNTS, DEFAULT_SAMPLES, key="lab_n",
+                                  help="200 samples take about 10 s live on the tiny-shakespeare pair here; "
+                                       "2000 (the full chi-square) a few minutes.")
         seed = cols[4].number_input("Seed", 0, 2**31 - 1, 0, key="lab_seed")
-        positions = [1, 2] if vocab <= MAX_VOCAB_FOR_SECOND_TOKEN else [1]
-        position = st.radio("Which token", positions, horizontal=True, key="lab_position",
-                            format_func={1: "the next token", 2: "the token after next (passes a bonus or a second cycle)"}.get)
-        st.form_submit_button("Sample", type="primary")
+        position = st.radio("Which token", [1, 2], horizontal=True, key="lab_position",
+                            format_func={1: "the next token", 2: "the token after next (passes a bonus or a second "
+                                         f"cycle; vocabularies up to {MAX_VOCAB_FOR_SECOND_TOKEN} tokens)"}.get)
+        buttons = st.columns([1, 1, 4])
+        buttons[0].form_submit_button("Show", icon=":material/visibility:",
+                                      help="Apply these settings: the stored result if there is one, else a Run live button.")
+        clicked = buttons[1].form_submit_button("Run live", type="primary", icon=":material/play_arrow:",
+                                                help="Sample now on this machine, with a progress bar.")
     # Outside the form, so switching the rule redraws at once (each rule's result is cached).
     cols = st.columns([3, 1], vertical_alignment="bottom")
     rule = cols[0].radio("Acceptance rule", list(RULE_NAMES), key="lab_rule", format_func=RULE_NAMES.get)
@@ -69,7 +116,7 @@ def controls(choice: teaching_pair.PairChoice, vocab: int) -> tuple | None:
     except SettingsError as err:
         st.error(md(str(err)))
         return None
-    return prompt, s, rule, greedy, int(n), int(position)
+    return prompt, s, rule, greedy, int(n), int(position), clicked
 
 
 def verdict(name: str, p_value: float) -> str:
@@ -85,9 +132,8 @@ def rule_distance(res: LabResult) -> float | None:
     return 0.5 * sum(abs(a - b) for a, b in zip(res.predicted, res.exact))
 
 
-def results(res: LabResult, pair: Pair, rule: str, greedy: bool) -> None:
+def results(res: LabResult, texts: dict[int, str], rule: str, greedy: bool) -> None:
     label = RULE_SHORT[rule] + (" + greedy draft" if greedy else "")
-    texts = teaching_pair.texts_of(pair, histogram_entries(res, TOP_TOKENS))
     chart(lab_histogram_figure(res, texts, label, TOP_TOKENS), key="lab_histogram")
     cols = st.columns(4)
     cols[0].metric("Chi-square, speculative", f"{res.speculative_test.statistic:.1f}",
@@ -125,20 +171,17 @@ def main() -> None:
              r" + \underbrace{\max\bigl(0, p_\text{target}(x) - p_\text{draft}(x)\bigr)}_{\text{from the residual}}"
              r" = p_\text{target}(x)")
     st.page_link(WALKTHROUGH, label="Where these terms come from", icon=":material/school:")
-    picked = teaching_pair.pick("lab")
-    if picked is None:
+    choice = teaching_pair.choose("lab")
+    if choice is None:
         return
-    choice, pair = picked
-    form = controls(choice, pair.target.full_vocab_size)
+    form = controls(choice)
     if form is None:
         return
-    prompt, s, rule, greedy, n, position = form
-    prompt_ids = teaching_pair.encode(pair, choice, prompt)
-    if prompt_ids is None:
-        return
+    prompt, s, rule, greedy, n, position, clicked = form
     st.markdown(RULE_WHY[rule] if not greedy else GREEDY_WHY)
-    res = lab(choice.key, tuple(prompt_ids), tuple(s.to_dict().items()), rule, greedy, n, position, pair)
-    results(res, pair, rule, greedy)
+    found = result_for(choice, prompt, s, rule, greedy, n, position, clicked)
+    if found is not None:
+        results(*found, rule, greedy)
     with st.expander("The rules in the engine"):
         for name, text in ACCEPTANCE_RULES.items():
             st.markdown(f"- `{name}`: {md(text)}")

@@ -1,15 +1,17 @@
 """Interview practice: questions with hidden answers, each tied to live data."""
-from pathlib import Path
 from statistics import median
 
 import streamlit as st
 
-from app import figures, state, teaching_pair
+from app import derive, figures, state, teaching_pair
 from app.figures_teaching import (acceptance_length_figure, cache_layouts_figure, forward_cost_figure,
                                   speedup_figure)
 from app.safe import md
-from app.teaching_ui import EXACTNESS_LAB, ROLLBACK_DEMO, chart, open_in_stepper, stepper_query
+from app.teaching_ui import (EXACTNESS_LAB, ROLLBACK_DEMO, STATISTICS, STEPPER, WALKTHROUGH, chart,
+                             one_torch_thread, open_in_stepper, stepper_query)
+from engine.analysis import measured_alpha
 from engine.metrics import acceptance_metrics, expected_tokens_per_cycle
+from engine.repeats import MAX_SPREAD, Repeated
 from engine.speculative import Pair
 from engine.teaching import NumericsCheck, batched_vs_stepwise, forward_times, low_precision_copy
 from engine.trace import Trace
@@ -49,11 +51,6 @@ def needs_trace() -> None:
     st.caption("Open a trace (**Choose a trace**) to see this on real cycles.")
 
 
-def alpha_of(trace: Trace) -> float:
-    betas = [b for c in trace.cycles for b in c["beta"]]
-    return sum(betas) / len(betas) if betas else 0.0
-
-
 def c_estimate(trace: Trace) -> float:
     """Cost of a draft step relative to a target step, taking the verify pass as one target step."""
     steps = [t for c in trace.cycles for t in c["draft_step_times_s"]]
@@ -61,25 +58,20 @@ def c_estimate(trace: Trace) -> float:
     return median(steps) / median(verify) if steps and verify and median(verify) > 0 else 0.0
 
 
-def sequence_texts(trace: Trace, c: dict) -> list[str]:
-    texts = list(trace.header["prompt_token_texts"])
-    for earlier in trace.cycles[: c["cycle"]]:
-        texts += earlier["committed_token_texts"]
-    return texts + list(c["draft_token_texts"])
+# ---------------------------------------------------------------- live measurements (on request)
+
+MEASURED = "iv_measured"  # session_state: {name: result} of the measurements made on request
 
 
-# ---------------------------------------------------------------- live measurements (cached)
-
-@st.cache_data(max_entries=8, show_spinner="Timing the target model…")
-def timings(pair_key: str, prefix: tuple[int, ...], k: int, _pair: Pair) -> list[float]:
-    return forward_times(_pair.target, list(prefix), k + 1)
+def timings(pair: Pair, prefix: list[int], k: int) -> list[Repeated]:
+    with one_torch_thread():
+        return forward_times(pair.target, prefix, k + 1)
 
 
-@st.cache_data(max_entries=8, show_spinner="Comparing step-by-step and batched logits…")
-def numerics(pair_key: str, ids: tuple[int, ...], positions: int, _pair: Pair) -> list[NumericsCheck]:
-    checks = [batched_vs_stepwise(_pair.target, list(ids), positions)]
-    if sum(p.numel() for p in _pair.target.model.parameters()) <= LOW_PRECISION_MAX_PARAMS:
-        checks.append(batched_vs_stepwise(low_precision_copy(_pair.target), list(ids), positions))
+def numerics(pair: Pair, ids: list[int], positions: int) -> list[NumericsCheck]:
+    checks = [batched_vs_stepwise(pair.target, ids, positions)]
+    if sum(p.numel() for p in pair.target.model.parameters()) <= LOW_PRECISION_MAX_PARAMS:
+        checks.append(batched_vs_stepwise(low_precision_copy(pair.target), ids, positions))
     return checks
 
 
@@ -91,6 +83,36 @@ def live_pair() -> tuple[teaching_pair.PairChoice, Pair] | None:
         return None
     pair = teaching_pair.load(options[0])
     return (options[0], pair) if pair else None
+
+
+def measured(name: str, label: str, measure) -> object | None:
+    """A result measured in this session, or a button that measures it now (nothing runs on open)."""
+    found = st.session_state.get(MEASURED, {})
+    if name not in found:
+        if not st.button(label, key=f"iv_measure_{name}", icon=":material/timer:"):
+            return None
+        live = live_pair()
+        if live is None:
+            return None
+        with st.spinner("Measuring on this machine…"):
+            st.session_state.setdefault(MEASURED, {})[name] = (live[0].label, measure(*live))
+    return st.session_state[MEASURED][name]
+
+
+def verify_cost_words(times: list[Repeated], k: int) -> str:
+    """What the verify-cost chart says, in words, or why it says nothing."""
+    shaky = [n for n, t in enumerate(times, start=1) if not t.trustworthy]
+    if shaky:
+        return (f"The repeats disagree by more than {MAX_SPREAD:.0%} at width(s) {', '.join(map(str, shaky))}: "
+                "the machine is busy, so those bars (hatched) are not a measurement. Measure again later.")
+    ratio = times[k].median_s / times[0].median_s
+    if ratio <= 1.3:
+        return (f"Here scoring {k + 1} positions costs {ratio:.2f}× one position: the extra positions are "
+                "nearly free, as the answer says.")
+    return (f"Here scoring {k + 1} positions costs {ratio:.2f}× one position: on this CPU the extra positions "
+            "are **not** free. A small model on a CPU is limited by arithmetic, not by reading its weights, so "
+            "the answer's 'almost nothing' holds on a GPU at small batch, not here; that is one reason "
+            "speculation gains less on a CPU.")
 
 
 # ---------------------------------------------------------------- the questions
@@ -108,12 +130,12 @@ def q_rejected_cache(trace: Trace | None) -> None:
         if c is None:
             needs_trace()
             return
-        chart(figures.cache_figure(c, 5, sequence_texts(trace, c)), key="iv_cache")
+        chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c)), key="iv_cache")
         open_in_stepper(c["cycle"], 5, key="iv_link_cache")
         st.page_link(ROLLBACK_DEMO, label="Watch what goes wrong if they stay", icon=":material/bug_report:")
 
 
-def q_k_plus_one(trace: Trace | None, live: tuple | None) -> None:
+def q_k_plus_one(trace: Trace | None) -> None:
     with st.expander("Why does verification score K+1 positions, not K?"):
         st.markdown(
             "The target is fed the last committed token plus the K guesses. Output 1 (after the last committed "
@@ -121,19 +143,23 @@ def q_k_plus_one(trace: Trace | None, live: tuple | None) -> None:
             "prediction nobody has used yet. If every guess passes, a bonus token is drawn from it; if one "
             "fails, the output at that position supplies the residual. Either way a cycle commits at least one "
             "token, so speculation never makes less progress per target pass than plain decoding, and at best "
-            "K+1. The extra position costs almost nothing because the pass is limited by reading the weights, "
-            "not by the number of positions; the chart measures that on the live model.")
+            "K+1. On a GPU at small batch the extra positions cost almost nothing, because the pass is limited "
+            "by reading the weights, not by the number of positions; measure what they cost here below.")
         c = find_cycle(trace, lambda c: c["rejected_position"] is None)
         if c is not None:
-            chart(figures.cycle_figure(c, trace.k, 4), key="iv_bonus")
+            chart(figures.cycle_figure(c, derive.proposals(c), 4), key="iv_bonus")
             open_in_stepper(c["cycle"], 4, key="iv_link_bonus")
-        if live is not None:
-            choice, pair = live
-            k = trace.k if trace else 4
+        k = trace.k if trace else 4
+
+        def measure(choice: teaching_pair.PairChoice, pair: Pair) -> list[Repeated] | None:
             prefix = teaching_pair.encode(pair, choice, choice.prompt)
-            if prefix:
-                name = "/".join(Path(pair.target.name).parts[-2:])  # a folder path: its last two parts
-                chart(forward_cost_figure(timings(choice.key, tuple(prefix), k, pair), name), key="iv_cost")
+            return timings(pair, prefix, k) if prefix else None
+
+        result = measured("cost", f"Measure the target's pass over 1..{k + 1} positions now", measure)
+        if result is not None and result[1]:
+            label, times = result
+            chart(forward_cost_figure(times, label.split(":")[0]), key="iv_cost")
+            st.markdown(verify_cost_words(times, min(k, len(times) - 1)))
 
 
 TOKENIZER_TRACE = "shakespeare-other-tokenizer-greedy-k6.jsonl"  # in assets/traces
@@ -149,7 +175,7 @@ def open_bundled(name: str) -> None:
 
 def q_tokenizers(trace: Trace | None) -> None:
     if st.session_state.pop("_iv_switch_to_stepper", False):
-        st.switch_page("views/stepper.py", query_params=stepper_query(0, 1))
+        st.switch_page(STEPPER, query_params=stepper_query(0, 1))
     with st.expander("What changes if the draft and target use different tokenizers?"):
         st.markdown(
             "The acceptance test compares two probabilities of *the same token id*. If the id means different "
@@ -175,10 +201,11 @@ def q_tokenizers(trace: Trace | None) -> None:
         if st.session_state.pop("_iv_open_failed", None):
             st.warning(f"The bundled trace {TOKENIZER_TRACE} could not be opened.")
         if trace is not None:
-            t, d = trace.header["target"], trace.header["draft"]
+            t, d = trace.header["target"], trace.header["draft"]  # dicts; every entry in them is optional
             kept = f", draft output layer covers {d['kept_vocab']} of them" if d.get("kept_vocab") else ""
-            st.caption(f"Open trace: both models use the {md(trace.header['tokenizer'])} tokenizer, "
-                       f"{t['vocab_size']} token ids{md(kept)}.")
+            vocab = f"{t['vocab_size']} token ids" if t.get("vocab_size") else "a vocabulary the trace does not size"
+            st.caption(f"Open trace: both models use the {md(str(trace.header.get('tokenizer', 'same')))} tokenizer, "
+                       f"{md(vocab)}{md(kept)}.")
 
 
 def numerics_table(checks: list[NumericsCheck]) -> list[dict]:
@@ -187,13 +214,28 @@ def numerics_table(checks: list[NumericsCheck]) -> list[dict]:
             for c in checks]
 
 
+def numerics_words(checks: list[NumericsCheck]) -> str:
+    """Say what the table shows, including when it goes against the usual expectation."""
+    f32 = next((c for c in checks if c.dtype == "float32"), None)
+    low = next((c for c in checks if c.dtype != "float32"), None)
+    if f32 is None or low is None:
+        return ""
+    if low.max_abs_logit_diff > f32.max_abs_logit_diff:
+        return (f"As expected, {low.dtype} differs more ({low.max_abs_logit_diff:.1e}) than float32 "
+                f"({f32.max_abs_logit_diff:.1e}).")
+    return (f"Here {low.dtype} happened to give **identical or closer** results ({low.max_abs_logit_diff:.1e}) "
+            f"than float32 ({f32.max_abs_logit_diff:.1e}): whether the two ways differ depends on the kernels "
+            "this machine picks for each shape, not on the precision alone. On GPUs, where batched and single "
+            "rows use different kernels, lower precision usually differs more.")
+
+
 def closest_tie(trace: Trace) -> tuple[float, int] | None:
     """Smallest gap between the target's two most likely tokens anywhere in the trace."""
     gaps = [(row[0]["p"] - row[1]["p"], c["cycle"]) for c in trace.cycles for row in c["target_top"] if len(row) > 1]
     return min(gaps) if gaps else None
 
 
-def q_greedy_numerics(trace: Trace | None, live: tuple | None) -> None:
+def q_greedy_numerics(trace: Trace | None) -> None:
     with st.expander("Why can greedy output change when speculation is switched on?"):
         st.markdown(
             "On paper it cannot: greedy speculation keeps a guess only if it is the target's argmax, so the text "
@@ -204,14 +246,17 @@ def q_greedy_numerics(trace: Trace | None, live: tuple | None) -> None:
             "nearly tied, that is enough to flip the argmax, and from there the two texts continue differently. "
             "Neither is wrong; both are the target's greedy text up to rounding. The same effect is why a draft "
             "identical to the target does not always reach 100% acceptance.")
-        if live is not None:
-            choice, pair = live
+        def measure(choice: teaching_pair.PairChoice, pair: Pair) -> list[NumericsCheck] | None:
             ids = teaching_pair.encode(pair, choice, choice.prompt * 3)
-            if ids and len(ids) > 5:
-                st.caption(f"Measured now on {md(pair.target.name)}: the last positions of the prompt scored step "
-                           "by step and in one pass.")
-                st.dataframe(numerics_table(numerics(choice.key, tuple(ids), min(5, len(ids) - 1), pair)),
-                             hide_index=True, key="iv_numerics")
+            return numerics(pair, ids, min(5, len(ids) - 1)) if ids and len(ids) > 5 else None
+
+        result = measured("numerics", "Compare step-by-step and batched logits now", measure)
+        if result is not None and result[1]:
+            label, checks = result
+            st.caption(f"Measured now on {md(label)}: the last positions of the prompt scored step by step "
+                       "and in one pass.")
+            st.dataframe(numerics_table(checks), hide_index=True, key="iv_numerics")
+            st.markdown(numerics_words(checks))
         if trace is not None and (tie := closest_tie(trace)):
             st.caption(f"Closest near-tie in the open trace: the target's top two tokens {tie[0]:.2e} apart "
                        f"(cycle {tie[1]}). Ties that close are where greedy texts part.")
@@ -261,7 +306,7 @@ def q_payoff(trace: Trace | None) -> None:
         if trace is None:
             needs_trace()
             return
-        alpha, c = alpha_of(trace), c_estimate(trace)
+        alpha, c = measured_alpha(trace.cycles), c_estimate(trace)
         c = st.slider("c (draft step / target step)", 0.0, 1.0, round(min(c, 1.0), 2), 0.01, key="iv_c",
                       help="Starts at this trace's estimate: median draft step / median verify pass.")
         chart(speedup_figure(alpha, c, 12, trace.k), key="iv_speedup")
@@ -280,7 +325,7 @@ def q_acceptance_length(trace: Trace | None) -> None:
             return
         per_cycle = [c["num_accepted"] + 1 for c in trace.cycles]
         m = acceptance_metrics([c["num_accepted"] for c in trace.cycles], trace.k)
-        alpha = alpha_of(trace)
+        alpha = measured_alpha(trace.cycles)
         st.caption(f"Open trace: acceptance rate {m['acceptance_rate']:.3f}, mean acceptance length "
                    f"{m['mean_acceptance_length']:.3f}, i.i.d. prediction from α={alpha:.3f}: "
                    f"{expected_tokens_per_cycle(alpha, trace.k):.3f}. The prediction assumes every guess is "
@@ -302,8 +347,50 @@ def q_catch_up(trace: Trace | None) -> None:
         if c is None:
             needs_trace() if trace is None else st.caption("No cycle of the open trace needed a catch-up.")
             return
-        chart(figures.cache_figure(c, 5, sequence_texts(trace, c)), key="iv_catch_up")
+        chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c)), key="iv_catch_up")
         open_in_stepper(c["cycle"], 5, key="iv_link_catch_up")
+
+
+def q_exactness(trace: Trace | None) -> None:
+    with st.expander("Why is the output exactly the target's distribution, not just close to it?"):
+        st.markdown(
+            "Look at one position and a token x. It can come out in two ways. **Proposed and kept**: the draft "
+            "proposes x with probability p_draft(x) and keeps it with probability min(1, p_target(x)/p_draft(x)); "
+            "together that is min(p_draft(x), p_target(x)). **Rejected, then resampled**: the proposal fails "
+            "with probability 1 − β, where β = Σ_y min(p_draft(y), p_target(y)), and the residual "
+            "max(0, p_target(x) − p_draft(x)) / (1 − β) is drawn. The 1 − β cancels, and "
+            "min(p_d, p_t) + max(0, p_t − p_d) = p_t for every x. By induction over positions the whole text is "
+            "distributed like the target's. Two conditions matter: the draft token must really be *drawn* from "
+            "p_draft (a greedy draft judged as if it were sampled breaks this), and both distributions must be "
+            "warped (temperature, top-k, top-p) the same way. Greedy is the limit case: accept while the draft "
+            "token equals the target's argmax, and the text equals plain greedy decoding.")
+        st.latex(r"P(x) = \min(p_\text{d}, p_\text{t}) + (1-\beta)\,\frac{\max(0, p_\text{t} - p_\text{d})}{1-\beta}"
+                 r" = p_\text{t}(x)")
+        st.page_link(EXACTNESS_LAB, label="See it: histograms and a chi-square test, correct and broken rules",
+                     icon=":material/science:")
+        st.page_link(WALKTHROUGH, label="The derivation, step by step", icon=":material/school:")
+        c = find_cycle(trace, lambda c: c["rejected_position"] is not None)
+        if c is not None:
+            open_in_stepper(c["cycle"], 4, key="iv_link_exact", label=f"A resample from the residual: cycle {c['cycle']}")
+
+
+def q_pick_k(trace: Trace | None) -> None:
+    with st.expander("How do you pick K?"):
+        st.markdown(
+            "Measure, then predict, then measure again. (1) Measure α, the acceptance per drafted token, on "
+            "text like your traffic, and c, the time of a draft step over a target step, on your hardware. "
+            "(2) The expected speedup (1−α^(K+1)) / ((1−α)(Kc+1)) rises while an extra guess is still likely to "
+            "be accepted and falls once its draft step costs more than it brings: the best K grows with α and "
+            "shrinks with c. With K=1 speculation pays only if α > c. (3) Refine the verify cost: scoring K+1 "
+            "positions costs about one step on a GPU at small batch, more on a CPU or a busy GPU. (4) Run a K "
+            "sweep and keep the measured best; acceptance varies with the text (real acceptance comes in "
+            "streaks), which is why engines adapt K per request or per step (EAGLE-2's dynamic trees, Hugging "
+            "Face's adaptive schedule).")
+        st.page_link(STATISTICS, label="This trace's K advisor and a live K sweep", icon=":material/monitoring:")
+        if trace is not None:
+            alpha = measured_alpha(trace.cycles)
+            st.caption(f"Open trace: α = {alpha:.3f}, c ≈ {c_estimate(trace):.3f}, K = {trace.k}. The payoff question "
+                       "below has a chart of the predicted speedup against K for these numbers.")
 
 
 def main() -> None:
@@ -313,11 +400,12 @@ def main() -> None:
         "open trace (with a link into the stepper) or a measurement made now on a real model.")
     trace = state.current_trace()
     trace = trace if trace is not None and trace.cycles else None
-    live = live_pair()
+    q_exactness(trace)
+    q_pick_k(trace)
     q_rejected_cache(trace)
-    q_k_plus_one(trace, live)
+    q_k_plus_one(trace)
     q_tokenizers(trace)
-    q_greedy_numerics(trace, live)
+    q_greedy_numerics(trace)
     q_paged(trace)
     q_payoff(trace)
     q_acceptance_length(trace)

@@ -1,13 +1,12 @@
 """What if we don't roll back? The correct engine beside two deliberately broken ones."""
 import streamlit as st
 
-from app import teaching_pair
+from app import precomputed, teaching_pair
 from app.figures_layouts import stale_comparison_figure
 from app.figures_teaching import cache_strip_figure, divergence_figure, drift_figure
 from app.safe import md
-from app.teaching_ui import WALKTHROUGH, chart
+from app.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, run_with_progress
 from engine.config import MAX_NEW_TOKENS, SettingsError, SpecSettings
-from engine.speculative import Pair
 from engine.stale_slots import StaticRun, static_run
 from engine.teaching import (CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison,
                              compare_runs, first_divergence)
@@ -26,17 +25,56 @@ BROKEN_TEXT = {
 }
 
 
-@st.cache_data(max_entries=16, show_spinner="Running the correct engine and both broken ones…")
-def comparison(pair_key: str, prompt_ids: tuple[int, ...], settings: tuple, _pair: Pair) -> Comparison:
-    return compare_runs(_pair, list(prompt_ids), SpecSettings(**dict(settings)))
+LIVE = "rb_live"  # session_state: {stored-result key: Comparison run live in this session}
+PAGE = precomputed.ROLLBACK
 
 
-@st.cache_data(max_entries=16, show_spinner="Running the correct engine on a static cache…")
-def static_comparison(pair_key: str, prompt_ids: tuple[int, ...], settings: tuple, _pair: Pair) -> StaticRun:
-    return static_run(_pair, list(prompt_ids), SpecSettings(**dict(settings)))
+def new_tokens_of(key: list) -> int:
+    """Units of work of a stored entry's key: its new tokens (each run is a few passes per token)."""
+    return key[3]["max_new_tokens"]
 
 
-def settings_form(choice: teaching_pair.PairChoice) -> tuple[str, SpecSettings] | None:
+def run_live(choice: teaching_pair.PairChoice, prompt: str, settings: SpecSettings, key: str) -> None:
+    pair = teaching_pair.load(choice)
+    prompt_ids = teaching_pair.encode(pair, choice, prompt) if pair else None
+    if prompt_ids is None:
+        return
+
+    def work(on_progress):  # the three traced runs, then the correct engine on a static cache (~ a fourth)
+        cmp = compare_runs(pair, prompt_ids, settings, lambda f: on_progress(0.8 * f))
+        static = static_run(pair, prompt_ids, settings)
+        on_progress(1.0)
+        return cmp, static
+
+    (cmp, static), seconds = run_with_progress(
+        PAGE, choice.key, settings.max_new_tokens, "Running the correct engine, both broken ones and a static cache", work)
+    st.session_state.setdefault(LIVE, {})[key] = (cmp, static, seconds)
+
+
+def result_for(choice: teaching_pair.PairChoice, prompt: str, settings: SpecSettings,
+               run_now: bool) -> tuple[Comparison, StaticRun | None] | None:
+    """This session's live result, else the stored one, else (after a click) a live run."""
+    key = precomputed.rollback_key(choice.key, prompt, settings.to_dict())
+    if run_now:
+        run_live(choice, prompt, settings, key)
+    if key in st.session_state.get(LIVE, {}):
+        cmp, static, seconds = st.session_state[LIVE][key]
+        st.caption(f"Run live in this session ({seconds:.0f} s).")
+        return cmp, static
+    stored = precomputed.find(key)
+    if stored is not None:
+        st.caption(f"Precomputed with the real engine by `scripts/make_teaching_results.py` ({stored['made']}; "
+                   f"it took {stored['seconds']:.0f} s there). **Run live** repeats it on this machine.")
+        static = precomputed.static_from_dict(stored["static"]) if stored.get("static") else None
+        return precomputed.comparison_from_dict(stored["result"]), static
+    estimate = estimate_s(PAGE, choice.key, settings.max_new_tokens,
+                          precomputed.seconds_per_unit(PAGE, choice.key, new_tokens_of))
+    st.info(f"No stored result for these settings: press **Run live** ({estimate_words(estimate)}).",
+            icon=":material/play_arrow:")
+    return None
+
+
+def settings_form(choice: teaching_pair.PairChoice) -> tuple[str, SpecSettings, bool] | None:
     with st.form("rb_form"):
         prompt = st.text_area("Prompt", choice.prompt, key="rb_prompt", height=68)
         cols = st.columns(4)
@@ -44,10 +82,14 @@ def settings_form(choice: teaching_pair.PairChoice) -> tuple[str, SpecSettings] 
         temperature = cols[1].number_input("Temperature (0 = greedy)", 0.0, 2.0, 0.0, step=0.1, key="rb_temperature")
         seed = cols[2].number_input("Seed", 0, 2**31 - 1, 0, key="rb_seed")
         max_new = cols[3].number_input("New tokens", 4, min(MAX_NEW_TOKENS, 96), 40, key="rb_max_new")
-        st.form_submit_button("Run all three", type="primary")
+        buttons = st.columns([1, 1, 4])
+        buttons[0].form_submit_button("Show", icon=":material/visibility:",
+                                      help="Apply these settings: the stored result if there is one, else a Run live button.")
+        clicked = buttons[1].form_submit_button("Run live", type="primary", icon=":material/play_arrow:",
+                                                help="Run all three engines now on this machine, with a progress bar.")
     try:
         return prompt, SpecSettings(k=int(k), temperature=float(temperature), seed=int(seed),
-                                    max_new_tokens=int(max_new))
+                                    max_new_tokens=int(max_new)), clicked
     except SettingsError as err:
         st.error(md(str(err)))
         return None
@@ -149,23 +191,24 @@ def main() -> None:
     for text in BROKEN_TEXT.values():
         st.markdown("- " + text)
     st.page_link(WALKTHROUGH, label="What the rollback is, step by step", icon=":material/school:")
-    picked = teaching_pair.pick("rb")
-    if picked is None:
+    choice = teaching_pair.choose("rb")
+    if choice is None:
         return
-    choice, pair = picked
     form = settings_form(choice)
     if form is None:
         return
-    prompt, settings = form
-    prompt_ids = teaching_pair.encode(pair, choice, prompt)
-    if prompt_ids is None:
+    found = result_for(choice, *form)
+    if found is None:
         return
-    cmp = comparison(choice.key, tuple(prompt_ids), tuple(settings.to_dict().items()), pair)
+    cmp, static = found
     run_metrics(cmp)
     outputs_section(cmp)
     drift_section(cmp)
     cache_section(cmp)
-    stale_section(cmp, static_comparison(choice.key, tuple(prompt_ids), tuple(settings.to_dict().items()), pair))
+    if static is not None:
+        stale_section(cmp, static)
+    else:
+        st.info("The static-cache comparison was not stored with this result: press **Run live**.")
 
 
 main()

@@ -4,6 +4,8 @@ Every number comes from engine/analysis.py (the same code as `python -m engine s
 this page lays them out, draws them (app/figures_stats.py) and runs the K sweep.
 """
 import dataclasses
+import os
+from pathlib import Path
 
 import streamlit as st
 
@@ -11,18 +13,23 @@ from app import figures_stats as figs
 from app.figures_layouts import LAYOUT_WORDS, memory_figure
 from app import live, state
 from app.safe import md
+from app.teaching_ui import chart
 from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
                              trace_stats)
 from engine.calibrate import calibrate
+from engine.metrics import TOKENS_PER_S, decoding_tokens_per_s, predicted_speedup
+from engine.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
 from engine.config import MAX_K, SettingsError, SpecSettings
 from engine.layout_stats import LayoutStats, layout_stats
 from engine.presets import PRESETS
 from engine.speculative import Pair
 from engine.sweep import SweepResult, k_sweep
-from engine.trace import Trace, TraceError
+from engine.trace import Trace, TraceError, model_name
 
 NOW_CALIBRATION = "now_calibration"  # session_state: {trace key: calibration measured on this machine}
 SWEEPS = "k_sweeps"  # session_state: {trace key: SweepResult}
+REFUSED = "refused_calibration"  # session_state: {trace key: why a calibration was not shown}
+NOW_SPREAD = "now_calibration_spread"  # session_state: {trace key: worst spread of the accepted calibration}
 
 
 # ---------------------------------------------------------------- data (cached per trace)
@@ -40,24 +47,32 @@ def with_calibration(trace: Trace, key: str) -> tuple[Trace, str, bool]:
     return Trace({**trace.header, "calibration": measured_now}, trace.cycles, trace.summary), key + "+now", True
 
 
-def chart(fig, key: str | None = None) -> None:
-    st.plotly_chart(fig, key=key, config={"displaylogo": False})
+MEASURE_PAIR = "SPECLAB_MEASURE_PAIR"  # a folder with target/ and draft/ the server's operator offers
 
 
 def trace_pair(header: dict) -> Pair | None:
-    """The model pair that wrote the trace: its preset, else the model names as folders or ids."""
+    """The pair to measure with: the trace's preset, else the pair the server's operator configured.
+
+    A trace is untrusted input: the model names in its header are never opened as paths
+    or ids, or an upload could make the server load (or probe) any folder it names.
+    """
     preset = header.get("preset")
-    try:
-        with st.spinner("Loading models (once per server process)…"):
-            drafter = live.drafter_of(header)  # the same drafter the trace was written with
-            if preset in PRESETS:
-                return live.cached_preset(preset, drafter)
-            if drafter.kind == "other-tokenizer":
-                drafter = dataclasses.replace(drafter, draft_model=header["draft"]["name"])
-            return live.cached_pair(header["target"]["name"], header["draft"]["name"], drafter)
-    except live.LOAD_ERRORS as err:
-        st.error(f"Could not load this trace's models: {md(str(err))}", icon=":material/error:")
+    configured = os.environ.get(MEASURE_PAIR)
+    if not (isinstance(preset, str) and preset in PRESETS) and not configured:
+        st.error("This trace was not recorded with one of this server's presets, and the server never loads "
+                 "models a trace names. Record the step times with `python -m engine run --calibrate ...`, or "
+                 f"start the server with {MEASURE_PAIR}=<folder holding target/ and draft/>.",
+                 icon=":material/block:")
         return None
+    drafter = live.drafter_of(header)  # the same drafter the trace was written with
+    if isinstance(preset, str) and preset in PRESETS:
+        return live.load_or_error(preset, drafter=drafter)
+    st.info(f"Measuring on the pair this server offers for traces without a preset "
+            f"({md(Path(configured).name)}), not on models the trace names.")
+    target, draft = str(Path(configured) / "target"), str(Path(configured) / "draft")
+    if drafter.kind == "other-tokenizer":
+        drafter = dataclasses.replace(drafter, draft_model=draft)
+    return live.load_or_error(None, target, draft, drafter=drafter)
 
 
 def trace_settings(header: dict, **changes) -> SpecSettings:
@@ -103,24 +118,57 @@ def ngram_section(st_: TraceStats) -> None:
                "model, so its draft step costs almost nothing and c is close to 0.")
 
 
+CALIBRATION_ROUNDS = 3  # whole calibrations; their spread says whether the machine was quiet enough
+
+
+def calibrate_repeated(pair: Pair, trace: Trace) -> tuple[dict, dict[str, Repeated]]:
+    """Calibrate several times; the per-quantity median, and each quantity's repeats."""
+    rounds = [calibrate(pair, trace.header["prompt_token_ids"], trace_settings(trace.header))
+              for _ in range(CALIBRATION_ROUNDS)]
+    spread = {"target step": repeated_values([r["target_step_s"] for r in rounds]),
+              "draft step": repeated_values([r["draft_step_s"] for r in rounds])}
+    widths = rounds[0]["verify_positions"]
+    for i, w in enumerate(widths):
+        spread[f"verify over {w}"] = repeated_values([r["verify_s"][i] for r in rounds])
+    median = {**rounds[0], "repeats": rounds[0]["repeats"] * CALIBRATION_ROUNDS,
+              "target_step_s": spread["target step"].median_s, "draft_step_s": spread["draft step"].median_s,
+              "verify_s": [spread[f"verify over {w}"].median_s for w in widths]}
+    return median, spread
+
+
 def calibrate_now(trace: Trace, key: str) -> None:
     st.info(NO_CALIBRATION, icon=":material/timer_off:")  # our own text: its `code` should render
+    if st.session_state.get(REFUSED, {}).get(key):
+        st.warning(st.session_state[REFUSED][key], icon=":material/timer_off:")
     if not st.button("Measure step times now (on this machine)", key="calibrate_now"):
         return
     pair = trace_pair(trace.header)
     if pair is None:
         return
-    with st.spinner("Timing single steps and verify widths…"):
-        result = calibrate(pair, trace.header["prompt_token_ids"], trace_settings(trace.header))
-    st.session_state.setdefault(NOW_CALIBRATION, {})[key] = result
+    with st.spinner(f"Timing single steps and verify widths, {CALIBRATION_ROUNDS} times…"):
+        result, spread = calibrate_repeated(pair, trace)
+    shaky = {name: r for name, r in spread.items() if r.spread > MAX_SPREAD}
+    if shaky:  # refuse to show numbers whose repeats disagree
+        worst = max(shaky, key=lambda n: shaky[n].spread)
+        st.session_state.setdefault(REFUSED, {})[key] = (
+            f"Not shown: the {CALIBRATION_ROUNDS} calibrations disagreed by up to {shaky[worst].spread:.0%} "
+            f"({worst}; {len(shaky)} of {len(spread)} quantities over {MAX_SPREAD:.0%}). The machine is busy; "
+            "numbers this noisy would contradict each other. Measure again when it is quieter.")
+    else:
+        st.session_state.setdefault(REFUSED, {}).pop(key, None)
+        st.session_state.setdefault(NOW_CALIBRATION, {})[key] = result
+        st.session_state.setdefault(NOW_SPREAD, {})[key] = max(r.spread for r in spread.values())
     st.rerun()
 
 
 def cost_section(st_: TraceStats, measured_now: bool) -> None:
     r, cal, t = st_.speed, st_.calibration, st_.times
     if measured_now:
+        spread = st.session_state.get(NOW_SPREAD, {}).get(state.current_key())
         st.warning("Step times measured now on this machine, not when the trace was recorded: "
-                   "if the machines differ, so do c and the speedups.", icon=":material/timer:")
+                   "if the machines differ, so do c and the speedups."
+                   + (f" The {CALIBRATION_ROUNDS} calibrations agreed within {spread:.0%}." if spread is not None else ""),
+                   icon=":material/timer:")
     cols = st.columns(4)
     cols[0].metric("t_step (target, 1 token)", f"{r.target_step_s * 1000:.2f} ms")
     cols[1].metric("t_draft (one draft step)", f"{r.draft_step_s * 1000:.2f} ms")
@@ -145,6 +193,9 @@ def speed_section(st_: TraceStats) -> None:
     cols[2].metric("Refined prediction", f"{r.refined:.2f}x")
     cols[2].caption(DEFINITIONS["refined"])
     st.info(md(explain_speed(r)), icon=":material/lightbulb:")
+    gap = disagreement_words("Refined prediction vs measured speedup", r.refined, r.measured, MAX_SPREAD)
+    if gap:
+        st.warning(gap, icon=":material/compare_arrows:")
     chart(figs.speed_figure(r), key="fig_speed")
 
 
@@ -171,7 +222,7 @@ def sweep_section(trace: Trace, key: str) -> None:
              "acceptance with what the formulas predict from the same run.")
     default_ks = sorted({1, 2, 4, 6, trace.k} & set(range(1, MAX_K + 1)))
     cols = st.columns([3, 1])
-    ks = cols[0].multiselect("K values", list(range(1, 17)), default=default_ks, key="sweep_ks")
+    ks = cols[0].multiselect("K values", list(range(1, MAX_K + 1)), default=default_ks, key="sweep_ks")
     max_new = cols[1].number_input("Max new tokens", 1, 512, min(64, trace.header["settings"]["max_new_tokens"]),
                                    key="sweep_max_new")
     if st.button("Run the K sweep", key="sweep_run", type="primary", disabled=not ks):
@@ -206,8 +257,39 @@ def show_sweep(result: SweepResult) -> None:
                    "mean acceptance length": round(p.mean_acceptance_length, 3), "alpha": round(p.alpha, 3)}
                   for p, lev, ref in zip(result.points, predicted["leviathan"], predicted["refined"])],
                  hide_index=True, height="content", key="sweep_table")
-    st.caption(f"Plain target decoding: {result.plain_tokens_per_s:.2f} tokens/s. Predictions use alpha "
+    st.caption(f"Plain target decoding: {result.plain_tokens_per_s:.2f} tokens/s ({TOKENS_PER_S}). Predictions use alpha "
                f"{result.alpha:.3f} pooled over the sweep and its own step-time calibration.")
+
+
+# ---------------------------------------------------------------- the race and the explorer
+
+def race_section(trace: Trace, st_: TraceStats) -> None:
+    if st_.speed is None:
+        st.info("The race needs the time of one plain target step: see **Cost and speed**.")
+        return
+    st.markdown("Both decoders produce the same number of tokens. Speculative: this trace's own cycles, each "
+                "as long as it took. Plain: one calibrated target step per token. Prefill is left out of both.")
+    chart(figs.race_figure(trace.cycles, st_.speed.target_step_s), key="fig_race")
+
+
+def explorer_section(trace: Trace, st_: TraceStats) -> None:
+    r = st_.speed
+    trace_c = r.c if r else 0.3
+    cols = st.columns(3)
+    alpha = cols[0].slider("α (acceptance per draft token)", 0.0, 0.99, round(min(st_.alpha, 0.99), 2), 0.01,
+                           key="ex_alpha", help="Starts at this trace's α.")
+    c = cols[1].slider("c (draft step / target step)", 0.0, 1.0, round(min(trace_c, 1.0), 2), 0.01, key="ex_c",
+                       help="Starts at this trace's c." if r else "This trace has no step times; 0.3 to start.")
+    k = cols[2].slider("K", 1, 16, min(trace.k, 16), key="ex_k")
+    point = (trace.k, r.measured) if r else None
+    chart(figs.explorer_figure(alpha, c, k, 16, point, st_.alpha, trace_c), key="fig_explorer")
+    predicted = predicted_speedup(alpha, k, c)
+    text = f"At α = {alpha:.2f}, c = {c:.2f} and K = {k} the formula predicts **{predicted:.2f}×**."
+    if r:
+        text += (f" This trace measured **{r.measured:.2f}×** at K = {trace.k} (its own α and c predict "
+                 f"{r.leviathan:.2f}×; the gap is what the formula leaves out, such as a verify pass costing "
+                 f"{r.verify_in_steps:.2f} target steps instead of 1).")
+    st.markdown(text)
 
 
 # ---------------------------------------------------------------- comparing two traces
@@ -217,7 +299,7 @@ def summary_rows(trace: Trace, st_: TraceStats) -> dict[str, str]:
     s, r, a = trace.header["settings"], st_.speed, st_.acceptance
     na = "no calibration"
     return {
-        "target ← draft": f"{trace.header['target']['name']} ← {trace.header['draft']['name']}",
+        "target ← draft": f"{model_name(trace.header, 'target')} ← {model_name(trace.header, 'draft')}",
         "K · temperature": f"{s['k']} · {s['temperature']}",
         "cycles": f"{st_.num_cycles}",
         "draft acceptance rate": f"{a['acceptance_rate']:.3f}",
@@ -228,7 +310,7 @@ def summary_rows(trace: Trace, st_: TraceStats) -> dict[str, str]:
         "Leviathan prediction": f"{r.leviathan:.2f}x" if r else na,
         "refined prediction": f"{r.refined:.2f}x" if r else na,
         "best K (refined)": f"{best_k(st_.advice).k}" if st_.advice else na,
-        "end-to-end tokens/s": f"{st_.tokens_per_s:.1f}" if st_.tokens_per_s is not None else "incomplete run",
+        "tokens/s (decoding)": f"{decoding_tokens_per_s(trace.cycles):.1f}",
     }
 
 
@@ -249,12 +331,13 @@ def compare_section(trace: Trace, st_: TraceStats) -> None:
     try:
         other, other_key = state.load_ref(ref)
     except (TraceError, OSError) as err:
-        st.error(f"Could not open {md(ref.label)}: {md(str(err))}")
+        st.error(f"Could not open {md(ref.label)}: {md(state.shown_paths(str(err)))}")
         return
     other_stats = stats_of(other_key, other)
     mine, theirs = summary_rows(trace, st_), summary_rows(other, other_stats)
     st.dataframe([{"": name, "this trace": mine[name], ref.label: theirs[name]} for name in mine],
                  hide_index=True, height="content", key="compare_table")
+    st.caption(TOKENS_PER_S[0].upper() + TOKENS_PER_S[1:] + ", the same definition as the K sweep's.")
     chart(figs.compare_acceptance_figure(["this trace", ref.label], [st_, other_stats]), key="fig_compare")
 
 
@@ -291,7 +374,7 @@ def main() -> None:
         return
     state.write_url()
     h = trace.header
-    st.caption(f"Target **{md(h['target']['name'])}** · draft **{md(h['draft']['name'])}** · K={trace.k} · "
+    st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}** · K={trace.k} · "
                f"temperature {h['settings']['temperature']} · {len(trace.cycles)} cycles"
                + ("" if trace.complete else " · incomplete run (no summary)"))
     if not trace.cycles:
@@ -299,7 +382,8 @@ def main() -> None:
         return
     shown, key, measured_now = with_calibration(trace, state.current_key())
     st_ = stats_of(key, shown)
-    tabs = st.tabs(["Acceptance", "Cost and speed", "K advisor", "K sweep", "Compare two traces", "KV-cache layout"])
+    tabs = st.tabs(["Acceptance", "Cost and speed", "K advisor", "K sweep", "Race and explorer", "Compare two traces",
+                    "KV-cache layout"])
     with tabs[0]:
         acceptance_section(st_)
     with tabs[1]:
@@ -318,8 +402,11 @@ def main() -> None:
     with tabs[3]:
         sweep_section(trace, state.current_key())
     with tabs[4]:
-        compare_section(trace, st_)
+        race_section(trace, st_)
+        explorer_section(trace, st_)
     with tabs[5]:
+        compare_section(trace, st_)
+    with tabs[6]:
         layout_section(layout_stats(trace))
 
 

@@ -4,12 +4,30 @@ import streamlit as st
 from app import derive, drafter_view, figures, figures_layouts, state
 from app.explain import STAGES, stage_caption
 from app.safe import md
-from engine.trace import Trace
+from app.teaching_ui import chart
+from engine.analysis import SpeedReport, trace_stats
+from engine.trace import Trace, model_name
 
-SPEEDS = {"slow (2 s)": 2.0, "normal (1 s)": 1.0, "fast (0.4 s)": 0.4}
+SPEEDS = {"2 s/step": 2.0, "1 s/step": 1.0, "0.4 s/step": 0.4}
 
 
 # ---------------------------------------------------------------- per-trace data (cached)
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def speed_of(key: str, _trace: Trace) -> SpeedReport | None:
+    """The trace's measured and predicted speedup (engine/analysis.py), when it carries step times."""
+    return trace_stats(_trace).speed
+
+
+def slower_note(r: SpeedReport, k: int) -> str:
+    """Said up front when the open trace ran slower than plain decoding would have, and why."""
+    cost = k * r.c + r.verify_in_steps
+    return (f"This run was **slower** than plain decoding: {r.measured:.2f}× its speed. Each cycle cost about "
+            f"{cost:.2f} target steps (K={k} draft steps at c = {r.c:.2f} each, plus a verify pass worth "
+            f"{r.verify_in_steps:.2f} steps) and committed {r.expected_tokens:.2f} tokens on average, so "
+            f"speculation loses here; it is still a correct run to step through. **Statistics and speed** shows "
+            f"which K would pay off, and the example traces include faster pairs.")
+
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def derived(key: str, _trace: Trace) -> tuple[list[derive.TokenInfo], list[int], derive.Overview]:
@@ -60,11 +78,11 @@ def from_overview() -> None:
 
 # ---------------------------------------------------------------- controls
 
-def nav_buttons(cycle: int, last: int) -> None:
+def nav_buttons(cycle: int, last: int) -> list:
     """First / previous / next / last and the cycle slider. Left/Right are Streamlit's own
     button shortcuts (st.button(shortcut=...)): they ignore keys typed into inputs, and a
     focused slider keeps its arrow keys."""
-    cols = st.columns([1.1, 1.3, 1.1, 1.1, 5.4])
+    cols = st.columns([1.15, 1.5, 1.15, 1.1, 2.9, 1.05, 1.4], vertical_alignment="center")
     cols[0].button("« First", key="nav_first", on_click=jump, args=(0,), disabled=cycle == 0, width="stretch")
     cols[1].button("‹ Previous", key="nav_prev", on_click=move, args=(-1,), disabled=cycle == 0,
                    shortcut="Left", help="Previous cycle (← key)", width="stretch")
@@ -75,10 +93,12 @@ def nav_buttons(cycle: int, last: int) -> None:
         st.session_state["cycle_slider"] = cycle
         cols[4].slider("Cycle", 0, last, key="cycle_slider", on_change=from_widget, args=("cycle_slider", "cycle"),
                        label_visibility="collapsed")
+    return cols[5:]  # where the play toggle and its speed go: one row fewer on a projector
 
 
-def stage_controls(stage: int) -> None:
-    cols = st.columns([1, 6, 1])
+def stage_controls(stage: int):
+    """The stage buttons; returns the column beside them, where the play controls go."""
+    cols = st.columns([1.1, 5.8, 1.1, 2.2], vertical_alignment="center")
     cols[0].button("◁ Stage", key="stage_prev", on_click=step_stage, args=(-1,), width="stretch",
                    help="Previous stage (into the previous cycle from stage 1)")
     st.session_state["stage_select"] = stage
@@ -86,17 +106,19 @@ def stage_controls(stage: int) -> None:
                               on_change=from_widget, args=("stage_select", "stage"), label_visibility="collapsed")
     cols[2].button("Stage ▷", key="stage_next", on_click=step_stage, args=(1,), width="stretch",
                    help="Next stage (into the next cycle after stage 5)")
+    return cols[3]
 
 
-def play_controls() -> float | None:
-    """Play/pause and speed; returns seconds per step while playing."""
-    cols = st.columns([1, 2, 2, 5], vertical_alignment="center")
+def play_controls(cols: list) -> float | None:
+    """Play/pause, speed and what a step is, in three columns of the control rows; returns seconds
+    per step while playing."""
     if st.session_state.pop("_play_reached_end", False):
         st.session_state["playing"] = False  # set before the toggle exists in this run, as Streamlit requires
     playing = cols[0].toggle("Play", key="playing")
-    speed = cols[1].selectbox("Speed", list(SPEEDS), index=1, key="play_speed", label_visibility="collapsed")
+    speed = cols[1].selectbox("Speed", list(SPEEDS), index=1, key="play_speed", label_visibility="collapsed",
+                              help="Time per step while playing. The address bar always links to this trace, "
+                                   "cycle and stage: copy it to share this view.")
     cols[2].radio("Play by", ["stages", "cycles"], key="play_by", horizontal=True, label_visibility="collapsed")
-    cols[3].caption("The address bar always links to this trace, cycle and stage: copy it to share this view.")
     return SPEEDS[speed] if playing else None
 
 
@@ -121,63 +143,83 @@ def play_ticker(seconds: float) -> None:
 
 # ---------------------------------------------------------------- the view
 
+COMPACT = """<style>
+[data-testid="stMainBlockContainer"] { padding-top: 4rem; }  /* just under the toolbar (3.75rem) */
+[data-testid="stMainBlockContainer"] h1 { font-size: 1.9rem; padding: 0 0 0.2rem 0; }
+</style>"""  # a projector (1366x768) shows one cycle's figure under the controls without scrolling
+
+
 def header(trace: Trace) -> None:
     h = trace.header
     s = h["settings"]
+    st.html(COMPACT)
     st.title("Speculative decoding, one cycle at a time")
     done = "" if trace.complete else " · incomplete run (no summary)"
     drafter = trace.drafter_kind
     via = "" if drafter == "model" else f" ({md(drafter)})"
-    st.caption(f"Target **{md(h['target']['name'])}** · draft **{md(h['draft']['name'])}**{via} · K={s['k']} · "
+    st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}**{via} · K={s['k']} · "
                f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
                f"{len(trace.cycles)} cycles{done}")
+    speed = speed_of(state.current_key(), trace) if trace.cycles else None
+    if speed is not None and speed.measured < 1:
+        st.warning(slower_note(speed, trace.k), icon=":material/trending_down:")
 
 
-def chart(fig, key: str | None = None, **kwargs):
-    return st.plotly_chart(fig, key=key, config={"displaylogo": False}, **kwargs)
-
-
-def sequence_texts(tokens: list[derive.TokenInfo], c: dict) -> list[str]:
-    """Token text at each sequence position: committed so far, then this cycle's drafts."""
-    return [t.text for t in tokens[: c["committed_len_before"]]] + list(c["draft_token_texts"])
-
-
-def test_table(c: dict, k: int) -> list[dict]:
+def test_table(c: dict, k: int, greedy: bool = False) -> list[dict]:
+    """One row per draft position. Numbers as text, so an undrawn u reads "not drawn" (never None);
+    greedy cycles show the target's argmax instead of u and the ratio."""
     outcomes = derive.position_outcomes(c, k)
-    return [{"pos": i + 1, "draft token": derive.visible_text(c["draft_token_texts"][i]),
-             "p_target": c["p_target"][i], "p_draft": c["p_draft"][i], "min(1, ratio)": c["accept_prob"][i],
-             "u": c["u"][i] if i < len(c["u"]) else None,
-             "result": f"{figures.STYLES[outcomes[i]].mark} {outcomes[i]}"} for i in range(k)]
+    rows = []
+    for i in range(k):
+        row = {"pos": i + 1, "draft token": derive.visible_text(c["draft_token_texts"][i]),
+               "p_target": f"{c['p_target'][i]:.4f}", "p_draft": f"{c['p_draft'][i]:.4f}"}
+        if greedy:
+            top = figures.target_argmax(c, i)
+            row["target's argmax"] = derive.visible_text(top["text"]) if top and i <= c["num_accepted"] else figures.NOT_DRAWN
+        else:
+            row["min(1, ratio)"] = f"{c['accept_prob'][i]:.4f}"
+            row["u"] = f"{c['u'][i]:.4f}" if i < len(c["u"]) else figures.NOT_DRAWN
+        row["result"] = f"{figures.STYLES[outcomes[i]].mark} {outcomes[i].split(' ')[0]}"
+        rows.append(row)
+    return rows
 
 
-TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width=40),
-                 "draft token": st.column_config.TextColumn("draft token", width="small"),
-                 **{name: st.column_config.NumberColumn(name, format="%.4f", width="small")
-                    for name in ("p_target", "p_draft", "min(1, ratio)", "u")}}
+# Pixel widths that fit every header and value in the right column at 1366x768 (about 520 px).
+TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width=36),
+                 "draft token": st.column_config.TextColumn("draft token", width=82),
+                 "p_target": st.column_config.TextColumn("p_target", width=66),
+                 "p_draft": st.column_config.TextColumn("p_draft", width=62),
+                 "min(1, ratio)": st.column_config.TextColumn("min(1, ratio)", width=92),
+                 "u": st.column_config.TextColumn("u", width=66),
+                 "target's argmax": st.column_config.TextColumn("target's argmax", width=104),
+                 "result": st.column_config.TextColumn("result", width=92)}
 
 
 def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     tokens, ends, _ = derived(state.current_key(), trace)
     c = trace.cycles[cycle]
     k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
+    greedy = trace.header["settings"]["temperature"] == 0
     st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
-    st.info(md(stage_caption(c, k, stage, trace.header.get("faults"))), icon=":material/lightbulb:")
-    chart(figures.cycle_figure(c, k, stage))
+    st.info(md(stage_caption(c, k, stage, trace.header.get("faults"), greedy)), icon=":material/lightbulb:")
+    chart(figures.cycle_figure(c, k, stage, greedy))
     if stage == 1:  # prompt lookup / other tokenizer: where the proposal came from
         drafter_view.show_provenance([t.text for t in tokens[: c["committed_len_before"]]], c)
-    left, right = st.columns(2)
+    left, right = st.columns([0.9, 1.1])  # the right column holds the stage-3 table: every header fits
     with left:
         if stage >= 2:
-            chart(figures.acceptance_figure(c, k, stage))
+            chart(figures.acceptance_figure(c, k, stage, greedy))
     with right:
         if stage >= 4:
             chart(figures.resample_figure(c, k))
         elif stage == 3:
-            st.caption("The test, position by position (u is drawn only up to the first rejection):")
-            st.dataframe(test_table(c, k), hide_index=True, column_config=TABLE_COLUMNS)
-    chart(figures.cache_figure(c, stage, sequence_texts(tokens, c)))
+            st.caption("The test, position by position (the target's argmax, compared with each draft token):"
+                       if greedy else "The test, position by position (u is drawn only up to the first rejection):")
+            st.dataframe(test_table(c, k, greedy), hide_index=True, column_config=TABLE_COLUMNS, key="test_table")
+    chart(figures.cache_figure(c, stage, derive.sequence_texts(trace, c)))
+    chart(figures.cycle_time_figure(c), key="cycle_time")
     if stage in (2, 5):  # the verify appends to the target's cache, the rollback trims it: in the trace's layout
-        for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, stage, sequence_texts(tokens, c))):
+        for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, stage, derive.sequence_texts(trace, c))):
             chart(fig, key=f"layout_{i}")
     shown_until = ends[cycle] if stage >= 4 else c["committed_len_before"]
     chart(figures.text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
@@ -192,7 +234,7 @@ def overview(trace: Trace, cycle: int) -> None:
 def no_trace() -> None:
     st.title("Speculative decoding, one cycle at a time")
     folder = state.traces_dir()
-    st.warning(f"No trace is open: there is no bundled example trace (`*.jsonl`) in {md(str(folder))}. "
+    st.warning(f"No trace is open: there is no bundled example trace (`*.jsonl`) in {md(state.shown_paths(str(folder)))}. "
                "Open **Choose a trace** to start a live run or upload a trace.", icon=":material/folder_open:")
     st.page_link("views/trace_source.py", label="Choose a trace", icon=":material/folder_open:")
 
@@ -207,9 +249,8 @@ def main() -> None:
         st.warning("This trace has no cycles to show.")
         return
     last = len(trace.cycles) - 1
-    nav_buttons(state.step()[0], last)
-    stage_controls(state.step()[1])
-    seconds = play_controls()
+    toggle_col, speed_col = nav_buttons(state.step()[0], last)
+    seconds = play_controls([toggle_col, speed_col, stage_controls(state.step()[1])])
     cycle, stage = state.step()
     state.write_url()
     cycle_view(trace, cycle, stage)

@@ -3,18 +3,52 @@ import streamlit as st
 
 from app import live, state
 from app.safe import md
+from app.teaching_ui import STEPPER
+from engine.analysis import trace_stats
+from engine.trace import TraceError, model_name
 
-STEPPER = "views/stepper.py"
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def _describe(keys: tuple[str, ...], _refs: tuple) -> list[dict]:
+    rows = []
+    for ref in _refs:
+        try:
+            trace, _ = state.load_ref(ref)
+        except (TraceError, OSError) as err:
+            rows.append({"trace": ref.name, "pair": f"unreadable: {err}"})
+            continue
+        h, stats = trace.header, trace_stats(trace)
+        pair = f"{h['preset']} preset" if h.get("preset") else f"{model_name(h, 'target')} ← {model_name(h, 'draft')}"
+        rows.append({"trace": ref.name, "K": trace.k, "temperature": h["settings"]["temperature"],
+                     "alpha": round(stats.alpha, 3),
+                     "measured speedup": f"{stats.speed.measured:.2f}×" if stats.speed else "no step times",
+                     "pair": pair})
+    return rows
+
+
+def describe_bundled(names: list[str]) -> list[dict]:
+    """One row per bundled trace: pair, K, temperature, alpha and measured speedup (engine/analysis.py)."""
+    refs = tuple(state.TraceRef("bundled", n) for n in names)
+    keys = tuple(f"{r.token}@{r.path.stat().st_mtime_ns}" for r in refs)
+    return _describe(keys, refs)
 
 
 def bundled() -> None:
     names = state.bundled_traces()
     if not names:
-        st.info(f"No bundled example traces yet: add `*.jsonl` files to {md(str(state.traces_dir()))}.")
+        st.info(f"No bundled example traces yet: add `*.jsonl` files to {md(state.shown_paths(str(state.traces_dir())))}.")
         return
+    rows = describe_bundled(names)
+    st.dataframe(rows, hide_index=True, key="bundled_table",
+                 column_config={"pair": st.column_config.TextColumn("model pair", width="medium")})
+    st.caption("Measured speedup: this run's tokens per second of decoding against plain target decoding on the "
+               "same machine (its recorded step times); below 1× speculation was slower there.")
     ref = state.current_ref()
     index = names.index(ref.name) if ref and ref.kind == "bundled" and ref.name in names else 0
-    name = st.selectbox("Example trace", names, index=index, key="bundled_name")
+    described = {r["trace"]: r for r in rows}
+    name = st.selectbox("Example trace", names, index=index, key="bundled_name",
+                        format_func=lambda n: f"{n} · K={described[n].get('K', '?')} · "
+                                              f"{described[n].get('measured speedup', '')}")
     if st.button("Open example", key="open_bundled", type="primary"):
         error = state.set_current(state.TraceRef("bundled", name))
         if error:

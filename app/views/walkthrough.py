@@ -5,13 +5,15 @@ from statistics import median
 
 import streamlit as st
 
-from app import figures, figures_layouts, state, teaching_pair
+from app import derive, figures, figures_layouts, state, teaching_pair
 from app.derive import visible_text
+from app.explain import stage_caption
 from app.safe import md
 from app.teaching_ui import ROLLBACK_DEMO, EXACTNESS_LAB, chart, open_in_stepper
+from engine.analysis import measured_alpha
 from engine.config import SpecSettings
 from engine.run import run_to_trace
-from engine.trace import Trace
+from engine.trace import Trace, model_name
 
 CITATIONS = (
     "Leviathan, Kalman and Matias (2023), *Fast Inference from Transformers via Speculative Decoding*, ICML 2023.  \n"
@@ -43,14 +45,6 @@ def other_kind(trace: Trace, c: dict) -> dict | None:
     return next((o for o in trace.cycles if (o["rejected_position"] is None) != full), None)
 
 
-def sequence_texts(trace: Trace, c: dict) -> list[str]:
-    """Token text at each position: prompt and committed tokens so far, then this cycle's drafts."""
-    texts = list(trace.header["prompt_token_texts"])
-    for earlier in trace.cycles[: c["cycle"]]:
-        texts += earlier["committed_token_texts"]
-    return texts + list(c["draft_token_texts"])
-
-
 def q(text: str) -> str:
     """A token quoted for Markdown: whitespace visible, everything escaped."""
     return f"'{md(visible_text(text))}'"
@@ -59,7 +53,7 @@ def q(text: str) -> str:
 # ---------------------------------------------------------------- the five stages
 
 def stage_draft(trace: Trace, c: dict) -> None:
-    k = trace.k
+    k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     st.header("1 · Draft: the small model guesses ahead")
     st.markdown(
         "The draft model is run K times in a row, each time on its own previous guess. At every step it "
@@ -68,13 +62,15 @@ def stage_draft(trace: Trace, c: dict) -> None:
         "the draft found the token it drew, $p_\\text{draft}$. Nothing is final yet: these are proposals.")
     tokens = ", ".join(f"{q(t)} ({p:.3f})" for t, p in zip(c["draft_token_texts"], c["p_draft"]))
     st.markdown(f"In **cycle {c['cycle']}** the draft proposed K={k} tokens (with $p_\\text{{draft}}$): {tokens}.")
+    if trace.drafter_kind != "model":  # prompt lookup / other tokenizer: how this trace's proposals were made
+        st.info(md(stage_caption(c, k, 1)), icon=":material/lightbulb:")
     st.latex(r"d_i \sim p_\text{draft}(\,\cdot \mid x_{1..n},\, d_1, \dots, d_{i-1}), \qquad i = 1, \dots, K")
     chart(figures.cycle_figure(c, k, 1), key="wt_cycle_1")
     open_in_stepper(c["cycle"], 1, key="wt_link_1")
 
 
 def stage_verify(trace: Trace, c: dict) -> None:
-    k = trace.k
+    k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     st.header(f"2 · Verify: one target pass over K+1 = {k + 1} positions")
     st.markdown(
         "The target model reads the last committed token followed by the K guesses in **one** forward pass. "
@@ -90,8 +86,10 @@ def stage_verify(trace: Trace, c: dict) -> None:
         "used for a single multiply-add. Scoring K+1 positions moves the same weights once and uses each "
         "K+1 times. Until K+1 approaches the hardware's ratio of arithmetic speed to memory bandwidth "
         "(hundreds of operations per byte on current GPUs), the pass takes roughly as long as one token.")
-    step, verify = median(c["draft_step_times_s"]), c["verify_time_s"]
-    st.caption(f"Recorded in this trace for cycle {c['cycle']}: one draft step {step * 1000:.2f} ms (median), "
+    verify = c["verify_time_s"]
+    step = (f"one draft step {median(c['draft_step_times_s']) * 1000:.2f} ms (median)" if c["draft_step_times_s"]
+            else "no draft step")
+    st.caption(f"Recorded in this trace for cycle {c['cycle']}: {step}, "
                f"the target's pass over {k + 1} positions {verify * 1000:.2f} ms. On a CPU with tiny models fixed "
                f"per-call overhead dominates instead, which also keeps the cost nearly flat in K.")
     chart(figures.cycle_figure(c, k, 2), key="wt_cycle_2")
@@ -111,7 +109,7 @@ def test_rows(c: dict, k: int) -> list[dict]:
 
 
 def stage_test(trace: Trace, c: dict) -> None:
-    k = trace.k
+    k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     st.header("3 · Test: keep each guess with probability min(1, ratio)")
     st.markdown(
         "The guesses are checked from left to right. For each, draw a uniform number u and keep the guess "
@@ -121,13 +119,19 @@ def stage_test(trace: Trace, c: dict) -> None:
         "away, so those are discarded without being tested.")
     st.latex(r"\text{keep } d_i \iff u_i < \min\!\left(1,\ \frac{p_\text{target}(d_i)}{p_\text{draft}(d_i)}\right),"
              r"\qquad u_i \sim \mathcal{U}[0, 1)")
-    st.dataframe(test_rows(c, k), hide_index=True, key="wt_test_table")
-    chart(figures.acceptance_figure(c, k, 3), key="wt_accept")
+    greedy = trace.header["settings"]["temperature"] == 0
+    if greedy:
+        st.info("This trace is greedy (temperature 0): no u is drawn. Both distributions are one-hot, so the ratio "
+                "is 1 when the draft token is the target's argmax and 0 otherwise: the test is an argmax check. "
+                "Open a sampled trace to see u at work.", icon=":material/info:")
+    else:
+        st.dataframe(test_rows(c, k), hide_index=True, key="wt_test_table")
+    chart(figures.acceptance_figure(c, k, 3, greedy), key="wt_accept")
     open_in_stepper(c["cycle"], 3, key="wt_link_3")
 
 
 def stage_resample(trace: Trace, c: dict) -> None:
-    k = trace.k
+    k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     st.header("4 · Resample at the rejection, or take the bonus token")
     st.markdown(
         "**At a rejection** the replacement is not drawn from the target's distribution but from the "
@@ -168,11 +172,14 @@ def stage_rollback(trace: Trace, c: dict) -> None:
         "read, including guesses that were just rejected or discarded. The engine now trims both caches "
         "back to the committed text. This project's convention: after each cycle a cache holds every "
         "committed token except the last, which is fed in at the start of the next cycle.")
-    st.markdown(
-        f"Cycle {c['cycle']}: the target cache goes {t['after_append']} → {t['after_rollback']} entries, "
-        f"the draft cache {d['after_append']} → {d['after_rollback']}."
-        + (" The draft never ran on its own last guess (it only proposed it), so that token is fed to the "
-           "draft now: the catch-up." if c["draft_catch_up"] else ""))
+    if d is None:  # a drafter without a cache over the target's positions (prompt lookup, other tokenizer)
+        st.markdown(md(stage_caption(c, derive.proposals(c), 5)))
+    else:
+        st.markdown(
+            f"Cycle {c['cycle']}: the target cache goes {t['after_append']} → {t['after_rollback']} entries, "
+            f"the draft cache {d['after_append']} → {d['after_rollback']}."
+            + (" The draft never ran on its own last guess (it only proposed it), so that token is fed to the "
+               "draft now: the catch-up." if c["draft_catch_up"] else ""))
     st.info(
         "**An everyday picture.** You dictate a letter to a quick assistant who types ahead, guessing your "
         "next few words. You read the screen: the first two guesses are right, the third is not, and you say "
@@ -180,11 +187,11 @@ def stage_rollback(trace: Trace, c: dict) -> None:
         "adding yours. Leaving them in would put words in the letter you never said, and every later guess "
         "would be made from that garbled letter. The KV cache is the assistant's memory of the letter so far.",
         icon=":material/keyboard:")
-    chart(figures.cache_figure(c, 5, sequence_texts(trace, c)), key="wt_cache")
+    chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c)), key="wt_cache")
     name = figures_layouts.layout_of(trace.header)["name"]
     st.markdown(f"**How this run's cache layout does it: {figures_layouts.LAYOUT_WORDS[name]}.** "
                 + figures_layouts.ROLLBACK_WORDS[name])
-    for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, 5, sequence_texts(trace, c))):
+    for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, 5, derive.sequence_texts(trace, c))):
         chart(fig, key=f"wt_layout_{i}")
     open_in_stepper(c["cycle"], 5, key="wt_link_5")
     st.page_link(ROLLBACK_DEMO, label="What goes wrong without the rollback: run it", icon=":material/bug_report:")
@@ -198,9 +205,9 @@ def payoff(trace: Trace) -> None:
         "relative to a target step, the expected speedup over plain decoding follows.")
     st.latex(r"\mathbb{E}[\text{tokens per cycle}] = \frac{1-\alpha^{K+1}}{1-\alpha}, \qquad"
              r"\text{speedup} = \frac{1-\alpha^{K+1}}{(1-\alpha)(Kc+1)}, \qquad \alpha = \mathbb{E}[\beta]")
-    betas = [b for c in trace.cycles for b in c["beta"]]
-    if betas:
-        st.caption(f"This trace: α ≈ mean β = {sum(betas) / len(betas):.3f} over {len(betas)} drafted positions, K={trace.k}.")
+    drafted = sum(len(c["beta"]) for c in trace.cycles)
+    if drafted:
+        st.caption(f"This trace: α ≈ mean β = {measured_alpha(trace.cycles):.3f} over {drafted} drafted positions, K={trace.k}.")
     st.page_link(EXACTNESS_LAB, label="Check the exactness claim by sampling", icon=":material/science:")
     st.markdown("**Sources.**  \n" + CITATIONS)
 
@@ -243,10 +250,10 @@ def main() -> None:
         return
     options = [c["cycle"] for c in trace.cycles]
     cycle = st.selectbox("Cycle to walk through", options, index=teaching_cycle(trace), key="wt_cycle",
-                         format_func=lambda i: describe(trace.cycles[i], trace.k))
+                         format_func=lambda i: describe(trace.cycles[i], derive.proposals(trace.cycles[i])))
     c = trace.cycles[cycle]
     h = trace.header
-    st.caption(f"Trace: target **{md(h['target']['name'])}**, draft **{md(h['draft']['name'])}**, "
+    st.caption(f"Trace: target **{md(model_name(h, 'target'))}**, draft **{md(model_name(h, 'draft'))}**, "
                f"K={trace.k}, temperature {h['settings']['temperature']}.")
     for stage in (stage_draft, stage_verify, stage_test, stage_resample, stage_rollback):
         stage(trace, c)

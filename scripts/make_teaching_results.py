@@ -1,0 +1,101 @@
+"""Precompute the slow teaching pages' results for the bundled tiny-shakespeare pair.
+
+    python scripts/make_teaching_results.py            # writes assets/teaching/results.json
+
+Runs the real engine at each page's default settings (the rollback demo's three runs;
+the exactness lab for every acceptance rule, with and without a greedy draft, plus the
+full 2000-sample chi-square for each rule) and stores the results with the time each
+took. The pages show these at once when pair, prompt and settings match exactly;
+tests/test_precomputed.py recomputes entries and compares them.
+"""
+import argparse
+import dataclasses
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app import precomputed  # noqa: E402
+from app.figures_teaching import histogram_entries  # noqa: E402
+from engine.config import SpecSettings  # noqa: E402
+from engine.exactness import run_lab  # noqa: E402
+from engine.presets import PRESETS  # noqa: E402
+from engine.run import encode_prompt, load_preset  # noqa: E402
+from engine.teaching_faults import Faults  # noqa: E402
+from engine.stale_slots import static_run  # noqa: E402
+from engine.teaching import compare_runs  # noqa: E402
+
+PRESET = "tiny-shakespeare"
+PAIR_KEY = f"preset:{PRESET}"  # as app/teaching_pair.py names it
+TOP_TOKENS = 20  # app/views/exactness_lab.py's TOP_TOKENS
+RULES = ["ratio", "token_match", "no_residual", "p_target_only"]
+
+
+def rollback_defaults() -> dict:
+    """app/views/rollback_demo.py's form defaults."""
+    return SpecSettings(k=4, temperature=0.0, seed=0, max_new_tokens=40).to_dict()
+
+
+def exactness_defaults() -> dict:
+    """app/views/exactness_lab.py's form defaults."""
+    return SpecSettings(k=1, temperature=1.0, top_k=0, seed=0).to_dict()
+
+
+def exactness_runs() -> list[tuple[str, bool, int]]:
+    """(rule, greedy draft, samples): every rule at the page's default count, and the full test."""
+    return [(r, g, 200) for r in RULES for g in (False, True)] + [(r, False, 2000) for r in RULES]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=precomputed.RESULTS_FILE)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (the app's live runs use 1)")
+    p.add_argument("--only-rollback", action="store_true",
+                   help="recompute the rollback entry only, keeping the file's exactness entries")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    pair = load_preset(PRESET)
+    prompt = PRESETS[PRESET].example_prompt
+    ids = encode_prompt(pair.target.tokenizer, prompt, PRESETS[PRESET].use_chat_template)
+    made = (f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d}, {platform.processor() or platform.machine()}, "
+            f"{args.threads} torch thread(s), shared busy CPU")
+    entries = []
+
+    settings = rollback_defaults()
+    start = time.perf_counter()
+    cmp = compare_runs(pair, ids, SpecSettings(**settings))
+    static = static_run(pair, ids, SpecSettings(**settings))  # the page's static-cache side-by-side
+    entries.append({"key": precomputed.rollback_key(PAIR_KEY, prompt, settings), "made": made,
+                    "seconds": time.perf_counter() - start, "result": precomputed.comparison_to_dict(cmp),
+                    "static": dataclasses.asdict(static)})
+    print(f"rollback: {entries[-1]['seconds']:.1f} s", flush=True)
+    if args.only_rollback:
+        old = json.loads(args.out.read_text(encoding="utf-8"))["entries"]
+        entries += [e for e in old if json.loads(e["key"])[0] != precomputed.ROLLBACK]
+
+    settings = exactness_defaults()
+    for rule, greedy, n in [] if args.only_rollback else exactness_runs():
+        start = time.perf_counter()
+        res = run_lab(pair, ids, SpecSettings(**settings), Faults(acceptance_rule=rule, greedy_draft=greedy), n)
+        texts = {i: pair.target.tokenizer.decode([i]) for i in histogram_entries(res, TOP_TOKENS)}
+        entries.append({"key": precomputed.exactness_key(PAIR_KEY, prompt, settings, rule, greedy, n, 1),
+                        "made": made, "seconds": time.perf_counter() - start,
+                        "result": precomputed.lab_to_dict(res, texts)})
+        print(f"exactness {rule} greedy={greedy} n={n}: {entries[-1]['seconds']:.1f} s, "
+              f"p={res.speculative_test.p_value:.3g}", flush=True)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"made_by": "scripts/make_teaching_results.py", "entries": entries}) + "\n",
+                        encoding="utf-8")
+    print(f"wrote {args.out} ({args.out.stat().st_size / 1e3:.0f} kB)")
+
+
+if __name__ == "__main__":
+    main()

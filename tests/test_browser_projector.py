@@ -1,0 +1,87 @@
+"""The stepper on a projector, in a real browser: 1366x768, the bundled traces (K from 2 to 8,
+greedy and sampled). In every chart no two drawn labels overlap and none is cut off at
+the chart's edge, read from the browser's own bounding boxes. Screenshots go to test-output/.
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, TIMEOUT_MS, settled, streamlit_server
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright python package is not installed")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLED = ROOT / "assets" / "traces"
+PROJECTOR = {"width": 1366, "height": 768}
+
+# Every label Plotly draws in a chart: texts on cells and bars, tick labels, annotations, the title.
+LABEL_BOXES = """chart => {
+  const svg = chart.querySelector('.main-svg').getBoundingClientRect();
+  const sel = 'g.textpoint text, g.xtick text, g.ytick text, g.annotation-text-g text, .gtitle';
+  return {svg: [svg.left, svg.top, svg.right, svg.bottom],
+          labels: [...chart.querySelectorAll(sel)].filter(e => e.textContent.trim()).map(e => {
+            const r = e.getBoundingClientRect();
+            return {text: e.textContent, box: [r.left, r.top, r.right, r.bottom], kind: e.closest('g') ? e.closest('g').getAttribute('class') : ''};
+          })};
+}"""
+
+
+def first_cycle(trace: str, rejected: bool) -> int:
+    records = [json.loads(line) for line in (BUNDLED / trace).read_text().splitlines()[1:]]
+    return next(r["cycle"] for r in records if r.get("type") == "cycle"
+                and (r["rejected_position"] is not None) == rejected and (not rejected or r["num_accepted"] > 0))
+
+
+def overlaps(a: list[float], b: list[float], slack: float = 1.0) -> bool:
+    return a[0] + slack < b[2] and b[0] + slack < a[2] and a[1] + slack < b[3] and b[1] + slack < a[3]
+
+
+def check_labels(page, where: str) -> int:
+    """Assert no overlapping and no cut-off labels in any chart; returns how many were checked."""
+    checked = 0
+    for i, chart in enumerate(page.query_selector_all(".js-plotly-plot")):
+        found = chart.evaluate(LABEL_BOXES)
+        left, top, right, bottom = found["svg"]
+        labels = found["labels"]
+        for n, a in enumerate(labels):
+            box = a["box"]
+            assert box[0] >= left - 1 and box[2] <= right + 1, f"{where}, chart {i}: {a['text']!r} cut off at the edge"
+            for b in labels[n + 1:]:
+                assert not overlaps(box, b["box"]), f"{where}, chart {i}: {a['text']!r} overlaps {b['text']!r}"
+        checked += len(labels)
+    return checked
+
+
+@pytest.fixture(scope="module")
+def projector(tmp_path_factory):
+    with streamlit_server(BUNDLED, tmp_path_factory.mktemp("projector"), "light") as url:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport=PROJECTOR)
+            page.set_default_timeout(TIMEOUT_MS)
+            yield url, page
+            browser.close()
+
+
+VIEWS = [("shakespeare-greedy-k8.jsonl", True, 3), ("shakespeare-greedy-k8.jsonl", True, 4),
+         ("shakespeare-greedy-k8.jsonl", False, 4), ("chat-sampled-k6-hot-low-acceptance.jsonl", True, 3),
+         ("chat-sampled-k6-hot-low-acceptance.jsonl", True, 4), ("chat-sampled-k2.jsonl", True, 3),
+         ("default.jsonl", True, 3), ("default.jsonl", True, 4)]
+
+
+@pytest.mark.parametrize("trace,rejected,stage", VIEWS)
+def test_stepper_labels_fit_at_1366x768(projector, trace, rejected, stage):
+    url, page = projector
+    cycle = first_cycle(trace, rejected)
+    page.goto(f"{url}/?trace=bundled:{trace}&cycle={cycle}&stage={stage}")
+    settled(page, f"Cycle {cycle} · stage {stage}")
+    name = f"projector-{trace.removesuffix('.jsonl')}-cycle{cycle}-stage{stage}"
+    page.screenshot(path=SHOTS / f"{name}.png")
+    assert check_labels(page, name) > 20
+    page.set_viewport_size({"width": PROJECTOR["width"], "height": 2200})  # same width: the rest of the page
+    page.wait_for_timeout(800)
+    page.screenshot(path=SHOTS / f"{name}-whole-page.png")
+    page.set_viewport_size(PROJECTOR)
