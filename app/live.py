@@ -16,7 +16,7 @@ from app.safe import md
 from app.teaching_ui import STEPPER
 from engine.config import LAYOUTS, MAX_BLOCK_SIZE, MAX_K, MAX_NEW_TOKENS, SettingsError, SpecSettings
 from engine.models import ModelLoadError, TokenizerMismatchError
-from engine.presets import DEFAULT_PRESET, PRESETS
+from engine.presets import DEFAULT_PRESET, PRESETS, default_drafter
 from engine.run import DrafterOptions, load_pair, load_preset, load_with_drafter, run_to_trace
 from engine.speculative import Pair
 from engine.trace import DRAFTER_KINDS
@@ -47,8 +47,11 @@ def cached_pair(target: str, draft: str, drafter: DrafterOptions = DrafterOption
 
 
 def apply_preset_defaults() -> None:
-    """When the preset changes, fill in its prompt, temperature and chat-template choice."""
-    preset = PRESETS.get(st.session_state["live_preset"])
+    """When the preset changes, fill in its prompt, temperature, chat-template choice and default
+    drafter (two model folders: a draft model)."""
+    name = st.session_state["live_preset"]
+    preset = PRESETS.get(name)
+    st.session_state["live_drafter"] = default_drafter(name if preset else "")
     if preset:
         st.session_state.update(live_prompt=preset.example_prompt, live_temperature=preset.default_temperature,
                                 live_chat=preset.use_chat_template)
@@ -163,7 +166,7 @@ def drafter_inputs(preset: str, draft: str) -> DrafterOptions | None:
     if kind == "eagle":
         st.caption("One decoder layer reads the target's top feature of the last committed token with the next "
                    "token's embedding and predicts the next feature; the target's own output layer gives q. "
-                   "Its cache is the draft row of the KV strip. With a custom pair, the draft field names the head's folder.")
+                   "Its own KV cache is the \"EAGLE head\" row of the KV strip. With a custom pair, the draft field names the head's folder.")
         return DrafterOptions(kind, draft_model=(draft or None) if preset == CUSTOM else None)
     return DrafterOptions()
 

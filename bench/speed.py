@@ -3,11 +3,19 @@
     python bench/speed.py --preset tiny-shakespeare
     python bench/speed.py --preset chat
     python bench/speed.py --target DIR --draft DIR --name tiny   # any pair, e.g. tiny test models
+    python bench/speed.py --preset chat --drafter eagle            # the engine drafts with the EAGLE head
+    python bench/speed.py --target DIR --draft DIR --drafter eagle --head DIR
+
+--drafter model|eagle chooses what drafts for methods a and b (default: the preset's default
+drafter; a draft model for --target/--draft). Method c always uses the separate draft model
+(--draft, or the preset's): Hugging Face has no EAGLE drafter. Eagle results are written
+under NAME-eagle, so they never overwrite the draft model's figures.
 
 Methods, each generating exactly --max-new-tokens tokens (no EOS stop) from the same prompt ids:
   a  our engine, tracing on: run_to_trace (writes a trace file, records every cycle)
   b  our engine, tracing off: speculative_generate(..., record=False), no file
-  c  HF assisted generation, target.generate(assistant_model=draft) with the same fixed K
+  c  HF assisted generation, target.generate(assistant_model=draft) with the same fixed K and
+     the separate draft model (whatever --drafter is)
   d  HF plain decoding, target.generate without an assistant
   e  our plain decoding loop (engine.sweep.plain_decode, target_generate's loop), whose per-token
      decode time is the t_step behind c and both predictions
@@ -47,9 +55,10 @@ from engine.analysis import (advise_k, best_k, calibration_of, cycle_times, meas
 from engine.calibrate import calibrate  # noqa: E402
 from engine.config import SpecSettings  # noqa: E402
 from engine.metrics import predicted_speedup  # noqa: E402
-from engine.presets import PRESETS  # noqa: E402
+from engine.presets import PRESETS, default_drafter  # noqa: E402
 from engine.run import encode_prompt, load_pair, load_preset, run_to_trace  # noqa: E402
 from engine.models import pick_device  # noqa: E402
+from engine.drafters.eagle import load_head  # noqa: E402
 from engine.speculative import Pair, speculative_generate, sync  # noqa: E402
 from engine.sweep import plain_decode  # noqa: E402
 from engine.timing import timed as engine_timed  # noqa: E402
@@ -64,13 +73,17 @@ PROMPTS = {
 METHODS = ("a", "b", "c", "d", "e")
 METHOD_NAMES = {"a": "engine, tracing on", "b": "engine, tracing off", "c": "HF assisted generation",
                 "d": "HF plain decoding", "e": "engine plain decoding"}
+BENCH_DRAFTERS = ("model", "eagle")  # what drafts for methods a and b
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS))
     p.add_argument("--target"), p.add_argument("--draft")
-    p.add_argument("--name", help="results name (default: the preset)")
+    p.add_argument("--drafter", choices=BENCH_DRAFTERS, default=None,
+                   help="what drafts in methods a and b (default: the preset's default drafter; model for --target)")
+    p.add_argument("--head", help="--drafter eagle with --target: the EAGLE head's folder (a preset ships its own)")
+    p.add_argument("--name", help="results name (default: the preset; -eagle is added for the eagle drafter)")
     p.add_argument("--k", default="auto", help='draft tokens per cycle, or "auto" (the K advisor\'s best K)')
     p.add_argument("--temperatures", default="0,1", help="comma-separated; 0 = greedy")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -84,7 +97,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if bool(args.preset) == bool(args.target and args.draft):
         p.error("give --preset, or both --target and --draft")
+    if args.drafter is None:
+        args.drafter = default_drafter(args.preset or "")
+        if args.drafter not in BENCH_DRAFTERS:
+            p.error(f"the preset's default drafter {args.drafter!r} is not benchmarked here: pass --drafter")
+    if args.drafter == "eagle" and not args.preset and not args.head:
+        p.error("--drafter eagle with --target/--draft needs --head DIR")
+    if args.head and args.drafter != "eagle":
+        p.error("--head is for --drafter eagle")
     return args
+
+
+def results_name(args) -> str:
+    """The results file's name: eagle figures never overwrite the draft model's."""
+    name = args.name or args.preset or "custom"
+    return f"{name}-eagle" if args.drafter == "eagle" and "eagle" not in name else name
+
+
+def load_bench_pair(args, device: str) -> tuple[Pair, bool]:
+    """The target, the separate draft (method c's assistant, and the drafter of a/b for --drafter
+    model) and, for --drafter eagle, the head drafting for a/b on the same target; no EOS stop."""
+    if args.preset:
+        pair, chat = load_preset(args.preset, device, args.dtype), PRESETS[args.preset].use_chat_template
+    else:
+        pair, chat = load_pair(args.target, args.draft, device, dtype_name=args.dtype), False
+    drafter = None
+    if args.drafter == "eagle":
+        head = args.head or PRESETS[args.preset].eagle_head_folder()
+        if head is None:
+            raise SystemExit(f"preset {args.preset!r} ships no EAGLE head: pass --head DIR")
+        drafter = load_head(head, pair.target)
+    return Pair(pair.target, pair.draft, set(), drafter), chat  # no EOS stop: every method makes max_new_tokens
 
 
 # ---------------------------------------------------------------- one timed generation per method
@@ -222,13 +265,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
-    name = args.name or args.preset or "custom"
+    name = results_name(args)
     device = str(pick_device(args.device))
-    if args.preset:
-        pair, chat = load_preset(args.preset, device, args.dtype), PRESETS[args.preset].use_chat_template
-    else:
-        pair, chat = load_pair(args.target, args.draft, device, dtype_name=args.dtype), False
-    pair = Pair(pair.target, pair.draft, set())  # no EOS stop: every method makes max_new_tokens tokens
+    pair, chat = load_bench_pair(args, device)
     prompts = PROMPTS.get(args.preset or "custom", PROMPTS["custom"])[: args.prompts]
     started = time.time()
     settings = []
@@ -236,6 +275,7 @@ def main(argv=None) -> int:
         print(f"{name}: temperature {temperature}", flush=True)
         settings.append(bench_setting(pair, args, temperature, prompts, chat))
     result = {"name": name, "preset": args.preset, "target": pair.target.name, "draft": pair.draft.name,
+              "drafter": pair.drafter.kind, "drafter_name": pair.drafter.describe()["name"],
               "draft_pruned_vocab": pair.draft.kept_token_ids is not None, "prompts": prompts,
               "repeats": args.repeats, "seeds": list(range(args.repeats)), "machine": machine_info(args.threads, pair.target.device, pair.target.dtype), "wall_s": time.time() - started,
               "settings": settings, "note": args.note}

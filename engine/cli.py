@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .config import LAYOUTS, SettingsError, SpecSettings
 from .models import ModelLoadError, TokenizerMismatchError
-from .presets import DEFAULT_PRESET, PRESETS
+from .presets import DEFAULT_PRESET, PRESETS, default_drafter
 from .trace import DRAFTER_KINDS, Trace, TraceError, load_trace, partial_path
 
 MAX_PROMPT_CHARS = 1_000_000  # far beyond any model's context; the token limit is checked after tokenizing
@@ -28,8 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", help="target model: hub id, local folder, or folder with a .gguf file")
     run.add_argument("--draft", help="draft model, same forms as --target (with --drafter other-tokenizer: "
                                      "a draft with its own tokenizer)")
-    run.add_argument("--drafter", choices=list(DRAFTER_KINDS), default="model",
-                     help="what proposes tokens: a draft model sharing the target's tokenizer (default), "
+    run.add_argument("--drafter", choices=list(DRAFTER_KINDS), default=None,
+                     help="what proposes tokens (default: the preset's default drafter; a draft model when "
+                          "--target names the models): a draft model sharing the target's tokenizer, "
                           "prompt lookup (copies the tokens that followed the last n-gram earlier in the text), "
                           "a draft model with another tokenizer (greedy only), "
                           "or an EAGLE-style head that drafts from the target's features (--draft: its folder)")
@@ -63,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file")
     stats.add_argument("trace")
     return parser
+
+
+def chosen_drafter(args) -> str:
+    """--drafter, else the preset's default drafter (a draft model for models named by --target)."""
+    if args.drafter is not None:
+        return args.drafter
+    return default_drafter("" if args.target is not None else args.preset)
 
 
 def drafter_options(args):
@@ -180,6 +188,7 @@ def cmd_run(args) -> int:
 
     from .run import load_pair, load_preset, load_with_drafter, run_to_trace
 
+    args.drafter = chosen_drafter(args)
     settings = settings_from_args(args)
     options = drafter_options(args)
     target, draft, preset = resolve_models(args)

@@ -25,6 +25,19 @@ class Preset:
     draft_name: str
     other_tokenizer_draft: str | None = None  # a draft with its own tokenizer, under assets/models
     eagle_head: str | None = None  # an EAGLE-style head for the target, under assets/models
+    # What proposes tokens when the user names no drafter (CLI --drafter, the app's live run,
+    # bench/speed.py): one of engine.trace.DRAFTER_KINDS. "model" is the separate draft above.
+    default_drafter: str = "model"
+
+    def __post_init__(self) -> None:
+        from .trace_checks import DRAFTER_KINDS
+        if self.default_drafter not in DRAFTER_KINDS:
+            raise ValueError(f"preset {self.name}: default_drafter {self.default_drafter!r} is not one of "
+                             f"{', '.join(DRAFTER_KINDS)}")
+        if self.default_drafter == "eagle" and self.eagle_head is None:
+            raise ValueError(f"preset {self.name}: default_drafter 'eagle' needs an eagle_head")
+        if self.default_drafter == "other-tokenizer" and self.other_tokenizer_draft is None:
+            raise ValueError(f"preset {self.name}: default_drafter 'other-tokenizer' needs an other_tokenizer_draft")
 
     def other_tokenizer_draft_folder(self) -> Path | None:
         return None if self.other_tokenizer_draft is None else ASSETS / "models" / self.other_tokenizer_draft
@@ -54,6 +67,14 @@ PRESETS = {
                                other_tokenizer_draft="shakespeare-bpe-draft"),
 }
 DEFAULT_PRESET = "chat"
+
+
+def default_drafter(preset: str | None) -> str:
+    """The drafter a run uses when none is named: the preset's default (DEFAULT_PRESET's when
+    no preset is named either); "model" for a pair named by folders (pass preset="")."""
+    if preset == "":
+        return "model"
+    return PRESETS[preset or DEFAULT_PRESET].default_drafter
 
 
 def cache_root() -> Path:

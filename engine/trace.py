@@ -197,7 +197,7 @@ def _check_cycle(c: dict, k: int, index: int, where: str, kind: str = "model") -
     if c["draft_cache_len"] is not None:
         _check_fields(c["draft_cache_len"], CACHE_LEN_FIELDS, f"{where} draft_cache_len")
     elif kind in ("model", "eagle"):
-        raise TraceError(f"{where}: field 'draft_cache_len' is null, but a draft model keeps a cache")
+        raise TraceError(f"{where}: field 'draft_cache_len' is null, but the {kind} drafter keeps a cache over the target's positions")
     if "drafter_state" in c and not isinstance(c["drafter_state"], dict):
         raise TraceError(f"{where}: field 'drafter_state' should be an object")
     if c["cycle"] != index:

@@ -383,7 +383,29 @@ def check_other_tokenizer(state: dict, drafts: list[int], c: dict, facts: RunFac
     run.own_cache = lengths["after_rollback"]
 
 
+def check_eagle_state(c: dict, n_prop: int, where: str) -> None:
+    """Optional (older eagle traces lack it): which feature each draft step read. Step 1 reads
+    the target's true feature f_{n-2} (n = committed length before the cycle), later steps the
+    head's own predicted feature."""
+    state = c.get("drafter_state")
+    if state is None:
+        return
+    if state.get("kind", "eagle") != "eagle":
+        fail(where, "drafter_state.kind", "an eagle trace's drafter state has kind 'eagle'")
+    sources = state.get("feature_sources")
+    want = (["target"] + ["head"] * (n_prop - 1)) if n_prop else []
+    if sources is not None and sources != want:
+        fail(where, "drafter_state.feature_sources", f"must be {want}: draft step 1 reads the target's feature, "
+                                                     "later steps the head's own predicted feature")
+    first = state.get("first_feature_position")
+    if first is not None and first != c["committed_len_before"] - 2:
+        fail(where, "drafter_state.first_feature_position",
+             f"must be {c['committed_len_before'] - 2}: the target's feature of the token before the last committed one")
+
+
 def check_drafter_state(c: dict, facts: RunFacts, run: "Progress", where: str) -> None:
+    if facts.drafter_kind == "eagle":
+        check_eagle_state(c, len(c["draft_token_ids"]), where)
     if facts.drafts_k_with_cache:
         return
     state = c.get("drafter_state")
@@ -507,7 +529,7 @@ def check_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where: str
     if n_prop > facts.k:
         fail(where, "draft_token_ids", f"{n_prop} draft tokens, more than K={facts.k}")
     if facts.drafts_k_with_cache and n_prop != facts.k:
-        fail(where, "draft_token_ids", f"has {n_prop} entries, expected {facts.k}: a {facts.drafter_kind} drafter proposes exactly K")
+        fail(where, "draft_token_ids", f"has {n_prop} entries, expected {facts.k}: the {facts.drafter_kind} drafter proposes exactly K")
     check_token_ids(drafts, facts.vocab_size, where, "draft_token_ids")
     check_texts(c["draft_token_texts"], n_prop, where, "draft_token_texts")
     prompt_len = len(facts.prompt_ids)

@@ -486,6 +486,26 @@ def drafter_cases(base: Base) -> list[Case]:
     return [Case(f"drafter-{name}", "inconsistent", INVALID, dump(mutated(base, edit))) for name, edit in edits]
 
 
+def eagle_cases(base: Base) -> list[Case]:
+    """Edits that break an EAGLE head's own rules: K proposals, its cache kept over the target's
+    positions (only entries built on true features survive), and which feature each step read."""
+    k, cycles = base.k, base.cycles
+    partial = [i for i, c in enumerate(cycles) if 0 < c["num_accepted"] < k]
+    ci = partial[0] if partial else 0
+    edits = [
+        ("feature-sources-all-target", lambda h, cs, s: cs[ci]["drafter_state"].update(feature_sources=["target"] * k)),
+        ("feature-sources-short", lambda h, cs, s: cs[ci]["drafter_state"]["feature_sources"].pop()),
+        ("first-feature-moved", lambda h, cs, s: cs[ci]["drafter_state"].update(
+            first_feature_position=cs[ci]["drafter_state"]["first_feature_position"] + 1)),
+        ("state-other-kind", lambda h, cs, s: cs[ci]["drafter_state"].update(kind="prompt-lookup")),
+        ("cache-null", lambda h, cs, s: cs[ci].update(draft_cache_len=None)),
+        ("fewer-than-k", lambda h, cs, s: [cs[ci][f].pop() for f in ("draft_token_ids", "draft_token_texts")]),
+    ]
+    if partial:  # a draft model would keep the accepted entries and need no catch-up after a rejection
+        edits.append(("claims-draft-model", lambda h, cs, s: h["drafter"].update(kind="model")))
+    return [Case(f"eagle-{name}", "inconsistent", INVALID, dump(mutated(base, edit))) for name, edit in edits]
+
+
 # ---------------------------------------------------------------- invalid: huge and deep
 
 def huge_and_deep_cases(base: Base) -> list[Case]:
@@ -509,6 +529,12 @@ def generate(bases: list[Base], seed: int = 0, retypes_per_base: int = 6) -> lis
     rng = random.Random(seed)
     cases: list[Case] = []
     for i, base in enumerate(bases):
+        if drafter_kind(base) == "eagle":  # K proposals and a cache, like a draft model, plus its own rules
+            made = valid_cases(base, rng) + partial_cases(base) + inconsistent_cases(base, rng) + eagle_cases(base)
+            for c in made:
+                c.name = f"{base.name}/{c.name}"
+            cases += made
+            continue
         if drafter_kind(base) != "model":  # no draft cache over the target's positions: their own families
             made = valid_cases(base, rng) + partial_cases(base) + drafter_cases(base)
             for c in made:

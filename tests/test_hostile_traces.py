@@ -19,6 +19,7 @@ from engine.run import run_to_trace
 from engine.speculative import RATIO_TEST, Pair
 from engine.teaching_faults import Faults
 from engine.trace import MAX_TRACE_BYTES, TraceError, loads_trace
+from tests.eagle_tiny import eagle_trace
 from tests.hostile import INVALID, PARTIAL, VALID, Base, generate
 from tests.tiny import noisy_pair, tiny_pair
 
@@ -66,6 +67,8 @@ def write_bases(folder: Path) -> list[Base]:
         path = folder / f"{name}.jsonl"
         run_to_trace(p, "the cat sat on", s, path, rule=faults if faults != Faults() else RATIO_TEST, calibrate=calibrate)
         bases.append(Base.read(name, path))
+    eagle_trace(folder / "eagle.jsonl")  # an EAGLE head: partial accepts, full accepts and head catch-ups
+    bases.append(Base.read("eagle", folder / "eagle.jsonl"))
     for name in ("default.jsonl", "shakespeare-greedy-k8.jsonl", "shakespeare-cache-paged.jsonl",
                  "chat-prompt-lookup-greedy-k4.jsonl", "shakespeare-other-tokenizer-greedy-k6.jsonl"):
         bases.append(Base.read(name, ROOT / "assets" / "traces" / name))

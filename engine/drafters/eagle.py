@@ -203,9 +203,9 @@ class EagleDrafter:
             tokens.append(token)
             dists.append(probs)
             position, feed_token, prev = position + 1, token, predicted
-        sources = ["target"] + ["head"] * (k - 1)
+        sources = ["target"] + ["head"] * (k - 1)  # which feature each draft step read (trace_checks checks it)
         return Proposal(tokens, torch.stack(dists).cpu(), step_times,
-                        {"feature_sources": sources, "first_feature_position": n - 2})
+                        {"kind": self.kind, "feature_sources": sources, "first_feature_position": n - 2})
 
     @torch.inference_mode()
     def step(self, state: EagleState, position: int, token: int, prev: torch.Tensor,
