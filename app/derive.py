@@ -197,3 +197,51 @@ def alignment_rows(c: dict) -> list[DraftTokenRow] | None:
         rows.append(DraftTokenRow(tid, text, target_texts[start:end], ok))
         start = end
     return rows
+
+
+# ---------------------------------------------------------------- the EAGLE head
+
+HEAD_ROW = "EAGLE head"  # what the KV strip and the captions call the head's own cache
+FEATURE_TARGET, FEATURE_HEAD = "target", "head"  # drafter_state.feature_sources values
+
+
+def cycle_drafter(c: dict, drafter: str | None = None) -> str:
+    """The drafter of a cycle: the trace header's kind when the caller knows it, else the cycle's
+    own drafter_state kind (prompt lookup, other tokenizer, eagle), else a draft model."""
+    if drafter:
+        return drafter
+    state = c.get("drafter_state") or {}
+    return state.get("kind") or ("eagle" if "feature_sources" in state else "model")
+
+
+def draft_cache_name(drafter: str) -> str:
+    """The row name of the drafter's cache over the target's positions."""
+    return HEAD_ROW if drafter == "eagle" else "draft"
+
+
+@dataclass(frozen=True)
+class HeadStep:
+    """One draft step of the EAGLE head: what it read and what it proposed."""
+
+    step: int  # 1..K
+    position: int  # the sequence position whose head entry this step writes
+    token_text: str  # the token it read at that position (the last committed one, then its own drafts)
+    feature: str | None  # FEATURE_TARGET, FEATURE_HEAD, or None when the trace does not record it
+    feature_position: int  # the position of the feature it read (f at position - 1)
+    proposed_text: str  # the draft token it proposed
+    outcome: str  # ACCEPTED, REJECTED or DISCARDED
+
+
+def head_steps(texts: list[str], c: dict) -> list[HeadStep]:
+    """The head's draft steps of an eagle cycle. `texts` holds the committed sequence's token texts
+    before this cycle. Step 1 reads the last committed token with the target's true feature of the
+    token before it (from the last verify pass); step i > 1 reads draft d_{i-1} with the head's
+    own predicted feature."""
+    n, k = c["committed_len_before"], len(c["draft_token_ids"])
+    sources = (c.get("drafter_state") or {}).get("feature_sources")
+    if not isinstance(sources, list) or len(sources) != k:
+        sources = [None] * k
+    fed = [texts[n - 1] if n - 1 < len(texts) else "?"] + list(c["draft_token_texts"][:-1])
+    outcomes = position_outcomes(c, k)
+    return [HeadStep(i + 1, n - 1 + i, fed[i], sources[i], n - 2 + i, c["draft_token_texts"][i], outcomes[i])
+            for i in range(k)]

@@ -3,7 +3,7 @@
 Plain text (the pages show it with st.text-like elements that never interpret HTML
 or Markdown), so token texts appear quoted, not escaped.
 """
-from .derive import visible_text
+from .derive import HEAD_ROW, cycle_drafter, visible_text
 
 STAGES = {
     1: "1 Draft",
@@ -18,16 +18,20 @@ def quoted(text: str) -> str:
     return f"'{visible_text(text)}'"
 
 
-def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None, greedy: bool = False) -> str:
+def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None, greedy: bool = False,
+                  drafter: str | None = None) -> str:
     """What happens at this stage of cycle c, and why, in one line.
 
     `faults` is the trace header's "faults" entry: a run recorded with a deliberate bug
-    (teaching pages) gets its rollback described as it really happened.
+    (teaching pages) gets its rollback described as it really happened. `drafter` is the
+    header's drafter kind (without it, the cycle's own drafter_state says).
     """
     if stage == 5 and faults and faults.get("keep_rejected_kv"):
         return _skipped_rollback(c, k)
     if greedy and stage in (3, 4):
         return (_greedy_test if stage == 3 else _greedy_resample)(c, k)
+    if cycle_drafter(c, drafter) == "eagle" and stage in (1, 5):
+        return (_head_draft if stage == 1 else _head_rollback)(c, k)
     return {1: _draft, 2: _verify, 3: _test, 4: _resample, 5: _rollback}[stage](c, k)
 
 
@@ -77,6 +81,28 @@ def _draft(c: dict, k: int) -> str:
                 f"tested below ({tokens}). Greedy only: accepted while each is the target's argmax.")
     return (f"The small draft model proposes K={k} tokens one after another ({tokens}); they are provisional, "
             f"because drafting is cheap but only the target model decides what is kept.")
+
+
+def _head_draft(c: dict, k: int) -> str:
+    tokens = _listed(c["draft_token_texts"])
+    later = (f"; steps 2–{k} each read its previous draft with the feature the head itself predicted" if k > 2 else
+             "; step 2 reads its first draft with the feature the head itself predicted" if k == 2 else "")
+    return (f"The EAGLE head proposes K={k} tokens ({tokens}) from the target's own features: step 1 reads the last "
+            f"committed token with the target's true feature of the token before it, which the last verify pass "
+            f"already computed{later}. The target's own output layer turns each predicted feature into p_draft.")
+
+
+def _head_rollback(c: dict, k: int) -> str:
+    t, d = c["target_cache_len"], c["draft_cache_len"]
+    text = (f"Cache entries past the committed prefix are removed: target {t['after_append']} → {t['after_rollback']}. "
+            f"The {HEAD_ROW} keeps only entries built on the target's true features: its first draft step's entry "
+            f"stays, the later ones (built on its own predicted features, or on rejected tokens) are dropped")
+    if c["draft_catch_up"]:
+        fed = d["after_rollback"] - min(d["before"] + 1, d["after_rollback"])
+        text += (f", and the {fed} accepted token(s) are fed to it again with the target's true features from this "
+                 f"verify pass (catch-up)")
+    return text + (f": {HEAD_ROW} cache {d['after_append']} → {d['after_rollback']}. Both now hold every committed "
+                   f"token but the last, which opens the next cycle.")
 
 
 def _verify(c: dict, k: int) -> str:

@@ -130,7 +130,7 @@ def q_rejected_cache(trace: Trace | None) -> None:
         if c is None:
             needs_trace()
             return
-        chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c)), key="iv_cache")
+        chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c), trace.drafter_kind), key="iv_cache")
         open_in_stepper(c["cycle"], 5, key="iv_link_cache")
         st.page_link(ROLLBACK_DEMO, label="Watch what goes wrong if they stay", icon=":material/bug_report:")
 
@@ -347,7 +347,12 @@ def q_catch_up(trace: Trace | None) -> None:
         if c is None:
             needs_trace() if trace is None else st.caption("No cycle of the open trace needed a catch-up.")
             return
-        chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c)), key="iv_catch_up")
+        if trace.drafter_kind == "eagle":
+            st.caption("The open trace drafts with an EAGLE head, whose catch-up is wider: it keeps only cache "
+                       "entries built on the target's true features, so after any accepted token it drops the "
+                       "entries its later draft steps built on its own predicted features and feeds the accepted "
+                       "tokens again with the target's features from the verify pass.")
+        chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c), trace.drafter_kind), key="iv_catch_up")
         open_in_stepper(c["cycle"], 5, key="iv_link_catch_up")
 
 

@@ -12,6 +12,7 @@ import streamlit as st
 from app import figures_stats as figs
 from app.figures_layouts import LAYOUT_WORDS, memory_figure
 from app import live, state
+from app.derive import draft_cache_name
 from app.safe import md
 from app.teaching_ui import chart
 from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
@@ -343,7 +344,7 @@ def compare_section(trace: Trace, st_: TraceStats) -> None:
 
 # ---------------------------------------------------------------- KV-cache layout
 
-def layout_section(ls: LayoutStats) -> None:
+def layout_section(ls: LayoutStats, drafter: str = "model") -> None:
     st.markdown(f"Both caches used the **{LAYOUT_WORDS[ls.name]}** layout"
                 + (f", blocks of **{ls.block_size}** slots." if ls.block_size else ".")
                 + " Attended slots are what the model reads; held slots are what memory keeps for this sequence.")
@@ -352,7 +353,7 @@ def layout_section(ls: LayoutStats) -> None:
         m = getattr(ls, model)
         if m is None:
             continue  # a drafter without a cache over the target's positions
-        row = {"model": model, "peak K/V slots attended": m.peak_slots_attended, "peak K/V slots held": m.peak_slots_held}
+        row = {"model": model if model == "target" else draft_cache_name(drafter), "peak K/V slots attended": m.peak_slots_attended, "peak K/V slots held": m.peak_slots_held}
         if ls.name == "static":
             row.update({"stale slots, max": m.stale_slots_max, "stale slots, mean": round(m.stale_slots_mean, 2)})
         if ls.name == "paged":
@@ -407,7 +408,7 @@ def main() -> None:
     with tabs[5]:
         compare_section(trace, st_)
     with tabs[6]:
-        layout_section(layout_stats(trace))
+        layout_section(layout_stats(trace), trace.drafter_kind)
 
 
 main()

@@ -201,10 +201,11 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     greedy = trace.header["settings"]["temperature"] == 0
     st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
-    st.info(md(stage_caption(c, k, stage, trace.header.get("faults"), greedy)), icon=":material/lightbulb:")
+    st.info(md(stage_caption(c, k, stage, trace.header.get("faults"), greedy, trace.drafter_kind)),
+            icon=":material/lightbulb:")
     chart(figures.cycle_figure(c, k, stage, greedy))
-    if stage == 1:  # prompt lookup / other tokenizer: where the proposal came from
-        drafter_view.show_provenance([t.text for t in tokens[: c["committed_len_before"]]], c)
+    if stage == 1:  # prompt lookup / other tokenizer / EAGLE head: where the proposal came from
+        drafter_view.show_provenance([t.text for t in tokens[: c["committed_len_before"]]], c, trace.drafter_kind)
     left, right = st.columns([0.9, 1.1])  # the right column holds the stage-3 table: every header fits
     with left:
         if stage >= 2:
@@ -216,7 +217,7 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
             st.caption("The test, position by position (the target's argmax, compared with each draft token):"
                        if greedy else "The test, position by position (u is drawn only up to the first rejection):")
             st.dataframe(test_table(c, k, greedy), hide_index=True, column_config=TABLE_COLUMNS, key="test_table")
-    chart(figures.cache_figure(c, stage, derive.sequence_texts(trace, c)))
+    chart(figures.cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind))
     chart(figures.cycle_time_figure(c), key="cycle_time")
     if stage in (2, 5):  # the verify appends to the target's cache, the rollback trims it: in the trace's layout
         for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, stage, derive.sequence_texts(trace, c))):

@@ -62,8 +62,8 @@ def stage_draft(trace: Trace, c: dict) -> None:
         "the draft found the token it drew, $p_\\text{draft}$. Nothing is final yet: these are proposals.")
     tokens = ", ".join(f"{q(t)} ({p:.3f})" for t, p in zip(c["draft_token_texts"], c["p_draft"]))
     st.markdown(f"In **cycle {c['cycle']}** the draft proposed K={k} tokens (with $p_\\text{{draft}}$): {tokens}.")
-    if trace.drafter_kind != "model":  # prompt lookup / other tokenizer: how this trace's proposals were made
-        st.info(md(stage_caption(c, k, 1)), icon=":material/lightbulb:")
+    if trace.drafter_kind != "model":  # prompt lookup / other tokenizer / EAGLE head: how the proposals were made
+        st.info(md(stage_caption(c, k, 1, drafter=trace.drafter_kind)), icon=":material/lightbulb:")
     st.latex(r"d_i \sim p_\text{draft}(\,\cdot \mid x_{1..n},\, d_1, \dots, d_{i-1}), \qquad i = 1, \dots, K")
     chart(figures.cycle_figure(c, k, 1), key="wt_cycle_1")
     open_in_stepper(c["cycle"], 1, key="wt_link_1")
@@ -172,8 +172,8 @@ def stage_rollback(trace: Trace, c: dict) -> None:
         "read, including guesses that were just rejected or discarded. The engine now trims both caches "
         "back to the committed text. This project's convention: after each cycle a cache holds every "
         "committed token except the last, which is fed in at the start of the next cycle.")
-    if d is None:  # a drafter without a cache over the target's positions (prompt lookup, other tokenizer)
-        st.markdown(md(stage_caption(c, derive.proposals(c), 5)))
+    if d is None or trace.drafter_kind == "eagle":  # no draft cache, or the head's own rollback rule
+        st.markdown(md(stage_caption(c, derive.proposals(c), 5, drafter=trace.drafter_kind)))
     else:
         st.markdown(
             f"Cycle {c['cycle']}: the target cache goes {t['after_append']} → {t['after_rollback']} entries, "
@@ -187,7 +187,7 @@ def stage_rollback(trace: Trace, c: dict) -> None:
         "adding yours. Leaving them in would put words in the letter you never said, and every later guess "
         "would be made from that garbled letter. The KV cache is the assistant's memory of the letter so far.",
         icon=":material/keyboard:")
-    chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c)), key="wt_cache")
+    chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c), trace.drafter_kind), key="wt_cache")
     name = figures_layouts.layout_of(trace.header)["name"]
     st.markdown(f"**How this run's cache layout does it: {figures_layouts.LAYOUT_WORDS[name]}.** "
                 + figures_layouts.ROLLBACK_WORDS[name])
