@@ -39,7 +39,8 @@ def load_preset(name: str, device: str | None = None, dtype_name: str | None = N
                 raise SettingsError(f"preset {name!r} ships no draft with another tokenizer: name one with --draft, "
                                     f"or use --preset tiny-shakespeare")
             drafter = replace(drafter, draft_model=str(preset.other_tokenizer_draft_folder()))
-        if drafter.kind == "eagle" and drafter.draft_model is None:
+        shipped_head = drafter.kind == "eagle" and drafter.draft_model is None
+        if shipped_head:
             head = preset.eagle_head_folder()
             if head is None or not head.is_dir():
                 raise SettingsError(f"preset {name!r} ships no EAGLE head: name one with --draft")
@@ -48,6 +49,8 @@ def load_preset(name: str, device: str | None = None, dtype_name: str | None = N
         pair.target.name = preset.target_name
         if shipped_draft:  # traces name shipped models portably, never by this machine's path
             pair.drafter.model.name = f"assets/models/{preset.other_tokenizer_draft}"
+        if shipped_head:
+            pair.drafter.name = f"assets/models/{preset.eagle_head}"
         return pair
     pair = load_pair(str(preset.target_folder()), str(preset.draft_folder()), device, dtype_name=dtype_name)
     pair.target.name, pair.draft.name = preset.target_name, preset.draft_name

@@ -1,10 +1,14 @@
 """Regenerate the bundled example traces in assets/traces/ with the CLI.
 
     python scripts/make_example_traces.py            # all of them
-    python scripts/make_example_traces.py chat       # only those whose name contains "chat"
+    python scripts/make_example_traces.py chat       # only those whose name (or arguments) contain "chat"
+    python scripts/make_example_traces.py eagle      # only the EAGLE head's (assets/models/chat-eagle)
 
 Each trace is an ordinary `python -m engine run` on a shipped preset, on the CPU, so
-anyone can reproduce them. default.jsonl is the one the app opens on.
+anyone can reproduce them. default.jsonl is the one the app opens on: it runs the chat
+preset's default drafter (engine/presets.py Preset.default_drafter). Every other trace
+names its drafter with --drafter, and a trace of a drafter other than the separate draft
+model has the drafter in its file name.
 """
 import sys
 from pathlib import Path
@@ -19,19 +23,24 @@ OUT = ROOT / "assets" / "traces"
 EXAMPLES = {
     "default.jsonl": ["--preset", "chat", "--prompt", "What is a good way to learn to cook?",
                       "--k", "4", "--temperature", "0.7", "--max-new-tokens", "64", "--seed", "1"],
-    "chat-greedy-k4.jsonl": ["--preset", "chat", "--prompt", "Explain why the sky is blue.",
+    "chat-greedy-k4.jsonl": ["--drafter", "model", "--preset", "chat", "--prompt", "Explain why the sky is blue.",
                              "--k", "4", "--temperature", "0", "--max-new-tokens", "64"],
-    "chat-sampled-k2.jsonl": ["--preset", "chat", "--prompt", "List the days of the week.",
+    "chat-sampled-k2.jsonl": ["--drafter", "model", "--preset", "chat", "--prompt", "List the days of the week.",
                                               "--k", "2", "--temperature", "0.5", "--max-new-tokens", "48", "--seed", "2"],
-    "chat-sampled-k6-hot-low-acceptance.jsonl": ["--preset", "chat", "--prompt", "Invent a name for a purple dragon who bakes bread.",
+    "chat-sampled-k6-hot-low-acceptance.jsonl": ["--drafter", "model", "--preset", "chat", "--prompt", "Invent a name for a purple dragon who bakes bread.",
                                              "--k", "6", "--temperature", "1.2", "--max-new-tokens", "48", "--seed", "3"],
-    "shakespeare-sampled-k4-high-acceptance.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "Romeo.\n",
+    "shakespeare-sampled-k4-high-acceptance.jsonl": ["--drafter", "model", "--preset", "tiny-shakespeare", "--prompt", "Romeo.\n",
                                      "--k", "4", "--temperature", "0.8", "--max-new-tokens", "160", "--seed", "4"],
-    "shakespeare-greedy-k8.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "King Henry.\nWhat say you",
+    "shakespeare-greedy-k8.jsonl": ["--drafter", "model", "--preset", "tiny-shakespeare", "--prompt", "King Henry.\nWhat say you",
                                     "--k", "8", "--temperature", "0", "--max-new-tokens", "160"],
-    "shakespeare-sampled-k2-hot.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "Enter a Messenger.\n",
+    "shakespeare-sampled-k2-hot.jsonl": ["--drafter", "model", "--preset", "tiny-shakespeare", "--prompt", "Enter a Messenger.\n",
                                          "--k", "2", "--temperature", "1.3", "--max-new-tokens", "120", "--seed", "5"],
-    # One per drafter that is not a draft model (see engine/drafters/):
+    # One per drafter that is not a draft model (see engine/drafters/); the EAGLE head also greedy,
+    # so its traces show both the argmax test and the ratio test:
+    "chat-eagle-sampled-k4.jsonl": ["--preset", "chat", "--drafter", "eagle", "--prompt", "What is a good way to learn to cook?",
+                                    "--k", "4", "--temperature", "0.7", "--max-new-tokens", "64", "--seed", "1"],
+    "chat-eagle-greedy-k4.jsonl": ["--preset", "chat", "--drafter", "eagle", "--prompt", "Explain why the sky is blue.",
+                                   "--k", "4", "--temperature", "0", "--max-new-tokens", "64"],
     "chat-prompt-lookup-greedy-k4.jsonl": [
         "--preset", "chat", "--drafter", "prompt-lookup", "--max-ngram", "3", "--prompt",
         "Fix the spelling in this paragraph and write it out again: The quick brown fox jumpd over the lazy dog. "
@@ -41,18 +50,21 @@ EXAMPLES = {
         "--preset", "tiny-shakespeare", "--drafter", "other-tokenizer", "--prompt", "Romeo.\n",
         "--k", "6", "--temperature", "0", "--max-new-tokens", "120"],
     # One short run per KV-cache layout: the same prompt, settings and seed, so the tokens agree.
-    **{f"shakespeare-cache-{layout}.jsonl": ["--preset", "tiny-shakespeare", "--prompt", "Juliet.\n", "--k", "4",
+    **{f"shakespeare-cache-{layout}.jsonl": ["--drafter", "model", "--preset", "tiny-shakespeare", "--prompt", "Juliet.\n", "--k", "4",
                                               "--temperature", "0.8", "--max-new-tokens", "48", "--seed", "6",
                                               "--cache", layout, "--block-size", "4"]
        for layout in ("dynamic", "static", "paged")},
 }
 
 
+def selected(filters: list[str]) -> dict[str, list[str]]:
+    """The examples whose file name contains a filter word or whose arguments include one."""
+    return {name: args for name, args in EXAMPLES.items() if not filters or any(f in name or f in args for f in filters)}
+
+
 def run(filters: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, args in EXAMPLES.items():
-        if filters and not any(f in name or f in args for f in filters):
-            continue
+    for name, args in selected(filters).items():
         print(f"== {name}", flush=True)
         if main(["run", *args, "--device", "cpu", "--calibrate", "--out", str(OUT / name)]) != 0:
             return 1

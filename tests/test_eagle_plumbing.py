@@ -153,7 +153,7 @@ def cli_trace(tmp_path, *extra: str):
 
 def test_the_cli_honours_the_preset_s_default_drafter(eagle_default_preset, tmp_path):
     trace = cli_trace(tmp_path)
-    assert trace.drafter_kind == "eagle" and trace.header["draft"]["name"] == "tiny-eagle"
+    assert trace.drafter_kind == "eagle" and trace.header["draft"]["name"] == "assets/models/tiny-head"
     assert cli_trace(tmp_path, "--drafter", "model").drafter_kind == "model"  # the separate draft stays selectable
     assert cli_trace(tmp_path, "--drafter", "prompt-lookup").drafter_kind == "prompt-lookup"
 
@@ -222,3 +222,44 @@ def test_old_results_files_still_render():
     assert "drafter" not in old  # written before --drafter
     text = markdown(old)
     assert "separate draft model" in text and "no EAGLE drafter" not in text
+
+
+# ---------------------------------------------------------------- scripts/make_example_traces.py
+
+def examples_module():
+    spec = importlib.util.spec_from_file_location("make_example_traces", ROOT / "scripts" / "make_example_traces.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_bundled_example_names_its_drafter():
+    """Flipping a preset's default drafter changes default.jsonl only; a file named for a drafter runs it."""
+    from engine.cli import build_parser
+    ex = examples_module()
+    for name, args in ex.EXAMPLES.items():
+        parsed = build_parser().parse_args(["run", *args, "--out", "x.jsonl"])
+        if name == "default.jsonl":
+            assert parsed.drafter is None  # the preset's default drafter
+            continue
+        assert parsed.drafter is not None, name
+        named = [kind for kind in ("eagle", "prompt-lookup", "other-tokenizer") if kind in name]
+        assert named == ([] if parsed.drafter == "model" else [parsed.drafter]), name
+    assert set(ex.selected(["eagle"])) == {"chat-eagle-sampled-k4.jsonl", "chat-eagle-greedy-k4.jsonl"}
+
+
+def test_the_eagle_examples_run_on_the_chat_preset(folders, tmp_path, monkeypatch):
+    """The exact entries, on a chat preset whose target and head are the tiny ones."""
+    assets = tmp_path / "assets"
+    (assets / "models").mkdir(parents=True)
+    (assets / "models" / "chat-eagle").symlink_to(folders["head"])
+    monkeypatch.setattr(presets, "ASSETS", assets)
+    monkeypatch.setattr(presets, "smollm2_folder", lambda: folders["target"])
+    ex = examples_module()
+    monkeypatch.setattr(ex, "OUT", tmp_path / "traces")
+    assert ex.run(["eagle"]) == 0
+    for name in ("chat-eagle-sampled-k4.jsonl", "chat-eagle-greedy-k4.jsonl"):
+        trace = load_trace(tmp_path / "traces" / name)
+        assert trace.drafter_kind == "eagle" and trace.header["preset"] == "chat"
+        assert trace.header["draft"]["name"] == "assets/models/chat-eagle"  # portable, never this machine's path
+        assert "calibration" in trace.header and trace.complete
