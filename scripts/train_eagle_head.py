@@ -6,9 +6,10 @@ Data: the target's own answers to chat prompts, sampled by scripts/make_chat_dis
     python scripts/make_chat_distill_data.py --heldout --prompts 32 --out data/eagle_heldout
     python scripts/train_eagle_head.py --end-utc 19:10
 
-Features: the target's top features (last decoder layer output, before the final norm),
-recomputed by teacher-forced batched target passes over prompt + answer (right padded, so
-no mask is needed for the positions that count).
+Features: the target's top features (last decoder layer output, before the final norm).
+Shards sampled with `make_chat_distill_data.py --features` carry them from the sampling
+passes; otherwise they are recomputed by teacher-forced batched target passes over
+prompt + answer (right padded, so no mask is needed for the positions that count).
 
 Head entry p reads x_p with f_{p-1} (zeros at p = 0) and predicts f_p. Loss at every answer
 position: smooth L1 between the predicted and true feature (both through the target's
@@ -77,6 +78,16 @@ def teacher_forced_features(target, seqs: list[list[int]], batch: int = 16) -> l
             handle.remove()
         for r, i in enumerate(idx):
             out[i] = feats["h"][r, :len(seqs[i])].half()
+    return out
+
+
+def features_of(target, recs: list[dict]) -> list[torch.Tensor]:
+    """Each record's top features (P + T - 1, H): kept from sampling where the shard has them."""
+    missing = [i for i, r in enumerate(recs) if "feats" not in r]
+    computed = teacher_forced_features(target, [recs[i]["prompt_ids"] + recs[i]["answer_ids"][:-1] for i in missing])
+    out = [r.get("feats") for r in recs]
+    for i, f in zip(missing, computed):
+        out[i] = f
     return out
 
 
@@ -238,6 +249,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=60)
     ap.add_argument("--quick-eval", type=int, default=12, help="held-out answers for evaluations during training (0: all)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--data-note", default="sampled on the 2-core CPU", help="how and where the data was sampled")
+    ap.add_argument("--machine-note", default="2-core CPU", help="the machine c was measured on, and its load")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -275,10 +288,14 @@ def main() -> None:
     n_train_tok = sum(len(r["answer_ids"]) for r in train_recs)
     say(f"data: {len(train_recs)} train answers ({n_train_tok} tokens), {len(ho_recs)} held-out answers")
     t0 = time.time()
-    tr_feats = teacher_forced_features(target, [r["prompt_ids"] + r["answer_ids"][:-1] for r in train_recs])
-    ho_feats = teacher_forced_features(target, [r["prompt_ids"] + r["answer_ids"][:-1] for r in ho_recs])
+    tr_feats = features_of(target, train_recs)
+    ho_feats = features_of(target, ho_recs)
     feat_minutes = (time.time() - t0) / 60
-    say(f"features recomputed teacher-forced in {feat_minutes:.1f} min")
+    stored = sum("feats" in r for r in train_recs)
+    say(f"features: {stored} of {len(train_recs)} training answers kept from sampling; the rest and the "
+        f"held-out ones recomputed teacher-forced in {feat_minutes:.1f} min")
+    for r in train_recs:
+        r.pop("feats", None)  # the examples hold them now
     train_ex = [make_example(r, f, to_row) for r, f in zip(train_recs, tr_feats)]
     ho_ex = [make_example(r, f, to_row) for r, f in zip(ho_recs, ho_feats)]
     ho_refs = target_references(fr, ho_ex, H)
@@ -307,6 +324,7 @@ def main() -> None:
     say(f"EVAL step 0: {ev}")
     step, best, best_state = 0, -1.0, None
     est_total = args.max_epochs * batches_per_epoch
+    t_train = time.time()  # with --end-utc the learning rate decays over the time left, not over epochs
     done = False
     for epoch in range(args.max_epochs):
         order = sorted(range(len(train_ex)), key=lambda i: len(train_ex[i]["ids"]) + random.random() * 40)
@@ -324,7 +342,7 @@ def main() -> None:
             if end_time and time.time() > end_time:
                 done = True
                 break
-            frac = step / est_total
+            frac = (time.time() - t_train) / (end_time - t_train) if end_time else step / est_total
             lr = args.lr * min(1.0, (step + 1) / 30) * (0.5 * (1 + math.cos(math.pi * min(frac, 1.0))) * 0.9 + 0.1)
             for pg in opt.param_groups:
                 pg["lr"] = lr
@@ -374,8 +392,9 @@ def main() -> None:
         "data": {"train_answers": len(train_recs), "train_answer_tokens": n_train_tok,
                  "heldout_answers": len(ho_recs), "heldout_positions": ev_fp16["positions"],
                  "sampling": "the target's own answers at temperature 1 (scripts/make_chat_distill_data.py), "
-                             "sampled on the shared 2-core CPU at nice 19",
-                 "features": f"teacher-forced batched target passes, {feat_minutes:.1f} min"},
+                             + args.data_note,
+                 "features": f"{stored} training answers' features kept from the sampling passes; "
+                             f"the rest and the held-out ones by teacher-forced batched passes ({feat_minutes:.1f} min)"},
         "training": {"loss": f"smooth L1 on normed features + {args.cls_weight} x soft CE vs target top-32",
                      "noise": args.noise, "lr": args.lr, "batch_tokens": args.batch_tokens, "steps": step,
                      "wall_minutes_total": round(train_minutes, 1), "threads": args.threads, "device": "cpu",
@@ -384,7 +403,7 @@ def main() -> None:
                          "alpha_temperature_1": ev_fp16["alpha_step1"], "greedy_agreement": ev_fp16["greedy_step1"],
                          "method": "held-out answers teacher-forced; step1 = the target's feature in (the first draft "
                                    "step of a cycle), step2 = the head's predicted feature in",
-                         **c, "machine": "2-core CPU shared with other developers (timings noisy)"},
+                         **c, "machine": args.machine_note},
         "todays_chat_draft_same_heldout": baseline,
     }
     save_head(out, head, target.config, kept.tolist(), "chat-eagle", {"training": "training.json"})
