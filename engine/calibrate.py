@@ -78,7 +78,9 @@ def time_widths(model: LoadedModel, context: list[int], widths: list[int], s: Sp
 
 def time_drafter_step(pair: Pair, context: list[int], s: SpecSettings, repeats: int) -> float:
     """Median time a drafter without a same-tokenizer draft model takes to propose one token
-    (for prompt lookup: one n-gram search; for the other-tokenizer draft: its steps and re-encoding)."""
+    (for prompt lookup: one n-gram search; for the other-tokenizer draft: its steps and re-encoding;
+    for the EAGLE head: one head step and the target's output layer over the kept vocabulary; its
+    start runs the target over the context once for the features, untimed)."""
     gen = torch.Generator().manual_seed(0)
     state = pair.drafter.start(context)
     times = []
