@@ -230,7 +230,7 @@ def draft_model_scores(target, recs: list[dict]) -> dict | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--train", default=str(ROOT / "data" / "eagle_train"))
+    ap.add_argument("--train", default=str(ROOT / "data" / "eagle_train"), help="shard folder(s), comma separated")
     ap.add_argument("--heldout", default=str(ROOT / "data" / "eagle_heldout"))
     ap.add_argument("--out", default=str(ROOT / "assets" / "models" / "chat-eagle"))
     ap.add_argument("--vocab", default=str(ROOT / "assets" / "models" / "chat-draft" / "draft_vocab.json"),
@@ -284,7 +284,8 @@ def main() -> None:
     to_row[kept] = torch.arange(len(kept))
     fr = Frozen(target, kept)
 
-    train_recs, ho_recs = load_shards(Path(args.train)), load_shards(Path(args.heldout))
+    train_recs = [r for folder in args.train.split(",") for r in load_shards(Path(folder))]
+    ho_recs = load_shards(Path(args.heldout))
     n_train_tok = sum(len(r["answer_ids"]) for r in train_recs)
     say(f"data: {len(train_recs)} train answers ({n_train_tok} tokens), {len(ho_recs)} held-out answers")
     t0 = time.time()
