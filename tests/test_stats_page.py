@@ -4,6 +4,7 @@ Every number the page shows is compared with engine/analysis.py's computation on
 same trace file, read independently of the app.
 """
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from engine.metrics import decoding_tokens_per_s
 from engine.repeats import MAX_SPREAD, disagreement_words
 from engine.run import load_pair, run_to_trace
 from engine.trace import load_trace
+from tests.app_jobs import finish_job, progress_texts, running_job
 from tests.tiny import noisy_pair, save_tiny
 
 MAIN = Path(__file__).resolve().parent.parent / "app" / "main.py"
@@ -159,6 +161,7 @@ def test_noisy_calibration_is_refused(folder, monkeypatch):
     repeat_calibration(monkeypatch, [1.0, 1.6, 2.5])  # repeats 60% and more apart
     at = open_page(folder, monkeypatch, "uncalibrated.jsonl")
     at.button(key="calibrate_now").click().run()
+    finish_job(at)
     assert not at.exception, [e.value for e in at.exception]
     assert "Measured speedup" not in metrics(at) and "now_calibration" not in at.session_state
     assert any(w.value.startswith("Not shown: the 3 calibrations disagreed") for w in at.warning)
@@ -171,6 +174,7 @@ def test_uncalibrated_trace_can_be_calibrated_on_this_machine(folder, monkeypatc
     assert "Measured speedup" not in metrics(at)
     assert [i.value for i in at.info if "calibration" in i.value] == [NO_CALIBRATION]
     at.button(key="calibrate_now").click().run()
+    finish_job(at)
     assert not at.exception, [e.value for e in at.exception]
     shown = metrics(at)
     assert {"Measured speedup", "c = t_draft / t_step", "Refined prediction"} <= set(shown)
@@ -188,7 +192,7 @@ def test_k_sweep_runs_live_and_shows_its_measurements(folder, monkeypatch):
     at.multiselect(key="sweep_ks").set_value([1, 2])
     at.number_input(key="sweep_max_new").set_value(8)
     at.button(key="sweep_run").click().run()
-    assert not at.exception, [e.value for e in at.exception]
+    finish_job(at)
     (result,) = at.session_state["k_sweeps"].values()
     rows = table(at, "refined tokens/s")
     assert list(rows["K"]) == [1, 2]
@@ -253,3 +257,76 @@ def test_race_and_explorer_use_the_trace_and_its_calibration(folder, monkeypatch
     from engine.metrics import predicted_speedup
     assert chosen["y"] == [pytest.approx(predicted_speedup(0.8, 5, 0.1))]
     assert any(f"**{predicted_speedup(0.8, 5, 0.1):.2f}×**" in m.value for m in at.markdown)
+
+
+# ---------------------------------------------------------------- measurements on a worker thread (app/jobs.py)
+
+def held_until(monkeypatch, module, name: str, gate: threading.Event, error: Exception | None = None) -> None:
+    """Make the engine function `module.name` wait for `gate` (then fail with `error`, or run)."""
+    real = getattr(module, name)
+
+    def held(*args, **kwargs):
+        assert gate.wait(120), "the test never opened the gate"
+        if error is not None:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, held)
+
+
+def test_measuring_runs_in_the_background_and_the_page_stays_usable(folder, monkeypatch):
+    import engine.calibrate
+    monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))
+    repeat_calibration(monkeypatch, [1.0, 1.05, 0.97])
+    gate = threading.Event()
+    held_until(monkeypatch, engine.calibrate, "calibrate", gate)
+    at = open_page(folder, monkeypatch, "uncalibrated.jsonl")
+    try:
+        at.button(key="calibrate_now").click().run()  # returns although the calibration is held
+        assert not at.exception, [e.value for e in at.exception]
+        job = running_job(at)
+        assert job.running and "Measured speedup" not in metrics(at)
+        assert any(t.startswith("Timing single steps") and "The page stays usable" in t for t in progress_texts(at))
+        # the page answers meanwhile: another tab's widget works
+        at.selectbox(key="compare_with").set_value(TraceRef("bundled", "greedy.jsonl")).run()
+        assert not at.exception and "example: greedy.jsonl" in table(at, "this trace").columns
+        # one measurement at a time: a second one is refused in words, the first keeps running
+        at.button(key="sweep_run").click().run()
+        assert any(w.value.startswith("One measurement at a time") for w in at.warning)
+        assert running_job(at) is job and job.running and "k_sweeps" not in at.session_state
+    finally:
+        gate.set()
+    finish_job(at)
+    taken, spread = job.result  # what the worker's engine calls returned
+    assert list(at.session_state["now_calibration"].values()) == [taken]
+    assert "measurement_job" not in at.session_state  # collected once
+    trace = load_trace(folder / "traces" / "uncalibrated.jsonl")
+    trace.header["calibration"] = taken
+    assert metrics(at) == expected_metrics(trace_stats(trace))  # shown = the engine's numbers from that result
+
+
+def test_a_failed_measurement_is_an_error_and_loses_nothing(folder, monkeypatch):
+    import engine.sweep
+    monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))
+    at = open_page(folder, monkeypatch)
+    at.multiselect(key="sweep_ks").set_value([1])
+    at.number_input(key="sweep_max_new").set_value(4)
+    at.button(key="sweep_run").click().run()
+    finish_job(at)
+    (first,) = at.session_state["k_sweeps"].values()
+    real_sweep, gate = engine.sweep.k_sweep, threading.Event()
+    held_until(monkeypatch, engine.sweep, "k_sweep", gate, RuntimeError("the sweep broke"))
+    at.multiselect(key="sweep_ks").set_value([1, 2])
+    at.button(key="sweep_run").click().run()
+    gate.set()
+    finish_job(at)
+    said = md("K sweep over K = 1, 2") + " failed: " + md("RuntimeError: the sweep broke")
+    assert any(e.value.startswith(said) for e in at.error), [e.value for e in at.error]
+    (kept,) = at.session_state["k_sweeps"].values()
+    assert kept is first  # the earlier sweep is still there, and still drawn
+    assert list(table(at, "refined tokens/s")["K"]) == [1]
+    monkeypatch.setattr(engine.sweep, "k_sweep", real_sweep)
+    at.button(key="sweep_run").click().run()  # a failed job does not block the next one
+    assert not [w for w in at.warning if w.value.startswith("One measurement at a time")]
+    finish_job(at)
+    assert list(table(at, "refined tokens/s")["K"]) == [1, 2]

@@ -4,6 +4,8 @@ Every number comes from engine/analysis.py (the same code as `python -m engine s
 this page lays them out, draws them (app/figures_stats.py) and runs the K sweep.
 """
 import dataclasses
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import streamlit as st
 
 from app import figures_stats as figs
 from app.figures_layouts import LAYOUT_WORDS, memory_figure
-from app import live, state
+from app import jobs, live, state
 from app.safe import md
 from app.teaching_ui import chart
 from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
@@ -44,7 +46,9 @@ def with_calibration(trace: Trace, key: str) -> tuple[Trace, str, bool]:
     measured_now = st.session_state.get(NOW_CALIBRATION, {}).get(key)
     if measured_now is None or trace.header.get("calibration") is not None:
         return trace, key, False
-    return Trace({**trace.header, "calibration": measured_now}, trace.cycles, trace.summary), key + "+now", True
+    # the key names the calibration itself: the stats cache is shared by every session of the server
+    now_key = f"{key}+now:{hashlib.sha256(json.dumps(measured_now, sort_keys=True).encode()).hexdigest()[:16]}"
+    return Trace({**trace.header, "calibration": measured_now}, trace.cycles, trace.summary), now_key, True
 
 
 MEASURE_PAIR = "SPECLAB_MEASURE_PAIR"  # a folder with target/ and draft/ the server's operator offers
@@ -121,10 +125,12 @@ def ngram_section(st_: TraceStats) -> None:
 CALIBRATION_ROUNDS = 3  # whole calibrations; their spread says whether the machine was quiet enough
 
 
-def calibrate_repeated(pair: Pair, trace: Trace) -> tuple[dict, dict[str, Repeated]]:
-    """Calibrate several times; the per-quantity median, and each quantity's repeats."""
-    rounds = [calibrate(pair, trace.header["prompt_token_ids"], trace_settings(trace.header))
-              for _ in range(CALIBRATION_ROUNDS)]
+def calibrate_repeated(pair: Pair, trace: Trace, report: jobs.Report) -> tuple[dict, dict[str, Repeated]]:
+    """Calibrate several times; the per-quantity median, and each quantity's repeats (runs on a worker thread)."""
+    rounds = []
+    for i in range(CALIBRATION_ROUNDS):
+        report(i / CALIBRATION_ROUNDS, f"calibration {i + 1} of {CALIBRATION_ROUNDS}")
+        rounds.append(calibrate(pair, trace.header["prompt_token_ids"], trace_settings(trace.header)))
     spread = {"target step": repeated_values([r["target_step_s"] for r in rounds]),
               "draft step": repeated_values([r["draft_step_s"] for r in rounds])}
     widths = rounds[0]["verify_positions"]
@@ -136,17 +142,9 @@ def calibrate_repeated(pair: Pair, trace: Trace) -> tuple[dict, dict[str, Repeat
     return median, spread
 
 
-def calibrate_now(trace: Trace, key: str) -> None:
-    st.info(NO_CALIBRATION, icon=":material/timer_off:")  # our own text: its `code` should render
-    if st.session_state.get(REFUSED, {}).get(key):
-        st.warning(st.session_state[REFUSED][key], icon=":material/timer_off:")
-    if not st.button("Measure step times now (on this machine)", key="calibrate_now"):
-        return
-    pair = trace_pair(trace.header)
-    if pair is None:
-        return
-    with st.spinner(f"Timing single steps and verify widths, {CALIBRATION_ROUNDS} times…"):
-        result, spread = calibrate_repeated(pair, trace)
+def keep_calibration(key: str, measured: tuple[dict, dict[str, Repeated]]) -> None:
+    """Store a finished calibration for the page, or why it is not shown (its repeats disagree)."""
+    result, spread = measured
     shaky = {name: r for name, r in spread.items() if r.spread > MAX_SPREAD}
     if shaky:  # refuse to show numbers whose repeats disagree
         worst = max(shaky, key=lambda n: shaky[n].spread)
@@ -158,7 +156,20 @@ def calibrate_now(trace: Trace, key: str) -> None:
         st.session_state.setdefault(REFUSED, {}).pop(key, None)
         st.session_state.setdefault(NOW_CALIBRATION, {})[key] = result
         st.session_state.setdefault(NOW_SPREAD, {})[key] = max(r.spread for r in spread.values())
-    st.rerun()
+
+
+def calibrate_now(trace: Trace, key: str) -> None:
+    st.info(NO_CALIBRATION, icon=":material/timer_off:")  # our own text: its `code` should render
+    if st.session_state.get(REFUSED, {}).get(key):
+        st.warning(st.session_state[REFUSED][key], icon=":material/timer_off:")
+    name = f"calibrate:{key}"
+    if st.button("Measure step times now (on this machine)", key="calibrate_now"):
+        pair = trace_pair(trace.header)
+        if pair is not None:
+            jobs.start(name, f"Timing single steps and verify widths, {CALIBRATION_ROUNDS} times",
+                       lambda report: calibrate_repeated(pair, trace, report),
+                       lambda measured: keep_calibration(key, measured))
+    jobs.show(name)
 
 
 def cost_section(st_: TraceStats, measured_now: bool) -> None:
@@ -226,13 +237,14 @@ def sweep_section(trace: Trace, key: str) -> None:
     max_new = cols[1].number_input("Max new tokens", 1, 512, min(64, trace.header["settings"]["max_new_tokens"]),
                                    key="sweep_max_new")
     if st.button("Run the K sweep", key="sweep_run", type="primary", disabled=not ks):
-        run_sweep(trace, key, sorted(ks), int(max_new))
+        start_sweep(trace, key, sorted(ks), int(max_new))
+    jobs.show(f"sweep:{key}")
     result = st.session_state.get(SWEEPS, {}).get(key)
     if result is not None:
         show_sweep(result)
 
 
-def run_sweep(trace: Trace, key: str, ks: list[int], max_new: int) -> None:
+def start_sweep(trace: Trace, key: str, ks: list[int], max_new: int) -> None:
     try:
         settings = trace_settings(trace.header, max_new_tokens=max_new)
     except SettingsError as err:
@@ -241,10 +253,13 @@ def run_sweep(trace: Trace, key: str, ks: list[int], max_new: int) -> None:
     pair = trace_pair(trace.header)
     if pair is None:
         return
-    bar = st.progress(0.0, text="Starting the sweep…")
-    result = k_sweep(pair, trace.header["prompt_token_ids"], settings, ks,
-                     on_progress=lambda fraction, text: bar.progress(fraction, text=text))
-    bar.empty()
+    prompt = trace.header["prompt_token_ids"]
+    jobs.start(f"sweep:{key}", f"K sweep over K = {', '.join(map(str, ks))}",
+               lambda report: k_sweep(pair, prompt, settings, ks, on_progress=report),
+               lambda result: keep_sweep(key, result))
+
+
+def keep_sweep(key: str, result: SweepResult) -> None:
     st.session_state.setdefault(SWEEPS, {})[key] = result
 
 
