@@ -32,6 +32,9 @@ NOW_CALIBRATION = "now_calibration"  # session_state: {trace key: calibration me
 SWEEPS = "k_sweeps"  # session_state: {trace key: SweepResult}
 REFUSED = "refused_calibration"  # session_state: {trace key: why a calibration was not shown}
 NOW_SPREAD = "now_calibration_spread"  # session_state: {trace key: worst spread of the accepted calibration}
+TAB = "stats_tab"  # session_state: the open tab's label
+TABS = ["Acceptance", "Cost and speed", "K advisor", "K sweep", "Race and explorer", "Compare two traces",
+        "KV-cache layout"]
 
 
 # ---------------------------------------------------------------- data (cached per trace)
@@ -397,32 +400,36 @@ def main() -> None:
         return
     shown, key, measured_now = with_calibration(trace, state.current_key())
     st_ = stats_of(key, shown)
-    tabs = st.tabs(["Acceptance", "Cost and speed", "K advisor", "K sweep", "Race and explorer", "Compare two traces",
-                    "KV-cache layout"])
-    with tabs[0]:
+    # Only the open tab runs (on_change="rerun" and .open): a page load draws its 2 charts instead of
+    # all 11, and loads no table code. Opening a tab costs one rerun.
+    for name, tab in zip(TABS, st.tabs(TABS, key=TAB, on_change="rerun")):
+        if tab.open:
+            with tab:
+                draw_tab(name, trace, st_, measured_now)
+
+
+def draw_tab(name: str, trace: Trace, st_: TraceStats, measured_now: bool) -> None:
+    if name == "Acceptance":
         acceptance_section(st_)
-    with tabs[1]:
-        if st_.speed is None:
-            if st_.calibration_error:
-                st.error(md(st_.calibration_error))
-            calibrate_now(trace, state.current_key())
-        else:
-            cost_section(st_, measured_now)
-            speed_section(st_)
-    with tabs[2]:
-        if st_.advice:
-            advisor_section(st_)
-        else:
-            st.info("The K advisor needs step times: see **Cost and speed**.")
-    with tabs[3]:
+    elif name == "Cost and speed" and st_.speed is None:
+        if st_.calibration_error:
+            st.error(md(st_.calibration_error))
+        calibrate_now(trace, state.current_key())
+    elif name == "Cost and speed":
+        cost_section(st_, measured_now)
+        speed_section(st_)
+    elif name == "K advisor" and st_.advice:
+        advisor_section(st_)
+    elif name == "K advisor":
+        st.info("The K advisor needs step times: see **Cost and speed**.")
+    elif name == "K sweep":
         sweep_section(trace, state.current_key())
-    with tabs[4]:
+    elif name == "Race and explorer":
         race_section(trace, st_)
         explorer_section(trace, st_)
-    with tabs[5]:
+    elif name == "Compare two traces":
         compare_section(trace, st_)
-    with tabs[6]:
+    elif name == "KV-cache layout":
         layout_section(layout_stats(trace))
-
 
 main()
