@@ -91,7 +91,8 @@ def time_to_first_chart(env: dict) -> dict:
 PAGES = {"Step through cycles": "", "Choose a trace": "source", "How a cycle works": "walkthrough",
          "Why rollback matters": "rollback", "Exactness lab": "exactness", "Interview practice": "interview",
          "Statistics and speed": "statistics"}
-FIRST_RESULT = ".js-plotly-plot .main-svg, [data-testid='stDataFrame'] canvas"  # a chart or a table drawn
+FIRST_RESULT = (".js-plotly-plot .main-svg, [data-testid='stDataFrame'] canvas, "
+                "[data-testid='stTable'] table")  # a chart or a table (a data grid or a static table) drawn
 FIRST_RESULT_OF = {"interview": "[data-testid='stExpander']"}  # its charts sit in closed expanders: the questions
 
 
