@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_browser import SHOTS, TIMEOUT_MS, browser, streamlit_server, xss_copy  # noqa: F401 (browser: a fixture)
+from tests.test_browser import SHOTS, TIMEOUT_MS, browser, streamlit_server, sync_api, xss_copy  # noqa: F401 (browser: a fixture)
 from tests.test_teaching_pages import make_teaching_folder
 
 PAGES = {"walkthrough": "How one speculative cycle works", "rollback": "What if we don't roll back?",
@@ -121,10 +121,10 @@ def test_a_measurement_finishes_in_the_background_and_shows_up(browser, server):
         page.get_by_text("Why does verification score K+1 positions", exact=False).first.click()
         page.get_by_role("button", name="Measure the target's pass", exact=False).first.click()
         page.get_by_text(re.compile("Here scoring|The repeats disagree by more than")).first.wait_for()  # under the chart
-        page.wait_for_timeout(500)
+        page.wait_for_function(IDLE)  # the run that drew them has ended: stale elements are gone
         page.screenshot(path=str(SHOTS / "interview-measured-in-background.png"))
         assert page.locator('[data-testid="stException"]').count() == 0
-        assert page.get_by_role("button", name="Measure the target's pass", exact=False).count() == 0
+        sync_api.expect(page.get_by_role("button", name="Measure the target's pass", exact=False)).to_have_count(0)
         assert not dialogs
     finally:
         page.close()
