@@ -14,3 +14,13 @@ def md(text: str) -> str:
     """Text that Streamlit's Markdown shows literally, never as formatting or HTML."""
     escaped = "".join("\\" + ch if ch in _PUNCT else ch for ch in text)
     return html.escape(escaped, quote=True).replace("\n", "  \n")
+
+
+def table(rows: list[dict], **kwargs):
+    """A small static table (st.table: plain HTML, drawn at once, no data-grid code to load).
+
+    st.table renders each cell as Markdown, so every text cell goes through md()."""
+    import streamlit as st
+
+    return st.table([{k: md(v) if isinstance(v, str) else v for k, v in row.items()} for row in rows],
+                    hide_index=True, **kwargs)

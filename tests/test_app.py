@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.safe import md
 from engine.presets import PRESETS
 from engine.trace import load_trace
 
@@ -277,16 +278,16 @@ def test_bundled_list_describes_each_trace(monkeypatch, tmp_path):
     at = start()
     at.switch_page(SOURCE_PAGE).run()
     assert not at.exception
-    table = at.dataframe[0].value
+    table = at.table[0].value  # a static table: its text cells are Markdown, escaped by app.safe.md
     names = sorted(p.name for p in BUNDLED.glob("*.jsonl"))
-    assert list(table["trace"]) == names
-    for name, k, temperature, alpha, speedup in zip(table["trace"], table["K"], table["temperature"],
+    assert list(table["trace"]) == [md(n) for n in names]
+    for name, k, temperature, alpha, speedup in zip(names, table["K"], table["temperature"],
                                                     table["alpha"], table["measured speedup"]):
         trace = load_trace(BUNDLED / name)
         stats = trace_stats(trace)
         assert (k, temperature) == (trace.k, trace.header["settings"]["temperature"])
         assert alpha == pytest.approx(round(stats.alpha, 3))
-        assert speedup == f"{stats.speed.measured:.2f}×"
+        assert speedup == md(f"{stats.speed.measured:.2f}×")
 
 
 @pytest.mark.parametrize("name", ["default.jsonl", "shakespeare-sampled-k4-high-acceptance.jsonl"])
@@ -300,3 +301,17 @@ def test_a_slower_trace_says_so_up_front(monkeypatch, name):
         assert len(notes) == 1 and f"{speed.measured:.2f}×" in notes[0] and f"c = {speed.c:.2f}" in notes[0]
     else:
         assert not notes
+
+
+def test_static_tables_show_markdown_and_html_as_text():
+    """st.table draws each cell as Markdown: app.safe.table escapes every text cell first."""
+    def page():
+        from app.safe import table
+        table([{"token": "**b** [x](http://e) $y$ <img src=x>", "n": 1}])
+
+    at = AppTest.from_function(page)
+    at.run()
+    assert not at.exception
+    cell = at.table[0].value["token"][0]
+    assert cell == md("**b** [x](http://e) $y$ <img src=x>") and "\\*\\*b\\*\\*" in cell and "<img" not in cell
+    assert at.table[0].value["n"][0] == 1

@@ -248,3 +248,22 @@ def test_dark_theme_screenshots(browser, traces, tmp_path):
         page.wait_for_timeout(500)
         page.screenshot(path=SHOTS / "dark-choose-trace-live-run.png")
         assert not dialogs
+
+
+def test_statistics_page_draws_only_the_open_tab(browser, light_url):
+    """The statistics page runs only its open tab (st.tabs with on_change="rerun"): a click on a
+    tab reruns the page and draws that tab's charts in place of the first tab's."""
+    page, dialogs = open_page(browser, f"{light_url}/statistics")
+    try:
+        page.get_by_role("heading", name="Why speculation pays off").first.wait_for()
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2")
+        assert page.locator(".js-plotly-plot").count() == 2  # the Acceptance tab's two charts, nothing else
+        page.get_by_role("tab", name="Compare two traces").click()
+        page.get_by_text("Compare with").first.wait_for()
+        page.wait_for_function("""() => !document.querySelector('[data-stale="true"]')
+            && document.querySelectorAll('.js-plotly-plot').length === 1
+            && document.querySelector('.js-plotly-plot .main-svg')""")
+        assert page.get_by_role("tab", name="Compare two traces").get_attribute("aria-selected") == "true"
+        assert page.locator('[data-testid="stException"]').count() == 0 and not dialogs
+    finally:
+        page.close()

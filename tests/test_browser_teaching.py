@@ -5,11 +5,12 @@ test-output/ for a person to look at. Token text carrying HTML is shown, never r
 Reuses the app's browser-test helpers (tests/test_browser.py: Debian chromium, never
 `playwright install`; the module skips with the reason when chromium or playwright is missing).
 """
+import re
 from pathlib import Path
 
 import pytest
 
-from tests.test_browser import SHOTS, TIMEOUT_MS, browser, streamlit_server, xss_copy  # noqa: F401 (browser: a fixture)
+from tests.test_browser import SHOTS, TIMEOUT_MS, browser, streamlit_server, sync_api, xss_copy  # noqa: F401 (browser: a fixture)
 from tests.test_teaching_pages import make_teaching_folder
 
 PAGES = {"walkthrough": "How one speculative cycle works", "rollback": "What if we don't roll back?",
@@ -105,5 +106,25 @@ def test_walkthrough_shows_html_token_text_as_text(browser, server):
         assert not dialogs, dialogs  # an <img onerror> that ran would have opened an alert
         assert page.locator("img[src='x']").count() == 0
         assert page.get_by_text("img", exact=False).count() > 0  # shown as text
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("server", ["light"], indirect=True)
+def test_a_measurement_finishes_in_the_background_and_shows_up(browser, server):
+    """In a real server the polling fragment (app/jobs.py) notices the worker is done and the
+    page draws the result without another click."""
+    url, _ = server
+    page, dialogs = new_page(browser, f"{url}/interview")
+    try:
+        settle(page, PAGES["interview"])
+        page.get_by_text("Why does verification score K+1 positions", exact=False).first.click()
+        page.get_by_role("button", name="Measure the target's pass", exact=False).first.click()
+        page.get_by_text(re.compile("Here scoring|The repeats disagree by more than")).first.wait_for()  # under the chart
+        page.wait_for_function(IDLE)  # the run that drew them has ended: stale elements are gone
+        page.screenshot(path=str(SHOTS / "interview-measured-in-background.png"))
+        assert page.locator('[data-testid="stException"]').count() == 0
+        sync_api.expect(page.get_by_role("button", name="Measure the target's pass", exact=False)).to_have_count(0)
+        assert not dialogs
     finally:
         page.close()

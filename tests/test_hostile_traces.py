@@ -229,3 +229,8 @@ def test_every_page_draws_or_explains_a_hostile_trace(app_folder, monkeypatch, i
             assert any("line" in e and f"hostile-{index}.jsonl" in e for e in errors), f"{name} on {page}: {errors}"
         else:
             assert opened == f"hostile-{index}.jsonl" and not errors, f"{name} on {page}: {errors}"
+            if page == "views/statistics.py":  # only the open tab runs: open each of the others too
+                for tab in [t.label for t in at.tabs][1:]:
+                    at.session_state["stats_tab"] = tab
+                    assert outcome(at.run) == "accepted", f"{name} on the {tab} tab"
+                    assert not at.exception and not at.error, f"{name} on the {tab} tab: {[e.value for e in at.error]}"

@@ -177,6 +177,8 @@ def test_stepper_draws_the_layout_at_stages_2_and_5(layout_dir, name, stage, tit
 def test_stats_page_shows_the_layout_figures(layout_dir):
     at = start({"trace": "bundled:paged.jsonl"})
     at.switch_page("views/statistics.py").run()
+    at.session_state["stats_tab"] = "KV-cache layout"  # only the open tab runs
+    at.run()
     assert not at.exception, [e.value for e in at.exception]
     table = at.dataframe[-1].value
     ls = layout_stats(load_trace(layout_dir / "paged.jsonl"))

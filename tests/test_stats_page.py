@@ -4,6 +4,7 @@ Every number the page shows is compared with engine/analysis.py's computation on
 same trace file, read independently of the app.
 """
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from engine.metrics import decoding_tokens_per_s
 from engine.repeats import MAX_SPREAD, disagreement_words
 from engine.run import load_pair, run_to_trace
 from engine.trace import load_trace
+from tests.app_jobs import finish_job, progress_texts, running_job
 from tests.tiny import noisy_pair, save_tiny
 
 MAIN = Path(__file__).resolve().parent.parent / "app" / "main.py"
@@ -50,8 +52,22 @@ def open_page(folder: Path, monkeypatch, trace: str = "default.jsonl") -> AppTes
     return at
 
 
+def open_tab(at: AppTest, name: str) -> AppTest:
+    """Open one of the page's tabs (only the open tab's content runs), as a click on it would."""
+    at.session_state["stats_tab"] = name
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
 def metrics(at: AppTest) -> dict[str, str]:
+    """The metrics of the open tab."""
     return {m.label: m.value for m in at.metric}
+
+
+def all_metrics(at: AppTest) -> dict[str, str]:
+    """The metrics of the Acceptance and the Cost and speed tabs together."""
+    return {**metrics(open_tab(at, "Acceptance")), **metrics(open_tab(at, "Cost and speed"))}
 
 
 def figure(at: AppTest, key: str) -> dict:
@@ -84,13 +100,17 @@ def expected_metrics(st) -> dict[str, str]:
 def test_every_number_matches_the_engine(folder, monkeypatch):
     at = open_page(folder, monkeypatch)
     st = trace_stats(load_trace(folder / "traces" / "default.jsonl"))
-    assert metrics(at) == expected_metrics(st)
+    assert metrics(at)["Cycles"] == f"{st.num_cycles}"  # the Acceptance tab is open first
+    assert all_metrics(at) == expected_metrics(st)
+    open_tab(at, "Acceptance")
     per_position = " · ".join(f"{i}: {p:.3f}" for i, p in enumerate(st.acceptance["per_position_acceptance"], 1))
     assert any(m.value == f"**Per-position acceptance**: {per_position}" for m in at.markdown)
+    open_tab(at, "Cost and speed")
     assert any(md(explain_speed(st.speed)) == i.value for i in at.info)
     gap = disagreement_words("Refined prediction vs measured speedup", st.speed.refined, st.speed.measured, MAX_SPREAD)
     said = [w.value for w in at.warning if w.value.startswith("Refined prediction vs measured")]
     assert said == ([gap] if gap else [])  # said in words exactly when they differ beyond the noise
+    open_tab(at, "K advisor")
     advice_box = at.success if best_k(st.advice).refined >= 1 else at.warning
     assert [b.value for b in advice_box if b.value not in said] == [md(advice_sentence(st.advice))]
     rows = table(at, "E[tokens per cycle]")
@@ -108,10 +128,12 @@ def test_figures_draw_the_engine_numbers(folder, monkeypatch):
     histogram = figure(at, "fig_tokens_per_cycle")["data"]
     assert histogram[0]["y"] == pytest.approx([c / st.num_cycles for c in st.tokens_per_cycle])
     assert histogram[1]["y"] == pytest.approx(st.pmf)
+    open_tab(at, "Cost and speed")
     speed = figure(at, "fig_speed")["data"][0]["y"]
     assert speed == pytest.approx([st.speed.measured, st.speed.leviathan, st.speed.refined])
     verify = figure(at, "fig_verify_cost")["data"]
     assert verify[0]["y"] == pytest.approx([t * 1000 for t in st.calibration.verify_s])
+    open_tab(at, "K advisor")
     advisor = figure(at, "fig_advisor")["data"]
     assert advisor[1]["y"] == pytest.approx([a.refined for a in st.advice])
     assert advisor[2]["x"] == [best_k(st.advice).k]
@@ -128,7 +150,7 @@ def test_a_trace_never_makes_the_server_load_the_models_it_names(folder, monkeyp
     monkeypatch.delenv("SPECLAB_MEASURE_PAIR", raising=False)
     import engine.run
     monkeypatch.setattr(engine.run, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
-    at = open_page(folder, monkeypatch, "uncalibrated.jsonl")
+    at = open_tab(open_page(folder, monkeypatch, "uncalibrated.jsonl"), "Cost and speed")
     assert str(folder / "models") in load_trace(folder / "traces" / "uncalibrated.jsonl").header["target"]["name"]
     at.button(key="calibrate_now").click().run()
     assert not at.exception and "Measured speedup" not in metrics(at)
@@ -157,8 +179,9 @@ def repeat_calibration(monkeypatch, scales: list[float]) -> None:
 def test_noisy_calibration_is_refused(folder, monkeypatch):
     monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))  # the operator's pair
     repeat_calibration(monkeypatch, [1.0, 1.6, 2.5])  # repeats 60% and more apart
-    at = open_page(folder, monkeypatch, "uncalibrated.jsonl")
+    at = open_tab(open_page(folder, monkeypatch, "uncalibrated.jsonl"), "Cost and speed")
     at.button(key="calibrate_now").click().run()
+    finish_job(at)
     assert not at.exception, [e.value for e in at.exception]
     assert "Measured speedup" not in metrics(at) and "now_calibration" not in at.session_state
     assert any(w.value.startswith("Not shown: the 3 calibrations disagreed") for w in at.warning)
@@ -167,10 +190,11 @@ def test_noisy_calibration_is_refused(folder, monkeypatch):
 def test_uncalibrated_trace_can_be_calibrated_on_this_machine(folder, monkeypatch):
     monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))  # the operator's pair
     repeat_calibration(monkeypatch, [1.0, 1.05, 0.97])
-    at = open_page(folder, monkeypatch, "uncalibrated.jsonl")
+    at = open_tab(open_page(folder, monkeypatch, "uncalibrated.jsonl"), "Cost and speed")
     assert "Measured speedup" not in metrics(at)
     assert [i.value for i in at.info if "calibration" in i.value] == [NO_CALIBRATION]
     at.button(key="calibrate_now").click().run()
+    finish_job(at)
     assert not at.exception, [e.value for e in at.exception]
     shown = metrics(at)
     assert {"Measured speedup", "c = t_draft / t_step", "Refined prediction"} <= set(shown)
@@ -179,16 +203,16 @@ def test_uncalibrated_trace_can_be_calibrated_on_this_machine(folder, monkeypatc
     trace = load_trace(folder / "traces" / "uncalibrated.jsonl")
     (taken,) = at.session_state["now_calibration"].values()
     trace.header["calibration"] = taken
-    assert shown == expected_metrics(trace_stats(trace))
+    assert all_metrics(at) == expected_metrics(trace_stats(trace))
 
 
 def test_k_sweep_runs_live_and_shows_its_measurements(folder, monkeypatch):
     monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))
-    at = open_page(folder, monkeypatch)
+    at = open_tab(open_page(folder, monkeypatch), "K sweep")
     at.multiselect(key="sweep_ks").set_value([1, 2])
     at.number_input(key="sweep_max_new").set_value(8)
     at.button(key="sweep_run").click().run()
-    assert not at.exception, [e.value for e in at.exception]
+    finish_job(at)
     (result,) = at.session_state["k_sweeps"].values()
     rows = table(at, "refined tokens/s")
     assert list(rows["K"]) == [1, 2]
@@ -203,7 +227,7 @@ def test_k_sweep_runs_live_and_shows_its_measurements(folder, monkeypatch):
 
 
 def test_compare_two_traces_side_by_side(folder, monkeypatch):
-    at = open_page(folder, monkeypatch)
+    at = open_tab(open_page(folder, monkeypatch), "Compare two traces")
     offered = at.selectbox(key="compare_with").options
     assert "example: default.jsonl" not in offered and "example: greedy.jsonl" in offered  # not itself
     at.selectbox(key="compare_with").set_value(TraceRef("bundled", "greedy.jsonl")).run()
@@ -234,7 +258,7 @@ def test_incomplete_trace_renders(folder, monkeypatch):
 
 
 def test_race_and_explorer_use_the_trace_and_its_calibration(folder, monkeypatch):
-    at = open_page(folder, monkeypatch)
+    at = open_tab(open_page(folder, monkeypatch), "Race and explorer")
     trace = load_trace(folder / "traces" / "default.jsonl")
     st = trace_stats(trace)
     race = figure(at, "fig_race")["data"]
@@ -253,3 +277,80 @@ def test_race_and_explorer_use_the_trace_and_its_calibration(folder, monkeypatch
     from engine.metrics import predicted_speedup
     assert chosen["y"] == [pytest.approx(predicted_speedup(0.8, 5, 0.1))]
     assert any(f"**{predicted_speedup(0.8, 5, 0.1):.2f}×**" in m.value for m in at.markdown)
+
+
+# ---------------------------------------------------------------- measurements on a worker thread (app/jobs.py)
+
+def held_until(monkeypatch, module, name: str, gate: threading.Event, error: Exception | None = None) -> None:
+    """Make the engine function `module.name` wait for `gate` (then fail with `error`, or run)."""
+    real = getattr(module, name)
+
+    def held(*args, **kwargs):
+        assert gate.wait(120), "the test never opened the gate"
+        if error is not None:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, held)
+
+
+def test_measuring_runs_in_the_background_and_the_page_stays_usable(folder, monkeypatch):
+    import engine.calibrate
+    monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))
+    repeat_calibration(monkeypatch, [1.0, 1.05, 0.97])
+    gate = threading.Event()
+    held_until(monkeypatch, engine.calibrate, "calibrate", gate)
+    at = open_tab(open_page(folder, monkeypatch, "uncalibrated.jsonl"), "Cost and speed")
+    try:
+        at.button(key="calibrate_now").click().run()  # returns although the calibration is held
+        assert not at.exception, [e.value for e in at.exception]
+        job = running_job(at)
+        assert job.running and "Measured speedup" not in metrics(at)
+        assert any(t.startswith("Timing single steps") and "The page stays usable" in t for t in progress_texts(at))
+        # the page answers meanwhile: another tab opens and its widget works
+        open_tab(at, "Compare two traces")
+        at.selectbox(key="compare_with").set_value(TraceRef("bundled", "greedy.jsonl")).run()
+        assert not at.exception and "example: greedy.jsonl" in table(at, "this trace").columns
+        # one measurement at a time: a second one is refused in words, the first keeps running
+        open_tab(at, "K sweep")
+        assert any("is running elsewhere in this session" in c.value for c in at.caption)
+        at.button(key="sweep_run").click().run()
+        assert any(w.value.startswith("One measurement at a time") for w in at.warning)
+        assert running_job(at) is job and job.running and "k_sweeps" not in at.session_state
+    finally:
+        gate.set()
+    assert job.finished.wait(120)
+    open_tab(at, "Cost and speed")  # back on the tab that asked: the result is collected there
+    taken, spread = job.result  # what the worker's engine calls returned
+    assert list(at.session_state["now_calibration"].values()) == [taken]
+    assert "measurement_job" not in at.session_state  # collected once
+    trace = load_trace(folder / "traces" / "uncalibrated.jsonl")
+    trace.header["calibration"] = taken
+    assert all_metrics(at) == expected_metrics(trace_stats(trace))  # shown = the engine's numbers from that result
+
+
+def test_a_failed_measurement_is_an_error_and_loses_nothing(folder, monkeypatch):
+    import engine.sweep
+    monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))
+    at = open_tab(open_page(folder, monkeypatch), "K sweep")
+    at.multiselect(key="sweep_ks").set_value([1])
+    at.number_input(key="sweep_max_new").set_value(4)
+    at.button(key="sweep_run").click().run()
+    finish_job(at)
+    (first,) = at.session_state["k_sweeps"].values()
+    real_sweep, gate = engine.sweep.k_sweep, threading.Event()
+    held_until(monkeypatch, engine.sweep, "k_sweep", gate, RuntimeError("the sweep broke"))
+    at.multiselect(key="sweep_ks").set_value([1, 2])
+    at.button(key="sweep_run").click().run()
+    gate.set()
+    finish_job(at)
+    said = md("K sweep over K = 1, 2") + " failed: " + md("RuntimeError: the sweep broke")
+    assert any(e.value.startswith(said) for e in at.error), [e.value for e in at.error]
+    (kept,) = at.session_state["k_sweeps"].values()
+    assert kept is first  # the earlier sweep is still there, and still drawn
+    assert list(table(at, "refined tokens/s")["K"]) == [1]
+    monkeypatch.setattr(engine.sweep, "k_sweep", real_sweep)
+    at.button(key="sweep_run").click().run()  # a failed job does not block the next one
+    assert not [w for w in at.warning if w.value.startswith("One measurement at a time")]
+    finish_job(at)
+    assert list(table(at, "refined tokens/s")["K"]) == [1, 2]

@@ -3,7 +3,7 @@ from statistics import median
 
 import streamlit as st
 
-from app import derive, figures, state, teaching_pair
+from app import derive, figures, jobs, state, teaching_pair
 from app.figures_teaching import (acceptance_length_figure, cache_layouts_figure, forward_cost_figure,
                                   speedup_figure)
 from app.safe import md
@@ -12,6 +12,7 @@ from app.teaching_ui import (EXACTNESS_LAB, ROLLBACK_DEMO, STATISTICS, STEPPER, 
 from engine.analysis import measured_alpha
 from engine.metrics import acceptance_metrics, expected_tokens_per_cycle
 from engine.repeats import MAX_SPREAD, Repeated
+from engine.run import encode_prompt
 from engine.speculative import Pair
 from engine.teaching import NumericsCheck, batched_vs_stepwise, forward_times, low_precision_copy
 from engine.trace import Trace
@@ -86,17 +87,22 @@ def live_pair() -> tuple[teaching_pair.PairChoice, Pair] | None:
 
 
 def measured(name: str, label: str, measure) -> object | None:
-    """A result measured in this session, or a button that measures it now (nothing runs on open)."""
+    """A result measured in this session, or a button that measures it now on a worker thread
+    (nothing runs on open): `measure(choice, pair)` runs there and its result is kept by name."""
     found = st.session_state.get(MEASURED, {})
     if name not in found:
-        if not st.button(label, key=f"iv_measure_{name}", icon=":material/timer:"):
-            return None
-        live = live_pair()
-        if live is None:
-            return None
-        with st.spinner("Measuring on this machine…"):
-            st.session_state.setdefault(MEASURED, {})[name] = (live[0].label, measure(*live))
-    return st.session_state[MEASURED][name]
+        if st.button(label, key=f"iv_measure_{name}", icon=":material/timer:"):
+            live = live_pair()
+            if live is not None:
+                choice, pair = live
+                jobs.start(f"interview:{name}", f"{label.removesuffix(' now')} on {choice.key}",
+                           lambda report: measure(choice, pair), lambda result: keep_measured(name, choice.label, result))
+        jobs.show(f"interview:{name}")
+    return st.session_state.get(MEASURED, {}).get(name)
+
+
+def keep_measured(name: str, pair_label: str, result) -> None:
+    st.session_state.setdefault(MEASURED, {})[name] = (pair_label, result)
 
 
 def verify_cost_words(times: list[Repeated], k: int) -> str:
@@ -152,7 +158,7 @@ def q_k_plus_one(trace: Trace | None) -> None:
         k = trace.k if trace else 4
 
         def measure(choice: teaching_pair.PairChoice, pair: Pair) -> list[Repeated] | None:
-            prefix = teaching_pair.encode(pair, choice, choice.prompt)
+            prefix = encode_prompt(pair.target.tokenizer, choice.prompt, choice.chat)  # worker thread: no st.*
             return timings(pair, prefix, k) if prefix else None
 
         result = measured("cost", f"Measure the target's pass over 1..{k + 1} positions now", measure)
@@ -247,7 +253,7 @@ def q_greedy_numerics(trace: Trace | None) -> None:
             "Neither is wrong; both are the target's greedy text up to rounding. The same effect is why a draft "
             "identical to the target does not always reach 100% acceptance.")
         def measure(choice: teaching_pair.PairChoice, pair: Pair) -> list[NumericsCheck] | None:
-            ids = teaching_pair.encode(pair, choice, choice.prompt * 3)
+            ids = encode_prompt(pair.target.tokenizer, choice.prompt * 3, choice.chat)  # worker thread: no st.*
             return numerics(pair, ids, min(5, len(ids) - 1)) if ids and len(ids) > 5 else None
 
         result = measured("numerics", "Compare step-by-step and batched logits now", measure)

@@ -4,6 +4,8 @@ Every number comes from engine/analysis.py (the same code as `python -m engine s
 this page lays them out, draws them (app/figures_stats.py) and runs the K sweep.
 """
 import dataclasses
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import streamlit as st
 
 from app import figures_stats as figs
 from app.figures_layouts import LAYOUT_WORDS, memory_figure
-from app import live, state
+from app import jobs, live, state
 from app.derive import draft_cache_name
 from app.safe import md
 from app.teaching_ui import chart
@@ -31,6 +33,9 @@ NOW_CALIBRATION = "now_calibration"  # session_state: {trace key: calibration me
 SWEEPS = "k_sweeps"  # session_state: {trace key: SweepResult}
 REFUSED = "refused_calibration"  # session_state: {trace key: why a calibration was not shown}
 NOW_SPREAD = "now_calibration_spread"  # session_state: {trace key: worst spread of the accepted calibration}
+TAB = "stats_tab"  # session_state: the open tab's label
+TABS = ["Acceptance", "Cost and speed", "K advisor", "K sweep", "Race and explorer", "Compare two traces",
+        "KV-cache layout"]
 
 
 # ---------------------------------------------------------------- data (cached per trace)
@@ -45,7 +50,9 @@ def with_calibration(trace: Trace, key: str) -> tuple[Trace, str, bool]:
     measured_now = st.session_state.get(NOW_CALIBRATION, {}).get(key)
     if measured_now is None or trace.header.get("calibration") is not None:
         return trace, key, False
-    return Trace({**trace.header, "calibration": measured_now}, trace.cycles, trace.summary), key + "+now", True
+    # the key names the calibration itself: the stats cache is shared by every session of the server
+    now_key = f"{key}+now:{hashlib.sha256(json.dumps(measured_now, sort_keys=True).encode()).hexdigest()[:16]}"
+    return Trace({**trace.header, "calibration": measured_now}, trace.cycles, trace.summary), now_key, True
 
 
 MEASURE_PAIR = "SPECLAB_MEASURE_PAIR"  # a folder with target/ and draft/ the server's operator offers
@@ -122,10 +129,12 @@ def ngram_section(st_: TraceStats) -> None:
 CALIBRATION_ROUNDS = 3  # whole calibrations; their spread says whether the machine was quiet enough
 
 
-def calibrate_repeated(pair: Pair, trace: Trace) -> tuple[dict, dict[str, Repeated]]:
-    """Calibrate several times; the per-quantity median, and each quantity's repeats."""
-    rounds = [calibrate(pair, trace.header["prompt_token_ids"], trace_settings(trace.header))
-              for _ in range(CALIBRATION_ROUNDS)]
+def calibrate_repeated(pair: Pair, trace: Trace, report: jobs.Report) -> tuple[dict, dict[str, Repeated]]:
+    """Calibrate several times; the per-quantity median, and each quantity's repeats (runs on a worker thread)."""
+    rounds = []
+    for i in range(CALIBRATION_ROUNDS):
+        report(i / CALIBRATION_ROUNDS, f"calibration {i + 1} of {CALIBRATION_ROUNDS}")
+        rounds.append(calibrate(pair, trace.header["prompt_token_ids"], trace_settings(trace.header)))
     spread = {"target step": repeated_values([r["target_step_s"] for r in rounds]),
               "draft step": repeated_values([r["draft_step_s"] for r in rounds])}
     widths = rounds[0]["verify_positions"]
@@ -137,17 +146,9 @@ def calibrate_repeated(pair: Pair, trace: Trace) -> tuple[dict, dict[str, Repeat
     return median, spread
 
 
-def calibrate_now(trace: Trace, key: str) -> None:
-    st.info(NO_CALIBRATION, icon=":material/timer_off:")  # our own text: its `code` should render
-    if st.session_state.get(REFUSED, {}).get(key):
-        st.warning(st.session_state[REFUSED][key], icon=":material/timer_off:")
-    if not st.button("Measure step times now (on this machine)", key="calibrate_now"):
-        return
-    pair = trace_pair(trace.header)
-    if pair is None:
-        return
-    with st.spinner(f"Timing single steps and verify widths, {CALIBRATION_ROUNDS} times…"):
-        result, spread = calibrate_repeated(pair, trace)
+def keep_calibration(key: str, measured: tuple[dict, dict[str, Repeated]]) -> None:
+    """Store a finished calibration for the page, or why it is not shown (its repeats disagree)."""
+    result, spread = measured
     shaky = {name: r for name, r in spread.items() if r.spread > MAX_SPREAD}
     if shaky:  # refuse to show numbers whose repeats disagree
         worst = max(shaky, key=lambda n: shaky[n].spread)
@@ -159,7 +160,20 @@ def calibrate_now(trace: Trace, key: str) -> None:
         st.session_state.setdefault(REFUSED, {}).pop(key, None)
         st.session_state.setdefault(NOW_CALIBRATION, {})[key] = result
         st.session_state.setdefault(NOW_SPREAD, {})[key] = max(r.spread for r in spread.values())
-    st.rerun()
+
+
+def calibrate_now(trace: Trace, key: str) -> None:
+    st.info(NO_CALIBRATION, icon=":material/timer_off:")  # our own text: its `code` should render
+    if st.session_state.get(REFUSED, {}).get(key):
+        st.warning(st.session_state[REFUSED][key], icon=":material/timer_off:")
+    name = f"calibrate:{key}"
+    if st.button("Measure step times now (on this machine)", key="calibrate_now"):
+        pair = trace_pair(trace.header)
+        if pair is not None:
+            jobs.start(name, f"Timing single steps and verify widths, {CALIBRATION_ROUNDS} times",
+                       lambda report: calibrate_repeated(pair, trace, report),
+                       lambda measured: keep_calibration(key, measured))
+    jobs.show(name)
 
 
 def cost_section(st_: TraceStats, measured_now: bool) -> None:
@@ -227,13 +241,14 @@ def sweep_section(trace: Trace, key: str) -> None:
     max_new = cols[1].number_input("Max new tokens", 1, 512, min(64, trace.header["settings"]["max_new_tokens"]),
                                    key="sweep_max_new")
     if st.button("Run the K sweep", key="sweep_run", type="primary", disabled=not ks):
-        run_sweep(trace, key, sorted(ks), int(max_new))
+        start_sweep(trace, key, sorted(ks), int(max_new))
+    jobs.show(f"sweep:{key}")
     result = st.session_state.get(SWEEPS, {}).get(key)
     if result is not None:
         show_sweep(result)
 
 
-def run_sweep(trace: Trace, key: str, ks: list[int], max_new: int) -> None:
+def start_sweep(trace: Trace, key: str, ks: list[int], max_new: int) -> None:
     try:
         settings = trace_settings(trace.header, max_new_tokens=max_new)
     except SettingsError as err:
@@ -242,10 +257,13 @@ def run_sweep(trace: Trace, key: str, ks: list[int], max_new: int) -> None:
     pair = trace_pair(trace.header)
     if pair is None:
         return
-    bar = st.progress(0.0, text="Starting the sweep…")
-    result = k_sweep(pair, trace.header["prompt_token_ids"], settings, ks,
-                     on_progress=lambda fraction, text: bar.progress(fraction, text=text))
-    bar.empty()
+    prompt = trace.header["prompt_token_ids"]
+    jobs.start(f"sweep:{key}", f"K sweep over K = {', '.join(map(str, ks))}",
+               lambda report: k_sweep(pair, prompt, settings, ks, on_progress=report),
+               lambda result: keep_sweep(key, result))
+
+
+def keep_sweep(key: str, result: SweepResult) -> None:
     st.session_state.setdefault(SWEEPS, {})[key] = result
 
 
@@ -383,32 +401,36 @@ def main() -> None:
         return
     shown, key, measured_now = with_calibration(trace, state.current_key())
     st_ = stats_of(key, shown)
-    tabs = st.tabs(["Acceptance", "Cost and speed", "K advisor", "K sweep", "Race and explorer", "Compare two traces",
-                    "KV-cache layout"])
-    with tabs[0]:
+    # Only the open tab runs (on_change="rerun" and .open): a page load draws its 2 charts instead of
+    # all 11, and loads no table code. Opening a tab costs one rerun.
+    for name, tab in zip(TABS, st.tabs(TABS, key=TAB, on_change="rerun")):
+        if tab.open:
+            with tab:
+                draw_tab(name, trace, st_, measured_now)
+
+
+def draw_tab(name: str, trace: Trace, st_: TraceStats, measured_now: bool) -> None:
+    if name == "Acceptance":
         acceptance_section(st_)
-    with tabs[1]:
-        if st_.speed is None:
-            if st_.calibration_error:
-                st.error(md(st_.calibration_error))
-            calibrate_now(trace, state.current_key())
-        else:
-            cost_section(st_, measured_now)
-            speed_section(st_)
-    with tabs[2]:
-        if st_.advice:
-            advisor_section(st_)
-        else:
-            st.info("The K advisor needs step times: see **Cost and speed**.")
-    with tabs[3]:
+    elif name == "Cost and speed" and st_.speed is None:
+        if st_.calibration_error:
+            st.error(md(st_.calibration_error))
+        calibrate_now(trace, state.current_key())
+    elif name == "Cost and speed":
+        cost_section(st_, measured_now)
+        speed_section(st_)
+    elif name == "K advisor" and st_.advice:
+        advisor_section(st_)
+    elif name == "K advisor":
+        st.info("The K advisor needs step times: see **Cost and speed**.")
+    elif name == "K sweep":
         sweep_section(trace, state.current_key())
-    with tabs[4]:
+    elif name == "Race and explorer":
         race_section(trace, st_)
         explorer_section(trace, st_)
-    with tabs[5]:
+    elif name == "Compare two traces":
         compare_section(trace, st_)
-    with tabs[6]:
+    elif name == "KV-cache layout":
         layout_section(layout_stats(trace), trace.drafter_kind)
-
 
 main()

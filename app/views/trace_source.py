@@ -2,7 +2,7 @@
 import streamlit as st
 
 from app import live, state
-from app.safe import md
+from app.safe import md, table
 from app.teaching_ui import STEPPER
 from engine.analysis import trace_stats
 from engine.trace import TraceError, model_name
@@ -15,14 +15,14 @@ def _describe(keys: tuple[str, ...], _refs: tuple) -> list[dict]:
         try:
             trace, _ = state.load_ref(ref)
         except (TraceError, OSError) as err:
-            rows.append({"trace": ref.name, "pair": f"unreadable: {err}"})
+            rows.append({"trace": ref.name, "model pair": f"unreadable: {state.shown_paths(str(err))}"})
             continue
         h, stats = trace.header, trace_stats(trace)
         pair = f"{h['preset']} preset" if h.get("preset") else f"{model_name(h, 'target')} ← {model_name(h, 'draft')}"
         rows.append({"trace": ref.name, "K": trace.k, "temperature": h["settings"]["temperature"],
                      "alpha": round(stats.alpha, 3),
                      "measured speedup": f"{stats.speed.measured:.2f}×" if stats.speed else "no step times",
-                     "pair": pair})
+                     "model pair": pair})
     return rows
 
 
@@ -39,8 +39,7 @@ def bundled() -> None:
         st.info(f"No bundled example traces yet: add `*.jsonl` files to {md(state.shown_paths(str(state.traces_dir())))}.")
         return
     rows = describe_bundled(names)
-    st.dataframe(rows, hide_index=True, key="bundled_table",
-                 column_config={"pair": st.column_config.TextColumn("model pair", width="medium")})
+    table(rows)
     st.caption("Measured speedup: this run's tokens per second of decoding against plain target decoding on the "
                "same machine (its recorded step times); below 1× speculation was slower there.")
     ref = state.current_ref()

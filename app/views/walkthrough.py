@@ -8,7 +8,7 @@ import streamlit as st
 from app import derive, figures, figures_layouts, state, teaching_pair
 from app.derive import visible_text
 from app.explain import stage_caption
-from app.safe import md
+from app.safe import md, table
 from app.teaching_ui import ROLLBACK_DEMO, EXACTNESS_LAB, chart, open_in_stepper
 from engine.analysis import measured_alpha
 from engine.config import SpecSettings
@@ -125,7 +125,7 @@ def stage_test(trace: Trace, c: dict) -> None:
                 "is 1 when the draft token is the target's argmax and 0 otherwise: the test is an argmax check. "
                 "Open a sampled trace to see u at work.", icon=":material/info:")
     else:
-        st.dataframe(test_rows(c, k), hide_index=True, key="wt_test_table")
+        table(test_rows(c, k))
     chart(figures.acceptance_figure(c, k, 3, greedy), key="wt_accept")
     open_in_stepper(c["cycle"], 3, key="wt_link_3")
 
