@@ -3,7 +3,9 @@ import json
 import os
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 import transformers
@@ -148,3 +150,24 @@ def write_reports(result: dict, out: Path) -> None:
         combined.append(markdown(json.loads(path.read_text())))
     (out / "speed.md").write_text("\n".join(combined))
     print(markdown(result))
+
+
+def interleaved_rates(run: Callable, methods: list[str], prompts: list[str], ids: list[list[int]], s, repeats: int,
+                      label: str) -> dict[str, list[float]]:
+    """tokens/s per method and repeat: every repeat runs every method on every prompt, interleaved so
+    drift spreads evenly, with the repeat's seed shared by all methods; a rate is tokens over time
+    summed over the prompts. `run(method, prompt, prompt_ids, settings)` returns (tokens, seconds)."""
+    rates = {m: [] for m in methods}
+    for repeat in range(repeats):
+        totals = {m: [0, 0.0] for m in methods}
+        seeded = replace(s, seed=repeat)
+        for prompt, prompt_ids in zip(prompts, ids):
+            for method in methods:
+                n, t = run(method, prompt, prompt_ids, seeded)
+                assert n == s.max_new_tokens, f"method {method} generated {n} tokens, not {s.max_new_tokens}"
+                totals[method][0] += n
+                totals[method][1] += t
+        for m, (n, t) in totals.items():
+            rates[m].append(n / t)
+        print(f"  {label} repeat {repeat + 1}: " + "  ".join(f"{m} {rates[m][-1]:.1f}/s" for m in methods), flush=True)
+    return rates

@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -42,7 +41,7 @@ import transformers  # noqa: E402
 from transformers import CompileConfig  # noqa: E402
 
 import hf  # noqa: E402
-from bench_report import machine_info  # noqa: E402
+from bench_report import interleaved_rates, machine_info  # noqa: E402
 from engine.analysis import cycle_times, measured_alpha  # noqa: E402
 from engine.config import SpecSettings  # noqa: E402
 from engine.fast_path import FastModels, FastPlainModel, fast_generate, fast_plain_decode, plan_fast_path  # noqa: E402
@@ -227,20 +226,7 @@ def bench_setting(pair: Pair, args, k: int, temperature: float, prompts: list[st
         runner.run(method, prompts[longest], ids[longest], s)
     warm_up_s = time.perf_counter() - warm_start
     runner.trace_paths.clear()
-    rates = {m: [] for m in methods}
-    for repeat in range(args.repeats):
-        totals = {m: [0, 0.0] for m in methods}
-        seeded = replace(s, seed=repeat)
-        for prompt, prompt_ids in zip(prompts, ids):
-            for method in methods:
-                n, t = runner.run(method, prompt, prompt_ids, seeded)
-                assert n == s.max_new_tokens, f"method {method} generated {n} tokens, not {s.max_new_tokens}"
-                totals[method][0] += n
-                totals[method][1] += t
-        for m, (n, t) in totals.items():
-            rates[m].append(n / t)
-        print(f"  K={k} T={temperature} repeat {repeat + 1}: " + "  ".join(f"{m} {rates[m][-1]:.1f}/s" for m in methods),
-              flush=True)
+    rates = interleaved_rates(runner.run, methods, prompts, ids, s, args.repeats, f"K={k} T={temperature}")
     return summarise(pair, s, rates, runner.trace_paths, capture, warm_up_s, bandwidth)
 
 

@@ -62,7 +62,7 @@ from engine.drafters.eagle import load_head  # noqa: E402
 from engine.speculative import Pair, speculative_generate, sync  # noqa: E402
 from engine.sweep import plain_decode  # noqa: E402
 from engine.timing import timed as engine_timed  # noqa: E402
-from bench_report import machine_info, write_reports  # noqa: E402
+from bench_report import interleaved_rates, machine_info, write_reports  # noqa: E402
 
 PROMPTS = {
     "chat": ["Explain why the sky is blue in two sentences.", "What is a good way to learn to cook?",
@@ -203,20 +203,7 @@ def bench_setting(pair: Pair, args, temperature: float, prompts: list[str], chat
         runner.run(method, prompts[0], ids[0], s)
     runner.traces.clear()
     runner.plain_step_s.clear()
-    rates = {m: [] for m in METHODS}
-    for repeat in range(args.repeats):
-        totals = {m: [0, 0.0] for m in METHODS}
-        seeded = replace(s, seed=repeat)
-        for prompt, prompt_ids in zip(prompts, ids):
-            for method in METHODS:
-                n, t = runner.run(method, prompt, prompt_ids, seeded)
-                assert n == s.max_new_tokens, f"method {method} generated {n} tokens, not {s.max_new_tokens}"
-                totals[method][0] += n
-                totals[method][1] += t
-        for m, (n, t) in totals.items():
-            rates[m].append(n / t)
-        print(f"  T={temperature} repeat {repeat + 1}: " + "  ".join(f"{m} {rates[m][-1]:.1f}/s" for m in METHODS),
-              flush=True)
+    rates = interleaved_rates(runner.run, METHODS, prompts, ids, s, args.repeats, f"T={temperature}")
     cal = calibrate(pair, ids[0], s, repeats=15)  # more repeats than the default: c and both predictions rest on it
     return summarise(rates, runner.traces, statistics.median(runner.plain_step_s), cal, s, pilot)
 
