@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 from app.safe import md
 from engine.presets import PRESETS
 from engine.trace import load_trace
+from tests.app_jobs import finish_job
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 SOURCE_PAGE = "views/trace_source.py"
@@ -198,6 +199,7 @@ def test_live_run_on_local_folders(traces_dir, model_folders, monkeypatch):
     at.number_input(key="live_temperature").set_value(1.0)
     at.number_input(key="live_max_new").set_value(10)
     at.button(key="live_run").click().run(timeout=120)
+    finish_job(at)  # the run goes on a worker thread (app/jobs.py)
     assert not at.exception and not at.error, [e.value for e in at.error]
     ref = at.session_state["trace_ref"]
     trace = load_trace(ref.path)

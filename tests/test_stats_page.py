@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.jobs import BUSY, JOB
 from app.safe import md
 from app.state import TraceRef
 from engine.analysis import NO_CALIBRATION, advice_sentence, best_k, explain_speed, trace_stats
@@ -315,7 +316,7 @@ def test_measuring_runs_in_the_background_and_the_page_stays_usable(folder, monk
         open_tab(at, "K sweep")
         assert any("is running elsewhere in this session" in c.value for c in at.caption)
         at.button(key="sweep_run").click().run()
-        assert any(w.value.startswith("One measurement at a time") for w in at.warning)
+        assert any(w.value.startswith(BUSY) for w in at.warning)
         assert running_job(at) is job and job.running and "k_sweeps" not in at.session_state
     finally:
         gate.set()
@@ -323,7 +324,7 @@ def test_measuring_runs_in_the_background_and_the_page_stays_usable(folder, monk
     open_tab(at, "Cost and speed")  # back on the tab that asked: the result is collected there
     taken, spread = job.result  # what the worker's engine calls returned
     assert list(at.session_state["now_calibration"].values()) == [taken]
-    assert "measurement_job" not in at.session_state  # collected once
+    assert JOB not in at.session_state  # collected once
     trace = load_trace(folder / "traces" / "uncalibrated.jsonl")
     trace.header["calibration"] = taken
     assert all_metrics(at) == expected_metrics(trace_stats(trace))  # shown = the engine's numbers from that result
@@ -351,6 +352,6 @@ def test_a_failed_measurement_is_an_error_and_loses_nothing(folder, monkeypatch)
     assert list(table(at, "refined tokens/s")["K"]) == [1]
     monkeypatch.setattr(engine.sweep, "k_sweep", real_sweep)
     at.button(key="sweep_run").click().run()  # a failed job does not block the next one
-    assert not [w for w in at.warning if w.value.startswith("One measurement at a time")]
+    assert not [w for w in at.warning if w.value.startswith(BUSY)]
     finish_job(at)
     assert list(table(at, "refined tokens/s")["K"]) == [1, 2]
