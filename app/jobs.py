@@ -28,7 +28,7 @@ JOB = "background_job"  # session_state: the session's one Job (running, not yet
 POLL_S = 0.5  # how often the progress fragment looks at a running job
 BUSY = "One live run or measurement at a time"  # the start of the words that refuse a second job
 
-Report = Callable[[float, str], None]  # (fraction done, what is running now)
+Report = Callable[..., None]  # (fraction done, what is running now[, the work so far as plain data])
 
 
 @dataclass

@@ -140,9 +140,11 @@ def test_a_live_run_arrives_by_polling_and_the_sidebar_names_it(browser, server,
     page, dialogs = new_page(browser, f"{url}/source")
     try:
         page.get_by_role("heading", name="Choose a trace").first.wait_for()
+        page.wait_for_function(SCRIPT_DONE)
         page.get_by_role("tab", name="Live run").click()
-        page.locator(".st-key-live_preset").click()
-        page.get_by_role("option", name="custom", exact=False).first.click()
+        page.locator(".st-key-live_preset input").click()  # opens the list of model pairs
+        page.get_by_role("option", name=re.compile("^custom")).click()
+        page.locator(".st-key-live_target input").wait_for()
         for key, name in (("live_target", "target"), ("live_draft", "draft")):
             field = page.locator(f".st-key-{key} input")
             field.fill(str(folder / "pair" / name))

@@ -94,6 +94,7 @@ def test_a_live_run_goes_on_while_the_page_answers(traces_dir, model_folders, mo
         # another page answers meanwhile: the stepper still steps through the trace that was open
         at.switch_page(STEPPER).run()
         assert at.session_state["trace_ref"] == before and shown_step(at).startswith("Cycle 0 ")
+        assert plain(at.sidebar.caption[-1].value).startswith("Still running in this session: **Live run on the custom pair**")
         at.button(key="nav_next").click().run()
         assert not at.exception and shown_step(at).startswith("Cycle 1 ")
         # back on the tab: the run is still shown, and a second one is refused in words
