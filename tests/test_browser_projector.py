@@ -109,3 +109,16 @@ def test_statistics_charts_labels_fit_at_1366x768(projector, trace):
         checked += check_labels(page, name)
         page.set_viewport_size(PROJECTOR)
     assert checked > 40
+
+
+@pytest.mark.parametrize("path", ["walkthrough", "rollback", "exactness"])
+def test_teaching_page_charts_labels_fit_at_1366x768(projector, path):
+    """The teaching pages' charts (their stored results): no overlapping or cut-off labels."""
+    url, page = projector
+    page.goto(f"{url}/{path}")
+    page.wait_for_selector(".js-plotly-plot .main-svg")
+    page.set_viewport_size({"width": PROJECTOR["width"], "height": 4000})  # every chart on the page drawn
+    page.wait_for_timeout(2500)
+    page.screenshot(path=SHOTS / f"projector-{path}.png")
+    assert check_labels(page, path) > 10
+    page.set_viewport_size(PROJECTOR)
