@@ -1,14 +1,20 @@
-"""App speed: time to the first chart, and the server time of one Next step on a 500-cycle trace.
+"""App speed: each page's time to its first result and to all its charts; one Next step's server time.
 
     python bench/app_speed.py                       # default bundled trace, a generated 500-cycle trace
     python bench/app_speed.py --long-trace FILE     # use an existing long trace
+    python bench/app_speed.py --pages-only          # only the per-page timings (app-pages.json and .md)
 
-1. Start to first chart: starts `streamlit run app/main.py` on the bundled default
-   trace, opens it in headless Chromium (Playwright) as soon as the server answers, and
-   times until the first Plotly chart is drawn. Also times a second, warm page load.
-2. Next step: streamlit.testing AppTest on a trace of at least 500 cycles; clicks Next
+1. Pages: one server; each page opened in headless Chromium (Playwright), first cold, then
+   rounds of a new visitor (a fresh browser context) and a returning browser (one context kept,
+   HTTP cache warm). Times, from navigation, when the page's first result (FIRST_RESULT_OF) is
+   drawn and when every chart it draws at load is (MARKS_JS). bench/floor_page.py gives the
+   reference rows: a title and one small chart or table, nothing else.
+2. Start to first chart: starts `streamlit run app/main.py` on the bundled default
+   trace, opens it as soon as the server answers, and times until the first Plotly chart is
+   drawn. Also times a second, warm page load.
+3. Next step: streamlit.testing AppTest on a trace of at least 500 cycles; clicks Next
    repeatedly and reads the server's time of each script run (app/timing.py).
-Writes bench/results/app-speed.json and .md.
+Writes bench/results/app-speed.json and .md (or, with --pages-only, app-pages.json and .md).
 """
 import argparse
 import json
