@@ -35,6 +35,10 @@ def markdown_table(rows: list[dict]) -> str:
     def cell(value) -> str:
         return md(" ".join(str("" if value is None else value).split()))
 
-    lines = ["| " + " | ".join(cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+    def numeric(column: str) -> bool:  # right-aligned, as st.table does
+        return all(isinstance(row.get(column), (int, float)) for row in rows if row.get(column) is not None)
+
+    lines = ["| " + " | ".join(cell(c) for c in columns) + " |",
+             "|" + "".join("---:|" if numeric(c) else "---|" for c in columns)]
     lines += ["| " + " | ".join(cell(row.get(c)) for c in columns) + " |" for row in rows]
     return "\n".join(lines)

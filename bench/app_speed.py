@@ -98,14 +98,16 @@ PAGES = {"Step through cycles": "", "Choose a trace": "source", "How a cycle wor
          "Why rollback matters": "rollback", "Exactness lab": "exactness", "Interview practice": "interview",
          "Statistics and speed": "statistics"}
 # A page's first result: the first thing on it that answers what the page is for. Chart pages put
-# it in app/first_result.py's container, plain Markdown that needs neither Plotly nor the data grid:
+# it in app/first_result.py's container, plain Markdown that needs neither Plotly nor the data grid
+# (Choose a trace: its list of bundled traces, a Markdown table):
 #   stepper: the cycle's draft tokens with p_draft (and, by stage, p_target, marks, what is committed);
 #   walkthrough: the chosen cycle in brief; rollback / exactness: the stored result in words;
 #   statistics: alpha, acceptance, measured speedup and tokens/s.
-FIRST_RESULT_BOX = ".st-key-first_result [data-testid='stMarkdownContainer']"
+FIRST_RESULT_BOX = (".st-key-first_result [data-testid='stMarkdownContainer'], "
+                    ".st-key-first_result [data-testid='stCaptionContainer']")  # its text (st.markdown or st.caption)
 FIRST_RESULT_OF = {"": FIRST_RESULT_BOX, "walkthrough": FIRST_RESULT_BOX, "rollback": FIRST_RESULT_BOX,
                    "exactness": FIRST_RESULT_BOX, "statistics": FIRST_RESULT_BOX,
-                   "source": "[data-testid='stTable'] table",  # the table of bundled traces
+                   "source": "[data-testid='stMarkdownContainer'] table",  # the table of bundled traces
                    "interview": "[data-testid='stExpander']",  # its questions (their charts sit in closed expanders)
                    "?chart=1": ".js-plotly-plot .main-svg", "?chart=0": "[data-testid='stTable'] table"}
 FIRST_RESULT = (".js-plotly-plot .main-svg, [data-testid='stDataFrame'] canvas, "

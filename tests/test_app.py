@@ -296,7 +296,7 @@ def markdown_table_columns(text: str) -> dict[str, list[str]]:
         return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
 
     header, rule, *rows = text.split("\n")
-    assert set(rule) == {"|", "-"}
+    assert set(rule) <= {"|", "-", ":"}
     columns = cells(header)
     return {c: [cells(r)[i] for r in rows] for i, c in enumerate(columns)}
 
@@ -310,6 +310,7 @@ def test_markdown_tables_show_markdown_and_html_as_text():
     columns = markdown_table_columns(text)
     assert columns["token"] == [md("**b** [x](http://e) $y$ <img src=x> a|b next | row"), "plain"]
     assert columns["n"] == ["1", ""]
+    assert text.split("\n")[1] == "|---|---:|"  # numbers right-aligned
     assert "<img" not in text and "\\*\\*b\\*\\*" in text
 
 

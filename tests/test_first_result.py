@@ -24,6 +24,7 @@ BUNDLED = ROOT / "assets" / "traces"
 STEPPER, WALKTHROUGH, STATISTICS = "views/stepper.py", "views/walkthrough.py", "views/statistics.py"
 ROLLBACK, EXACTNESS = "views/rollback_demo.py", "views/exactness_lab.py"
 CHART_TYPES = {"plotly_chart", "arrow_data_frame", "table"}  # what needs Plotly or the grid's script
+TEXT_TYPES = {"markdown", "caption"}  # drawn with the page's own script
 
 
 def open_page(page: str, query: dict | None = None) -> AppTest:
@@ -41,7 +42,7 @@ def in_order(node, inside: bool = False):
     """(element, inside the first-result container) for every element of the page, top to bottom."""
     for child in getattr(node, "children", {}).values():
         box = getattr(child, "proto", None) is not None and getattr(child.proto, "id", "").endswith("-first_result")
-        if hasattr(child, "children") and child.type not in CHART_TYPES | {"markdown"}:
+        if hasattr(child, "children") and child.type not in CHART_TYPES | TEXT_TYPES:
             yield from in_order(child, inside or box)
         else:
             yield child, inside
@@ -51,7 +52,7 @@ def first_result(at: AppTest) -> str:
     """The first result's Markdown; asserts it is the only one and comes before every chart and table."""
     elements = list(in_order(at.main))
     found = [i for i, (e, inside) in enumerate(elements) if inside]
-    assert len(found) == 1 and elements[found[0]][0].type == "markdown", [e.type for e, _ in elements]
+    assert len(found) == 1 and elements[found[0]][0].type in TEXT_TYPES, [e.type for e, _ in elements]
     charts = [i for i, (e, _) in enumerate(elements) if e.type in CHART_TYPES]
     assert charts, "the page draws charts: the first result must come before them"
     assert found[0] < charts[0]
@@ -79,7 +80,7 @@ def test_stepper_token_strip_shows_the_cycles_tokens_and_numbers(bundled, trace_
     c = next(c for c in trace.cycles if (c["rejected_position"] is None) == all_accepted and len(c["p_draft"]) > 1)
     at = open_page(STEPPER, {"trace": f"bundled:{trace_name}", "cycle": str(c["cycle"]), "stage": str(stage)})
     strip = first_result(at)
-    drafted, _, committed = strip.partition("  \n")
+    drafted, _, committed = strip.partition(" → ")
     cells = drafted.removeprefix("**Drafted:** ").split(" · ")
     assert len(cells) == len(c["draft_token_texts"])
     for i, cell in enumerate(cells):
@@ -92,7 +93,7 @@ def test_stepper_token_strip_shows_the_cycles_tokens_and_numbers(bundled, trace_
         assert not committed
         return
     n = len(c["committed_token_ids"])
-    assert committed.startswith(f"**Committed ({n}):** ")
+    assert committed.startswith(f"**committed ({n}):** ")
     shown = [token(t) for t in c["draft_token_texts"][:c["num_accepted"]]] + [token(c["next_token_text"])]
     assert shown == [token(t) for t in c["committed_token_texts"]] and len(shown) == n
     for text in shown:

@@ -197,7 +197,7 @@ TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width=36),
 
 
 def token_strip(c: dict, k: int, stage: int) -> str:
-    """The cycle's draft tokens as escaped Markdown, revealed stage by stage like the cycle figure:
+    """The cycle's draft tokens as one line of escaped Markdown, revealed stage by stage like the cycle figure:
     p_draft, then p_target (stage 2), the test's marks (stage 3), what is committed (stage 4).
     It needs no chart code, so it shows as soon as the page does (app/first_result.py)."""
     outcomes = derive.position_outcomes(c, k)
@@ -212,7 +212,7 @@ def token_strip(c: dict, k: int, stage: int) -> str:
         bonus = c["bonus_token_id"] is not None
         mark = figures.STYLES[derive.BONUS if bonus else derive.RESAMPLED].mark
         how = "bonus" if bonus else f"at position {c['rejected_position']}"
-        line += f"  \n**Committed ({len(c['committed_token_texts'])}):** " + " ".join(kept + [f"{mark} {last} ({how})"])
+        line += f" → **committed ({len(c['committed_token_texts'])}):** " + " ".join(kept + [f"{mark} {last} ({how})"])
     return line
 
 
@@ -222,7 +222,7 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     greedy = trace.header["settings"]["temperature"] == 0
     st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
-    first_result().markdown(token_strip(c, k, stage))
+    first_result().caption(token_strip(c, k, stage))  # caption-sized: the cycle figure stays on a projector's screen
     st.info(md(stage_caption(c, k, stage, trace.header.get("faults"), greedy, trace.drafter_kind)),
             icon=":material/lightbulb:")
     chart(figures.cycle_figure(c, k, stage, greedy))
