@@ -280,16 +280,40 @@ def test_bundled_list_describes_each_trace(monkeypatch, tmp_path):
     at = start()
     at.switch_page(SOURCE_PAGE).run()
     assert not at.exception
-    table = at.table[0].value  # a static table: its text cells are Markdown, escaped by app.safe.md
+    table = markdown_table_columns(next(m.value for m in at.markdown if m.value.startswith("| trace |")))
     names = sorted(p.name for p in BUNDLED.glob("*.jsonl"))
     assert list(table["trace"]) == [md(n) for n in names]
     for name, k, temperature, alpha, speedup in zip(names, table["K"], table["temperature"],
                                                     table["alpha"], table["measured speedup"]):
         trace = load_trace(BUNDLED / name)
         stats = trace_stats(trace)
-        assert (k, temperature) == (trace.k, trace.header["settings"]["temperature"])
-        assert alpha == pytest.approx(round(stats.alpha, 3))
+        assert (k, temperature) == (md(str(trace.k)), md(str(trace.header["settings"]["temperature"])))
+        assert alpha == md(str(round(stats.alpha, 3)))
         assert speedup == md(f"{stats.speed.measured:.2f}×")
+
+
+def markdown_table_columns(text: str) -> dict[str, list[str]]:
+    """app.safe.markdown_table's text back to columns of (still escaped) cells."""
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+    header, rule, *rows = text.split("\n")
+    assert set(rule) <= {"|", "-", ":"}
+    columns = cells(header)
+    return {c: [cells(r)[i] for r in rows] for i, c in enumerate(columns)}
+
+
+def test_markdown_tables_show_markdown_and_html_as_text():
+    """A Markdown table's cells are Markdown: app.safe.markdown_table escapes every cell, | and line breaks too."""
+    from app.safe import markdown_table
+    evil = "**b** [x](http://e) $y$ <img src=x> a|b\nnext | row"
+    text = markdown_table([{"token": evil, "n": 1}, {"token": "plain", "n": None}])
+    assert len(text.split("\n")) == 4  # header, rule, two rows: no line break escaped a row
+    columns = markdown_table_columns(text)
+    assert columns["token"] == [md("**b** [x](http://e) $y$ <img src=x> a|b next | row"), "plain"]
+    assert columns["n"] == ["1", ""]
+    assert text.split("\n")[1] == "|---|---:|"  # numbers right-aligned
+    assert "<img" not in text and "\\*\\*b\\*\\*" in text
 
 
 @pytest.mark.parametrize("name", ["default.jsonl", "shakespeare-sampled-k4-high-acceptance.jsonl"])

@@ -2,6 +2,7 @@
 import streamlit as st
 
 from app import jobs, precomputed, teaching_pair
+from app.first_result import first_result
 from app.figures_teaching import histogram_entries, lab_histogram_figure
 from app.safe import md
 from app.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, job_name, show_live, start_live
@@ -140,6 +141,15 @@ def rule_distance(res: LabResult) -> float | None:
     return 0.5 * sum(abs(a - b) for a, b in zip(res.predicted, res.exact))
 
 
+def in_brief(res: LabResult, rule: str, greedy: bool) -> str:
+    """The verdict in one line of Markdown, at the top of the page (app/first_result.py)."""
+    label = RULE_SHORT[rule] + (" + greedy draft" if greedy else "")
+    return (f"**Result for the settings below ({label}, {res.samples} samples):** "
+            + verdict("speculative sampling", res.speculative_test.p_value) + "; "
+            + verdict("plain target sampling", res.plain_test.p_value)
+            + f"; first draft token accepted {res.acceptance_rate:.0%}.")
+
+
 def results(res: LabResult, texts: dict[int, str], rule: str, greedy: bool) -> None:
     label = RULE_SHORT[rule] + (" + greedy draft" if greedy else "")
     chart(lab_histogram_figure(res, texts, label, TOP_TOKENS), key="lab_histogram")
@@ -175,6 +185,7 @@ def main() -> None:
         "times with the real engine (every sample a full cycle: draft, verify, test, resample or bonus, "
         "rollback) and many times from the target alone, then compares both histograms with the target's "
         "exact distribution. Switch the acceptance rule to a common mistake and watch the histogram move.")
+    headline = first_result()  # filled once the result is known, below the settings
     st.latex(r"P(x) = \underbrace{\min\bigl(p_\text{draft}(x), p_\text{target}(x)\bigr)}_{\text{proposed and kept}}"
              r" + \underbrace{\max\bigl(0, p_\text{target}(x) - p_\text{draft}(x)\bigr)}_{\text{from the residual}}"
              r" = p_\text{target}(x)")
@@ -189,6 +200,7 @@ def main() -> None:
     st.markdown(RULE_WHY[rule] if not greedy else GREEDY_WHY)
     found = result_for(choice, prompt, s, rule, greedy, n, position, clicked)
     if found is not None:
+        headline.markdown(in_brief(found[0], rule, greedy))
         results(*found, rule, greedy)
     with st.expander("The rules in the engine"):
         for name, text in ACCEPTANCE_RULES.items():

@@ -2,6 +2,7 @@
 import streamlit as st
 
 from app import precomputed, teaching_pair
+from app.first_result import first_result
 from app.figures_layouts import stale_comparison_figure
 from app.figures_teaching import cache_strip_figure, divergence_figure, drift_figure
 from app.safe import md
@@ -104,6 +105,21 @@ def settings_form(choice: teaching_pair.PairChoice) -> tuple[str, SpecSettings, 
         return None
 
 
+def in_brief(cmp: Comparison) -> str:
+    """The result in one line of Markdown, at the top of the page (app/first_result.py): the same
+    numbers as the metrics below, readable before any chart has loaded."""
+    correct = cmp.runs[CORRECT]
+    parts = [f"the correct engine accepted **{correct.acceptance_rate:.2f}** of the draft tokens"]
+    for mode, run in cmp.runs.items():
+        if mode == CORRECT:
+            continue
+        first = first_divergence(run.generated, correct.generated)
+        output = "the same output" if first is None else f"output that differs from token **{first}** on"
+        parts.append(f"*{md(MODE_LABELS[mode])}* gives {output}, acceptance **{run.acceptance_rate:.2f}**, "
+                     f"target drift up to {max(c.target_tv for c in run.cycles):.2g} (total variation)")
+    return "**Result for the settings below:** " + "; ".join(parts) + "."
+
+
 def run_metrics(cmp: Comparison) -> None:
     correct = cmp.runs[CORRECT]
     cols = st.columns(len(cmp.runs))
@@ -197,6 +213,7 @@ def main() -> None:
         "next cycle. This page runs the real engine three times on the same prompt and seed: correctly, "
         "and in two deliberately broken modes that exist only for this demonstration (the command line and "
         "the live-run page cannot select them).")
+    headline = first_result()  # filled once the result is known, below the settings
     for text in BROKEN_TEXT.values():
         st.markdown("- " + text)
     st.page_link(WALKTHROUGH, label="What the rollback is, step by step", icon=":material/school:")
@@ -210,6 +227,7 @@ def main() -> None:
     if found is None:
         return
     cmp, static = found
+    headline.markdown(in_brief(cmp))
     run_metrics(cmp)
     outputs_section(cmp)
     drift_section(cmp)

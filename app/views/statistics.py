@@ -15,6 +15,7 @@ from app import figures_stats as figs
 from app.figures_layouts import LAYOUT_WORDS, memory_figure
 from app import jobs, live, state
 from app.derive import draft_cache_name
+from app.first_result import first_result
 from app.safe import md
 from app.teaching_ui import chart
 from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
@@ -391,6 +392,22 @@ def layout_section(ls: LayoutStats, drafter: str = "model") -> None:
 
 # ---------------------------------------------------------------- the page
 
+def headline(trace: Trace, st_: TraceStats) -> str:
+    """The page's point in one line of Markdown, above the tabs (app/first_result.py): no chart needed."""
+    a, r = st_.acceptance, st_.speed
+    parts = [f"α = **{st_.alpha:.3f}**", f"draft acceptance rate **{a['acceptance_rate']:.3f}**",
+             f"mean acceptance length **{a['mean_acceptance_length']:.3f}**"]
+    if r is not None:
+        parts.append(f"measured speedup **{r.measured:.2f}×** (Leviathan predicts {r.leviathan:.2f}×, "
+                     f"refined {r.refined:.2f}×)")
+    else:
+        parts.append("no step times, so no speedup (see **Cost and speed**)")
+    rate = decoding_tokens_per_s(trace.cycles)
+    if rate > 0:  # 0: the cycles carry no times
+        parts.append(f"**{rate:.1f}** tokens/s decoding")
+    return "This run: " + " · ".join(parts)
+
+
 TAB_WIDGETS = ("sweep_ks", "sweep_max_new", "ex_alpha", "ex_c", "ex_k", "compare_with")  # widgets inside tabs
 
 
@@ -428,6 +445,7 @@ def main() -> None:
         return
     shown, key, measured_now = with_calibration(trace, state.current_key())
     st_ = stats_of(key, shown)
+    first_result().markdown(headline(trace, st_))
     # Only the open tab runs (on_change="rerun" and .open): a page load draws its 2 charts instead of
     # all 11, and loads no table code. Opening a tab costs one rerun.
     for name, tab in zip(TABS, st.tabs(TABS, key=TAB, on_change="rerun")):

@@ -6,6 +6,7 @@ import streamlit as st
 from app import derive, figures, figures_layouts, jobs, live, state, teaching_pair
 from app.derive import visible_text
 from app.explain import stage_caption
+from app.first_result import first_result
 from app.safe import md, table
 from app.teaching_ui import ROLLBACK_DEMO, EXACTNESS_LAB, chart, open_in_stepper
 from engine.analysis import measured_alpha
@@ -45,6 +46,26 @@ def other_kind(trace: Trace, c: dict) -> dict | None:
 def q(text: str) -> str:
     """A token quoted for Markdown: whitespace visible, everything escaped."""
     return f"'{md(visible_text(text))}'"
+
+
+def in_brief(trace: Trace, c: dict) -> str:
+    """The chosen cycle's outcome in one line of Markdown, above the five stages (app/first_result.py)."""
+    k = derive.proposals(c)
+    greedy = trace.header["settings"]["temperature"] == 0
+    proposed = ", ".join(q(t) for t in c["draft_token_texts"])
+    j, n = c["rejected_position"], c["num_accepted"]
+    text = f"**Cycle {c['cycle']} in brief:** "
+    if k == 0:  # prompt lookup without a match: a plain target step
+        text += f"nothing was proposed, so the target's own token {q(c['next_token_text'])} was taken"
+    elif j is None:
+        text += f"the draft proposed {proposed}; all {k} accepted, then the bonus token {q(c['next_token_text'])}"
+    else:
+        instead = "the target's argmax" if greedy else "resampled from the residual"
+        text += (f"the draft proposed {proposed}; {n} accepted, position {j} ({q(c['draft_token_texts'][j - 1])}) "
+                 f"rejected and {q(c['next_token_text'])} ({instead}) taken there")
+    text += f": {len(c['committed_token_ids'])} token(s) committed for one target pass"
+    t = c["target_cache_len"]
+    return text + f"; the target cache went from {t['after_append']} entries (after the verify pass) to {t['after_rollback']}."
 
 
 # ---------------------------------------------------------------- the five stages
@@ -257,6 +278,7 @@ def main() -> None:
     h = trace.header
     st.caption(f"Trace: target **{md(model_name(h, 'target'))}**, draft **{md(model_name(h, 'draft'))}**, "
                f"K={trace.k}, temperature {h['settings']['temperature']}.")
+    first_result().markdown(in_brief(trace, c))
     for stage in (stage_draft, stage_verify, stage_test, stage_resample, stage_rollback):
         stage(trace, c)
         st.divider()
