@@ -187,17 +187,23 @@ def model_folders(tmp_path):
     return folders
 
 
-def test_live_run_on_local_folders(traces_dir, model_folders, monkeypatch):
+def live_form(folders: dict, monkeypatch):
+    """The Live run tab with the tiny custom pair filled in (10 new tokens, K=3, sampling)."""
     monkeypatch.setenv("SPECLAB_CUSTOM_MODELS", "1")  # the server's operator allows model folders
-    at = start()
+    at = start(timeout=120)
     at.switch_page(SOURCE_PAGE).run()
     at.selectbox(key="live_preset").set_value("custom").run()
-    at.text_input(key="live_target").set_value(str(model_folders["target"]))
-    at.text_input(key="live_draft").set_value(str(model_folders["draft"]))
+    at.text_input(key="live_target").set_value(str(folders["target"]))
+    at.text_input(key="live_draft").set_value(str(folders["draft"]))
     at.text_area(key="live_prompt").set_value("the cat sat")
     at.number_input(key="live_k").set_value(3)
     at.number_input(key="live_temperature").set_value(1.0)
     at.number_input(key="live_max_new").set_value(10)
+    return at
+
+
+def test_live_run_on_local_folders(traces_dir, model_folders, monkeypatch):
+    at = live_form(model_folders, monkeypatch)
     at.button(key="live_run").click().run(timeout=120)
     finish_job(at)  # the run goes on a worker thread (app/jobs.py)
     assert not at.exception and not at.error, [e.value for e in at.error]

@@ -18,7 +18,7 @@ from app.safe import md
 from engine.teaching import CORRECT, first_divergence
 from engine.trace import load_trace
 from tests.app_jobs import finish_job, progress_texts, running_job
-from tests.test_app import SOURCE_PAGE, model_folders, plain, shown_step, start, traces_dir  # noqa: F401 (fixtures)
+from tests.test_app import SOURCE_PAGE, live_form, model_folders, plain, shown_step, start, traces_dir  # noqa: F401 (fixtures)
 from tests.test_stats_page import held_until
 from tests.test_teaching_pages import PAGES, env, folder, open_page, run_live_button  # noqa: F401 (fixtures)
 
@@ -44,21 +44,6 @@ def held_after_first_cycle(monkeypatch, gate: threading.Event, error: Exception 
 
     monkeypatch.setattr(app.live, "run_to_trace", held)
     return first
-
-
-def live_form(folders: dict, monkeypatch):
-    """The Live run tab with the tiny custom pair filled in (10 new tokens, K=3, sampling)."""
-    monkeypatch.setenv("SPECLAB_CUSTOM_MODELS", "1")
-    at = start(timeout=120)
-    at.switch_page(SOURCE_PAGE).run()
-    at.selectbox(key="live_preset").set_value("custom").run()
-    at.text_input(key="live_target").set_value(str(folders["target"]))
-    at.text_input(key="live_draft").set_value(str(folders["draft"]))
-    at.text_area(key="live_prompt").set_value("the cat sat")
-    at.number_input(key="live_k").set_value(3)
-    at.number_input(key="live_temperature").set_value(1.0)
-    at.number_input(key="live_max_new").set_value(10)
-    return at
 
 
 def sidebar_names(at) -> str:
