@@ -309,7 +309,8 @@ def main() -> None:
     if args.end_utc:
         hh, mm = map(int, args.end_utc.split(":"))
         now = time.gmtime()
-        end_time = t_start + ((hh * 60 + mm) - (now.tm_hour * 60 + now.tm_min)) * 60 - now.tm_sec
+        minutes_left = ((hh * 60 + mm) - (now.tm_hour * 60 + now.tm_min)) % (24 * 60)  # past midnight too
+        end_time = t_start + minutes_left * 60 - now.tm_sec
 
     from smollm2_target import load_target
     target, tok = load_target()
