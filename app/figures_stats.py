@@ -249,9 +249,11 @@ def race_figure(cycles: Sequence[dict], target_step_s: float) -> go.Figure:
     fig.add_scatter(x=spec_t, y=spec_n, mode="lines+markers", name="speculative (this trace's cycles)",
                     line=dict(color=COLOURS[MEASURED], shape="hv", width=3), marker=dict(size=5),
                     hovertemplate="speculative: %{y} tokens after %{x:.3f} s<extra></extra>")
-    for t, name, colour in ((spec_t[-1], "speculative", COLOURS[MEASURED]), (plain_t[-1], "plain", COLOURS[PLAIN])):
+    finishes = sorted([(spec_t[-1], "speculative", COLOURS[MEASURED]), (plain_t[-1], "plain", COLOURS[PLAIN])])
+    # the first to finish is labelled low, where both curves have long passed, so close finishes don't collide
+    for (t, name, colour), where in zip(finishes, ("bottom left", "top left")):
         fig.add_vline(x=t, line=dict(color=colour, dash="dash", width=1),
-                      annotation_text=f"{name} done: {t:.2f} s", annotation_position="top left")
+                      annotation_text=f"{name} done: {t:.2f} s", annotation_position=where)
     fig.update_xaxes(title="wall-clock seconds of decoding", rangemode="tozero")
     fig.update_yaxes(title="tokens generated", rangemode="tozero")
     return _layout(fig, f"The race: {spec_n[-1]} tokens, plain vs speculative", 360, top=90)

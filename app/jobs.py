@@ -1,12 +1,14 @@
-"""Measurements that run in a background thread, so the page stays usable while models are timed.
+"""Live work (runs, teaching demos, measurements) on a background thread, so the page stays usable.
 
-One job per session at a time (timings taken side by side would slow each other). A page
-starts one with `start(name, label, work, on_done)`: `work(report)` is a plain engine call
-run on a worker thread; it may call `report(fraction, text)`. The worker only sets plain
-attributes on the Job, never calls st.*: Streamlit's elements and session state belong to
-the script thread. `show(name)` draws the job's progress from a fragment that polls it and,
-once the work has ended, hands the result to `on_done` on the script thread, which stores
-it where the page reads it, and reruns the page.
+One job per session at a time (work side by side would slow each other, and timings taken
+meanwhile would be wrong). A page starts one with `start(name, label, work, on_done)`:
+`work(report)` is a plain engine call run on a worker thread; it may call
+`report(fraction, text)`, and `report(fraction, text, partial)` to hand over plain data that
+shows the work so far (the text generated yet, say). The worker only sets plain attributes
+on the Job, never calls st.*: Streamlit's elements and session state belong to the script
+thread. `show(name, draw_partial)` draws the job's progress (and `draw_partial(partial)`)
+from a fragment that polls it and, once the work has ended, hands the result to `on_done`
+on the script thread, which stores it where the page reads it, and reruns the page.
 
 If the user leaves the page, the thread keeps working; the page collects the result the
 next time it is drawn. A failure becomes an error message; nothing stored earlier is lost.
@@ -22,20 +24,22 @@ import streamlit as st
 from app import state
 from app.safe import md
 
-JOB = "measurement_job"  # session_state: the session's one Job (running, not yet collected, or failed)
+JOB = "background_job"  # session_state: the session's one Job (running, not yet collected, or failed)
 POLL_S = 0.5  # how often the progress fragment looks at a running job
+BUSY = "One live run or measurement at a time"  # the start of the words that refuse a second job
 
-Report = Callable[[float, str], None]  # (fraction done, what is running now)
+Report = Callable[..., None]  # (fraction done, what is running now[, the work so far as plain data])
 
 
 @dataclass
 class Job:
     name: str  # which page section owns it: only that section shows it and takes its result
-    label: str  # what is measured, in words ("Timing the step times")
+    label: str  # what runs, in words ("Timing the step times", "Live run on tiny-shakespeare")
     on_done: Callable[[Any], None]  # stores the result for the page; runs on the script thread
     started: float = field(default_factory=time.perf_counter)
     fraction: float = 0.0
     text: str = "starting"
+    partial: Any = None  # plain data the work hands over as it goes, for the page to show
     result: Any = None
     error: str | None = None
     finished: threading.Event = field(default_factory=threading.Event)
@@ -44,10 +48,13 @@ class Job:
     def running(self) -> bool:
         return not self.finished.is_set()
 
-    def report(self, fraction: float, text: str = "") -> None:
-        """Called by the work on the worker thread: plain attributes only."""
+    def report(self, fraction: float, text: str = "", partial: Any = None) -> None:
+        """Called by the work on the worker thread: plain attributes only (`partial` is replaced
+        whole, never changed in place, so the page never reads it half written)."""
         self.fraction = min(max(float(fraction), 0.0), 1.0)
         self.text = text or self.text
+        if partial is not None:
+            self.partial = partial
 
     def seconds_left(self) -> float | None:
         """From the time so far and the fraction done; None until the fraction says something."""
@@ -71,11 +78,17 @@ def current() -> Job | None:
     return st.session_state.get(JOB)
 
 
+def running(name: str) -> bool:
+    """Whether this session's job called `name` is still working."""
+    job = current()
+    return job is not None and job.name == name and job.running
+
+
 def start(name: str, label: str, work: Callable[[Report], Any], on_done: Callable[[Any], None]) -> Job | None:
-    """Start `work` on a worker thread; None (and a message) if this session already measures something."""
+    """Start `work` on a worker thread; None (and a message) if this session already runs something."""
     job = current()
     if job is not None and job.running:
-        st.warning(f"One measurement at a time: **{md(job.label)}** is still running "
+        st.warning(f"{BUSY}: **{md(job.label)}** is still running "
                    f"({job.fraction:.0%} done). Start this one when it has finished.", icon=":material/hourglass:")
         return None
     job = Job(name, label, on_done)
@@ -93,16 +106,20 @@ def progress_words(job: Job) -> str:
 
 
 @st.fragment(run_every=POLL_S)
-def _poll(name: str) -> None:
+def _poll(name: str, draw_partial: Callable[[Any], None] | None) -> None:
     """Redrawn every POLL_S seconds on its own; reruns the whole page once the work has ended."""
     job = current()
     if job is None or job.name != name or not job.running:
         st.rerun(scope="app")
     st.progress(job.fraction, text=progress_words(job))
+    partial = job.partial  # read once: the worker may replace it meanwhile
+    if draw_partial is not None and partial is not None:
+        draw_partial(partial)
 
 
-def show(name: str) -> Job | None:
-    """Where a page section shows its job: progress while it runs, the error if it failed.
+def show(name: str, draw_partial: Callable[[Any], None] | None = None) -> Job | None:
+    """Where a page section shows its job: progress while it runs (and `draw_partial` of the
+    work so far, if the work hands some over), the error if it failed.
 
     On the first script run after the work succeeded, `on_done` gets the result and the page
     reruns, so everything drawn above this point sees it. Returns the job shown, if any."""
@@ -112,12 +129,12 @@ def show(name: str) -> Job | None:
             st.caption(f"{md(job.label)} is running elsewhere in this session ({job.fraction:.0%} done).")
         return None
     if job.running:
-        _poll(name)
+        _poll(name, draw_partial)
         return job
     if job.error is None:  # done: hand the result over once, then forget the job
         del st.session_state[JOB]
         job.on_done(job.result)
         st.rerun()
-    st.error(f"{md(job.label)} failed: {md(state.shown_paths(job.error)[:400])}. Nothing measured earlier "
+    st.error(f"{md(job.label)} failed: {md(state.shown_paths(job.error)[:400])}. Nothing stored earlier "
              "was lost; try again.", icon=":material/error:")
     return job

@@ -1,16 +1,19 @@
 """A live run from the app: pick a model pair and settings, watch the cycles arrive.
 
 Models load once per process (st.cache_resource): every session and rerun shares them.
-The run writes a normal trace file under runs/live/, so it opens in the stepper and
-its link can be shared like any other trace.
+The run itself goes on a worker thread (app/jobs.py), so the page stays usable; the text
+and the latest cycles arrive as the page polls it. It writes a normal trace file under
+runs/live/, so it opens in the stepper and its link can be shared like any other trace.
 """
 import os
 import time
 import uuid
+from dataclasses import dataclass
+from typing import Callable
 
 import streamlit as st
 
-from app import state
+from app import jobs, state
 from app.derive import visible_text
 from app.safe import md
 from app.teaching_ui import STEPPER
@@ -113,10 +116,11 @@ def run_form() -> None:
                                        for k, v in values.items()})
         except SettingsError as err:
             st.error(md(str(err)))
-            return
-        if drafter is not None:
+            settings = None
+        if settings is not None and drafter is not None:
             run(st.session_state["live_preset"], target.strip(), draft.strip(), st.session_state["live_prompt"],
                 settings, chat, drafter)
+    show_run()
 
 
 def load_or_error(preset: str | None, target: str = "", draft: str = "", whose: str = "the models",
@@ -188,6 +192,7 @@ def load_models(preset: str, target: str, draft: str, drafter: DrafterOptions = 
 
 def run(preset: str, target: str, draft: str, prompt: str, settings: SpecSettings, chat: bool,
         drafter: DrafterOptions = DrafterOptions()) -> None:
+    """Load the pair here (once per process, behind a spinner), then run on a worker thread."""
     if drafter.kind == "other-tokenizer" and settings.temperature != 0:
         from engine.drafters import SAMPLING_REFUSED
         st.error(md(f"Set the temperature to 0: {SAMPLING_REFUSED}."), icon=":material/error:")
@@ -195,27 +200,32 @@ def run(preset: str, target: str, draft: str, prompt: str, settings: SpecSetting
     pair = load_models(preset, target, draft, drafter)
     if pair is None:
         return
-    out = state.runs_dir() / f"live-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.jsonl"
-    watch = LiveView(settings.max_new_tokens)
-    try:
-        run_to_trace(pair, prompt, settings, out, preset=None if preset == CUSTOM else preset,
-                     chat_template=chat, on_cycle=watch.on_cycle, calibrate=True)  # step times for the stats page
-    except (ValueError, RuntimeError) as err:
-        st.error(f"The run stopped: {md(state.shown_paths(str(err)))}", icon=":material/error:")
-        return
-    if state.set_current(state.TraceRef("run", out.name)) is None:
-        st.success(f"Finished: {watch.cycles} cycles, {watch.tokens} tokens, saved to {md(state.shown_paths(str(out)))}.")
-        st.page_link(STEPPER, label="Step through this run", icon=":material/play_circle:")
+    known = None if preset == CUSTOM else preset
+    start_run(LIVE_JOB, f"Live run on {known or 'the custom pair'}", pair, prompt, settings, known, chat, keep_finished)
 
 
-class LiveView:
-    """Progress, the text so far and the latest cycles, redrawn as each cycle ends."""
+# ---------------------------------------------------------------- the run on a worker thread (app/jobs.py)
 
-    def __init__(self, max_new_tokens: int) -> None:
-        self.max_new_tokens = max_new_tokens
-        self.progress = st.progress(0.0, text="Starting…")
-        self.text = st.empty()
-        self.table = st.empty()
+LIVE_JOB = "live-run"  # the job name of the Live run tab
+FINISHED = "live_finished"  # session_state: (LiveOutput, error opening it) of the last live run
+SHOWN_ROWS = 8  # the latest cycles in the table under the text
+
+
+@dataclass(frozen=True)
+class LiveOutput:
+    """What a run has produced so far, as plain data the worker hands to the page."""
+    file: str  # the trace's file name under runs/live/ ("" until the run has ended)
+    text: str  # the committed text so far
+    rows: tuple[dict, ...]  # the latest cycles, one row each
+    cycles: int
+    tokens: int
+
+
+class CycleWatch:
+    """Runs on the worker thread: turns each recorded cycle into progress and a new LiveOutput."""
+
+    def __init__(self, max_new_tokens: int, report: jobs.Report) -> None:
+        self.max_new_tokens, self.report = max_new_tokens, report
         self.rows: list[dict] = []
         self.pieces: list[str] = []
         self.cycles = self.tokens = 0
@@ -227,7 +237,50 @@ class LiveView:
         self.rows.append({"cycle": rec["cycle"], "accepted": f"{rec['num_accepted']} of {len(rec['draft_token_ids'])}",
                           "outcome": "bonus" if rec["bonus_token_id"] is not None else f"rejected at {rec['rejected_position']}",
                           "committed": " ".join(visible_text(t) for t in rec["committed_token_texts"])})
-        self.progress.progress(min(1.0, self.tokens / self.max_new_tokens),
-                               text=f"Cycle {rec['cycle']}: {self.tokens} of at most {self.max_new_tokens} tokens")
-        self.text.code("".join(self.pieces), language=None, wrap_lines=True)  # st.code shows text, never HTML
-        self.table.dataframe(self.rows[-8:], hide_index=True)
+        self.report(min(1.0, self.tokens / self.max_new_tokens),
+                    f"cycle {rec['cycle']}, {self.tokens} of at most {self.max_new_tokens} tokens", self.output(""))
+
+    def output(self, file: str) -> LiveOutput:
+        return LiveOutput(file, "".join(self.pieces), tuple(self.rows[-SHOWN_ROWS:]), self.cycles, self.tokens)
+
+
+def start_run(name: str, label: str, pair: Pair, prompt: str, settings: SpecSettings, preset: str | None,
+              chat: bool, on_done: Callable[[LiveOutput], None], stem: str = "live", calibrate: bool = True) -> bool:
+    """Start run_to_trace on a worker thread, writing a new file under runs/live/; False if this
+    session is busy. Live runs record step times (calibrate) for the statistics page."""
+    out = state.runs_dir() / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.jsonl"
+
+    def work(report: jobs.Report) -> LiveOutput:
+        watch = CycleWatch(settings.max_new_tokens, report)
+        run_to_trace(pair, prompt, settings, out, preset=preset, chat_template=chat, on_cycle=watch.on_cycle,
+                     calibrate=calibrate)
+        return watch.output(out.name)
+
+    return jobs.start(name, label, work, on_done) is not None
+
+
+def keep_finished(result: LiveOutput) -> None:
+    """On the script thread: open the new trace (the sidebar names it on the rerun) and keep the output."""
+    st.session_state[FINISHED] = (result, state.set_current(state.TraceRef("run", result.file)))
+
+
+def show_output(result: LiveOutput) -> None:
+    """The text so far and the latest cycles (drawn while the run goes, and after it)."""
+    st.code(result.text, language=None, wrap_lines=True)  # st.code shows text, never HTML
+    if result.rows:
+        st.dataframe(list(result.rows), hide_index=True)
+
+
+def show_run() -> None:
+    """The Live run tab's job: progress and the output so far while it runs, then the result."""
+    jobs.show(LIVE_JOB, show_output)
+    if jobs.running(LIVE_JOB) or FINISHED not in st.session_state:
+        return
+    result, error = st.session_state[FINISHED]
+    if error:
+        st.error(f"The run finished but its trace could not be opened: {md(error)}", icon=":material/error:")
+        return
+    st.success(f"Finished: {result.cycles} cycles, {result.tokens} tokens, saved to "
+               f"{md(state.shown_paths(str(state.runs_dir() / result.file)))}.")
+    st.page_link(STEPPER, label="Step through this run", icon=":material/play_circle:")
+    show_output(result)

@@ -1,7 +1,7 @@
 """The sidebar every page shares: what trace is open, and why a link's trace could not be opened."""
 import streamlit as st
 
-from app import state
+from app import jobs, state
 from app.safe import md
 from engine.trace import model_name
 
@@ -18,3 +18,6 @@ def render(slot=None) -> None:
                        f"K={trace.k}, {len(trace.cycles)} cycles")
         if state.link_error():
             st.error(md(state.link_error()), icon=":material/error:")
+        job = jobs.current()
+        if job is not None and job.running:  # so a user who left its page knows where it went
+            st.caption(f"Still running in this session: **{md(job.label)}** (its page shows the progress).")

@@ -5,7 +5,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from app import state
+from app import jobs, state
 
 STEPPER = "views/stepper.py"
 ROLLBACK_DEMO = "views/rollback_demo.py"
@@ -81,19 +81,31 @@ def estimate_words(seconds: float | None) -> str:
     return f"about {seconds:.0f} s here" if seconds >= 1 else "under a second"
 
 
-def run_with_progress(page: str, pair_key: str, units: float, label: str, work):
-    """Run `work(on_progress)` with a progress bar that says how long is left, then remember the rate."""
-    bar = st.progress(0.0, text=f"{label}…")
-    start = time.perf_counter()
+def job_name(page: str) -> str:
+    """The name of a teaching page's live run in app/jobs.py."""
+    return f"teaching:{page}"
 
-    def on_progress(fraction: float) -> None:
-        elapsed = time.perf_counter() - start
-        left = f" about {elapsed * (1 - fraction) / fraction:.0f} s left" if fraction > 0.02 else ""
-        bar.progress(min(max(fraction, 0.0), 1.0), text=f"{label}: {fraction:.0%} done after {elapsed:.0f} s;{left}")
 
-    with one_torch_thread():
-        result = work(on_progress)
-    seconds = time.perf_counter() - start
-    st.session_state.setdefault(RATES, {})[(page, pair_key)] = seconds / max(units, 1)
-    bar.empty()
-    return result, seconds
+def start_live(page: str, pair_key: str, units: float, label: str, work, on_done) -> bool:
+    """Run `work(on_progress)` on a worker thread (app/jobs.py; `show_live` draws its progress and
+    the time left). Once it has ended, on the script thread: remember the rate for the next
+    estimate, then `on_done(result, seconds)`. False if this session is already busy."""
+    def timed(report):
+        start = time.perf_counter()
+        with one_torch_thread():
+            result = work(lambda fraction: report(fraction, "running"))
+        return result, time.perf_counter() - start
+
+    def done(out) -> None:
+        result, seconds = out
+        st.session_state.setdefault(RATES, {})[(page, pair_key)] = seconds / max(units, 1)
+        on_done(result, seconds)
+
+    return jobs.start(job_name(page), label, timed, done) is not None
+
+
+def show_live(page: str) -> bool:
+    """Where the page shows its live run: progress while it runs, the error if it failed.
+    True while it runs (the page then has nothing new to show yet)."""
+    jobs.show(job_name(page))
+    return jobs.running(job_name(page))

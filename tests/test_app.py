@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 from app.safe import md
 from engine.presets import PRESETS
 from engine.trace import load_trace
+from tests.app_jobs import finish_job
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 SOURCE_PAGE = "views/trace_source.py"
@@ -186,18 +187,25 @@ def model_folders(tmp_path):
     return folders
 
 
-def test_live_run_on_local_folders(traces_dir, model_folders, monkeypatch):
+def live_form(folders: dict, monkeypatch):
+    """The Live run tab with the tiny custom pair filled in (10 new tokens, K=3, sampling)."""
     monkeypatch.setenv("SPECLAB_CUSTOM_MODELS", "1")  # the server's operator allows model folders
-    at = start()
+    at = start(timeout=120)
     at.switch_page(SOURCE_PAGE).run()
     at.selectbox(key="live_preset").set_value("custom").run()
-    at.text_input(key="live_target").set_value(str(model_folders["target"]))
-    at.text_input(key="live_draft").set_value(str(model_folders["draft"]))
+    at.text_input(key="live_target").set_value(str(folders["target"]))
+    at.text_input(key="live_draft").set_value(str(folders["draft"]))
     at.text_area(key="live_prompt").set_value("the cat sat")
     at.number_input(key="live_k").set_value(3)
     at.number_input(key="live_temperature").set_value(1.0)
     at.number_input(key="live_max_new").set_value(10)
+    return at
+
+
+def test_live_run_on_local_folders(traces_dir, model_folders, monkeypatch):
+    at = live_form(model_folders, monkeypatch)
     at.button(key="live_run").click().run(timeout=120)
+    finish_job(at)  # the run goes on a worker thread (app/jobs.py)
     assert not at.exception and not at.error, [e.value for e in at.error]
     ref = at.session_state["trace_ref"]
     trace = load_trace(ref.path)
@@ -278,16 +286,40 @@ def test_bundled_list_describes_each_trace(monkeypatch, tmp_path):
     at = start()
     at.switch_page(SOURCE_PAGE).run()
     assert not at.exception
-    table = at.table[0].value  # a static table: its text cells are Markdown, escaped by app.safe.md
+    table = markdown_table_columns(next(m.value for m in at.markdown if m.value.startswith("| trace |")))
     names = sorted(p.name for p in BUNDLED.glob("*.jsonl"))
     assert list(table["trace"]) == [md(n) for n in names]
     for name, k, temperature, alpha, speedup in zip(names, table["K"], table["temperature"],
                                                     table["alpha"], table["measured speedup"]):
         trace = load_trace(BUNDLED / name)
         stats = trace_stats(trace)
-        assert (k, temperature) == (trace.k, trace.header["settings"]["temperature"])
-        assert alpha == pytest.approx(round(stats.alpha, 3))
+        assert (k, temperature) == (md(str(trace.k)), md(str(trace.header["settings"]["temperature"])))
+        assert alpha == md(str(round(stats.alpha, 3)))
         assert speedup == md(f"{stats.speed.measured:.2f}×")
+
+
+def markdown_table_columns(text: str) -> dict[str, list[str]]:
+    """app.safe.markdown_table's text back to columns of (still escaped) cells."""
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+    header, rule, *rows = text.split("\n")
+    assert set(rule) <= {"|", "-", ":"}
+    columns = cells(header)
+    return {c: [cells(r)[i] for r in rows] for i, c in enumerate(columns)}
+
+
+def test_markdown_tables_show_markdown_and_html_as_text():
+    """A Markdown table's cells are Markdown: app.safe.markdown_table escapes every cell, | and line breaks too."""
+    from app.safe import markdown_table
+    evil = "**b** [x](http://e) $y$ <img src=x> a|b\nnext | row"
+    text = markdown_table([{"token": evil, "n": 1}, {"token": "plain", "n": None}])
+    assert len(text.split("\n")) == 4  # header, rule, two rows: no line break escaped a row
+    columns = markdown_table_columns(text)
+    assert columns["token"] == [md("**b** [x](http://e) $y$ <img src=x> a|b next | row"), "plain"]
+    assert columns["n"] == ["1", ""]
+    assert text.split("\n")[1] == "|---|---:|"  # numbers right-aligned
+    assert "<img" not in text and "\\*\\*b\\*\\*" in text
 
 
 @pytest.mark.parametrize("name", ["default.jsonl", "shakespeare-sampled-k4-high-acceptance.jsonl"])

@@ -231,6 +231,7 @@ def test_html_in_token_text_is_shown_not_run(browser, light_url):
     svg_texts = page.eval_on_selector_all(".js-plotly-plot text", "els => els.map(e => e.textContent)")
     assert any(XSS_SHOWN in t for t in svg_texts)
     assert XSS_SHOWN in page.locator("[data-testid='stAlertContentInfo']").first.inner_text()
+    assert XSS_SHOWN in page.locator(".st-key-first_result").inner_text()  # the token strip, as text
     page.screenshot(path=SHOTS / "light-xss-trace-stage4.png")
 
 

@@ -85,3 +85,40 @@ def test_stepper_labels_fit_at_1366x768(projector, trace, rejected, stage):
     page.wait_for_timeout(800)
     page.screenshot(path=SHOTS / f"{name}-whole-page.png")
     page.set_viewport_size(PROJECTOR)
+
+
+STATS_TABS = ["Acceptance", "Cost and speed", "K advisor", "Race and explorer", "Compare two traces",
+              "KV-cache layout"]  # the K sweep draws no chart until it has run
+
+
+@pytest.mark.parametrize("trace", ["default.jsonl", "shakespeare-greedy-k8.jsonl"])
+def test_statistics_charts_labels_fit_at_1366x768(projector, trace):
+    """Every chart of every statistics tab: no overlapping or cut-off labels (e.g. the race's two
+    'done' labels when both decoders finish close together)."""
+    url, page = projector
+    page.goto(f"{url}/statistics?trace=bundled:{trace}")
+    page.wait_for_selector(".js-plotly-plot .main-svg")
+    checked = 0
+    for tab in STATS_TABS:
+        page.get_by_role("tab", name=tab).click()
+        page.wait_for_timeout(2500)  # the tab's rerun and its charts
+        page.set_viewport_size({"width": PROJECTOR["width"], "height": 2600})  # every chart of the tab drawn
+        page.wait_for_timeout(600)
+        name = f"projector-statistics-{trace.removesuffix('.jsonl')}-{tab.replace(' ', '-').lower()}"
+        page.screenshot(path=SHOTS / f"{name}.png")
+        checked += check_labels(page, name)
+        page.set_viewport_size(PROJECTOR)
+    assert checked > 40
+
+
+@pytest.mark.parametrize("path", ["walkthrough", "rollback", "exactness"])
+def test_teaching_page_charts_labels_fit_at_1366x768(projector, path):
+    """The teaching pages' charts (their stored results): no overlapping or cut-off labels."""
+    url, page = projector
+    page.goto(f"{url}/{path}")
+    page.wait_for_selector(".js-plotly-plot .main-svg")
+    page.set_viewport_size({"width": PROJECTOR["width"], "height": 4000})  # every chart on the page drawn
+    page.wait_for_timeout(2500)
+    page.screenshot(path=SHOTS / f"projector-{path}.png")
+    assert check_labels(page, path) > 10
+    page.set_viewport_size(PROJECTOR)

@@ -17,8 +17,9 @@ PAGES = {"walkthrough": "How one speculative cycle works", "rollback": "What if 
          "exactness": "Exactness you can see", "interview": "Interview practice"}
 LIVE_ONLY = ("rollback", "exactness")
 NAV_LABELS = ("How a cycle works", "Why rollback matters", "Exactness lab", "Interview practice")
-IDLE = """() => !document.querySelector('[data-stale="true"]')
-    && !(document.querySelector('header') || {innerText: ''}).innerText.includes('Stop')
+SCRIPT_DONE = """() => !document.querySelector('[data-stale="true"]')
+    && !(document.querySelector('header') || {innerText: ''}).innerText.includes('Stop')"""
+IDLE = SCRIPT_DONE + """
     && document.querySelectorAll('.js-plotly-plot .main-svg').length >= 1"""
 
 
@@ -36,6 +37,7 @@ def server(request, folder, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECLAB_TEACHING_PAIR", str(folder / "pair"))
         mp.setenv("OMP_NUM_THREADS", "1")
+        mp.setenv("SPECLAB_CUSTOM_MODELS", "1")  # the live run may load the tiny pair's folders
         with streamlit_server(folder / "traces", tmp_path_factory.mktemp(f"server-{request.param}"),
                               request.param) as url:
             yield url, request.param
@@ -126,5 +128,37 @@ def test_a_measurement_finishes_in_the_background_and_shows_up(browser, server):
         assert page.locator('[data-testid="stException"]').count() == 0
         sync_api.expect(page.get_by_role("button", name="Measure the target's pass", exact=False)).to_have_count(0)
         assert not dialogs
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("server", ["light"], indirect=True)
+def test_a_live_run_arrives_by_polling_and_the_sidebar_names_it(browser, server, folder):
+    """After one click on Run, nothing else: the polling fragment notices the worker is done, the
+    page shows the finished run and the sidebar names it as the open trace."""
+    url, _ = server
+    page, dialogs = new_page(browser, f"{url}/source")
+    try:
+        page.get_by_role("heading", name="Choose a trace").first.wait_for()
+        page.wait_for_function(SCRIPT_DONE)
+        page.get_by_role("tab", name="Live run").click()
+        page.locator(".st-key-live_preset input").click()  # opens the list of model pairs
+        page.get_by_role("option", name=re.compile("^custom")).click()
+        page.locator(".st-key-live_target input").wait_for()
+        for key, name in (("live_target", "target"), ("live_draft", "draft")):
+            field = page.locator(f".st-key-{key} input")
+            field.fill(str(folder / "pair" / name))
+            field.press("Enter")
+        page.locator(".st-key-live_max_new input").fill("12")
+        page.locator(".st-key-live_max_new input").press("Enter")
+        page.wait_for_function(SCRIPT_DONE)
+        page.wait_for_timeout(500)
+        sidebar = page.locator('[data-testid="stSidebar"]')
+        assert "live run:" not in sidebar.inner_text()
+        page.locator(".st-key-live_run button").click()
+        page.get_by_text(re.compile(r"Finished: \d+ cycles, \d+ tokens")).first.wait_for()
+        sync_api.expect(sidebar).to_contain_text("live run: live-")
+        page.screenshot(path=str(SHOTS / "live-run-finished-in-background.png"))
+        assert page.locator('[data-testid="stException"]').count() == 0 and not dialogs
     finally:
         page.close()

@@ -13,6 +13,7 @@ from engine.run import run_to_trace
 from engine.stale_slots import static_run
 from engine.teaching import KEEP_REJECTED, traced_run
 from engine.trace import load_trace
+from tests.app_jobs import finish_job
 from tests.test_app import MAIN, plain, start
 from tests.tiny import noisy_pair, tiny_pair
 
@@ -200,6 +201,7 @@ def test_live_run_in_the_paged_layout(layout_dir, tmp_path):
     at.selectbox(key="live_cache_layout").set_value("paged").run()
     at.number_input(key="live_block_size").set_value(4)
     at.button(key="live_run").click().run(timeout=120)
+    finish_job(at)
     assert not at.exception and not at.error, [e.value for e in at.error]
     trace = load_trace(at.session_state["trace_ref"].path)
     assert trace.header["cache_layout"] == {**trace.header["cache_layout"], "name": "paged", "block_size": 4}

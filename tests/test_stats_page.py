@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.jobs import BUSY, JOB
 from app.safe import md
 from app.state import TraceRef
 from engine.analysis import NO_CALIBRATION, advice_sentence, best_k, explain_speed, trace_stats
@@ -279,6 +280,37 @@ def test_race_and_explorer_use_the_trace_and_its_calibration(folder, monkeypatch
     assert any(f"**{predicted_speedup(0.8, 5, 0.1):.2f}×**" in m.value for m in at.markdown)
 
 
+def test_tab_widgets_keep_their_values_when_another_tab_is_opened(folder, monkeypatch):
+    """Only the open tab runs; switching away and back must not reset what the user chose."""
+    at = open_tab(open_page(folder, monkeypatch), "Race and explorer")
+    at.slider(key="ex_alpha").set_value(0.8).run()
+    at.slider(key="ex_k").set_value(5).run()
+    at = open_tab(open_tab(at, "Compare two traces"), "K sweep")
+    at.multiselect(key="sweep_ks").set_value([1, 3]).run()
+    at = open_tab(at, "Compare two traces")
+    at.selectbox(key="compare_with").set_value(TraceRef("bundled", "greedy.jsonl")).run()
+    at = open_tab(open_tab(at, "Acceptance"), "Race and explorer")
+    assert at.slider(key="ex_alpha").value == 0.8 and at.slider(key="ex_k").value == 5
+    from engine.metrics import predicted_speedup
+    c = at.slider(key="ex_c").value
+    chosen = next(t for t in figure(at, "fig_explorer")["data"] if t["name"] == "chosen K=5")
+    assert chosen["y"] == [pytest.approx(predicted_speedup(0.8, 5, c))]  # the chart uses the kept values
+    assert open_tab(at, "K sweep").multiselect(key="sweep_ks").value == [1, 3]
+    assert open_tab(at, "Compare two traces").selectbox(key="compare_with").value == TraceRef("bundled", "greedy.jsonl")
+    assert not at.warning, [w.value for w in at.warning]  # no "default value also set via Session State" box
+
+
+def test_explorer_starts_over_at_the_new_traces_values_when_another_trace_is_opened(folder, monkeypatch):
+    at = open_tab(open_page(folder, monkeypatch), "Race and explorer")
+    at.slider(key="ex_alpha").set_value(0.9).run()
+    at.switch_page("views/trace_source.py").run()
+    at.selectbox(key="bundled_name").set_value("greedy.jsonl").run()
+    at.button(key="open_bundled").click().run()
+    at = open_tab(at.switch_page(PAGE).run(), "Race and explorer")
+    greedy = trace_stats(load_trace(folder / "traces" / "greedy.jsonl"))
+    assert at.slider(key="ex_alpha").value == round(min(greedy.alpha, 0.99), 2) != 0.9
+
+
 # ---------------------------------------------------------------- measurements on a worker thread (app/jobs.py)
 
 def held_until(monkeypatch, module, name: str, gate: threading.Event, error: Exception | None = None) -> None:
@@ -315,7 +347,7 @@ def test_measuring_runs_in_the_background_and_the_page_stays_usable(folder, monk
         open_tab(at, "K sweep")
         assert any("is running elsewhere in this session" in c.value for c in at.caption)
         at.button(key="sweep_run").click().run()
-        assert any(w.value.startswith("One measurement at a time") for w in at.warning)
+        assert any(w.value.startswith(BUSY) for w in at.warning)
         assert running_job(at) is job and job.running and "k_sweeps" not in at.session_state
     finally:
         gate.set()
@@ -323,7 +355,7 @@ def test_measuring_runs_in_the_background_and_the_page_stays_usable(folder, monk
     open_tab(at, "Cost and speed")  # back on the tab that asked: the result is collected there
     taken, spread = job.result  # what the worker's engine calls returned
     assert list(at.session_state["now_calibration"].values()) == [taken]
-    assert "measurement_job" not in at.session_state  # collected once
+    assert JOB not in at.session_state  # collected once
     trace = load_trace(folder / "traces" / "uncalibrated.jsonl")
     trace.header["calibration"] = taken
     assert all_metrics(at) == expected_metrics(trace_stats(trace))  # shown = the engine's numbers from that result
@@ -351,6 +383,6 @@ def test_a_failed_measurement_is_an_error_and_loses_nothing(folder, monkeypatch)
     assert list(table(at, "refined tokens/s")["K"]) == [1]
     monkeypatch.setattr(engine.sweep, "k_sweep", real_sweep)
     at.button(key="sweep_run").click().run()  # a failed job does not block the next one
-    assert not [w for w in at.warning if w.value.startswith("One measurement at a time")]
+    assert not [w for w in at.warning if w.value.startswith(BUSY)]
     finish_job(at)
     assert list(table(at, "refined tokens/s")["K"]) == [1, 2]

@@ -106,16 +106,22 @@ def test_walkthrough_without_a_trace_makes_one(env, monkeypatch):
     assert not at.header  # nothing to walk through yet
     at.button(key="wt_make").click().run()
     assert not at.exception, [e.value for e in at.exception]
+    finish_job(at)
     assert at.session_state["trace_ref"].kind == "run"
     assert [h.value[0] for h in at.header[:5]] == ["1", "2", "3", "4", "5"]
 
 
-def click_run_live(at: AppTest) -> AppTest:
+def run_live_button(at: AppTest):
     """The form's "Run live" button (a form submit button has no key of its own)."""
     [button] = [b for b in at.button if b.label == "Run live" and b.key.startswith("FormSubmitter:")]
-    button.click().run()
+    return button
+
+
+def click_run_live(at: AppTest) -> AppTest:
+    """Click "Run live" and wait for the worker thread, as the page's polling would."""
+    run_live_button(at).click().run()
     assert not at.exception, [e.value for e in at.exception]
-    return at
+    return finish_job(at)
 
 
 def test_rollback_page_shows_the_broken_runs_diverging(env):
@@ -141,7 +147,7 @@ def test_exactness_lab_flags_a_broken_rule(env):
     at.radio(key="lab_rule").set_value("token_match").run()  # outside the form: applies at once
     assert not at.exception and not at.error  # not run yet: a button, no long wait
     at.button(key="lab_run").click().run()
-    assert not at.exception
+    finish_job(at)
     assert at.error and "**not** the target's distribution" in at.error[0].value
 
 

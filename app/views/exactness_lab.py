@@ -1,10 +1,11 @@
 """Exactness lab: sample the next token many times and compare with the target distribution."""
 import streamlit as st
 
-from app import precomputed, teaching_pair
+from app import jobs, precomputed, teaching_pair
+from app.first_result import first_result
 from app.figures_teaching import histogram_entries, lab_histogram_figure
 from app.safe import md
-from app.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, run_with_progress
+from app.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, job_name, show_live, start_live
 from engine.config import SettingsError, SpecSettings
 from engine.exactness import MAX_VOCAB_FOR_SECOND_TOKEN, LabResult, run_lab
 from engine.teaching_faults import ACCEPTANCE_RULES, Faults
@@ -52,27 +53,35 @@ def run_live(choice: teaching_pair.PairChoice, prompt: str, s: SpecSettings, rul
     if prompt_ids is None:
         return
     faults = Faults(acceptance_rule=rule, greedy_draft=greedy)
-    try:
-        res, seconds = run_with_progress(PAGE, choice.key, n * position, f"Sampling {n} times with the real engine",
-                                         lambda on_progress: run_lab(pair, prompt_ids, s, faults, n, position, on_progress))
-    except ValueError as err:  # e.g. the token after next on a large vocabulary
-        st.error(md(str(err)), icon=":material/error:")
-        return
-    texts = teaching_pair.texts_of(pair, histogram_entries(res, TOP_TOKENS))
+
+    def work(on_progress):  # a ValueError (the token after next on a large vocabulary) is shown as the job's error
+        res = run_lab(pair, prompt_ids, s, faults, n, position, on_progress)
+        return res, teaching_pair.texts_of(pair, histogram_entries(res, TOP_TOKENS))
+
+    start_live(PAGE, choice.key, n * position, f"Sampling {n} times with the real engine ({RULE_SHORT[rule]})", work,
+               lambda result, seconds: keep_live(key, result, seconds))
+
+
+def keep_live(key: str, result: tuple[LabResult, dict[int, str]], seconds: float) -> None:
+    """On the script thread, once the worker has ended: the result, for these settings."""
+    res, texts = result
     st.session_state.setdefault(LIVE, {})[key] = (res, texts, seconds)
 
 
 def result_for(choice: teaching_pair.PairChoice, prompt: str, s: SpecSettings, rule: str, greedy: bool,
                n: int, position: int, run_now: bool) -> tuple[LabResult, dict[int, str]] | None:
-    """This session's live result, else the stored one, else a button that runs it live."""
+    """This session's live result, else the stored one, else a button that runs it live on a
+    worker thread (its progress meanwhile)."""
     key = precomputed.exactness_key(choice.key, prompt, s.to_dict(), rule, greedy, n, position)
     estimate = estimate_s(PAGE, choice.key, n * position, precomputed.seconds_per_unit(PAGE, choice.key, samples_of))
-    if not run_now and key not in st.session_state.get(LIVE, {}) and precomputed.find(key) is None:
+    if (not run_now and not jobs.running(job_name(PAGE)) and key not in st.session_state.get(LIVE, {})
+            and precomputed.find(key) is None):
         st.info(f"No stored result for this rule and these settings: press **Run live** "
                 f"({estimate_words(estimate)}).", icon=":material/play_arrow:")
         run_now = st.button("Run live", key="lab_run", type="primary", icon=":material/play_arrow:")
     if run_now:
         run_live(choice, prompt, s, rule, greedy, n, position, key)
+    show_live(PAGE)
     if key in st.session_state.get(LIVE, {}):
         res, texts, seconds = st.session_state[LIVE][key]
         st.caption(f"Sampled live in this session ({seconds:.0f} s).")
@@ -132,6 +141,15 @@ def rule_distance(res: LabResult) -> float | None:
     return 0.5 * sum(abs(a - b) for a, b in zip(res.predicted, res.exact))
 
 
+def in_brief(res: LabResult, rule: str, greedy: bool) -> str:
+    """The verdict in one line of Markdown, at the top of the page (app/first_result.py)."""
+    label = RULE_SHORT[rule] + (" + greedy draft" if greedy else "")
+    return (f"**Result for the settings below ({label}, {res.samples} samples):** "
+            + verdict("speculative sampling", res.speculative_test.p_value) + "; "
+            + verdict("plain target sampling", res.plain_test.p_value)
+            + f"; first draft token accepted {res.acceptance_rate:.0%}.")
+
+
 def results(res: LabResult, texts: dict[int, str], rule: str, greedy: bool) -> None:
     label = RULE_SHORT[rule] + (" + greedy draft" if greedy else "")
     chart(lab_histogram_figure(res, texts, label, TOP_TOKENS), key="lab_histogram")
@@ -167,6 +185,7 @@ def main() -> None:
         "times with the real engine (every sample a full cycle: draft, verify, test, resample or bonus, "
         "rollback) and many times from the target alone, then compares both histograms with the target's "
         "exact distribution. Switch the acceptance rule to a common mistake and watch the histogram move.")
+    headline = first_result()  # filled once the result is known, below the settings
     st.latex(r"P(x) = \underbrace{\min\bigl(p_\text{draft}(x), p_\text{target}(x)\bigr)}_{\text{proposed and kept}}"
              r" + \underbrace{\max\bigl(0, p_\text{target}(x) - p_\text{draft}(x)\bigr)}_{\text{from the residual}}"
              r" = p_\text{target}(x)")
@@ -181,6 +200,7 @@ def main() -> None:
     st.markdown(RULE_WHY[rule] if not greedy else GREEDY_WHY)
     found = result_for(choice, prompt, s, rule, greedy, n, position, clicked)
     if found is not None:
+        headline.markdown(in_brief(found[0], rule, greedy))
         results(*found, rule, greedy)
     with st.expander("The rules in the engine"):
         for name, text in ACCEPTANCE_RULES.items():

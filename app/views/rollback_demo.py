@@ -2,10 +2,11 @@
 import streamlit as st
 
 from app import precomputed, teaching_pair
+from app.first_result import first_result
 from app.figures_layouts import stale_comparison_figure
 from app.figures_teaching import cache_strip_figure, divergence_figure, drift_figure
 from app.safe import md
-from app.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, run_with_progress
+from app.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, show_live, start_live
 from engine.config import MAX_NEW_TOKENS, SettingsError, SpecSettings
 from engine.stale_slots import StaticRun, static_run
 from engine.teaching import (CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison,
@@ -46,17 +47,24 @@ def run_live(choice: teaching_pair.PairChoice, prompt: str, settings: SpecSettin
         on_progress(1.0)
         return cmp, static
 
-    (cmp, static), seconds = run_with_progress(
-        PAGE, choice.key, settings.max_new_tokens, "Running the correct engine, both broken ones and a static cache", work)
+    start_live(PAGE, choice.key, settings.max_new_tokens, "Running the correct engine, both broken ones and a static cache",
+               work, lambda result, seconds: keep_live(key, result, seconds))
+
+
+def keep_live(key: str, result: tuple[Comparison, StaticRun], seconds: float) -> None:
+    """On the script thread, once the worker has ended: the result, for these settings."""
+    cmp, static = result
     st.session_state.setdefault(LIVE, {})[key] = (cmp, static, seconds)
 
 
 def result_for(choice: teaching_pair.PairChoice, prompt: str, settings: SpecSettings,
                run_now: bool) -> tuple[Comparison, StaticRun | None] | None:
-    """This session's live result, else the stored one, else (after a click) a live run."""
+    """This session's live result, else the stored one, else (after a click) a live run on a
+    worker thread: its progress meanwhile."""
     key = precomputed.rollback_key(choice.key, prompt, settings.to_dict())
     if run_now:
         run_live(choice, prompt, settings, key)
+    busy = show_live(PAGE)
     if key in st.session_state.get(LIVE, {}):
         cmp, static, seconds = st.session_state[LIVE][key]
         st.caption(f"Run live in this session ({seconds:.0f} s).")
@@ -67,6 +75,8 @@ def result_for(choice: teaching_pair.PairChoice, prompt: str, settings: SpecSett
                    f"it took {stored['seconds']:.0f} s there). **Run live** repeats it on this machine.")
         static = precomputed.static_from_dict(stored["static"]) if stored.get("static") else None
         return precomputed.comparison_from_dict(stored["result"]), static
+    if busy:
+        return None
     estimate = estimate_s(PAGE, choice.key, settings.max_new_tokens,
                           precomputed.seconds_per_unit(PAGE, choice.key, new_tokens_of))
     st.info(f"No stored result for these settings: press **Run live** ({estimate_words(estimate)}).",
@@ -93,6 +103,21 @@ def settings_form(choice: teaching_pair.PairChoice) -> tuple[str, SpecSettings, 
     except SettingsError as err:
         st.error(md(str(err)))
         return None
+
+
+def in_brief(cmp: Comparison) -> str:
+    """The result in one line of Markdown, at the top of the page (app/first_result.py): the same
+    numbers as the metrics below, readable before any chart has loaded."""
+    correct = cmp.runs[CORRECT]
+    parts = [f"the correct engine accepted **{correct.acceptance_rate:.2f}** of the draft tokens"]
+    for mode, run in cmp.runs.items():
+        if mode == CORRECT:
+            continue
+        first = first_divergence(run.generated, correct.generated)
+        output = "the same output" if first is None else f"output that differs from token **{first}** on"
+        parts.append(f"*{md(MODE_LABELS[mode])}* gives {output}, acceptance **{run.acceptance_rate:.2f}**, "
+                     f"target drift up to {max(c.target_tv for c in run.cycles):.2g} (total variation)")
+    return "**Result for the settings below:** " + "; ".join(parts) + "."
 
 
 def run_metrics(cmp: Comparison) -> None:
@@ -188,6 +213,7 @@ def main() -> None:
         "next cycle. This page runs the real engine three times on the same prompt and seed: correctly, "
         "and in two deliberately broken modes that exist only for this demonstration (the command line and "
         "the live-run page cannot select them).")
+    headline = first_result()  # filled once the result is known, below the settings
     for text in BROKEN_TEXT.values():
         st.markdown("- " + text)
     st.page_link(WALKTHROUGH, label="What the rollback is, step by step", icon=":material/school:")
@@ -201,6 +227,7 @@ def main() -> None:
     if found is None:
         return
     cmp, static = found
+    headline.markdown(in_brief(cmp))
     run_metrics(cmp)
     outputs_section(cmp)
     drift_section(cmp)

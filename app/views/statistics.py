@@ -15,6 +15,7 @@ from app import figures_stats as figs
 from app.figures_layouts import LAYOUT_WORDS, memory_figure
 from app import jobs, live, state
 from app.derive import draft_cache_name
+from app.first_result import first_result
 from app.safe import md
 from app.teaching_ui import chart
 from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
@@ -237,9 +238,10 @@ def sweep_section(trace: Trace, key: str) -> None:
              "acceptance with what the formulas predict from the same run.")
     default_ks = sorted({1, 2, 4, 6, trace.k} & set(range(1, MAX_K + 1)))
     cols = st.columns([3, 1])
-    ks = cols[0].multiselect("K values", list(range(1, MAX_K + 1)), default=default_ks, key="sweep_ks")
-    max_new = cols[1].number_input("Max new tokens", 1, 512, min(64, trace.header["settings"]["max_new_tokens"]),
-                                   key="sweep_max_new")
+    start_at("sweep_ks", default_ks)
+    start_at("sweep_max_new", min(64, trace.header["settings"]["max_new_tokens"]))
+    ks = cols[0].multiselect("K values", list(range(1, MAX_K + 1)), key="sweep_ks")
+    max_new = cols[1].number_input("Max new tokens", 1, 512, key="sweep_max_new")
     if st.button("Run the K sweep", key="sweep_run", type="primary", disabled=not ks):
         start_sweep(trace, key, sorted(ks), int(max_new))
     jobs.show(f"sweep:{key}")
@@ -295,11 +297,14 @@ def explorer_section(trace: Trace, st_: TraceStats) -> None:
     r = st_.speed
     trace_c = r.c if r else 0.3
     cols = st.columns(3)
-    alpha = cols[0].slider("α (acceptance per draft token)", 0.0, 0.99, round(min(st_.alpha, 0.99), 2), 0.01,
-                           key="ex_alpha", help="Starts at this trace's α.")
-    c = cols[1].slider("c (draft step / target step)", 0.0, 1.0, round(min(trace_c, 1.0), 2), 0.01, key="ex_c",
+    start_at("ex_alpha", round(min(st_.alpha, 0.99), 2))
+    start_at("ex_c", round(min(trace_c, 1.0), 2))
+    start_at("ex_k", min(trace.k, 16))
+    alpha = cols[0].slider("α (acceptance per draft token)", 0.0, 0.99, step=0.01, key="ex_alpha",
+                           help="Starts at this trace's α.")
+    c = cols[1].slider("c (draft step / target step)", 0.0, 1.0, step=0.01, key="ex_c",
                        help="Starts at this trace's c." if r else "This trace has no step times; 0.3 to start.")
-    k = cols[2].slider("K", 1, 16, min(trace.k, 16), key="ex_k")
+    k = cols[2].slider("K", 1, 16, key="ex_k")
     point = (trace.k, r.measured) if r else None
     chart(figs.explorer_figure(alpha, c, k, 16, point, st_.alpha, trace_c), key="fig_explorer")
     predicted = predicted_speedup(alpha, k, c)
@@ -346,6 +351,8 @@ def compare_section(trace: Trace, st_: TraceStats) -> None:
     if not refs:
         st.info("There is no other trace to compare with: open **Choose a trace** to run or upload one.")
         return
+    if st.session_state.get("compare_with") not in refs:  # a kept choice that is now the open trace
+        st.session_state.pop("compare_with", None)
     ref = st.selectbox("Compare with", refs, format_func=lambda r: r.label, key="compare_with")
     try:
         other, other_key = state.load_ref(ref)
@@ -385,6 +392,42 @@ def layout_section(ls: LayoutStats, drafter: str = "model") -> None:
 
 # ---------------------------------------------------------------- the page
 
+def headline(trace: Trace, st_: TraceStats) -> str:
+    """The page's point in one line of Markdown, above the tabs (app/first_result.py): no chart needed."""
+    a, r = st_.acceptance, st_.speed
+    parts = [f"α = **{st_.alpha:.3f}**", f"draft acceptance rate **{a['acceptance_rate']:.3f}**",
+             f"mean acceptance length **{a['mean_acceptance_length']:.3f}**"]
+    if r is not None:
+        parts.append(f"measured speedup **{r.measured:.2f}×** (Leviathan predicts {r.leviathan:.2f}×, "
+                     f"refined {r.refined:.2f}×)")
+    else:
+        parts.append("no step times, so no speedup (see **Cost and speed**)")
+    rate = decoding_tokens_per_s(trace.cycles)
+    if rate > 0:  # 0: the cycles carry no times
+        parts.append(f"**{rate:.1f}** tokens/s decoding")
+    return "This run: " + " · ".join(parts)
+
+
+TAB_WIDGETS = ("sweep_ks", "sweep_max_new", "ex_alpha", "ex_c", "ex_k", "compare_with")  # widgets inside tabs
+
+
+def keep_tab_widgets() -> None:
+    """Only the open tab runs, and Streamlit forgets a widget's value after a run that did not
+    draw it. Storing every value back at the top of each run keeps what the user chose when
+    they switch tabs and back (Streamlit's documented way). The widgets take their starting
+    values from start_at, not from a default argument, which Streamlit would warn about.
+    Leaving the page still resets them, as on every page."""
+    for key in TAB_WIDGETS:
+        if key in st.session_state:
+            st.session_state[key] = st.session_state[key]
+
+
+def start_at(key: str, value) -> None:
+    """A tab widget's starting value, unless the user already chose one."""
+    if key not in st.session_state:
+        st.session_state[key] = value
+
+
 def main() -> None:
     st.title("Why speculation pays off, or doesn't")
     trace = state.current_trace()
@@ -392,6 +435,7 @@ def main() -> None:
         st.warning("No trace is open. Open **Choose a trace** first.", icon=":material/folder_open:")
         return
     state.write_url()
+    keep_tab_widgets()
     h = trace.header
     st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}** · K={trace.k} · "
                f"temperature {h['settings']['temperature']} · {len(trace.cycles)} cycles"
@@ -401,6 +445,7 @@ def main() -> None:
         return
     shown, key, measured_now = with_calibration(trace, state.current_key())
     st_ = stats_of(key, shown)
+    first_result().markdown(headline(trace, st_))
     # Only the open tab runs (on_change="rerun" and .open): a page load draws its 2 charts instead of
     # all 11, and loads no table code. Opening a tab costs one rerun.
     for name, tab in zip(TABS, st.tabs(TABS, key=TAB, on_change="rerun")):

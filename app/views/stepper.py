@@ -3,6 +3,7 @@ import streamlit as st
 
 from app import derive, drafter_view, figures, figures_layouts, state
 from app.explain import STAGES, stage_caption
+from app.first_result import first_result
 from app.safe import md
 from app.teaching_ui import chart
 from engine.analysis import SpeedReport, trace_stats
@@ -195,12 +196,33 @@ TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width=36),
                  "result": st.column_config.TextColumn("result", width=92)}
 
 
+def token_strip(c: dict, k: int, stage: int) -> str:
+    """The cycle's draft tokens as one line of escaped Markdown, revealed stage by stage like the cycle figure:
+    p_draft, then p_target (stage 2), the test's marks (stage 3), what is committed (stage 4).
+    It needs no chart code, so it shows as soon as the page does (app/first_result.py)."""
+    outcomes = derive.position_outcomes(c, k)
+    cells = []
+    for i in range(k):
+        numbers = f"p_draft {c['p_draft'][i]:.3f}" + (f", p_target {c['p_target'][i]:.3f}" if stage >= 2 else "")
+        mark = f" {figures.STYLES[outcomes[i]].mark}" if stage >= 3 else ""
+        cells.append(f"{i + 1} **{md(derive.visible_text(c['draft_token_texts'][i]))}**{mark} ({numbers})")
+    line = "**Drafted:** " + (" · ".join(cells) if cells else "nothing (no proposal this cycle)")
+    if stage >= 4:  # the trace's committed texts: the accepted drafts, then the resampled or bonus token
+        *kept, last = [f"**{md(derive.visible_text(t))}**" for t in c["committed_token_texts"]]
+        bonus = c["bonus_token_id"] is not None
+        mark = figures.STYLES[derive.BONUS if bonus else derive.RESAMPLED].mark
+        how = "bonus" if bonus else f"at position {c['rejected_position']}"
+        line += f" → **committed ({len(c['committed_token_texts'])}):** " + " ".join(kept + [f"{mark} {last} ({how})"])
+    return line
+
+
 def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     tokens, ends, _ = derived(state.current_key(), trace)
     c = trace.cycles[cycle]
     k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     greedy = trace.header["settings"]["temperature"] == 0
     st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
+    first_result().caption(token_strip(c, k, stage))  # caption-sized: the cycle figure stays on a projector's screen
     st.info(md(stage_caption(c, k, stage, trace.header.get("faults"), greedy, trace.drafter_kind)),
             icon=":material/lightbulb:")
     chart(figures.cycle_figure(c, k, stage, greedy))

@@ -2,7 +2,7 @@
 import streamlit as st
 
 from app import live, state
-from app.safe import md, table
+from app.safe import markdown_table, md
 from app.teaching_ui import STEPPER
 from engine.analysis import trace_stats
 from engine.trace import TraceError, model_name
@@ -39,7 +39,7 @@ def bundled() -> None:
         st.info(f"No bundled example traces yet: add `*.jsonl` files to {md(state.shown_paths(str(state.traces_dir())))}.")
         return
     rows = describe_bundled(names)
-    table(rows)
+    st.markdown(markdown_table(rows))  # plain Markdown: drawn with the page, no table script to load
     st.caption("Measured speedup: this run's tokens per second of decoding against plain target decoding on the "
                "same machine (its recorded step times); below 1× speculation was slower there.")
     ref = state.current_ref()

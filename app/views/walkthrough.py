@@ -1,18 +1,16 @@
 """Concept walkthrough: one cycle of a real trace, stage by stage, with the formulas."""
-import time
-import uuid
 from statistics import median
 
 import streamlit as st
 
-from app import derive, figures, figures_layouts, state, teaching_pair
+from app import derive, figures, figures_layouts, jobs, live, state, teaching_pair
 from app.derive import visible_text
 from app.explain import stage_caption
+from app.first_result import first_result
 from app.safe import md, table
 from app.teaching_ui import ROLLBACK_DEMO, EXACTNESS_LAB, chart, open_in_stepper
 from engine.analysis import measured_alpha
 from engine.config import SpecSettings
-from engine.run import run_to_trace
 from engine.trace import Trace, model_name
 
 CITATIONS = (
@@ -48,6 +46,26 @@ def other_kind(trace: Trace, c: dict) -> dict | None:
 def q(text: str) -> str:
     """A token quoted for Markdown: whitespace visible, everything escaped."""
     return f"'{md(visible_text(text))}'"
+
+
+def in_brief(trace: Trace, c: dict) -> str:
+    """The chosen cycle's outcome in one line of Markdown, above the five stages (app/first_result.py)."""
+    k = derive.proposals(c)
+    greedy = trace.header["settings"]["temperature"] == 0
+    proposed = ", ".join(q(t) for t in c["draft_token_texts"])
+    j, n = c["rejected_position"], c["num_accepted"]
+    text = f"**Cycle {c['cycle']} in brief:** "
+    if k == 0:  # prompt lookup without a match: a plain target step
+        text += f"nothing was proposed, so the target's own token {q(c['next_token_text'])} was taken"
+    elif j is None:
+        text += f"the draft proposed {proposed}; all {k} accepted, then the bonus token {q(c['next_token_text'])}"
+    else:
+        instead = "the target's argmax" if greedy else "resampled from the residual"
+        text += (f"the draft proposed {proposed}; {n} accepted, position {j} ({q(c['draft_token_texts'][j - 1])}) "
+                 f"rejected and {q(c['next_token_text'])} ({instead}) taken there")
+    text += f": {len(c['committed_token_ids'])} token(s) committed for one target pass"
+    t = c["target_cache_len"]
+    return text + f"; the target cache went from {t['after_append']} entries (after the verify pass) to {t['after_rollback']}."
 
 
 # ---------------------------------------------------------------- the five stages
@@ -214,26 +232,31 @@ def payoff(trace: Trace) -> None:
 
 # ---------------------------------------------------------------- no trace: make one
 
+MAKE_JOB = "walkthrough-run"  # the job name of "Make a trace"
+MADE_ERROR = "wt_made_error"  # session_state: why the trace just made could not be opened
+
+
 def make_trace() -> None:
     st.info("No trace is open. Make a short one now with a real model pair (a few seconds), or open one "
             "on **Choose a trace**.", icon=":material/folder_open:")
+    if st.session_state.get(MADE_ERROR):
+        st.error(f"The trace was made but could not be opened: {md(st.session_state[MADE_ERROR])}",
+                 icon=":material/error:")
     picked = teaching_pair.pick("wt")
     if picked is None:
         return
     choice, pair = picked
     prompt = st.text_input("Prompt", choice.prompt, key="wt_prompt")
     if st.button("Make a trace", key="wt_make", type="primary"):
-        name = f"walkthrough-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.jsonl"
         settings = SpecSettings(k=4, temperature=1.0, max_new_tokens=32, seed=0)
-        try:
-            with st.spinner("Running speculative decoding…"):
-                run_to_trace(pair, prompt, settings, state.runs_dir() / name, preset=choice.preset,
-                             chat_template=choice.chat)
-        except (ValueError, RuntimeError) as err:
-            st.error(f"The run stopped: {md(str(err))}")
-            return
-        if state.set_current(state.TraceRef("run", name)) is None:
-            st.rerun()
+        live.start_run(MAKE_JOB, "Running speculative decoding", pair, prompt, settings, choice.preset,
+                       choice.chat, keep_made, stem="walkthrough", calibrate=False)
+    jobs.show(MAKE_JOB, live.show_output)
+
+
+def keep_made(result: live.LiveOutput) -> None:
+    """On the script thread: open the trace just made; the rerun then walks through it."""
+    st.session_state[MADE_ERROR] = state.set_current(state.TraceRef("run", result.file))
 
 
 def main() -> None:
@@ -255,6 +278,7 @@ def main() -> None:
     h = trace.header
     st.caption(f"Trace: target **{md(model_name(h, 'target'))}**, draft **{md(model_name(h, 'draft'))}**, "
                f"K={trace.k}, temperature {h['settings']['temperature']}.")
+    first_result().markdown(in_brief(trace, c))
     for stage in (stage_draft, stage_verify, stage_test, stage_resample, stage_rollback):
         stage(trace, c)
         st.divider()
