@@ -140,17 +140,51 @@ def head_forward(head, fr: Frozen, ids, prev_normed):
     return head(fr.embed(ids), prev_normed)  # (B, L, H)
 
 
-def losses(head, fr: Frozen, batch, noise: float, cls_weight: float):
+def reads_prediction(ids: torch.Tensor, pb: torch.Tensor, pt: torch.Tensor) -> torch.Tensor:
+    """(B, L) True at the entries that, from draft step 2 on, read the head's own prediction:
+    every answer entry after the first (entry p reads f_{p-1}, and entry P-1 is the last
+    prompt token, whose previous feature the verify pass always gives)."""
+    is_answer = torch.zeros(ids.shape, dtype=torch.bool)
+    is_answer[pb, pt] = True
+    out = torch.zeros_like(is_answer)
+    out[:, 1:] = is_answer[:, :-1]
+    return out
+
+
+def unrolled_predictions(head, fr: Frozen, ids, prev, own: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Draft steps 1..steps over whole sequences: step 1 reads the target's features; step s > 1
+    reads, at the `own` entries, the normed features step s - 1 predicted one entry earlier.
+    This is the training-time test of EAGLE-3 (Li et al. 2025) in a simpler form: one causal
+    pass per step in which every answer entry reads predictions, so later answer entries'
+    keys also rest on predictions (harsher than a cycle, where only the entries drafted in
+    this cycle do). Gradients flow through the earlier steps' predictions."""
+    preds = [head_forward(head, fr, ids, prev)]  # (B, L, H) each
+    for _ in range(steps - 1):
+        shifted = torch.cat([torch.zeros_like(preds[-1][:, :1]), fr.norm(preds[-1][:, :-1])], dim=1)
+        preds.append(head_forward(head, fr, ids, torch.where(own[..., None], shifted, prev)))
+    return preds
+
+
+def losses(head, fr: Frozen, batch, noise: float, cls_weight: float, steps: int = 1, step_decay: float = 1.0):
+    """Regression + cls_weight x soft CE at every answer position, summed over the unrolled
+    draft steps with weights step_decay ** (s - 1), normalised to sum to one."""
     ids, feats, pb, pt, rows, q = batch
     prev = fr.prev_inputs(feats)
     if noise:
         prev = prev + noise * prev.std() * torch.randn_like(prev)
-    pred = head_forward(head, fr, ids, prev)[pb, pt]  # (N, H) predicted f_p at answer positions
-    true = feats[pb, pt]
-    reg = F.smooth_l1_loss(fr.norm(pred), fr.norm(true))
-    logq = torch.log_softmax(fr.norm(pred) @ fr.w_kept.T, dim=-1)  # (N, Vk)
-    cls = -(q * logq.gather(1, rows)).sum(-1).mean()
-    return reg + cls_weight * cls, float(reg.detach()), float(cls.detach())
+    preds = unrolled_predictions(head, fr, ids, prev, reads_prediction(ids, pb, pt), steps)
+    true_normed = fr.norm(feats[pb, pt])  # (N, H)
+    weights = [step_decay ** i for i in range(steps)]
+    total, regs, clss = 0.0, [], []
+    for w, pred_all in zip(weights, preds):
+        pred = fr.norm(pred_all[pb, pt])  # (N, H) predicted f_p at answer positions, normed
+        reg = F.smooth_l1_loss(pred, true_normed)
+        logq = torch.log_softmax(pred @ fr.w_kept.T, dim=-1)  # (N, Vk)
+        cls = -(q * logq.gather(1, rows)).sum(-1).mean()
+        total = total + w * (reg + cls_weight * cls)
+        regs.append(float(reg.detach()))
+        clss.append(float(cls.detach()))
+    return total / sum(weights), regs[0], clss[0], clss
 
 
 @torch.inference_mode()
@@ -179,10 +213,9 @@ def evaluate(head, fr: Frozen, examples: list[dict], refs, hidden: int, step2: b
         prev = fr.prev_inputs(feats)
         pred1 = head_forward(head, fr, ids, prev)  # (1, L, H)
         preds = [("step1", pred1)]
-        if step2:  # at answer positions the previous feature is the head's prediction, not the target's
-            prev2 = prev.clone()
-            prev2[0, e["P"]:] = fr.norm(pred1[0, e["P"] - 1:-1])
-            preds.append(("step2", head_forward(head, fr, ids, prev2)))
+        if step2:  # at answer entries the previous feature is the head's prediction, not the target's
+            own = reads_prediction(ids, pb, pt)
+            preds.append(("step2", unrolled_predictions(head, fr, ids, prev, own, 2)[1]))
         for name, pred in preds:
             qk = torch.softmax(fr.norm(pred[pb, pt]) @ fr.w_kept.T, -1)  # (T, Vk)
             sums[f"alpha_{name}"] += float(torch.minimum(p_kept.float(), qk).sum())
@@ -252,6 +285,10 @@ def main() -> None:
     ap.add_argument("--data-note", default="sampled on the 2-core CPU", help="how and where the data was sampled")
     ap.add_argument("--machine-note", default="2-core CPU", help="the machine c was measured on, and its load")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ttt-steps", type=int, default=1,
+                    help="draft steps unrolled in training (1: step 1 only; 2+: the training-time test)")
+    ap.add_argument("--step-decay", type=float, default=1.0, help="loss weight of step s is step_decay ** (s - 1)")
+    ap.add_argument("--init-from", default="", help="start from a saved head folder (fine-tuning)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -272,7 +309,8 @@ def main() -> None:
     if args.end_utc:
         hh, mm = map(int, args.end_utc.split(":"))
         now = time.gmtime()
-        end_time = t_start + ((hh * 60 + mm) - (now.tm_hour * 60 + now.tm_min)) * 60 - now.tm_sec
+        minutes_left = ((hh * 60 + mm) - (now.tm_hour * 60 + now.tm_min)) % (24 * 60)  # past midnight too
+        end_time = t_start + minutes_left * 60 - now.tm_sec
 
     from smollm2_target import load_target
     target, tok = load_target()
@@ -313,14 +351,20 @@ def main() -> None:
             head.fuse.weight[:, :H] = torch.eye(H)
             head.fuse.weight[:, H:] = torch.eye(H)
             head.fuse.bias.zero_()
+    if args.init_from:
+        from safetensors.torch import load_file
+        head.load_state_dict({k: v.float() for k, v in load_file(str(Path(args.init_from) / "head.safetensors")).items()})
     head.train()
     n_params = sum(p.numel() for p in head.parameters())
-    say(f"head: {args.layers} layer(s), intermediate {head.config.intermediate_size}, {n_params} parameters, init {args.init}")
+    init = f"from {args.init_from}" if args.init_from else args.init
+    say(f"head: {args.layers} layer(s), intermediate {head.config.intermediate_size}, {n_params} parameters, init {init}; "
+        f"{args.ttt_steps} draft step(s) unrolled in training")
+    both = args.ttt_steps > 1  # then the evaluations during training also score step 2, and pick on both
 
     batches_per_epoch = max(1, sum(len(e["ids"]) for e in train_ex) // args.batch_tokens)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     curve, evals = [], []
-    ev = evaluate(head, fr, ho_ex[:quick], ho_refs[:quick], H, step2=False)
+    ev = evaluate(head, fr, ho_ex[:quick], ho_refs[:quick], H, step2=both)
     evals.append({"step": 0, "minutes": round((time.time() - t_start) / 60, 2), "heldout_answers": quick, **ev})
     say(f"EVAL step 0: {ev}")
     step, best, best_state = 0, -1.0, None
@@ -347,7 +391,8 @@ def main() -> None:
             lr = args.lr * min(1.0, (step + 1) / 30) * (0.5 * (1 + math.cos(math.pi * min(frac, 1.0))) * 0.9 + 0.1)
             for pg in opt.param_groups:
                 pg["lr"] = lr
-            loss, reg, cls = losses(head, fr, collate(g, H), args.noise, args.cls_weight)
+            loss, reg, cls, cls_steps = losses(head, fr, collate(g, H), args.noise, args.cls_weight,
+                                               args.ttt_steps, args.step_decay)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -355,22 +400,25 @@ def main() -> None:
             step += 1
             if step % 10 == 0:
                 curve.append({"step": step, "epoch": epoch, "minutes": round((time.time() - t_start) / 60, 2),
-                              "loss": round(float(loss.detach()), 4), "reg": round(reg, 4), "cls": round(cls, 4), "lr": lr})
-                say(f"step {step} epoch {epoch}: loss {float(loss.detach()):.4f} reg {reg:.4f} cls {cls:.4f} lr {lr:.2e}")
+                              "loss": round(float(loss.detach()), 4), "reg": round(reg, 4), "cls": round(cls, 4),
+                              "cls_by_step": [round(c, 4) for c in cls_steps], "lr": lr})
+                say(f"step {step} epoch {epoch}: loss {float(loss.detach()):.4f} reg {reg:.4f} cls {cls:.4f} cls by step {[round(c, 3) for c in cls_steps]} lr {lr:.2e}")
             if step % args.eval_every == 0:
-                ev = evaluate(head, fr, ho_ex[:quick], ho_refs[:quick], H, step2=False)
+                ev = evaluate(head, fr, ho_ex[:quick], ho_refs[:quick], H, step2=both)
                 evals.append({"step": step, "minutes": round((time.time() - t_start) / 60, 2), "heldout_answers": quick, **ev})
                 say(f"EVAL step {step}: {ev}")
-                if ev["alpha_step1"] > best:
-                    best, best_state = ev["alpha_step1"], {k: v.clone() for k, v in head.state_dict().items()}
+                score = (ev["alpha_step1"] + ev["alpha_step2"]) / 2 if both else ev["alpha_step1"]
+                if score > best:
+                    best, best_state = score, {k: v.clone() for k, v in head.state_dict().items()}
         if done:
             break
-    ev = evaluate(head, fr, ho_ex[:quick], ho_refs[:quick], H, step2=False)
+    ev = evaluate(head, fr, ho_ex[:quick], ho_refs[:quick], H, step2=both)
     evals.append({"step": step, "minutes": round((time.time() - t_start) / 60, 2), "heldout_answers": quick, **ev})
     say(f"EVAL final step {step}: {ev}")
-    if best_state is not None and best > ev["alpha_step1"]:
+    final_score = (ev["alpha_step1"] + ev["alpha_step2"]) / 2 if both else ev["alpha_step1"]
+    if best_state is not None and best > final_score:
         head.load_state_dict(best_state)
-        say(f"kept the best evaluated head (alpha_step1 {best} on the quick evaluation)")
+        say(f"kept the best evaluated head (score {best} on the quick evaluation)")
     head.eval()
     train_minutes = (time.time() - t_start) / 60
     # the shipped head is half precision: measure what ships
@@ -388,7 +436,7 @@ def main() -> None:
                          "heads": head.config.num_attention_heads, "kv_heads": head.config.num_key_value_heads,
                          "feature": "target's last decoder layer output (pre-norm); the target's frozen final norm "
                                     "and output layer (pruned to the chat draft's kept vocabulary) give q",
-                         "kept_vocab": len(kept), "init": args.init},
+                         "kept_vocab": len(kept), "init": init},
         "parameters": n_params,
         "data": {"train_answers": len(train_recs), "train_answer_tokens": n_train_tok,
                  "heldout_answers": len(ho_recs), "heldout_positions": ev_fp16["positions"],
@@ -397,6 +445,8 @@ def main() -> None:
                  "features": f"{stored} training answers' features kept from the sampling passes; "
                              f"the rest and the held-out ones by teacher-forced batched passes ({feat_minutes:.1f} min)"},
         "training": {"loss": f"smooth L1 on normed features + {args.cls_weight} x soft CE vs target top-32",
+                     "draft_steps_unrolled": args.ttt_steps, "step_decay": args.step_decay,
+                     "selection": "alpha of steps 1 and 2, averaged" if both else "alpha of step 1",
                      "noise": args.noise, "lr": args.lr, "batch_tokens": args.batch_tokens, "steps": step,
                      "wall_minutes_total": round(train_minutes, 1), "threads": args.threads, "device": "cpu",
                      "curve": curve, "evals": evals},

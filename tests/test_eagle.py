@@ -64,7 +64,7 @@ def trained_tiny_head(target_model, steps: int = 150, seed: int = 0) -> EagleHea
     H = target_model.config.hidden_size
     for step in range(steps):
         batch = ts.collate(examples[(step * 8) % 24:(step * 8) % 24 + 8], H)
-        loss, _, _ = ts.losses(head, fr, batch, noise=0.0, cls_weight=1.0)
+        loss = ts.losses(head, fr, batch, noise=0.0, cls_weight=1.0)[0]
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -287,6 +287,42 @@ def test_head_distribution_matches_a_hand_written_reference():
     assert torch.allclose(proposal.p_draft[0], ref[-1], atol=1e-5)
     assert proposal.p_draft[0][[4, 6, 7]].sum() == 0  # never proposes outside the kept vocabulary
     assert proposal.token_ids[0] in kept.tolist()
+
+
+def test_training_time_test_step_two_is_the_engines_second_draft_step():
+    """The training script's unrolled step 2 at the first answer entry must be what a cycle's
+    second draft step computes: the head fed its own step-1 prediction, over a cache of true
+    features. Otherwise the training-time test trains the head for a situation that never occurs."""
+    ts = train_script()
+    target = tiny_pair(3).target
+    torch.manual_seed(5)
+    head = EagleHead(head_config(target.model.config))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.2)
+    prompt, answer = [1, 2, 4, 6, 7], [3, 9, 12, 5]
+    V = target.model.config.vocab_size
+    with torch.inference_mode():
+        with TopFeatureTap(target.model) as tap:
+            target.model(torch.tensor([prompt + answer[:-1]]))
+    feats = tap.features.float()  # (L, H) f_0..f_{L-1}
+    rec = {"prompt_ids": prompt, "answer_ids": answer, "topk_ids": torch.arange(V).expand(len(answer), V).int(),
+           "topk_lp": torch.zeros(len(answer), V).half()}
+    fr = ts.Frozen(target.model, torch.arange(V))
+    ids, fb, pb, pt, _, _ = ts.collate([ts.make_example(rec, feats, torch.arange(V))], feats.shape[1])
+    own = ts.reads_prediction(ids, pb, pt)
+    assert own[0].tolist() == [False] * len(prompt) + [True] * (len(answer) - 1)
+    with torch.no_grad():
+        step1, step2 = ts.unrolled_predictions(head, fr, ids, fr.prev_inputs(fb), own, 2)
+
+    drafter = EagleDrafter.build(target, head)
+    P = len(prompt)
+    state = drafter.start(prompt, features=feats[:P - 1])  # head entries 0..P-2 from true features
+    engine1 = drafter.feed(state, P - 1, [prompt[-1]], feats[P - 2:P - 1])  # draft step 1 reads f_{P-2}
+    engine2 = drafter.feed(state, P, [answer[0]], engine1)  # step 2 reads its own predicted f_{P-1}
+    assert torch.allclose(step1[0, P - 1], engine1[0], atol=1e-5)
+    assert torch.allclose(step2[0, P], engine2[0], atol=1e-5)
+    assert not torch.allclose(step1[0, P], step2[0, P], atol=1e-3)  # step 2 really read something else
 
 
 # ---------------------------------------------------------------- files, trace and CLI
