@@ -261,15 +261,21 @@ def reference_head(head: EagleHead, target_model, tokens: list[int], prev_featur
     return probs.float()
 
 
-def test_head_distribution_matches_a_hand_written_reference():
-    """Target features in, q out: one draft step of the engine against the definitions, with a
-    random head and a pruned output layer (8 of 16 tokens kept)."""
-    target = tiny_pair(3).target
-    torch.manual_seed(11)
+def random_head(target, seed: int) -> EagleHead:
+    """An untrained head with large random weights, so every part of it shows in the output."""
+    torch.manual_seed(seed)
     head = EagleHead(head_config(target.model.config))
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, 0.2)
+    return head
+
+
+def test_head_distribution_matches_a_hand_written_reference():
+    """Target features in, q out: one draft step of the engine against the definitions, with a
+    random head and a pruned output layer (8 of 16 tokens kept)."""
+    target = tiny_pair(3).target
+    head = random_head(target, seed=11)
     kept = torch.tensor([0, 1, 2, 3, 5, 8, 9, 13])
     drafter = EagleDrafter.build(target, head, kept)
     committed = [1, 2, 4, 6, 7, 3]
@@ -295,11 +301,7 @@ def test_training_time_test_step_two_is_the_engines_second_draft_step():
     features. Otherwise the training-time test trains the head for a situation that never occurs."""
     ts = train_script()
     target = tiny_pair(3).target
-    torch.manual_seed(5)
-    head = EagleHead(head_config(target.model.config))
-    with torch.no_grad():
-        for p in head.parameters():
-            p.normal_(0, 0.2)
+    head = random_head(target, seed=5)
     prompt, answer = [1, 2, 4, 6, 7], [3, 9, 12, 5]
     V = target.model.config.vocab_size
     with torch.inference_mode():
