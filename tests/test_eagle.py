@@ -4,7 +4,6 @@ Tiny models only: the target is tests/tiny.py's 2-layer Llama, the head one deco
 as wide as it, briefly trained here (scripts/train_eagle_head.py's loss) so that draft
 tokens are often accepted and the catch-up with the target's true features really runs.
 """
-import copy
 import importlib.util
 import json
 import math
@@ -18,12 +17,12 @@ from engine.config import SpecSettings
 from engine.drafters.eagle import EagleDrafter, EagleHead, head_config, load_head, save_head
 from engine.models import ModelLoadError, TopFeatureTap
 from engine.run import run_to_trace
-from engine.sampling import warp_probs
 from engine.speculative import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
 from engine.trace import load_trace
 from tests.checks import assert_self_consistent
-from tests.test_exactness import chi_square_p_value
-from tests.tiny import save_tiny, tiny_pair, tiny_tokenizer
+from engine.teaching_faults import Faults
+from tests.test_exactness import chi_square_p_value, exact_two_token_distribution, sample_two_tokens
+from tests.tiny import save_tiny, tiny_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = [1, 2, 4, 6, 7]
@@ -99,30 +98,17 @@ def test_greedy_equals_plain_target_decoding(eagle_pair, k):
 
 def test_chi_square_exact_at_temperature_one(eagle_pair):
     """The first two emitted tokens follow the target's own joint distribution."""
-    from tests.test_exactness import PROMPT as P2, exact_two_token_distribution
     s = SpecSettings(k=2, temperature=1.0, max_new_tokens=2, seed=77)
-    pair = eagle_pair
     with torch.inference_mode():
-        exact = exact_two_token_distribution(pair, s)
-    v = pair.target.full_vocab_size
-    counts = torch.zeros(v, v)
-    base = start_run(pair, P2)
-    gen = torch.Generator().manual_seed(s.seed)
-    texts = TokenTexts(pair.target.tokenizer)
-    accepted = 0
-    for _ in range(2000):
-        state = copy.deepcopy(base)
-        while not state.finished:
-            rec = run_cycle(pair, state, s, gen, 0, texts, record=False)
-            accepted += rec["num_accepted"]
-        counts[state.generated[0], state.generated[1]] += 1
-    assert accepted > 500  # the head proposes tokens the target often keeps
+        exact = exact_two_token_distribution(eagle_pair, s)
+    tally: dict = {}
+    counts = sample_two_tokens(eagle_pair, s, Faults(), 2000, tally=tally)
+    assert tally["accepted"] > 500  # the head proposes tokens the target often keeps
     assert chi_square_p_value(counts, exact) > 1e-3
 
 
 def test_chi_square_catches_a_head_reported_with_the_wrong_distribution(eagle_pair):
     """Control: the same test fails when the ratio test is fed a q the tokens were not drawn from."""
-    from tests.test_exactness import PROMPT as P2, exact_two_token_distribution
 
     class LyingDrafter(EagleDrafter):
         def propose(self, state, committed, k, s, gen):
@@ -135,17 +121,7 @@ def test_chi_square_catches_a_head_reported_with_the_wrong_distribution(eagle_pa
     s = SpecSettings(k=2, temperature=1.0, max_new_tokens=2, seed=77)
     with torch.inference_mode():
         exact = exact_two_token_distribution(pair, s)
-    v = pair.target.full_vocab_size
-    counts = torch.zeros(v, v)
-    base = start_run(pair, P2)
-    gen = torch.Generator().manual_seed(s.seed)
-    texts = TokenTexts(pair.target.tokenizer)
-    for _ in range(2000):
-        state = copy.deepcopy(base)
-        while not state.finished:
-            run_cycle(pair, state, s, gen, 0, texts, record=False)
-        counts[state.generated[0], state.generated[1]] += 1
-    assert chi_square_p_value(counts, exact) < 1e-3
+    assert chi_square_p_value(sample_two_tokens(pair, s, Faults(), 2000), exact) < 1e-3
 
 
 # ---------------------------------------------------------------- the head's cache and features

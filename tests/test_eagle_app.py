@@ -14,6 +14,7 @@ from app import derive, drafter_view, explain, figures
 from engine.speculative import TokenTexts, run_cycle, start_run
 from engine.trace import load_trace
 from tests.eagle_tiny import EAGLE_SETTINGS, eagle_trace, random_eagle_pair
+from tests.test_figures import cache_positions
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN = str(ROOT / "app" / "main.py")
@@ -39,15 +40,6 @@ def texts_before(prompt_texts: list[str], cycles: list[dict], i: int) -> list[st
     return prompt_texts + [t for c in cycles[:i] for t in c["committed_token_texts"]]
 
 
-def cache_cells(fig) -> dict:
-    """{(legend word, row): [positions]} read back from the strip's cells."""
-    out = {}
-    for bar in (t for t in fig.data if t.type == "bar"):
-        for row, base in zip(bar.y, bar.base):
-            out.setdefault((bar.name.split(" ", 1)[1], row), []).append(round(base + 0.45))
-    return out
-
-
 def test_the_run_has_rejections_partial_and_full_accepts(engine_run):
     cycles, refed, _, _ = engine_run
     accepted = [c["num_accepted"] for c in cycles]
@@ -66,7 +58,7 @@ def test_the_head_is_its_own_row_and_its_rollback_draws_what_the_engine_did(engi
             assert rows == {"EAGLE head", "target"}  # never "draft"
             assert list(fig.layout.yaxis.categoryarray) == ["EAGLE head", "target"]
             assert "EAGLE head" in fig.layout.title.text and "draft" not in fig.layout.title.text
-        cells = cache_cells(figures.cache_figure(c, 5, seq, "eagle"))
+        cells = cache_positions(figures.cache_figure(c, 5, seq, "eagle"))
         catch_up = cells.get((figures.HEAD_CATCH_UP, "EAGLE head"), [])
         assert catch_up == fed  # exactly the positions the engine fed again with the target's features
         assert cells.get(("rolled back", "EAGLE head"), []) == list(range(d["after_rollback"], d["after_append"]))

@@ -15,26 +15,31 @@ PROMPT = [1, 2, 4]
 SAMPLES = 2000
 
 
-def exact_two_token_distribution(pair, s: SpecSettings) -> torch.Tensor:
+def exact_two_token_distribution(pair, s: SpecSettings, prompt: list[int] = PROMPT) -> torch.Tensor:
     """P(x1, x2) = p_target(x1 | prompt) * p_target(x2 | prompt, x1): (V, V)."""
     v = pair.target.full_vocab_size
-    first = warp_probs(pair.target.model(torch.tensor([PROMPT])).logits[0, -1], s)  # (V,)
-    seqs = torch.tensor([PROMPT + [x] for x in range(v)])  # (V, T+1)
+    first = warp_probs(pair.target.model(torch.tensor([prompt])).logits[0, -1], s)  # (V,)
+    seqs = torch.tensor([prompt + [x] for x in range(v)])  # (V, T+1)
     second = warp_probs(pair.target.model(seqs).logits[:, -1], s)  # (V, V)
     return first[:, None] * second
 
 
-def sample_two_tokens(pair, s: SpecSettings, faults: Faults, n: int) -> torch.Tensor:
-    """Counts (V, V) of the first two emitted tokens over n independent runs."""
+def sample_two_tokens(pair, s: SpecSettings, faults: Faults, n: int, prompt: list[int] = PROMPT,
+                      tally: dict | None = None) -> torch.Tensor:
+    """Counts (V, V) of the first two emitted tokens over n independent runs; `tally`, if
+    given, sums the draft tokens proposed ("drafted") and accepted ("accepted")."""
     v = pair.target.full_vocab_size
     counts = torch.zeros(v, v)
-    base = start_run(pair, PROMPT)  # prefill once; every run starts from a copy
+    base = start_run(pair, prompt)  # prefill once; every run starts from a copy
     gen = torch.Generator().manual_seed(s.seed)
     texts = TokenTexts(pair.target.tokenizer)
     for _ in range(n):
         state = copy.deepcopy(base)
         while not state.finished:
-            run_cycle(pair, state, s, gen, 0, texts, faults, record=False)
+            rec = run_cycle(pair, state, s, gen, 0, texts, faults, record=False)
+            if tally is not None:
+                tally["drafted"] = tally.get("drafted", 0) + len(rec["draft_token_ids"])
+                tally["accepted"] = tally.get("accepted", 0) + rec["num_accepted"]
         counts[state.generated[0], state.generated[1]] += 1
     return counts
 

@@ -1,5 +1,4 @@
 """Prompt lookup (n-gram) drafting: exact, greedy-equal to the target, and honest about misses."""
-import copy
 
 import pytest
 import torch
@@ -13,7 +12,8 @@ from engine.teaching_faults import Faults
 from engine.trace import load_trace
 from tests.checks import assert_self_consistent
 from tests.test_engine import assert_cache_matches_fresh_prefill
-from tests.test_exactness import chi_square_p_value
+import tests.test_exactness as exactness
+from tests.test_exactness import chi_square_p_value, exact_two_token_distribution
 from tests.tiny import save_tiny, tiny_pair
 
 # Repeats "the cat sat on" so the lookup finds matches from the start.
@@ -120,34 +120,17 @@ SAMPLES = 2000
 
 @pytest.fixture(scope="module")
 def lab():
-    from tests.test_exactness import exact_two_token_distribution
-    import tests.test_exactness as te
     pair = lookup_pair(0)
     s = SpecSettings(k=2, temperature=1.0, max_new_tokens=2, seed=4321)
-    old = te.PROMPT
-    te.PROMPT = PROMPT  # the same two-token law, after a prompt the lookup matches
-    try:
-        with torch.inference_mode():
-            exact = exact_two_token_distribution(pair, s)
-    finally:
-        te.PROMPT = old
+    with torch.inference_mode():  # the same two-token law, after a prompt the lookup matches
+        exact = exact_two_token_distribution(pair, s, PROMPT)
     return pair, s, exact
 
 
 def sample_two_tokens(pair, s, rule, n):
-    v = pair.target.full_vocab_size
-    counts = torch.zeros(v, v)
-    base = start_run(pair, PROMPT)
-    gen = torch.Generator().manual_seed(s.seed)
-    texts = TokenTexts(pair.target.tokenizer)
-    drafted = 0
-    for _ in range(n):
-        state = copy.deepcopy(base)
-        while not state.finished:
-            rec = run_cycle(pair, state, s, gen, 0, texts, rule, record=False)
-            drafted += len(rec["draft_token_ids"])
-        counts[state.generated[0], state.generated[1]] += 1
-    assert drafted > n  # the lookup proposed tokens, so the ratio test was exercised
+    tally: dict = {}
+    counts = exactness.sample_two_tokens(pair, s, rule, n, PROMPT, tally)
+    assert tally["drafted"] > n  # the lookup proposed tokens, so the ratio test was exercised
     return counts
 
 
