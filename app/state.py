@@ -133,8 +133,16 @@ def load_ref(ref: TraceRef) -> tuple[Trace, str]:
     path = ref.path
     if not path.is_file():
         raise TraceError(f"trace file not found: {ref.label}")
-    mtime = path.stat().st_mtime_ns
-    return _load_path(str(path), mtime, ref.label), f"{ref.token}@{mtime}"
+    return _load_path(str(path), path.stat().st_mtime_ns, ref.label), content_key(ref)
+
+
+def content_key(ref: TraceRef) -> str:
+    """A key that changes whenever the file a ref names can have changed.
+
+    The path is part of it: SPECLAB_TRACE (or the traces folder) can put different files under one token,
+    and a fresh checkout gives many files the same modification time."""
+    stat = ref.path.stat()
+    return f"{ref.token}|{ref.path.resolve()}@{stat.st_mtime_ns}:{stat.st_size}"
 
 
 # ---------------------------------------------------------------- the current trace

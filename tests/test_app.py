@@ -335,6 +335,22 @@ def test_a_slower_trace_says_so_up_front(monkeypatch, name):
         assert not notes
 
 
+def test_two_traces_with_one_modification_time_are_told_apart(monkeypatch, tmp_path):
+    """A fresh checkout gives files the same mtime; derived data cached per trace must still follow the path."""
+    import os
+    from engine.analysis import trace_stats
+    slow, fast = tmp_path / "slow.jsonl", tmp_path / "fast.jsonl"
+    slow.write_bytes((BUNDLED / "default.jsonl").read_bytes())
+    fast.write_bytes((BUNDLED / "shakespeare-sampled-k4-high-acceptance.jsonl").read_bytes())
+    for path in (slow, fast):
+        os.utime(path, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    assert trace_stats(load_trace(slow)).speed.measured < 1 <= trace_stats(load_trace(fast)).speed.measured
+    monkeypatch.setenv("SPECLAB_TRACE", str(slow))
+    assert [w for w in start().warning if "slower" in w.value]
+    monkeypatch.setenv("SPECLAB_TRACE", str(fast))
+    assert not [w for w in start().warning if "slower" in w.value]
+
+
 def test_static_tables_show_markdown_and_html_as_text():
     """st.table draws each cell as Markdown: app.safe.table escapes every text cell first."""
     def page():

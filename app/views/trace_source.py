@@ -29,7 +29,7 @@ def _describe(keys: tuple[str, ...], _refs: tuple) -> list[dict]:
 def describe_bundled(names: list[str]) -> list[dict]:
     """One row per bundled trace: pair, K, temperature, alpha and measured speedup (engine/analysis.py)."""
     refs = tuple(state.TraceRef("bundled", n) for n in names)
-    keys = tuple(f"{r.token}@{r.path.stat().st_mtime_ns}" for r in refs)
+    keys = tuple(state.content_key(r) for r in refs)
     return _describe(keys, refs)
 
 
