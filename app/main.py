@@ -15,8 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so `app` and 
 
 import streamlit as st  # noqa: E402
 
-from app import sidebar, state, timing  # noqa: E402
-from app.safe import md  # noqa: E402
+from app.ui import sidebar  # noqa: E402
+from app.ui import state  # noqa: E402
+from app.ui import timing  # noqa: E402
+from app.ui.safe import md  # noqa: E402
 
 PAGES = [
     st.Page("views/stepper.py", title="Step through cycles", icon=":material/play_circle:", default=True),

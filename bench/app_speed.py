@@ -13,7 +13,7 @@
    trace, opens it as soon as the server answers, and times until the first Plotly chart is
    drawn. Also times a second, warm page load.
 3. Next step: streamlit.testing AppTest on a trace of at least 500 cycles; clicks Next
-   repeatedly and reads the server's time of each script run (app/timing.py).
+   repeatedly and reads the server's time of each script run (app/ui/timing.py).
 Writes bench/results/app-speed.json and .md (or, with --pages-only, app-pages.json and .md).
 """
 import argparse
@@ -98,7 +98,7 @@ PAGES = {"Step through cycles": "", "Choose a trace": "source", "How a cycle wor
          "Why rollback matters": "rollback", "Exactness lab": "exactness", "Interview practice": "interview",
          "Statistics and speed": "statistics"}
 # A page's first result: the first thing on it that answers what the page is for. Chart pages put
-# it in app/first_result.py's container, plain Markdown that needs neither Plotly nor the data grid
+# it in app/ui/first_result.py's container, plain Markdown that needs neither Plotly nor the data grid
 # (Choose a trace: its list of bundled traces, a Markdown table):
 #   stepper: the cycle's draft tokens with p_draft (and, by stage, p_target, marks, what is committed);
 #   walkthrough: the chosen cycle in brief; rollback / exactness: the stored result in words;
@@ -219,9 +219,9 @@ def make_long_trace(path: Path, cycles: int = 500) -> Path:
     import torch
 
     from engine.config import SpecSettings
-    from engine.models import ModelLoadError
+    from engine.models.loading import ModelLoadError
     from engine.run import load_preset, run_to_trace
-    from engine.speculative import Pair
+    from engine.cycle.reference import Pair
 
     torch.set_num_threads(1)
     try:
@@ -243,7 +243,7 @@ def next_step_ms(trace: Path, clicks: int) -> dict:
     from streamlit.runtime.scriptrunner.script_cache import ScriptCache
     from streamlit.testing.v1 import AppTest
 
-    from app import timing
+    from app.ui import timing
 
     shared = ScriptCache()  # a server compiles each page once; AppTest would recompile on every run
     app_test.ScriptCache = lambda: shared
@@ -258,7 +258,7 @@ def next_step_ms(trace: Path, clicks: int) -> dict:
         at.button(key="nav_next").click().run()
     assert not at.exception, [e.value for e in at.exception]
     runs, cpu = list(timing.RECENT_RUNS_MS), list(timing.RECENT_RUNS_CPU_MS)
-    from engine.trace import load_trace
+    from engine.trace.format import load_trace
 
     return {"cycles": len(load_trace(trace).cycles),
             "clicks": clicks, "median_ms": statistics.median(runs), "best_ms": min(runs), "worst_ms": max(runs),

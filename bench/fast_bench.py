@@ -4,7 +4,7 @@
     python bench/fast_bench.py --preset tiny-shakespeare --device cpu --dry-run --out /tmp/x   # tries the script
 
 Methods, each generating exactly --max-new-tokens tokens (no EOS stop) from the same prompt ids:
-  a   fast path, tracing on: every cycle's record written to a trace file (engine/fast_path.py)
+  a   fast path, tracing on: every cycle's record written to a trace file (engine/cycle/fast.py)
   b   fast path, tracing off: record=False (one copy per cycle of the tokens alone)
   c   HF assisted generation, target.generate(assistant_model=draft), the same fixed K
   d   HF plain generate, eager (its default dynamic cache)
@@ -42,15 +42,15 @@ from transformers import CompileConfig  # noqa: E402
 
 import hf  # noqa: E402
 from bench_report import interleaved_rates, machine_info  # noqa: E402
-from engine.analysis import cycle_times, measured_alpha  # noqa: E402
+from engine.stats.analysis import cycle_times, measured_alpha  # noqa: E402
 from engine.config import SpecSettings  # noqa: E402
-from engine.fast_path import FastModels, FastPlainModel, fast_generate, fast_plain_decode, plan_fast_path  # noqa: E402
-from engine.kv_layouts import layout_for_run  # noqa: E402
-from engine.models import pick_device  # noqa: E402
-from engine.presets import PRESETS  # noqa: E402
+from engine.cycle.fast import FastModels, FastPlainModel, fast_generate, fast_plain_decode, plan_fast_path  # noqa: E402
+from engine.kv.layouts import layout_for_run  # noqa: E402
+from engine.models.device import pick_device  # noqa: E402
+from engine.models.presets import PRESETS  # noqa: E402
 from engine.run import encode_prompt, load_pair, load_preset, make_header  # noqa: E402
-from engine.speculative import Pair, sync  # noqa: E402
-from engine.trace import TraceWriter, load_trace, make_summary  # noqa: E402
+from engine.cycle.reference import Pair, sync  # noqa: E402
+from engine.trace.format import TraceWriter, load_trace, make_summary  # noqa: E402
 
 PROMPTS = {
     "chat": ["Explain why the sky is blue in two sentences.", "What is a good way to learn to cook?",

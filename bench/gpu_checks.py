@@ -12,7 +12,7 @@ In half precision a verify pass over K+1 positions and a one-token step use diff
 their logits differ in the last bits and a near tie can flip an argmax: that is a property of the
 arithmetic, not of the algorithm, and this script measures how often it happens.
 
-The fast path (engine/fast_path.py), for each capture mode (CUDA graph, torch.compile, none), at
+The fast path (engine/cycle/fast.py), for each capture mode (CUDA graph, torch.compile, none), at
 T = 0 and 1 and K = 1, 4, 8: its tokens against the reference path run on the CPU in float32 with
 the same seed (the claim: equal apart from near ties), the first difference and how near a tie it
 was there (the CPU target's top-2 logit gap at that position; at T > 0 also the smallest
@@ -34,12 +34,12 @@ sys.path.insert(0, str(HERE.parent))
 import torch  # noqa: E402
 
 from engine.config import SpecSettings  # noqa: E402
-from engine.presets import PRESETS  # noqa: E402
+from engine.models.presets import PRESETS  # noqa: E402
 from engine.run import encode_prompt, load_preset  # noqa: E402
-from engine.speculative import RunState, cache_len, prefill, run_cycle, start_run, target_generate, TokenTexts  # noqa: E402
-from engine import fast_path  # noqa: E402
-from engine.kv_layouts import attended_kv, check_invariants, layout_for_run, new_cache  # noqa: E402
-from engine.speculative import speculative_generate  # noqa: E402
+from engine.cycle.reference import RunState, cache_len, prefill, run_cycle, start_run, target_generate, TokenTexts  # noqa: E402
+from engine.cycle import fast as fast_path  # noqa: E402
+from engine.kv.layouts import attended_kv, check_invariants, layout_for_run, new_cache  # noqa: E402
+from engine.cycle.reference import speculative_generate  # noqa: E402
 
 PROMPTS = {"chat": ["Explain why the sky is blue in two sentences.", "Give me three tips for a job interview."],
            "tiny-shakespeare": ["Romeo.\n", "Enter a Messenger.\n"]}

@@ -3,7 +3,7 @@
 Both run with the benchmark's sampling settings (temperature, no top-k / top-p) and no
 EOS stop, so every method generates exactly max_new_tokens tokens.
 
-A pruned-vocabulary draft (engine/models.py: row 0 an unknown bucket, row i+1 the full
+A pruned-vocabulary draft (engine/models/loading.py: row 0 an unknown bucket, row i+1 the full
 id kept_token_ids[i]) cannot be an HF assistant as it is: its logits have a different
 width from the target's. `full_vocab_assistant` wraps it so HF sees full-vocabulary
 ids and logits: input ids are mapped to draft rows, and logits are scattered into the
@@ -15,7 +15,7 @@ import torch
 from transformers import GenerationConfig
 
 from engine.config import SpecSettings
-from engine.models import LoadedModel
+from engine.models.loading import LoadedModel
 
 
 def no_eos(model) -> None:

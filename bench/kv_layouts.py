@@ -6,7 +6,7 @@
 Part 1, memory (deterministic, no timing): one long speculative run per layout on the same
 prompt, settings and seed. After every cycle's verify (the peak of the cycle) and after its
 rollback we record the bytes of K/V memory that the target's and the draft's caches hold
-(engine.kv_layouts.kv_bytes_held): the tensors of a dynamic cache, the whole preallocated
+(engine.kv.layouts.kv_bytes_held): the tensors of a dynamic cache, the whole preallocated
 buffer of a static one, the blocks in a paged cache's table. Reported: peak, mean and final.
 
 Part 2, rollback cost: the target's cache is filled to --positions positions. One trial
@@ -35,10 +35,10 @@ import torch  # noqa: E402
 
 from bench_report import machine_info  # noqa: E402
 from engine.config import SpecSettings  # noqa: E402
-from engine.kv_layouts import (CacheLayout, kv_bytes_held, kv_bytes_reserved, layout_name, new_cache,  # noqa: E402
+from engine.kv.layouts import (CacheLayout, kv_bytes_held, kv_bytes_reserved, layout_name, new_cache,  # noqa: E402
                                roll_back_cache)  # noqa: E402
 from engine.run import encode_prompt, load_preset  # noqa: E402
-from engine.speculative import Pair, TokenTexts, prefill, run_cycle, start_run  # noqa: E402
+from engine.cycle.reference import Pair, TokenTexts, prefill, run_cycle, start_run  # noqa: E402
 
 VARIANTS = {"dynamic": ("dynamic", 16), "static": ("static", 16), "paged-16": ("paged", 16), "paged-4": ("paged", 4)}
 PROMPTS = {"tiny-shakespeare": "Romeo.\n", "chat": "Explain why the sky is blue in two sentences."}

@@ -36,8 +36,8 @@ import hf  # noqa: E402
 from bench_report import machine_info  # noqa: E402
 from engine.config import SpecSettings  # noqa: E402
 from engine.run import DrafterOptions, encode_prompt, load_preset, run_to_trace  # noqa: E402
-from engine.speculative import Pair  # noqa: E402
-from engine.trace import load_trace  # noqa: E402
+from engine.cycle.reference import Pair  # noqa: E402
+from engine.trace.format import load_trace  # noqa: E402
 
 PROMPTS = [
     "Fix the spelling in this paragraph and write it out again: The quick brown fox jumpd over the lazy dog. "

@@ -17,10 +17,10 @@ Methods, each generating exactly --max-new-tokens tokens (no EOS stop) from the 
   c  HF assisted generation, target.generate(assistant_model=draft) with the same fixed K and
      the separate draft model (whatever --drafter is)
   d  HF plain decoding, target.generate without an assistant
-  e  our plain decoding loop (engine.sweep.plain_decode, target_generate's loop), whose per-token
+  e  our plain decoding loop (engine.stats.sweep.plain_decode, target_generate's loop), whose per-token
      decode time is the t_step behind c and both predictions
 a, b and e run the engine's forward (on a float32 CPU model: oneDNN linear layers with
-pre-packed weights, engine/cpu_linear.py); c and d run Hugging Face on the model as loaded.
+pre-packed weights, engine/models/cpu_linear.py); c and d run Hugging Face on the model as loaded.
 Each repeat runs every method on every prompt (interleaved, so drift spreads evenly), with
 its own seed shared by all methods (repeat r uses seed r; HF's methods draw from torch's
 global generator, seeded with r before each call). One fixed seed would repeat one run's
@@ -50,18 +50,18 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import hf  # noqa: E402
-from engine.analysis import (advise_k, best_k, calibration_of, cycle_times, measured_alpha,  # noqa: E402
+from engine.stats.analysis import (advise_k, best_k, calibration_of, cycle_times, measured_alpha,  # noqa: E402
                              refined_speedup)
-from engine.calibrate import calibrate  # noqa: E402
+from engine.stats.calibrate import calibrate  # noqa: E402
 from engine.config import SpecSettings  # noqa: E402
-from engine.metrics import predicted_speedup  # noqa: E402
-from engine.presets import PRESETS, default_drafter  # noqa: E402
+from engine.trace.metrics import predicted_speedup  # noqa: E402
+from engine.models.presets import PRESETS, default_drafter  # noqa: E402
 from engine.run import encode_prompt, load_pair, load_preset, run_to_trace  # noqa: E402
-from engine.models import pick_device  # noqa: E402
+from engine.models.device import pick_device  # noqa: E402
 from engine.drafters.eagle import load_head  # noqa: E402
-from engine.speculative import Pair, speculative_generate, sync  # noqa: E402
-from engine.sweep import plain_decode  # noqa: E402
-from engine.timing import timed as engine_timed  # noqa: E402
+from engine.cycle.reference import Pair, speculative_generate, sync  # noqa: E402
+from engine.stats.sweep import plain_decode  # noqa: E402
+from engine.models.device import timed as engine_timed  # noqa: E402
 from bench_report import interleaved_rates, machine_info, write_reports  # noqa: E402
 
 PROMPTS = {
@@ -219,7 +219,7 @@ def summarise(rates: dict, trace_paths: list[Path], t_step: float, cal: dict, s:
     """Ratios, alpha, c and both predictions. t_step is the median per-token time of method e's
     decoding loop, measured interleaved with the other methods: on a shared machine a separate
     calibration drifts by tens of percent between runs, and c and both predictions rest on t_step."""
-    from engine.trace import load_trace
+    from engine.trace.format import load_trace
 
     traces = [load_trace(p) for p in trace_paths]
     cycles = [c for t in traces for c in t.cycles]

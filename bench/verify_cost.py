@@ -12,7 +12,7 @@ cache length (the cache is cropped back after each), and splits it with forward 
   and the MLP (gate, up, down and the activation);
 - output layer: the final matrix product to vocabulary logits.
 Variants: `reference` is the model as loaded (F.linear -> MKL); `packed` is the engine's
-fast path (engine/cpu_linear.py: oneDNN with pre-packed weights, 1-2 rows padded to 3);
+fast path (engine/models/cpu_linear.py: oneDNN with pre-packed weights, 1-2 rows padded to 3);
 `packed-nopad` the same without padding; `packed-all` sends 1-row decoder products through
 oneDNN too. Repeats run round-robin over widths and variants, so a busy spell of
 a shared machine hits every cell alike; the table gives medians and the
@@ -35,15 +35,15 @@ import transformers  # noqa: E402
 from torch import nn  # noqa: E402
 
 from bench_report import machine_info  # noqa: E402
-from engine.cpu_linear import RowPolicy, output_layer_name, packed_twin  # noqa: E402
-from engine.models import load_model  # noqa: E402
-from engine.presets import PRESETS  # noqa: E402
-from engine.speculative import crop  # noqa: E402
+from engine.models.cpu_linear import RowPolicy, output_layer_name, packed_twin  # noqa: E402
+from engine.models.loading import load_model  # noqa: E402
+from engine.models.presets import PRESETS  # noqa: E402
+from engine.cycle.reference import crop  # noqa: E402
 
 PARTS = ("whole", "layers", "attn_proj", "attn_core", "mlp", "output")
 VARIANTS = {  # name: RowPolicy overrides for packed_twin; None = the model as loaded
     "reference": None,
-    "packed": {},  # the engine's default (engine/cpu_linear.py DEFAULT_POLICY)
+    "packed": {},  # the engine's default (engine/models/cpu_linear.py DEFAULT_POLICY)
     "packed-nopad": {"decoder": RowPolicy(dense_below=2), "output": RowPolicy()},
     "packed-all": {"decoder": RowPolicy(pad_to=3)},  # 1-row decoder products through oneDNN too
 }

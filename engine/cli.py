@@ -10,10 +10,10 @@ import os
 import sys
 from pathlib import Path
 
-from .config import LAYOUTS, SettingsError, SpecSettings
-from .models import ModelLoadError, TokenizerMismatchError
-from .presets import DEFAULT_PRESET, PRESETS, default_drafter
-from .trace import DRAFTER_KINDS, Trace, TraceError, load_trace, partial_path
+from engine.config import LAYOUTS, SettingsError, SpecSettings
+from engine.models.loading import ModelLoadError, TokenizerMismatchError
+from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
+from engine.trace.format import DRAFTER_KINDS, Trace, TraceError, load_trace, partial_path
 
 MAX_PROMPT_CHARS = 1_000_000  # far beyond any model's context; the token limit is checked after tokenizing
 
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
     run.add_argument("--out", required=True, help="trace file to write (.jsonl)")
     run.add_argument("--fast", action="store_true",
-                     help="fast path (engine/fast_path.py): static caches, the cycle kept on the device, CUDA graphs "
+                     help="fast path (engine/cycle/fast.py): static caches, the cycle kept on the device, CUDA graphs "
                           "on CUDA; elsewhere the same cycle runs eagerly (the reason is printed)")
     run.add_argument("--calibrate", action="store_true",
                      help="also time single steps and verify widths of both models (needed for c and speedups in stats)")
@@ -74,7 +74,7 @@ def chosen_drafter(args) -> str:
 
 
 def drafter_options(args):
-    from .run import DrafterOptions
+    from engine.run import DrafterOptions
 
     return DrafterOptions(kind=args.drafter, max_ngram=args.max_ngram, min_ngram=args.min_ngram,
                           draft_model=args.draft if args.drafter in ("other-tokenizer", "eagle") else None,
@@ -112,7 +112,7 @@ def settings_from_args(args) -> SpecSettings:
 
 
 def format_metrics(trace: Trace) -> str:
-    from .metrics import acceptance_metrics
+    from engine.trace.metrics import acceptance_metrics
     m = acceptance_metrics([c["num_accepted"] for c in trace.cycles], trace.k,
                            [len(c["draft_token_ids"]) for c in trace.cycles])
     per_pos = " ".join(f"{p:.2f}" for p in m["per_position_acceptance"])
@@ -153,7 +153,7 @@ def check_device(device: str | None, dtype: str | None) -> None:
     """A device torch knows and this machine has, and a dtype it supports (torch loads no model here)."""
     import torch
 
-    from .models import pick_device, pick_dtype
+    from engine.models.device import pick_device, pick_dtype
     try:
         dev = pick_device(device)
     except RuntimeError:
@@ -172,7 +172,7 @@ def check_drafter(options, settings: SpecSettings, preset: str | None, draft: st
     if options.kind != "other-tokenizer":
         return
     if settings.temperature != 0:
-        from .drafters import SAMPLING_REFUSED
+        from engine.drafters import SAMPLING_REFUSED
         raise SettingsError(SAMPLING_REFUSED)
     if draft:
         return
@@ -186,7 +186,7 @@ def check_drafter(options, settings: SpecSettings, preset: str | None, draft: st
 def cmd_run(args) -> int:
     from tqdm import tqdm
 
-    from .run import load_pair, load_preset, load_with_drafter, run_to_trace
+    from engine.run import load_pair, load_preset, load_with_drafter, run_to_trace
 
     args.drafter = chosen_drafter(args)
     settings = settings_from_args(args)
@@ -205,7 +205,7 @@ def cmd_run(args) -> int:
         pair = load_pair(target, draft, args.device, args.trust_remote_code, args.dtype)
     fast = None
     if args.fast:
-        from .fast_path import plan_fast_path
+        from engine.cycle.fast import plan_fast_path
         plan = plan_fast_path(pair.target.device)
         print(plan.message, file=sys.stderr)
         fast = plan.capture
@@ -228,7 +228,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_stats(args) -> int:
-    from .report import format_stats
+    from engine.stats.report import format_stats
 
     trace = load_trace(args.trace, allow_incomplete=True)
     print(format_stats(trace))

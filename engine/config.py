@@ -4,7 +4,7 @@ from dataclasses import asdict, dataclass
 MAX_K = 32  # beyond this a draft's acceptance has long since died out
 MAX_NEW_TOKENS = 4096
 MAX_TRACE_TOP_K = 100
-LAYOUTS = ("dynamic", "static", "paged")  # engine/kv_layouts.py builds them
+LAYOUTS = ("dynamic", "static", "paged")  # engine/kv/layouts.py builds them
 MAX_BLOCK_SIZE = 1024
 
 

@@ -4,16 +4,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from .calibrate import calibrate as measure_step_times
-from .config import MAX_K, SettingsError, SpecSettings
-from .drafters import DRAFTER_KINDS, OtherTokenizerDrafter, PromptLookupDrafter, load_head
-from .drafters.prompt_lookup import MAX_NGRAM
-from .kv_layouts import layout_for_run
-from .models import (LoadedModel, check_same_token_space, load_model, pick_device, pick_dtype)
-from .presets import PRESETS
-from .speculative import (CACHE_CONVENTION, CACHE_CONVENTION_TEXT, RATIO_TEST, CycleRule, Pair,
+from engine.stats.calibrate import calibrate as measure_step_times
+from engine.config import MAX_K, SettingsError, SpecSettings
+from engine.drafters import DRAFTER_KINDS, OtherTokenizerDrafter, PromptLookupDrafter, load_head
+from engine.drafters.prompt_lookup import MAX_NGRAM
+from engine.kv.layouts import layout_for_run
+from engine.models.device import pick_device, pick_dtype
+from engine.models.loading import LoadedModel, check_same_token_space, load_model
+from engine.models.presets import PRESETS
+from engine.cycle.reference import (CACHE_CONVENTION, CACHE_CONVENTION_TEXT, RATIO_TEST, CycleRule, Pair,
                           eos_ids_of, speculative_generate)
-from .trace import FORMAT, VERSION, Trace, TraceWriter, library_versions, make_summary
+from engine.trace.format import FORMAT, VERSION, Trace, TraceWriter, library_versions, make_summary
 
 
 def load_pair(target: str, draft: str, device: str | None = None,
@@ -166,16 +167,16 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
                  rule: CycleRule = RATIO_TEST, calibrate: bool = False, fast: str | None = None) -> Trace:
     """Run speculative decoding on `prompt`, writing the trace to `out` as it goes.
 
-    With `calibrate`, the header also gets step times of both models (engine/calibrate.py),
+    With `calibrate`, the header also gets step times of both models (engine/stats/calibrate.py),
     which the statistics need for c, t_step and the speedup predictions. With `fast` (a capture
-    mode: none, graph or compile) the cycles run on engine/fast_path.py over static caches;
+    mode: none, graph or compile) the cycles run on engine/cycle/fast.py over static caches;
     their records mean the same.
     """
     if not prompt.strip():
         raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
     pair.drafter.check_settings(s)  # refuse before anything is written
     if fast is not None:
-        from .fast_path import check_fast_settings
+        from engine.cycle.fast import check_fast_settings
         s = check_fast_settings(s, rule, pair)
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
@@ -208,5 +209,5 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
 def _cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, rule: CycleRule, fast: str | None):
     if fast is None:
         return speculative_generate(pair, prompt_ids, s, rule)
-    from .fast_path import fast_generate
+    from engine.cycle.fast import fast_generate
     return fast_generate(pair, prompt_ids, s, capture=fast)

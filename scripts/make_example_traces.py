@@ -6,7 +6,7 @@
 
 Each trace is an ordinary `python -m engine run` on a shipped preset, on the CPU, so
 anyone can reproduce them. default.jsonl is the one the app opens on: it runs the chat
-preset's default drafter (engine/presets.py Preset.default_drafter). Every other trace
+preset's default drafter (engine/models/presets.py Preset.default_drafter). Every other trace
 names its drafter with --drafter, and a trace of a drafter other than the separate draft
 model has the drafter in its file name.
 """

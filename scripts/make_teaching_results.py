@@ -22,18 +22,18 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app import precomputed  # noqa: E402
-from app.figures_teaching import histogram_entries  # noqa: E402
+from app.runs import precomputed  # noqa: E402
+from app.figures.teaching import histogram_entries  # noqa: E402
 from engine.config import SpecSettings  # noqa: E402
-from engine.exactness import run_lab  # noqa: E402
-from engine.presets import PRESETS  # noqa: E402
+from engine.teaching.exactness import run_lab  # noqa: E402
+from engine.models.presets import PRESETS  # noqa: E402
 from engine.run import encode_prompt, load_preset  # noqa: E402
-from engine.teaching_faults import Faults  # noqa: E402
-from engine.stale_slots import static_run  # noqa: E402
-from engine.teaching import compare_runs  # noqa: E402
+from engine.teaching.faults import Faults  # noqa: E402
+from engine.teaching.stale_slots import static_run  # noqa: E402
+from engine.teaching.runs import compare_runs  # noqa: E402
 
 PRESET = "tiny-shakespeare"
-PAIR_KEY = f"preset:{PRESET}"  # as app/teaching_pair.py names it
+PAIR_KEY = f"preset:{PRESET}"  # as app/runs/teaching_pair.py names it
 TOP_TOKENS = 20  # app/views/exactness_lab.py's TOP_TOKENS
 RULES = ["ratio", "token_match", "no_residual", "p_target_only"]
 

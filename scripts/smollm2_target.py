@@ -21,7 +21,7 @@ CACHE_DIR = Path(os.environ.get("SPECLAB_CACHE", Path.home() / ".cache" / "specl
 def cache_kwarg(model) -> str:
     """transformers 5.x from about 5.20 names the cache argument `cache`; earlier versions `past_key_values`.
 
-    Shared by every training script here (engine.models.LoadedModel makes the same check for the engine).
+    Shared by every training script here (engine.models.loading.LoadedModel makes the same check for the engine).
     """
     import inspect
 

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine.drafters.eagle import EagleDrafter, EagleHead, head_config, save_head  # noqa: E402
-from engine.models import TopFeatureTap, wrap_model  # noqa: E402
+from engine.models.loading import TopFeatureTap, wrap_model  # noqa: E402
 
 
 def load_shards(folder: Path) -> list[dict]:
@@ -228,9 +228,9 @@ def evaluate(head, fr: Frozen, examples: list[dict], refs, hidden: int, step2: b
 
 def measure_c(target, tok, head, kept, prompt_ids: list[int], repeats: int = 15) -> dict:
     """c with the engine's own calibration: median drafter step over median target step (1 thread)."""
-    from engine.calibrate import time_drafter_step, time_widths
+    from engine.stats.calibrate import time_drafter_step, time_widths
     from engine.config import SpecSettings
-    from engine.speculative import Pair
+    from engine.cycle.reference import Pair
 
     torch.set_num_threads(1)
     loaded = wrap_model("SmolLM2-135M-Instruct", target, tok)
@@ -242,7 +242,7 @@ def measure_c(target, tok, head, kept, prompt_ids: list[int], repeats: int = 15)
     t_target = time_widths(loaded, ctx, [1], s, repeats, draw=True)[1]
     return {"head_step_ms": round(t_draft * 1e3, 3), "target_step_ms": round(t_target * 1e3, 3),
             "c": round(t_draft / t_target, 4),
-            "c_method": "engine.calibrate: median of 15 single-step timings, batch 1, fp32, 1 thread, 100 cached "
+            "c_method": "engine.stats.calibrate: median of 15 single-step timings, batch 1, fp32, 1 thread, 100 cached "
                         "positions; head step incl. the pruned output layer, softmax and scatter to the full vocabulary"}
 
 

@@ -1,7 +1,7 @@
-"""Test helpers for measurements that run on a worker thread (app/jobs.py)."""
+"""Test helpers for measurements that run on a worker thread (app/ui/jobs.py)."""
 from streamlit.testing.v1 import AppTest
 
-from app.jobs import JOB
+from app.ui.jobs import JOB
 
 
 def running_job(at: AppTest):

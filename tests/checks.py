@@ -1,10 +1,10 @@
 """Checks shared by the tests that read traces.
 
-The invariants themselves live in one place, engine/trace_checks.py, which `load_trace`
+The invariants themselves live in one place, engine/trace/checks.py, which `load_trace`
 runs on every file; the tests call the same code on records they hold in memory.
 """
-from engine.trace import Trace
-from engine.trace_checks import check_records
+from engine.trace.format import Trace
+from engine.trace.checks import check_records
 
 
 def assert_self_consistent(trace: Trace) -> None:

@@ -25,7 +25,7 @@ def example_traces(tmp_path_factory) -> dict:
     """
     from engine.config import SpecSettings
     from engine.run import run_to_trace
-    from engine.speculative import Pair
+    from engine.cycle.reference import Pair
     from tests.tiny import tiny_pair
 
     folder = tmp_path_factory.mktemp("traces")

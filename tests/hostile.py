@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.trace import CACHE_LEN_FIELDS, CYCLE_FIELDS, HEADER_FIELDS, SETTINGS_FIELDS, SUMMARY_FIELDS
+from engine.trace.format import CACHE_LEN_FIELDS, CYCLE_FIELDS, HEADER_FIELDS, SETTINGS_FIELDS, SUMMARY_FIELDS
 
 VALID, PARTIAL, INVALID = "valid", "partial", "invalid"
 

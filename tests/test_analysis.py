@@ -4,16 +4,16 @@ import math
 
 import pytest
 
-from engine.analysis import (Calibration, advice_sentence, advise_k, best_k, calibration_of, cycle_times,
+from engine.stats.analysis import (Calibration, advice_sentence, advise_k, best_k, calibration_of, cycle_times,
                              explain_speed, measured_alpha, predicted_per_position, refined_speedup,
                              speed_report, tokens_per_cycle_counts, trace_stats, truncated_geometric_pmf)
-from engine.calibrate import calibrate, context_of_length, time_widths
+from engine.stats.calibrate import calibrate, context_of_length, time_widths
 from engine.cli import main
 from engine.config import SpecSettings
-from engine.metrics import expected_tokens_per_cycle, predicted_speedup
+from engine.trace.metrics import expected_tokens_per_cycle, predicted_speedup
 from engine.run import run_to_trace
-from engine.sweep import k_sweep
-from engine.trace import Trace, TraceError, load_trace
+from engine.stats.sweep import k_sweep
+from engine.trace.format import Trace, TraceError, load_trace
 from tests.tiny import noisy_pair, save_tiny
 
 LINEAR = Calibration(cache_len=10, target_step_s=0.010, draft_step_s=0.002,

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.safe import md
-from engine.presets import PRESETS
-from engine.trace import load_trace
+from app.ui.safe import md
+from engine.models.presets import PRESETS
+from engine.trace.format import load_trace
 from tests.app_jobs import finish_job
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
@@ -49,7 +49,7 @@ def shown_step(at: AppTest) -> str:
 
 
 def plain(markdown: str) -> str:
-    """Markdown from app.safe.md back to the text a reader sees."""
+    """Markdown from app.ui.safe.md back to the text a reader sees."""
     return html.unescape(re.sub(r"\\(.)", r"\1", markdown))
 
 
@@ -205,7 +205,7 @@ def live_form(folders: dict, monkeypatch):
 def test_live_run_on_local_folders(traces_dir, model_folders, monkeypatch):
     at = live_form(model_folders, monkeypatch)
     at.button(key="live_run").click().run(timeout=120)
-    finish_job(at)  # the run goes on a worker thread (app/jobs.py)
+    finish_job(at)  # the run goes on a worker thread (app/ui/jobs.py)
     assert not at.exception and not at.error, [e.value for e in at.error]
     ref = at.session_state["trace_ref"]
     trace = load_trace(ref.path)
@@ -279,7 +279,7 @@ BUNDLED = Path(__file__).resolve().parent.parent / "assets" / "traces"
 
 
 def test_bundled_list_describes_each_trace(monkeypatch, tmp_path):
-    from engine.analysis import trace_stats
+    from engine.stats.analysis import trace_stats
     monkeypatch.setenv("SPECLAB_TRACES_DIR", str(BUNDLED))
     monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.delenv("SPECLAB_TRACE", raising=False)
@@ -299,7 +299,7 @@ def test_bundled_list_describes_each_trace(monkeypatch, tmp_path):
 
 
 def markdown_table_columns(text: str) -> dict[str, list[str]]:
-    """app.safe.markdown_table's text back to columns of (still escaped) cells."""
+    """app.ui.safe.markdown_table's text back to columns of (still escaped) cells."""
     def cells(line: str) -> list[str]:
         return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
 
@@ -310,8 +310,8 @@ def markdown_table_columns(text: str) -> dict[str, list[str]]:
 
 
 def test_markdown_tables_show_markdown_and_html_as_text():
-    """A Markdown table's cells are Markdown: app.safe.markdown_table escapes every cell, | and line breaks too."""
-    from app.safe import markdown_table
+    """A Markdown table's cells are Markdown: app.ui.safe.markdown_table escapes every cell, | and line breaks too."""
+    from app.ui.safe import markdown_table
     evil = "**b** [x](http://e) $y$ <img src=x> a|b\nnext | row"
     text = markdown_table([{"token": evil, "n": 1}, {"token": "plain", "n": None}])
     assert len(text.split("\n")) == 4  # header, rule, two rows: no line break escaped a row
@@ -324,7 +324,7 @@ def test_markdown_tables_show_markdown_and_html_as_text():
 
 @pytest.mark.parametrize("name", ["default.jsonl", "shakespeare-sampled-k4-high-acceptance.jsonl"])
 def test_a_slower_trace_says_so_up_front(monkeypatch, name):
-    from engine.analysis import trace_stats
+    from engine.stats.analysis import trace_stats
     monkeypatch.setenv("SPECLAB_TRACE", str(BUNDLED / name))
     at = start()
     speed = trace_stats(load_trace(BUNDLED / name)).speed
@@ -338,7 +338,7 @@ def test_a_slower_trace_says_so_up_front(monkeypatch, name):
 def test_two_traces_with_one_modification_time_are_told_apart(monkeypatch, tmp_path):
     """A fresh checkout gives files the same mtime; derived data cached per trace must still follow the path."""
     import os
-    from engine.analysis import trace_stats
+    from engine.stats.analysis import trace_stats
     slow, fast = tmp_path / "slow.jsonl", tmp_path / "fast.jsonl"
     slow.write_bytes((BUNDLED / "default.jsonl").read_bytes())
     fast.write_bytes((BUNDLED / "shakespeare-sampled-k4-high-acceptance.jsonl").read_bytes())
@@ -352,9 +352,9 @@ def test_two_traces_with_one_modification_time_are_told_apart(monkeypatch, tmp_p
 
 
 def test_static_tables_show_markdown_and_html_as_text():
-    """st.table draws each cell as Markdown: app.safe.table escapes every text cell first."""
+    """st.table draws each cell as Markdown: app.ui.safe.table escapes every text cell first."""
     def page():
-        from app.safe import table
+        from app.ui.safe import table
         table([{"token": "**b** [x](http://e) $y$ <img src=x>", "n": 1}])
 
     at = AppTest.from_function(page)

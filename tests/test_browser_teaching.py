@@ -114,7 +114,7 @@ def test_walkthrough_shows_html_token_text_as_text(browser, server):
 
 @pytest.mark.parametrize("server", ["light"], indirect=True)
 def test_a_measurement_finishes_in_the_background_and_shows_up(browser, server):
-    """In a real server the polling fragment (app/jobs.py) notices the worker is done and the
+    """In a real server the polling fragment (app/ui/jobs.py) notices the worker is done and the
     page draws the result without another click."""
     url, _ = server
     page, dialogs = new_page(browser, f"{url}/interview")

@@ -12,7 +12,7 @@ import pytest
 
 import engine.run
 from engine.cli import main
-from engine.trace import load_trace, partial_path
+from engine.trace.format import load_trace, partial_path
 from tests.tiny import noisy_pair, save_tiny
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The packed oneDNN twin (engine/cpu_linear.py) computes what the model computes, and caches the same K/V."""
+"""The packed oneDNN twin (engine/models/cpu_linear.py) computes what the model computes, and caches the same K/V."""
 import inspect
 
 import pytest
@@ -6,11 +6,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from engine import cpu_linear
+from engine.models import cpu_linear
 from engine.config import SpecSettings
-from engine.cpu_linear import PackedLinear, RowPolicy, packed_twin
-from engine.models import wrap_model
-from engine.speculative import crop, speculative_generate, target_generate
+from engine.models.cpu_linear import PackedLinear, RowPolicy, packed_twin
+from engine.models.loading import wrap_model
+from engine.cycle.reference import crop, speculative_generate, target_generate
 from tests.tiny import noisy_pair, tiny_llama, tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(nn.Linear(2, 2)), reason="no oneDNN linear in this torch")

@@ -3,8 +3,8 @@ import pytest
 
 from engine.config import LAYOUTS, SpecSettings
 from engine.run import run_to_trace
-from engine.speculative import speculative_generate, target_generate
-from engine.trace import load_trace
+from engine.cycle.reference import speculative_generate, target_generate
+from engine.trace.format import load_trace
 from tests.checks import assert_self_consistent
 from tests.test_other_tokenizer import other_tokenizer_pair, prompt_ids
 from tests.test_prompt_lookup import PROMPT, lookup_pair

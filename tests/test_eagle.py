@@ -15,12 +15,12 @@ import torch
 from engine.cli import main
 from engine.config import SpecSettings
 from engine.drafters.eagle import EagleDrafter, EagleHead, head_config, load_head, save_head
-from engine.models import ModelLoadError, TopFeatureTap
+from engine.models.loading import ModelLoadError, TopFeatureTap
 from engine.run import run_to_trace
-from engine.speculative import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
-from engine.trace import load_trace
+from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.trace.format import load_trace
 from tests.checks import assert_self_consistent
-from engine.teaching_faults import Faults
+from engine.teaching.faults import Faults
 from tests.test_exactness import chi_square_p_value, exact_two_token_distribution, sample_two_tokens
 from tests.tiny import save_tiny, tiny_pair
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import presets
+from engine.models import presets
 from engine.cli import main as cli_main
 from engine.config import SpecSettings
-from engine.presets import PRESETS, Preset, default_drafter
-from engine.trace import TraceError, load_trace, loads_trace
+from engine.models.presets import PRESETS, Preset, default_drafter
+from engine.trace.format import TraceError, load_trace, loads_trace
 from tests.eagle_tiny import eagle_trace, save_eagle_folders
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,9 +6,9 @@ import torch
 from scipy.stats import chi2
 
 from engine.config import SpecSettings
-from engine.sampling import warp_probs
-from engine.speculative import TokenTexts, run_cycle, start_run
-from engine.teaching_faults import Faults
+from engine.models.sampling import warp_probs
+from engine.cycle.reference import TokenTexts, run_cycle, start_run
+from engine.teaching.faults import Faults
 from tests.tiny import tiny_pair
 
 PROMPT = [1, 2, 4]

@@ -1,18 +1,18 @@
-"""The fast path (engine/fast_path.py) on the CPU: same tokens and records as the reference path,
+"""The fast path (engine/cycle/fast.py) on the CPU: same tokens and records as the reference path,
 caches consistent after every cycle, and no host read inside a cycle."""
 import collections
 
 import pytest
 import torch
 
-from engine import fast_path as fp
+from engine.cycle import fast as fp
 from engine.cli import main
 from engine.config import SpecSettings
-from engine.kv_layouts import attended_kv, check_invariants, new_cache, layout_for_run
-from engine.sampling import sample
-from engine.teaching_faults import Faults
-from engine.speculative import accept_reject, prefill, speculative_generate, target_generate
-from engine.trace import load_trace
+from engine.kv.layouts import attended_kv, check_invariants, new_cache, layout_for_run
+from engine.models.sampling import sample
+from engine.teaching.faults import Faults
+from engine.cycle.reference import accept_reject, prefill, speculative_generate, target_generate
+from engine.trace.format import load_trace
 from tests.tiny import noisy_pair, save_tiny, tiny_pair
 
 TIMING = {"draft_time_s", "draft_step_times_s", "verify_time_s", "catch_up_time_s", "cycle_time_s"}
@@ -119,14 +119,14 @@ def test_the_one_copy_is_the_only_sync_per_cycle(pair, monkeypatch):
 
 
 def test_sample_on_device_is_the_reference_inverse_cdf(monkeypatch):
-    import engine.sampling
+    import engine.models.sampling
     gen = torch.Generator().manual_seed(0)
     for _ in range(50):
         probs = torch.rand(12, generator=gen) * (torch.rand(12, generator=gen) > 0.4)
         probs[3] += 0.01  # at least one possible token
         probs = probs / probs.sum()
         for u in (0.0, 0.3, 0.99999994, float(torch.rand((), generator=gen))):
-            monkeypatch.setattr(engine.sampling, "uniform", lambda g, _u=u: _u)
+            monkeypatch.setattr(engine.models.sampling, "uniform", lambda g, _u=u: _u)
             ref = sample(probs, gen)
             assert int(fp.sample_on_device(probs, torch.tensor(u, dtype=torch.float32))) == ref
             assert probs[ref] > 0
@@ -205,10 +205,10 @@ def test_models_built_once_serve_later_runs(pair):
 
 def test_pruned_vocabulary_draft_gives_the_reference_records(tmp_path):
     """The chat preset's draft knows only part of the vocabulary; the fast path maps ids and
-    scatters logits on the device the way engine/models.py does."""
+    scatters logits on the device the way engine/models/loading.py does."""
     import json
 
-    from engine.models import DRAFT_VOCAB_FILE
+    from engine.models.loading import DRAFT_VOCAB_FILE
     from engine.run import load_pair
     from tests.tiny import WORDS, tiny_llama, tiny_tokenizer
     folders = save_tiny(tiny_pair(0), tmp_path)
@@ -229,7 +229,7 @@ def test_pruned_vocabulary_draft_gives_the_reference_records(tmp_path):
 def test_fast_path_refuses_a_drafter_without_a_draft_model(pair, tmp_path):
     from engine.drafters.prompt_lookup import PromptLookupDrafter
     from engine.run import run_to_trace
-    from engine.speculative import Pair
+    from engine.cycle.reference import Pair
     lookup = Pair(pair.target, None, set(), PromptLookupDrafter(pair.target.full_vocab_size))
     with pytest.raises(ValueError, match="drafts with a draft model only"):
         run_to_trace(lookup, "the cat", SpecSettings(k=2), tmp_path / "t.jsonl", fast="none")

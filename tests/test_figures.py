@@ -8,9 +8,11 @@ import json
 
 import pytest
 
-from app import derive, explain, figures
-from app.safe import md
-from engine.trace import Trace, load_trace
+from app.figures import derive
+from app.figures import explain
+from app.figures import cycle as figures
+from app.ui.safe import md
+from engine.trace.format import Trace, load_trace
 
 XSS = "<img src=x onerror=alert(1)>"
 

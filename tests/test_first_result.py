@@ -1,4 +1,4 @@
-"""Each chart page's first result (app/first_result.py): plain Markdown at the top, before any chart,
+"""Each chart page's first result (app/ui/first_result.py): plain Markdown at the top, before any chart,
 with the numbers of the open trace or stored result (AppTest; every number recomputed here from the
 trace or the engine's result, never read back from the page)."""
 import json
@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import precomputed, teaching_pair
-from app.derive import visible_text
-from app.safe import md
-from engine.analysis import trace_stats
+from app.runs import precomputed
+from app.runs import teaching_pair
+from app.figures.derive import visible_text
+from app.ui.safe import md
+from engine.stats.analysis import trace_stats
 from engine.config import SpecSettings
-from engine.metrics import decoding_tokens_per_s
-from engine.teaching import CORRECT, MODE_LABELS, first_divergence
-from engine.trace import load_trace
+from engine.trace.metrics import decoding_tokens_per_s
+from engine.teaching.runs import CORRECT, MODE_LABELS, first_divergence
+from engine.trace.format import load_trace
 from tests.hostile import set_text_everywhere
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.trace import load_trace
+from engine.trace.format import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,9 +16,9 @@ import pytest
 from engine.cli import main as cli_main
 from engine.config import SpecSettings
 from engine.run import run_to_trace
-from engine.speculative import RATIO_TEST, Pair
-from engine.teaching_faults import Faults
-from engine.trace import MAX_TRACE_BYTES, TraceError, loads_trace
+from engine.cycle.reference import RATIO_TEST, Pair
+from engine.teaching.faults import Faults
+from engine.trace.format import MAX_TRACE_BYTES, TraceError, loads_trace
 from tests.eagle_tiny import eagle_trace
 from tests.hostile import INVALID, PARTIAL, VALID, Base, generate
 from tests.tiny import noisy_pair, tiny_pair
@@ -149,9 +149,9 @@ def test_the_checker_knows_every_fault_the_engine_can_declare():
 
     from engine.drafters import DRAFTER_KINDS
     from engine.drafters.prompt_lookup import MAX_NGRAM
-    from engine.teaching_faults import ACCEPTANCE_RULES, Faults
-    from engine.trace_checks import DRAFTER_KINDS as CHECKED_KINDS, MAX_NGRAM as CHECKED_MAX_NGRAM
-    from engine.trace_checks import ACCEPTANCE_RULES as CHECKED_RULES, FAULT_FIELDS
+    from engine.teaching.faults import ACCEPTANCE_RULES, Faults
+    from engine.trace.checks import DRAFTER_KINDS as CHECKED_KINDS, MAX_NGRAM as CHECKED_MAX_NGRAM
+    from engine.trace.checks import ACCEPTANCE_RULES as CHECKED_RULES, FAULT_FIELDS
     assert {f.name: f.type for f in fields(Faults)} == FAULT_FIELDS
     assert tuple(ACCEPTANCE_RULES) == CHECKED_RULES
     assert tuple(DRAFTER_KINDS) == CHECKED_KINDS and MAX_NGRAM == CHECKED_MAX_NGRAM

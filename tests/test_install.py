@@ -88,7 +88,7 @@ def test_chi2_survival_matches_scipy():
     """The torch chi-square survival function the app uses, against scipy (a test-only package)."""
     from scipy.stats import chi2
 
-    from engine.exactness import chi2_survival
+    from engine.teaching.exactness import chi2_survival
     for stat, dof in [(0.5, 1), (3.84, 1), (10.0, 5), (30.0, 19), (250.0, 199), (1e-3, 3), (400.0, 10)]:
         assert abs(chi2_survival(stat, dof) - chi2.sf(stat, dof)) < 1e-9 + 1e-6 * chi2.sf(stat, dof)
     assert chi2_survival(0.0, 4) == 1.0

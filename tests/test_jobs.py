@@ -1,7 +1,7 @@
-"""app/jobs.py's Job on its own: the worker's result, its progress, and a failure as words."""
+"""app/ui/jobs.py's Job on its own: the worker's result, its progress, and a failure as words."""
 import threading
 
-from app.jobs import Job
+from app.ui.jobs import Job
 
 
 def run_in_thread(job: Job, work) -> None:

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from engine.config import SettingsError, SpecSettings
-from engine.kv_layouts import (LAYOUTS, BlockPool, CacheFullError, CacheLayout, PagedKVCache, StaticKVCache,
+from engine.kv.layouts import (LAYOUTS, BlockPool, CacheFullError, CacheLayout, PagedKVCache, StaticKVCache,
                                attended_kv, check_invariants, new_cache, roll_back_cache)
-from engine.speculative import TokenTexts, prefill, run_cycle, speculative_generate, start_run, target_generate
+from engine.cycle.reference import TokenTexts, prefill, run_cycle, speculative_generate, start_run, target_generate
 from tests.tiny import noisy_pair, tiny_pair
 
 PROMPT = [1, 2, 4, 6, 7]
@@ -266,8 +266,8 @@ def folders(tmp_path_factory):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_cli_records_the_layout_and_stats_report_it(folders, tmp_path, capsys, layout):
     from engine.cli import main
-    from engine.layout_stats import layout_stats
-    from engine.trace import load_trace
+    from engine.stats.layouts import layout_stats
+    from engine.trace.format import load_trace
     out = tmp_path / f"{layout}.jsonl"
     assert main(["run", "--prompt", "the cat sat", "--target", folders[0], "--draft", folders[1], "--k", "4",
                  "--temperature", "0", "--max-new-tokens", "24", "--cache", layout, "--block-size", "4",
@@ -314,8 +314,8 @@ def test_cli_refuses_an_unknown_layout(tmp_path, capsys):
 def test_loader_refuses_layout_fields_that_disagree(folders, tmp_path, layout, path, value, message):
     import json
     from engine.run import run_to_trace
-    from engine.trace import TraceError, loads_trace
-    from engine.speculative import Pair
+    from engine.trace.format import TraceError, loads_trace
+    from engine.cycle.reference import Pair
     from tests.tiny import tiny_pair
     pair = tiny_pair(0)
     out = tmp_path / "t.jsonl"
@@ -340,8 +340,8 @@ def test_loader_refuses_layout_fields_that_disagree(folders, tmp_path, layout, p
 
 def test_one_bundled_trace_per_layout_with_the_same_tokens():
     from pathlib import Path
-    from engine.layout_stats import layout_stats
-    from engine.trace import load_trace
+    from engine.stats.layouts import layout_stats
+    from engine.trace.format import load_trace
     from tests.checks import assert_self_consistent
     folder = Path(__file__).resolve().parent.parent / "assets" / "traces"
     traces = {layout: load_trace(folder / f"shakespeare-cache-{layout}.jsonl") for layout in LAYOUTS}
@@ -357,7 +357,7 @@ def test_one_bundled_trace_per_layout_with_the_same_tokens():
 
 def test_a_run_that_never_rolls_back_fits_every_layout_and_breaks_the_same_way():
     """The teaching fault keeps every rejected entry: the capacity covers it, and the tokens match dynamic's."""
-    from engine.teaching_faults import Faults
+    from engine.teaching.faults import Faults
     pair = tiny_pair(1)
     faults = Faults(keep_rejected_kv=True)
     runs = {}
@@ -373,9 +373,9 @@ def test_a_run_that_never_rolls_back_fits_every_layout_and_breaks_the_same_way()
 
 def test_stats_of_a_trace_from_before_layouts_report_a_dynamic_cache():
     from pathlib import Path
-    from engine.layout_stats import layout_stats
-    from engine.report import format_stats
-    from engine.trace import load_trace
+    from engine.stats.layouts import layout_stats
+    from engine.stats.report import format_stats
+    from engine.trace.format import load_trace
     trace = load_trace(Path(__file__).resolve().parent.parent / "assets" / "traces" / "default.jsonl")
     assert "cache_layout" not in trace.header
     ls = layout_stats(trace)

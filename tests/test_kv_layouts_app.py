@@ -5,14 +5,14 @@ import shutil
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import figures_layouts as fl
-from app.figures import validated
+from app.figures import layouts as fl
+from app.figures.cycle import validated
 from engine.config import SpecSettings
-from engine.layout_stats import layout_stats
+from engine.stats.layouts import layout_stats
 from engine.run import run_to_trace
-from engine.stale_slots import static_run
-from engine.teaching import KEEP_REJECTED, traced_run
-from engine.trace import load_trace
+from engine.teaching.stale_slots import static_run
+from engine.teaching.runs import KEEP_REJECTED, traced_run
+from engine.trace.format import load_trace
 from tests.app_jobs import finish_job
 from tests.test_app import MAIN, plain, start
 from tests.tiny import noisy_pair, tiny_pair

@@ -1,4 +1,4 @@
-"""Live runs and the teaching pages' "Run live" on app/jobs.py's worker thread (AppTest).
+"""Live runs and the teaching pages' "Run live" on app/ui/jobs.py's worker thread (AppTest).
 
 The engine call is held behind a threading.Event, so each test sees the page while the
 work is still going: the click returns at once with a progress bar, other widgets and
@@ -10,13 +10,13 @@ import threading
 
 import pytest
 
-import app.live
-from app.derive import PROMPT
-from app.figures import legend_name
-from app.jobs import BUSY
-from app.safe import md
-from engine.teaching import CORRECT, first_divergence
-from engine.trace import load_trace
+import app.runs.live
+from app.figures.derive import PROMPT
+from app.figures.cycle import legend_name
+from app.ui.jobs import BUSY
+from app.ui.safe import md
+from engine.teaching.runs import CORRECT, first_divergence
+from engine.trace.format import load_trace
 from tests.app_jobs import finish_job, progress_texts, running_job
 from tests.test_app import SOURCE_PAGE, live_form, model_folders, plain, shown_step, start, traces_dir  # noqa: F401 (fixtures)
 from tests.test_stats_page import held_until
@@ -28,9 +28,9 @@ STEPPER = "views/stepper.py"
 # ---------------------------------------------------------------- the live run (Choose a trace > Live run)
 
 def held_after_first_cycle(monkeypatch, gate: threading.Event, error: Exception | None = None) -> threading.Event:
-    """app.live's run_to_trace, stopped after its first cycle until `gate` opens (then failing
+    """app.runs.live's run_to_trace, stopped after its first cycle until `gate` opens (then failing
     with `error`, or running on); returns an event set when that first cycle has arrived."""
-    real, first = app.live.run_to_trace, threading.Event()
+    real, first = app.runs.live.run_to_trace, threading.Event()
 
     def held(*args, on_cycle, **kwargs):
         def watched(rec: dict) -> None:
@@ -42,7 +42,7 @@ def held_after_first_cycle(monkeypatch, gate: threading.Event, error: Exception 
                     raise error
         return real(*args, on_cycle=watched, **kwargs)
 
-    monkeypatch.setattr(app.live, "run_to_trace", held)
+    monkeypatch.setattr(app.runs.live, "run_to_trace", held)
     return first
 
 
@@ -114,7 +114,7 @@ def test_a_failed_live_run_keeps_the_open_trace_and_the_next_run_works(traces_di
     at.button(key="live_run").click().run()
     finish_job(at)
     first = at.session_state["trace_ref"]
-    real, gate = app.live.run_to_trace, threading.Event()
+    real, gate = app.runs.live.run_to_trace, threading.Event()
     gate.set()
     held_after_first_cycle(monkeypatch, gate, RuntimeError("the engine broke"))
     at.button(key="live_run").click().run()
@@ -123,7 +123,7 @@ def test_a_failed_live_run_keeps_the_open_trace_and_the_next_run_works(traces_di
     assert any(e.value.startswith(said) for e in at.error), [e.value for e in at.error]
     assert at.session_state["trace_ref"] == first and sidebar_names(at).startswith(f"Open trace: **{first.label}**")
     assert plain(at.success[0].value).startswith("Finished:")  # the earlier run's result is still there
-    monkeypatch.setattr(app.live, "run_to_trace", real)
+    monkeypatch.setattr(app.runs.live, "run_to_trace", real)
     at.button(key="live_run").click().run()  # a failed job does not block the next one
     assert not [w for w in at.warning if w.value.startswith(BUSY)]
     finish_job(at)
@@ -134,9 +134,9 @@ def test_a_failed_live_run_keeps_the_open_trace_and_the_next_run_works(traces_di
 # ---------------------------------------------------------------- the teaching pages' Run live
 
 def test_rollback_run_live_goes_on_while_the_page_answers(env, monkeypatch):
-    import engine.teaching
+    import engine.teaching.runs
     gate = threading.Event()
-    held_until(monkeypatch, engine.teaching, "compare_runs", gate)
+    held_until(monkeypatch, engine.teaching.runs, "compare_runs", gate)
     at = open_page("rollback")
     try:
         run_live_button(at).click().run()  # returns although the engine is held
@@ -171,15 +171,15 @@ def test_rollback_run_live_goes_on_while_the_page_answers(env, monkeypatch):
 
 
 def test_a_failed_lab_run_is_an_error_and_loses_nothing(env, monkeypatch):
-    import engine.exactness
+    import engine.teaching.exactness
     at = open_page("exactness")
     run_live_button(at).click().run()
     first = finish_job(at).session_state["lab_live"].copy()
     [(res, texts, _)] = first.values()
     assert {m.label: m.value for m in at.metric}["Chi-square, speculative"] == f"{res.speculative_test.statistic:.1f}"
-    real, gate = engine.exactness.run_lab, threading.Event()
+    real, gate = engine.teaching.exactness.run_lab, threading.Event()
     gate.set()
-    held_until(monkeypatch, engine.exactness, "run_lab", gate, RuntimeError("the sampler broke"))
+    held_until(monkeypatch, engine.teaching.exactness, "run_lab", gate, RuntimeError("the sampler broke"))
     at.radio(key="lab_rule").set_value("token_match").run()
     at.button(key="lab_run").click().run()
     finish_job(at)
@@ -188,7 +188,7 @@ def test_a_failed_lab_run_is_an_error_and_loses_nothing(env, monkeypatch):
     assert at.session_state["lab_live"] == first  # the earlier result is kept...
     at.radio(key="lab_rule").set_value("ratio").run()
     assert at.success and "consistent with the target" in at.success[0].value  # ...and still shown
-    monkeypatch.setattr(engine.exactness, "run_lab", real)
+    monkeypatch.setattr(engine.teaching.exactness, "run_lab", real)
     at.radio(key="lab_rule").set_value("token_match").run()
     at.button(key="lab_run").click().run()  # a failed job does not block the next one
     assert not [w for w in at.warning if w.value.startswith(BUSY)]

@@ -7,11 +7,11 @@ import torch
 from engine.cli import main
 from engine.config import SettingsError, SpecSettings
 from engine.drafters import OtherTokenizerDrafter
-from engine.kv import cache_len, prefill
-from engine.models import wrap_model
+from engine.kv.ops import cache_len, prefill
+from engine.models.loading import wrap_model
 from engine.run import run_to_trace
-from engine.speculative import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
-from engine.trace import load_trace
+from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.trace.format import load_trace
 from tests.checks import assert_self_consistent
 from tests.test_engine import assert_cache_matches_fresh_prefill, layer_tensors
 from tests.tiny import WORDS, tiny_llama, tiny_tokenizer

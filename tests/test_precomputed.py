@@ -11,14 +11,14 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from app import precomputed
+from app.runs import precomputed
 from engine.config import SpecSettings
-from engine.exactness import chi_square, next_token_probs, run_lab
-from engine.presets import PRESETS
+from engine.teaching.exactness import chi_square, next_token_probs, run_lab
+from engine.models.presets import PRESETS
 from engine.run import encode_prompt, load_preset
-from engine.teaching_faults import Faults
-from engine.stale_slots import static_run
-from engine.teaching import compare_runs
+from engine.teaching.faults import Faults
+from engine.teaching.stale_slots import static_run
+from engine.teaching.runs import compare_runs
 from scripts import make_teaching_results as script
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
@@ -104,7 +104,7 @@ def bundled_pairs_only(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("page", ["views/rollback_demo.py", "views/exactness_lab.py"])
 def test_pages_open_on_stored_results_without_loading_models(bundled_pairs_only, page, monkeypatch):
-    from app import live
+    from app.runs import live
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded on open")
@@ -121,7 +121,7 @@ def test_pages_open_on_stored_results_without_loading_models(bundled_pairs_only,
 
 def test_the_full_chi_square_is_stored_and_shown_without_sampling(bundled_pairs_only, monkeypatch):
     """Samples 2000 and Show: the stored full test appears at once (no model loaded); Run live would sample."""
-    from app import live
+    from app.runs import live
 
     monkeypatch.setattr(live, "load_preset", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
     at = AppTest.from_file(MAIN, default_timeout=60)

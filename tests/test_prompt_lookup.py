@@ -7,9 +7,9 @@ from engine.cli import main
 from engine.config import SpecSettings
 from engine.drafters import PromptLookupDrafter, find_match
 from engine.run import DrafterOptions, load_with_drafter, run_to_trace
-from engine.speculative import Pair, TokenTexts, cache_len, run_cycle, speculative_generate, start_run, target_generate
-from engine.teaching_faults import Faults
-from engine.trace import load_trace
+from engine.cycle.reference import Pair, TokenTexts, cache_len, run_cycle, speculative_generate, start_run, target_generate
+from engine.teaching.faults import Faults
+from engine.trace.format import load_trace
 from tests.checks import assert_self_consistent
 from tests.test_engine import assert_cache_matches_fresh_prefill
 import tests.test_exactness as exactness
@@ -182,7 +182,7 @@ GROUNDED = {"chat": "Repeat this sentence exactly: the quick brown fox jumps ove
 
 @pytest.mark.parametrize("name", ["tiny-shakespeare", "chat"])
 def test_preset_with_prompt_lookup_is_greedy_equal_to_its_target(name):
-    from engine.presets import PRESETS
+    from engine.models.presets import PRESETS
     from engine.run import encode_prompt, load_preset
     preset = PRESETS[name]
     pair = load_preset(name, device="cpu", drafter=DrafterOptions("prompt-lookup"))

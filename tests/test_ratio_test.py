@@ -6,8 +6,8 @@ outcome can be worked out on paper.
 import pytest
 import torch
 
-from engine.sampling import residual
-from engine.speculative import Decision, accept_reject, commit_tokens
+from engine.models.sampling import residual
+from engine.cycle.reference import Decision, accept_reject, commit_tokens
 
 V = 5
 
@@ -101,7 +101,7 @@ def test_commit_cuts_at_the_token_budget():
 
 
 def test_the_engine_core_holds_only_the_correct_rule():
-    import engine.speculative as core
-    import engine.teaching as teaching
+    import engine.cycle.reference as core
+    import engine.teaching.runs as teaching
     assert not hasattr(core, "Faults") and not hasattr(core, "ACCEPTANCE_RULES")
     assert teaching.Faults().acceptance_rule == "ratio"  # the teaching code owns the broken ones

@@ -1,9 +1,9 @@
-"""The typed cycle record in engine/trace.py is what the engine writes and what the loader checks."""
+"""The typed cycle record in engine/trace/format.py is what the engine writes and what the loader checks."""
 import pytest
 
 from engine.config import SpecSettings
-from engine.speculative import speculative_generate
-from engine.trace import CYCLE_FIELDS, NUM, CycleRecord
+from engine.cycle.reference import speculative_generate
+from engine.trace.format import CYCLE_FIELDS, NUM, CycleRecord
 from tests.test_prompt_lookup import lookup_pair
 from tests.tiny import noisy_pair
 
@@ -27,7 +27,7 @@ def test_engine_writes_exactly_the_typed_fields(make_pair, extra):
 
 import json  # noqa: E402
 
-from engine.trace import TraceError, loads_trace  # noqa: E402
+from engine.trace.format import TraceError, loads_trace  # noqa: E402
 
 
 def lines_of(path) -> list[dict]:

@@ -1,7 +1,7 @@
-"""engine/repeats.py on hand-made numbers: median, spread, the 30% refusal, and the words."""
+"""engine/stats/repeats.py on hand-made numbers: median, spread, the 30% refusal, and the words."""
 import pytest
 
-from engine.repeats import MAX_SPREAD, Repeated, disagreement_words, repeat_timed
+from engine.stats.repeats import MAX_SPREAD, Repeated, disagreement_words, repeat_timed
 
 
 def test_median_and_interquartile_spread():

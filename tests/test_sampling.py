@@ -2,8 +2,8 @@
 import torch
 
 from engine.config import SpecSettings
-from engine import sampling
-from engine.sampling import draw, residual, sample, uniform, warp_probs
+from engine.models import sampling
+from engine.models.sampling import draw, residual, sample, uniform, warp_probs
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 

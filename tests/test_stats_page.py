@@ -1,6 +1,6 @@
 """The statistics page in the real app (streamlit.testing AppTest) on tiny-model traces.
 
-Every number the page shows is compared with engine/analysis.py's computation on the
+Every number the page shows is compared with engine/stats/analysis.py's computation on the
 same trace file, read independently of the app.
 """
 import json
@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.jobs import BUSY, JOB
-from app.safe import md
-from app.state import TraceRef
-from engine.analysis import NO_CALIBRATION, advice_sentence, best_k, explain_speed, trace_stats
+from app.ui.jobs import BUSY, JOB
+from app.ui.safe import md
+from app.ui.state import TraceRef
+from engine.stats.analysis import NO_CALIBRATION, advice_sentence, best_k, explain_speed, trace_stats
 from engine.config import SpecSettings
-from engine.metrics import decoding_tokens_per_s
-from engine.repeats import MAX_SPREAD, disagreement_words
+from engine.trace.metrics import decoding_tokens_per_s
+from engine.stats.repeats import MAX_SPREAD, disagreement_words
 from engine.run import load_pair, run_to_trace
-from engine.trace import load_trace
+from engine.trace.format import load_trace
 from tests.app_jobs import finish_job, progress_texts, running_job
 from tests.tiny import noisy_pair, save_tiny
 
@@ -161,8 +161,8 @@ def test_a_trace_never_makes_the_server_load_the_models_it_names(folder, monkeyp
 def repeat_calibration(monkeypatch, scales: list[float]) -> None:
     """The page calibrates several times and compares; tests must not time things, so each round
     returns one real calibration (taken once) scaled by the next factor."""
-    import engine.calibrate
-    real = engine.calibrate.calibrate
+    import engine.stats.calibrate
+    real = engine.stats.calibrate.calibrate
     taken: list[dict] = []
     calls = iter(scales)
 
@@ -174,7 +174,7 @@ def repeat_calibration(monkeypatch, scales: list[float]) -> None:
         return {**base, "target_step_s": base["target_step_s"] * f, "draft_step_s": base["draft_step_s"] * f,
                 "verify_s": [v * f for v in base["verify_s"]]}
 
-    monkeypatch.setattr(engine.calibrate, "calibrate", fake)
+    monkeypatch.setattr(engine.stats.calibrate, "calibrate", fake)
 
 
 def test_noisy_calibration_is_refused(folder, monkeypatch):
@@ -275,7 +275,7 @@ def test_race_and_explorer_use_the_trace_and_its_calibration(folder, monkeypatch
     at.slider(key="ex_c").set_value(0.1).run()
     at.slider(key="ex_k").set_value(5).run()
     chosen = next(t for t in figure(at, "fig_explorer")["data"] if t["name"] == "chosen K=5")
-    from engine.metrics import predicted_speedup
+    from engine.trace.metrics import predicted_speedup
     assert chosen["y"] == [pytest.approx(predicted_speedup(0.8, 5, 0.1))]
     assert any(f"**{predicted_speedup(0.8, 5, 0.1):.2f}×**" in m.value for m in at.markdown)
 
@@ -291,7 +291,7 @@ def test_tab_widgets_keep_their_values_when_another_tab_is_opened(folder, monkey
     at.selectbox(key="compare_with").set_value(TraceRef("bundled", "greedy.jsonl")).run()
     at = open_tab(open_tab(at, "Acceptance"), "Race and explorer")
     assert at.slider(key="ex_alpha").value == 0.8 and at.slider(key="ex_k").value == 5
-    from engine.metrics import predicted_speedup
+    from engine.trace.metrics import predicted_speedup
     c = at.slider(key="ex_c").value
     chosen = next(t for t in figure(at, "fig_explorer")["data"] if t["name"] == "chosen K=5")
     assert chosen["y"] == [pytest.approx(predicted_speedup(0.8, 5, c))]  # the chart uses the kept values
@@ -311,7 +311,7 @@ def test_explorer_starts_over_at_the_new_traces_values_when_another_trace_is_ope
     assert at.slider(key="ex_alpha").value == round(min(greedy.alpha, 0.99), 2) != 0.9
 
 
-# ---------------------------------------------------------------- measurements on a worker thread (app/jobs.py)
+# ---------------------------------------------------------------- measurements on a worker thread (app/ui/jobs.py)
 
 def held_until(monkeypatch, module, name: str, gate: threading.Event, error: Exception | None = None) -> None:
     """Make the engine function `module.name` wait for `gate` (then fail with `error`, or run)."""
@@ -327,11 +327,11 @@ def held_until(monkeypatch, module, name: str, gate: threading.Event, error: Exc
 
 
 def test_measuring_runs_in_the_background_and_the_page_stays_usable(folder, monkeypatch):
-    import engine.calibrate
+    import engine.stats.calibrate
     monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))
     repeat_calibration(monkeypatch, [1.0, 1.05, 0.97])
     gate = threading.Event()
-    held_until(monkeypatch, engine.calibrate, "calibrate", gate)
+    held_until(monkeypatch, engine.stats.calibrate, "calibrate", gate)
     at = open_tab(open_page(folder, monkeypatch, "uncalibrated.jsonl"), "Cost and speed")
     try:
         at.button(key="calibrate_now").click().run()  # returns although the calibration is held
@@ -362,7 +362,7 @@ def test_measuring_runs_in_the_background_and_the_page_stays_usable(folder, monk
 
 
 def test_a_failed_measurement_is_an_error_and_loses_nothing(folder, monkeypatch):
-    import engine.sweep
+    import engine.stats.sweep
     monkeypatch.setenv("SPECLAB_MEASURE_PAIR", str(folder / "models"))
     at = open_tab(open_page(folder, monkeypatch), "K sweep")
     at.multiselect(key="sweep_ks").set_value([1])
@@ -370,8 +370,8 @@ def test_a_failed_measurement_is_an_error_and_loses_nothing(folder, monkeypatch)
     at.button(key="sweep_run").click().run()
     finish_job(at)
     (first,) = at.session_state["k_sweeps"].values()
-    real_sweep, gate = engine.sweep.k_sweep, threading.Event()
-    held_until(monkeypatch, engine.sweep, "k_sweep", gate, RuntimeError("the sweep broke"))
+    real_sweep, gate = engine.stats.sweep.k_sweep, threading.Event()
+    held_until(monkeypatch, engine.stats.sweep, "k_sweep", gate, RuntimeError("the sweep broke"))
     at.multiselect(key="sweep_ks").set_value([1, 2])
     at.button(key="sweep_run").click().run()
     gate.set()
@@ -381,7 +381,7 @@ def test_a_failed_measurement_is_an_error_and_loses_nothing(folder, monkeypatch)
     (kept,) = at.session_state["k_sweeps"].values()
     assert kept is first  # the earlier sweep is still there, and still drawn
     assert list(table(at, "refined tokens/s")["K"]) == [1]
-    monkeypatch.setattr(engine.sweep, "k_sweep", real_sweep)
+    monkeypatch.setattr(engine.stats.sweep, "k_sweep", real_sweep)
     at.button(key="sweep_run").click().run()  # a failed job does not block the next one
     assert not [w for w in at.warning if w.value.startswith(BUSY)]
     finish_job(at)

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import derive, explain, figures
+from app.figures import derive
+from app.figures import explain
+from app.figures import cycle as figures
 from engine.config import SpecSettings
 from engine.run import run_to_trace
-from engine.trace import Trace, load_trace
+from engine.trace.format import Trace, load_trace
 from tests.tiny import tiny_pair
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")

@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import figures_teaching as ft
+from app.figures import teaching as ft
 from engine.config import SpecSettings
-from engine.exactness import run_lab
+from engine.teaching.exactness import run_lab
 from engine.run import load_pair, run_to_trace
-from engine.speculative import Pair
-from engine.teaching_faults import Faults
-from engine.teaching import KEEP_REJECTED, compare_runs
+from engine.cycle.reference import Pair
+from engine.teaching.faults import Faults
+from engine.teaching.runs import KEEP_REJECTED, compare_runs
 from tests.app_jobs import finish_job
 from tests.tiny import noisy_pair, save_tiny
 

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from app import state
+from app.ui import state
 
 
 @pytest.fixture

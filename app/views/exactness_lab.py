@@ -1,14 +1,16 @@
 """Exactness lab: sample the next token many times and compare with the target distribution."""
 import streamlit as st
 
-from app import jobs, precomputed, teaching_pair
-from app.first_result import first_result
-from app.figures_teaching import histogram_entries, lab_histogram_figure
-from app.safe import md
-from app.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, job_name, show_live, start_live
+from app.ui import jobs
+from app.runs import precomputed
+from app.runs import teaching_pair
+from app.ui.first_result import first_result
+from app.figures.teaching import histogram_entries, lab_histogram_figure
+from app.ui.safe import md
+from app.ui.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, job_name, show_live, start_live
 from engine.config import SettingsError, SpecSettings
-from engine.exactness import MAX_VOCAB_FOR_SECOND_TOKEN, LabResult, run_lab
-from engine.teaching_faults import ACCEPTANCE_RULES, Faults
+from engine.teaching.exactness import MAX_VOCAB_FOR_SECOND_TOKEN, LabResult, run_lab
+from engine.teaching.faults import ACCEPTANCE_RULES, Faults
 
 SIGNIFICANCE = 0.01
 TOP_TOKENS = 20  # bars in the histogram; the rest is one "other" bar
@@ -142,7 +144,7 @@ def rule_distance(res: LabResult) -> float | None:
 
 
 def in_brief(res: LabResult, rule: str, greedy: bool) -> str:
-    """The verdict in one line of Markdown, at the top of the page (app/first_result.py)."""
+    """The verdict in one line of Markdown, at the top of the page (app/ui/first_result.py)."""
     label = RULE_SHORT[rule] + (" + greedy draft" if greedy else "")
     return (f"**Result for the settings below ({label}, {res.samples} samples):** "
             + verdict("speculative sampling", res.speculative_test.p_value) + "; "

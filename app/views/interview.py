@@ -3,19 +3,23 @@ from statistics import median
 
 import streamlit as st
 
-from app import derive, figures, jobs, state, teaching_pair
-from app.figures_teaching import (acceptance_length_figure, cache_layouts_figure, forward_cost_figure,
+from app.figures import derive
+from app.figures import cycle as figures
+from app.ui import jobs
+from app.ui import state
+from app.runs import teaching_pair
+from app.figures.teaching import (acceptance_length_figure, cache_layouts_figure, forward_cost_figure,
                                   speedup_figure)
-from app.safe import md
-from app.teaching_ui import (EXACTNESS_LAB, ROLLBACK_DEMO, STATISTICS, STEPPER, WALKTHROUGH, chart,
+from app.ui.safe import md
+from app.ui.teaching_ui import (EXACTNESS_LAB, ROLLBACK_DEMO, STATISTICS, STEPPER, WALKTHROUGH, chart,
                              one_torch_thread, open_in_stepper, stepper_query)
-from engine.analysis import measured_alpha
-from engine.metrics import acceptance_metrics, expected_tokens_per_cycle
-from engine.repeats import MAX_SPREAD, Repeated
+from engine.stats.analysis import measured_alpha
+from engine.trace.metrics import acceptance_metrics, expected_tokens_per_cycle
+from engine.stats.repeats import MAX_SPREAD, Repeated
 from engine.run import encode_prompt
-from engine.speculative import Pair
-from engine.teaching import NumericsCheck, batched_vs_stepwise, forward_times, low_precision_copy
-from engine.trace import Trace
+from engine.cycle.reference import Pair
+from engine.teaching.runs import NumericsCheck, batched_vs_stepwise, forward_times, low_precision_copy
+from engine.trace.format import Trace
 
 LOW_PRECISION_MAX_PARAMS = 50_000_000  # copy the target to bfloat16 only when that is quick
 

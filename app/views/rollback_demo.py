@@ -1,15 +1,16 @@
 """What if we don't roll back? The correct engine beside two deliberately broken ones."""
 import streamlit as st
 
-from app import precomputed, teaching_pair
-from app.first_result import first_result
-from app.figures_layouts import stale_comparison_figure
-from app.figures_teaching import cache_strip_figure, divergence_figure, drift_figure
-from app.safe import md
-from app.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, show_live, start_live
+from app.runs import precomputed
+from app.runs import teaching_pair
+from app.ui.first_result import first_result
+from app.figures.layouts import stale_comparison_figure
+from app.figures.teaching import cache_strip_figure, divergence_figure, drift_figure
+from app.ui.safe import md
+from app.ui.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, show_live, start_live
 from engine.config import MAX_NEW_TOKENS, SettingsError, SpecSettings
-from engine.stale_slots import StaticRun, static_run
-from engine.teaching import (CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison,
+from engine.teaching.stale_slots import StaticRun, static_run
+from engine.teaching.runs import (CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison,
                              compare_runs, first_divergence)
 
 BROKEN_TEXT = {
@@ -106,7 +107,7 @@ def settings_form(choice: teaching_pair.PairChoice) -> tuple[str, SpecSettings, 
 
 
 def in_brief(cmp: Comparison) -> str:
-    """The result in one line of Markdown, at the top of the page (app/first_result.py): the same
+    """The result in one line of Markdown, at the top of the page (app/ui/first_result.py): the same
     numbers as the metrics below, readable before any chart has loaded."""
     correct = cmp.runs[CORRECT]
     parts = [f"the correct engine accepted **{correct.acceptance_rate:.2f}** of the draft tokens"]

@@ -1,7 +1,7 @@
 """Statistics: acceptance, cost and measured speed of the open trace, and why speculation pays off or not.
 
-Every number comes from engine/analysis.py (the same code as `python -m engine stats`);
-this page lays them out, draws them (app/figures_stats.py) and runs the K sweep.
+Every number comes from engine/stats/analysis.py (the same code as `python -m engine stats`);
+this page lays them out, draws them (app/figures/stats.py) and runs the K sweep.
 """
 import dataclasses
 import hashlib
@@ -11,24 +11,26 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import figures_stats as figs
-from app.figures_layouts import LAYOUT_WORDS, memory_figure
-from app import jobs, live, state
-from app.derive import draft_cache_name
-from app.first_result import first_result
-from app.safe import md
-from app.teaching_ui import chart
-from engine.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
+from app.figures import stats as figs
+from app.figures.layouts import LAYOUT_WORDS, memory_figure
+from app.ui import jobs
+from app.runs import live
+from app.ui import state
+from app.figures.derive import draft_cache_name
+from app.ui.first_result import first_result
+from app.ui.safe import md
+from app.ui.teaching_ui import chart
+from engine.stats.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
                              trace_stats)
-from engine.calibrate import calibrate
-from engine.metrics import TOKENS_PER_S, decoding_tokens_per_s, predicted_speedup
-from engine.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
+from engine.stats.calibrate import calibrate
+from engine.trace.metrics import TOKENS_PER_S, decoding_tokens_per_s, predicted_speedup
+from engine.stats.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
 from engine.config import MAX_K, SettingsError, SpecSettings
-from engine.layout_stats import LayoutStats, layout_stats
-from engine.presets import PRESETS
-from engine.speculative import Pair
-from engine.sweep import SweepResult, k_sweep
-from engine.trace import Trace, TraceError, model_name
+from engine.stats.layouts import LayoutStats, layout_stats
+from engine.models.presets import PRESETS
+from engine.cycle.reference import Pair
+from engine.stats.sweep import SweepResult, k_sweep
+from engine.trace.format import Trace, TraceError, model_name
 
 NOW_CALIBRATION = "now_calibration"  # session_state: {trace key: calibration measured on this machine}
 SWEEPS = "k_sweeps"  # session_state: {trace key: SweepResult}
@@ -393,7 +395,7 @@ def layout_section(ls: LayoutStats, drafter: str = "model") -> None:
 # ---------------------------------------------------------------- the page
 
 def headline(trace: Trace, st_: TraceStats) -> str:
-    """The page's point in one line of Markdown, above the tabs (app/first_result.py): no chart needed."""
+    """The page's point in one line of Markdown, above the tabs (app/ui/first_result.py): no chart needed."""
     a, r = st_.acceptance, st_.speed
     parts = [f"α = **{st_.alpha:.3f}**", f"draft acceptance rate **{a['acceptance_rate']:.3f}**",
              f"mean acceptance length **{a['mean_acceptance_length']:.3f}**"]

@@ -1,13 +1,17 @@
 """Step through a trace: one cycle at a time, each cycle in five stages."""
 import streamlit as st
 
-from app import derive, drafter_view, figures, figures_layouts, state
-from app.explain import STAGES, stage_caption
-from app.first_result import first_result
-from app.safe import md
-from app.teaching_ui import chart
-from engine.analysis import SpeedReport, trace_stats
-from engine.trace import Trace, model_name
+from app.figures import derive
+from app.ui import drafter_view
+from app.figures import cycle as figures
+from app.figures import layouts as figures_layouts
+from app.ui import state
+from app.figures.explain import STAGES, stage_caption
+from app.ui.first_result import first_result
+from app.ui.safe import md
+from app.ui.teaching_ui import chart
+from engine.stats.analysis import SpeedReport, trace_stats
+from engine.trace.format import Trace, model_name
 
 SPEEDS = {"2 s/step": 2.0, "1 s/step": 1.0, "0.4 s/step": 0.4}
 
@@ -16,7 +20,7 @@ SPEEDS = {"2 s/step": 2.0, "1 s/step": 1.0, "0.4 s/step": 0.4}
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def speed_of(key: str, _trace: Trace) -> SpeedReport | None:
-    """The trace's measured and predicted speedup (engine/analysis.py), when it carries step times."""
+    """The trace's measured and predicted speedup (engine/stats/analysis.py), when it carries step times."""
     return trace_stats(_trace).speed
 
 
@@ -199,7 +203,7 @@ TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width=36),
 def token_strip(c: dict, k: int, stage: int) -> str:
     """The cycle's draft tokens as one line of escaped Markdown, revealed stage by stage like the cycle figure:
     p_draft, then p_target (stage 2), the test's marks (stage 3), what is committed (stage 4).
-    It needs no chart code, so it shows as soon as the page does (app/first_result.py)."""
+    It needs no chart code, so it shows as soon as the page does (app/ui/first_result.py)."""
     outcomes = derive.position_outcomes(c, k)
     cells = []
     for i in range(k):

@@ -1,11 +1,12 @@
 """Choose a trace: a bundled example, a live run, or an uploaded JSONL file."""
 import streamlit as st
 
-from app import live, state
-from app.safe import markdown_table, md
-from app.teaching_ui import STEPPER
-from engine.analysis import trace_stats
-from engine.trace import TraceError, model_name
+from app.runs import live
+from app.ui import state
+from app.ui.safe import markdown_table, md
+from app.ui.teaching_ui import STEPPER
+from engine.stats.analysis import trace_stats
+from engine.trace.format import TraceError, model_name
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
@@ -27,7 +28,7 @@ def _describe(keys: tuple[str, ...], _refs: tuple) -> list[dict]:
 
 
 def describe_bundled(names: list[str]) -> list[dict]:
-    """One row per bundled trace: pair, K, temperature, alpha and measured speedup (engine/analysis.py)."""
+    """One row per bundled trace: pair, K, temperature, alpha and measured speedup (engine/stats/analysis.py)."""
     refs = tuple(state.TraceRef("bundled", n) for n in names)
     keys = tuple(state.content_key(r) for r in refs)
     return _describe(keys, refs)
@@ -61,7 +62,7 @@ def upload() -> None:
     file = st.file_uploader("Trace file (.jsonl)", type=["jsonl", "json", "txt"], key="upload_file")
     if file is None:
         return
-    error = state.open_upload(file.name, file.getvalue())  # validates through engine.trace, stores, opens
+    error = state.open_upload(file.name, file.getvalue())  # validates through engine.trace.format, stores, opens
     if error:
         st.error(f"Could not open this file as a trace: {md(error)}", icon=":material/error:")
     else:

@@ -3,15 +3,21 @@ from statistics import median
 
 import streamlit as st
 
-from app import derive, figures, figures_layouts, jobs, live, state, teaching_pair
-from app.derive import visible_text
-from app.explain import stage_caption
-from app.first_result import first_result
-from app.safe import md, table
-from app.teaching_ui import ROLLBACK_DEMO, EXACTNESS_LAB, chart, open_in_stepper
-from engine.analysis import measured_alpha
+from app.figures import derive
+from app.figures import cycle as figures
+from app.figures import layouts as figures_layouts
+from app.ui import jobs
+from app.runs import live
+from app.ui import state
+from app.runs import teaching_pair
+from app.figures.derive import visible_text
+from app.figures.explain import stage_caption
+from app.ui.first_result import first_result
+from app.ui.safe import md, table
+from app.ui.teaching_ui import ROLLBACK_DEMO, EXACTNESS_LAB, chart, open_in_stepper
+from engine.stats.analysis import measured_alpha
 from engine.config import SpecSettings
-from engine.trace import Trace, model_name
+from engine.trace.format import Trace, model_name
 
 CITATIONS = (
     "Leviathan, Kalman and Matias (2023), *Fast Inference from Transformers via Speculative Decoding*, ICML 2023.  \n"
@@ -49,7 +55,7 @@ def q(text: str) -> str:
 
 
 def in_brief(trace: Trace, c: dict) -> str:
-    """The chosen cycle's outcome in one line of Markdown, above the five stages (app/first_result.py)."""
+    """The chosen cycle's outcome in one line of Markdown, above the five stages (app/ui/first_result.py)."""
     k = derive.proposals(c)
     greedy = trace.header["settings"]["temperature"] == 0
     proposed = ", ".join(q(t) for t in c["draft_token_texts"])

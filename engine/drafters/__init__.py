@@ -1,11 +1,11 @@
 """Drafters: what proposes the tokens the target verifies (see base.Drafter)."""
-from .base import CatchUp, Drafter, Proposal, one_hot_rows
-from .eagle import EagleDrafter, EagleHead, load_head
-from .model import ModelDrafter
-from .other_tokenizer import SAMPLING_REFUSED, OtherTokenizerDrafter
-from .prompt_lookup import PromptLookupDrafter, find_match
+from engine.drafters.base import CatchUp, Drafter, Proposal, one_hot_rows
+from engine.drafters.eagle import EagleDrafter, EagleHead, load_head
+from engine.drafters.model import ModelDrafter
+from engine.drafters.other_tokenizer import SAMPLING_REFUSED, OtherTokenizerDrafter
+from engine.drafters.prompt_lookup import PromptLookupDrafter, find_match
 
-from ..trace import DRAFTER_KINDS
+from engine.trace.format import DRAFTER_KINDS
 
 __all__ = ["CatchUp", "Drafter", "Proposal", "one_hot_rows", "ModelDrafter", "EagleDrafter", "EagleHead", "load_head", "OtherTokenizerDrafter",
            "PromptLookupDrafter", "find_match", "SAMPLING_REFUSED", "DRAFTER_KINDS"]

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..config import SpecSettings
+from engine.config import SpecSettings
 
 
 @dataclass

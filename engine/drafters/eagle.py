@@ -25,13 +25,13 @@ import torch
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
-from ..config import SpecSettings
-from ..kv import cache_len, crop
-from ..kv_layouts import CacheLayout, new_cache
-from ..models import LoadedModel, ModelLoadError
-from ..sampling import draw, warp_probs
-from ..timing import timed
-from .base import CatchUp, Proposal
+from engine.config import SpecSettings
+from engine.kv.ops import cache_len, crop
+from engine.kv.layouts import CacheLayout, new_cache
+from engine.models.loading import LoadedModel, ModelLoadError
+from engine.models.sampling import draw, warp_probs
+from engine.models.device import timed
+from engine.drafters.base import CatchUp, Proposal
 
 HEAD_FORMAT = "speclab-eagle-head"
 HEAD_FILE = "head.safetensors"

@@ -4,13 +4,13 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from ..config import SpecSettings
-from ..kv import cache_len, crop, prefill
-from ..kv_layouts import CacheLayout, new_cache
-from ..models import LoadedModel
-from ..sampling import draw, warp_probs
-from ..timing import timed
-from .base import CatchUp, Proposal
+from engine.config import SpecSettings
+from engine.kv.ops import cache_len, crop, prefill
+from engine.kv.layouts import CacheLayout, new_cache
+from engine.models.loading import LoadedModel
+from engine.models.sampling import draw, warp_probs
+from engine.models.device import timed
+from engine.drafters.base import CatchUp, Proposal
 
 
 @dataclass
@@ -23,7 +23,7 @@ class ModelDrafter:
     """K draft steps, each drawn from the draft's warped distribution (same warping as the target).
 
     The three switches below exist only so the teaching code can break the drafter on
-    purpose (engine/teaching_faults.py); normal runs leave them at their defaults.
+    purpose (engine/teaching/faults.py); normal runs leave them at their defaults.
     """
 
     model: LoadedModel

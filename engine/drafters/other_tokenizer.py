@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ..config import SettingsError, SpecSettings
-from ..kv import cache_len, crop
-from ..timing import timed
-from ..models import LoadedModel
-from .base import CatchUp, Proposal, one_hot_rows
+from engine.config import SettingsError, SpecSettings
+from engine.kv.ops import cache_len, crop
+from engine.models.device import timed
+from engine.models.loading import LoadedModel
+from engine.drafters.base import CatchUp, Proposal, one_hot_rows
 
 SAMPLING_REFUSED = (
     "the other-tokenizer drafter runs only greedy (temperature 0): the ratio test needs the "

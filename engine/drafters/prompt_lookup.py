@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SettingsError, SpecSettings
-from ..timing import timed
-from .base import CatchUp, Proposal, one_hot_rows
+from engine.config import SettingsError, SpecSettings
+from engine.models.device import timed
+from engine.drafters.base import CatchUp, Proposal, one_hot_rows
 
 MAX_NGRAM = 16
 

@@ -1,0 +1,8 @@
+"""What the pages draw and say, computed from a trace: plain functions, no Streamlit.
+
+- derive.py: token classes and texts read off a trace; explain.py: the stage captions.
+- cycle.py: the stepper's figures and the shared styles; layouts.py, stats.py and
+  teaching.py: the cache-layout, statistics and teaching pages' figures.
+
+May import: engine (never streamlit), so tests call every figure directly.
+"""

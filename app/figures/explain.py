@@ -1,0 +1,160 @@
+"""One-line captions for the five stages of a cycle, built from the cycle's own numbers.
+
+Plain text (the pages show it with st.text-like elements that never interpret HTML
+or Markdown), so token texts appear quoted, not escaped.
+"""
+from app.figures.derive import HEAD_ROW, cycle_drafter, visible_text
+
+STAGES = {
+    1: "1 Draft",
+    2: "2 Verify",
+    3: "3 Test",
+    4: "4 Resample / bonus",
+    5: "5 Rollback",
+}
+
+
+def quoted(text: str) -> str:
+    return f"'{visible_text(text)}'"
+
+
+def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None, greedy: bool = False,
+                  drafter: str | None = None) -> str:
+    """What happens at this stage of cycle c, and why, in one line.
+
+    `faults` is the trace header's "faults" entry: a run recorded with a deliberate bug
+    (teaching pages) gets its rollback described as it really happened. `drafter` is the
+    header's drafter kind (without it, the cycle's own drafter_state says).
+    """
+    if stage == 5 and faults and faults.get("keep_rejected_kv"):
+        return _skipped_rollback(c, k)
+    if greedy and stage in (3, 4):
+        return (_greedy_test if stage == 3 else _greedy_resample)(c, k)
+    if cycle_drafter(c, drafter) == "eagle" and stage in (1, 5):
+        return (_head_draft if stage == 1 else _head_rollback)(c, k)
+    return {1: _draft, 2: _verify, 3: _test, 4: _resample, 5: _rollback}[stage](c, k)
+
+
+def _greedy_test(c: dict, k: int) -> str:
+    n, j = c["num_accepted"], c["rejected_position"]
+    head = ("Temperature 0: there is no random draw. Left to right, a draft token is kept only if it is the "
+            "target's most likely token (its argmax)")
+    if k == 0:
+        return "Temperature 0, and nothing was proposed: there is no draft token to test."
+    if j is None:
+        return f"{head}: all {k} were, so the text is exactly what plain greedy decoding would write."
+    rest = f"; positions {j + 1}–{k} are discarded untested" if j < k else ""
+    return (f"{head}: {n} accepted, position {j} ({quoted(c['draft_token_texts'][j - 1])}) rejected because the "
+            f"target's argmax there is {quoted(c['next_token_text'])}{rest}.")
+
+
+def _greedy_resample(c: dict, k: int) -> str:
+    token = quoted(c["next_token_text"])
+    if k == 0:
+        return f"With nothing proposed, the target's argmax {token} is committed: one ordinary greedy step."
+    if c["rejected_position"] is None:
+        return (f"All {k} drafts matched, so the target's argmax at position {k + 1} (already computed) is added: "
+                f"{token}, {k + 1} tokens for one target pass.")
+    return (f"At the rejected position the target's own argmax {token} is committed instead (at temperature 0 "
+            f"the residual puts all its mass there), exactly as plain greedy decoding would.")
+
+
+def _listed(texts: list[str], limit: int = 8) -> str:
+    shown = texts[:limit]  # a long K would swamp the line; the figure has them all
+    return ", ".join(quoted(t) for t in shown) + (", …" if len(texts) > len(shown) else "")
+
+
+def _draft(c: dict, k: int) -> str:
+    drafter = c.get("drafter_state") or {}
+    tokens = _listed(c["draft_token_texts"])
+    if drafter.get("kind") == "prompt-lookup":
+        if not drafter["matched"]:
+            return ("Prompt lookup found no earlier occurrence of the last tokens, so it proposes nothing: "
+                    "this cycle is a plain target step (one position verified, its token drawn from the target).")
+        return (f"Prompt lookup found the last {drafter['ngram_size']} token(s) earlier in the text (at position "
+                f"{drafter['match_start']}) and copies the {k} token(s) that followed ({tokens}). The proposal is "
+                f"deterministic (p_draft = 1), so each token is kept with probability p_target: still exact.")
+    if drafter.get("kind") == "other-tokenizer":
+        own = _listed(drafter["draft_token_texts"])
+        return (f"The draft model, which has its own tokenizer, proposes {len(drafter['draft_token_ids'])} of its own "
+                f"tokens ({own}); their text, re-encoded with the target's tokenizer, gives the {k} target tokens "
+                f"tested below ({tokens}). Greedy only: accepted while each is the target's argmax.")
+    return (f"The small draft model proposes K={k} tokens one after another ({tokens}); they are provisional, "
+            f"because drafting is cheap but only the target model decides what is kept.")
+
+
+def _head_draft(c: dict, k: int) -> str:
+    tokens = _listed(c["draft_token_texts"])
+    later = (f"; steps 2–{k} each read its previous draft with the feature the head itself predicted" if k > 2 else
+             "; step 2 reads its first draft with the feature the head itself predicted" if k == 2 else "")
+    return (f"The EAGLE head proposes K={k} tokens ({tokens}) from the target's own features: step 1 reads the last "
+            f"committed token with the target's true feature of the token before it, which the last verify pass "
+            f"already computed{later}. The target's own output layer turns each predicted feature into p_draft.")
+
+
+def _head_rollback(c: dict, k: int) -> str:
+    t, d = c["target_cache_len"], c["draft_cache_len"]
+    text = (f"Cache entries past the committed prefix are removed: target {t['after_append']} → {t['after_rollback']}. "
+            f"The {HEAD_ROW} keeps only entries built on the target's true features: its first draft step's entry "
+            f"stays, the later ones (built on its own predicted features, or on rejected tokens) are dropped")
+    if c["draft_catch_up"]:
+        fed = d["after_rollback"] - min(d["before"] + 1, d["after_rollback"])
+        text += (f", and the {fed} accepted token(s) are fed to it again with the target's true features from this "
+                 f"verify pass (catch-up)")
+    return text + (f": {HEAD_ROW} cache {d['after_append']} → {d['after_rollback']}. Both now hold every committed "
+                   f"token but the last, which opens the next cycle.")
+
+
+def _verify(c: dict, k: int) -> str:
+    t = c["target_cache_len"]
+    if k == 0:
+        return (f"Nothing was proposed, so the target runs one ordinary decoding step on the last committed token; "
+                f"its cache grows {t['before']} → {t['after_append']}.")
+    return (f"The target model scores all {k + 1} positions (the last committed token plus the {k} drafts) in one "
+            f"forward pass, the whole point of speculation; its cache grows provisionally {t['before']} → {t['after_append']}.")
+
+
+def _test(c: dict, k: int) -> str:
+    n, j = c["num_accepted"], c["rejected_position"]
+    if j is None:
+        return (f"Left to right, each draft token is kept if u < min(1, p_target/p_draft): all {k} passed, "
+                f"so the output still follows the target model exactly.")
+    u, a = c["u"][j - 1], c["accept_prob"][j - 1]
+    rest = f"; positions {j + 1}–{k} are discarded untested" if j < k else ""
+    return (f"Left to right, each draft token is kept if u < min(1, p_target/p_draft): {n} accepted, "
+            f"position {j} ({quoted(c['draft_token_texts'][j - 1])}) rejected because u={u:.3f} ≥ {a:.3f}{rest}.")
+
+
+def _resample(c: dict, k: int) -> str:
+    token = quoted(c["next_token_text"])
+    if c["rejected_position"] is None:
+        return (f"All {k} drafts passed, so the target's distribution at position {k + 1}, already computed in the "
+                f"same pass, gives a free bonus token {token}: {k + 1} tokens for one target pass.")
+    return (f"At the rejected position the token {token} is drawn from norm(max(0, p_target − p_draft)), the mass "
+            f"the draft under-proposed; this correction keeps the output distributed exactly like the target's.")
+
+
+def _rollback(c: dict, k: int) -> str:
+    t, d = c["target_cache_len"], c["draft_cache_len"]
+    if d is None:  # prompt lookup keeps no cache; the other-tokenizer draft keeps one over its own tokens
+        text = (f"Target cache entries past the committed prefix are removed: {t['after_append']} → {t['after_rollback']}, "
+                f"every committed token but the last.")
+        own = (c.get("drafter_state") or {}).get("draft_cache_len")
+        if own:
+            text += (f" The draft re-encodes the committed text in its own tokens and keeps its cache over the part "
+                     f"that did not change: {own['after_append']} → {own['after_rollback']} draft-token positions.")
+        else:
+            text += " Prompt lookup has nothing to roll back: the next lookup reads the committed text."
+        return text
+    text = (f"Cache entries past the committed prefix are removed: target {t['after_append']} → {t['after_rollback']}, "
+            f"draft {d['after_append']} → {d['after_rollback']}; both now hold every committed token but the last, "
+            f"which opens the next cycle.")
+    if c["draft_catch_up"]:
+        text += " The draft never ran on its own last token, so it is fed now (catch-up)."
+    return text
+
+
+def _skipped_rollback(c: dict, k: int) -> str:
+    t = c["target_cache_len"]
+    return (f"This run was recorded with a deliberate fault: the rollback is skipped, so the target's cache stays at "
+            f"{t['after_rollback']} entries, K/V of rejected tokens included, and later cycles attend to them.")

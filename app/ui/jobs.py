@@ -1,0 +1,140 @@
+"""Live work (runs, teaching demos, measurements) on a background thread, so the page stays usable.
+
+One job per session at a time (work side by side would slow each other, and timings taken
+meanwhile would be wrong). A page starts one with `start(name, label, work, on_done)`:
+`work(report)` is a plain engine call run on a worker thread; it may call
+`report(fraction, text)`, and `report(fraction, text, partial)` to hand over plain data that
+shows the work so far (the text generated yet, say). The worker only sets plain attributes
+on the Job, never calls st.*: Streamlit's elements and session state belong to the script
+thread. `show(name, draw_partial)` draws the job's progress (and `draw_partial(partial)`)
+from a fragment that polls it and, once the work has ended, hands the result to `on_done`
+on the script thread, which stores it where the page reads it, and reruns the page.
+
+If the user leaves the page, the thread keeps working; the page collects the result the
+next time it is drawn. A failure becomes an error message; nothing stored earlier is lost.
+"""
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import streamlit as st
+
+from app.ui import state
+from app.ui.safe import md
+
+JOB = "background_job"  # session_state: the session's one Job (running, not yet collected, or failed)
+POLL_S = 0.5  # how often the progress fragment looks at a running job
+BUSY = "One live run or measurement at a time"  # the start of the words that refuse a second job
+
+Report = Callable[..., None]  # (fraction done, what is running now[, the work so far as plain data])
+
+
+@dataclass
+class Job:
+    name: str  # which page section owns it: only that section shows it and takes its result
+    label: str  # what runs, in words ("Timing the step times", "Live run on tiny-shakespeare")
+    on_done: Callable[[Any], None]  # stores the result for the page; runs on the script thread
+    started: float = field(default_factory=time.perf_counter)
+    fraction: float = 0.0
+    text: str = "starting"
+    partial: Any = None  # plain data the work hands over as it goes, for the page to show
+    result: Any = None
+    error: str | None = None
+    finished: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def running(self) -> bool:
+        return not self.finished.is_set()
+
+    def report(self, fraction: float, text: str = "", partial: Any = None) -> None:
+        """Called by the work on the worker thread: plain attributes only (`partial` is replaced
+        whole, never changed in place, so the page never reads it half written)."""
+        self.fraction = min(max(float(fraction), 0.0), 1.0)
+        self.text = text or self.text
+        if partial is not None:
+            self.partial = partial
+
+    def seconds_left(self) -> float | None:
+        """From the time so far and the fraction done; None until the fraction says something."""
+        if self.fraction <= 0.02:
+            return None
+        return (time.perf_counter() - self.started) * (1 - self.fraction) / self.fraction
+
+    def run(self, work: Callable[[Report], Any]) -> None:
+        """The worker thread's body."""
+        try:
+            self.result = work(self.report)
+        except Exception as err:  # noqa: BLE001 - any failure is shown to the user, never lost in a thread
+            traceback.print_exc()
+            self.error = f"{type(err).__name__}: {err}"
+        finally:
+            self.fraction = 1.0
+            self.finished.set()
+
+
+def current() -> Job | None:
+    return st.session_state.get(JOB)
+
+
+def running(name: str) -> bool:
+    """Whether this session's job called `name` is still working."""
+    job = current()
+    return job is not None and job.name == name and job.running
+
+
+def start(name: str, label: str, work: Callable[[Report], Any], on_done: Callable[[Any], None]) -> Job | None:
+    """Start `work` on a worker thread; None (and a message) if this session already runs something."""
+    job = current()
+    if job is not None and job.running:
+        st.warning(f"{BUSY}: **{md(job.label)}** is still running "
+                   f"({job.fraction:.0%} done). Start this one when it has finished.", icon=":material/hourglass:")
+        return None
+    job = Job(name, label, on_done)
+    st.session_state[JOB] = job
+    threading.Thread(target=job.run, args=(work,), name=f"speclab-job-{name}", daemon=True).start()
+    return job
+
+
+def progress_words(job: Job) -> str:
+    elapsed = time.perf_counter() - job.started
+    left = job.seconds_left()
+    return (f"{job.label}: {job.text}, {job.fraction:.0%} done after {elapsed:.0f} s"
+            + (f"; about {left:.0f} s left" if left is not None else "")
+            + ". The page stays usable meanwhile.")
+
+
+@st.fragment(run_every=POLL_S)
+def _poll(name: str, draw_partial: Callable[[Any], None] | None) -> None:
+    """Redrawn every POLL_S seconds on its own; reruns the whole page once the work has ended."""
+    job = current()
+    if job is None or job.name != name or not job.running:
+        st.rerun(scope="app")
+    st.progress(job.fraction, text=progress_words(job))
+    partial = job.partial  # read once: the worker may replace it meanwhile
+    if draw_partial is not None and partial is not None:
+        draw_partial(partial)
+
+
+def show(name: str, draw_partial: Callable[[Any], None] | None = None) -> Job | None:
+    """Where a page section shows its job: progress while it runs (and `draw_partial` of the
+    work so far, if the work hands some over), the error if it failed.
+
+    On the first script run after the work succeeded, `on_done` gets the result and the page
+    reruns, so everything drawn above this point sees it. Returns the job shown, if any."""
+    job = current()
+    if job is None or job.name != name:
+        if job is not None and job.running:
+            st.caption(f"{md(job.label)} is running elsewhere in this session ({job.fraction:.0%} done).")
+        return None
+    if job.running:
+        _poll(name, draw_partial)
+        return job
+    if job.error is None:  # done: hand the result over once, then forget the job
+        del st.session_state[JOB]
+        job.on_done(job.result)
+        st.rerun()
+    st.error(f"{md(job.label)} failed: {md(state.shown_paths(job.error)[:400])}. Nothing stored earlier "
+             "was lost; try again.", icon=":material/error:")
+    return job

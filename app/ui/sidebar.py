@@ -1,0 +1,24 @@
+"""The sidebar every page shares: what trace is open, and why a link's trace could not be opened."""
+import streamlit as st
+
+from app.ui import jobs
+from app.ui import state
+from app.ui.safe import md
+from engine.trace.format import model_name
+
+
+def render(slot=None) -> None:
+    """Into `slot` (an st.sidebar.empty() placeholder, so a second call replaces the first), else the sidebar."""
+    with (slot.container() if slot is not None else st.sidebar):
+        ref, trace = state.current_ref(), state.current_trace()
+        if trace is None:
+            st.caption("No trace open.")
+        else:
+            st.caption(f"Open trace: **{md(ref.label)}**  \n"
+                       f"{md(model_name(trace.header, 'target'))} ← {md(model_name(trace.header, 'draft'))}, "
+                       f"K={trace.k}, {len(trace.cycles)} cycles")
+        if state.link_error():
+            st.error(md(state.link_error()), icon=":material/error:")
+        job = jobs.current()
+        if job is not None and job.running:  # so a user who left its page knows where it went
+            st.caption(f"Still running in this session: **{md(job.label)}** (its page shows the progress).")

@@ -1,0 +1,276 @@
+"""Which trace is open, shared by every page.
+
+A trace is named by a `TraceRef` (bundled file, live run, upload, or the path in the
+SPECLAB_TRACE environment variable). Its short token (e.g. "bundled:default.jsonl")
+goes into the URL, so a link reopens the same trace; tokens only ever name files
+inside the app's own folders, never an arbitrary path.
+
+Pages call `current_trace()`; the step (cycle, stage) lives in st.session_state too.
+"""
+import atexit
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from engine.trace.format import Trace, TraceError, load_trace, loads_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+KINDS = ("bundled", "run", "upload", "env")
+MAX_UPLOAD_BYTES = 64 * 2**20  # a long chat run with K=8 and top-10 lists is a few MB
+MAX_UPLOADS = 64  # kept per server; the oldest go first
+
+# session_state keys (other pages read these through the helpers below)
+REF, TRACE, TRACE_KEY, ERROR, CYCLE, STAGE = "trace_ref", "trace", "trace_key", "trace_error", "cycle", "stage"
+
+
+def traces_dir() -> Path:
+    return Path(os.environ.get("SPECLAB_TRACES_DIR", ROOT / "assets" / "traces"))
+
+
+def runs_dir() -> Path:
+    return Path(os.environ.get("SPECLAB_RUNS_DIR", ROOT / "runs" / "live"))
+
+
+_UPLOADS: list[Path] = []  # this server's private upload folder, made on first use
+_UPLOADS_LOCK = threading.Lock()
+
+
+def uploads_dir() -> Path:
+    """SPECLAB_UPLOADS_DIR if the server sets it, else a private folder of this server process.
+
+    The private folder is made by mkdtemp (mode 0700, a fresh name no other user can have
+    planted) and removed when the process exits.
+    """
+    if os.environ.get("SPECLAB_UPLOADS_DIR"):
+        return Path(os.environ["SPECLAB_UPLOADS_DIR"])
+    with _UPLOADS_LOCK:
+        if not _UPLOADS:
+            folder = Path(tempfile.mkdtemp(prefix="speclab-uploads-"))
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            _UPLOADS.append(folder)
+        return _UPLOADS[0]
+
+
+def shown_paths(text: str) -> str:
+    """A message with the server's absolute folders replaced by names relative to the app."""
+    folders = [(uploads_dir(), "uploads"), (runs_dir(), "runs"), (traces_dir(), "traces"), (ROOT, ""),
+               (Path(tempfile.gettempdir()), "tmp"), (Path.home(), "~")]
+    for folder, name in sorted(folders, key=lambda f: -len(str(f[0]))):
+        text = text.replace(str(folder) + os.sep, f"{name}/" if name else "").replace(str(folder), name or ".")
+    return text
+
+
+@dataclass(frozen=True)
+class TraceRef:
+    kind: str  # one of KINDS
+    name: str = ""  # a file name inside that kind's folder ("" for env)
+
+    @property
+    def token(self) -> str:
+        return f"{self.kind}:{self.name}" if self.name else self.kind
+
+    @property
+    def path(self) -> Path:
+        if self.kind == "env":
+            return Path(os.environ.get("SPECLAB_TRACE", ""))
+        folder = {"bundled": traces_dir(), "run": runs_dir(), "upload": uploads_dir()}[self.kind]
+        return folder / self.name
+
+    @property
+    def label(self) -> str:
+        what = {"bundled": "example", "run": "live run", "upload": "upload", "env": "SPECLAB_TRACE"}[self.kind]
+        return f"{what}: {self.name or self.path.name}"
+
+
+def parse_token(token: str | None) -> TraceRef | None:
+    """A ref from a URL token, or None if it names nothing the app may open."""
+    if not token:
+        return None
+    kind, _, name = token.partition(":")
+    if kind not in KINDS or (kind == "env") != (name == "") or (kind == "env" and not os.environ.get("SPECLAB_TRACE")):
+        return None
+    if name and (Path(name).name != name or name.startswith(".")):
+        return None  # a bare file name only: no folders, no '..'
+    return TraceRef(kind, name)
+
+
+def bundled_traces() -> list[str]:
+    folder = traces_dir()
+    return sorted(p.name for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+
+
+def default_ref() -> TraceRef | None:
+    """SPECLAB_TRACE if set, else assets/traces/default.jsonl, else the first bundled trace by name."""
+    if os.environ.get("SPECLAB_TRACE"):
+        return TraceRef("env")
+    names = bundled_traces()
+    if not names:
+        return None
+    return TraceRef("bundled", "default.jsonl" if "default.jsonl" in names else names[0])
+
+
+# ---------------------------------------------------------------- loading (cached)
+
+@st.cache_data(max_entries=16, show_spinner="Reading trace…")
+def _load_path(path: str, mtime_ns: int, source: str) -> Trace:
+    """Keyed by path and modification time, so a rewritten file is read again."""
+    return load_trace(path, allow_incomplete=True, source=source)
+
+
+@st.cache_data(max_entries=16, show_spinner="Reading trace…")
+def _load_bytes(data: bytes, source: str) -> Trace:
+    return loads_trace(data, source, allow_incomplete=True)
+
+
+def load_ref(ref: TraceRef) -> tuple[Trace, str]:
+    """The trace a ref names and a key that changes whenever its content can have changed."""
+    path = ref.path
+    if not path.is_file():
+        raise TraceError(f"trace file not found: {ref.label}")
+    return _load_path(str(path), path.stat().st_mtime_ns, ref.label), content_key(ref)
+
+
+def content_key(ref: TraceRef) -> str:
+    """A key that changes whenever the file a ref names can have changed.
+
+    The path is part of it: SPECLAB_TRACE (or the traces folder) can put different files under one token,
+    and a fresh checkout gives many files the same modification time."""
+    stat = ref.path.stat()
+    return f"{ref.token}|{ref.path.resolve()}@{stat.st_mtime_ns}:{stat.st_size}"
+
+
+# ---------------------------------------------------------------- the current trace
+
+def set_current(ref: TraceRef, cycle: int = 0, stage: int = 1) -> str | None:
+    """Open a trace; returns an error message (and keeps the previous trace) if it cannot be read."""
+    try:
+        trace, key = load_ref(ref)
+    except (TraceError, OSError) as err:
+        return shown_paths(str(err))
+    st.session_state.update({REF: ref, TRACE: trace, TRACE_KEY: key})
+    set_step(cycle, stage)
+    return None
+
+
+def current_ref() -> TraceRef | None:
+    return st.session_state.get(REF)
+
+
+def current_trace() -> Trace | None:
+    """The open trace, or None when nothing could be opened."""
+    return st.session_state.get(TRACE)
+
+
+def current_key() -> str:
+    """A string naming the open trace's content, for st.cache_data keys of derived data."""
+    return st.session_state.get(TRACE_KEY, "")
+
+
+def link_error() -> str | None:
+    """Why the trace a link named could not be opened (shown in the sidebar), or None."""
+    return st.session_state.get(ERROR)
+
+
+def open_upload(name: str, data: bytes) -> str | None:
+    """Validate uploaded bytes through the engine's loader, keep them, and open them.
+
+    Returns an error message for the user, or None on success. The bytes are saved
+    under their hash so the page URL can name the upload.
+    """
+    if len(data) > MAX_UPLOAD_BYTES:
+        return f"{len(data) / 2**20:.1f} MiB is larger than the {MAX_UPLOAD_BYTES // 2**20} MiB an upload may have"
+    try:
+        _load_bytes(data, name)
+    except TraceError as err:
+        return shown_paths(str(err))
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    ref = TraceRef("upload", f"{digest}.jsonl")
+    if current_ref() == ref:
+        return None  # a rerun with the same file still in the uploader: keep the step
+    try:
+        store_upload(ref.path, data)
+    except OSError as err:
+        return f"could not keep the upload on the server: {shown_paths(str(err))}"
+    return set_current(ref)
+
+
+def store_upload(path: Path, data: bytes) -> None:
+    """Write a new upload without following links (O_NOFOLLOW) or replacing a file (O_EXCL).
+
+    A file of that name already holds the same bytes (its name is their hash) unless
+    someone else wrote it: then it is refused, never trusted or overwritten.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # raises on a planted link
+        with os.fdopen(fd, "rb") as f:
+            if f.read(MAX_UPLOAD_BYTES + 1) != data:
+                raise OSError(f"{path.name} exists with other content") from None
+        return
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    prune_uploads(path.parent)
+
+
+def prune_uploads(folder: Path, keep: int = MAX_UPLOADS) -> None:
+    """Delete the oldest uploads beyond `keep` (links and folders are left alone)."""
+    files = [p for p in folder.glob("*.jsonl") if p.is_file() and not p.is_symlink()]
+    for old in sorted(files, key=lambda p: p.stat().st_mtime_ns)[:-keep]:
+        old.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- the step
+
+def set_step(cycle: int, stage: int) -> None:
+    """Move to a cycle and stage, clamped to the open trace."""
+    trace = current_trace()
+    last = max(0, len(trace.cycles) - 1) if trace else 0
+    st.session_state[CYCLE] = min(max(0, cycle), last)
+    st.session_state[STAGE] = min(max(1, stage), 5)
+
+
+def step() -> tuple[int, int]:
+    return st.session_state.get(CYCLE, 0), st.session_state.get(STAGE, 1)
+
+
+def _int_param(name: str, default: int) -> int:
+    try:
+        return int(st.query_params.get(name, default))
+    except ValueError:
+        return default
+
+
+def open_from_url_or_default() -> None:
+    """Once per session: open the trace, cycle and stage the URL names, else the default trace."""
+    if st.session_state.get("_opened"):
+        return
+    st.session_state["_opened"] = True
+    token = st.query_params.get("trace")
+    ref, problem = parse_token(token), None
+    if token and ref is None:
+        problem = f"the link names a trace this app cannot open ({token!r}); showing the default"
+    ref = ref or default_ref()
+    if ref is not None:
+        problem = set_current(ref, _int_param("cycle", 0), _int_param("stage", 1)) or problem
+        if problem and ref != default_ref() and default_ref() is not None:
+            set_current(default_ref())
+    st.session_state[ERROR] = problem
+
+
+def write_url() -> None:
+    """Put the open trace and step into the URL, so copying it shares this exact view."""
+    ref = current_ref()
+    if ref is None:
+        return
+    cycle, stage = step()
+    wanted = {"trace": ref.token, "cycle": str(cycle), "stage": str(stage)}
+    if {k: st.query_params.get(k) for k in wanted} != wanted:
+        st.query_params.update(wanted)

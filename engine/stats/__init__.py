@@ -1,0 +1,10 @@
+"""What a trace says about speed and acceptance, and the measurements behind it.
+
+- analysis.py: acceptance, cost and speed computed from a trace (the statistics page and
+  `python -m engine stats` both read it); report.py prints it.
+- calibrate.py: one target step, one draft step and one verify pass, timed.
+- sweep.py: one prompt at several K, measured. repeats.py: warm up, repeat, report the spread.
+- layouts.py: slots held, stale slots and blocks, per cache layout.
+
+May import: everything in the engine below it (config, trace, models, kv, drafters, cycle).
+"""

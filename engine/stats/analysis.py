@@ -1,0 +1,342 @@
+"""Why speculation pays off or not: acceptance, cost and speed computed from a trace.
+
+Plain functions of trace records (and of the optional step-time calibration, see
+engine/stats/calibrate.py); the app's statistics page and `python -m engine stats` both show
+these numbers, so they are computed in one place.
+
+Two predictions of the speedup over plain target decoding are compared with the
+measured one:
+- Leviathan et al. 2023: E[tokens per cycle] / (K c + 1), with c = t_draft / t_step.
+  It assumes one verify pass over K+1 positions costs one target decode step.
+- refined: E[tokens per cycle] x t_step / (K t_draft + t_verify(K+1)), which uses the
+  measured cost of verifying K+1 positions instead. On a CPU a wider pass costs more
+  than one step, so this one usually explains CPU measurements better.
+"""
+from dataclasses import dataclass
+from statistics import fmean
+
+from engine.config import MAX_K
+from engine.trace.metrics import acceptance_metrics, expected_tokens_per_cycle, predicted_speedup
+from engine.trace.format import Trace
+
+DEFINITIONS = {
+    "acceptance_rate": "accepted draft tokens / drafted tokens (vLLM V1).",
+    "mean_acceptance_length": "1 + accepted draft tokens / cycles: tokens one cycle commits, "
+                              "counting its resampled or bonus token (vLLM V1).",
+    "per_position_acceptance": "cycles whose i-th draft token was accepted / cycles; it needs every token "
+                               "before it accepted too, so the curve never rises (vLLM V1).",
+    "alpha": "mean of the recorded beta = sum_x min(p_target(x), p_draft(x)) over every drafted position: "
+             "the chance one draft token passes (Leviathan et al. 2023).",
+    "c": "cost ratio: one draft step / one target decode step (both cached, 1 token, with sampling).",
+    "leviathan": "E[tokens per cycle] / (K c + 1) (Leviathan et al. 2023): assumes verifying K+1 "
+                 "positions costs one target step.",
+    "refined": "E[tokens per cycle] x t_step / (K t_draft + t_verify(K+1)): uses the measured cost of "
+               "verifying K+1 positions.",
+    "measured": "t_step x generated tokens / total cycle time: plain decoding's time per token over "
+                "speculation's (decoding only, prefill and trace writing excluded).",
+}
+NO_CALIBRATION = ("this trace has no step-time calibration, so c, t_step and the speedups cannot be "
+                  "computed: record it with `python -m engine run --calibrate ...`")
+
+
+# ---------------------------------------------------------------- acceptance
+
+def measured_alpha(cycles: list[dict]) -> float:
+    """Mean of every recorded beta (all K positions of every cycle); 0 with no cycles."""
+    betas = [b for c in cycles for b in c["beta"]]
+    return fmean(betas) if betas else 0.0
+
+
+def beta_by_position(cycles: list[dict], k: int) -> list[float]:
+    """Mean beta at each draft position 1..K: does the draft drift as it runs ahead?"""
+    means = []
+    for i in range(k):  # prompt lookup may propose fewer than K: average over the cycles that reached i
+        at_i = [c["beta"][i] for c in cycles if len(c["beta"]) > i]
+        means.append(fmean(at_i) if at_i else 0.0)
+    return means
+
+
+def tokens_per_cycle_counts(cycles: list[dict], k: int) -> list[int]:
+    """How many cycles committed n = 1..K+1 tokens (accepted + the resampled or bonus token).
+
+    Uses num_accepted + 1 rather than the committed list, which an EOS or the token
+    budget may cut short in the last cycle: the model being tested knows no budget.
+    """
+    counts = [0] * (k + 1)
+    for c in cycles:
+        counts[c["num_accepted"]] += 1
+    return counts
+
+
+def truncated_geometric_pmf(alpha: float, k: int) -> list[float]:
+    """P(a cycle commits n tokens), n = 1..K+1, if each draft token passes independently with alpha.
+
+    n <= K: the first n-1 pass and the n-th fails: alpha^(n-1) (1 - alpha).
+    n = K+1: all K pass, plus the bonus token: alpha^K.
+    """
+    return [alpha ** (n - 1) * (1 - alpha) for n in range(1, k + 1)] + [alpha ** k]
+
+
+def predicted_per_position(alpha: float, k: int) -> list[float]:
+    """Per-position acceptance the i.i.d. model predicts: alpha^i for position i."""
+    return [alpha ** i for i in range(1, k + 1)]
+
+
+# ---------------------------------------------------------------- timings
+
+@dataclass(frozen=True)
+class Calibration:
+    """Step times measured on the pair at one cache length (see engine/stats/calibrate.py)."""
+
+    cache_len: int
+    target_step_s: float
+    draft_step_s: float
+    verify_positions: list[int]
+    verify_s: list[float]
+
+    def fit(self) -> tuple[float, float]:
+        """Least-squares line t_verify(n) = intercept + slope * n through the measured widths."""
+        xs, ys = self.verify_positions, self.verify_s
+        if len(xs) < 2:
+            return ys[0], 0.0
+        mx, my = fmean(xs), fmean(ys)
+        spread = sum((x - mx) ** 2 for x in xs)
+        if spread == 0:  # one width measured several times: no slope to fit
+            return my, 0.0
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / spread
+        return my - slope * mx, slope
+
+    def verify_time(self, positions: int) -> float:
+        """Measured time to verify `positions` positions; the fitted line beyond the measured widths."""
+        if positions in self.verify_positions:
+            return self.verify_s[self.verify_positions.index(positions)]
+        intercept, slope = self.fit()
+        return max(intercept + slope * positions, self.verify_s[-1])
+
+    def measured(self, positions: int) -> bool:
+        return positions in self.verify_positions
+
+
+def calibration_of(header: dict) -> Calibration | None:
+    """The header's optional calibration; None when absent, ValueError when malformed."""
+    raw = header.get("calibration")
+    if raw is None:
+        return None
+    try:
+        cal = Calibration(int(raw["cache_len"]), float(raw["target_step_s"]), float(raw["draft_step_s"]),
+                          [int(n) for n in raw["verify_positions"]], [float(t) for t in raw["verify_s"]])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"the trace's calibration is malformed: {err!r}") from None
+    if not cal.verify_positions or len(cal.verify_positions) != len(cal.verify_s):
+        raise ValueError("the trace's calibration has no verify times, or positions and times differ in length")
+    if min([cal.target_step_s, cal.draft_step_s, *cal.verify_s]) <= 0:
+        raise ValueError("the trace's calibration has a time that is not positive")
+    return cal
+
+
+@dataclass(frozen=True)
+class CycleTimes:
+    """Where the average cycle's time goes (seconds per cycle unless named otherwise)."""
+
+    draft_step_s: float  # one draft step (mean over all steps)
+    draft_s: float  # K draft steps
+    verify_s: float  # one target pass over K+1 positions
+    catch_up_s: float  # feeding d_K to the draft after a full accept, averaged over all cycles
+    other_s: float  # the rest: acceptance test, resampling, rollback, Python bookkeeping
+    cycle_s: float
+    decode_s: float  # all cycles together
+    tokens: int  # tokens all cycles committed
+
+
+def cycle_times(cycles: list[dict]) -> CycleTimes | None:
+    if not cycles:
+        return None
+    steps = [t for c in cycles for t in c["draft_step_times_s"]]
+    draft, verify = fmean(c["draft_time_s"] for c in cycles), fmean(c["verify_time_s"] for c in cycles)
+    catch_up, cycle = fmean(c["catch_up_time_s"] for c in cycles), fmean(c["cycle_time_s"] for c in cycles)
+    return CycleTimes(fmean(steps) if steps else 0.0, draft, verify, catch_up,
+                      max(0.0, cycle - draft - verify - catch_up), cycle,
+                      sum(c["cycle_time_s"] for c in cycles),
+                      sum(len(c["committed_token_ids"]) for c in cycles))
+
+
+# ---------------------------------------------------------------- speed
+
+def cost_ratio(draft_step_s: float, target_step_s: float) -> float:
+    return draft_step_s / target_step_s
+
+
+def refined_speedup(alpha: float, k: int, target_step_s: float, draft_step_s: float,
+                    verify_s: float) -> float:
+    """E[tokens per cycle] x t_step / (K t_draft + t_verify(K+1))."""
+    return expected_tokens_per_cycle(alpha, k) * target_step_s / (k * draft_step_s + verify_s)
+
+
+def measured_speedup(tokens: int, decode_s: float, target_step_s: float) -> float:
+    """Plain decoding's time per token (one target step) over speculation's."""
+    return target_step_s * tokens / decode_s if decode_s > 0 else 0.0
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    return abs(predicted - measured) / measured if measured > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class SpeedReport:
+    k: int
+    alpha: float
+    c: float
+    target_step_s: float
+    draft_step_s: float
+    verify_s: float  # the trace's own mean verify time at K+1 positions
+    verify_in_steps: float  # that verify time in target steps: Leviathan assumes 1
+    expected_tokens: float
+    leviathan: float
+    refined: float
+    measured: float
+
+    @property
+    def closer(self) -> str:
+        """'refined' or 'leviathan': the prediction nearer the measured speedup."""
+        lev, ref = relative_error(self.leviathan, self.measured), relative_error(self.refined, self.measured)
+        return "refined" if ref <= lev else "leviathan"
+
+
+def speed_report(k: int, alpha: float, times: CycleTimes, cal: Calibration) -> SpeedReport:
+    t_step = cal.target_step_s
+    return SpeedReport(
+        k=k, alpha=alpha, c=cost_ratio(times.draft_step_s, t_step), target_step_s=t_step,
+        draft_step_s=times.draft_step_s, verify_s=times.verify_s, verify_in_steps=times.verify_s / t_step,
+        expected_tokens=expected_tokens_per_cycle(alpha, k),
+        leviathan=predicted_speedup(alpha, k, cost_ratio(times.draft_step_s, t_step)),
+        refined=refined_speedup(alpha, k, t_step, times.draft_step_s, times.verify_s),
+        measured=measured_speedup(times.tokens, times.decode_s, t_step))
+
+
+def explain_speed(r: SpeedReport) -> str:
+    """One paragraph: which prediction matches the measurement, and why."""
+    lev_err, ref_err = relative_error(r.leviathan, r.measured), relative_error(r.refined, r.measured)
+    verdict = "faster than" if r.measured >= 1 else "slower than"
+    text = (f"Measured: {r.measured:.2f}x ({verdict} plain decoding). Leviathan's prediction {r.leviathan:.2f}x "
+            f"is {lev_err:.0%} off; the refined one {r.refined:.2f}x is {ref_err:.0%} off. ")
+    if r.closer == "refined":
+        text += (f"The refined prediction explains it better: verifying {r.k + 1} positions took "
+                 f"{r.verify_in_steps:.2f} target steps here, not the 1 step Leviathan's formula assumes.")
+    else:
+        text += (f"Leviathan's formula explains it as well or better: verifying {r.k + 1} positions took "
+                 f"{r.verify_in_steps:.2f} target steps, close enough to its assumption of 1.")
+    return text
+
+
+# ---------------------------------------------------------------- K advisor
+
+@dataclass(frozen=True)
+class KAdvice:
+    k: int
+    expected_tokens: float
+    leviathan: float
+    refined: float
+    verify_s: float  # t_verify(K+1) from the calibration
+    extrapolated: bool  # K+1 lies beyond the calibrated widths: t_verify from the fitted line
+    cost_steps: float  # one cycle's time in target steps: (K t_draft + t_verify(K+1)) / t_step
+
+
+def advise_k(alpha: float, draft_step_s: float, cal: Calibration, ks: list[int]) -> list[KAdvice]:
+    """Both predictions at each K for fixed alpha, draft step time and verify-cost curve."""
+    c = cost_ratio(draft_step_s, cal.target_step_s)
+    return [KAdvice(k, expected_tokens_per_cycle(alpha, k), predicted_speedup(alpha, k, c),
+                    refined_speedup(alpha, k, cal.target_step_s, draft_step_s, cal.verify_time(k + 1)),
+                    cal.verify_time(k + 1), not cal.measured(k + 1),
+                    (k * draft_step_s + cal.verify_time(k + 1)) / cal.target_step_s)
+            for k in ks]
+
+
+def advisor_ks(cal: Calibration, k: int) -> list[int]:
+    """K = 1 up to the widest calibrated verify, and at least 2 past the trace's K (never past MAX_K + 2)."""
+    return list(range(1, min(max(max(cal.verify_positions) - 1, k + 2), MAX_K + 2) + 1))
+
+
+def best_k(advice: list[KAdvice]) -> KAdvice:
+    """The K the refined prediction rates fastest (ties: the smaller K), among the K whose
+    verify width K+1 was measured: verify cost per width is not a straight line on a CPU
+    (a BLAS kernel may change with the row count), so the pick rests on the measured curve,
+    never on the fitted line. Only when no K was measured does the line decide."""
+    measured = [a for a in advice if not a.extrapolated] or advice
+    return max(measured, key=lambda a: (a.refined, -a.k))
+
+
+def advice_sentence(advice: list[KAdvice]) -> str:
+    best = best_k(advice)
+    why = (f"At K={best.k} a cycle costs {best.cost_steps:.2f} target steps (K draft steps and one verify pass) "
+           f"and commits {best.expected_tokens:.2f} tokens on average.")
+    if best.refined < 1.0:
+        return (f"No K pays off on this hardware: the best, K={best.k}, is predicted at {best.refined:.2f}x, "
+                f"slower than plain decoding. {why}")
+    return (f"Best K = {best.k}: predicted {best.refined:.2f}x plain decoding "
+            f"(Leviathan's formula would say {best.leviathan:.2f}x at that K). {why}")
+
+
+# ---------------------------------------------------------------- everything for one trace
+
+@dataclass(frozen=True)
+class TraceStats:
+    k: int
+    num_cycles: int
+    acceptance: dict  # acceptance_metrics(): the vLLM V1 metrics
+    alpha: float
+    beta_by_position: list[float]
+    tokens_per_cycle: list[int]  # counts for n = 1..K+1
+    pmf: list[float]  # truncated geometric at alpha, n = 1..K+1
+    times: CycleTimes | None
+    calibration: Calibration | None
+    calibration_error: str | None  # why a present calibration could not be used
+    speed: SpeedReport | None
+    advice: list[KAdvice]
+    tokens_per_s: float | None  # the summary's end-to-end rate (prefill and trace writing included)
+    drafter: str = "model"  # the trace header's drafter kind
+    by_ngram: list["NgramRow"] | None = None  # prompt lookup only: acceptance by matched n-gram size
+
+
+@dataclass(frozen=True)
+class NgramRow:
+    """Prompt-lookup cycles whose lookup matched an n-gram of this size (None: no match)."""
+
+    ngram_size: int | None
+    cycles: int
+    proposed: int
+    accepted: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+
+def acceptance_by_ngram(cycles: list[dict]) -> list[NgramRow]:
+    """Does a longer match predict the continuation better? One row per matched n, then no match."""
+    rows: dict[int | None, list[int]] = {}
+    for c in cycles:
+        n = (c.get("drafter_state") or {}).get("ngram_size")
+        row = rows.setdefault(n, [0, 0, 0])
+        row[0] += 1
+        row[1] += len(c["draft_token_ids"])
+        row[2] += c["num_accepted"]
+    order = sorted((n for n in rows if n is not None), reverse=True) + ([None] if None in rows else [])
+    return [NgramRow(n, *rows[n]) for n in order]
+
+
+def trace_stats(trace: Trace) -> TraceStats:
+    cycles, k = trace.cycles, trace.k
+    alpha = measured_alpha(cycles)
+    times = cycle_times(cycles)
+    try:
+        cal, cal_error = calibration_of(trace.header), None
+    except ValueError as err:
+        cal, cal_error = None, str(err)
+    speed = speed_report(k, alpha, times, cal) if cal and times else None
+    advice = advise_k(alpha, times.draft_step_s, cal, advisor_ks(cal, k)) if cal and times else []
+    drafted = [len(c["draft_token_ids"]) for c in cycles]
+    return TraceStats(k, len(cycles), acceptance_metrics([c["num_accepted"] for c in cycles], k, drafted), alpha,
+                      beta_by_position(cycles, k), tokens_per_cycle_counts(cycles, k),
+                      truncated_geometric_pmf(alpha, k), times, cal, cal_error, speed, advice,
+                      trace.summary["tokens_per_s"] if trace.summary else None, trace.drafter_kind,
+                      acceptance_by_ngram(cycles) if trace.drafter_kind == "prompt-lookup" else None)

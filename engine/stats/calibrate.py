@@ -1,0 +1,117 @@
+"""Step-time calibration: what one target step, one draft step and one verify pass cost.
+
+A speculative trace never runs the target on a single token, so it cannot tell how long
+plain decoding would take per token (t_step), and it times verification at one width
+only (K+1 positions). This module measures, on the loaded pair and at a chosen cache
+length:
+
+- target_step_s: one cached target decode step on 1 token, with the same warping and
+  sampling plain decoding does per token;
+- verify_s[n]: one target forward over n positions plus warping, as `verify` does, for
+  every n from 1 to K_max + 1 (the K advisor picks K from this measured curve);
+- draft_step_s: one cached draft step on 1 token, warping and sampling, as `propose` does.
+
+Each is the median of `repeats` timings taken after a warm-up. The result is plain
+data (JSON-ready) so it can ride in a trace header as the optional "calibration" field.
+"""
+import statistics
+from typing import Callable
+
+import torch
+
+from engine.config import SpecSettings
+from engine.models.loading import LoadedModel
+from engine.models.sampling import draw as draw_token, warp_probs
+from engine.cycle.reference import Pair, crop
+from engine.models.device import timed
+
+DEFAULT_MAX_POSITIONS = 9  # verify widths 1..9 cover K = 1..8 without extrapolating
+
+
+def context_of_length(prompt_ids: list[int], length: int) -> list[int]:
+    """`length` token ids made by repeating the prompt; only the count matters for timing."""
+    if not prompt_ids:
+        raise ValueError("calibration needs at least one prompt token")
+    repeats = length // len(prompt_ids) + 1
+    return (list(prompt_ids) * repeats)[: max(1, length)]
+
+
+def _timed(fn: Callable[[], None], device: torch.device) -> float:
+    return timed(fn, device)[1]
+
+
+def _step(model: LoadedModel, cache, token_ids: list[int], s: SpecSettings,
+          gen: torch.Generator, draw: bool) -> None:
+    """One forward over `token_ids`, warped; with `draw`, also sample the next token."""
+    probs = warp_probs(model.forward(token_ids, cache), s)
+    if draw:
+        draw_token(probs[-1], s, gen)
+
+
+def time_widths(model: LoadedModel, context: list[int], widths: list[int], s: SpecSettings,
+                repeats: int, draw: bool, step: bool = False) -> dict[int | str, float]:
+    """Median time of a forward over each width of new positions, at cache length len(context) - 1.
+
+    The cache is cropped back after every forward, so each timing starts from the same
+    length. Repeats run round-robin over the widths, so slow drift (another process
+    waking up) spreads over all widths instead of biasing one. With `step`, one decode
+    step (1 position, warped and sampled, as plain decoding does) joins the round-robin
+    under the key "step": the advisor divides verify times by it, and on a shared machine
+    a step timed separately drifts apart from the widths by tens of percent.
+    """
+    gen = torch.Generator().manual_seed(0)
+    cache = model.new_cache()
+    if len(context) > 1:
+        model.forward(context[:-1], cache)
+    keep = len(context) - 1
+    feed = [context[-1]] + context[: max(widths) - 1]
+    jobs: list[tuple[int | str, int, bool]] = [(w, w, draw) for w in widths] + ([("step", 1, True)] if step else [])
+    times: dict[int | str, list[float]] = {key: [] for key, _, _ in jobs}
+    for round_number in range(repeats + 1):  # round 0 warms up and is not kept
+        for key, w, sampled in jobs:
+            elapsed = _timed(lambda: _step(model, cache, feed[:w], s, gen, sampled), model.device)
+            crop(cache, keep)
+            if round_number:
+                times[key].append(elapsed)
+    return {key: statistics.median(t) for key, t in times.items()}
+
+
+def time_drafter_step(pair: Pair, context: list[int], s: SpecSettings, repeats: int) -> float:
+    """Median time a drafter without a same-tokenizer draft model takes to propose one token
+    (for prompt lookup: one n-gram search; for the other-tokenizer draft: its steps and re-encoding;
+    for the EAGLE head: one head step and the target's output layer over the kept vocabulary; its
+    start runs the target over the context once for the features, untimed)."""
+    gen = torch.Generator().manual_seed(0)
+    state = pair.drafter.start(context)
+    times = []
+    for round_number in range(repeats + 1):  # round 0 warms up and is not kept
+        proposal = pair.drafter.propose(state, context, 1, s, gen)
+        pair.drafter.roll_back(state, context)
+        if round_number:
+            times.append(sum(proposal.step_times_s))
+    return statistics.median(times)
+
+
+def calibrate(pair: Pair, prompt_ids: list[int], s: SpecSettings, cache_len: int | None = None,
+              max_positions: int | None = None, repeats: int = 7) -> dict:
+    """Step times of both models at `cache_len` cached positions (default: the run's mean).
+
+    The run's mean cache length is the prompt plus half the new tokens: attention cost
+    grows with the cache, so this is the length the average cycle sees.
+    """
+    if cache_len is None:
+        cache_len = len(prompt_ids) - 1 + s.max_new_tokens // 2
+    max_positions = max_positions or max(DEFAULT_MAX_POSITIONS, s.k + 1)
+    context = context_of_length(prompt_ids, cache_len + 1)
+    widths = list(range(1, max_positions + 1))
+    verify = time_widths(pair.target, context, widths, s, repeats, draw=False, step=True)
+    target_step = verify["step"]
+    if pair.draft is not None and pair.drafter.kind == "model":
+        draft_step = time_widths(pair.draft, context, [1], s, repeats, draw=True)[1]
+    else:
+        draft_step = time_drafter_step(pair, context, s, repeats)
+    return {
+        "cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),
+        "target_step_s": target_step, "draft_step_s": draft_step,
+        "verify_positions": widths, "verify_s": [verify[w] for w in widths],
+    }

@@ -1,0 +1,10 @@
+"""Correct and deliberately broken runs, for the teaching pages only.
+
+- faults.py: the broken acceptance rules and rollbacks (the engine's cycle runs the ratio test).
+- runs.py: correct and broken runs side by side, cache views, numerics checks.
+- exactness.py: is speculative sampling distributed like the target? Count and test.
+- stale_slots.py: stale K/V that corrupts and stale K/V that does not.
+
+May import: the rest of the engine. Nothing in the engine imports this package but
+the top-level cli/run modules.
+"""

@@ -1,0 +1,81 @@
+"""Deliberately broken acceptance rules and rollbacks, for the teaching pages only.
+
+The engine's cycle (engine/cycle/reference.py) runs one rule, the ratio test; it takes a
+`CycleRule` so the teaching code can pass in a broken one and show what goes wrong.
+A `Faults` is such a rule. Nothing on the command line reaches it, and a run made with
+faults is marked in its trace header.
+"""
+from dataclasses import dataclass, replace
+
+import torch
+from transformers import DynamicCache
+
+from engine.drafters import Drafter, ModelDrafter
+from engine.kv.ops import crop
+from engine.models.sampling import residual, sample, uniform
+from engine.cycle.reference import Decision
+
+ACCEPTANCE_RULES = {
+    "ratio": "accept with probability min(1, p_target/p_draft); resample from the residual (correct)",
+    "p_target_only": "accept with probability p_target alone (wrong: ignores how often the draft proposes)",
+    "no_residual": "on rejection sample from p_target instead of the residual (wrong: double-counts the overlap)",
+    "token_match": "accept only if a fresh target sample equals the draft token, else resample from the residual (wrong)",
+}
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Deliberate bugs for the teaching pages only; normal runs never set them."""
+
+    keep_rejected_kv: bool = False  # skip the rollback of both caches
+    skip_draft_catch_up: bool = False  # after a full accept, never feed d_K to the draft
+    acceptance_rule: str = "ratio"  # see ACCEPTANCE_RULES
+    greedy_draft: bool = False  # draft proposes its argmax but is judged by its sampling distribution
+
+    def __post_init__(self) -> None:
+        if self.acceptance_rule not in ACCEPTANCE_RULES:
+            raise ValueError(f"unknown acceptance rule {self.acceptance_rule!r}; known: {', '.join(ACCEPTANCE_RULES)}")
+
+    # ---------------------------------------------------------------- CycleRule
+
+    def decide(self, draft_tokens: list[int], p_draft: torch.Tensor, p_target: torch.Tensor,
+               gen: torch.Generator) -> Decision:
+        """The left-to-right test with this fault's acceptance rule (the ratio test when "ratio")."""
+        rule = self.acceptance_rule
+        k = len(draft_tokens)
+        idx = torch.arange(k)
+        p_t = p_target[idx, draft_tokens]  # (n,)
+        p_d = p_draft[idx, draft_tokens]  # (n,)
+        accept_prob = torch.clamp(p_t / p_d, max=1.0).tolist()
+        draws: list[float] = []
+        for i in range(k):
+            draws.append(uniform(gen))
+            if not passes(rule, draws[-1], accept_prob[i], float(p_t[i]), p_target[i], draft_tokens[i], gen):
+                res = p_target[i] if rule == "no_residual" else residual(p_target[i], p_draft[i])
+                return Decision(i, accept_prob, draws, i + 1, sample(res, gen), res)
+        return Decision(k, accept_prob, draws, None, sample(p_target[k], gen), None)
+
+    def roll_back(self, cache: DynamicCache, keep: int) -> None:
+        if not self.keep_rejected_kv:
+            crop(cache, keep)
+
+    def drafter(self, drafter: Drafter) -> Drafter:
+        """The model drafter with this fault's draft-side bugs; other drafters as they are."""
+        if not isinstance(drafter, ModelDrafter):
+            return drafter
+        return replace(drafter, greedy_proposals=self.greedy_draft, crop_rejected=not self.keep_rejected_kv,
+                       catch_up=not self.skip_draft_catch_up)
+
+
+def passes(rule: str, u: float, accept_prob: float, p_t: float, target_probs: torch.Tensor,
+           token: int, gen: torch.Generator) -> bool:
+    if rule in ("ratio", "no_residual"):
+        return u < accept_prob
+    if rule == "p_target_only":
+        return u < p_t
+    if rule == "token_match":
+        return sample(target_probs, gen) == token
+    raise ValueError(f"unknown acceptance rule {rule!r}; known: {', '.join(ACCEPTANCE_RULES)}")
+
+
+NO_FAULTS = Faults()

@@ -1,0 +1,397 @@
+"""The trace format: one JSON object per line.
+
+Line 1 is the header, then one record per cycle, appended as each cycle ends (a killed
+run keeps the cycles it finished), then a summary. A file without its summary is
+incomplete and is never reported as a finished run.
+"""
+import json
+import math
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from types import UnionType
+from typing import IO, NotRequired, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
+
+from engine.trace.layout_checks import LayoutFieldError, check_layout_cycle, check_layout_header
+from engine.trace.metrics import acceptance_metrics
+from engine.trace.checks import DRAFTER_KINDS, BrokenInvariant, check_trace  # noqa: F401 (DRAFTER_KINDS: engine.drafters reads it here)
+
+
+FORMAT = "speclab-trace"
+VERSION = 1
+MAX_TRACE_BYTES = 256 * 2**20  # 4096 tokens at K=32 with top-100 lists stay well below this
+MAX_DEPTH = 16  # a trace nests 4 deep today; room for layout and drafter fields
+PARTIAL_SUFFIX = ".partial"  # the file a run streams into until it finishes
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message says where and what is wrong."""
+
+
+@dataclass
+class Trace:
+    header: dict
+    cycles: list[dict]
+    summary: dict | None
+
+    @property
+    def complete(self) -> bool:
+        return self.summary is not None
+
+    @property
+    def k(self) -> int:
+        return self.header["settings"]["k"]
+
+    @property
+    def drafter_kind(self) -> str:
+        """"model", "prompt-lookup" or "other-tokenizer"; traces written before drafters had a
+        name (no header "drafter" entry) all came from a draft model."""
+        return drafter_kind(self.header)
+
+
+def drafter_kind(header: dict) -> str:
+    return header.get("drafter", {}).get("kind", "model")
+
+
+# Field name -> allowed JSON types. `None` in the tuple marks a nullable field.
+NUM = (int, float)
+HEADER_FIELDS = {
+    "type": (str,), "format": (str,), "version": (int,), "target": (dict,), "draft": (dict,),
+    "settings": (dict,), "prompt": (str,), "prompt_token_ids": (list,), "prompt_token_texts": (list,),
+    "cache_convention": (dict,), "device": (str,), "dtype": (str,), "versions": (dict,),
+    "eos_token_ids": (list,),
+}
+SETTINGS_FIELDS = {"k": (int,), "temperature": NUM, "top_k": (int,), "top_p": NUM,
+                   "seed": (int,), "max_new_tokens": (int,), "trace_top_k": (int,)}
+class CacheLengths(TypedDict):
+    before: int  # positions cached when the cycle starts (committed length - 1)
+    after_append: int  # after drafting (draft) or verifying (target): provisional entries included
+    after_rollback: int  # after the rollback (and a draft's catch-up)
+
+
+class CycleRecord(TypedDict):
+    """One cycle of a trace: the names are written here once; the loader's table is derived from them.
+
+    Written by engine.cycle.reference.run_cycle (the fields from draft_token_texts on are the
+    `record=True` part, describe_cycle). n below is the number of proposals: K for a draft
+    model, 0..K for prompt lookup and the other-tokenizer draft.
+    """
+
+    type: str  # "cycle"
+    cycle: int
+    committed_len_before: int
+    draft_token_ids: list  # (n,) in the target's vocabulary
+    draft_token_texts: list  # (n,)
+    p_draft: list  # (n,) the drafter's probability of each proposed token (1.0 for a deterministic drafter)
+    p_target: list  # (n,)
+    accept_prob: list  # (n,) min(1, p_target / p_draft)
+    u: list  # the uniform draws, up to the first rejection
+    beta: list  # (n,) sum_x min(p_target, p_draft) at each position
+    num_accepted: int
+    rejected_position: int | None  # 1-based; None when all n passed
+    resampled_token_id: int | None
+    bonus_token_id: int | None
+    next_token_text: str
+    residual_top: list | None
+    target_top: list  # (n+1,) top entries of the target's distributions
+    draft_top: list  # (n,)
+    committed_token_ids: list
+    committed_token_texts: list
+    finished: bool
+    target_cache_len: CacheLengths
+    draft_cache_len: CacheLengths | None  # None when the drafter keeps no cache over the target's positions
+    draft_catch_up: bool
+    verify_positions: int  # n + 1
+    draft_time_s: float
+    draft_step_times_s: list
+    verify_time_s: float
+    catch_up_time_s: float
+    cycle_time_s: float
+    drafter_state: NotRequired[dict]  # prompt lookup / other tokenizer: the match or the token mapping
+
+
+def _allowed(annotation) -> tuple:
+    """A field's annotation as the loader's tuple of JSON types (None marks nullable)."""
+    if annotation is type(None):
+        return (None,)
+    if get_origin(annotation) in (Union, UnionType):
+        return tuple(t for arg in get_args(annotation) for t in _allowed(arg))
+    if annotation is float:
+        return NUM  # JSON has one number type: an integer-valued time is still a number
+    if is_typeddict(annotation):
+        return (dict,)
+    return (annotation,)
+
+
+def fields_of(record_type) -> dict:
+    """Field name -> allowed JSON types, for the required fields of a TypedDict."""
+    hints = get_type_hints(record_type)  # in declaration order
+    return {name: _allowed(hint) for name, hint in hints.items() if name in record_type.__required_keys__}
+
+
+CYCLE_FIELDS = fields_of(CycleRecord)
+CACHE_LEN_FIELDS = fields_of(CacheLengths)
+
+SUMMARY_FIELDS = {
+    "type": (str,), "generated_token_ids": (list,), "generated_text": (str,),
+    "acceptance_rate": NUM, "mean_acceptance_length": NUM, "per_position_acceptance": (list,),
+    "num_cycles": (int,), "num_generated": (int,), "stop_reason": (str,),
+    "wall_time_s": NUM, "tokens_per_s": NUM,
+}
+
+
+def model_name(header: dict, role: str) -> str:
+    """The name a trace gives its "target" or "draft" model; a placeholder when it gives none."""
+    entry = header.get(role)
+    name = entry.get("name") if isinstance(entry, dict) else None
+    return name if isinstance(name, str) and name else f"unnamed {role} model"
+
+
+def _type_ok(value, allowed: tuple) -> bool:
+    if value is None:
+        return None in allowed
+    if isinstance(value, bool):  # JSON true/false must not pass as a number
+        return bool in allowed
+    return isinstance(value, tuple(t for t in allowed if t is not None))
+
+
+def _check_fields(record: dict, fields: dict, where: str) -> None:
+    for name, allowed in fields.items():
+        if name not in record:
+            raise TraceError(f"{where}: missing field '{name}'")
+        if not _type_ok(record[name], allowed):
+            names = "/".join("null" if t is None else t.__name__ for t in allowed)
+            raise TraceError(f"{where}: field '{name}' should be {names}, got {record[name]!r:.60}")
+
+
+def _check_header(h: dict, where: str) -> None:
+    if h.get("format") != FORMAT:
+        raise TraceError(f"{where}: not a {FORMAT} file (format is {h.get('format')!r})")
+    if h.get("version") != VERSION:
+        raise TraceError(f"{where}: trace version {h.get('version')!r} is not supported (this engine reads version {VERSION})")
+    _check_fields(h, HEADER_FIELDS, where)
+    _check_fields(h["settings"], SETTINGS_FIELDS, f"{where} settings")
+    if "drafter" in h:  # optional: absent in traces written before there were several drafters
+        if not isinstance(h["drafter"], dict) or h["drafter"].get("kind") not in DRAFTER_KINDS:
+            raise TraceError(f"{where}: field 'drafter' must be an object whose 'kind' is one of {', '.join(DRAFTER_KINDS)}")
+    try:
+        check_layout_header(h)
+    except LayoutFieldError as err:
+        raise TraceError(layout_message(err, where)) from None
+
+
+def layout_message(err: LayoutFieldError, where: str) -> str:
+    """A layout refusal in the loader's form: where, then the field, then the rule."""
+    text = str(err)
+    name = text.split(":", 1)[0].split(" ", 1)[0]
+    rule = text[len(name):].removeprefix(":").strip()
+    return f"{where}: field '{name}': {rule}"
+
+
+def _check_cycle(c: dict, k: int, index: int, where: str, kind: str = "model") -> None:
+    """`kind` is the header's drafter: a draft model proposes exactly K tokens every cycle;
+    prompt lookup and the other-tokenizer draft may propose fewer, or none."""
+    _check_fields(c, CYCLE_FIELDS, where)
+    _check_fields(c["target_cache_len"], CACHE_LEN_FIELDS, f"{where} target_cache_len")
+    if c["draft_cache_len"] is not None:
+        _check_fields(c["draft_cache_len"], CACHE_LEN_FIELDS, f"{where} draft_cache_len")
+    elif kind in ("model", "eagle"):
+        raise TraceError(f"{where}: field 'draft_cache_len' is null, but the {kind} drafter keeps a cache over the target's positions")
+    if "drafter_state" in c and not isinstance(c["drafter_state"], dict):
+        raise TraceError(f"{where}: field 'drafter_state' should be an object")
+    if c["cycle"] != index:
+        raise TraceError(f"{where}: field 'cycle': cycle number {c['cycle']} where {index} was expected "
+                         "(cycles are numbered from 0, in order, none missing)")
+    # Lengths, ranges and how the fields agree: engine/trace/checks.py, after every record is read.
+
+
+class _Refused(ValueError):
+    """Valid JSON that a trace may still not hold (the message says what)."""
+
+
+def _reject_constant(name: str):
+    raise _Refused(f"{name} is not a number a trace may hold")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"the number {text[:40]} is too large to be a finite number")
+    return value
+
+
+def _too_deep(value) -> bool:
+    """Whether containers nest deeper than MAX_DEPTH (the record itself is level 1).
+
+    json.loads itself stops at the interpreter's recursion limit (a RecursionError, caught
+    below); this walk, without recursion, holds records to a much smaller limit.
+    """
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        children = v.values() if isinstance(v, dict) else v
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def split_records(text: str) -> list[str]:
+    """Lines as the writer ends them: on '\\n' only. U+2028, U+2029, U+0085 and the like are
+    legal inside a JSON string and stay in their token text; a UTF-8 BOM is skipped."""
+    return text.removeprefix("\ufeff").split("\n")
+
+
+def _parse_line(line: str) -> object:
+    try:
+        value = json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise _Refused(f"the record nests more than {MAX_DEPTH} levels deep") from None
+    if isinstance(value, (dict, list)) and _too_deep(value):
+        raise _Refused(f"the record nests more than {MAX_DEPTH} levels deep")
+    return value
+
+
+def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool = False) -> Trace:
+    """Validate and parse trace lines; raise TraceError naming the line and field at fault."""
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = _parse_line(line)
+        except ValueError as err:
+            last = number == len(lines) or not any(l.strip() for l in lines[number:])
+            finished = any(r.get("type") == "summary" for _, r in records)
+            if last and allow_incomplete and not finished:
+                break  # a run killed mid-write: keep the cycles before it
+            if isinstance(err, _Refused):
+                raise TraceError(f"{source} line {number}: {err}") from None
+            raise TraceError(f"{source} line {number}: not valid JSON ({err})" + (" - the file looks truncated" if last else "")) from None
+        if not isinstance(rec, dict):
+            raise TraceError(f"{source} line {number}: expected a JSON object")
+        records.append((number, rec))
+    if not records:
+        raise TraceError(f"{source}: the file is empty")
+    (n0, header), rest = records[0], records[1:]
+    if header.get("type") != "header":
+        raise TraceError(f"{source} line {n0}: the first record must be the header")
+    _check_header(header, f"{source} line {n0}")
+    k = header["settings"]["k"]
+    kind = drafter_kind(header)
+    cycles, summary = [], None
+    cycle_lines, summary_line = [], None
+    for number, rec in rest:
+        where = f"{source} line {number}"
+        if summary is not None:
+            raise TraceError(f"{where}: a record after the summary")
+        if rec.get("type") == "cycle":
+            _check_cycle(rec, k, len(cycles), where, kind)
+            try:
+                check_layout_cycle(header, rec)
+            except LayoutFieldError as err:
+                raise TraceError(layout_message(err, where)) from None
+            cycles.append(rec)
+            cycle_lines.append(number)
+        elif rec.get("type") == "summary":
+            _check_fields(rec, SUMMARY_FIELDS, where)
+            summary, summary_line = rec, number
+        else:
+            raise TraceError(f"{where}: unknown record type {rec.get('type')!r}")
+    if summary is None and not allow_incomplete:
+        raise TraceError(f"{source}: no summary after {len(cycles)} cycles - the run did not finish (the file is incomplete)")
+    try:
+        check_trace(header, cycles, summary, n0, cycle_lines, summary_line)
+    except BrokenInvariant as err:
+        raise TraceError(f"{source} {err}") from None
+    return Trace(header, cycles, summary)
+
+
+def _too_big(size: int, source: str, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise TraceError(f"{source}: {size / 2**20:.1f} MiB is larger than the {max_bytes / 2**20:.0f} MiB "
+                         "a trace may have")
+
+
+def load_trace(path: str | Path, allow_incomplete: bool = False, source: str | None = None,
+               max_bytes: int = MAX_TRACE_BYTES) -> Trace:
+    """Read and check a trace file. `source` names it in messages (default: the path as given)."""
+    path = Path(path)
+    source = source or str(path)
+    if not path.is_file():
+        raise TraceError(f"trace file not found: {source}")
+    _too_big(path.stat().st_size, source, max_bytes)
+    with path.open("rb") as f:
+        data = f.read(max_bytes + 1)
+    return loads_trace(data, source, allow_incomplete, max_bytes)
+
+
+def loads_trace(data: bytes | str, source: str = "upload", allow_incomplete: bool = False,
+                max_bytes: int = MAX_TRACE_BYTES) -> Trace:
+    _too_big(len(data), source, max_bytes)
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise TraceError(f"{source}: not UTF-8 text ({err})") from None
+    return parse_trace(split_records(data), source, allow_incomplete)
+
+
+def partial_path(path: str | Path) -> Path:
+    """Where a run streams its trace until it finishes: `out.jsonl.partial` beside `out.jsonl`."""
+    path = Path(path)
+    return path.with_name(path.name + PARTIAL_SUFFIX)
+
+
+class TraceWriter:
+    """Streams records into `<path>.partial`, flushing each so a killed run keeps its cycles, and
+    renames it to `path` only when the run ends without an error: a failed run never
+    destroys an earlier trace at `path`.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.partial = partial_path(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file: IO[str] = self.partial.open("w", encoding="utf-8", newline="\n")
+
+    def write(self, record: dict) -> None:
+        # ensure_ascii=False keeps token texts readable; the reader splits on '\n' only, so
+        # U+2028 and friends inside a string round-trip.
+        self.file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+    def finish(self) -> None:
+        self.file.close()
+        os.replace(self.partial, self.path)
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.close()  # the partial file keeps the finished cycles under its own name
+
+
+def make_summary(cycles: list[dict], k: int, generated_text: str, stop_reason: str,
+                 wall_time_s: float) -> dict:
+    generated = [t for c in cycles for t in c["committed_token_ids"]]
+    return {
+        "type": "summary", "generated_token_ids": generated, "generated_text": generated_text,
+        **acceptance_metrics([c["num_accepted"] for c in cycles], k, [len(c["draft_token_ids"]) for c in cycles]),
+        "num_generated": len(generated), "stop_reason": stop_reason, "wall_time_s": wall_time_s,
+        "tokens_per_s": len(generated) / wall_time_s if wall_time_s > 0 else 0.0,
+    }
+
+
+def library_versions() -> dict:
+    import torch
+    import transformers
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
