@@ -1,11 +1,7 @@
 """Speculative Decoding Lab: `streamlit run app/main.py`.
 
-Builds the navigation from PAGES (add a page: one st.Page line) and opens the trace
-the URL names, or the default bundled trace, before any page runs.
-
-Page modules live in app/views/, not app/pages/: Streamlit still treats a `pages/`
-folder next to the main script as a legacy multipage app and, on reruns, can run a
-page without this script (no sidebar, no trace opened).
+Builds the navigation from the page registry (app/ui/pages.py) and opens the trace the
+URL names, or the default bundled trace, before any page runs.
 """
 import sys
 import traceback
@@ -18,17 +14,14 @@ import streamlit as st  # noqa: E402
 from app.ui import sidebar  # noqa: E402
 from app.ui import state  # noqa: E402
 from app.ui import timing  # noqa: E402
+from app.ui.pages import PAGES  # noqa: E402
 from app.ui.safe import md  # noqa: E402
 
-PAGES = [
-    st.Page("views/stepper.py", title="Step through cycles", icon=":material/play_circle:", default=True),
-    st.Page("views/trace_source.py", title="Choose a trace", icon=":material/folder_open:", url_path="source"),
-    st.Page("views/walkthrough.py", title="How a cycle works", icon=":material/school:", url_path="walkthrough"),
-    st.Page("views/rollback_demo.py", title="Why rollback matters", icon=":material/bug_report:", url_path="rollback"),
-    st.Page("views/exactness_lab.py", title="Exactness lab", icon=":material/science:", url_path="exactness"),
-    st.Page("views/interview.py", title="Interview practice", icon=":material/quiz:", url_path="interview"),
-    st.Page("views/statistics.py", title="Statistics and speed", icon=":material/monitoring:", url_path="statistics"),
-]
+
+def navigation_pages() -> list:
+    """st.Page objects for the registry in app/ui/pages.py (add a page there, not here)."""
+    return [st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url_path or None, default=not p.url_path)
+            for p in PAGES]
 
 
 def run_page(page) -> None:
@@ -57,7 +50,7 @@ def main() -> None:
     timer = timing.RunTimer()
     st.set_page_config(page_title="Speculative Decoding Lab", page_icon=":material/fast_forward:", layout="wide")
     state.open_from_url_or_default()
-    page = st.navigation(PAGES)
+    page = st.navigation(navigation_pages())
     slot = st.sidebar.empty()
     draw_sidebar(slot)  # drawn first, so it is there even if the page stops early
     run_page(page)

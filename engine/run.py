@@ -1,4 +1,5 @@
 """From settings to a finished trace file: load a pair, encode the prompt, run, record."""
+import platform
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -14,7 +15,15 @@ from engine.models.loading import LoadedModel, check_same_token_space, load_mode
 from engine.models.presets import PRESETS
 from engine.cycle.reference import (CACHE_CONVENTION, CACHE_CONVENTION_TEXT, RATIO_TEST, CycleRule, Pair,
                           eos_ids_of, speculative_generate)
-from engine.trace.format import FORMAT, VERSION, Trace, TraceWriter, library_versions, make_summary
+from engine.trace.format import FORMAT, VERSION, Trace, TraceWriter, make_summary
+
+
+def library_versions() -> dict:
+    """The versions a trace's header records; torch is imported here, never by engine/trace."""
+    import torch
+    import transformers
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
 
 
 def load_pair(target: str, draft: str, device: str | None = None,

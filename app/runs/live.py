@@ -17,7 +17,7 @@ from app.ui import jobs
 from app.ui import state
 from app.figures.derive import visible_text
 from app.ui.safe import md
-from app.ui.teaching_ui import STEPPER
+from app.ui.pages import STEPPER
 from engine.config import LAYOUTS, MAX_BLOCK_SIZE, MAX_K, MAX_NEW_TOKENS, SettingsError, SpecSettings
 from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter

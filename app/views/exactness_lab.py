@@ -7,7 +7,9 @@ from app.runs import teaching_pair
 from app.ui.first_result import first_result
 from app.figures.teaching import histogram_entries, lab_histogram_figure
 from app.ui.safe import md
-from app.ui.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, job_name, show_live, start_live
+from app.ui.pages import WALKTHROUGH
+from app.ui.widgets import chart
+from app.ui.live_work import estimate_s, estimate_words, job_name, show_live, start_live
 from engine.config import SettingsError, SpecSettings
 from engine.teaching.exactness import MAX_VOCAB_FOR_SECOND_TOKEN, LabResult, run_lab
 from engine.teaching.faults import ACCEPTANCE_RULES, Faults

@@ -11,8 +11,9 @@ from app.runs import teaching_pair
 from app.figures.teaching import (acceptance_length_figure, cache_layouts_figure, forward_cost_figure,
                                   speedup_figure)
 from app.ui.safe import md
-from app.ui.teaching_ui import (EXACTNESS_LAB, ROLLBACK_DEMO, STATISTICS, STEPPER, WALKTHROUGH, chart,
-                             one_torch_thread, open_in_stepper, stepper_query)
+from app.ui.pages import EXACTNESS_LAB, ROLLBACK_DEMO, STATISTICS, STEPPER, WALKTHROUGH
+from app.ui.widgets import chart, open_in_stepper, stepper_query
+from app.ui.live_work import one_torch_thread
 from engine.stats.analysis import measured_alpha
 from engine.trace.metrics import acceptance_metrics, expected_tokens_per_cycle
 from engine.stats.repeats import MAX_SPREAD, Repeated

@@ -7,7 +7,9 @@ from app.ui.first_result import first_result
 from app.figures.layouts import stale_comparison_figure
 from app.figures.teaching import cache_strip_figure, divergence_figure, drift_figure
 from app.ui.safe import md
-from app.ui.teaching_ui import WALKTHROUGH, chart, estimate_s, estimate_words, show_live, start_live
+from app.ui.pages import WALKTHROUGH
+from app.ui.widgets import chart
+from app.ui.live_work import estimate_s, estimate_words, show_live, start_live
 from engine.config import MAX_NEW_TOKENS, SettingsError, SpecSettings
 from engine.teaching.stale_slots import StaticRun, static_run
 from engine.teaching.runs import (CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison,

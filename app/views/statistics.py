@@ -19,7 +19,7 @@ from app.ui import state
 from app.figures.derive import draft_cache_name
 from app.ui.first_result import first_result
 from app.ui.safe import md
-from app.ui.teaching_ui import chart
+from app.ui.widgets import chart
 from engine.stats.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
                              trace_stats)
 from engine.stats.calibrate import calibrate

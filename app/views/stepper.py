@@ -9,7 +9,8 @@ from app.ui import state
 from app.figures.explain import STAGES, stage_caption
 from app.ui.first_result import first_result
 from app.ui.safe import md
-from app.ui.teaching_ui import chart
+from app.ui.pages import TRACE_SOURCE
+from app.ui.widgets import chart
 from engine.stats.analysis import SpeedReport, trace_stats
 from engine.trace.format import Trace, model_name
 
@@ -263,7 +264,7 @@ def no_trace() -> None:
     folder = state.traces_dir()
     st.warning(f"No trace is open: there is no bundled example trace (`*.jsonl`) in {md(state.shown_paths(str(folder)))}. "
                "Open **Choose a trace** to start a live run or upload a trace.", icon=":material/folder_open:")
-    st.page_link("views/trace_source.py", label="Choose a trace", icon=":material/folder_open:")
+    st.page_link(TRACE_SOURCE, label="Choose a trace", icon=":material/folder_open:")
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ import streamlit as st
 from app.runs import live
 from app.ui import state
 from app.ui.safe import markdown_table, md
-from app.ui.teaching_ui import STEPPER
+from app.ui.pages import STEPPER
 from engine.stats.analysis import trace_stats
 from engine.trace.format import TraceError, model_name
 

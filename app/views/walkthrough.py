@@ -14,7 +14,8 @@ from app.figures.derive import visible_text
 from app.figures.explain import stage_caption
 from app.ui.first_result import first_result
 from app.ui.safe import md, table
-from app.ui.teaching_ui import ROLLBACK_DEMO, EXACTNESS_LAB, chart, open_in_stepper
+from app.ui.pages import EXACTNESS_LAB, ROLLBACK_DEMO
+from app.ui.widgets import chart, open_in_stepper
 from engine.stats.analysis import measured_alpha
 from engine.config import SpecSettings
 from engine.trace.format import Trace, model_name

@@ -1,4 +1,8 @@
-"""Drafters: what proposes the tokens the target verifies (see base.Drafter)."""
+"""Drafters: what proposes the tokens the target verifies (see base.Drafter).
+
+May import: engine.config, engine.trace, engine.models and engine.kv; never engine.cycle,
+which imports this package.
+"""
 from engine.drafters.base import CatchUp, Drafter, Proposal, one_hot_rows
 from engine.drafters.eagle import EagleDrafter, EagleHead, load_head
 from engine.drafters.model import ModelDrafter

@@ -7,7 +7,6 @@ incomplete and is never reported as a finished run.
 import json
 import math
 import os
-import platform
 from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
@@ -388,10 +387,3 @@ def make_summary(cycles: list[dict], k: int, generated_text: str, stop_reason: s
         "num_generated": len(generated), "stop_reason": stop_reason, "wall_time_s": wall_time_s,
         "tokens_per_s": len(generated) / wall_time_s if wall_time_s > 0 else 0.0,
     }
-
-
-def library_versions() -> dict:
-    import torch
-    import transformers
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__}
