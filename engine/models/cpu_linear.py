@@ -40,7 +40,7 @@ class RowPolicy:
     pad_to: int = 1
 
 
-# Chosen from measurements on a 2-core AMD EPYC (README, "Verify cost on the CPU";
+# Chosen from measurements on a 2-core AMD EPYC (docs/benchmarks.md, verify cost on the CPU;
 # bench/results/verify-cost-*.md).
 DEFAULT_POLICY = {"decoder": RowPolicy(dense_below=2, pad_to=3), "output": RowPolicy(dense_below=1, pad_to=3)}
 
