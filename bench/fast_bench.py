@@ -46,10 +46,10 @@ from engine.stats.analysis import cycle_times, measured_alpha  # noqa: E402
 from engine.config import SpecSettings  # noqa: E402
 from engine.cycle.fast import FastModels, FastPlainModel, fast_generate, fast_plain_decode, plan_fast_path  # noqa: E402
 from engine.kv.layouts import layout_for_run  # noqa: E402
-from engine.models.device import pick_device  # noqa: E402
+from engine.models.device import pick_device, sync  # noqa: E402
 from engine.models.presets import PRESETS  # noqa: E402
 from engine.run import encode_prompt, load_pair, load_preset, make_header  # noqa: E402
-from engine.cycle.reference import Pair, sync  # noqa: E402
+from engine.cycle.reference import Pair  # noqa: E402
 from engine.trace.format import TraceWriter, load_trace, make_summary  # noqa: E402
 
 PROMPTS = {

@@ -36,7 +36,8 @@ import torch  # noqa: E402
 from engine.config import SpecSettings  # noqa: E402
 from engine.models.presets import PRESETS  # noqa: E402
 from engine.run import encode_prompt, load_preset  # noqa: E402
-from engine.cycle.reference import RunState, cache_len, prefill, run_cycle, start_run, target_generate, TokenTexts  # noqa: E402
+from engine.cycle.reference import RunState, run_cycle, start_run, target_generate, TokenTexts  # noqa: E402
+from engine.kv.ops import cache_len, prefill  # noqa: E402
 from engine.cycle import fast as fast_path  # noqa: E402
 from engine.kv.layouts import attended_kv, check_invariants, layout_for_run, new_cache  # noqa: E402
 from engine.cycle.reference import speculative_generate  # noqa: E402

@@ -38,7 +38,8 @@ from engine.config import SpecSettings  # noqa: E402
 from engine.kv.layouts import (CacheLayout, kv_bytes_held, kv_bytes_reserved, layout_name, new_cache,  # noqa: E402
                                roll_back_cache)  # noqa: E402
 from engine.run import encode_prompt, load_preset  # noqa: E402
-from engine.cycle.reference import Pair, TokenTexts, prefill, run_cycle, start_run  # noqa: E402
+from engine.cycle.reference import Pair, TokenTexts, run_cycle, start_run  # noqa: E402
+from engine.kv.ops import prefill  # noqa: E402
 
 VARIANTS = {"dynamic": ("dynamic", 16), "static": ("static", 16), "paged-16": ("paged", 16), "paged-4": ("paged", 4)}
 PROMPTS = {"tiny-shakespeare": "Romeo.\n", "chat": "Explain why the sky is blue in two sentences."}

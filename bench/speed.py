@@ -59,7 +59,7 @@ from engine.models.presets import PRESETS, default_drafter  # noqa: E402
 from engine.run import encode_prompt, load_pair, load_preset, run_to_trace  # noqa: E402
 from engine.models.device import pick_device  # noqa: E402
 from engine.drafters.eagle import load_head  # noqa: E402
-from engine.cycle.reference import Pair, speculative_generate, sync  # noqa: E402
+from engine.cycle.reference import Pair, speculative_generate  # noqa: E402
 from engine.stats.sweep import plain_decode  # noqa: E402
 from engine.models.device import timed as engine_timed  # noqa: E402
 from bench_report import interleaved_rates, machine_info, write_reports  # noqa: E402

@@ -38,7 +38,7 @@ from bench_report import machine_info  # noqa: E402
 from engine.models.cpu_linear import RowPolicy, output_layer_name, packed_twin  # noqa: E402
 from engine.models.loading import load_model  # noqa: E402
 from engine.models.presets import PRESETS  # noqa: E402
-from engine.cycle.reference import crop  # noqa: E402
+from engine.kv.ops import crop  # noqa: E402
 
 PARTS = ("whole", "layers", "attn_proj", "attn_core", "mlp", "output")
 VARIANTS = {  # name: RowPolicy overrides for packed_twin; None = the model as loaded

@@ -11,7 +11,8 @@ from engine.config import SpecSettings
 from engine.kv.layouts import attended_kv, check_invariants, new_cache, layout_for_run
 from engine.models.sampling import sample
 from engine.teaching.faults import Faults
-from engine.cycle.reference import accept_reject, prefill, speculative_generate, target_generate
+from engine.cycle.reference import accept_reject, speculative_generate, target_generate
+from engine.kv.ops import prefill
 from engine.trace.format import load_trace
 from tests.tiny import noisy_pair, save_tiny, tiny_pair
 

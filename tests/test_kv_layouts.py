@@ -7,7 +7,8 @@ import torch
 from engine.config import SettingsError, SpecSettings
 from engine.kv.layouts import (LAYOUTS, BlockPool, CacheFullError, CacheLayout, PagedKVCache, StaticKVCache,
                                attended_kv, check_invariants, new_cache, roll_back_cache)
-from engine.cycle.reference import TokenTexts, prefill, run_cycle, speculative_generate, start_run, target_generate
+from engine.cycle.reference import TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.kv.ops import prefill
 from tests.tiny import noisy_pair, tiny_pair
 
 PROMPT = [1, 2, 4, 6, 7]

@@ -7,7 +7,8 @@ from engine.cli import main
 from engine.config import SpecSettings
 from engine.drafters import PromptLookupDrafter, find_match
 from engine.run import DrafterOptions, load_with_drafter, run_to_trace
-from engine.cycle.reference import Pair, TokenTexts, cache_len, run_cycle, speculative_generate, start_run, target_generate
+from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.kv.ops import cache_len
 from engine.teaching.faults import Faults
 from engine.trace.format import load_trace
 from tests.checks import assert_self_consistent

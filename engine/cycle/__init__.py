@@ -4,6 +4,7 @@
   ratio test (`accept_reject`, `RATIO_TEST`) lives here and nowhere else.
 - fast.py: the same cycle kept on the device over static caches (`--fast`), checked
   against reference.py token for token.
+- record.py: the one builder of a cycle's trace record, used by both.
 
 May import: engine.config, engine.trace, engine.models, engine.kv, engine.drafters.
 """

@@ -23,6 +23,10 @@ What differs from engine/cycle/reference.py (the reference path), and why:
   says whether the draft needed d_K (all K accepted); `catch_up_time_s` is that step's
   time, spent in every cycle.
 
+What the two paths share: the record (engine/cycle/record.py: this path picks the shown
+numbers out on the device before its one copy), the commit rule (engine/trace/commit.py)
+and plain decoding's loop (reference.decode_plain, here with a device-side step).
+
 Teaching faults and other acceptance rules are not supported here: they exist to show
 the reference path going wrong.
 """
@@ -33,10 +37,14 @@ from typing import Callable, Iterator
 import torch
 
 from engine.config import SpecSettings
+from engine.cycle.record import CycleTimes, cycle_record, describe_cycle, shown_tensors
+from engine.cycle.reference import Pair, TokenTexts, decode_plain
 from engine.kv.layouts import CacheLayout, StaticKVCache, StaticKVLayer, layout_for_run, new_cache, roll_back_static
+from engine.kv.ops import prefill
 from engine.models.loading import LoadedModel
 from engine.models.sampling import warp_probs
-from engine.cycle.reference import Pair, TokenTexts, prefill
+from engine.trace.commit import final_tokens
+from engine.trace.format import CacheLengths
 
 CAPTURE_MODES = ("none", "graph", "compile")
 
@@ -324,53 +332,32 @@ def device_cycle(state: FastState, s: SpecSettings, clock: Clock) -> dict:
 
 
 def trace_tensors(out: dict, s: SpecSettings, record: bool) -> dict[str, torch.Tensor]:
-    """What the host needs from a cycle, as device tensors; with `record`, the trace's probabilities too."""
+    """What the host needs from a cycle, as device tensors; with `record`, the trace's numbers too."""
     d: DeviceDecision = out["decision"]
     head = {"proposed": out["proposed"], "num_accepted": d.num_accepted}
     if not record:
         return head
-    k, draft_tokens, p_draft, p_target = s.k, out["draft_tokens"], out["p_draft"], out["p_target"]
-    idx = torch.arange(k, device=draft_tokens.device)
-    n_top = min(s.trace_top_k, p_target.shape[-1])
-    target_top, draft_top = torch.topk(p_target, n_top, dim=-1), torch.topk(p_draft, n_top, dim=-1)
-    res_top = torch.topk(d.residual, n_top)
-    row = torch.clamp(d.num_accepted, max=k - 1).reshape(1)
-    shown = torch.cat([res_top.indices, d.next_token.reshape(1)])  # (n+1,) the sampled token is always shown
-    return {**head, "p_draft": p_draft[idx, draft_tokens], "p_target": p_target[idx, draft_tokens],
-            "accept_prob": d.accept_prob, "u": d.u_test, "beta": torch.minimum(p_target[:k], p_draft).sum(-1),
-            "target_top_p": target_top.values, "target_top_id": target_top.indices,
-            "draft_top_p": draft_top.values, "draft_top_id": draft_top.indices,
-            "residual_ids": shown, "residual_p": d.residual[shown],
-            "residual_p_target": p_target.index_select(0, row)[0][shown],
-            "residual_p_draft": p_draft.index_select(0, row)[0][shown]}
+    row = torch.clamp(d.num_accepted, max=s.k - 1)  # the rejected position when there is one
+    return {**head, "accept_prob": d.accept_prob, "u": d.u_test,
+            **shown_tensors(out["draft_tokens"], out["p_draft"], out["p_target"], d.residual, row, d.next_token,
+                            s.trace_top_k)}
 
 
-def copy_to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def copy_to_host(tensors: dict[str, torch.Tensor]) -> dict[str, list | int | float]:
     """The cycle's one device-to-host copy (and so its one sync): every tensor packed into one
-    float64 buffer (token ids up to 2^53 are exact), copied, and split again on the host."""
+    float64 buffer (token ids up to 2^53 are exact), copied, and split again on the host into
+    plain Python numbers and lists, each at its tensor's own precision."""
     flat = torch.cat([t.reshape(-1).double() for t in tensors.values()]).cpu()
     out, start = {}, 0
     for name, t in tensors.items():
         n = t.numel()
         part = flat[start:start + n].reshape(t.shape)
-        out[name] = part.long() if not t.is_floating_point() else part.to(t.dtype)
+        out[name] = (part.long() if not t.is_floating_point() else part.to(t.dtype)).tolist()
         start += n
     return out
 
 
 # ---------------------------------------------------------------- the host side of a cycle
-
-def commit_on_host(proposed: list[int], num_accepted: int, budget: int, eos_ids: set[int]) -> tuple[list[int], bool]:
-    """engine.cycle.reference.commit_tokens on plain ids (proposed = d1..dK + next token): the accepted
-    draft tokens and the next token, cut at the first EOS and at the budget."""
-    tokens = proposed[:num_accepted] + proposed[-1:]
-    for i, t in enumerate(tokens):
-        if t in eos_ids:
-            tokens = tokens[: i + 1]
-            break
-    tokens = tokens[:budget]
-    return tokens, (bool(tokens) and tokens[-1] in eos_ids) or len(tokens) == budget
-
 
 def static_state(position: int, high_water: int, capacity: int) -> dict:
     return {"write_position": position, "stale_slots": max(high_water, position) - position, "capacity": capacity}
@@ -447,25 +434,14 @@ def check_fast_settings(s: SpecSettings, rule=None, pair: Pair | None = None) ->
     return s if s.cache_layout == "static" else replace(s, cache_layout="static")
 
 
-@torch.inference_mode()
-def run_fast_cycle(pair: Pair, state: FastState, s: SpecSettings, cycle: int, texts: TokenTexts,
-                   record: bool = True) -> dict:
-    """One cycle: device work, one copy, then the host writes the same record as engine.cycle.reference.run_cycle."""
-    k, before = s.k, len(state.committed) - 1
+def settle_on_host(state: FastState, committed: list[int], n_acc: int, before: int, k: int) -> dict:
+    """The host's side of a cycle's caches: commit, fix the position after a cut (the last
+    cycle), keep the stale-slot counts; returns both static caches' layout fields."""
     capacity = state.target_cache.capacity
-    if before + k + 1 > capacity:
-        raise RuntimeError(f"static cache full: {before + k + 1} positions needed, {capacity} preallocated")
-    clock = Clock(pair.target.device)
-    start = time.perf_counter()
-    out = device_cycle(state, s, clock)
-    host = copy_to_host(trace_tensors(out, s, record))  # the one sync of the cycle
-    cycle_time = time.perf_counter() - start
-    proposed, n_acc = host["proposed"].tolist(), int(host["num_accepted"])
-    committed, state.finished = commit_on_host(proposed, n_acc, s.max_new_tokens - len(state.generated), pair.eos_ids)
-    before_states = (static_state(before, state.target_high_water, capacity),
-                     static_state(before, state.draft_high_water, capacity))
-    appended = (static_state(before + k + 1, state.target_high_water, capacity),
-                static_state(before + k, state.draft_high_water, capacity))  # after K draft steps
+    target_before = static_state(before, state.target_high_water, capacity)
+    draft_before = static_state(before, state.draft_high_water, capacity)
+    target_appended = static_state(before + k + 1, state.target_high_water, capacity)
+    draft_appended = static_state(before + k, state.draft_high_water, capacity)  # after K draft steps
     state.target_high_water = max(state.target_high_water, before + k + 1)
     state.draft_high_water = max(state.draft_high_water, before + k + 1)  # the d_K step wrote one more
     state.committed += committed
@@ -477,63 +453,40 @@ def run_fast_cycle(pair: Pair, state: FastState, s: SpecSettings, cycle: int, te
     for cache, hw in ((state.target_cache, state.target_high_water), (state.draft_cache, state.draft_high_water)):
         for layer in cache.layers:  # so the cache's own stale-slot count agrees with the trace
             layer.high_water = max(layer.high_water, hw)
+    return {"target_cache_layout_state": {"before": target_before, "after_append": target_appended,
+                                          "after_rollback": static_state(keep, state.target_high_water, capacity)},
+            "draft_cache_layout_state": {"before": draft_before, "after_append": draft_appended,
+                                         "after_rollback": static_state(keep, state.draft_high_water, capacity)}}
+
+
+@torch.inference_mode()
+def run_fast_cycle(pair: Pair, state: FastState, s: SpecSettings, cycle: int, texts: TokenTexts,
+                   record: bool = True) -> dict:
+    """One cycle: device work, one copy, then the host builds the same record as engine.cycle.reference.run_cycle."""
+    k, before = s.k, len(state.committed) - 1
+    capacity = state.target_cache.capacity
+    if before + k + 1 > capacity:
+        raise RuntimeError(f"static cache full: {before + k + 1} positions needed, {capacity} preallocated")
+    clock = Clock(pair.target.device)
+    start = time.perf_counter()
+    out = device_cycle(state, s, clock)
+    host = copy_to_host(trace_tensors(out, s, record))  # the one sync of the cycle
+    cycle_time = time.perf_counter() - start
+    proposed, n_acc = host["proposed"], host["num_accepted"]  # proposed: d1..dK, then the next token
+    budget = s.max_new_tokens - len(state.generated)
+    committed, state.finished = final_tokens(proposed[:n_acc] + proposed[-1:], budget, pair.eos_ids)
+    layout_fields = settle_on_host(state, committed, n_acc, before, k)
+    keep = len(state.committed) - 1
     steps = clock.intervals()  # K draft steps, the d_K step, the verify
-    rec = {
-        "type": "cycle", "cycle": cycle, "committed_len_before": before + 1,
-        "draft_token_ids": proposed[:k], "num_accepted": n_acc, "committed_token_ids": committed,
-        "finished": state.finished,
-        "target_cache_len": {"before": before, "after_append": before + k + 1, "after_rollback": keep},
-        "draft_cache_len": {"before": before, "after_append": before + k, "after_rollback": keep},
-        "target_cache_layout_state": {"before": before_states[0], "after_append": appended[0],
-                                      "after_rollback": static_state(keep, state.target_high_water, capacity)},
-        "draft_cache_layout_state": {"before": before_states[1], "after_append": appended[1],
-                                     "after_rollback": static_state(keep, state.draft_high_water, capacity)},
-        "draft_catch_up": n_acc == k, "verify_positions": k + 1,
-        "draft_time_s": sum(steps[:k]), "draft_step_times_s": steps[:k],
-        "verify_time_s": steps[k + 1], "catch_up_time_s": steps[k], "cycle_time_s": cycle_time,
-    }
+    description = None
     if record:
-        rec.update(describe_from_host(host, proposed, n_acc, committed, s, texts))
-    return rec
-
-
-def _entries(p: torch.Tensor, ids: torch.Tensor, texts: TokenTexts) -> list[list[dict]]:
-    return [[{"token_id": int(i), "text": texts(int(i)), "p": float(v)}
-             for v, i in zip(row_v.tolist(), row_i.tolist()) if v > 0]
-            for row_v, row_i in zip(p, ids)]
-
-
-def describe_from_host(h: dict, proposed: list[int], n_acc: int, committed: list[int], s: SpecSettings,
-                       texts: TokenTexts) -> dict:
-    """engine.cycle.reference.describe_cycle's fields, from the copied tensors."""
-    k, rejected = s.k, n_acc < s.k
-    next_token = proposed[k]
-    residual_top = None
-    if rejected:
-        ids = h["residual_ids"].tolist()
-        residual_top, seen = [], set()
-        for i, t in enumerate(ids):
-            if t in seen:
-                continue  # the sampled token (last) is shown once, also when it is in the top list
-            seen.add(t)
-            res = float(h["residual_p"][i])
-            if res > 0 or t == next_token:
-                residual_top.append({"token_id": t, "text": texts(t), "p_target": float(h["residual_p_target"][i]),
-                                     "p_draft": float(h["residual_p_draft"][i]), "residual": res})
-    return {
-        "draft_token_texts": texts.many(proposed[:k]),
-        "p_draft": h["p_draft"].tolist(), "p_target": h["p_target"].tolist(),
-        "accept_prob": h["accept_prob"].tolist(), "u": h["u"][: min(n_acc + 1, k)].tolist(),
-        "beta": h["beta"].tolist(),
-        "rejected_position": n_acc + 1 if rejected else None,
-        "resampled_token_id": next_token if rejected else None,
-        "bonus_token_id": None if rejected else next_token,
-        "next_token_text": texts(next_token),
-        "residual_top": residual_top,
-        "target_top": _entries(h["target_top_p"], h["target_top_id"], texts),
-        "draft_top": _entries(h["draft_top_p"], h["draft_top_id"], texts),
-        "committed_token_texts": texts.many(committed),
-    }
+        description = describe_cycle(host, proposed[:k], n_acc, proposed[k], host["accept_prob"],
+                                     host["u"][: min(n_acc + 1, k)], committed, texts)
+    return cycle_record(
+        cycle, before + 1, proposed[:k], n_acc, committed, state.finished,
+        CacheLengths(before=before, after_append=before + k + 1, after_rollback=keep),
+        CacheLengths(before=before, after_append=before + k, after_rollback=keep),
+        layout_fields, n_acc == k, CycleTimes(steps[:k], steps[k + 1], steps[k], cycle_time), None, description)
 
 
 def fast_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings, record: bool = True,
@@ -579,15 +532,11 @@ def fast_plain_decode(target: LoadedModel, prompt_ids: list[int], s: SpecSetting
     prefill(target, prompt_ids, model.cache)
     if model.step is None:
         model.step = FixedForward(target, model.cache, 1, model.capture)
-    uniforms = UniformStream(s.seed, s.max_new_tokens, target.device).values  # one draw per token (none when greedy)
+    draws = iter(UniformStream(s.seed, s.max_new_tokens, target.device).values)  # one per token (unused when greedy)
+
+    def step(last: torch.Tensor) -> torch.Tensor:  # (), stays on the device
+        return draw_on_device(warp_probs(model.step(last.reshape(1))[-1], s), next(draws), s.temperature == 0)
     last = torch.tensor(prompt_ids[-1], dtype=torch.long, device=target.device)
-    out = torch.empty(s.max_new_tokens, dtype=torch.long, device=target.device)
-    for i in range(s.max_new_tokens):
-        probs = warp_probs(model.step(last.reshape(1))[-1], s)  # (V,)
-        last = draw_on_device(probs, uniforms[i], s.temperature == 0)
-        out[i] = last
-    tokens = out.tolist()  # the one copy
-    for i, t in enumerate(tokens):
-        if t in eos_ids:
-            return tokens[: i + 1]
-    return tokens
+    out = decode_plain(step, last, s.max_new_tokens, lambda token: False)  # no per-token sync to stop at EOS
+    tokens = torch.stack(out).tolist() if out else []  # the one copy
+    return final_tokens(tokens, s.max_new_tokens, eos_ids)[0]

@@ -6,19 +6,21 @@ committed token is the first input of the next cycle, for both models.
 """
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import torch
 from transformers import DynamicCache
 
 from engine.config import SpecSettings
 from engine.drafters import Drafter, ModelDrafter
-from engine.models.device import sync  # noqa: F401
-from engine.kv.ops import cache_len, crop, prefill  # noqa: F401  (re-exported: callers import them from here)
+from engine.cycle.record import CycleTimes, cycle_record, describe_cycle, shown_tensors
+from engine.kv.ops import cache_len, crop, prefill
 from engine.kv.layouts import cycle_layout_state, layout_for_run, layout_name, layout_state, new_cache
 from engine.models.loading import LoadedModel
 from engine.models.sampling import draw, residual, sample, uniform, warp_probs
 from engine.models.device import timed
+from engine.trace.commit import final_tokens
+from engine.trace.format import CacheLengths
 
 CACHE_CONVENTION = "committed_minus_one"
 CACHE_CONVENTION_TEXT = (
@@ -142,15 +144,9 @@ RATIO_TEST = RatioTest()
 
 def commit_tokens(draft_tokens: list[int], d: Decision, budget: int,
                   eos_ids: set[int]) -> tuple[list[int], bool]:
-    """Tokens this cycle makes final, cut at the first EOS and at the token budget."""
-    tokens = draft_tokens[: d.num_accepted] + [d.next_token_id]
-    for i, t in enumerate(tokens):
-        if t in eos_ids:
-            tokens = tokens[: i + 1]
-            break
-    tokens = tokens[:budget]
-    hit_eos = bool(tokens) and tokens[-1] in eos_ids
-    return tokens, hit_eos or len(tokens) == budget
+    """Tokens this cycle makes final: the accepted drafts and the resampled or bonus token,
+    cut at the first EOS and at the token budget (engine.trace.commit, the rule the checks apply)."""
+    return final_tokens(draft_tokens[: d.num_accepted] + [d.next_token_id], budget, eos_ids)
 
 
 class TokenTexts:
@@ -167,29 +163,6 @@ class TokenTexts:
 
     def many(self, token_ids: list[int]) -> list[str]:
         return [self(t) for t in token_ids]
-
-
-def top_entries(probs: torch.Tensor, n: int, texts: TokenTexts) -> list[list[dict]]:
-    """The n most likely tokens of each row of probs (R, V), as plain data."""
-    values, ids = torch.topk(probs, min(n, probs.shape[-1]), dim=-1)
-    return [[{"token_id": int(i), "text": texts(int(i)), "p": float(v)}
-             for v, i in zip(row_v.tolist(), row_i.tolist()) if v > 0]
-            for row_v, row_i in zip(values, ids)]
-
-
-def residual_entries(d: Decision, p_target: torch.Tensor, p_draft: torch.Tensor,
-                     n: int, texts: TokenTexts) -> list[dict] | None:
-    """Top entries of the residual at the rejected position, with both models' probabilities."""
-    if d.residual_probs is None:
-        return None
-    j = d.rejected_position - 1
-    values, ids = torch.topk(d.residual_probs, min(n, d.residual_probs.shape[-1]))
-    ids_list = ids.tolist()
-    if d.next_token_id not in ids_list:  # the sampled token is always shown
-        ids_list.append(d.next_token_id)
-    return [{"token_id": t, "text": texts(t), "p_target": float(p_target[j, t]),
-             "p_draft": float(p_draft[j, t]), "residual": float(d.residual_probs[t])}
-            for t in ids_list if float(d.residual_probs[t]) > 0 or t == d.next_token_id]
 
 
 def layout_states(target_cache, draft_cache) -> tuple[dict | None, dict | None]:
@@ -238,48 +211,22 @@ def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator
     catch_up = drafter.roll_back(state.draft_state, state.committed)
     cycle_time = time.perf_counter() - cycle_start
     draft_after = drafter.cache_len(state.draft_state)
-    rec = {
-        "type": "cycle", "cycle": cycle, "committed_len_before": before["committed_len"],
-        "draft_token_ids": draft_tokens, "num_accepted": decision.num_accepted,
-        "committed_token_ids": committed, "finished": state.finished,
-        "target_cache_len": {"before": before["target"], "after_append": target_cache_appended,
-                             "after_rollback": cache_len(state.target_cache)},
-        "draft_cache_len": None if draft_after is None else {
-            "before": before["draft"], "after_append": draft_cache_appended, "after_rollback": draft_after},
-        **cycle_layout_fields(state.target_cache, draft_cache, layout_before,
-                              (target_layout_appended, draft_layout_appended)),
-        "draft_catch_up": catch_up.happened, "verify_positions": len(draft_tokens) + 1,
-        "draft_time_s": sum(proposal.step_times_s), "draft_step_times_s": proposal.step_times_s,
-        "verify_time_s": verify_time, "catch_up_time_s": catch_up.time_s, "cycle_time_s": cycle_time,
-    }
-    if proposal.state is not None:  # the model drafter adds nothing: its records stay as they were
-        rec["drafter_state"] = proposal.state
-    if record:
-        rec.update(describe_cycle(draft_tokens, decision, proposal.p_draft, p_target, committed, s, texts))
-    return rec
-
-
-def describe_cycle(draft_tokens: list[int], d: Decision, p_draft: torch.Tensor,
-                   p_target: torch.Tensor, committed: list[int], s: SpecSettings,
-                   texts: TokenTexts) -> dict:
-    """The probabilities and draws behind a cycle's decision, for the trace."""
-    k = len(draft_tokens)
-    idx = torch.arange(k)
-    beta = torch.minimum(p_target[:k], p_draft).sum(-1)  # (K,) overlap of the two distributions
-    return {
-        "draft_token_texts": texts.many(draft_tokens),
-        "p_draft": p_draft[idx, draft_tokens].tolist(),
-        "p_target": p_target[idx, draft_tokens].tolist(),
-        "accept_prob": d.accept_prob, "u": d.u, "beta": beta.tolist(),
-        "rejected_position": d.rejected_position,
-        "resampled_token_id": d.next_token_id if d.rejected_position else None,
-        "bonus_token_id": None if d.rejected_position else d.next_token_id,
-        "next_token_text": texts(d.next_token_id),
-        "residual_top": residual_entries(d, p_target, p_draft, s.trace_top_k, texts),
-        "target_top": top_entries(p_target, s.trace_top_k, texts),
-        "draft_top": top_entries(p_draft, s.trace_top_k, texts),
-        "committed_token_texts": texts.many(committed),
-    }
+    description = None
+    if record:  # the distributions are on the CPU already: the shown numbers become lists at once
+        shown = shown_tensors(draft_tokens, proposal.p_draft, p_target, decision.residual_probs,
+                              decision.num_accepted, decision.next_token_id, s.trace_top_k)
+        description = describe_cycle({name: t.tolist() for name, t in shown.items()}, draft_tokens,
+                                     decision.num_accepted, decision.next_token_id, decision.accept_prob,
+                                     decision.u, committed, texts)
+    return cycle_record(
+        cycle, before["committed_len"], draft_tokens, decision.num_accepted, committed, state.finished,
+        CacheLengths(before=before["target"], after_append=target_cache_appended,
+                     after_rollback=cache_len(state.target_cache)),
+        None if draft_after is None else CacheLengths(before=before["draft"], after_append=draft_cache_appended,
+                                                      after_rollback=draft_after),
+        cycle_layout_fields(state.target_cache, draft_cache, layout_before, (target_layout_appended, draft_layout_appended)),
+        catch_up.happened, CycleTimes(proposal.step_times_s, verify_time, catch_up.time_s, cycle_time),
+        proposal.state, description)
 
 
 def start_run(pair: Pair, prompt_ids: list[int], s: SpecSettings | None = None,
@@ -310,19 +257,35 @@ def speculative_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings,
         cycle += 1
 
 
+Token = TypeVar("Token")  # an int on the host, or a device scalar on the fast path
+
+
+def decode_plain(step: Callable[[Token], Token], last: Token, max_new_tokens: int,
+                 stop: Callable[[Token], bool]) -> list[Token]:
+    """Plain (target-only) decoding's one loop: `step` turns the last token into the next, until
+    max_new_tokens or a token `stop` ends the run on. The step is all that differs between the
+    reference path, the sweep and the fast path (which stops nowhere: no per-token sync)."""
+    out = []
+    while len(out) < max_new_tokens:
+        last = step(last)
+        out.append(last)
+        if stop(last):
+            break
+    return out
+
+
+def target_step(target: LoadedModel, cache: DynamicCache, s: SpecSettings) -> Callable[[int], int]:
+    """One plain decoding step of the target over `cache`, one forward per token, with the
+    run's own generator (seeded from the settings, as a speculative run's)."""
+    gen = torch.Generator().manual_seed(s.seed)
+    return lambda last: draw(warp_probs(target.forward([last], cache)[-1], s), s, gen)
+
+
 def target_generate(target: LoadedModel, prompt_ids: list[int], s: SpecSettings,
                     eos_ids: set[int]) -> list[int]:
     """Plain autoregressive decoding of the target alone, one token per forward."""
-    gen = torch.Generator().manual_seed(s.seed)
-    cache = prefill(target, prompt_ids)
-    last, out = prompt_ids[-1], []
-    while len(out) < s.max_new_tokens:
-        probs = warp_probs(target.forward([last], cache)[-1], s)
-        last = draw(probs, s, gen)
-        out.append(last)
-        if last in eos_ids:
-            break
-    return out
+    step = target_step(target, prefill(target, prompt_ids), s)
+    return decode_plain(step, prompt_ids[-1], s.max_new_tokens, lambda t: t in eos_ids)
 
 
 def eos_ids_of(model: LoadedModel) -> set[int]:

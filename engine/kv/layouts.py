@@ -330,14 +330,6 @@ def layout_state(cache: Cache) -> dict:
     return {"slots_allocated": int(cache.get_seq_length())}
 
 
-def cycle_layout_fields(target: Cache, draft: Cache, before: tuple[dict, dict], after_append: tuple[dict, dict]) -> dict:
-    """The trace fields of one cycle's layout states; none for a dynamic cache, whose state is its length."""
-    if layout_name(target) == "dynamic":
-        return {}
-    return {"target_cache_layout_state": cycle_layout_state(target, before[0], after_append[0]),
-            "draft_cache_layout_state": cycle_layout_state(draft, before[1], after_append[1])}
-
-
 def cycle_layout_state(cache: Cache, before: dict, after_append: dict) -> dict:
     """Before / after append / after rollback of one cycle; for paged, the blocks it allocated and freed."""
     after = layout_state(cache)

@@ -22,7 +22,8 @@ import torch
 from engine.config import SpecSettings
 from engine.models.loading import LoadedModel
 from engine.models.sampling import draw as draw_token, warp_probs
-from engine.cycle.reference import Pair, crop
+from engine.cycle.reference import Pair
+from engine.kv.ops import crop
 from engine.models.device import timed
 
 DEFAULT_MAX_POSITIONS = 9  # verify widths 1..9 cover K = 1..8 without extrapolating

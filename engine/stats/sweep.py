@@ -5,19 +5,17 @@ predictions on the same machine: plain target decoding once, then one speculativ
 per K with the same prompt, settings and seed. Speeds count decoding only (the sum of
 cycle times, or the timed plain-decoding loop), so prefill is left out of both sides.
 """
-import time
 from dataclasses import dataclass, replace
 from typing import Callable
-
-import torch
 
 from engine.stats.analysis import Calibration, advise_k, calibration_of, measured_alpha
 from engine.stats.calibrate import DEFAULT_MAX_POSITIONS, calibrate
 from engine.config import SpecSettings
 from engine.trace.metrics import acceptance_metrics, decoding_tokens_per_s
+from engine.kv.ops import prefill
+from engine.models.device import timed
 from engine.models.loading import LoadedModel
-from engine.models.sampling import draw, warp_probs
-from engine.cycle.reference import Pair, prefill, speculative_generate
+from engine.cycle.reference import Pair, decode_plain, speculative_generate, target_step
 
 Progress = Callable[[float, str], None]  # (fraction done, what is running)
 
@@ -65,17 +63,10 @@ class SweepResult:
 
 def plain_decode(target: LoadedModel, prompt_ids: list[int], s: SpecSettings,
                  eos_ids: set[int]) -> tuple[int, float]:
-    """The target alone (the loop of target_generate): tokens made and seconds, prefill not timed."""
-    gen = torch.Generator().manual_seed(s.seed)
-    cache = prefill(target, prompt_ids)
-    last, count = prompt_ids[-1], 0
-    start = time.perf_counter()
-    while count < s.max_new_tokens:
-        last = draw(warp_probs(target.forward([last], cache)[-1], s), s, gen)
-        count += 1
-        if last in eos_ids:
-            break
-    return count, time.perf_counter() - start
+    """The target alone (target_generate's loop): tokens made and seconds, prefill not timed."""
+    step = target_step(target, prefill(target, prompt_ids), s)
+    tokens, seconds = timed(lambda: decode_plain(step, prompt_ids[-1], s.max_new_tokens, lambda t: t in eos_ids))
+    return len(tokens), seconds
 
 
 def run_point(pair: Pair, prompt_ids: list[int], s: SpecSettings) -> SweepPoint:

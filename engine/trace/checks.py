@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 
 from engine.config import MAX_K, SettingsError, SpecSettings
+from engine.trace.commit import final_tokens
 from engine.trace.metrics import acceptance_metrics
 
 CACHE_CONVENTION = "committed_minus_one"  # the only convention this engine writes and reads
@@ -239,17 +240,6 @@ def check_decision(c: dict, n_prop: int, facts: RunFacts, where: str) -> None:
                                          f"with {n} accepted of {n_prop}")
     if (c["resampled_token_id"] is None) == rejected or (c["bonus_token_id"] is None) != rejected:
         fail(where, "resampled_token_id", "a rejection has a resampled token and no bonus; a full accept the reverse")
-
-
-def expected_commit(drafts: list[int], n: int, next_token: int, budget: int, eos: frozenset) -> tuple[list[int], bool]:
-    """Accepted drafts plus the resampled or bonus token, cut at the first EOS and at the budget."""
-    tokens = drafts[:n] + [next_token]
-    for i, t in enumerate(tokens):
-        if t in eos:
-            tokens = tokens[: i + 1]
-            break
-    tokens = tokens[:budget]
-    return tokens, (bool(tokens) and tokens[-1] in eos) or len(tokens) == budget
 
 
 def check_top(entries, n_rows: int, facts: RunFacts, where: str, field: str, chosen: list[int], p_chosen: list[float]) -> None:
@@ -541,7 +531,7 @@ def check_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where: str
     nxt = c["resampled_token_id"] if c["resampled_token_id"] is not None else c["bonus_token_id"]
     check_token_ids([nxt], facts.vocab_size, where, "resampled_token_id" if c["resampled_token_id"] is not None else "bonus_token_id")
     budget = facts.max_new_tokens - len(run.generated)
-    want, finished = expected_commit(drafts, n, nxt, budget, facts.eos_ids)
+    want, finished = final_tokens(drafts[:n] + [nxt], budget, facts.eos_ids)
     if c["committed_token_ids"] != want:
         fail(where, "committed_token_ids", f"must be the {n} accepted drafts plus the "
              f"{'resampled' if n < n_prop else 'bonus'} token, cut at EOS and at the budget of {budget}: {want}")
