@@ -3,8 +3,7 @@ import pytest
 import torch
 
 from engine.config import SpecSettings
-from engine.cycle.reference import (TokenTexts, cache_len, prefill, run_cycle, speculative_generate,
-                                start_run, target_generate)
+from engine.cycle.reference import TokenTexts, cache_len, prefill, run_cycle, speculative_generate, start_run, target_generate
 from tests.tiny import noisy_pair, tiny_pair
 
 PROMPT = [1, 2, 4, 6, 7]
