@@ -1,8 +1,8 @@
 """App speed: each page's time to its first result and to all its charts; one Next step's server time.
 
-    python bench/app_speed.py                       # default bundled trace, a generated 500-cycle trace
-    python bench/app_speed.py --long-trace FILE     # use an existing long trace
-    python bench/app_speed.py --pages-only          # only the per-page timings (app-pages.json and .md)
+    python -m bench.app_speed                       # default bundled trace, a generated 500-cycle trace
+    python -m bench.app_speed --long-trace FILE     # use an existing long trace
+    python -m bench.app_speed --pages-only          # only the per-page timings (app-pages.json and .md)
 
 1. Pages: one server; each page opened in headless Chromium (Playwright), first cold, then
    rounds of a new visitor (a fresh browser context) and a returning browser (one context kept,
@@ -28,12 +28,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench.common import RESULTS, machine_info, write_results
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
-
-from bench_report import machine_info  # noqa: E402
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
@@ -156,6 +154,15 @@ def new_context(browser, selector: str):
     return context
 
 
+def fresh_load(browser, url: str, selector: str) -> dict:
+    """One load of `url` by a new visitor: a fresh browser context, closed afterwards."""
+    context = new_context(browser, selector)
+    try:
+        return timed_load(context, url, selector)
+    finally:
+        context.close()
+
+
 def time_pages(env: dict, repeats: int = 3, script: Path | None = None, pages: dict | None = None) -> dict:
     """Each page, in one fresh server process: page load to its first result (FIRST_RESULT_OF) and
     to all its charts drawn at load.
@@ -180,20 +187,14 @@ def time_pages(env: dict, repeats: int = 3, script: Path | None = None, pages: d
                 selector = FIRST_RESULT_OF.get(path, FIRST_RESULT)
                 url = f"http://127.0.0.1:{port}/{path}"
 
-                def fresh_load() -> dict:
-                    context = new_context(browser, selector)
-                    try:
-                        return timed_load(context, url, selector)
-                    finally:
-                        context.close()
-
-                cold = fresh_load()
+                cold = fresh_load(browser, url, selector)
                 returning = new_context(browser, selector)
                 timed_load(returning, url, selector)  # the returning browser's earlier visit
                 loads = {"fresh": [], "returning": []}
                 for i in range(repeats):
                     for kind in (("fresh", "returning") if i % 2 == 0 else ("returning", "fresh")):
-                        loads[kind].append(fresh_load() if kind == "fresh" else timed_load(returning, url, selector))
+                        loads[kind].append(fresh_load(browser, url, selector) if kind == "fresh"
+                                           else timed_load(returning, url, selector))
                 returning.close()
                 out[name] = {"first_result": selector, "charts": cold["charts"],
                              "cold_s": cold["first_s"], "cold_all_charts_s": cold["all_charts_s"]}
@@ -219,9 +220,9 @@ def make_long_trace(path: Path, cycles: int = 500) -> Path:
     import torch
 
     from engine.config import SpecSettings
+    from engine.cycle.reference import Pair
     from engine.models.loading import ModelLoadError
     from engine.run import load_preset, run_to_trace
-    from engine.cycle.reference import Pair
 
     torch.set_num_threads(1)
     try:
@@ -307,7 +308,7 @@ def main(argv=None) -> int:
     p.add_argument("--clicks", type=int, default=20)
     p.add_argument("--pages-only", action="store_true", help="only the per-page timings")
     p.add_argument("--repeats", type=int, default=3, help="warm rounds per page (each: a new visitor and a returning one)")
-    p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
     env = {k: v for k, v in os.environ.items() if k != "SPECLAB_TRACE"}  # the bundled default trace
     if args.first_trace:
@@ -316,10 +317,8 @@ def main(argv=None) -> int:
     pages.update(time_pages(env, args.repeats, script=HERE / "floor_page.py", pages=REFERENCE_PAGES))
     if args.pages_only:
         print("\n".join(pages_markdown(pages)))
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "app-pages.json").write_text(json.dumps({"machine": machine_info(0), "pages": pages}, indent=2))
-        (out / "app-pages.md").write_text("## App pages (bench/app_speed.py --pages-only)\n" + "\n".join(pages_markdown(pages)))
+        write_results(Path(args.out), "app-pages", {"machine": machine_info(0), "pages": pages},
+                      "## App pages (bench/app_speed.py --pages-only)\n" + "\n".join(pages_markdown(pages)), indent=2)
         return 0
     first = time_to_first_chart(env)
     long_trace = Path(args.long_trace) if args.long_trace else make_long_trace(
@@ -327,10 +326,7 @@ def main(argv=None) -> int:
     first["trace"] = Path(args.first_trace).name if args.first_trace else "bundled default"
     result = {"machine": machine_info(0), "pages": pages, "first_chart": first,
               "next_step": next_step_ms(long_trace, args.clicks)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "app-speed.json").write_text(json.dumps(result, indent=2))
-    (out / "app-speed.md").write_text(markdown(result))
+    write_results(Path(args.out), "app-speed", result, markdown(result), indent=2)
     print(markdown(result))
     return 0
 

@@ -1,14 +1,8 @@
-"""Writing speed-benchmark results: JSON, a Markdown table per pair, and one page for all pairs."""
+"""Writing speed-benchmark results (bench/speed.py): JSON, a Markdown table per pair, and one page for all pairs."""
 import json
-import os
-import platform
-import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
-import torch
-import transformers
+from bench.common import write_results
 
 # (ratio, threshold, which settings it applies to: (pair name, setting, drafter), wording) - the
 # targets of the speed issue and, for the EAGLE head on the chat pair, of the EAGLE issue.
@@ -26,25 +20,6 @@ TARGETS = [
     ("fraction_of_leviathan", 0.8, lambda name, st, drafter: True,
      "measured speedup at least 80% of Leviathan's prediction"),
 ]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info(threads: int, device: torch.device | None = None, dtype: torch.dtype | None = None) -> dict:
-    gpu = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else None
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": threads, "os": platform.platform(),
-            "device": str(device) if device is not None else "cpu", "gpu": gpu,
-            "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 def drafter_of(result: dict) -> str:
@@ -86,8 +61,9 @@ def speed_table(result: dict) -> list[str]:
         tps, r = st["tokens_per_s"], st["ratios"]
         rows.append(f"| {st['temperature']:g} | {st['k']} | {st['alpha']:.3f} | {st['c']:.3f} | "
                     + " | ".join(f"{tps[m]:.1f}" for m in "abcde")
-                    + f" | {r['a/c']:.2f} | {r['a/d']:.2f} | {r['a/b']:.3f} | {r['e/d']:.2f} | {st['predicted']['leviathan']:.2f}x "
-                    f"| {st['predicted']['refined']:.2f}x | {st['fraction_of_leviathan']:.0%} | {st['fraction_of_refined']:.0%} |")
+                    + f" | {r['a/c']:.2f} | {r['a/d']:.2f} | {r['a/b']:.3f} | {r['e/d']:.2f} "
+                    f"| {st['predicted']['leviathan']:.2f}x | {st['predicted']['refined']:.2f}x "
+                    f"| {st['fraction_of_leviathan']:.0%} | {st['fraction_of_refined']:.0%} |")
     return rows
 
 
@@ -142,32 +118,9 @@ def markdown(result: dict) -> str:
 
 
 def write_reports(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"speed-{result['name']}.json").write_text(json.dumps(result, indent=2))
-    (out / f"speed-{result['name']}.md").write_text(markdown(result))
+    write_results(out, f"speed-{result['name']}", result, markdown(result), indent=2)
     combined = ["## Speed benchmark (bench/speed.py)", ""]
     for path in sorted(out.glob("speed-*.json")):
         combined.append(markdown(json.loads(path.read_text())))
     (out / "speed.md").write_text("\n".join(combined))
     print(markdown(result))
-
-
-def interleaved_rates(run: Callable, methods: list[str], prompts: list[str], ids: list[list[int]], s, repeats: int,
-                      label: str) -> dict[str, list[float]]:
-    """tokens/s per method and repeat: every repeat runs every method on every prompt, interleaved so
-    drift spreads evenly, with the repeat's seed shared by all methods; a rate is tokens over time
-    summed over the prompts. `run(method, prompt, prompt_ids, settings)` returns (tokens, seconds)."""
-    rates = {m: [] for m in methods}
-    for repeat in range(repeats):
-        totals = {m: [0, 0.0] for m in methods}
-        seeded = replace(s, seed=repeat)
-        for prompt, prompt_ids in zip(prompts, ids):
-            for method in methods:
-                n, t = run(method, prompt, prompt_ids, seeded)
-                assert n == s.max_new_tokens, f"method {method} generated {n} tokens, not {s.max_new_tokens}"
-                totals[method][0] += n
-                totals[method][1] += t
-        for m, (n, t) in totals.items():
-            rates[m].append(n / t)
-        print(f"  {label} repeat {repeat + 1}: " + "  ".join(f"{m} {rates[m][-1]:.1f}/s" for m in methods), flush=True)
-    return rates

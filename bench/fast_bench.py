@@ -1,7 +1,7 @@
 """The fast path against Hugging Face and our own plain decoding, in tokens/s, beside the physical limit.
 
-    python bench/fast_bench.py --preset tiny-shakespeare --dtypes float32,bfloat16   # on a CUDA GPU
-    python bench/fast_bench.py --preset tiny-shakespeare --device cpu --dry-run --out /tmp/x   # tries the script
+    python -m bench.fast_bench --preset tiny-shakespeare --dtypes float32,bfloat16   # on a CUDA GPU
+    python -m bench.fast_bench --preset tiny-shakespeare --device cpu --dry-run --out /tmp/x   # tries the script
 
 Methods, each generating exactly --max-new-tokens tokens (no EOS stop) from the same prompt ids:
   a   fast path, tracing on: every cycle's record written to a trace file (engine/cycle/fast.py)
@@ -32,32 +32,21 @@ import time
 import traceback
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+import torch
+import transformers
+from transformers import CompileConfig
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers import CompileConfig  # noqa: E402
+from bench import common, hf
+from engine.config import SpecSettings
+from engine.cycle.fast import FastModels, FastPlainModel, fast_generate, fast_plain_decode, plan_fast_path
+from engine.cycle.reference import Pair
+from engine.kv.layouts import layout_for_run
+from engine.models.device import pick_device
+from engine.models.presets import PRESETS
+from engine.run import encode_prompt, make_header
+from engine.stats.analysis import cycle_times, measured_alpha
+from engine.trace.format import TraceWriter, load_trace, make_summary
 
-import hf  # noqa: E402
-from bench_report import interleaved_rates, machine_info  # noqa: E402
-from engine.stats.analysis import cycle_times, measured_alpha  # noqa: E402
-from engine.config import SpecSettings  # noqa: E402
-from engine.cycle.fast import FastModels, FastPlainModel, fast_generate, fast_plain_decode, plan_fast_path  # noqa: E402
-from engine.kv.layouts import layout_for_run  # noqa: E402
-from engine.models.device import pick_device, sync  # noqa: E402
-from engine.models.presets import PRESETS  # noqa: E402
-from engine.run import encode_prompt, load_pair, load_preset, make_header  # noqa: E402
-from engine.cycle.reference import Pair  # noqa: E402
-from engine.trace.format import TraceWriter, load_trace, make_summary  # noqa: E402
-
-PROMPTS = {
-    "chat": ["Explain why the sky is blue in two sentences.", "What is a good way to learn to cook?",
-             "Give me three tips for a job interview."],
-    "tiny-shakespeare": ["Romeo.\n", "King Henry.\nWhat say you", "Enter a Messenger.\n"],
-    "custom": ["the cat sat on", "the dog ran", "a cat"],
-}
 METHODS = ("a", "b", "c", "d", "d'", "e")
 METHOD_NAMES = {"a": "fast path, traced", "b": "fast path, untraced", "c": "HF assisted generation",
                 "d": "HF generate, eager", "d'": "HF generate, static cache + compile",
@@ -75,8 +64,7 @@ GOALS = [  # (preset, ratio, at least, wording) from the fast-path issue; fp32, 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", choices=sorted(PRESETS))
-    p.add_argument("--target"), p.add_argument("--draft")
+    common.add_pair_arguments(p)
     p.add_argument("--name", help="results name (default: the preset)")
     p.add_argument("--k", default="5", help="draft tokens per cycle; a comma list runs each")
     p.add_argument("--temperatures", default="0,1")
@@ -89,10 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", default=",".join(METHODS), help="a subset of " + ",".join(METHODS))
     p.add_argument("--dry-run", action="store_true",
                    help="try every step of the script with tiny sizes (8 tokens, 1 prompt, 1 repeat); not a measurement")
-    p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--out", default=str(common.RESULTS))
     args = p.parse_args(argv)
-    if bool(args.preset) == bool(args.target and args.draft):
-        p.error("give --preset, or both --target and --draft")
+    common.check_pair_arguments(p, args)
     if args.dry_run:
         args.max_new_tokens, args.prompts, args.repeats = min(args.max_new_tokens, 8), 1, 1
     unknown = set(args.methods.split(",")) - set(METHODS)
@@ -112,13 +99,7 @@ def measured_bandwidth_gbs(device: torch.device, dry_run: bool) -> float:
     n = (1 << 20) if dry_run else (1 << 28)  # 4 MiB or 1 GiB of float32
     src = torch.empty(n, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(5):
-        sync(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        best = min(best, time.perf_counter() - start)
+    best = min(common.timed_alone(lambda: dst.copy_(src), device)[1] for _ in range(5))
     return 2 * src.numel() * src.element_size() / best / 1e9
 
 
@@ -139,14 +120,6 @@ def limits(pair: Pair, k: int, mean_acceptance_length: float, bandwidth_gbs: flo
 
 
 # ---------------------------------------------------------------- one run per method
-
-def timed(fn, device: torch.device) -> tuple[int, float]:
-    sync(device)
-    start = time.perf_counter()
-    n = fn()
-    sync(device)
-    return n, time.perf_counter() - start
-
 
 class Runner:
     """Every method on one pair at one (K, T), with the fast path's caches and graphs built once."""
@@ -184,17 +157,17 @@ class Runner:
     def run(self, method: str, prompt: str, ids: list[int], s: SpecSettings) -> tuple[int, float]:
         pair, device = self.pair, self.pair.target.device
         if method == "a":
-            return timed(lambda: self.traced(prompt, ids, s), device)
+            return common.timed_alone(lambda: self.traced(prompt, ids, s), device)
         if method == "b":
-            return timed(lambda: sum(len(r["committed_token_ids"])
+            return common.timed_alone(lambda: sum(len(r["committed_token_ids"])
                                      for r in fast_generate(pair, ids, s, record=False, models=self.models)), device)
         if method == "e":
-            return timed(lambda: len(fast_plain_decode(pair.target, ids, s, set(), model=self.plain)), device)
+            return common.timed_alone(lambda: len(fast_plain_decode(pair.target, ids, s, set(), model=self.plain)), device)
         torch.manual_seed(s.seed)
         if method in ("c", "d"):
             assistant = self.assistant if method == "c" else None
-            return timed(lambda: len(hf.hf_generate(pair.target.model, ids, s, assistant)), device)
-        return timed(lambda: len(hf_static_generate(pair.target.model, ids, s, compile_=not self.dry_run)), device)
+            return common.timed_alone(lambda: len(hf.hf_generate(pair.target.model, ids, s, assistant)), device)
+        return common.timed_alone(lambda: len(hf_static_generate(pair.target.model, ids, s, compile_=not self.dry_run)), device)
 
 
 @torch.inference_mode()
@@ -226,14 +199,8 @@ def bench_setting(pair: Pair, args, k: int, temperature: float, prompts: list[st
         runner.run(method, prompts[longest], ids[longest], s)
     warm_up_s = time.perf_counter() - warm_start
     runner.trace_paths.clear()
-    rates = interleaved_rates(runner.run, methods, prompts, ids, s, args.repeats, f"K={k} T={temperature}")
+    rates = common.interleaved_rates(runner.run, methods, prompts, ids, s, args.repeats, f"K={k} T={temperature}")
     return summarise(pair, s, rates, runner.trace_paths, capture, warm_up_s, bandwidth)
-
-
-def paired_ratio(rates: dict, x: str, y: str) -> float | None:
-    if x not in rates or y not in rates:
-        return None
-    return statistics.median(a / b for a, b in zip(rates[x], rates[y]))
 
 
 def summarise(pair: Pair, s: SpecSettings, rates: dict, trace_paths: list[Path], capture: str, warm_up_s: float,
@@ -242,7 +209,7 @@ def summarise(pair: Pair, s: SpecSettings, rates: dict, trace_paths: list[Path],
     cycles = [c for t in traces for c in t.cycles]
     times = cycle_times(cycles)
     mean_len = (sum(len(c["committed_token_ids"]) for c in cycles) / len(cycles)) if cycles else None
-    ratios = {f"{x}/{y}": paired_ratio(rates, x, y)
+    ratios = {f"{x}/{y}": common.paired_ratio(rates, x, y)
               for x, y in (("a", "b"), ("a", "c"), ("a", "d"), ("a", "d'"), ("a", "e"), ("e", "d"), ("d'", "d"))}
     return {
         "k": s.k, "temperature": s.temperature, "max_new_tokens": s.max_new_tokens, "capture": capture,
@@ -259,6 +226,15 @@ def summarise(pair: Pair, s: SpecSettings, rates: dict, trace_paths: list[Path],
 
 
 # ---------------------------------------------------------------- report
+
+def ratio_cell(ratios: dict, name: str) -> str:
+    return "-" if ratios.get(name) is None else f"{ratios[name]:.2f}"
+
+
+def limit_cell(limits: dict, key: str) -> str:
+    """A physical limit in tokens/s, with the datasheet and with the measured bandwidth ("-" where unknown)."""
+    return " / ".join(f"{limits[n][key]:.0f}" if limits.get(n) else "-" for n in ("datasheet", "measured"))
+
 
 def markdown(result: dict) -> str:
     m = result["machine"]
@@ -282,18 +258,12 @@ def markdown(result: dict) -> str:
         for st in block["settings"]:
             tps, sp, r = st["tokens_per_s"], st["spread"], st["ratios"]
             lim = st["limits"]
-
-            def fmt_limit(key: str) -> str:
-                vals = [f"{lim[n][key]:.0f}" if lim.get(n) else "-" for n in ("datasheet", "measured")]
-                return " / ".join(vals)
-
-            ratio = lambda name: "-" if r.get(name) is None else f"{r[name]:.2f}"  # noqa: E731
             alpha = "-" if st["alpha"] is None else f"{st['alpha']:.2f}"
             lines.append(f"| {st['k']} | {st['temperature']:g} | "
                          + " | ".join(f"{tps[m]:.0f} [{sp[m][0]:.0f}-{sp[m][1]:.0f}]" for m in methods)
-                         + " | " + " | ".join(ratio(x) for x in ("a/e", "a/d", "a/d'", "a/b", "a/c"))
-                         + f" "
-                         f"| {fmt_limit('plain_tokens_per_s')} | {fmt_limit('speculative_tokens_per_s')} | {alpha} |")
+                         + " | " + " | ".join(ratio_cell(r, x) for x in ("a/e", "a/d", "a/d'", "a/b", "a/c"))
+                         + f" | {limit_cell(lim, 'plain_tokens_per_s')} | {limit_cell(lim, 'speculative_tokens_per_s')} "
+                         f"| {alpha} |")
         lines += ["", "Where a traced cycle's time goes (ms, mean per cycle):", "",
                   "| K | T | cycle | draft steps | d_K step | verify | other (test, sampling, rollback, copy, Python) |",
                   "|---|---|---|---|---|---|---|"]
@@ -323,25 +293,13 @@ def goal_lines(result: dict) -> list[str]:
 
 
 def write_reports(result: dict, out: Path) -> None:
-    import json
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"fast-{result['name']}.json").write_text(json.dumps(result, indent=1))
-    (out / f"fast-{result['name']}.md").write_text(markdown(result))
+    common.write_results(out, f"fast-{result['name']}", result, markdown(result))
 
 
 # ---------------------------------------------------------------- main
 
-def load(args, dtype: str) -> tuple[Pair, bool]:
-    device = str(pick_device(args.device))
-    if args.preset:
-        pair, chat = load_preset(args.preset, device, dtype), PRESETS[args.preset].use_chat_template
-    else:
-        pair, chat = load_pair(args.target, args.draft, device, dtype_name=dtype), False
-    return Pair(pair.target, pair.draft, set()), chat
-
-
 def run_dtype(args, dtype: str, prompts: list[str], methods: list[str]) -> dict:
-    pair, chat = load(args, dtype)
+    pair, chat = common.load_bench_pair(args, str(pick_device(args.device)), dtype)
     device = pair.target.device
     plan = plan_fast_path(device, args.capture)
     print(plan.message, flush=True)
@@ -371,7 +329,7 @@ def main(argv=None) -> int:
     name = args.name or args.preset or "custom"
     device = pick_device(args.device)
     dtypes = [d for d in args.dtypes.split(",") if device.type == "cuda" or d == "float32"]
-    prompts = PROMPTS.get(args.preset or "custom", PROMPTS["custom"])[: args.prompts]
+    prompts = common.prompts_for(args.preset, args.prompts)
     methods = [m for m in METHODS if m in args.methods.split(",")]
     started = time.time()
     runs = []
@@ -387,7 +345,7 @@ def main(argv=None) -> int:
     names = (PRESETS[args.preset].target_name, PRESETS[args.preset].draft_name) if args.preset else (args.target, args.draft)
     result = {"name": name, "preset": args.preset, "target": names[0], "draft": names[1], "prompts": prompts,
               "repeats": args.repeats, "dry_run": args.dry_run, "methods": METHOD_NAMES,
-              "machine": machine_info(torch.get_num_threads(), device), "wall_s": time.time() - started, "runs": runs}
+              "machine": common.machine_info(torch.get_num_threads(), device), "wall_s": time.time() - started, "runs": runs}
     write_reports(result, Path(args.out))
     print(markdown(result))
     return 0

@@ -28,15 +28,15 @@ for preset in "${presets[@]}"; do
     *) tokens=128; k=${K_TINY:-5} ;;
   esac
   if [ "$STAGE" != bench ]; then
-    $PY bench/gpu_checks.py --preset "$preset" "${device[@]}" --captures "${CAPTURES:-graph,none}" \
+    $PY -m bench.gpu_checks --preset "$preset" "${device[@]}" --captures "${CAPTURES:-graph,none}" \
       --max-new-tokens 48 --out "$OUT/gpu-checks.json"
   fi
   if [ "$STAGE" != checks ]; then
-    $PY bench/fast_bench.py --preset "$preset" "${device[@]}" --k "$k" --dtypes float32,bfloat16 --temperatures 0,1 \
+    $PY -m bench.fast_bench --preset "$preset" "${device[@]}" --k "$k" --dtypes float32,bfloat16 --temperatures 0,1 \
       --max-new-tokens $tokens --repeats "$REPEATS" --out "$OUT"
   fi
   if [ -n "${SPEED:-}" ] && [ -z "${DRY_RUN:-}" ]; then
-    $PY bench/speed.py --preset "$preset" --device cuda --dtype float32 --name "$preset-cuda" \
+    $PY -m bench.speed --preset "$preset" --device cuda --dtype float32 --name "$preset-cuda" \
       --max-new-tokens $tokens --repeats "$REPEATS" --out "$OUT"
   fi
 done

@@ -1,7 +1,7 @@
 """Correctness on a GPU: what the CPU tests prove, checked once on CUDA for the shipped presets.
 
-    python bench/gpu_checks.py --preset tiny-shakespeare --preset chat
-    python bench/gpu_checks.py --preset tiny-shakespeare --device cpu --dry-run --out /tmp/x.json   # try it
+    python -m bench.gpu_checks --preset tiny-shakespeare --preset chat
+    python -m bench.gpu_checks --preset tiny-shakespeare --device cpu --dry-run --out /tmp/x.json   # try it
 
 For each preset, in bfloat16 and in float32 (the engine's default):
   - greedy speculative output (K = 1, 4, 8) against plain greedy target decoding, token for token,
@@ -23,27 +23,24 @@ Writes bench/results/gpu-checks.json and prints Markdown tables.
 """
 import argparse
 import json
-from dataclasses import replace
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+import torch
 
-import torch  # noqa: E402
+from bench.common import PROMPTS, RESULTS
+from engine.config import SpecSettings
+from engine.cycle import fast as fast_path
+from engine.cycle.reference import RunState, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.kv.layouts import attended_kv, check_invariants, layout_for_run, new_cache
+from engine.kv.ops import cache_len, prefill
+from engine.models.presets import PRESETS
+from engine.run import encode_prompt, load_preset
 
-from engine.config import SpecSettings  # noqa: E402
-from engine.models.presets import PRESETS  # noqa: E402
-from engine.run import encode_prompt, load_preset  # noqa: E402
-from engine.cycle.reference import RunState, run_cycle, start_run, target_generate, TokenTexts  # noqa: E402
-from engine.kv.ops import cache_len, prefill  # noqa: E402
-from engine.cycle import fast as fast_path  # noqa: E402
-from engine.kv.layouts import attended_kv, check_invariants, layout_for_run, new_cache  # noqa: E402
-from engine.cycle.reference import speculative_generate  # noqa: E402
-
-PROMPTS = {"chat": ["Explain why the sky is blue in two sentences.", "Give me three tips for a job interview."],
-           "tiny-shakespeare": ["Romeo.\n", "Enter a Messenger.\n"]}
+# Two of the speed benchmarks' prompts per preset, the first and the last.
+CHECK_PROMPTS = {preset: PROMPTS[preset][0::2] for preset in ("chat", "tiny-shakespeare")}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -167,7 +164,8 @@ def fast_rows(preset: str, dtype_name: str, device: str, captures: list[str], ks
                 base = {"preset": preset, "dtype": dtype_name, "prompt": prompt, "temperature": temperature,
                         "capture": capture}
                 try:
-                    plain, plain_ref = fast_path.fast_plain_decode(pair.target, ids, s, set(), capture), references[prompt, temperature, None]
+                    plain = fast_path.fast_plain_decode(pair.target, ids, s, set(), capture)
+                    plain_ref = references[prompt, temperature, None]
                     diff = first_difference(plain, plain_ref)
                     rows.append({**base, "method": "plain", "k": None, "tokens": len(plain),
                                  "equal_to_cpu_reference": plain == plain_ref, "first_difference": diff,
@@ -215,7 +213,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", action="append", choices=sorted(PRESETS))
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--out", default=str(HERE / "results" / "gpu-checks.json"))
+    p.add_argument("--out", default=str(RESULTS / "gpu-checks.json"))
     p.add_argument("--device", default="cuda", help="cuda; cpu only to try the script itself")
     p.add_argument("--dry-run", action="store_true", help="tiny sizes (8 tokens, 1 prompt, K 1 and 4): tries the script")
     p.add_argument("--captures", default="graph,none", help="fast-path capture modes to check on CUDA")
@@ -230,7 +228,7 @@ def main() -> int:
     captures = args.captures.split(",") if args.device == "cuda" else ["none"]
     ks = [1, 4] if args.dry_run else [1, 4, 8]
     for preset in args.preset or ["tiny-shakespeare"]:
-        prompts = PROMPTS[preset][:1] if args.dry_run else PROMPTS[preset]
+        prompts = CHECK_PROMPTS[preset][:1] if args.dry_run else CHECK_PROMPTS[preset]
         cpu_pair, references = load_preset(preset, "cpu", None), {}  # the reference: the CPU path in float32
         for dtype_name in ("bfloat16", "float32") if args.device == "cuda" else ("float32",):
             if not args.skip_reference_checks:
@@ -243,7 +241,8 @@ def main() -> int:
     rows = [r for r in previous.get("rows", []) if (r["preset"], r["dtype"]) not in done] + rows
     fast = [r for r in previous.get("fast_path_rows", []) if (r["preset"], r["dtype"]) not in done] + fast
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"gpu": torch.cuda.get_device_name() if args.device == "cuda" else args.device, "torch": torch.__version__,
+    out.write_text(json.dumps({"gpu": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+                               "torch": torch.__version__,
                                "dry_run": args.dry_run,
                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows,
                                "fast_path_rows": fast}, indent=1))

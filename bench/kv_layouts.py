@@ -1,7 +1,7 @@
 """KV-cache layouts: the memory each holds over a long run, and what one rollback costs (a benchmark, not a test).
 
-    python bench/kv_layouts.py                                  # tiny-shakespeare preset, CPU
-    python bench/kv_layouts.py --preset chat --max-new-tokens 256
+    python -m bench.kv_layouts                                  # tiny-shakespeare preset, CPU
+    python -m bench.kv_layouts --preset chat --max-new-tokens 256
 
 Part 1, memory (deterministic, no timing): one long speculative run per layout on the same
 prompt, settings and seed. After every cycle's verify (the peak of the cycle) and after its
@@ -19,7 +19,6 @@ the 10th-90th percentile spread of the round figures.
 Results: bench/results/kv-layouts-NAME.json and .md.
 """
 import argparse
-import json
 import os
 import random
 import statistics
@@ -27,22 +26,17 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+import torch
 
-import torch  # noqa: E402
-
-from bench_report import machine_info  # noqa: E402
-from engine.config import SpecSettings  # noqa: E402
-from engine.kv.layouts import (CacheLayout, kv_bytes_held, kv_bytes_reserved, layout_name, new_cache,  # noqa: E402
-                               roll_back_cache)  # noqa: E402
-from engine.run import encode_prompt, load_preset  # noqa: E402
-from engine.cycle.reference import Pair, TokenTexts, run_cycle, start_run  # noqa: E402
-from engine.kv.ops import prefill  # noqa: E402
+from bench.common import PROMPTS, RESULTS, machine_info, write_results
+from engine.config import SpecSettings
+from engine.cycle.reference import Pair, TokenTexts, run_cycle, start_run
+from engine.kv.layouts import CacheLayout, kv_bytes_held, kv_bytes_reserved, layout_name, new_cache, roll_back_cache
+from engine.kv.ops import prefill
+from engine.run import encode_prompt, load_preset
 
 VARIANTS = {"dynamic": ("dynamic", 16), "static": ("static", 16), "paged-16": ("paged", 16), "paged-4": ("paged", 4)}
-PROMPTS = {"tiny-shakespeare": "Romeo.\n", "chat": "Explain why the sky is blue in two sentences."}
+LONG_RUN_PROMPT = {preset: PROMPTS[preset][0] for preset in ("tiny-shakespeare", "chat")}  # one long run per layout
 
 
 def slots_held(cache) -> int:
@@ -137,8 +131,9 @@ def markdown(result: dict) -> str:
              "between sequences).", "",
              "Unused slots: slots the target's cache holds after a rollback that no position attends to "
              "(static: the rest of the buffer; paged: the tail of the last block, internal fragmentation).", "",
-             "| layout | cycles | peak KiB held (after a verify) | mean KiB held after a verify | KiB held after the last rollback "
-             "| KiB reserved | unused target slots after a rollback, mean | same tokens as dynamic |",
+             "| layout | cycles | peak KiB held (after a verify) | mean KiB held after a verify "
+             "| KiB held after the last rollback | KiB reserved | unused target slots after a rollback, mean "
+             "| same tokens as dynamic |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     dyn = result["memory"]["dynamic"]["generated"]
     for v, r in result["memory"].items():
@@ -155,7 +150,7 @@ def markdown(result: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="tiny-shakespeare", choices=sorted(PROMPTS))
+    parser.add_argument("--preset", default="tiny-shakespeare", choices=sorted(LONG_RUN_PROMPT))
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=400)
     parser.add_argument("--temperature", type=float, default=0.8)
@@ -166,12 +161,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--conditions", default="shared 2-core CPU machine, under load from other developers' jobs: "
                         "timings are noisy, compare medians and read the spread")
-    parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()[0]
     pair = load_preset(args.preset, "cpu")
-    prompt_ids = encode_prompt(pair.target.tokenizer, PROMPTS[args.preset], args.preset == "chat")
+    prompt_ids = encode_prompt(pair.target.tokenizer, LONG_RUN_PROMPT[args.preset], args.preset == "chat")
     memory = {}
     for variant, (name, block) in VARIANTS.items():
         s = SpecSettings(k=args.k, temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens,
@@ -184,10 +179,7 @@ def main() -> int:
               "k": args.k, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
               "positions": args.positions, "rounds": args.rounds, "trials": args.trials,
               "memory": memory, "rollback": rollback, "load_average": [load_start, os.getloadavg()[0]]}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"kv-layouts-{args.preset}.json").write_text(json.dumps(result, indent=1))
-    (out / f"kv-layouts-{args.preset}.md").write_text(markdown(result))
+    write_results(Path(args.out), f"kv-layouts-{args.preset}", result, markdown(result))
     print(markdown(result))
     return 0
 

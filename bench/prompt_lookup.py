@@ -1,7 +1,7 @@
 """Prompt lookup benchmark: our engine against Hugging Face, on input-grounded prompts.
 
-    python bench/prompt_lookup.py                     # chat preset, CPU, T=0 and T=1
-    python bench/prompt_lookup.py --repeats 5 --max-new-tokens 96
+    python -m bench.prompt_lookup                     # chat preset, CPU, T=0 and T=1
+    python -m bench.prompt_lookup --repeats 5 --max-new-tokens 96
 
 Prompts contain the text the answer should reuse (rewrite, fix, repeat back), where
 prompt lookup pays off. Methods, each generating up to --max-new-tokens tokens from the
@@ -23,21 +23,18 @@ import json
 import statistics
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+import torch
 
-import torch  # noqa: E402
-
-import hf  # noqa: E402
-from bench_report import machine_info  # noqa: E402
-from engine.config import SpecSettings  # noqa: E402
-from engine.run import DrafterOptions, encode_prompt, load_preset, run_to_trace  # noqa: E402
-from engine.cycle.reference import Pair  # noqa: E402
-from engine.trace.format import load_trace  # noqa: E402
+from bench import hf
+from bench.common import RESULTS, machine_info, write_results
+from engine.config import SpecSettings
+from engine.cycle.reference import Pair
+from engine.models.device import timed
+from engine.run import DrafterOptions, encode_prompt, load_preset, run_to_trace
+from engine.trace.format import load_trace
 
 PROMPTS = [
     "Fix the spelling in this paragraph and write it out again: The quick brown fox jumpd over the lazy dog. "
@@ -57,15 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=HERE / "results" / "prompt-lookup-chat")
+    p.add_argument("--out", type=Path, default=RESULTS / "prompt-lookup-chat")
     p.add_argument("--note", default="", help="conditions of the run (e.g. a machine shared with other jobs)")
     return p.parse_args(argv)
-
-
-def timed(fn) -> tuple[int, float]:
-    start = time.perf_counter()
-    tokens = fn()
-    return tokens, time.perf_counter() - start
 
 
 def run_engine(pair: Pair, prompt: str, s: SpecSettings, folder: Path) -> int:
@@ -84,6 +75,13 @@ def run_hf(pair: Pair, ids: list[int], s: SpecSettings, lookup: dict | None) -> 
     return out.shape[1] - len(ids)
 
 
+def run_method(method: str, pair: Pair, prompt: str, ids: list[int], s: SpecSettings, args, folder: Path) -> int:
+    """Tokens made by one method on one prompt: a (our engine), c (HF prompt lookup) or d (HF plain)."""
+    if method == "a":
+        return run_engine(pair, prompt, s, folder)
+    return run_hf(pair, ids, s, {"k": args.k, "max_ngram": args.max_ngram} if method == "c" else None)
+
+
 def bench_temperature(pair: Pair, args, temperature: float, folder: Path) -> dict:
     prompts = [(p, encode_prompt(pair.target.tokenizer, p, True)) for p in PROMPTS]
     rates: dict[str, list[float]] = {"a": [], "c": [], "d": []}
@@ -93,15 +91,12 @@ def bench_temperature(pair: Pair, args, temperature: float, folder: Path) -> dic
         totals = {m: [0, 0.0] for m in rates}
         for prompt, ids in prompts:
             s = SpecSettings(k=args.k, temperature=temperature, seed=r, max_new_tokens=args.max_new_tokens)
-            methods = {"a": lambda: run_engine(pair, prompt, s, folder),
-                       "c": lambda: run_hf(pair, ids, s, {"k": args.k, "max_ngram": args.max_ngram}),
-                       "d": lambda: run_hf(pair, ids, s, None)}
-            for m, fn in methods.items():
+            for m in rates:
                 if m in errors:
                     continue
                 torch.manual_seed(r)
                 try:
-                    n, t = timed(fn)
+                    n, t = timed(partial(run_method, m, pair, prompt, ids, s, args, folder))
                 except (ValueError, RuntimeError) as err:  # e.g. HF refusing prompt lookup with sampling
                     errors[m] = f"{type(err).__name__}: {err}"[:300]
                     continue
@@ -151,17 +146,16 @@ def main(argv=None) -> int:
         for t in (float(x) for x in args.temperatures.split(",")):
             results.append(bench_temperature(pair, args, t, Path(tmp)))
             print(json.dumps(results[-1], indent=1), flush=True)
-            write_results(results, args)  # after each temperature: a stopped run keeps what it measured
+            save_results(results, args)  # after each temperature: a stopped run keeps what it measured
     print(report(results, args))
     return 0
 
 
-def write_results(results: list[dict], args) -> None:
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"note": f"{args.note} {METHOD_NOTE}".strip(), "machine": machine_info(args.threads), "settings": {k: str(v) for k, v in vars(args).items()},
+def save_results(results: list[dict], args) -> None:
+    payload = {"note": f"{args.note} {METHOD_NOTE}".strip(), "machine": machine_info(args.threads),
+               "settings": {k: str(v) for k, v in vars(args).items()},
                "prompts": PROMPTS, "results": results}
-    args.out.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(report(results, args))
+    write_results(args.out.parent, args.out.with_suffix("").name, payload, report(results, args), indent=2, json_end="\n")
 
 
 if __name__ == "__main__":

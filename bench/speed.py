@@ -1,10 +1,10 @@
 """Speed benchmark: tokens/s of our engine against Hugging Face, same machine, pair, prompts, settings.
 
-    python bench/speed.py --preset tiny-shakespeare
-    python bench/speed.py --preset chat
-    python bench/speed.py --target DIR --draft DIR --name tiny   # any pair, e.g. tiny test models
-    python bench/speed.py --preset chat --drafter eagle            # the engine drafts with the EAGLE head
-    python bench/speed.py --target DIR --draft DIR --drafter eagle --head DIR
+    python -m bench.speed --preset tiny-shakespeare
+    python -m bench.speed --preset chat
+    python -m bench.speed --target DIR --draft DIR --name tiny   # any pair, e.g. tiny test models
+    python -m bench.speed --preset chat --drafter eagle            # the engine drafts with the EAGLE head
+    python -m bench.speed --target DIR --draft DIR --drafter eagle --head DIR
 
 --drafter model|eagle chooses what drafts for methods a and b (default: the preset's default
 drafter; a draft model for --target/--draft). Method c always uses the separate draft model
@@ -42,34 +42,22 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+import torch
+import transformers
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
+from bench import common, hf
+from bench.bench_report import write_reports
+from engine.config import SpecSettings
+from engine.cycle.reference import Pair, speculative_generate
+from engine.drafters.eagle import load_head
+from engine.models.device import pick_device, timed
+from engine.models.presets import PRESETS, default_drafter
+from engine.run import encode_prompt, run_to_trace
+from engine.stats.analysis import advise_k, best_k, calibration_of, cycle_times, measured_alpha, refined_speedup
+from engine.stats.calibrate import calibrate
+from engine.stats.sweep import plain_decode
+from engine.trace.metrics import predicted_speedup
 
-import hf  # noqa: E402
-from engine.stats.analysis import (advise_k, best_k, calibration_of, cycle_times, measured_alpha,  # noqa: E402
-                             refined_speedup)
-from engine.stats.calibrate import calibrate  # noqa: E402
-from engine.config import SpecSettings  # noqa: E402
-from engine.trace.metrics import predicted_speedup  # noqa: E402
-from engine.models.presets import PRESETS, default_drafter  # noqa: E402
-from engine.run import encode_prompt, load_pair, load_preset, run_to_trace  # noqa: E402
-from engine.models.device import pick_device  # noqa: E402
-from engine.drafters.eagle import load_head  # noqa: E402
-from engine.cycle.reference import Pair, speculative_generate  # noqa: E402
-from engine.stats.sweep import plain_decode  # noqa: E402
-from engine.models.device import timed as engine_timed  # noqa: E402
-from bench_report import interleaved_rates, machine_info, write_reports  # noqa: E402
-
-PROMPTS = {
-    "chat": ["Explain why the sky is blue in two sentences.", "What is a good way to learn to cook?",
-             "Give me three tips for a job interview."],
-    "tiny-shakespeare": ["Romeo.\n", "King Henry.\nWhat say you", "Enter a Messenger.\n"],
-    "custom": ["the cat sat on", "the dog ran", "a cat"],
-}
 METHODS = ("a", "b", "c", "d", "e")
 METHOD_NAMES = {"a": "engine, tracing on", "b": "engine, tracing off", "c": "HF assisted generation",
                 "d": "HF plain decoding", "e": "engine plain decoding"}
@@ -78,8 +66,7 @@ BENCH_DRAFTERS = ("model", "eagle")  # what drafts for methods a and b
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", choices=sorted(PRESETS))
-    p.add_argument("--target"), p.add_argument("--draft")
+    common.add_pair_arguments(p)
     p.add_argument("--drafter", choices=BENCH_DRAFTERS, default=None,
                    help="what drafts in methods a and b (default: the preset's default drafter; model for --target)")
     p.add_argument("--head", help="--drafter eagle with --target: the EAGLE head's folder (a preset ships its own)")
@@ -92,11 +79,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16 (GPU only)")
-    p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--out", default=str(common.RESULTS))
     p.add_argument("--note", default="", help="conditions to print with the results (e.g. a machine under load)")
     args = p.parse_args(argv)
-    if bool(args.preset) == bool(args.target and args.draft):
-        p.error("give --preset, or both --target and --draft")
+    common.check_pair_arguments(p, args)
     if args.drafter is None:
         args.drafter = default_drafter(args.preset or "")
         if args.drafter not in BENCH_DRAFTERS:
@@ -114,27 +100,19 @@ def results_name(args) -> str:
     return f"{name}-eagle" if args.drafter == "eagle" and "eagle" not in name else name
 
 
-def load_bench_pair(args, device: str) -> tuple[Pair, bool]:
+def load_speed_pair(args, device: str) -> tuple[Pair, bool]:
     """The target, the separate draft (method c's assistant, and the drafter of a/b for --drafter
     model) and, for --drafter eagle, the head drafting for a/b on the same target; no EOS stop."""
-    if args.preset:
-        pair, chat = load_preset(args.preset, device, args.dtype), PRESETS[args.preset].use_chat_template
-    else:
-        pair, chat = load_pair(args.target, args.draft, device, dtype_name=args.dtype), False
-    drafter = None
-    if args.drafter == "eagle":
+    def eagle_head(pair: Pair):
         head = args.head or PRESETS[args.preset].eagle_head_folder()
         if head is None:
             raise SystemExit(f"preset {args.preset!r} ships no EAGLE head: pass --head DIR")
-        drafter = load_head(head, pair.target)
-    return Pair(pair.target, pair.draft, set(), drafter), chat  # no EOS stop: every method makes max_new_tokens
+        return load_head(head, pair.target)
+
+    return common.load_bench_pair(args, device, args.dtype, eagle_head if args.drafter == "eagle" else None)
 
 
 # ---------------------------------------------------------------- one timed generation per method
-
-def timed(fn, device: torch.device) -> tuple[int, float]:
-    return engine_timed(fn, device)
-
 
 class Runner:
     """Runs each method once on one prompt; keeps the traces method a writes."""
@@ -162,10 +140,9 @@ class Runner:
             torch.manual_seed(s.seed)
             assistant = self.assistant if method == "c" else None
             return timed(lambda: len(hf.hf_generate(pair.target.model, ids, s, assistant)), device)
-        start = time.perf_counter()
-        n, decode_s = plain_decode(pair.target, ids, s, pair.eos_ids)
+        (n, decode_s), seconds = timed(lambda: plain_decode(pair.target, ids, s, pair.eos_ids), device)
         self.plain_step_s.append(decode_s / n)  # t_step as plain decoding meets it, prefill aside
-        return n, time.perf_counter() - start
+        return n, seconds
 
 
 # ---------------------------------------------------------------- one setting (temperature)
@@ -203,15 +180,9 @@ def bench_setting(pair: Pair, args, temperature: float, prompts: list[str], chat
         runner.run(method, prompts[0], ids[0], s)
     runner.traces.clear()
     runner.plain_step_s.clear()
-    rates = interleaved_rates(runner.run, METHODS, prompts, ids, s, args.repeats, f"T={temperature}")
+    rates = common.interleaved_rates(runner.run, METHODS, prompts, ids, s, args.repeats, f"T={temperature}")
     cal = calibrate(pair, ids[0], s, repeats=15)  # more repeats than the default: c and both predictions rest on it
     return summarise(rates, runner.traces, statistics.median(runner.plain_step_s), cal, s, pilot)
-
-
-def paired_ratio(rates: dict, x: str, y: str) -> float:
-    """Median over repeats of rate x / rate y within the same repeat: the methods ran
-    interleaved, so a slow spell of the machine hits both sides of each ratio."""
-    return statistics.median(a / b for a, b in zip(rates[x], rates[y]))
 
 
 def summarise(rates: dict, trace_paths: list[Path], t_step: float, cal: dict, s: SpecSettings,
@@ -227,7 +198,8 @@ def summarise(rates: dict, trace_paths: list[Path], t_step: float, cal: dict, s:
     alpha = measured_alpha(cycles)
     c = times.draft_step_s / t_step
     med = {m: statistics.median(r) for m, r in rates.items()}
-    ratios = {f"{x}/{y}": paired_ratio(rates, x, y) for x, y in (("a", "c"), ("a", "d"), ("a", "b"), ("b", "e"), ("e", "d"))}
+    ratios = {f"{x}/{y}": common.paired_ratio(rates, x, y)
+              for x, y in (("a", "c"), ("a", "d"), ("a", "b"), ("b", "e"), ("e", "d"))}
     measured = ratios["a/d"]
     leviathan = predicted_speedup(alpha, s.k, c)
     refined = refined_speedup(alpha, s.k, t_step, times.draft_step_s, times.verify_s)
@@ -254,8 +226,8 @@ def main(argv=None) -> int:
     transformers.logging.set_verbosity_error()
     name = results_name(args)
     device = str(pick_device(args.device))
-    pair, chat = load_bench_pair(args, device)
-    prompts = PROMPTS.get(args.preset or "custom", PROMPTS["custom"])[: args.prompts]
+    pair, chat = load_speed_pair(args, device)
+    prompts = common.prompts_for(args.preset, args.prompts)
     started = time.time()
     settings = []
     for temperature in (float(t) for t in args.temperatures.split(",")):
@@ -264,7 +236,9 @@ def main(argv=None) -> int:
     result = {"name": name, "preset": args.preset, "target": pair.target.name, "draft": pair.draft.name,
               "drafter": pair.drafter.kind, "drafter_name": pair.drafter.describe()["name"],
               "draft_pruned_vocab": pair.draft.kept_token_ids is not None, "prompts": prompts,
-              "repeats": args.repeats, "seeds": list(range(args.repeats)), "machine": machine_info(args.threads, pair.target.device, pair.target.dtype), "wall_s": time.time() - started,
+              "repeats": args.repeats, "seeds": list(range(args.repeats)),
+              "machine": common.machine_info(args.threads, pair.target.device, pair.target.dtype),
+              "wall_s": time.time() - started,
               "settings": settings, "note": args.note}
     write_reports(result, Path(args.out))
     return 0

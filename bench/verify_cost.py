@@ -1,8 +1,8 @@
 """Where a target forward over 1..9 new positions spends its time, layer by layer (a benchmark, not a test).
 
-    python bench/verify_cost.py                      # both presets' targets
-    python bench/verify_cost.py --preset chat --threads 1,2
-    python bench/verify_cost.py --model DIR --name mine
+    python -m bench.verify_cost                      # both presets' targets
+    python -m bench.verify_cost --preset chat --threads 1,2
+    python -m bench.verify_cost --model DIR --name mine
 
 For each model, thread count, width and variant it times one cached forward at a fixed
 cache length (the cache is cropped back after each), and splits it with forward hooks:
@@ -20,25 +20,20 @@ interquartile range of the whole forward. Hooks add a few microseconds per modul
 Results: bench/results/verify-cost-NAME.json and .md.
 """
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+import torch
+import transformers
+from torch import nn
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from torch import nn  # noqa: E402
-
-from bench_report import machine_info  # noqa: E402
-from engine.models.cpu_linear import RowPolicy, output_layer_name, packed_twin  # noqa: E402
-from engine.models.loading import load_model  # noqa: E402
-from engine.models.presets import PRESETS  # noqa: E402
-from engine.kv.ops import crop  # noqa: E402
+from bench.common import RESULTS, machine_info, write_results
+from engine.kv.ops import crop
+from engine.models.cpu_linear import RowPolicy, output_layer_name, packed_twin
+from engine.models.loading import load_model
+from engine.models.presets import PRESETS
 
 PARTS = ("whole", "layers", "attn_proj", "attn_core", "mlp", "output")
 VARIANTS = {  # name: RowPolicy overrides for packed_twin; None = the model as loaded
@@ -59,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--threads", default=str(torch.get_num_threads()), help="comma-separated thread counts")
     p.add_argument("--variants", default="reference,packed", help=",".join(VARIANTS))
-    p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--out", default=str(RESULTS))
     return p.parse_args(argv)
 
 
@@ -221,11 +216,8 @@ def main(argv=None) -> int:
             entry["runs"].append({"threads": threads, "table": summarise(times)})
         result["models"].append(entry)
     result["machine"] = machine_info(torch.get_num_threads())
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"verify-cost-{result['name']}.json").write_text(json.dumps(result, indent=1))
     text = markdown(result)
-    (out / f"verify-cost-{result['name']}.md").write_text(text + "\n")
+    write_results(Path(args.out), f"verify-cost-{result['name']}", result, text + "\n")
     print(text)
     return 0
 

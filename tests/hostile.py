@@ -262,7 +262,8 @@ def range_cases(base: Base, rng: random.Random) -> list[Case]:
     for ci in [len(base.cycles) // 2]:
         for name, key, values in OUT_OF_RANGE:
             for v in values:
-                edits.append((f"{name}.{key}={v}@{ci}", lambda h, cs, s, ci=ci, name=name, key=key, v=v: cs[ci][name].update({key: v})))
+                edits.append((f"{name}.{key}={v}@{ci}",
+                              lambda h, cs, s, ci=ci, name=name, key=key, v=v: cs[ci][name].update({key: v})))
         for v in (0, -1, k + 5, 10**12):
             edits.append((f"rejected_position={v}@{ci}", lambda h, cs, s, ci=ci, v=v: cs[ci].update(rejected_position=v)))
         for v in (-1, k + 1, 10**12):
@@ -322,6 +323,16 @@ def other_token(base: Base, avoid: int) -> int:
     return (avoid + 1) % vocab
 
 
+def moved_acceptance_rate(h: dict, cs: list[dict], s: dict) -> None:
+    """An edit: the summary's acceptance rate 0.1 away from what its cycles say."""
+    s.update(acceptance_rate=s["acceptance_rate"] + (0.1 if s["acceptance_rate"] < 0.5 else -0.1))
+
+
+def moved_first_position_rate(h: dict, cs: list[dict], s: dict) -> None:
+    """An edit: the summary's acceptance rate at position 1 far from what its cycles say."""
+    s["per_position_acceptance"][0] = 0.999 if s["per_position_acceptance"][0] < 0.5 else 0.001
+
+
 def inconsistent_cases(base: Base, rng: random.Random) -> list[Case]:
     k, cycles = base.k, base.cycles
     rejected = [i for i, c in enumerate(cycles) if c["num_accepted"] < k]
@@ -335,7 +346,8 @@ def inconsistent_cases(base: Base, rng: random.Random) -> list[Case]:
                                                                cs[ci]["committed_token_texts"].append("x"))),
             (f"committed-swapped@{ci}", lambda h, cs, s, ci=ci: cs[ci]["committed_token_ids"].__setitem__(
                 -1, other_token(base, cs[ci]["committed_token_ids"][-1]))),
-            (f"committed_len_before+1@{ci}", lambda h, cs, s, ci=ci: cs[ci].update(committed_len_before=cs[ci]["committed_len_before"] + 1)),
+            (f"committed_len_before+1@{ci}",
+             lambda h, cs, s, ci=ci: cs[ci].update(committed_len_before=cs[ci]["committed_len_before"] + 1)),
             (f"finished-flipped@{ci}", lambda h, cs, s, ci=ci: cs[ci].update(finished=not cs[ci]["finished"])),
             (f"catch-up-flipped@{ci}", lambda h, cs, s, ci=ci: cs[ci].update(draft_catch_up=not cs[ci]["draft_catch_up"])),
             (f"num_accepted-moved@{ci}", lambda h, cs, s, ci=ci: cs[ci].update(
@@ -393,9 +405,9 @@ def inconsistent_cases(base: Base, rng: random.Random) -> list[Case]:
         ("summary-ids", lambda h, cs, s: s["generated_token_ids"].append(1)),
         ("summary-num_generated", lambda h, cs, s: s.update(num_generated=s["num_generated"] + 1)),
         ("summary-num_cycles", lambda h, cs, s: s.update(num_cycles=s["num_cycles"] + 1)),
-        ("summary-rate", lambda h, cs, s: s.update(acceptance_rate=s["acceptance_rate"] + (0.1 if s["acceptance_rate"] < 0.5 else -0.1))),
+        ("summary-rate", moved_acceptance_rate),
         ("summary-length", lambda h, cs, s: s.update(mean_acceptance_length=s["mean_acceptance_length"] + 0.5)),
-        ("summary-per-position", lambda h, cs, s: s["per_position_acceptance"].__setitem__(0, 0.999 if s["per_position_acceptance"][0] < 0.5 else 0.001)),
+        ("summary-per-position", moved_first_position_rate),
         ("summary-stop", lambda h, cs, s: s.update(stop_reason="eos" if s["stop_reason"] != "eos" else "max_new_tokens")),
         ("summary-tokens_per_s", lambda h, cs, s: s.update(tokens_per_s=s["tokens_per_s"] * 2 + 1)),
         ("budget-lowered", lambda h, cs, s: h["settings"].update(max_new_tokens=max(1, s["num_generated"] - 1))),
@@ -479,8 +491,8 @@ def drafter_cases(base: Base) -> list[Case]:
             edits.append(("own-text-changed-once", lambda h, cs, s: cs[ci]["drafter_state"]["draft_token_texts"].__setitem__(
                 0, cs[ci]["drafter_state"]["draft_token_texts"][0] + "#")))
     edits += [
-        ("summary-rate", lambda h, cs, s: s.update(acceptance_rate=s["acceptance_rate"] + (0.1 if s["acceptance_rate"] < 0.5 else -0.1))),
-        ("summary-per-position", lambda h, cs, s: s["per_position_acceptance"].__setitem__(0, 0.999 if s["per_position_acceptance"][0] < 0.5 else 0.001)),
+        ("summary-rate", moved_acceptance_rate),
+        ("summary-per-position", moved_first_position_rate),
         ("more-than-k", lambda h, cs, s: h["settings"].update(k=max(1, len(cs[ci]["draft_token_ids"]) - 1))),
     ]
     return [Case(f"drafter-{name}", "inconsistent", INVALID, dump(mutated(base, edit))) for name, edit in edits]

@@ -4,16 +4,29 @@ import math
 
 import pytest
 
-from engine.stats.analysis import (Calibration, advice_sentence, advise_k, best_k, calibration_of, cycle_times,
-                             explain_speed, measured_alpha, predicted_per_position, refined_speedup,
-                             speed_report, tokens_per_cycle_counts, trace_stats, truncated_geometric_pmf)
-from engine.stats.calibrate import calibrate, context_of_length, time_widths
 from engine.cli import main
 from engine.config import SpecSettings
-from engine.trace.metrics import expected_tokens_per_cycle, predicted_speedup
 from engine.run import run_to_trace
+from engine.stats.analysis import (
+    Calibration,
+    advice_sentence,
+    advise_k,
+    best_k,
+    calibration_of,
+    cycle_times,
+    explain_speed,
+    measured_alpha,
+    predicted_per_position,
+    refined_speedup,
+    speed_report,
+    tokens_per_cycle_counts,
+    trace_stats,
+    truncated_geometric_pmf,
+)
+from engine.stats.calibrate import calibrate, context_of_length, time_widths
 from engine.stats.sweep import k_sweep
 from engine.trace.format import Trace, TraceError, load_trace
+from engine.trace.metrics import expected_tokens_per_cycle, predicted_speedup
 from tests.tiny import noisy_pair, save_tiny
 
 LINEAR = Calibration(cache_len=10, target_step_s=0.010, draft_step_s=0.002,

@@ -6,7 +6,6 @@ import re
 import shutil
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pytest
@@ -338,6 +337,7 @@ def test_a_slower_trace_says_so_up_front(monkeypatch, name):
 def test_two_traces_with_one_modification_time_are_told_apart(monkeypatch, tmp_path):
     """A fresh checkout gives files the same mtime; derived data cached per trace must still follow the path."""
     import os
+
     from engine.stats.analysis import trace_stats
     slow, fast = tmp_path / "slow.jsonl", tmp_path / "fast.jsonl"
     slow.write_bytes((BUNDLED / "default.jsonl").read_bytes())

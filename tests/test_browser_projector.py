@@ -24,7 +24,8 @@ LABEL_BOXES = """chart => {
   return {svg: [svg.left, svg.top, svg.right, svg.bottom],
           labels: [...chart.querySelectorAll(sel)].filter(e => e.textContent.trim()).map(e => {
             const r = e.getBoundingClientRect();
-            return {text: e.textContent, box: [r.left, r.top, r.right, r.bottom], kind: e.closest('g') ? e.closest('g').getAttribute('class') : ''};
+            return {text: e.textContent, box: [r.left, r.top, r.right, r.bottom],
+                    kind: e.closest('g') ? e.closest('g').getAttribute('class') : ''};
           })};
 }"""
 

@@ -1,7 +1,6 @@
 """The command line at its edges: one-line errors with exit code 2 before any model loads,
 a prompt that must fit the context, an earlier --out that survives a failed run, Ctrl-C."""
 import json
-import os
 import signal
 import subprocess
 import sys

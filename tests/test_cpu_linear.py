@@ -6,12 +6,12 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from engine.models import cpu_linear
 from engine.config import SpecSettings
-from engine.models.cpu_linear import PackedLinear, RowPolicy, packed_twin
-from engine.models.loading import wrap_model
 from engine.cycle.reference import speculative_generate, target_generate
 from engine.kv.ops import crop
+from engine.models import cpu_linear
+from engine.models.cpu_linear import PackedLinear, RowPolicy, packed_twin
+from engine.models.loading import wrap_model
 from tests.tiny import noisy_pair, tiny_llama, tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(nn.Linear(2, 2)), reason="no oneDNN linear in this torch")

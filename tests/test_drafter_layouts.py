@@ -2,8 +2,8 @@
 import pytest
 
 from engine.config import LAYOUTS, SpecSettings
-from engine.run import run_to_trace
 from engine.cycle.reference import speculative_generate, target_generate
+from engine.run import run_to_trace
 from engine.trace.format import load_trace
 from tests.checks import assert_self_consistent
 from tests.test_other_tokenizer import other_tokenizer_pair, prompt_ids

@@ -7,14 +7,13 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.figures import derive
-from app.ui import drafter_view
-from app.figures import explain
 from app.figures import cycle as figures
-from engine.stats.analysis import trace_stats
+from app.figures import derive, explain
+from app.ui import drafter_view
 from engine.config import SpecSettings
-from engine.stats.report import format_stats
 from engine.run import run_to_trace
+from engine.stats.analysis import trace_stats
+from engine.stats.report import format_stats
 from engine.trace.format import load_trace
 from tests.test_other_tokenizer import PROMPT_TEXT, other_tokenizer_pair
 from tests.test_prompt_lookup import lookup_pair

@@ -4,7 +4,7 @@ Tiny models only: the target is tests/tiny.py's 2-layer Llama, the head one deco
 as wide as it, briefly trained here (scripts/train_eagle_head.py's loss) so that draft
 tokens are often accepted and the catch-up with the target's true features really runs.
 """
-import importlib.util
+import importlib
 import json
 import math
 from pathlib import Path
@@ -14,13 +14,13 @@ import torch
 
 from engine.cli import main
 from engine.config import SpecSettings
+from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
 from engine.drafters.eagle import EagleDrafter, EagleHead, head_config, load_head, save_head
 from engine.models.loading import ModelLoadError, TopFeatureTap
 from engine.run import run_to_trace
-from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.teaching.faults import Faults
 from engine.trace.format import load_trace
 from tests.checks import assert_self_consistent
-from engine.teaching.faults import Faults
 from tests.test_exactness import chi_square_p_value, exact_two_token_distribution, sample_two_tokens
 from tests.tiny import save_tiny, tiny_pair
 
@@ -29,10 +29,7 @@ PROMPT = [1, 2, 4, 6, 7]
 
 
 def train_script():
-    spec = importlib.util.spec_from_file_location("train_eagle_head", ROOT / "scripts" / "train_eagle_head.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("scripts.train_eagle_head")
 
 
 def trained_tiny_head(target_model, steps: int = 150, seed: int = 0) -> EagleHead:

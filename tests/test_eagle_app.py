@@ -10,10 +10,9 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from app.figures import derive
-from app.ui import drafter_view
-from app.figures import explain
 from app.figures import cycle as figures
+from app.figures import derive, explain
+from app.ui import drafter_view
 from engine.cycle.reference import TokenTexts, run_cycle, start_run
 from engine.trace.format import load_trace
 from tests.eagle_tiny import EAGLE_SETTINGS, eagle_trace, random_eagle_pair

@@ -4,17 +4,15 @@ Every trace here is written by the engine with tests/eagle_tiny.py's untrained h
 training time); tests/test_eagle.py proves the head exact.
 """
 import dataclasses
-import importlib.util
+import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from engine.models import presets
 from engine.cli import main as cli_main
-from engine.config import SpecSettings
-from engine.models.presets import PRESETS, Preset, default_drafter
+from engine.models import presets
+from engine.models.presets import PRESETS, default_drafter
 from engine.trace.format import TraceError, load_trace, loads_trace
 from tests.eagle_tiny import eagle_trace, save_eagle_folders
 
@@ -183,10 +181,7 @@ def test_the_live_run_form_selects_the_preset_s_default_drafter(monkeypatch, tmp
 # ---------------------------------------------------------------- bench/speed.py
 
 def speed_module():
-    spec = importlib.util.spec_from_file_location("bench_speed", ROOT / "bench" / "speed.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.speed")
 
 
 def test_bench_speed_runs_the_head_in_the_engine_and_the_separate_draft_in_hf(folders, tmp_path):
@@ -216,8 +211,7 @@ def test_bench_speed_refuses_an_eagle_run_without_a_head(folders):
 
 
 def test_old_results_files_still_render():
-    sys.path.insert(0, str(ROOT / "bench"))
-    from bench_report import markdown
+    from bench.bench_report import markdown
     old = json.loads((ROOT / "bench" / "results" / "speed-chat.json").read_text())
     assert "drafter" not in old  # written before --drafter
     text = markdown(old)
@@ -227,10 +221,7 @@ def test_old_results_files_still_render():
 # ---------------------------------------------------------------- scripts/make_example_traces.py
 
 def examples_module():
-    spec = importlib.util.spec_from_file_location("make_example_traces", ROOT / "scripts" / "make_example_traces.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("scripts.make_example_traces")
 
 
 def test_every_bundled_example_names_its_drafter():

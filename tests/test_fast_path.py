@@ -5,14 +5,14 @@ import collections
 import pytest
 import torch
 
-from engine.cycle import fast as fp
 from engine.cli import main
 from engine.config import SpecSettings
-from engine.kv.layouts import attended_kv, check_invariants, new_cache, layout_for_run
+from engine.cycle import fast as fp
+from engine.cycle.reference import accept_reject, speculative_generate, target_generate
+from engine.kv.layouts import attended_kv, check_invariants, layout_for_run, new_cache
+from engine.kv.ops import prefill
 from engine.models.sampling import sample
 from engine.teaching.faults import Faults
-from engine.cycle.reference import accept_reject, speculative_generate, target_generate
-from engine.kv.ops import prefill
 from engine.trace.format import load_trace
 from tests.tiny import noisy_pair, save_tiny, tiny_pair
 
@@ -228,9 +228,9 @@ def test_pruned_vocabulary_draft_gives_the_reference_records(tmp_path):
 
 
 def test_fast_path_refuses_a_drafter_without_a_draft_model(pair, tmp_path):
+    from engine.cycle.reference import Pair
     from engine.drafters.prompt_lookup import PromptLookupDrafter
     from engine.run import run_to_trace
-    from engine.cycle.reference import Pair
     lookup = Pair(pair.target, None, set(), PromptLookupDrafter(pair.target.full_vocab_size))
     with pytest.raises(ValueError, match="drafts with a draft model only"):
         run_to_trace(lookup, "the cat", SpecSettings(k=2), tmp_path / "t.jsonl", fast="none")

@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-from app.figures import derive
-from app.figures import explain
 from app.figures import cycle as figures
+from app.figures import derive, explain
 from app.ui.safe import md
 from engine.trace.format import Trace, load_trace
 
@@ -255,7 +254,8 @@ def test_cycle_figure_stages(sampled):
     assert bars.get("– discarded (never tested)", 0) == k - c["num_accepted"] - 1
     stage4 = figures.cycle_figure(c, k, 4)
     committed = [s for tr in text_traces(stage4) for y, s in zip(tr.y, tr.text) if y == figures.COMMITTED_ROW]
-    assert [s.rsplit(" ", 1)[0] for s in committed] == [figures.shown(t, figures.cell_chars(k)) for t in c["committed_token_texts"]]
+    shown = [figures.shown(t, figures.cell_chars(k)) for t in c["committed_token_texts"]]
+    assert [s.rsplit(" ", 1)[0] for s in committed] == shown
     assert committed[-1].endswith("↻")
 
 

@@ -2,21 +2,19 @@
 with the numbers of the open trace or stored result (AppTest; every number recomputed here from the
 trace or the engine's result, never read back from the page)."""
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.runs import precomputed
-from app.runs import teaching_pair
 from app.figures.derive import visible_text
+from app.runs import precomputed, teaching_pair
 from app.ui.safe import md
-from engine.stats.analysis import trace_stats
 from engine.config import SpecSettings
-from engine.trace.metrics import decoding_tokens_per_s
+from engine.stats.analysis import trace_stats
 from engine.teaching.runs import CORRECT, MODE_LABELS, first_divergence
 from engine.trace.format import load_trace
+from engine.trace.metrics import decoding_tokens_per_s
 from tests.hostile import set_text_everywhere
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,7 +218,7 @@ def test_exactness_verdict_in_words(bundled, monkeypatch):
     assert text.startswith(f"**Result for the settings below (ratio rule, {res.samples} samples):** ")
     word = "consistent with the target" if spec >= 0.01 else "**not** the target's distribution"
     assert f"speculative sampling: {word}" in text and (f"p = {spec:.3g}" in text or f"p = {spec:.2g}" in text)
-    assert f"plain target sampling: " in text and (f"p = {plain_p:.3g}" in text or f"p = {plain_p:.2g}" in text)
+    assert "plain target sampling: " in text and (f"p = {plain_p:.3g}" in text or f"p = {plain_p:.2g}" in text)
     assert text.endswith(f"first draft token accepted {res.acceptance_rate:.0%}.")
     assert above_the_settings(at)
 

@@ -1,6 +1,6 @@
 """bench/gpu.sh in its dry-run mode: every command a GPU session will run, on the CPU with tiny sizes,
 so a typo or a broken import costs seconds here, not minutes of borrowed GPU time."""
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -9,17 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.trace.format import load_trace
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_script(name: str):
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"bench.{name}")
 
 
 def test_gpu_sh_dry_run_runs_every_step_on_the_cpu(tmp_path):

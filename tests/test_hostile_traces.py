@@ -8,15 +8,14 @@ import html
 import signal
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from engine.cli import main as cli_main
 from engine.config import SpecSettings
-from engine.run import run_to_trace
 from engine.cycle.reference import RATIO_TEST, Pair
+from engine.run import run_to_trace
 from engine.teaching.faults import Faults
 from engine.trace.format import MAX_TRACE_BYTES, TraceError, loads_trace
 from tests.eagle_tiny import eagle_trace
@@ -80,11 +79,11 @@ def cases(tmp_path_factory):
     return generate(write_bases(tmp_path_factory.mktemp("bases")))
 
 
-def outcome(fn) -> str:
-    """'accepted', 'refused: ...', 'crash: ...' or 'hang'."""
+def outcome(fn, *args, **kwargs) -> str:
+    """How fn(*args, **kwargs) ended: 'accepted', 'refused: ...', 'crash: ...' or 'hang'."""
     try:
         with time_limit(CASE_SECONDS):
-            fn()
+            fn(*args, **kwargs)
         return "accepted"
     except Hang:
         return "hang"
@@ -95,6 +94,11 @@ def outcome(fn) -> str:
         return "refused: " + message
     except Exception as err:  # noqa: BLE001 - any other exception is the bug this test looks for
         return f"crash: {type(err).__name__}: {err}"[:300]
+
+
+def kept(results: list, fn, *args):
+    """fn(*args), its result appended to `results` (outcome() keeps only how the call ended)."""
+    results.append(fn(*args))
 
 
 def test_the_generator_covers_every_category(cases):
@@ -112,7 +116,7 @@ def test_load_trace_refuses_exactly_the_bad_ones(cases):
         # or a cut last line is refused too), so a case refused with True needs no second run.
         for allow in ((False, True) if case.expect != INVALID else (True,)):
             limit = case.max_bytes or MAX_TRACE_BYTES
-            got = outcome(lambda: loads_trace(case.data, case.name, allow_incomplete=allow, max_bytes=limit))
+            got = outcome(loads_trace, case.data, case.name, allow_incomplete=allow, max_bytes=limit)
             want = "accepted" if case.expect == VALID or (case.expect == PARTIAL and allow) else "refused"
             if not got.startswith(want):
                 failures.append(f"{case.name} (allow_incomplete={allow}): expected {want}, got {got}")
@@ -131,7 +135,7 @@ def test_engine_stats_prints_or_refuses_every_case(cases, tmp_path, capsys):
             continue  # size limits are tested above; a refusal is the loader's, so a quarter of them suffice
         path.write_bytes(case.data)
         code = []
-        got = outcome(lambda: code.append(cli_main(["stats", str(path)])))
+        got = outcome(kept, code, cli_main, ["stats", str(path)])
         out, err = capsys.readouterr()
         want = 2 if case.expect == INVALID else 0
         if got != "accepted" or code != [want]:
@@ -150,8 +154,10 @@ def test_the_checker_knows_every_fault_the_engine_can_declare():
     from engine.drafters import DRAFTER_KINDS
     from engine.drafters.prompt_lookup import MAX_NGRAM
     from engine.teaching.faults import ACCEPTANCE_RULES, Faults
-    from engine.trace.checks import DRAFTER_KINDS as CHECKED_KINDS, MAX_NGRAM as CHECKED_MAX_NGRAM
-    from engine.trace.checks import ACCEPTANCE_RULES as CHECKED_RULES, FAULT_FIELDS
+    from engine.trace.checks import ACCEPTANCE_RULES as CHECKED_RULES
+    from engine.trace.checks import DRAFTER_KINDS as CHECKED_KINDS
+    from engine.trace.checks import FAULT_FIELDS
+    from engine.trace.checks import MAX_NGRAM as CHECKED_MAX_NGRAM
     assert {f.name: f.type for f in fields(Faults)} == FAULT_FIELDS
     assert tuple(ACCEPTANCE_RULES) == CHECKED_RULES
     assert tuple(DRAFTER_KINDS) == CHECKED_KINDS and MAX_NGRAM == CHECKED_MAX_NGRAM
@@ -218,7 +224,7 @@ def test_every_page_draws_or_explains_a_hostile_trace(app_folder, monkeypatch, i
     views += [("views/stepper.py", stage) for stage in (1, 3)] if expect != INVALID else []  # other cache figures
     for page, stage in views:
         shown = []
-        got = outcome(lambda: shown.append(render(app_folder, monkeypatch, f"hostile-{index}.jsonl", page, stage)))
+        got = outcome(kept, shown, render, app_folder, monkeypatch, f"hostile-{index}.jsonl", page, stage)
         assert got == "accepted", f"{name} on {page}: {got}"
         at = shown[0]
         assert not at.exception, f"{name} on {page}: {[e.value for e in at.exception]}"

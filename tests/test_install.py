@@ -10,6 +10,7 @@ import ast
 import importlib.metadata
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +30,18 @@ def requirement_names(path: Path) -> set[str]:
         if line and not line.startswith("-"):
             names.add(normalise(re.split(r"[\s<>=!~\[;@]", line, maxsplit=1)[0]))
     return names
+
+
+def pinned(lines: list[str]) -> dict[str, str]:
+    """Distribution name -> its exact `==` pin, from requirement lines (comments and options dropped)."""
+    pins = {}
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            name, sep, version = line.partition("==")
+            assert sep and version.strip(), f"not pinned with ==: {line!r}"
+            pins[normalise(name.strip())] = version.strip()
+    return pins
 
 
 def top_level_imports(source: str) -> set[str]:
@@ -92,3 +105,13 @@ def test_chi2_survival_matches_scipy():
     for stat, dof in [(0.5, 1), (3.84, 1), (10.0, 5), (30.0, 19), (250.0, 199), (1e-3, 3), (400.0, 10)]:
         assert abs(chi2_survival(stat, dof) - chi2.sf(stat, dof)) < 1e-9 + 1e-6 * chi2.sf(stat, dof)
     assert chi2_survival(0.0, 4) == 1.0
+
+
+def test_pyproject_pins_what_the_requirements_files_pin():
+    """pyproject.toml's dependencies are requirements.txt, and its dev extra requirements-dev.txt,
+    name for name and version for version: `pip install -e .[dev]` and README's command agree."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert pinned(project["dependencies"]) == pinned((ROOT / "requirements.txt").read_text().splitlines())
+    assert pinned(project["optional-dependencies"]["dev"]) == pinned(
+        (ROOT / "requirements-dev.txt").read_text().splitlines())
+    assert "ruff" in pinned(project["optional-dependencies"]["dev"])  # scripts/test.sh runs it before the tests

@@ -5,9 +5,19 @@ import pytest
 import torch
 
 from engine.config import SettingsError, SpecSettings
-from engine.kv.layouts import (LAYOUTS, BlockPool, CacheFullError, CacheLayout, PagedKVCache, StaticKVCache,
-                               attended_kv, check_invariants, new_cache, roll_back_cache)
 from engine.cycle.reference import TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.kv.layouts import (
+    LAYOUTS,
+    BlockPool,
+    CacheFullError,
+    CacheLayout,
+    PagedKVCache,
+    StaticKVCache,
+    attended_kv,
+    check_invariants,
+    new_cache,
+    roll_back_cache,
+)
 from engine.kv.ops import prefill
 from tests.tiny import noisy_pair, tiny_pair
 
@@ -314,9 +324,9 @@ def test_cli_refuses_an_unknown_layout(tmp_path, capsys):
 ])
 def test_loader_refuses_layout_fields_that_disagree(folders, tmp_path, layout, path, value, message):
     import json
+
     from engine.run import run_to_trace
     from engine.trace.format import TraceError, loads_trace
-    from engine.cycle.reference import Pair
     from tests.tiny import tiny_pair
     pair = tiny_pair(0)
     out = tmp_path / "t.jsonl"
@@ -341,6 +351,7 @@ def test_loader_refuses_layout_fields_that_disagree(folders, tmp_path, layout, p
 
 def test_one_bundled_trace_per_layout_with_the_same_tokens():
     from pathlib import Path
+
     from engine.stats.layouts import layout_stats
     from engine.trace.format import load_trace
     from tests.checks import assert_self_consistent
@@ -374,6 +385,7 @@ def test_a_run_that_never_rolls_back_fits_every_layout_and_breaks_the_same_way()
 
 def test_stats_of_a_trace_from_before_layouts_report_a_dynamic_cache():
     from pathlib import Path
+
     from engine.stats.layouts import layout_stats
     from engine.stats.report import format_stats
     from engine.trace.format import load_trace

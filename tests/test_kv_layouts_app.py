@@ -3,18 +3,17 @@ import json
 import shutil
 
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from app.figures import layouts as fl
 from app.figures.cycle import validated
 from engine.config import SpecSettings
-from engine.stats.layouts import layout_stats
 from engine.run import run_to_trace
-from engine.teaching.stale_slots import static_run
+from engine.stats.layouts import layout_stats
 from engine.teaching.runs import KEEP_REJECTED, traced_run
+from engine.teaching.stale_slots import static_run
 from engine.trace.format import load_trace
 from tests.app_jobs import finish_job
-from tests.test_app import MAIN, plain, start
+from tests.test_app import plain, start
 from tests.tiny import noisy_pair, tiny_pair
 
 PROMPT_IDS = [1, 2, 4, 6, 7]
@@ -87,7 +86,8 @@ def test_paged_figures_show_block_table_and_blocks_going_back(layout_traces):
                 saw_free |= bool(states["blocks_freed"])
             else:
                 assert xs_of(pool_fig, "allocated this cycle") == sorted(set(states["blocks_allocated"]) & held)
-            assert f"{s['blocks_used']} of {trace.header['cache_layout']['pool_blocks']} blocks used" in pool_fig.layout.title.text
+            pool_blocks = trace.header["cache_layout"]["pool_blocks"]
+            assert f"{s['blocks_used']} of {pool_blocks} blocks used" in pool_fig.layout.title.text
     assert saw_free
 
 

@@ -6,11 +6,11 @@ import torch
 
 from engine.cli import main
 from engine.config import SettingsError, SpecSettings
+from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
 from engine.drafters import OtherTokenizerDrafter
 from engine.kv.ops import cache_len, prefill
 from engine.models.loading import wrap_model
 from engine.run import run_to_trace
-from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
 from engine.trace.format import load_trace
 from tests.checks import assert_self_consistent
 from tests.test_engine import assert_cache_matches_fresh_prefill, layer_tensors
@@ -93,7 +93,8 @@ def test_both_caches_hold_the_committed_text_after_every_cycle():
         draft_ids = drafter.draft_ids_of(drafter.text_of(state.committed))
         fresh = prefill(drafter.model, draft_ids[:-1])  # the draft's own convention: its tokens but the last two
         assert state.draft_state.cached == draft_ids[:-2]
-        assert cache_len(state.draft_state.cache) == len(draft_ids) - 2 == rec["drafter_state"]["draft_cache_len"]["after_rollback"]
+        after_rollback = rec["drafter_state"]["draft_cache_len"]["after_rollback"]
+        assert cache_len(state.draft_state.cache) == len(draft_ids) - 2 == after_rollback
         for (k, v), (fk, fv) in zip(layer_tensors(state.draft_state.cache), layer_tensors(fresh)):
             torch.testing.assert_close(k, fk, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(v, fv, rtol=1e-4, atol=1e-5)

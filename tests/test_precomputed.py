@@ -13,12 +13,12 @@ from streamlit.testing.v1 import AppTest
 
 from app.runs import precomputed
 from engine.config import SpecSettings
-from engine.teaching.exactness import chi_square, next_token_probs, run_lab
 from engine.models.presets import PRESETS
 from engine.run import encode_prompt, load_preset
+from engine.teaching.exactness import chi_square, next_token_probs, run_lab
 from engine.teaching.faults import Faults
-from engine.teaching.stale_slots import static_run
 from engine.teaching.runs import compare_runs
+from engine.teaching.stale_slots import static_run
 from scripts import make_teaching_results as script
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
@@ -27,7 +27,7 @@ MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 @pytest.fixture(scope="module")
 def stored() -> dict[str, dict]:
     found = precomputed.entries()
-    assert found, f"{precomputed.RESULTS_FILE} is missing: run scripts/make_teaching_results.py"
+    assert found, f"{precomputed.RESULTS_FILE} is missing: run python -m scripts.make_teaching_results"
     return found
 
 

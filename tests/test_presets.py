@@ -2,9 +2,9 @@
 import pytest
 
 from engine.config import SpecSettings
+from engine.cycle.reference import speculative_generate, target_generate
 from engine.models.presets import PRESETS
 from engine.run import encode_prompt, load_preset
-from engine.cycle.reference import speculative_generate, target_generate
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

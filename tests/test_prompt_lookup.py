@@ -3,17 +3,17 @@
 import pytest
 import torch
 
+import tests.test_exactness as exactness
 from engine.cli import main
 from engine.config import SpecSettings
-from engine.drafters import PromptLookupDrafter, find_match
-from engine.run import DrafterOptions, load_with_drafter, run_to_trace
 from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.drafters import PromptLookupDrafter, find_match
 from engine.kv.ops import cache_len
+from engine.run import DrafterOptions, load_with_drafter, run_to_trace
 from engine.teaching.faults import Faults
 from engine.trace.format import load_trace
 from tests.checks import assert_self_consistent
 from tests.test_engine import assert_cache_matches_fresh_prefill
-import tests.test_exactness as exactness
 from tests.test_exactness import chi_square_p_value, exact_two_token_distribution
 from tests.tiny import save_tiny, tiny_pair
 

@@ -6,8 +6,8 @@ outcome can be worked out on paper.
 import pytest
 import torch
 
-from engine.models.sampling import residual
 from engine.cycle.reference import Decision, accept_reject, commit_tokens
+from engine.models.sampling import residual
 
 V = 5
 

@@ -1,9 +1,11 @@
 """The typed cycle record in engine/trace/format.py is what the engine writes and what the loader checks."""
+import json
+
 import pytest
 
 from engine.config import SpecSettings
 from engine.cycle.reference import speculative_generate
-from engine.trace.format import CYCLE_FIELDS, NUM, CycleRecord
+from engine.trace.format import CYCLE_FIELDS, NUM, CycleRecord, TraceError, loads_trace
 from tests.test_prompt_lookup import lookup_pair
 from tests.tiny import noisy_pair
 
@@ -24,10 +26,6 @@ def test_engine_writes_exactly_the_typed_fields(make_pair, extra):
 
 
 # ---------------------------------------------------------------- old and new traces in the loader
-
-import json  # noqa: E402
-
-from engine.trace.format import TraceError, loads_trace  # noqa: E402
 
 
 def lines_of(path) -> list[dict]:

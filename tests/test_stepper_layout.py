@@ -6,15 +6,13 @@ figures.text_px) against the room its column or bar has at the projector's plot 
 """
 import copy
 import json
-
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.figures import derive
-from app.figures import explain
 from app.figures import cycle as figures
+from app.figures import derive, explain
 from engine.config import SpecSettings
 from engine.run import run_to_trace
 from engine.trace.format import Trace, load_trace

@@ -8,8 +8,7 @@ from engine.cli import build_parser
 from engine.config import SpecSettings
 from engine.teaching.exactness import chi_square, predicted_first_token, run_lab
 from engine.teaching.faults import Faults
-from engine.teaching.runs import (CORRECT, KEEP_REJECTED, SKIP_CATCH_UP, STALE, compare_runs,
-                             first_divergence)
+from engine.teaching.runs import CORRECT, KEEP_REJECTED, SKIP_CATCH_UP, STALE, compare_runs, first_divergence
 from tests.tiny import noisy_pair, tiny_pair
 
 PROMPT = [1, 2, 4, 6, 7]

@@ -8,9 +8,9 @@ from streamlit.testing.v1 import AppTest
 
 from app.figures import teaching as ft
 from engine.config import SpecSettings
-from engine.teaching.exactness import run_lab
-from engine.run import load_pair, run_to_trace
 from engine.cycle.reference import Pair
+from engine.run import load_pair, run_to_trace
+from engine.teaching.exactness import run_lab
 from engine.teaching.faults import Faults
 from engine.teaching.runs import KEEP_REJECTED, compare_runs
 from tests.app_jobs import finish_job

@@ -3,8 +3,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from engine.models.loading import LoadedModel, wrap_model
 from engine.cycle.reference import Pair
+from engine.models.loading import wrap_model
 
 WORDS = ["<eos>", "the", "cat", "dog", "sat", "ran", "on", "a", "mat", "log",
          "and", "then", "it", "slept", "far", "away"]

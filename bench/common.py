@@ -1,0 +1,135 @@
+"""What the benchmarks share: the prompts they time, the clock, the pair they load, the interleaved
+repeat loop and its paired ratios, the machine they ran on, and the writing of their results.
+
+Timing goes through engine.models.device.timed, the project's one clock (it waits for the
+device's queued work before reading the time); `timed_alone` also waits for the work queued
+before the call, so a timing never pays for the previous one.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import torch
+import transformers
+
+from engine.cycle.reference import Pair
+from engine.drafters import Drafter
+from engine.models.device import sync, timed
+from engine.models.presets import PRESETS
+from engine.run import load_pair, load_preset
+
+T = TypeVar("T")
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# The prompts a speed benchmark times, per preset; "custom" for a --target/--draft pair.
+PROMPTS = {
+    "chat": ["Explain why the sky is blue in two sentences.", "What is a good way to learn to cook?",
+             "Give me three tips for a job interview."],
+    "tiny-shakespeare": ["Romeo.\n", "King Henry.\nWhat say you", "Enter a Messenger.\n"],
+    "custom": ["the cat sat on", "the dog ran", "a cat"],
+}
+
+
+def prompts_for(preset: str | None, count: int) -> list[str]:
+    """The first `count` prompts of a preset (the custom ones for a --target/--draft pair)."""
+    return PROMPTS.get(preset or "custom", PROMPTS["custom"])[:count]
+
+
+# ---------------------------------------------------------------- the clock
+
+def timed_alone(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
+    """engine.models.device.timed after the device has finished what was queued before the call."""
+    sync(device)
+    return timed(fn, device)
+
+
+# ---------------------------------------------------------------- the pair
+
+def add_pair_arguments(p: argparse.ArgumentParser) -> None:
+    """--preset, or --target and --draft (checked by `check_pair_arguments`)."""
+    p.add_argument("--preset", choices=sorted(PRESETS))
+    p.add_argument("--target"), p.add_argument("--draft")
+
+
+def check_pair_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if bool(args.preset) == bool(args.target and args.draft):
+        p.error("give --preset, or both --target and --draft")
+
+
+def load_bench_pair(args: argparse.Namespace, device: str, dtype: str | None,
+                    drafter: Callable[[Pair], Drafter] | None = None) -> tuple[Pair, bool]:
+    """The preset's pair (or --target/--draft) with no EOS stop, so every method makes max_new_tokens
+    tokens, and whether prompts go through the chat template. `drafter(pair)`, when given, makes
+    the drafter on the loaded target (else the separate draft model drafts)."""
+    if args.preset:
+        pair, chat = load_preset(args.preset, device, dtype), PRESETS[args.preset].use_chat_template
+    else:
+        pair, chat = load_pair(args.target, args.draft, device, dtype_name=dtype), False
+    return Pair(pair.target, pair.draft, set(), drafter(pair) if drafter else None), chat
+
+
+# ---------------------------------------------------------------- repeats and ratios
+
+def interleaved_rates(run: Callable, methods: list[str], prompts: list[str], ids: list[list[int]], s, repeats: int,
+                      label: str) -> dict[str, list[float]]:
+    """tokens/s per method and repeat: every repeat runs every method on every prompt, interleaved so
+    drift spreads evenly, with the repeat's seed shared by all methods; a rate is tokens over time
+    summed over the prompts. `run(method, prompt, prompt_ids, settings)` returns (tokens, seconds)."""
+    rates = {m: [] for m in methods}
+    for repeat in range(repeats):
+        totals = {m: [0, 0.0] for m in methods}
+        seeded = replace(s, seed=repeat)
+        for prompt, prompt_ids in zip(prompts, ids):
+            for method in methods:
+                n, t = run(method, prompt, prompt_ids, seeded)
+                assert n == s.max_new_tokens, f"method {method} generated {n} tokens, not {s.max_new_tokens}"
+                totals[method][0] += n
+                totals[method][1] += t
+        for m, (n, t) in totals.items():
+            rates[m].append(n / t)
+        print(f"  {label} repeat {repeat + 1}: " + "  ".join(f"{m} {rates[m][-1]:.1f}/s" for m in methods), flush=True)
+    return rates
+
+
+def paired_ratio(rates: dict, x: str, y: str) -> float | None:
+    """Median over repeats of rate x / rate y within the same repeat: the methods ran
+    interleaved, so a slow spell of the machine hits both sides of each ratio. None when
+    either method did not run."""
+    if x not in rates or y not in rates:
+        return None
+    return statistics.median(a / b for a, b in zip(rates[x], rates[y]))
+
+
+# ---------------------------------------------------------------- the machine and the results
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(threads: int, device: torch.device | None = None, dtype: torch.dtype | None = None) -> dict:
+    gpu = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else None
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": threads, "os": platform.platform(),
+            "device": str(device) if device is not None else "cpu", "gpu": gpu,
+            "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def write_results(folder: Path, stem: str, result: dict, text: str, indent: int = 1, json_end: str = "") -> None:
+    """FOLDER/STEM.json (the result) and FOLDER/STEM.md (`text`), the folder made if missing."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.json").write_text(json.dumps(result, indent=indent) + json_end)
+    (folder / f"{stem}.md").write_text(text)
