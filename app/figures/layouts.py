@@ -16,8 +16,8 @@ import plotly.graph_objects as go
 from engine.stats.layouts import LayoutStats
 from engine.trace.layout_checks import layout_of
 
-from app.figures.cycle import (COMMITTED, OKABE_ITO, PROVISIONAL, ROLLED_BACK, STYLES, Style, cells, figure, labels,
-                      legend_name, shown)
+from app.figures.cycle import (CACHE_CONTEXT, COMMITTED, OKABE_ITO, PROVISIONAL, ROLLED_BACK, STYLES, Style, cells,
+                      figure, labels, legend_name, shown)
 
 STALE, EMPTY, FREE, ALLOCATED, FREED, HELD = "stale", "empty", "free", "allocated", "freed", "held"
 FREED_SLOT = "freed slot"
@@ -45,7 +45,6 @@ ROLLBACK_WORDS = {
              "lowers the token count and returns every block that lies wholly past it to the free list. The "
              "partly filled block stays; its stale slots are overwritten by the next append.",
 }
-CONTEXT = 6  # committed cells drawn before the ones this cycle touches
 MAX_CELLS = 64  # slots drawn at most in one row
 MAX_POOL = 96  # pool blocks drawn at most
 
@@ -90,7 +89,7 @@ def layout_figures(header: dict, c: dict, stage: int, texts: Sequence[str] = ())
 def dynamic_figure(c: dict, stage: int, texts: Sequence[str] = ()) -> go.Figure:
     lens = c["target_cache_len"]
     before, appended, after = lens["before"], lens["after_append"], lens["after_rollback"]
-    first = max(0, before - CONTEXT)
+    first = max(0, before - CACHE_CONTEXT)
     end = min(appended, first + MAX_CELLS)
     rows = {COMMITTED: [], PROVISIONAL: [], ROLLED_BACK: []}
     for p in range(first, end):
@@ -127,8 +126,8 @@ def static_cells(layout: dict, c: dict, states: dict, stage: int) -> dict[str, l
     before = c["target_cache_len"]["before"]
     write = states[moment(stage)]["write_position"]
     stale_end = write + states[moment(stage)]["stale_slots"]
-    first = max(0, before - CONTEXT)
-    end = min(layout["capacity"], first + MAX_CELLS, max(stale_end, write) + CONTEXT)
+    first = max(0, before - CACHE_CONTEXT)
+    end = min(layout["capacity"], first + MAX_CELLS, max(stale_end, write) + CACHE_CONTEXT)
     out = {COMMITTED: [], PROVISIONAL: [], STALE: [], EMPTY: []}
     for p in range(first, end):
         if p < write:
@@ -172,7 +171,7 @@ def block_table_figure(layout: dict, c: dict, states: dict, stage: int, texts: S
     table = appended["block_table"] if stage >= 5 else s["block_table"]  # stage 5 still draws the freed blocks
     n_tokens, kept_blocks = s["num_tokens"], len(states["after_rollback"]["block_table"])
     before = c["target_cache_len"]["before"]
-    first_block = max(0, (before - CONTEXT) // size)
+    first_block = max(0, (before - CACHE_CONTEXT) // size)
     last_block = min(len(table), first_block + max(1, MAX_CELLS // size))
     rows = {COMMITTED: [], PROVISIONAL: [], STALE: [], FREED_SLOT: [], EMPTY: []}
     for p in range(first_block * size, last_block * size):

@@ -12,20 +12,15 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from app.figures.cycle import GRID, MONO, OKABE_ITO
+from app.figures.derive import VISIBLE_WHITESPACE
 from engine.teaching.exactness import LabResult
 from engine.trace.metrics import expected_tokens_per_cycle, predicted_speedup
 from engine.stats.repeats import Repeated
 from engine.teaching.runs import (CORRECT, DRIFT_FLOOR, IN_PLACE, KEEP_REJECTED, MODE_LABELS, SHIFTED,
                              SKIP_CATCH_UP, STALE, CacheView, Comparison)
 
-OKABE_ITO = {
-    "orange": "#E69F00", "sky_blue": "#56B4E9", "bluish_green": "#009E73", "yellow": "#F0E442",
-    "blue": "#0072B2", "vermillion": "#D55E00", "reddish_purple": "#CC79A7", "grey": "#999999",
-}
-GRID = "rgba(128,128,128,0.55)"  # borders that read on light and dark backgrounds
 FLOAT_LEVEL = 1e-4  # cached vs fresh distances below this are float rounding
-MONO = "ui-monospace, SFMono-Regular, Menlo, Consolas, 'DejaVu Sans Mono', monospace"
-WHITESPACE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
 
 # One look per run mode: colour, line dash and marker, so lines differ without colour.
 MODE_STYLE = {
@@ -47,7 +42,7 @@ CELL_WORDS = {IN_PLACE: "in place (right token, right position)",
 
 def token_label(text: str) -> str:
     """A token for a figure: whitespace made visible, control characters spelled out, escaped."""
-    out = "".join(WHITESPACE.get(ch, ch if ch.isprintable() else f"\\x{ord(ch):02x}") for ch in text)
+    out = "".join(VISIBLE_WHITESPACE.get(ch, ch if ch.isprintable() else f"\\x{ord(ch):02x}") for ch in text)
     return html.escape(out or "∅", quote=False)
 
 

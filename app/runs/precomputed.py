@@ -16,11 +16,11 @@ from pathlib import Path
 
 import streamlit as st
 
+from app.ui.state import ROOT
 from engine.teaching.exactness import ChiSquare, LabResult
 from engine.teaching.stale_slots import StaticCycle, StaticRun
 from engine.teaching.runs import CacheView, Comparison, CycleProbe, RunLog
 
-ROOT = Path(__file__).resolve().parents[2]
 RESULTS_FILE = ROOT / "assets" / "teaching" / "results.json"
 ROLLBACK, EXACTNESS = "rollback", "exactness"
 

@@ -20,7 +20,6 @@ from engine.run import encode_prompt
 from engine.cycle.reference import Pair
 
 ENV_PAIR = "SPECLAB_TEACHING_PAIR"
-CUSTOM = "custom"
 
 
 @dataclass(frozen=True)
@@ -70,10 +69,10 @@ def choose(prefix: str) -> PairChoice | None:
     """A model-pair selector that loads nothing (stored results need no models); None until a
     custom pair names both folders."""
     options = choices()
-    labels = {c.key: c.label for c in options} | {CUSTOM: "custom: two model folders"}
+    labels = {c.key: c.label for c in options} | {live.CUSTOM: "custom: two model folders"}
     key = st.selectbox("Model pair", list(labels), format_func=labels.get, key=f"{prefix}_pair",
                        help="The tiny-shakespeare pair is the fastest; the chat pair is a real 135M model.")
-    if key != CUSTOM:
+    if key != live.CUSTOM:
         return next(c for c in options if c.key == key)
     cols = st.columns(2)
     target = cols[0].text_input("Target model folder", key=f"{prefix}_target").strip()
