@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from engine.cycle.reference import Pair
-from engine.drafters import Drafter
+from engine.drafters.base import Drafter
 from engine.models.device import sync, timed
 from engine.models.presets import PRESETS
 from engine.run import load_pair, load_preset

@@ -32,8 +32,9 @@ from bench import hf
 from bench.common import RESULTS, machine_info, write_results
 from engine.config import SpecSettings
 from engine.cycle.reference import Pair
+from engine.drafters.registry import DrafterOptions
 from engine.models.device import timed
-from engine.run import DrafterOptions, encode_prompt, load_preset, run_to_trace
+from engine.run import encode_prompt, load_preset, run_to_trace
 from engine.trace.format import load_trace
 
 PROMPTS = [

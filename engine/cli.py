@@ -10,10 +10,12 @@ import os
 import sys
 from pathlib import Path
 
-from engine.config import LAYOUTS, SettingsError, SpecSettings
+from engine.config import SettingsError, SpecSettings
+from engine.drafters.registry import DRAFTERS, all_flags, check_before_loading, options_from_args
 from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
-from engine.trace.format import DRAFTER_KINDS, Trace, TraceError, load_trace, partial_path
+from engine.trace.format import Trace, TraceError, load_trace, partial_path
+from engine.trace.schema import LAYOUTS
 
 MAX_PROMPT_CHARS = 1_000_000  # far beyond any model's context; the token limit is checked after tokenizing
 
@@ -28,16 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", help="target model: hub id, local folder, or folder with a .gguf file")
     run.add_argument("--draft", help="draft model, same forms as --target (with --drafter other-tokenizer: "
                                      "a draft with its own tokenizer)")
-    run.add_argument("--drafter", choices=list(DRAFTER_KINDS), default=None,
+    run.add_argument("--drafter", choices=list(DRAFTERS), default=None,
                      help="what proposes tokens (default: the preset's default drafter; a draft model when "
-                          "--target names the models): a draft model sharing the target's tokenizer, "
-                          "prompt lookup (copies the tokens that followed the last n-gram earlier in the text), "
-                          "a draft model with another tokenizer (greedy only), "
-                          "or an EAGLE-style head that drafts from the target's features (--draft: its folder)")
-    run.add_argument("--max-ngram", type=int, default=3, help="prompt lookup: longest n-gram matched first")
-    run.add_argument("--min-ngram", type=int, default=1, help="prompt lookup: shortest n-gram tried")
-    run.add_argument("--draft-steps", type=int, default=0,
-                     help="other tokenizer: draft tokens per cycle at most (default 0: K)")
+                          f"--target names the models): {drafters_in_words()}")
+    for flag in all_flags():  # each drafter kind's own options (engine/drafters/registry.py)
+        run.add_argument(flag.name, type=int, default=flag.default, help=flag.help)
     run.add_argument("--k", type=int, default=4, help="draft tokens per cycle")
     run.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the preset's)")
     run.add_argument("--top-k", type=int, default=0)
@@ -66,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def drafters_in_words() -> str:
+    """The drafter kinds as the registry describes them: "a, b, c, or d"."""
+    words = [spec.description for spec in DRAFTERS.values()]
+    return ", ".join(words[:-1]) + ", or " + words[-1]
+
+
 def chosen_drafter(args) -> str:
     """--drafter, else the preset's default drafter (a draft model for models named by --target)."""
     if args.drafter is not None:
@@ -73,19 +76,12 @@ def chosen_drafter(args) -> str:
     return default_drafter("" if args.target is not None else args.preset)
 
 
-def drafter_options(args):
-    from engine.run import DrafterOptions
-
-    return DrafterOptions(kind=args.drafter, max_ngram=args.max_ngram, min_ngram=args.min_ngram,
-                          draft_model=args.draft if args.drafter in ("other-tokenizer", "eagle") else None,
-                          max_draft_steps=args.draft_steps)
-
-
 def resolve_models(args) -> tuple[str, str, str | None]:
     """(target, draft, preset name) from --preset / --target / --draft."""
-    if args.drafter == "prompt-lookup" and args.draft is not None:
-        raise SettingsError("prompt lookup drafts without a model: drop --draft")
-    if args.drafter != "model":
+    spec = DRAFTERS[args.drafter]
+    if spec.needs.draft is None and args.draft is not None:
+        raise SettingsError(f"{spec.title} drafts without a model: drop --draft")
+    if not spec.needs.same_tokens:  # the drafter's own draft, if any: --draft or the preset's
         if args.target is not None and args.preset:
             raise SettingsError("--preset cannot be combined with --target")
         if args.target is not None:
@@ -167,42 +163,24 @@ def check_device(device: str | None, dtype: str | None) -> None:
     pick_dtype(dev, dtype)  # raises ValueError for half precision on the CPU
 
 
-def check_drafter(options, settings: SpecSettings, preset: str | None, draft: str | None) -> None:
-    """What the drafter needs, checked before any model loads (its n-gram and step ranges: DrafterOptions)."""
-    if options.kind != "other-tokenizer":
-        return
-    if settings.temperature != 0:
-        from engine.drafters import SAMPLING_REFUSED
-        raise SettingsError(SAMPLING_REFUSED)
-    if draft:
-        return
-    if not preset:
-        raise SettingsError("the other-tokenizer drafter needs a draft model with its own tokenizer (--draft)")
-    if PRESETS[preset].other_tokenizer_draft is None:
-        raise SettingsError(f"preset {preset!r} ships no draft with another tokenizer: name one with --draft, "
-                            f"or use --preset tiny-shakespeare")
-
-
 def cmd_run(args) -> int:
     from tqdm import tqdm
 
-    from engine.run import load_pair, load_preset, load_with_drafter, run_to_trace
+    from engine.run import load_preset, load_with_drafter, run_to_trace
 
     args.drafter = chosen_drafter(args)
     settings = settings_from_args(args)
-    options = drafter_options(args)
+    options = options_from_args(args)
     target, draft, preset = resolve_models(args)
     check_prompt(args.prompt)
     check_out(args.out)
     check_device(args.device, args.dtype)
-    check_drafter(options, settings, preset, draft)
+    check_before_loading(options, settings, PRESETS[preset] if preset else None, draft)
     print(f"loading target {target}\ndrafter: {options.kind}" + (f", draft {draft}" if draft else ""), file=sys.stderr)
     if preset:
         pair = load_preset(preset, args.device, args.dtype, options)
-    elif options.kind != "model":
-        pair = load_with_drafter(target, options, args.device, args.trust_remote_code, args.dtype)
     else:
-        pair = load_pair(target, draft, args.device, args.trust_remote_code, args.dtype)
+        pair = load_with_drafter(target, options, args.device, args.trust_remote_code, args.dtype)
     fast = None
     if args.fast:
         from engine.cycle.fast import plan_fast_path

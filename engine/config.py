@@ -1,11 +1,7 @@
 """Settings of one speculative run, range-checked in one place."""
 from dataclasses import asdict, dataclass
 
-MAX_K = 32  # beyond this a draft's acceptance has long since died out
-MAX_NEW_TOKENS = 4096
-MAX_TRACE_TOP_K = 100
-LAYOUTS = ("dynamic", "static", "paged")  # engine/kv/layouts.py builds them
-MAX_BLOCK_SIZE = 1024
+from engine.trace.schema import LAYOUTS, MAX_BLOCK_SIZE, MAX_K, MAX_NEW_TOKENS, MAX_TRACE_TOP_K
 
 
 class SettingsError(ValueError):

@@ -1,21 +1,20 @@
 """From settings to a finished trace file: load a pair, encode the prompt, run, record."""
 import platform
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
 from engine.stats.calibrate import calibrate as measure_step_times
-from engine.config import MAX_K, SettingsError, SpecSettings
-from engine.drafters import DRAFTER_KINDS, OtherTokenizerDrafter, PromptLookupDrafter, load_head
-from engine.drafters.prompt_lookup import MAX_NGRAM
+from engine.config import SpecSettings
+from engine.drafters.registry import DRAFTERS, DrafterOptions, build_drafter, with_shipped_draft
 from engine.kv.layouts import layout_for_run
 from engine.models.device import pick_device, pick_dtype
-from engine.models.loading import LoadedModel, check_same_token_space, load_model
+from engine.models.loading import LoadedModel, load_model
 from engine.models.presets import PRESETS
-from engine.cycle.reference import (CACHE_CONVENTION, CACHE_CONVENTION_TEXT, RATIO_TEST, CycleRule, Pair,
-                          eos_ids_of, speculative_generate)
-from engine.trace.format import FORMAT, VERSION, Trace, TraceWriter, make_summary
+from engine.cycle.reference import RATIO_TEST, CycleRule, Pair, eos_ids_of, speculative_generate
+from engine.trace.format import Trace, TraceWriter, make_summary
+from engine.trace.schema import CACHE_CONVENTION, CACHE_CONVENTION_TEXT, FORMAT, VERSION
 
 
 def library_versions() -> dict:
@@ -28,90 +27,35 @@ def library_versions() -> dict:
 
 def load_pair(target: str, draft: str, device: str | None = None,
               trust_remote_code: bool = False, dtype_name: str | None = None) -> Pair:
-    dev = pick_device(device)
-    dtype = pick_dtype(dev, dtype_name)
-    target_model = load_model(target, dev, dtype, trust_remote_code)
-    draft_model = load_model(draft, dev, dtype, trust_remote_code)
-    check_same_token_space(target_model, draft_model)
-    return Pair(target_model, draft_model, eos_ids_of(target_model))
+    """A target and a draft model sharing its tokenizer."""
+    return load_with_drafter(target, DrafterOptions(draft_model=draft), device, trust_remote_code, dtype_name)
 
 
 def load_preset(name: str, device: str | None = None, dtype_name: str | None = None,
-                drafter: "DrafterOptions | None" = None) -> Pair:
-    """The preset's pair; with `drafter`, its target and the drafter asked for."""
+                drafter: DrafterOptions | None = None) -> Pair:
+    """The preset's target with `drafter` (its own draft model by default), using the draft the
+    preset ships for that kind unless the options name one."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[name]
-    if drafter is not None and drafter.kind != "model":
-        shipped_draft = drafter.kind == "other-tokenizer" and drafter.draft_model is None
-        if shipped_draft:
-            if preset.other_tokenizer_draft is None:
-                raise SettingsError(f"preset {name!r} ships no draft with another tokenizer: name one with --draft, "
-                                    f"or use --preset tiny-shakespeare")
-            drafter = replace(drafter, draft_model=str(preset.other_tokenizer_draft_folder()))
-        shipped_head = drafter.kind == "eagle" and drafter.draft_model is None
-        if shipped_head:
-            head = preset.eagle_head_folder()
-            if head is None or not head.is_dir():
-                raise SettingsError(f"preset {name!r} ships no EAGLE head: name one with --draft")
-            drafter = replace(drafter, draft_model=str(head))
-        pair = load_with_drafter(str(preset.target_folder()), drafter, device, dtype_name=dtype_name)
-        pair.target.name = preset.target_name
-        if shipped_draft:  # traces name shipped models portably, never by this machine's path
-            pair.drafter.model.name = f"assets/models/{preset.other_tokenizer_draft}"
-        if shipped_head:
-            pair.drafter.name = f"assets/models/{preset.eagle_head}"
-        return pair
-    pair = load_pair(str(preset.target_folder()), str(preset.draft_folder()), device, dtype_name=dtype_name)
-    pair.target.name, pair.draft.name = preset.target_name, preset.draft_name
+    options, shipped = with_shipped_draft(preset, drafter or DrafterOptions())
+    pair = load_with_drafter(str(preset.target_folder()), options, device, dtype_name=dtype_name)
+    pair.target.name = preset.target_name
+    if shipped is not None:  # traces name shipped models portably, never by this machine's path
+        DRAFTERS[options.kind].name_draft(pair.drafter, shipped.name)
     return pair
-
-
-@dataclass(frozen=True)
-class DrafterOptions:
-    """Which drafter, and its own options (the CLI's --drafter and the options after it)."""
-
-    kind: str = "model"  # one of DRAFTER_KINDS
-    max_ngram: int = 3  # prompt lookup: longest n-gram tried first
-    min_ngram: int = 1  # prompt lookup: shortest n-gram tried
-    draft_model: str | None = None  # other tokenizer: the draft's folder; eagle: the head's folder
-    max_draft_steps: int = 0  # other tokenizer: draft tokens per cycle at most (0: K)
-
-    def __post_init__(self) -> None:
-        if self.kind not in DRAFTER_KINDS:
-            raise SettingsError(f"unknown drafter {self.kind!r}; choose one of {', '.join(DRAFTER_KINDS)}")
-        for name in ("max_ngram", "min_ngram", "max_draft_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise SettingsError(f"{name} must be an integer, got {value!r}")
-        if not 1 <= self.min_ngram <= self.max_ngram <= MAX_NGRAM:
-            raise SettingsError(f"n-gram sizes need 1 <= --min-ngram ({self.min_ngram}) <= --max-ngram "
-                                f"({self.max_ngram}) <= {MAX_NGRAM}")
-        if not 0 <= self.max_draft_steps <= MAX_K:
-            raise SettingsError(f"--draft-steps must be between 0 (K) and {MAX_K}, got {self.max_draft_steps}")
 
 
 def load_with_drafter(target: str, options: DrafterOptions, device: str | None = None,
                       trust_remote_code: bool = False, dtype_name: str | None = None) -> Pair:
-    """A target with a drafter that is not a same-tokenizer draft model."""
+    """A target and the drafter `options` name (engine/drafters/registry.py builds it)."""
     dev = pick_device(device)
     dtype = pick_dtype(dev, dtype_name)
     target_model = load_model(target, dev, dtype, trust_remote_code)
-    vocab = target_model.full_vocab_size
-    if options.kind == "prompt-lookup":
-        drafter = PromptLookupDrafter(vocab, options.max_ngram, options.min_ngram)
-    elif options.kind == "other-tokenizer":
-        if not options.draft_model:
-            raise SettingsError("the other-tokenizer drafter needs a draft model (--draft)")
-        draft_model = load_model(options.draft_model, dev, dtype, trust_remote_code)
-        drafter = OtherTokenizerDrafter(draft_model, target_model.tokenizer, vocab, options.max_draft_steps)
-    elif options.kind == "eagle":
-        if not options.draft_model:
-            raise SettingsError("the eagle drafter needs a head folder (--draft)")
-        drafter = load_head(options.draft_model, target_model)
-    else:
-        raise SettingsError(f"load a model drafter with load_pair, not {options.kind!r}")
-    return Pair(target_model, None, eos_ids_of(target_model), drafter)
+    drafter = build_drafter(target_model, options, lambda folder: load_model(folder, dev, dtype, trust_remote_code))
+    # Pair.draft is a draft model over the target's tokens only (calibration times its steps).
+    draft = drafter.model if DRAFTERS[options.kind].needs.same_tokens else None
+    return Pair(target_model, draft, eos_ids_of(target_model), drafter)
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:

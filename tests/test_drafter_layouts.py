@@ -1,10 +1,11 @@
 """Prompt lookup and the other-tokenizer draft on every KV-cache layout of the target."""
 import pytest
 
-from engine.config import LAYOUTS, SpecSettings
+from engine.config import SpecSettings
 from engine.cycle.reference import speculative_generate, target_generate
 from engine.run import run_to_trace
 from engine.trace.format import load_trace
+from engine.trace.schema import LAYOUTS
 from tests.checks import assert_self_consistent
 from tests.test_other_tokenizer import other_tokenizer_pair, prompt_ids
 from tests.test_prompt_lookup import PROMPT, lookup_pair

@@ -352,7 +352,7 @@ def test_cli_runs_the_eagle_drafter(eagle_pair, tmp_path):
 @pytest.mark.parametrize("layout", ["static", "paged"])
 def test_head_cache_in_every_layout_greedy_equal_and_trace_loads(eagle_pair, layout, tmp_path):
     """The head's cache is made in the run's layout and rolled back by that layout's crop."""
-    from engine.config import LAYOUTS
+    from engine.trace.schema import LAYOUTS
     assert layout in LAYOUTS
     s = SpecSettings(k=4, temperature=0, max_new_tokens=30, cache_layout=layout, block_size=4)
     tokens = [t for r in speculative_generate(eagle_pair, PROMPT, s) for t in r["committed_token_ids"]]

@@ -7,7 +7,6 @@ import torch
 from engine.config import SettingsError, SpecSettings
 from engine.cycle.reference import TokenTexts, run_cycle, speculative_generate, start_run, target_generate
 from engine.kv.layouts import (
-    LAYOUTS,
     BlockPool,
     CacheFullError,
     CacheLayout,
@@ -19,6 +18,7 @@ from engine.kv.layouts import (
     roll_back_cache,
 )
 from engine.kv.ops import prefill
+from engine.trace.schema import LAYOUTS
 from tests.tiny import noisy_pair, tiny_pair
 
 PROMPT = [1, 2, 4, 6, 7]

@@ -7,7 +7,7 @@ import torch
 from engine.cli import main
 from engine.config import SettingsError, SpecSettings
 from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
-from engine.drafters import OtherTokenizerDrafter
+from engine.drafters.other_tokenizer import OtherTokenizerDrafter
 from engine.kv.ops import cache_len, prefill
 from engine.models.loading import wrap_model
 from engine.run import run_to_trace
@@ -123,7 +123,8 @@ def test_trace_loads_and_checks(tmp_path):
 
 @pytest.fixture(scope="module")
 def shakespeare_pair():
-    from engine.run import DrafterOptions, load_preset
+    from engine.drafters.registry import DrafterOptions
+    from engine.run import load_preset
     return load_preset("tiny-shakespeare", "cpu", drafter=DrafterOptions("other-tokenizer"))
 
 

@@ -7,9 +7,10 @@ import tests.test_exactness as exactness
 from engine.cli import main
 from engine.config import SpecSettings
 from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
-from engine.drafters import PromptLookupDrafter, find_match
+from engine.drafters.prompt_lookup import PromptLookupDrafter, find_match
+from engine.drafters.registry import DrafterOptions
 from engine.kv.ops import cache_len
-from engine.run import DrafterOptions, load_with_drafter, run_to_trace
+from engine.run import load_with_drafter, run_to_trace
 from engine.teaching.faults import Faults
 from engine.trace.format import load_trace
 from tests.checks import assert_self_consistent

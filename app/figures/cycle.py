@@ -27,6 +27,7 @@ import plotly.graph_objects as go
 from app.figures.derive import (ACCEPTED, BONUS, DISCARDED, FEATURE_HEAD, FEATURE_TARGET, HEAD_ROW, PROMPT, REJECTED,
                      RESAMPLED, TEXT_WRAP, Overview, TokenInfo, cycle_drafter, cycle_tokens, draft_cache_name,
                      position_outcomes, visible_text)
+from engine.trace.schema import EAGLE
 
 OKABE_ITO = {
     "orange": "#E69F00", "sky_blue": "#56B4E9", "bluish_green": "#009E73", "yellow": "#F0E442",
@@ -331,7 +332,7 @@ def acceptance_figure(c: dict, k: int, stage: int = 3, greedy: bool = False) -> 
              marker=dict(color=P_TARGET_COLOUR, opacity=fade), text=[f"{p:.3f}" for p in c["p_target"]] if values else None,
              textposition="outside", cliponaxis=False, hovertemplate="<b>%{customdata}</b>: p_target %{y:.4f}<extra></extra>"),
         dict(type="bar", x=ticks, y=c["p_draft"], customdata=tokens,
-             name="p_draft (EAGLE head)" if cycle_drafter(c) == "eagle" else "p_draft (draft model)",
+             name="p_draft (EAGLE head)" if cycle_drafter(c) == EAGLE else "p_draft (draft model)",
              marker=dict(color=P_DRAFT_COLOUR, opacity=fade, pattern=solid_pattern("/")),
              text=[f"{p:.3f}" for p in c["p_draft"]] if values else None, textposition="outside", cliponaxis=False,
              hovertemplate="<b>%{customdata}</b>: p_draft %{y:.4f}<extra></extra>"),
@@ -478,7 +479,7 @@ def cache_figure(c: dict, stage: int, sequence_texts: Sequence[str], drafter: st
     row = draft_cache_name(drafter)
     t_len, d_len = c["target_cache_len"], c["draft_cache_len"]
     lengths = {"target": t_len} if d_len is None else {"target": t_len, row: d_len}  # prompt lookup: no draft cache
-    head = drafter == "eagle"
+    head = drafter == EAGLE
     per_model = {model: cache_cells(v, stage, model, head and model == row) for model, v in lengths.items()}
     first = max(0, min(v["before"] for v in lengths.values()) - CACHE_CONTEXT)
     notes = head_cell_notes(c, stage) if head and d_len is not None else {}

@@ -6,6 +6,7 @@ figure functions and tests use them directly.
 from dataclasses import dataclass
 
 from engine.trace.format import Trace
+from engine.trace.schema import DRAFT_MODEL, EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP
 
 # Where a token of the text came from.
 PROMPT, ACCEPTED, RESAMPLED, BONUS = "prompt", "accepted", "resampled", "bonus"
@@ -159,7 +160,7 @@ def lookup_view(texts: list[str], c: dict) -> list[tuple[str, str]] | None:
     None when the cycle is not a prompt-lookup cycle with a match. `texts` holds the token
     texts of the committed sequence (prompt and output) up to this cycle."""
     state = c.get("drafter_state") or {}
-    if state.get("kind") != "prompt-lookup" or not state.get("matched"):
+    if state.get("kind") != PROMPT_LOOKUP or not state.get("matched"):
         return None
     n, start, copied = state["ngram_size"], state["match_start"], len(c["draft_token_ids"])
     end = len(texts)
@@ -187,7 +188,7 @@ class DraftTokenRow:
 def alignment_rows(c: dict) -> list[DraftTokenRow] | None:
     """Draft tokens vs the target's re-encoding, for an other-tokenizer cycle; else None."""
     state = c.get("drafter_state") or {}
-    if state.get("kind") != "other-tokenizer":
+    if state.get("kind") != OTHER_TOKENIZER:
         return None
     ends = state["draft_token_target_ends"]
     aligned = state.get("draft_token_boundary_aligned") or [None] * len(ends)
@@ -211,12 +212,12 @@ def cycle_drafter(c: dict, drafter: str | None = None) -> str:
     if drafter:
         return drafter
     state = c.get("drafter_state") or {}
-    return state.get("kind") or ("eagle" if "feature_sources" in state else "model")
+    return state.get("kind") or (EAGLE if "feature_sources" in state else DRAFT_MODEL)
 
 
 def draft_cache_name(drafter: str) -> str:
     """The row name of the drafter's cache over the target's positions."""
-    return HEAD_ROW if drafter == "eagle" else "draft"
+    return HEAD_ROW if drafter == EAGLE else "draft"
 
 
 @dataclass(frozen=True)

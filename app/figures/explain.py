@@ -4,6 +4,7 @@ Plain text (the pages show it with st.text-like elements that never interpret HT
 or Markdown), so token texts appear quoted, not escaped.
 """
 from app.figures.derive import HEAD_ROW, cycle_drafter, visible_text
+from engine.trace.schema import EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP
 
 STAGES = {
     1: "1 Draft",
@@ -30,7 +31,7 @@ def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None, greed
         return _skipped_rollback(c, k)
     if greedy and stage in (3, 4):
         return (_greedy_test if stage == 3 else _greedy_resample)(c, k)
-    if cycle_drafter(c, drafter) == "eagle" and stage in (1, 5):
+    if cycle_drafter(c, drafter) == EAGLE and stage in (1, 5):
         return (_head_draft if stage == 1 else _head_rollback)(c, k)
     return {1: _draft, 2: _verify, 3: _test, 4: _resample, 5: _rollback}[stage](c, k)
 
@@ -67,14 +68,14 @@ def _listed(texts: list[str], limit: int = 8) -> str:
 def _draft(c: dict, k: int) -> str:
     drafter = c.get("drafter_state") or {}
     tokens = _listed(c["draft_token_texts"])
-    if drafter.get("kind") == "prompt-lookup":
+    if drafter.get("kind") == PROMPT_LOOKUP:
         if not drafter["matched"]:
             return ("Prompt lookup found no earlier occurrence of the last tokens, so it proposes nothing: "
                     "this cycle is a plain target step (one position verified, its token drawn from the target).")
         return (f"Prompt lookup found the last {drafter['ngram_size']} token(s) earlier in the text (at position "
                 f"{drafter['match_start']}) and copies the {k} token(s) that followed ({tokens}). The proposal is "
                 f"deterministic (p_draft = 1), so each token is kept with probability p_target: still exact.")
-    if drafter.get("kind") == "other-tokenizer":
+    if drafter.get("kind") == OTHER_TOKENIZER:
         own = _listed(drafter["draft_token_texts"])
         return (f"The draft model, which has its own tokenizer, proposes {len(drafter['draft_token_ids'])} of its own "
                 f"tokens ({own}); their text, re-encoded with the target's tokenizer, gives the {k} target tokens "

@@ -18,23 +18,26 @@ from app.ui import state
 from app.figures.derive import visible_text
 from app.ui.safe import md
 from app.ui.pages import STEPPER
-from engine.config import LAYOUTS, MAX_BLOCK_SIZE, MAX_K, MAX_NEW_TOKENS, SettingsError, SpecSettings
+from engine.config import SettingsError, SpecSettings
+from engine.drafters.registry import DRAFTERS, DrafterOptions
 from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
-from engine.run import DrafterOptions, load_pair, load_preset, load_with_drafter, run_to_trace
+from engine.run import load_pair, load_preset, load_with_drafter, run_to_trace
 from engine.cycle.reference import Pair
-from engine.trace.format import DRAFTER_KINDS
+from engine.trace.schema import EAGLE, LAYOUTS, MAX_BLOCK_SIZE, MAX_K, MAX_NEW_TOKENS, OTHER_TOKENIZER
 
 CUSTOM = "custom"  # the pair is given as two model folders (or hub ids)
 ALLOW_CUSTOM = "SPECLAB_CUSTOM_MODELS"  # "1": visitors may name model folders on this server
 LOAD_ERRORS = (ModelLoadError, TokenizerMismatchError, ValueError, OSError)  # SettingsError is a ValueError
 
 
-DRAFTER_LABELS = {
-    "model": "draft model (shares the target's tokenizer)",
-    "prompt-lookup": "prompt lookup (n-gram copy from earlier text, no model)",
-    "other-tokenizer": "draft model with its own tokenizer (greedy only)",
-    "eagle": "EAGLE-style head (drafts from the target's own features)",
+# What the form says under a drafter choice (the labels themselves: engine/drafters/registry.py).
+DRAFTER_CAPTIONS = {
+    OTHER_TOKENIZER: "The draft proposes in its own tokens; their text is re-encoded with the target's tokenizer. "
+                     "Runs only at temperature 0: a ratio test needs the draft's probability of each target token.",
+    EAGLE: "One decoder layer reads the target's top feature of the last committed token with the next "
+           "token's embedding and predicts the next feature; the target's own output layer gives q. "
+           "Its own KV cache is the \"EAGLE head\" row of the KV strip. With a custom pair, the draft field names the head's folder.",
 }
 
 
@@ -45,7 +48,7 @@ def cached_preset(name: str, drafter: DrafterOptions = DrafterOptions()) -> Pair
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def cached_pair(target: str, draft: str, drafter: DrafterOptions = DrafterOptions()) -> Pair:
-    if drafter.kind == "model":
+    if DRAFTERS[drafter.kind].needs.same_tokens:  # the pair's own draft model: the draft field
         return load_pair(target, draft)
     return load_with_drafter(target, drafter)
 
@@ -137,43 +140,25 @@ def load_or_error(preset: str | None, target: str = "", draft: str = "", whose: 
         return None
 
 
-def drafter_of(header: dict) -> DrafterOptions:
-    """The drafter a trace was written with, from its header (a draft model for older traces)."""
-    d = header.get("drafter") or {}
-    kind = d.get("kind", "model")
-    if kind == "prompt-lookup":
-        return DrafterOptions(kind, max_ngram=int(d.get("max_ngram", 3)), min_ngram=int(d.get("min_ngram", 1)))
-    if kind == "other-tokenizer":
-        return DrafterOptions(kind, max_draft_steps=int(d.get("max_draft_steps", 0)))
-    if kind == "eagle":
-        return DrafterOptions(kind)
-    return DrafterOptions()
-
-
 def drafter_inputs(preset: str, draft: str) -> DrafterOptions | None:
-    """The drafter and its own options; None (with the reason shown) if they do not fit."""
-    kind = st.radio("Drafter", list(DRAFTER_KINDS), format_func=DRAFTER_LABELS.get, key="live_drafter", horizontal=True)
-    if kind == "prompt-lookup":
-        cols = st.columns(2)
-        longest = cols[0].number_input("Longest n-gram matched first", 1, 16, 3, key="live_max_ngram")
-        shortest = cols[1].number_input("Shortest n-gram tried", 1, 16, 1, key="live_min_ngram")
-        try:
-            return DrafterOptions(kind, max_ngram=int(longest), min_ngram=int(shortest))
-        except SettingsError as err:
-            st.error(md(str(err)))
-            return None
-    if kind == "other-tokenizer":
-        st.caption("The draft proposes in its own tokens; their text is re-encoded with the target's tokenizer. "
-                   "Runs only at temperature 0: a ratio test needs the draft's probability of each target token.")
-        if preset == CUSTOM:
-            return DrafterOptions(kind, draft_model=draft or None)
-        return DrafterOptions(kind)
-    if kind == "eagle":
-        st.caption("One decoder layer reads the target's top feature of the last committed token with the next "
-                   "token's embedding and predicts the next feature; the target's own output layer gives q. "
-                   "Its own KV cache is the \"EAGLE head\" row of the KV strip. With a custom pair, the draft field names the head's folder.")
-        return DrafterOptions(kind, draft_model=(draft or None) if preset == CUSTOM else None)
-    return DrafterOptions()
+    """The drafter and the options of it the form offers; None (with the reason shown) if they do not fit."""
+    kind = st.radio("Drafter", list(DRAFTERS), format_func=lambda k: DRAFTERS[k].label, key="live_drafter",
+                    horizontal=True)
+    spec = DRAFTERS[kind]
+    offered = [flag for flag in spec.flags if flag.label]
+    values = {}
+    if offered:
+        cols = st.columns(len(offered))
+        values = {flag.field: int(col.number_input(flag.label, flag.low, flag.high, flag.default, key=f"live_{flag.field}"))
+                  for col, flag in zip(cols, offered)}
+    if kind in DRAFTER_CAPTIONS:
+        st.caption(DRAFTER_CAPTIONS[kind])
+    own_draft = (draft or None) if preset == CUSTOM and spec.needs.own_draft else None  # else: cached_pair's draft
+    try:
+        return DrafterOptions(kind, draft_model=own_draft, **values)
+    except SettingsError as err:
+        st.error(md(str(err)))
+        return None
 
 
 def custom_allowed() -> bool:
@@ -185,7 +170,7 @@ def load_models(preset: str, target: str, draft: str, drafter: DrafterOptions = 
     if preset == CUSTOM and not custom_allowed():
         st.error(f"This server runs the presets only (its operator can allow model folders with {ALLOW_CUSTOM}=1).")
         return None
-    if preset == CUSTOM and not (target and (draft or drafter.kind == "prompt-lookup")):
+    if preset == CUSTOM and not (target and (draft or DRAFTERS[drafter.kind].needs.draft is None)):
         st.error("Type both a target and a draft model (local folders work offline).")
         return None
     return load_or_error(None if preset == CUSTOM else preset, target, draft, drafter=drafter)
@@ -194,9 +179,9 @@ def load_models(preset: str, target: str, draft: str, drafter: DrafterOptions = 
 def run(preset: str, target: str, draft: str, prompt: str, settings: SpecSettings, chat: bool,
         drafter: DrafterOptions = DrafterOptions()) -> None:
     """Load the pair here (once per process, behind a spinner), then run on a worker thread."""
-    if drafter.kind == "other-tokenizer" and settings.temperature != 0:
-        from engine.drafters import SAMPLING_REFUSED
-        st.error(md(f"Set the temperature to 0: {SAMPLING_REFUSED}."), icon=":material/error:")
+    spec = DRAFTERS[drafter.kind]
+    if not spec.samples and settings.temperature != 0:
+        st.error(md(f"Set the temperature to 0: {spec.refusal}."), icon=":material/error:")
         return
     pair = load_models(preset, target, draft, drafter)
     if pair is None:

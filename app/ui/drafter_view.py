@@ -14,6 +14,7 @@ import streamlit as st
 from app.figures import derive
 from app.figures.cycle import INK, OKABE_ITO
 from app.ui.safe import md
+from engine.trace.schema import EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP
 
 ROLE_STYLE = {
     derive.LOOKUP_NGRAM: f"background:{OKABE_ITO['sky_blue']};color:{INK};",
@@ -63,13 +64,13 @@ def show_provenance(texts: list[str], c: dict, drafter: str | None = None) -> No
     """Stage 1 panel for prompt lookup, the other-tokenizer draft and the EAGLE head (nothing for a
     draft model). `drafter` is the trace header's drafter kind."""
     state = c.get("drafter_state") or {}
-    if derive.cycle_drafter(c, drafter) == "eagle":
+    if derive.cycle_drafter(c, drafter) == EAGLE:
         st.caption("Where the proposals came from: the EAGLE head drafts from the target's own features. Step 1 "
                    "reads the last committed token with the target's true feature of the token before it (the "
                    "verify pass already computed it); each later step reads the head's previous draft with the "
                    "feature the head itself predicted. Its cache is the \"EAGLE head\" row of the KV strip.")
         st.html(head_steps_html(derive.head_steps(texts, c)))
-    elif state.get("kind") == "prompt-lookup":
+    elif state.get("kind") == PROMPT_LOOKUP:
         view = derive.lookup_view(texts, c)
         if view is None:
             st.caption("No earlier occurrence of the last tokens: nothing was proposed (a plain target step).")
@@ -77,7 +78,7 @@ def show_provenance(texts: list[str], c: dict, drafter: str | None = None) -> No
         st.caption(f"Where the proposal came from: the last {state['ngram_size']} token(s) also occur at position "
                    f"{state['match_start']}; the tokens that followed them there are copied as the proposal.")
         st.html(legend_html() + lookup_html(view))
-    elif state.get("kind") == "other-tokenizer":
+    elif state.get("kind") == OTHER_TOKENIZER:
         rows = derive.alignment_rows(c)
         fragment = state.get("healed_fragment")
         healed = (f" The committed text ended in the draft token {derive.visible_text(fragment)!r}: the draft "

@@ -12,7 +12,8 @@ from app.ui.widgets import chart
 from app.ui.live_work import estimate_s, estimate_words, job_name, show_live, start_live
 from engine.config import SettingsError, SpecSettings
 from engine.teaching.exactness import MAX_VOCAB_FOR_SECOND_TOKEN, LabResult, run_lab
-from engine.teaching.faults import ACCEPTANCE_RULES, Faults
+from engine.teaching.faults import Faults
+from engine.trace.schema import ACCEPTANCE_RULE_TEXT
 
 SIGNIFICANCE = 0.01
 TOP_TOKENS = 20  # bars in the histogram; the rest is one "other" bar
@@ -207,7 +208,7 @@ def main() -> None:
         headline.markdown(in_brief(found[0], rule, greedy))
         results(*found, rule, greedy)
     with st.expander("The rules in the engine"):
-        for name, text in ACCEPTANCE_RULES.items():
+        for name, text in ACCEPTANCE_RULE_TEXT.items():
             st.markdown(f"- `{name}`: {md(text)}")
 
 

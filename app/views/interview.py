@@ -21,6 +21,7 @@ from engine.run import encode_prompt
 from engine.cycle.reference import Pair
 from engine.teaching.runs import NumericsCheck, batched_vs_stepwise, forward_times, low_precision_copy
 from engine.trace.format import Trace
+from engine.trace.schema import EAGLE
 
 LOW_PRECISION_MAX_PARAMS = 50_000_000  # copy the target to bfloat16 only when that is quick
 
@@ -358,7 +359,7 @@ def q_catch_up(trace: Trace | None) -> None:
         if c is None:
             needs_trace() if trace is None else st.caption("No cycle of the open trace needed a catch-up.")
             return
-        if trace.drafter_kind == "eagle":
+        if trace.drafter_kind == EAGLE:
             st.caption("The open trace drafts with an EAGLE head, whose catch-up is wider: it keeps only cache "
                        "entries built on the target's true features, so after any accepted token it drops the "
                        "entries its later draft steps built on its own predicted features and feeds the accepted "

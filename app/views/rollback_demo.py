@@ -10,10 +10,11 @@ from app.ui.safe import md
 from app.ui.pages import WALKTHROUGH
 from app.ui.widgets import chart
 from app.ui.live_work import estimate_s, estimate_words, show_live, start_live
-from engine.config import MAX_NEW_TOKENS, SettingsError, SpecSettings
+from engine.config import SettingsError, SpecSettings
 from engine.teaching.stale_slots import StaticRun, static_run
 from engine.teaching.runs import (CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison,
                              compare_runs, first_divergence)
+from engine.trace.schema import MAX_NEW_TOKENS
 
 BROKEN_TEXT = {
     KEEP_REJECTED: (

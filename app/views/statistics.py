@@ -25,12 +25,14 @@ from engine.stats.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advi
 from engine.stats.calibrate import calibrate
 from engine.trace.metrics import TOKENS_PER_S, decoding_tokens_per_s, predicted_speedup
 from engine.stats.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
-from engine.config import MAX_K, SettingsError, SpecSettings
+from engine.config import SettingsError, SpecSettings
+from engine.drafters.registry import DRAFTERS, options_from_header
 from engine.stats.layouts import LayoutStats, layout_stats
 from engine.models.presets import PRESETS
 from engine.cycle.reference import Pair
 from engine.stats.sweep import SweepResult, k_sweep
 from engine.trace.format import Trace, TraceError, model_name
+from engine.trace.schema import DRAFT_MODEL, MAX_K
 
 NOW_CALIBRATION = "now_calibration"  # session_state: {trace key: calibration measured on this machine}
 SWEEPS = "k_sweeps"  # session_state: {trace key: SweepResult}
@@ -75,13 +77,14 @@ def trace_pair(header: dict) -> Pair | None:
                  f"start the server with {MEASURE_PAIR}=<folder holding target/ and draft/>.",
                  icon=":material/block:")
         return None
-    drafter = live.drafter_of(header)  # the same drafter the trace was written with
+    drafter = options_from_header(header)  # the same drafter the trace was written with
     if isinstance(preset, str) and preset in PRESETS:
         return live.load_or_error(preset, drafter=drafter)
     st.info(f"Measuring on the pair this server offers for traces without a preset "
             f"({md(Path(configured).name)}), not on models the trace names.")
     target, draft = str(Path(configured) / "target"), str(Path(configured) / "draft")
-    if drafter.kind == "other-tokenizer":
+    needs = DRAFTERS[drafter.kind].needs
+    if needs.own_draft and needs.model:  # a draft model of its own: the offered pair's (an EAGLE head is none)
         drafter = dataclasses.replace(drafter, draft_model=draft)
     return live.load_or_error(None, target, draft, drafter=drafter)
 
@@ -371,7 +374,7 @@ def compare_section(trace: Trace, st_: TraceStats) -> None:
 
 # ---------------------------------------------------------------- KV-cache layout
 
-def layout_section(ls: LayoutStats, drafter: str = "model") -> None:
+def layout_section(ls: LayoutStats, drafter: str = DRAFT_MODEL) -> None:
     st.markdown(f"Both caches used the **{LAYOUT_WORDS[ls.name]}** layout"
                 + (f", blocks of **{ls.block_size}** slots." if ls.block_size else ".")
                 + " Attended slots are what the model reads; held slots are what memory keeps for this sequence.")

@@ -13,6 +13,7 @@ from app.ui.pages import TRACE_SOURCE
 from app.ui.widgets import chart
 from engine.stats.analysis import SpeedReport, trace_stats
 from engine.trace.format import Trace, model_name
+from engine.trace.schema import DRAFT_MODEL
 
 SPEEDS = {"2 s/step": 2.0, "1 s/step": 1.0, "0.4 s/step": 0.4}
 
@@ -162,7 +163,7 @@ def header(trace: Trace) -> None:
     st.title("Speculative decoding, one cycle at a time")
     done = "" if trace.complete else " · incomplete run (no summary)"
     drafter = trace.drafter_kind
-    via = "" if drafter == "model" else f" ({md(drafter)})"
+    via = "" if drafter == DRAFT_MODEL else f" ({md(drafter)})"
     st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}**{via} · K={s['k']} · "
                f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
                f"{len(trace.cycles)} cycles{done}")

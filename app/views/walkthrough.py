@@ -19,6 +19,7 @@ from app.ui.widgets import chart, open_in_stepper
 from engine.stats.analysis import measured_alpha
 from engine.config import SpecSettings
 from engine.trace.format import Trace, model_name
+from engine.trace.schema import DRAFT_MODEL, EAGLE
 
 CITATIONS = (
     "Leviathan, Kalman and Matias (2023), *Fast Inference from Transformers via Speculative Decoding*, ICML 2023.  \n"
@@ -87,7 +88,7 @@ def stage_draft(trace: Trace, c: dict) -> None:
         "the draft found the token it drew, $p_\\text{draft}$. Nothing is final yet: these are proposals.")
     tokens = ", ".join(f"{q(t)} ({p:.3f})" for t, p in zip(c["draft_token_texts"], c["p_draft"]))
     st.markdown(f"In **cycle {c['cycle']}** the draft proposed K={k} tokens (with $p_\\text{{draft}}$): {tokens}.")
-    if trace.drafter_kind != "model":  # prompt lookup / other tokenizer / EAGLE head: how the proposals were made
+    if trace.drafter_kind != DRAFT_MODEL:  # prompt lookup / other tokenizer / EAGLE head: how the proposals were made
         st.info(md(stage_caption(c, k, 1, drafter=trace.drafter_kind)), icon=":material/lightbulb:")
     st.latex(r"d_i \sim p_\text{draft}(\,\cdot \mid x_{1..n},\, d_1, \dots, d_{i-1}), \qquad i = 1, \dots, K")
     chart(figures.cycle_figure(c, k, 1), key="wt_cycle_1")
@@ -197,7 +198,7 @@ def stage_rollback(trace: Trace, c: dict) -> None:
         "read, including guesses that were just rejected or discarded. The engine now trims both caches "
         "back to the committed text. This project's convention: after each cycle a cache holds every "
         "committed token except the last, which is fed in at the start of the next cycle.")
-    if d is None or trace.drafter_kind == "eagle":  # no draft cache, or the head's own rollback rule
+    if d is None or trace.drafter_kind == EAGLE:  # no draft cache, or the head's own rollback rule
         st.markdown(md(stage_caption(c, derive.proposals(c), 5, drafter=trace.drafter_kind)))
     else:
         st.markdown(

@@ -12,7 +12,8 @@ import torch
 from transformers import DynamicCache
 
 from engine.config import SpecSettings
-from engine.drafters import Drafter, ModelDrafter
+from engine.drafters.base import Drafter
+from engine.drafters.model import ModelDrafter
 from engine.cycle.record import CycleTimes, cycle_record, describe_cycle, shown_tensors
 from engine.kv.ops import cache_len, crop, prefill
 from engine.kv.layouts import cycle_layout_state, layout_for_run, layout_name, layout_state, new_cache
@@ -21,13 +22,6 @@ from engine.models.sampling import draw, residual, sample, uniform, warp_probs
 from engine.models.device import timed
 from engine.trace.commit import final_tokens
 from engine.trace.format import CacheLengths
-
-CACHE_CONVENTION = "committed_minus_one"
-CACHE_CONVENTION_TEXT = (
-    "After each cycle both caches hold K/V for all committed tokens except the last; "
-    "the last committed token is fed at the start of the next cycle."
-)
-
 
 @dataclass
 class Decision:

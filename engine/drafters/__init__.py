@@ -1,15 +1,12 @@
-"""Drafters: what proposes the tokens the target verifies (see base.Drafter).
+"""Drafters: what proposes the tokens the target verifies.
 
+- base.py: what the cycle needs from any drafter (`Drafter`, `Proposal`, `CatchUp`).
+- model.py: a draft model sharing the target's tokenizer; prompt_lookup.py: n-gram copying;
+  other_tokenizer.py: a draft with its own tokenizer (greedy only); eagle.py: an EAGLE-style
+  head over the target's features.
+- registry.py: each kind's class, options, command-line flags and builder (`DRAFTERS`).
+
+Nothing is imported here, so that registry.py loads without torch (the CLI's parser reads it).
 May import: engine.config, engine.trace, engine.models and engine.kv; never engine.cycle,
 which imports this package.
 """
-from engine.drafters.base import CatchUp, Drafter, Proposal, one_hot_rows
-from engine.drafters.eagle import EagleDrafter, EagleHead, load_head
-from engine.drafters.model import ModelDrafter
-from engine.drafters.other_tokenizer import SAMPLING_REFUSED, OtherTokenizerDrafter
-from engine.drafters.prompt_lookup import PromptLookupDrafter, find_match
-
-from engine.trace.format import DRAFTER_KINDS
-
-__all__ = ["CatchUp", "Drafter", "Proposal", "one_hot_rows", "ModelDrafter", "EagleDrafter", "EagleHead", "load_head", "OtherTokenizerDrafter",
-           "PromptLookupDrafter", "find_match", "SAMPLING_REFUSED", "DRAFTER_KINDS"]

@@ -36,7 +36,7 @@ class CatchUp:
 
 
 class Drafter(Protocol):
-    kind: str  # "model", "prompt-lookup", "other-tokenizer", "eagle": the CLI's --drafter names
+    kind: str  # one of engine.trace.schema.DRAFTER_KINDS: the CLI's --drafter names
 
     def describe(self) -> dict:
         """The trace header's "draft" entry (name, architecture, parameters, vocab_size, kept_vocab)."""

@@ -28,15 +28,15 @@ from transformers import DynamicCache, LlamaConfig, LlamaModel
 from engine.config import SpecSettings
 from engine.kv.ops import cache_len, crop
 from engine.kv.layouts import CacheLayout, new_cache
-from engine.models.loading import LoadedModel, ModelLoadError
+from engine.models.loading import DRAFT_VOCAB_FILE, DRAFT_VOCAB_FORMAT, LoadedModel, ModelLoadError
 from engine.models.sampling import draw, warp_probs
 from engine.models.device import timed
 from engine.drafters.base import CatchUp, Proposal
+from engine.trace.schema import EAGLE
 
 HEAD_FORMAT = "speclab-eagle-head"
 HEAD_FILE = "head.safetensors"
 HEAD_CONFIG_FILE = "head_config.json"
-VOCAB_FILE = "draft_vocab.json"
 
 
 def head_config(target_config, layers: int = 1, intermediate_size: int | None = None) -> LlamaConfig:
@@ -130,7 +130,7 @@ class EagleDrafter:
     head: EagleHead
     parts: TargetParts
     name: str = "eagle-head"
-    kind: str = "eagle"
+    kind: str = EAGLE
     reads_target_features: bool = True  # the cycle hands it the verify pass's features
 
     @classmethod
@@ -258,8 +258,8 @@ def load_head(folder: str | Path, target: LoadedModel) -> EagleDrafter:
     state = {k: v.float() for k, v in load_file(str(folder / HEAD_FILE)).items()}
     head.load_state_dict(state)
     kept = None
-    if (folder / VOCAB_FILE).is_file():
-        kept = torch.tensor(json.loads((folder / VOCAB_FILE).read_text())["kept_token_ids"], dtype=torch.long)
+    if (folder / DRAFT_VOCAB_FILE).is_file():
+        kept = torch.tensor(json.loads((folder / DRAFT_VOCAB_FILE).read_text())["kept_token_ids"], dtype=torch.long)
     return EagleDrafter.build(target, head, kept, spec.get("name", folder.name))
 
 
@@ -277,6 +277,6 @@ def save_head(folder: str | Path, head: EagleHead, target_config, kept_token_ids
             **(extra or {})}
     (folder / HEAD_CONFIG_FILE).write_text(json.dumps(spec, indent=1))
     if kept_token_ids is not None:
-        (folder / VOCAB_FILE).write_text(json.dumps({"format": "speclab-draft-vocab", "version": 1,
+        (folder / DRAFT_VOCAB_FILE).write_text(json.dumps({"format": DRAFT_VOCAB_FORMAT, "version": 1,
                                                      "full_vocab_size": target_config.vocab_size,
                                                      "kept_token_ids": list(kept_token_ids)}))

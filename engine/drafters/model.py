@@ -11,6 +11,7 @@ from engine.models.loading import LoadedModel
 from engine.models.sampling import draw, warp_probs
 from engine.models.device import timed
 from engine.drafters.base import CatchUp, Proposal
+from engine.trace.schema import DRAFT_MODEL
 
 
 @dataclass
@@ -30,7 +31,7 @@ class ModelDrafter:
     greedy_proposals: bool = False  # propose the argmax but report the sampling distribution (wrong)
     crop_rejected: bool = True  # roll the draft cache back after a rejection
     catch_up: bool = True  # after a full accept, feed d_K, which the draft never ran on
-    kind: str = "model"
+    kind: str = DRAFT_MODEL
 
     def describe(self) -> dict:
         m = self.model

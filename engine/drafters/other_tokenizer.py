@@ -31,11 +31,8 @@ from engine.kv.ops import cache_len, crop
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.drafters.base import CatchUp, Proposal, one_hot_rows
-
-SAMPLING_REFUSED = (
-    "the other-tokenizer drafter runs only greedy (temperature 0): the ratio test needs the "
-    "draft's probability of each target token, which exists only for strings both vocabularies "
-    "share (Timor et al., ICML 2025); use --temperature 0, or a drafter that shares the target's tokenizer")
+from engine.drafters.registry import DRAFTERS
+from engine.trace.schema import OTHER_TOKENIZER
 
 
 @dataclass
@@ -62,7 +59,7 @@ class OtherTokenizerDrafter:
     target_tokenizer: object
     vocab_size: int  # the target's full vocabulary
     max_draft_steps: int = 0  # draft tokens per cycle at most; 0 means K
-    kind: str = "other-tokenizer"
+    kind: str = OTHER_TOKENIZER
 
     def describe(self) -> dict:
         m = self.model
@@ -78,7 +75,7 @@ class OtherTokenizerDrafter:
 
     def check_settings(self, s: SpecSettings) -> None:
         if s.temperature != 0:
-            raise SettingsError(SAMPLING_REFUSED)
+            raise SettingsError(DRAFTERS[OTHER_TOKENIZER].refusal)
 
     # ------------------------------------------------------------ text in both token spaces
 

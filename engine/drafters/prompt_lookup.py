@@ -14,8 +14,7 @@ import torch
 from engine.config import SettingsError, SpecSettings
 from engine.models.device import timed
 from engine.drafters.base import CatchUp, Proposal, one_hot_rows
-
-MAX_NGRAM = 16
+from engine.trace.schema import MAX_NGRAM, PROMPT_LOOKUP
 
 
 @dataclass
@@ -42,7 +41,7 @@ class PromptLookupDrafter:
     vocab_size: int  # the target's full vocabulary: one-hot rows over it
     max_ngram: int = 3
     min_ngram: int = 1
-    kind: str = "prompt-lookup"
+    kind: str = PROMPT_LOOKUP
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram <= MAX_NGRAM:

@@ -27,7 +27,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, StaticLayer
 
-from engine.config import LAYOUTS, MAX_BLOCK_SIZE, SpecSettings  # noqa: F401  (LAYOUTS, MAX_BLOCK_SIZE re-exported)
+from engine.config import SpecSettings
+from engine.trace.schema import LAYOUTS
 
 DEFAULT_BLOCK_SIZE = 16
 

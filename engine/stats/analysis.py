@@ -15,9 +15,9 @@ measured one:
 from dataclasses import dataclass
 from statistics import fmean
 
-from engine.config import MAX_K
 from engine.trace.metrics import acceptance_metrics, expected_tokens_per_cycle, predicted_speedup
 from engine.trace.format import Trace
+from engine.trace.schema import DRAFT_MODEL, MAX_K, PROMPT_LOOKUP
 
 DEFINITIONS = {
     "acceptance_rate": "accepted draft tokens / drafted tokens (vLLM V1).",
@@ -293,7 +293,7 @@ class TraceStats:
     speed: SpeedReport | None
     advice: list[KAdvice]
     tokens_per_s: float | None  # the summary's end-to-end rate (prefill and trace writing included)
-    drafter: str = "model"  # the trace header's drafter kind
+    drafter: str = DRAFT_MODEL  # the trace header's drafter kind
     by_ngram: list["NgramRow"] | None = None  # prompt lookup only: acceptance by matched n-gram size
 
 
@@ -339,4 +339,4 @@ def trace_stats(trace: Trace) -> TraceStats:
                       beta_by_position(cycles, k), tokens_per_cycle_counts(cycles, k),
                       truncated_geometric_pmf(alpha, k), times, cal, cal_error, speed, advice,
                       trace.summary["tokens_per_s"] if trace.summary else None, trace.drafter_kind,
-                      acceptance_by_ngram(cycles) if trace.drafter_kind == "prompt-lookup" else None)
+                      acceptance_by_ngram(cycles) if trace.drafter_kind == PROMPT_LOOKUP else None)

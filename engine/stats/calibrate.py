@@ -25,6 +25,7 @@ from engine.models.sampling import draw as draw_token, warp_probs
 from engine.cycle.reference import Pair
 from engine.kv.ops import crop
 from engine.models.device import timed
+from engine.trace.schema import DRAFT_MODEL
 
 DEFAULT_MAX_POSITIONS = 9  # verify widths 1..9 cover K = 1..8 without extrapolating
 
@@ -107,7 +108,7 @@ def calibrate(pair: Pair, prompt_ids: list[int], s: SpecSettings, cache_len: int
     widths = list(range(1, max_positions + 1))
     verify = time_widths(pair.target, context, widths, s, repeats, draw=False, step=True)
     target_step = verify["step"]
-    if pair.draft is not None and pair.drafter.kind == "model":
+    if pair.draft is not None and pair.drafter.kind == DRAFT_MODEL:
         draft_step = time_widths(pair.draft, context, [1], s, repeats, draw=True)[1]
     else:
         draft_step = time_drafter_step(pair, context, s, repeats)

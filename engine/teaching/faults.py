@@ -10,17 +10,12 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import DynamicCache
 
-from engine.drafters import Drafter, ModelDrafter
+from engine.drafters.base import Drafter
+from engine.drafters.model import ModelDrafter
 from engine.kv.ops import crop
 from engine.models.sampling import residual, sample, uniform
 from engine.cycle.reference import Decision
-
-ACCEPTANCE_RULES = {
-    "ratio": "accept with probability min(1, p_target/p_draft); resample from the residual (correct)",
-    "p_target_only": "accept with probability p_target alone (wrong: ignores how often the draft proposes)",
-    "no_residual": "on rejection sample from p_target instead of the residual (wrong: double-counts the overlap)",
-    "token_match": "accept only if a fresh target sample equals the draft token, else resample from the residual (wrong)",
-}
+from engine.trace.schema import ACCEPTANCE_RULES
 
 
 @dataclass(frozen=True)

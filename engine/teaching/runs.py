@@ -22,7 +22,7 @@ from engine.models.loading import LoadedModel
 from engine.stats.repeats import Repeated, repeat_timed
 from engine.cycle.reference import Pair, RunState, TokenTexts, run_cycle, start_run, target_generate
 from engine.kv.ops import cache_len, crop, prefill
-from engine.teaching.faults import ACCEPTANCE_RULES, NO_FAULTS, Faults  # noqa: F401  (the teaching pages import them from here)
+from engine.teaching.faults import NO_FAULTS, Faults
 
 CORRECT, KEEP_REJECTED, SKIP_CATCH_UP = "correct", "keep_rejected_kv", "skip_draft_catch_up"
 MODES: dict[str, Faults] = {

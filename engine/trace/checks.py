@@ -21,16 +21,22 @@ what each one does (the n-gram match; the draft's own tokens and cache).
 import math
 from dataclasses import dataclass, field
 
-from engine.config import MAX_K, SettingsError, SpecSettings
 from engine.trace.commit import final_tokens
 from engine.trace.metrics import acceptance_metrics
+from engine.trace.schema import (
+    ACCEPTANCE_RULES,
+    CACHE_CONVENTION,
+    DRAFT_MODEL,
+    DRAFTER_KINDS,
+    EAGLE,
+    MAX_K,
+    MAX_NGRAM,
+    OTHER_TOKENIZER,
+    PROMPT_LOOKUP,
+)
 
-CACHE_CONVENTION = "committed_minus_one"  # the only convention this engine writes and reads
 # The deliberate bugs a teaching run may declare (mirror of teaching_faults.Faults; a test keeps them equal).
 FAULT_FIELDS = {"keep_rejected_kv": bool, "skip_draft_catch_up": bool, "acceptance_rule": str, "greedy_draft": bool}
-ACCEPTANCE_RULES = ("ratio", "p_target_only", "no_residual", "token_match")
-DRAFTER_KINDS = ("model", "prompt-lookup", "other-tokenizer", "eagle")  # engine.drafters names the same four
-MAX_NGRAM = 16  # engine/drafters/prompt_lookup.py
 MAX_VERIFY_WIDTH = 1024  # calibrated verify widths beyond this are not a real measurement
 MAX_TOKEN_ID = 2**31 - 1  # the bound when a header gives no vocab_size: no tokenizer has more ids
 REL_TOL, ABS_TOL = 1e-5, 1e-6  # float32 numbers written as float64: a few ulps of slack
@@ -66,7 +72,7 @@ class RunFacts:
     @property
     def drafts_k_with_cache(self) -> bool:
         """A draft model or an EAGLE head: K proposals every cycle and a cache over the target's positions."""
-        return self.drafter_kind in ("model", "eagle")
+        return self.drafter_kind in (DRAFT_MODEL, EAGLE)
 
 
 def fail(where: str, field: str, rule: str) -> None:
@@ -89,14 +95,14 @@ def is_num(x) -> bool:
 
 def check_drafter(h: dict, temperature: float, where: str) -> dict:
     """The header's drafter entry and its settings; traces from before drafters had names used a draft model."""
-    d = h.get("drafter", {"kind": "model"})
+    d = h.get("drafter", {"kind": DRAFT_MODEL})
     if not isinstance(d, dict) or d.get("kind") not in DRAFTER_KINDS:
         fail(where, "drafter", f"must be an object whose kind is one of {', '.join(DRAFTER_KINDS)}")
-    if d["kind"] == "prompt-lookup":
+    if d["kind"] == PROMPT_LOOKUP:
         lo, hi = d.get("min_ngram"), d.get("max_ngram")
         if not (is_int(lo) and is_int(hi) and 1 <= lo <= hi <= MAX_NGRAM):
             fail(where, "drafter.min_ngram", f"prompt lookup needs 1 <= min_ngram <= max_ngram <= {MAX_NGRAM}")
-    if d["kind"] == "other-tokenizer":
+    if d["kind"] == OTHER_TOKENIZER:
         if temperature != 0:
             fail(where, "settings.temperature", "the other-tokenizer drafter runs greedy only (temperature 0): "
                                                 "a ratio test needs the draft's probability of each target token")
@@ -122,6 +128,9 @@ def check_texts(texts: list, n: int, where: str, field: str) -> None:
 
 
 def check_settings(settings: dict, where: str) -> None:
+    # Imported here: engine.config imports engine.trace.schema, which loads this package first.
+    from engine.config import SettingsError, SpecSettings
+
     known = {name: settings[name] for name in SpecSettings.__dataclass_fields__ if name in settings}
     for name, v in known.items():
         if isinstance(v, float) and not math.isfinite(v):
@@ -380,7 +389,7 @@ def check_eagle_state(c: dict, n_prop: int, where: str) -> None:
     state = c.get("drafter_state")
     if state is None:
         return
-    if state.get("kind", "eagle") != "eagle":
+    if state.get("kind", EAGLE) != EAGLE:
         fail(where, "drafter_state.kind", "an eagle trace's drafter state has kind 'eagle'")
     sources = state.get("feature_sources")
     want = (["target"] + ["head"] * (n_prop - 1)) if n_prop else []
@@ -394,7 +403,7 @@ def check_eagle_state(c: dict, n_prop: int, where: str) -> None:
 
 
 def check_drafter_state(c: dict, facts: RunFacts, run: "Progress", where: str) -> None:
-    if facts.drafter_kind == "eagle":
+    if facts.drafter_kind == EAGLE:
         check_eagle_state(c, len(c["draft_token_ids"]), where)
     if facts.drafts_k_with_cache:
         return
@@ -404,7 +413,7 @@ def check_drafter_state(c: dict, facts: RunFacts, run: "Progress", where: str) -
     if c["draft_cache_len"] is not None:
         fail(where, "draft_cache_len", f"{facts.drafter_kind} keeps no cache over the target's positions: null")
     check_one_hot(c, len(c["draft_token_ids"]), facts, where)
-    if facts.drafter_kind == "prompt-lookup":
+    if facts.drafter_kind == PROMPT_LOOKUP:
         check_prompt_lookup(state, c["draft_token_ids"], facts.prompt_ids + run.generated, facts, where)
     else:
         check_other_tokenizer(state, c["draft_token_ids"], c, facts, run, where)
@@ -454,7 +463,7 @@ def check_caches(c: dict, n_prop: int, committed_after: int, chain: CacheChain, 
         return CacheChain(t["after_rollback"], d["after_rollback"])
     if d["after_append"] != d["before"] + n_prop:
         fail(where, "draft_cache_len.after_append", f"K = {n_prop} draft steps append {n_prop} positions to {d['before']}")
-    if facts.drafter_kind == "eagle":
+    if facts.drafter_kind == EAGLE:
         return check_eagle_cache(c, d, keep, where, t["after_rollback"])
     cropped = d["after_append"] if keep_rejected else min(d["after_append"], keep)
     catch_up = cropped < keep and not facts.faults.get("skip_draft_catch_up", False)

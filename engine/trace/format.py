@@ -14,11 +14,9 @@ from typing import IO, NotRequired, TypedDict, Union, get_args, get_origin, get_
 
 from engine.trace.layout_checks import LayoutFieldError, check_layout_cycle, check_layout_header
 from engine.trace.metrics import acceptance_metrics
-from engine.trace.checks import DRAFTER_KINDS, BrokenInvariant, check_trace  # noqa: F401 (DRAFTER_KINDS: engine.drafters reads it here)
+from engine.trace.checks import BrokenInvariant, check_trace
+from engine.trace.schema import DRAFT_MODEL, DRAFTER_KINDS, EAGLE, FORMAT, VERSION
 
-
-FORMAT = "speclab-trace"
-VERSION = 1
 MAX_TRACE_BYTES = 256 * 2**20  # 4096 tokens at K=32 with top-100 lists stay well below this
 MAX_DEPTH = 16  # a trace nests 4 deep today; room for layout and drafter fields
 PARTIAL_SUFFIX = ".partial"  # the file a run streams into until it finishes
@@ -44,13 +42,13 @@ class Trace:
 
     @property
     def drafter_kind(self) -> str:
-        """"model", "prompt-lookup" or "other-tokenizer"; traces written before drafters had a
-        name (no header "drafter" entry) all came from a draft model."""
+        """One of schema.DRAFTER_KINDS; traces written before drafters had a name (no header
+        "drafter" entry) all came from a draft model."""
         return drafter_kind(self.header)
 
 
 def drafter_kind(header: dict) -> str:
-    return header.get("drafter", {}).get("kind", "model")
+    return header.get("drafter", {}).get("kind", DRAFT_MODEL)
 
 
 # Field name -> allowed JSON types. `None` in the tuple marks a nullable field.
@@ -188,14 +186,14 @@ def layout_message(err: LayoutFieldError, where: str) -> str:
     return f"{where}: field '{name}': {rule}"
 
 
-def _check_cycle(c: dict, k: int, index: int, where: str, kind: str = "model") -> None:
+def _check_cycle(c: dict, k: int, index: int, where: str, kind: str = DRAFT_MODEL) -> None:
     """`kind` is the header's drafter: a draft model proposes exactly K tokens every cycle;
     prompt lookup and the other-tokenizer draft may propose fewer, or none."""
     _check_fields(c, CYCLE_FIELDS, where)
     _check_fields(c["target_cache_len"], CACHE_LEN_FIELDS, f"{where} target_cache_len")
     if c["draft_cache_len"] is not None:
         _check_fields(c["draft_cache_len"], CACHE_LEN_FIELDS, f"{where} draft_cache_len")
-    elif kind in ("model", "eagle"):
+    elif kind in (DRAFT_MODEL, EAGLE):
         raise TraceError(f"{where}: field 'draft_cache_len' is null, but the {kind} drafter keeps a cache over the target's positions")
     if "drafter_state" in c and not isinstance(c["drafter_state"], dict):
         raise TraceError(f"{where}: field 'drafter_state' should be an object")

@@ -6,7 +6,7 @@ dynamic cache, and its cache lengths are all there is to report.
 import math
 from dataclasses import dataclass, field
 
-from engine.config import LAYOUTS, MAX_BLOCK_SIZE
+from engine.trace.schema import LAYOUTS, MAX_BLOCK_SIZE
 
 MODELS = ("target", "draft")
 MOMENTS = ("before", "after_append", "after_rollback")

@@ -1,0 +1,289 @@
+"""The drafter registry: the one place a drafter kind maps to its class, its options, its
+command-line flags and how it is built.
+
+A kind's name is in engine/trace/schema.py (the trace checks and the app's torch-free pages
+read it there); everything else about it is its `DrafterKind` entry in DRAFTERS: what it is,
+what it needs besides the target, whether it can sample, its own flags, the draft a preset
+ships for it, and its builder. `python -m engine run` adds every kind's flags from here,
+engine/run.py builds drafters with `build_drafter`, and the app's live run names them by
+their labels.
+
+No torch at import time: each drafter's module is imported when its class is first asked
+for, so the command-line parser (and `python -m engine stats`) never load model code.
+"""
+import importlib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from engine.config import SettingsError, SpecSettings
+from engine.trace.schema import DRAFT_MODEL, EAGLE, MAX_K, MAX_NGRAM, OTHER_TOKENIZER, PROMPT_LOOKUP
+
+if TYPE_CHECKING:
+    from engine.drafters.base import Drafter
+    from engine.models.loading import LoadedModel
+    from engine.models.presets import Preset
+
+
+@dataclass(frozen=True)
+class DrafterOptions:
+    """Which drafter, and its own options (the CLI's --drafter and the flags after it)."""
+
+    kind: str = DRAFT_MODEL  # one of DRAFTERS
+    max_ngram: int = 3  # prompt lookup: longest n-gram tried first
+    min_ngram: int = 1  # prompt lookup: shortest n-gram tried
+    draft_model: str | None = None  # the folder of its draft: a draft model, one with its own tokenizer, an EAGLE head
+    max_draft_steps: int = 0  # other tokenizer: draft tokens per cycle at most (0: K)
+
+    def __post_init__(self) -> None:
+        if self.kind not in DRAFTERS:
+            raise SettingsError(f"unknown drafter {self.kind!r}; choose one of {', '.join(DRAFTERS)}")
+        for name in ("max_ngram", "min_ngram", "max_draft_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SettingsError(f"{name} must be an integer, got {value!r}")
+        if not 1 <= self.min_ngram <= self.max_ngram <= MAX_NGRAM:
+            raise SettingsError(f"n-gram sizes need 1 <= --min-ngram ({self.min_ngram}) <= --max-ngram "
+                                f"({self.max_ngram}) <= {MAX_NGRAM}")
+        if not 0 <= self.max_draft_steps <= MAX_K:
+            raise SettingsError(f"--draft-steps must be between 0 (K) and {MAX_K}, got {self.max_draft_steps}")
+
+
+OPTION_DEFAULTS = {f.name: f.default for f in fields(DrafterOptions)}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One option of a drafter kind: a `python -m engine run` flag that sets the DrafterOptions
+    field `field` (a trace header's drafter entry records it under the same name)."""
+
+    name: str  # "--max-ngram"
+    field: str  # "max_ngram"
+    help: str
+    low: int  # the range DrafterOptions accepts, offered by the app's input
+    high: int
+    label: str | None = None  # the app's live-run input; None: the app leaves it at its default
+
+    @property
+    def dest(self) -> str:
+        """The attribute argparse stores it under."""
+        return self.name.removeprefix("--").replace("-", "_")
+
+    @property
+    def default(self) -> int:
+        return OPTION_DEFAULTS[self.field]
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a drafter kind needs besides the target."""
+
+    draft: str | None = None  # what --draft names for it, in words; None: it drafts without one
+    model: bool = False  # that draft is a model folder (load_model opens it), not an EAGLE head's files
+    same_tokens: bool = False  # the draft model shares the target's tokens: the pair's draft (Pair.draft)
+    target_features: bool = False  # it drafts from the target's hidden features (the verify pass hands them over)
+
+    @property
+    def own_draft(self) -> bool:
+        """Its draft is the drafter's own (a draft with another tokenizer, an EAGLE head), not the
+        pair's draft model: where a pair's two folders are given (the app), it goes in the options."""
+        return self.draft is not None and not self.same_tokens
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """A draft a preset ships: its folder on this machine and the portable name traces give it."""
+
+    folder: Path
+    name: str
+
+
+Load = Callable[[str], "LoadedModel"]  # opens a model folder on the target's device, in its dtype
+Builder = Callable[["LoadedModel", DrafterOptions, Load], "Drafter"]
+
+
+def ships_none(preset: "Preset") -> None:
+    return None
+
+
+def name_model(drafter: "Drafter", name: str) -> None:
+    drafter.model.name = name  # a draft model's name is its model's
+
+
+def name_head(drafter: "Drafter", name: str) -> None:
+    drafter.name = name  # an EAGLE head names itself
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """Everything about one drafter kind but its name's definition (engine.trace.schema)."""
+
+    kind: str
+    home: str  # "module:Class": its class, imported on first use (see the module docstring)
+    title: str  # its name in messages
+    description: str  # how the CLI's --drafter help names it
+    label: str  # how the app's live run names it
+    needs: Needs
+    build: Builder  # a drafter for the target from its options (its draft already named in them)
+    shipped: Callable[["Preset"], Shipped | None] = ships_none  # the draft a preset ships for it, if any
+    name_draft: Callable[["Drafter", str], None] = name_model  # name a shipped draft as traces record it
+    flags: tuple[Flag, ...] = ()
+    samples: bool = True  # exact at temperature > 0 as well as greedy
+    refusal: str = ""  # why it refuses temperature > 0 (when it does not sample)
+    not_shipped: str = ""  # what is said of a preset that ships no draft for it
+    checked_early: bool = False  # the CLI looks for its draft before any model loads (a head: when the pair loads)
+
+    @property
+    def cls(self) -> type:
+        module, name = self.home.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    def missing_draft(self) -> str:
+        return f"the {self.kind} drafter needs {self.needs.draft} (--draft)"
+
+
+# ---------------------------------------------------------------- builders (each imports its drafter when called)
+
+def build_model(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
+    from engine.drafters.model import ModelDrafter
+    from engine.models.loading import check_same_token_space
+
+    draft = load(options.draft_model)
+    check_same_token_space(target, draft)
+    return ModelDrafter(draft)
+
+
+def build_prompt_lookup(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
+    from engine.drafters.prompt_lookup import PromptLookupDrafter
+
+    return PromptLookupDrafter(target.full_vocab_size, options.max_ngram, options.min_ngram)
+
+
+def build_other_tokenizer(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
+    from engine.drafters.other_tokenizer import OtherTokenizerDrafter
+
+    draft = load(options.draft_model)
+    return OtherTokenizerDrafter(draft, target.tokenizer, target.full_vocab_size, options.max_draft_steps)
+
+
+def build_eagle(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
+    from engine.drafters.eagle import load_head
+
+    return load_head(options.draft_model, target)
+
+
+# ---------------------------------------------------------------- what a preset ships for each kind
+
+def pair_draft(preset: "Preset") -> Shipped:
+    return Shipped(preset.draft_folder(), preset.draft_name)
+
+
+def shipped_own_draft(preset: "Preset", kind: str) -> Shipped | None:
+    name = preset.own_draft(kind)
+    return None if name is None else Shipped(preset.own_draft_folder(kind), f"assets/models/{name}")
+
+
+def other_tokenizer_draft(preset: "Preset") -> Shipped | None:
+    return shipped_own_draft(preset, OTHER_TOKENIZER)
+
+
+def eagle_head(preset: "Preset") -> Shipped | None:
+    shipped = shipped_own_draft(preset, EAGLE)
+    return shipped if shipped is not None and shipped.folder.is_dir() else None  # a named but absent head ships none
+
+
+DRAFTERS = {spec.kind: spec for spec in (
+    DrafterKind(
+        DRAFT_MODEL, "engine.drafters.model:ModelDrafter", title="a draft model",
+        description="a draft model sharing the target's tokenizer",
+        label="draft model (shares the target's tokenizer)",
+        needs=Needs("a draft model", model=True, same_tokens=True),
+        build=build_model, shipped=pair_draft),
+    DrafterKind(
+        PROMPT_LOOKUP, "engine.drafters.prompt_lookup:PromptLookupDrafter", title="prompt lookup",
+        description="prompt lookup (copies the tokens that followed the last n-gram earlier in the text)",
+        label="prompt lookup (n-gram copy from earlier text, no model)",
+        needs=Needs(), build=build_prompt_lookup,
+        flags=(Flag("--max-ngram", "max_ngram", "prompt lookup: longest n-gram matched first", 1, MAX_NGRAM,
+                    label="Longest n-gram matched first"),
+               Flag("--min-ngram", "min_ngram", "prompt lookup: shortest n-gram tried", 1, MAX_NGRAM,
+                    label="Shortest n-gram tried"))),
+    DrafterKind(
+        OTHER_TOKENIZER, "engine.drafters.other_tokenizer:OtherTokenizerDrafter",
+        title="the other-tokenizer drafter",
+        description="a draft model with another tokenizer (greedy only)",
+        label="draft model with its own tokenizer (greedy only)",
+        needs=Needs("a draft model with its own tokenizer", model=True),
+        build=build_other_tokenizer, shipped=other_tokenizer_draft,
+        flags=(Flag("--draft-steps", "max_draft_steps", "other tokenizer: draft tokens per cycle at most (default 0: K)",
+                    0, MAX_K),),
+        samples=False,
+        refusal="the other-tokenizer drafter runs only greedy (temperature 0): the ratio test needs the "
+                "draft's probability of each target token, which exists only for strings both vocabularies "
+                "share (Timor et al., ICML 2025); use --temperature 0, or a drafter that shares the target's tokenizer",
+        not_shipped="ships no draft with another tokenizer: name one with --draft, or use --preset tiny-shakespeare",
+        checked_early=True),
+    DrafterKind(
+        EAGLE, "engine.drafters.eagle:EagleDrafter", title="an EAGLE head",
+        description="an EAGLE-style head that drafts from the target's features (--draft: its folder)",
+        label="EAGLE-style head (drafts from the target's own features)",
+        needs=Needs("a head folder", target_features=True),
+        build=build_eagle, shipped=eagle_head, name_draft=name_head,
+        not_shipped="ships no EAGLE head: name one with --draft"),
+)}
+
+
+def all_flags() -> list[Flag]:
+    """Every kind's own flags, in the registry's order (the order `--help` lists them)."""
+    return [flag for spec in DRAFTERS.values() for flag in spec.flags]
+
+
+# ---------------------------------------------------------------- options from the CLI, a trace, a preset
+
+def options_from_args(args) -> DrafterOptions:
+    """The options of `python -m engine run`: every kind's flags are range-checked, whichever kind
+    runs; --draft goes to a kind that takes a draft."""
+    takes_draft = args.drafter in DRAFTERS and DRAFTERS[args.drafter].needs.draft is not None
+    return DrafterOptions(kind=args.drafter, draft_model=args.draft if takes_draft else None,
+                          **{flag.field: getattr(args, flag.dest) for flag in all_flags()})
+
+
+def options_from_header(header: dict) -> DrafterOptions:
+    """The drafter a trace was written with, from its header (a draft model for older traces)."""
+    d = header.get("drafter") or {}
+    spec = DRAFTERS.get(d.get("kind", DRAFT_MODEL), DRAFTERS[DRAFT_MODEL])
+    return DrafterOptions(spec.kind, **{flag.field: int(d.get(flag.field, flag.default)) for flag in spec.flags})
+
+
+def with_shipped_draft(preset: "Preset", options: DrafterOptions) -> tuple[DrafterOptions, Shipped | None]:
+    """The options with the draft the preset ships for their kind, unless they name one."""
+    spec = DRAFTERS[options.kind]
+    if spec.needs.draft is None or options.draft_model is not None:
+        return options, None
+    shipped = spec.shipped(preset)
+    if shipped is None:
+        raise SettingsError(f"preset {preset.name!r} {spec.not_shipped}")
+    return replace(options, draft_model=str(shipped.folder)), shipped
+
+
+def check_before_loading(options: DrafterOptions, settings: SpecSettings, preset: "Preset | None",
+                         draft: str | None) -> None:
+    """What the drafter needs that the CLI can check before any model loads (its n-gram and step
+    ranges: DrafterOptions): sampling, and for some kinds that a draft is named or shipped."""
+    spec = DRAFTERS[options.kind]
+    if not spec.samples and settings.temperature != 0:
+        raise SettingsError(spec.refusal)
+    if not spec.checked_early or draft:
+        return
+    if preset is None:
+        raise SettingsError(spec.missing_draft())
+    if spec.shipped(preset) is None:
+        raise SettingsError(f"preset {preset.name!r} {spec.not_shipped}")
+
+
+def build_drafter(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
+    """The drafter `options` name, for `target`; `load` opens its draft model, if it has one."""
+    spec = DRAFTERS[options.kind]
+    if spec.needs.draft is not None and not options.draft_model:
+        raise SettingsError(spec.missing_draft())
+    return spec.build(target, options, load)

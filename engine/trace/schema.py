@@ -1,0 +1,46 @@
+"""The names and limits that traces, settings, the engine and its checks share: each one defined here once.
+
+Standard library only, and nothing from the engine: engine/config.py, the trace reader and
+its checks, the drafters and the app's torch-free pages all import from here, so a value
+can never drift between the code that writes a trace and the code that checks it.
+"""
+
+# ---------------------------------------------------------------- the trace file
+
+FORMAT = "speclab-trace"  # a trace header's "format"
+VERSION = 1  # a trace header's "version": the one this engine writes and reads
+
+# The cache convention every trace states (design notes, "Cache conventions and layouts").
+CACHE_CONVENTION = "committed_minus_one"  # the only convention this engine writes and reads
+CACHE_CONVENTION_TEXT = (
+    "After each cycle both caches hold K/V for all committed tokens except the last; "
+    "the last committed token is fed at the start of the next cycle."
+)
+
+# ---------------------------------------------------------------- settings (engine/config.py checks them)
+
+MAX_K = 32  # beyond this a draft's acceptance has long since died out
+MAX_NEW_TOKENS = 4096
+MAX_TRACE_TOP_K = 100
+LAYOUTS = ("dynamic", "static", "paged")  # KV-cache layouts; engine/kv/layouts.py builds them
+MAX_BLOCK_SIZE = 1024  # slots per block of the paged layout, at most
+
+# ---------------------------------------------------------------- drafters
+
+# A trace header's drafter "kind" and the CLI's --drafter names. What each kind is, needs and
+# builds is in engine/drafters/registry.py; traces written before drafters had a name used a
+# draft model.
+DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE = "model", "prompt-lookup", "other-tokenizer", "eagle"
+DRAFTER_KINDS = (DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE)
+MAX_NGRAM = 16  # prompt lookup: the longest n-gram it may be told to match
+
+# ---------------------------------------------------------------- deliberate bugs (engine/teaching/faults.py)
+
+# The acceptance rules a teaching run may declare in its header's "faults"; only "ratio" is correct.
+ACCEPTANCE_RULE_TEXT = {
+    "ratio": "accept with probability min(1, p_target/p_draft); resample from the residual (correct)",
+    "p_target_only": "accept with probability p_target alone (wrong: ignores how often the draft proposes)",
+    "no_residual": "on rejection sample from p_target instead of the residual (wrong: double-counts the overlap)",
+    "token_match": "accept only if a fresh target sample equals the draft token, else resample from the residual (wrong)",
+}
+ACCEPTANCE_RULES = tuple(ACCEPTANCE_RULE_TEXT)
