@@ -11,9 +11,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so `app` and 
 
 import streamlit as st  # noqa: E402
 
-from app.ui import sidebar  # noqa: E402
-from app.ui import state  # noqa: E402
-from app.ui import timing  # noqa: E402
+from app.ui import (
+    sidebar,  # noqa: E402
+    state,  # noqa: E402
+    timing,  # noqa: E402
+)
 from app.ui.pages import PAGES  # noqa: E402
 from app.ui.safe import md  # noqa: E402
 

@@ -5,14 +5,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from engine.stats.calibrate import calibrate as measure_step_times
 from engine.config import SpecSettings
+from engine.cycle.reference import RATIO_TEST, CycleRule, Pair, eos_ids_of, speculative_generate
 from engine.drafters.registry import DRAFTERS, DrafterOptions, build_drafter, with_shipped_draft
 from engine.kv.layouts import layout_for_run
 from engine.models.device import pick_device, pick_dtype
 from engine.models.loading import LoadedModel, load_model
 from engine.models.presets import PRESETS
-from engine.cycle.reference import RATIO_TEST, CycleRule, Pair, eos_ids_of, speculative_generate
+from engine.stats.calibrate import calibrate as measure_step_times
 from engine.trace.format import Trace, TraceWriter, make_summary
 from engine.trace.schema import CACHE_CONVENTION, CACHE_CONVENTION_TEXT, FORMAT, VERSION
 

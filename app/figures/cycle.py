@@ -24,9 +24,25 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from app.figures.derive import (ACCEPTED, BONUS, DISCARDED, FEATURE_HEAD, FEATURE_TARGET, HEAD_ROW, PROMPT, REJECTED,
-                     RESAMPLED, TEXT_WRAP, Overview, TokenInfo, cycle_drafter, cycle_tokens, draft_cache_name,
-                     position_outcomes, visible_text)
+from app.figures.derive import (
+    ACCEPTED,
+    BONUS,
+    DISCARDED,
+    FEATURE_HEAD,
+    FEATURE_TARGET,
+    HEAD_ROW,
+    PROMPT,
+    REJECTED,
+    RESAMPLED,
+    TEXT_WRAP,
+    Overview,
+    TokenInfo,
+    cycle_drafter,
+    cycle_tokens,
+    draft_cache_name,
+    position_outcomes,
+    visible_text,
+)
 from engine.trace.schema import EAGLE
 
 OKABE_ITO = {
@@ -157,7 +173,8 @@ def token_hover(t: TokenInfo) -> str:
     head += f" (cycle {t.cycle})"
     if t.origin == ACCEPTED:
         return (f"{head}<br>p_target {fmt_p(t.p_target)} · p_draft {fmt_p(t.p_draft)}"
-                f"<br>min(1, p_target/p_draft) {fmt_p(t.accept_prob)} · u {fmt_p(t.u) if t.u is not None else NOT_DRAWN} → accepted")
+                f"<br>min(1, p_target/p_draft) {fmt_p(t.accept_prob)}"
+                f" · u {fmt_p(t.u) if t.u is not None else NOT_DRAWN} → accepted")
     if t.origin == RESAMPLED:
         return (f"{head}<br>drawn from the residual: {fmt_p(t.residual)}"
                 f"<br>p_target {fmt_p(t.p_target)} · p_draft {fmt_p(t.p_draft)}")
@@ -233,7 +250,8 @@ def cycle_figure(c: dict, k: int, stage: int, greedy: bool = False) -> go.Figure
     for outcome in dict.fromkeys(outcomes):
         idx = [i for i in range(k) if outcomes[i] == outcome]
         traces.append(cells(legend_name(outcome), STYLES[outcome], [DRAFT_ROW] * len(idx), [starts[i] for i in idx],
-                            [widths[i] - 1 for i in idx], [_draft_hover(c, i, stage, greedy) for i in idx], outline=[2] * len(idx)))
+                            [widths[i] - 1 for i in idx], [_draft_hover(c, i, stage, greedy) for i in idx],
+                            outline=[2] * len(idx)))
     marks = [f" {STYLES[o].mark}" if stage >= 3 else "" for o in outcomes]
     number = (lambda i: f"{i + 1}: ") if k <= WIDE_K else (lambda i: "")  # many positions: the hover numbers them
     traces.append(labels(centres[:k], [DRAFT_ROW] * k,
@@ -409,7 +427,8 @@ def resample_figure(c: dict, k: int) -> go.Figure:
     edge = [3 if e["token_id"] == chosen else 0 for e in entries]
     full = np.asarray([shown(e["text"]) for e in entries])
     traces = [dict(type="bar", x=names, y=[e[field] for e in entries], name=name, customdata=full,
-                   marker=dict(color=colour, pattern=solid_pattern(pattern), line=dict(width=edge, color=OKABE_ITO["vermillion"])),
+                   marker=dict(color=colour, pattern=solid_pattern(pattern),
+                               line=dict(width=edge, color=OKABE_ITO["vermillion"])),
                    hovertemplate=f"<b>%{{customdata}}</b>: {name} %{{y:.4f}}<extra></extra>")
               for field, name, colour, pattern in (
                   ("p_target", "p_target", P_TARGET_COLOUR, ""), ("p_draft", "p_draft", P_DRAFT_COLOUR, "/"),

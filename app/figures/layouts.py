@@ -13,11 +13,21 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
+from app.figures.cycle import (
+    CACHE_CONTEXT,
+    COMMITTED,
+    OKABE_ITO,
+    PROVISIONAL,
+    ROLLED_BACK,
+    STYLES,
+    Style,
+    cells,
+    figure,
+    labels,
+    shown,
+)
 from engine.stats.layouts import LayoutStats
 from engine.trace.layout_checks import layout_of
-
-from app.figures.cycle import (CACHE_CONTEXT, COMMITTED, OKABE_ITO, PROVISIONAL, ROLLED_BACK, STYLES, Style, cells,
-                      figure, labels, legend_name, shown)
 
 STALE, EMPTY, FREE, ALLOCATED, FREED, HELD = "stale", "empty", "free", "allocated", "freed", "held"
 FREED_SLOT = "freed slot"

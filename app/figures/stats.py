@@ -9,12 +9,10 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.stats.analysis import (Calibration, CycleTimes, KAdvice, SpeedReport, TraceStats, best_k,
-                             predicted_per_position)
-from engine.trace.metrics import predicted_speedup
-from engine.stats.sweep import SweepResult
-
 from app.figures.cycle import OKABE_ITO, esc
+from engine.stats.analysis import Calibration, CycleTimes, KAdvice, SpeedReport, TraceStats, best_k, predicted_per_position
+from engine.stats.sweep import SweepResult
+from engine.trace.metrics import predicted_speedup
 
 MEASURED, LEVIATHAN, REFINED, PLAIN = "measured", "Leviathan", "refined", "plain decoding"
 COLOURS = {MEASURED: OKABE_ITO["blue"], LEVIATHAN: OKABE_ITO["orange"], REFINED: OKABE_ITO["bluish_green"],

@@ -14,11 +14,21 @@ from plotly.subplots import make_subplots
 
 from app.figures.cycle import GRID, MONO, OKABE_ITO
 from app.figures.derive import VISIBLE_WHITESPACE
-from engine.teaching.exactness import LabResult
-from engine.trace.metrics import expected_tokens_per_cycle, predicted_speedup
 from engine.stats.repeats import Repeated
-from engine.teaching.runs import (CORRECT, DRIFT_FLOOR, IN_PLACE, KEEP_REJECTED, MODE_LABELS, SHIFTED,
-                             SKIP_CATCH_UP, STALE, CacheView, Comparison)
+from engine.teaching.exactness import LabResult
+from engine.teaching.runs import (
+    CORRECT,
+    DRIFT_FLOOR,
+    IN_PLACE,
+    KEEP_REJECTED,
+    MODE_LABELS,
+    SHIFTED,
+    SKIP_CATCH_UP,
+    STALE,
+    CacheView,
+    Comparison,
+)
+from engine.trace.metrics import expected_tokens_per_cycle, predicted_speedup
 
 FLOAT_LEVEL = 1e-4  # cached vs fresh distances below this are float rounding
 
@@ -84,7 +94,7 @@ def divergence_figure(cmp: Comparison, max_tokens: int = 64) -> go.Figure:
     fig = go.Figure()
     for same in (True, False):
         xs, ys, hover = [], [], []
-        for key, label, ids in rows:
+        for _key, label, ids in rows:
             for i, t in enumerate(ids[:max_tokens]):
                 if (i < len(correct) and correct[i] == t) == same:
                     xs.append(i), ys.append(label)
@@ -96,7 +106,7 @@ def divergence_figure(cmp: Comparison, max_tokens: int = 64) -> go.Figure:
                                 pattern=dict(shape="" if same else "x", fgcolor=colour, fgopacity=0.4, size=6)),
                     hovertext=hover, hovertemplate="%{hovertext}<extra></extra>")
     longest = max((len(cmp.texts[t]) for _, _, ids in rows for t in ids[:max_tokens]), default=1)
-    for key, label, ids in rows:
+    for _key, label, ids in rows:
         fig.add_scatter(x=list(range(len(ids[:max_tokens]))), y=[label] * len(ids[:max_tokens]), mode="text",
                         text=[cell_label(cmp.texts[t]) for t in ids[:max_tokens]], showlegend=False,
                         hoverinfo="skip", textfont=dict(family=MONO, size=12 if longest <= 2 else 9))
@@ -156,7 +166,7 @@ def cache_strip_figure(target: CacheView, draft: CacheView, attention: Sequence[
     next position on each of its cells underneath."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.45, 0.55], vertical_spacing=0.08)
     for model, view in (("target", target), ("draft", draft)):
-        for status, (colour, pattern, mark) in CELL_STYLE.items():
+        for status, (colour, pattern, _mark) in CELL_STYLE.items():
             idx = [p for p, s in enumerate(view.status) if s == status]
             if not idx:
                 continue
@@ -215,8 +225,8 @@ def lab_histogram_figure(res: LabResult, texts: dict[int, str], rule_label: str,
     fig.add_bar(x=labels, y=with_other([c / n for c in res.speculative_counts]), name=f"speculative ({rule_label})",
                 marker=dict(color=OKABE_ITO["orange"]), hovertemplate="speculative %{y:.3f}<extra>%{x}</extra>")
     fig.add_bar(x=labels, y=with_other([c / n for c in res.plain_counts]), name="plain target sampling",
-                marker=dict(color=OKABE_ITO["sky_blue"], pattern=dict(shape="/", fillmode="overlay", fgcolor="rgba(255,255,255,0.7)",
-                                                                    size=6, solidity=0.3)),
+                marker=dict(color=OKABE_ITO["sky_blue"],
+                            pattern=dict(shape="/", fillmode="overlay", fgcolor="rgba(255,255,255,0.7)", size=6, solidity=0.3)),
                 hovertemplate="plain %{y:.3f}<extra>%{x}</extra>")
     fig.add_scatter(x=labels, y=with_other(res.exact), mode="markers", name="target distribution (exact)",
                     marker=dict(symbol="line-ew-open", size=30, color=OKABE_ITO["blue"], line=dict(width=4)),

@@ -13,17 +13,16 @@ from typing import Callable
 
 import streamlit as st
 
-from app.ui import jobs
-from app.ui import state
 from app.figures.derive import visible_text
-from app.ui.safe import md
+from app.ui import jobs, state
 from app.ui.pages import STEPPER
+from app.ui.safe import md
 from engine.config import SettingsError, SpecSettings
+from engine.cycle.reference import Pair
 from engine.drafters.registry import DRAFTERS, DrafterOptions
 from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
 from engine.run import load_pair, load_preset, load_with_drafter, run_to_trace
-from engine.cycle.reference import Pair
 from engine.trace.schema import EAGLE, LAYOUTS, MAX_BLOCK_SIZE, MAX_K, MAX_NEW_TOKENS, OTHER_TOKENIZER
 
 CUSTOM = "custom"  # the pair is given as two model folders (or hub ids)
@@ -37,7 +36,8 @@ DRAFTER_CAPTIONS = {
                      "Runs only at temperature 0: a ratio test needs the draft's probability of each target token.",
     EAGLE: "One decoder layer reads the target's top feature of the last committed token with the next "
            "token's embedding and predicts the next feature; the target's own output layer gives q. "
-           "Its own KV cache is the \"EAGLE head\" row of the KV strip. With a custom pair, the draft field names the head's folder.",
+           "Its own KV cache is the \"EAGLE head\" row of the KV strip. "
+           "With a custom pair, the draft field names the head's folder.",
 }
 
 

@@ -18,8 +18,8 @@ import streamlit as st
 
 from app.ui.state import ROOT
 from engine.teaching.exactness import ChiSquare, LabResult
-from engine.teaching.stale_slots import StaticCycle, StaticRun
 from engine.teaching.runs import CacheView, Comparison, CycleProbe, RunLog
+from engine.teaching.stale_slots import StaticCycle, StaticRun
 
 RESULTS_FILE = ROOT / "assets" / "teaching" / "results.json"
 ROLLBACK, EXACTNESS = "rollback", "exactness"

@@ -1,8 +1,7 @@
 """The sidebar every page shares: what trace is open, and why a link's trace could not be opened."""
 import streamlit as st
 
-from app.ui import jobs
-from app.ui import state
+from app.ui import jobs, state
 from app.ui.safe import md
 from engine.trace.format import model_name
 

@@ -1,15 +1,14 @@
 """Exactness lab: sample the next token many times and compare with the target distribution."""
 import streamlit as st
 
-from app.ui import jobs
-from app.runs import precomputed
-from app.runs import teaching_pair
-from app.ui.first_result import first_result
 from app.figures.teaching import histogram_entries, lab_histogram_figure
-from app.ui.safe import md
-from app.ui.pages import WALKTHROUGH
-from app.ui.widgets import chart
+from app.runs import precomputed, teaching_pair
+from app.ui import jobs
+from app.ui.first_result import first_result
 from app.ui.live_work import estimate_s, estimate_words, job_name, show_live, start_live
+from app.ui.pages import WALKTHROUGH
+from app.ui.safe import md
+from app.ui.widgets import chart
 from engine.config import SettingsError, SpecSettings
 from engine.teaching.exactness import MAX_VOCAB_FOR_SECOND_TOKEN, LabResult, run_lab
 from engine.teaching.faults import Faults

@@ -3,24 +3,22 @@ from statistics import median
 
 import streamlit as st
 
-from app.figures import derive
 from app.figures import cycle as figures
-from app.ui import jobs
-from app.ui import state
+from app.figures import derive
+from app.figures.teaching import acceptance_length_figure, cache_layouts_figure, forward_cost_figure, speedup_figure
 from app.runs import teaching_pair
-from app.figures.teaching import (acceptance_length_figure, cache_layouts_figure, forward_cost_figure,
-                                  speedup_figure)
-from app.ui.safe import md
-from app.ui.pages import EXACTNESS_LAB, ROLLBACK_DEMO, STATISTICS, STEPPER, WALKTHROUGH
-from app.ui.widgets import chart, open_in_stepper, stepper_query
+from app.ui import jobs, state
 from app.ui.live_work import one_torch_thread
-from engine.stats.analysis import measured_alpha
-from engine.trace.metrics import acceptance_metrics, expected_tokens_per_cycle
-from engine.stats.repeats import MAX_SPREAD, Repeated
-from engine.run import encode_prompt
+from app.ui.pages import EXACTNESS_LAB, ROLLBACK_DEMO, STATISTICS, STEPPER, WALKTHROUGH
+from app.ui.safe import md
+from app.ui.widgets import chart, open_in_stepper, stepper_query
 from engine.cycle.reference import Pair
+from engine.run import encode_prompt
+from engine.stats.analysis import measured_alpha
+from engine.stats.repeats import MAX_SPREAD, Repeated
 from engine.teaching.runs import NumericsCheck, batched_vs_stepwise, forward_times, low_precision_copy
 from engine.trace.format import Trace
+from engine.trace.metrics import acceptance_metrics, expected_tokens_per_cycle
 from engine.trace.schema import EAGLE
 
 LOW_PRECISION_MAX_PARAMS = 50_000_000  # copy the target to bfloat16 only when that is quick

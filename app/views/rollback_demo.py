@@ -1,19 +1,17 @@
 """What if we don't roll back? The correct engine beside two deliberately broken ones."""
 import streamlit as st
 
-from app.runs import precomputed
-from app.runs import teaching_pair
-from app.ui.first_result import first_result
 from app.figures.layouts import stale_comparison_figure
 from app.figures.teaching import cache_strip_figure, divergence_figure, drift_figure
-from app.ui.safe import md
-from app.ui.pages import WALKTHROUGH
-from app.ui.widgets import chart
+from app.runs import precomputed, teaching_pair
+from app.ui.first_result import first_result
 from app.ui.live_work import estimate_s, estimate_words, show_live, start_live
+from app.ui.pages import WALKTHROUGH
+from app.ui.safe import md
+from app.ui.widgets import chart
 from engine.config import SettingsError, SpecSettings
+from engine.teaching.runs import CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison, compare_runs, first_divergence
 from engine.teaching.stale_slots import StaticRun, static_run
-from engine.teaching.runs import (CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison,
-                             compare_runs, first_divergence)
 from engine.trace.schema import MAX_NEW_TOKENS
 
 BROKEN_TEXT = {

@@ -12,26 +12,24 @@ from pathlib import Path
 import streamlit as st
 
 from app.figures import stats as figs
-from app.figures.layouts import LAYOUT_WORDS, memory_figure
-from app.ui import jobs
-from app.runs import live
-from app.ui import state
 from app.figures.derive import draft_cache_name
+from app.figures.layouts import LAYOUT_WORDS, memory_figure
+from app.runs import live
+from app.ui import jobs, state
 from app.ui.first_result import first_result
 from app.ui.safe import md
 from app.ui.widgets import chart
-from engine.stats.analysis import (DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed,
-                             trace_stats)
-from engine.stats.calibrate import calibrate
-from engine.trace.metrics import TOKENS_PER_S, decoding_tokens_per_s, predicted_speedup
-from engine.stats.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
 from engine.config import SettingsError, SpecSettings
-from engine.drafters.registry import DRAFTERS, options_from_header
-from engine.stats.layouts import LayoutStats, layout_stats
-from engine.models.presets import PRESETS
 from engine.cycle.reference import Pair
+from engine.drafters.registry import DRAFTERS, options_from_header
+from engine.models.presets import PRESETS
+from engine.stats.analysis import DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed, trace_stats
+from engine.stats.calibrate import calibrate
+from engine.stats.layouts import LayoutStats, layout_stats
+from engine.stats.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
 from engine.stats.sweep import SweepResult, k_sweep
 from engine.trace.format import Trace, TraceError, model_name
+from engine.trace.metrics import TOKENS_PER_S, decoding_tokens_per_s, predicted_speedup
 from engine.trace.schema import DRAFT_MODEL, MAX_K
 
 NOW_CALIBRATION = "now_calibration"  # session_state: {trace key: calibration measured on this machine}
@@ -383,7 +381,8 @@ def layout_section(ls: LayoutStats, drafter: str = DRAFT_MODEL) -> None:
         m = getattr(ls, model)
         if m is None:
             continue  # a drafter without a cache over the target's positions
-        row = {"model": model if model == "target" else draft_cache_name(drafter), "peak K/V slots attended": m.peak_slots_attended, "peak K/V slots held": m.peak_slots_held}
+        row = {"model": model if model == "target" else draft_cache_name(drafter),
+               "peak K/V slots attended": m.peak_slots_attended, "peak K/V slots held": m.peak_slots_held}
         if ls.name == "static":
             row.update({"stale slots, max": m.stale_slots_max, "stale slots, mean": round(m.stale_slots_mean, 2)})
         if ls.name == "paged":

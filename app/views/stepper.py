@@ -1,15 +1,14 @@
 """Step through a trace: one cycle at a time, each cycle in five stages."""
 import streamlit as st
 
-from app.figures import derive
-from app.ui import drafter_view
 from app.figures import cycle as figures
+from app.figures import derive
 from app.figures import layouts as figures_layouts
-from app.ui import state
 from app.figures.explain import STAGES, stage_caption
+from app.ui import drafter_view, state
 from app.ui.first_result import first_result
-from app.ui.safe import md
 from app.ui.pages import TRACE_SOURCE
+from app.ui.safe import md
 from app.ui.widgets import chart
 from engine.stats.analysis import SpeedReport, trace_stats
 from engine.trace.format import Trace, model_name

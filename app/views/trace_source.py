@@ -3,8 +3,8 @@ import streamlit as st
 
 from app.runs import live
 from app.ui import state
-from app.ui.safe import markdown_table, md
 from app.ui.pages import STEPPER
+from app.ui.safe import markdown_table, md
 from engine.stats.analysis import trace_stats
 from engine.trace.format import TraceError, model_name
 

@@ -3,21 +3,19 @@ from statistics import median
 
 import streamlit as st
 
-from app.figures import derive
 from app.figures import cycle as figures
+from app.figures import derive
 from app.figures import layouts as figures_layouts
-from app.ui import jobs
-from app.runs import live
-from app.ui import state
-from app.runs import teaching_pair
 from app.figures.derive import visible_text
 from app.figures.explain import stage_caption
+from app.runs import live, teaching_pair
+from app.ui import jobs, state
 from app.ui.first_result import first_result
-from app.ui.safe import md, table
 from app.ui.pages import EXACTNESS_LAB, ROLLBACK_DEMO
+from app.ui.safe import md, table
 from app.ui.widgets import chart, open_in_stepper
-from engine.stats.analysis import measured_alpha
 from engine.config import SpecSettings
+from engine.stats.analysis import measured_alpha
 from engine.trace.format import Trace, model_name
 from engine.trace.schema import DRAFT_MODEL, EAGLE
 

@@ -424,8 +424,8 @@ def start_fast_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, capture: 
 
 def check_fast_settings(s: SpecSettings, rule=None, pair: Pair | None = None) -> SpecSettings:
     """The settings the fast path runs (a static cache), or a clear refusal."""
-    from engine.drafters.model import ModelDrafter
     from engine.cycle.reference import RATIO_TEST
+    from engine.drafters.model import ModelDrafter
     if rule is not None and rule is not RATIO_TEST:
         raise ValueError("the fast path runs the correct algorithm only: teaching faults need the reference path")
     if pair is not None and (pair.draft is None or type(pair.drafter) is not ModelDrafter):

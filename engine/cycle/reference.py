@@ -12,16 +12,17 @@ import torch
 from transformers import DynamicCache
 
 from engine.config import SpecSettings
+from engine.cycle.record import CycleTimes, cycle_record, describe_cycle, shown_tensors
 from engine.drafters.base import Drafter
 from engine.drafters.model import ModelDrafter
-from engine.cycle.record import CycleTimes, cycle_record, describe_cycle, shown_tensors
-from engine.kv.ops import cache_len, crop, prefill
 from engine.kv.layouts import cycle_layout_state, layout_for_run, layout_name, layout_state, new_cache
+from engine.kv.ops import cache_len, crop, prefill
+from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.sampling import draw, residual, sample, uniform, warp_probs
-from engine.models.device import timed
 from engine.trace.commit import final_tokens
 from engine.trace.format import CacheLengths
+
 
 @dataclass
 class Decision:

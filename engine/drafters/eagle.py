@@ -19,6 +19,7 @@ No second target pass: the features come from the prefill and the verify passes.
 import inspect
 import json
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -26,12 +27,12 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
 from engine.config import SpecSettings
-from engine.kv.ops import cache_len, crop
+from engine.drafters.base import CatchUp, Proposal
 from engine.kv.layouts import CacheLayout, new_cache
+from engine.kv.ops import cache_len, crop
+from engine.models.device import timed
 from engine.models.loading import DRAFT_VOCAB_FILE, DRAFT_VOCAB_FORMAT, LoadedModel, ModelLoadError
 from engine.models.sampling import draw, warp_probs
-from engine.models.device import timed
-from engine.drafters.base import CatchUp, Proposal
 from engine.trace.schema import EAGLE
 
 HEAD_FORMAT = "speclab-eagle-head"
@@ -198,7 +199,7 @@ class EagleDrafter:
         state.true_len = n  # entries 0..n-1 rest on true features; later ones on predictions
         for _ in range(k):
             (token, probs, predicted), elapsed = timed(
-                lambda: self.step(state, position, feed_token, prev, s, gen), self.target.device)
+                partial(self.step, state, position, feed_token, prev, s, gen), self.target.device)
             step_times.append(elapsed)
             tokens.append(token)
             dists.append(probs)

@@ -1,16 +1,17 @@
 """The classic drafter: a small model sharing the target's tokenizer, K autoregressive steps."""
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from transformers import DynamicCache
 
 from engine.config import SpecSettings
-from engine.kv.ops import cache_len, crop, prefill
+from engine.drafters.base import CatchUp, Proposal
 from engine.kv.layouts import CacheLayout, new_cache
+from engine.kv.ops import cache_len, crop, prefill
+from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.sampling import draw, warp_probs
-from engine.models.device import timed
-from engine.drafters.base import CatchUp, Proposal
 from engine.trace.schema import DRAFT_MODEL
 
 
@@ -56,7 +57,7 @@ class ModelDrafter:
         dists, step_times = [], []
         feed = committed[-1]
         for _ in range(k):
-            (feed, probs), elapsed = timed(lambda: self.step(state, feed, s, gen), self.model.device)
+            (feed, probs), elapsed = timed(partial(self.step, state, feed, s, gen), self.model.device)
             step_times.append(elapsed)
             tokens.append(feed)
             dists.append(probs)

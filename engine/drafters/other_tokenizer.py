@@ -22,16 +22,17 @@ tokens whose text starts with it, and continues from there; its cache holds the 
 text's draft tokens except the last two. The proposal is the text after the fragment.
 """
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from transformers import DynamicCache
 
 from engine.config import SettingsError, SpecSettings
+from engine.drafters.base import CatchUp, Proposal, one_hot_rows
+from engine.drafters.registry import DRAFTERS
 from engine.kv.ops import cache_len, crop
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
-from engine.drafters.base import CatchUp, Proposal, one_hot_rows
-from engine.drafters.registry import DRAFTERS
 from engine.trace.schema import OTHER_TOKENIZER
 
 
@@ -126,7 +127,7 @@ class OtherTokenizerDrafter:
         for _ in range(steps):
             if not feed:
                 break
-            token, elapsed = timed(lambda: self.next_draft_token(state, feed, mask), self.model.device)
+            token, elapsed = timed(partial(self.next_draft_token, state, feed, mask), self.model.device)
             state.cached += feed
             step_times.append(elapsed)
             mask = None

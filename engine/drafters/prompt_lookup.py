@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import SettingsError, SpecSettings
-from engine.models.device import timed
 from engine.drafters.base import CatchUp, Proposal, one_hot_rows
+from engine.models.device import timed
 from engine.trace.schema import MAX_NGRAM, PROMPT_LOOKUP
 
 

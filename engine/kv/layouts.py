@@ -356,16 +356,17 @@ def kv_bytes_held(cache: Cache) -> int:
     """Bytes of K/V memory this sequence holds now: tensors (dynamic), the whole buffer (static), its blocks (paged)."""
     layers = [layer for layer in cache.layers if layer.is_initialized]
     if layout_name(cache) == "paged":
-        per_block = sum((l.keys[0].numel() + l.values[0].numel()) * l.keys.element_size() for l in layers)
+        per_block = sum((layer.keys[0].numel() + layer.values[0].numel()) * layer.keys.element_size() for layer in layers)
         return per_block * len(cache.block_table)
-    return sum((l.keys.numel() + l.values.numel()) * l.keys.element_size() for l in layers)
+    return sum((layer.keys.numel() + layer.values.numel()) * layer.keys.element_size() for layer in layers)
 
 
 def kv_bytes_reserved(cache: Cache) -> int:
     """Bytes of K/V tensors allocated behind this cache: for paged, the whole pool (shared by every sequence it serves)."""
     if layout_name(cache) == "paged":
         return sum((k.numel() + v.numel()) * k.element_size() for k, v in cache.pool.storage.values())
-    return sum((l.keys.numel() + l.values.numel()) * l.keys.element_size() for l in cache.layers if l.is_initialized)
+    return sum((layer.keys.numel() + layer.values.numel()) * layer.keys.element_size()
+               for layer in cache.layers if layer.is_initialized)
 
 
 def check_invariants(cache: Cache) -> None:

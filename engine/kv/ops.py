@@ -3,7 +3,6 @@
 Rolling a cache back is one call, `crop(cache, keep)`, wherever the engine does it, so a
 different cache layout only has to change this module.
 """
-import torch
 from transformers import DynamicCache
 
 from engine.kv.layouts import roll_back_cache

@@ -172,7 +172,8 @@ def _wrap(name: str, model, tokenizer, device, dtype, folder: Path | None) -> Lo
         raise ModelLoadError(f"{vocab_map}: not a version-1 {DRAFT_VOCAB_FORMAT} file")
     kept = torch.tensor(spec["kept_token_ids"], dtype=torch.long)
     if model.config.vocab_size != len(kept) + 1:
-        raise ModelLoadError(f"{vocab_map}: {len(kept)} kept ids but the model has {model.config.vocab_size} rows (expected kept + 1)")
+        raise ModelLoadError(f"{vocab_map}: {len(kept)} kept ids but the model has {model.config.vocab_size} rows "
+                             "(expected kept + 1)")
     full_size = int(spec["full_vocab_size"])
     full_to_row = torch.zeros(full_size, dtype=torch.long)
     full_to_row[kept] = torch.arange(1, len(kept) + 1)

@@ -15,16 +15,18 @@ Each is the median of `repeats` timings taken after a warm-up. The result is pla
 data (JSON-ready) so it can ride in a trace header as the optional "calibration" field.
 """
 import statistics
+from functools import partial
 from typing import Callable
 
 import torch
 
 from engine.config import SpecSettings
-from engine.models.loading import LoadedModel
-from engine.models.sampling import draw as draw_token, warp_probs
 from engine.cycle.reference import Pair
 from engine.kv.ops import crop
 from engine.models.device import timed
+from engine.models.loading import LoadedModel
+from engine.models.sampling import draw as draw_token
+from engine.models.sampling import warp_probs
 from engine.trace.schema import DRAFT_MODEL
 
 DEFAULT_MAX_POSITIONS = 9  # verify widths 1..9 cover K = 1..8 without extrapolating
@@ -71,7 +73,7 @@ def time_widths(model: LoadedModel, context: list[int], widths: list[int], s: Sp
     times: dict[int | str, list[float]] = {key: [] for key, _, _ in jobs}
     for round_number in range(repeats + 1):  # round 0 warms up and is not kept
         for key, w, sampled in jobs:
-            elapsed = _timed(lambda: _step(model, cache, feed[:w], s, gen, sampled), model.device)
+            elapsed = _timed(partial(_step, model, cache, feed[:w], s, gen, sampled), model.device)
             crop(cache, keep)
             if round_number:
                 times[key].append(elapsed)

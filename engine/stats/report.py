@@ -2,8 +2,17 @@
 
 The same numbers the app's statistics page shows (engine/stats/analysis.py computes both).
 """
-from engine.stats.analysis import (DEFINITIONS, NO_CALIBRATION, CycleTimes, TraceStats, advice_sentence, best_k,
-                       explain_speed, predicted_per_position, trace_stats)
+from engine.stats.analysis import (
+    DEFINITIONS,
+    NO_CALIBRATION,
+    CycleTimes,
+    TraceStats,
+    advice_sentence,
+    best_k,
+    explain_speed,
+    predicted_per_position,
+    trace_stats,
+)
 from engine.stats.layouts import layout_lines, layout_stats
 from engine.trace.format import Trace
 

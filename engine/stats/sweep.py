@@ -8,14 +8,14 @@ cycle times, or the timed plain-decoding loop), so prefill is left out of both s
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from engine.stats.analysis import Calibration, advise_k, calibration_of, measured_alpha
-from engine.stats.calibrate import DEFAULT_MAX_POSITIONS, calibrate
 from engine.config import SpecSettings
-from engine.trace.metrics import acceptance_metrics, decoding_tokens_per_s
+from engine.cycle.reference import Pair, decode_plain, speculative_generate, target_step
 from engine.kv.ops import prefill
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
-from engine.cycle.reference import Pair, decode_plain, speculative_generate, target_step
+from engine.stats.analysis import Calibration, advise_k, calibration_of, measured_alpha
+from engine.stats.calibrate import DEFAULT_MAX_POSITIONS, calibrate
+from engine.trace.metrics import acceptance_metrics, decoding_tokens_per_s
 
 Progress = Callable[[float, str], None]  # (fraction done, what is running)
 

@@ -18,9 +18,9 @@ from typing import Callable
 import torch
 
 from engine.config import SpecSettings
-from engine.models.sampling import residual, sample, warp_probs
 from engine.cycle.reference import Pair, RunState, TokenTexts, run_cycle, start_run
 from engine.kv.ops import crop
+from engine.models.sampling import residual, sample, warp_probs
 from engine.teaching.faults import Faults
 
 MIN_EXPECTED = 5.0  # the chi-square approximation needs about five expected counts per cell

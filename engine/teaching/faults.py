@@ -10,11 +10,11 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import DynamicCache
 
+from engine.cycle.reference import Decision
 from engine.drafters.base import Drafter
 from engine.drafters.model import ModelDrafter
 from engine.kv.ops import crop
 from engine.models.sampling import residual, sample, uniform
-from engine.cycle.reference import Decision
 from engine.trace.schema import ACCEPTANCE_RULES
 
 

@@ -17,12 +17,12 @@ from typing import Callable
 import torch
 
 from engine.config import SpecSettings
-from engine.trace.metrics import acceptance_metrics
-from engine.models.loading import LoadedModel
-from engine.stats.repeats import Repeated, repeat_timed
 from engine.cycle.reference import Pair, RunState, TokenTexts, run_cycle, start_run, target_generate
 from engine.kv.ops import cache_len, crop, prefill
+from engine.models.loading import LoadedModel
+from engine.stats.repeats import Repeated, repeat_timed
 from engine.teaching.faults import NO_FAULTS, Faults
+from engine.trace.metrics import acceptance_metrics
 
 CORRECT, KEEP_REJECTED, SKIP_CATCH_UP = "correct", "keep_rejected_kv", "skip_draft_catch_up"
 MODES: dict[str, Faults] = {

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import SpecSettings
+from engine.cycle.reference import Pair, TokenTexts, run_cycle, start_run
 from engine.kv.layouts import roll_back_static
 from engine.models.loading import LoadedModel
-from engine.cycle.reference import Pair, TokenTexts, run_cycle, start_run
 from engine.teaching.runs import eager_attention
 
 

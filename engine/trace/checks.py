@@ -216,7 +216,8 @@ def check_probabilities(c: dict, n_prop: int, where: str) -> None:
         if not close(a, min(1.0, p_t / p_d)):
             fail(where, f"accept_prob[{i}]", f"must equal min(1, p_target/p_draft) = {min(1.0, p_t / p_d):.6g}, got {a:.6g}")
         if b < min(p_t, p_d) - ABS_TOL:
-            fail(where, f"beta[{i}]", "beta = sum_x min(p_target, p_draft) cannot be below min(p_target, p_draft) of the draft token")
+            fail(where, f"beta[{i}]",
+                 "beta = sum_x min(p_target, p_draft) cannot be below min(p_target, p_draft) of the draft token")
 
 
 def passes(rule: str, u: float, accept_prob: float, p_target: float) -> bool | None:
@@ -316,9 +317,9 @@ def cycle_texts(c: dict) -> list[tuple[str, list[int], list[str]]]:
              ("committed_token_texts", c["committed_token_ids"], c["committed_token_texts"])]
     nxt = c["resampled_token_id"] if c["resampled_token_id"] is not None else c["bonus_token_id"]
     pairs.append(("next_token_text", [nxt], [c["next_token_text"]]))
-    for field in ("target_top", "draft_top"):
-        for row in c[field]:
-            pairs.append((field, [e["token_id"] for e in row], [e["text"] for e in row]))
+    for name in ("target_top", "draft_top"):
+        for row in c[name]:
+            pairs.append((name, [e["token_id"] for e in row], [e["text"] for e in row]))
     if c["residual_top"]:
         pairs.append(("residual_top", [e["token_id"] for e in c["residual_top"]], [e["text"] for e in c["residual_top"]]))
     return pairs
@@ -409,7 +410,8 @@ def check_drafter_state(c: dict, facts: RunFacts, run: "Progress", where: str) -
         return
     state = c.get("drafter_state")
     if not isinstance(state, dict) or state.get("kind") != facts.drafter_kind:
-        fail(where, "drafter_state", f"every cycle of the {facts.drafter_kind} drafter records its state (kind {facts.drafter_kind!r})")
+        fail(where, "drafter_state",
+             f"every cycle of the {facts.drafter_kind} drafter records its state (kind {facts.drafter_kind!r})")
     if c["draft_cache_len"] is not None:
         fail(where, "draft_cache_len", f"{facts.drafter_kind} keeps no cache over the target's positions: null")
     check_one_hot(c, len(c["draft_token_ids"]), facts, where)
@@ -528,7 +530,8 @@ def check_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where: str
     if n_prop > facts.k:
         fail(where, "draft_token_ids", f"{n_prop} draft tokens, more than K={facts.k}")
     if facts.drafts_k_with_cache and n_prop != facts.k:
-        fail(where, "draft_token_ids", f"has {n_prop} entries, expected {facts.k}: the {facts.drafter_kind} drafter proposes exactly K")
+        fail(where, "draft_token_ids",
+             f"has {n_prop} entries, expected {facts.k}: the {facts.drafter_kind} drafter proposes exactly K")
     check_token_ids(drafts, facts.vocab_size, where, "draft_token_ids")
     check_texts(c["draft_token_texts"], n_prop, where, "draft_token_texts")
     prompt_len = len(facts.prompt_ids)
@@ -538,7 +541,8 @@ def check_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where: str
     check_decision(c, n_prop, facts, where)
     n = c["num_accepted"]
     nxt = c["resampled_token_id"] if c["resampled_token_id"] is not None else c["bonus_token_id"]
-    check_token_ids([nxt], facts.vocab_size, where, "resampled_token_id" if c["resampled_token_id"] is not None else "bonus_token_id")
+    next_field = "resampled_token_id" if c["resampled_token_id"] is not None else "bonus_token_id"
+    check_token_ids([nxt], facts.vocab_size, where, next_field)
     budget = facts.max_new_tokens - len(run.generated)
     want, finished = final_tokens(drafts[:n] + [nxt], budget, facts.eos_ids)
     if c["committed_token_ids"] != want:

@@ -12,9 +12,9 @@ from pathlib import Path
 from types import UnionType
 from typing import IO, NotRequired, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
 
+from engine.trace.checks import BrokenInvariant, check_trace
 from engine.trace.layout_checks import LayoutFieldError, check_layout_cycle, check_layout_header
 from engine.trace.metrics import acceptance_metrics
-from engine.trace.checks import BrokenInvariant, check_trace
 from engine.trace.schema import DRAFT_MODEL, DRAFTER_KINDS, EAGLE, FORMAT, VERSION
 
 MAX_TRACE_BYTES = 256 * 2**20  # 4096 tokens at K=32 with top-100 lists stay well below this
@@ -194,7 +194,8 @@ def _check_cycle(c: dict, k: int, index: int, where: str, kind: str = DRAFT_MODE
     if c["draft_cache_len"] is not None:
         _check_fields(c["draft_cache_len"], CACHE_LEN_FIELDS, f"{where} draft_cache_len")
     elif kind in (DRAFT_MODEL, EAGLE):
-        raise TraceError(f"{where}: field 'draft_cache_len' is null, but the {kind} drafter keeps a cache over the target's positions")
+        raise TraceError(f"{where}: field 'draft_cache_len' is null, "
+                         f"but the {kind} drafter keeps a cache over the target's positions")
     if "drafter_state" in c and not isinstance(c["drafter_state"], dict):
         raise TraceError(f"{where}: field 'drafter_state' should be an object")
     if c["cycle"] != index:
@@ -259,13 +260,14 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
         try:
             rec = _parse_line(line)
         except ValueError as err:
-            last = number == len(lines) or not any(l.strip() for l in lines[number:])
+            last = number == len(lines) or not any(rest.strip() for rest in lines[number:])
             finished = any(r.get("type") == "summary" for _, r in records)
             if last and allow_incomplete and not finished:
                 break  # a run killed mid-write: keep the cycles before it
             if isinstance(err, _Refused):
                 raise TraceError(f"{source} line {number}: {err}") from None
-            raise TraceError(f"{source} line {number}: not valid JSON ({err})" + (" - the file looks truncated" if last else "")) from None
+            truncated = " - the file looks truncated" if last else ""
+            raise TraceError(f"{source} line {number}: not valid JSON ({err}){truncated}") from None
         if not isinstance(rec, dict):
             raise TraceError(f"{source} line {number}: expected a JSON object")
         records.append((number, rec))

@@ -4,7 +4,6 @@ A trace written before layouts were recorded has no `cache_layout` header: it wa
 dynamic cache, and its cache lengths are all there is to report.
 """
 import math
-from dataclasses import dataclass, field
 
 from engine.trace.schema import LAYOUTS, MAX_BLOCK_SIZE
 
