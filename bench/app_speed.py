@@ -259,7 +259,7 @@ def next_step_ms(trace: Path, clicks: int) -> dict:
         at.button(key="nav_next").click().run()
     assert not at.exception, [e.value for e in at.exception]
     runs, cpu = list(timing.RECENT_RUNS_MS), list(timing.RECENT_RUNS_CPU_MS)
-    from engine.trace.format import load_trace
+    from engine.trace import load_trace
 
     return {"cycles": len(load_trace(trace).cycles),
             "clicks": clicks, "median_ms": statistics.median(runs), "best_ms": min(runs), "worst_ms": max(runs),

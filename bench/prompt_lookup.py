@@ -35,7 +35,7 @@ from engine.cycle.reference import Pair
 from engine.drafters.registry import DrafterOptions
 from engine.models.device import timed
 from engine.run import encode_prompt, load_preset, run_to_trace
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 
 PROMPTS = [
     "Fix the spelling in this paragraph and write it out again: The quick brown fox jumpd over the lazy dog. "

@@ -190,7 +190,7 @@ def summarise(rates: dict, trace_paths: list[Path], t_step: float, cal: dict, s:
     """Ratios, alpha, c and both predictions. t_step is the median per-token time of method e's
     decoding loop, measured interleaved with the other methods: on a shared machine a separate
     calibration drifts by tens of percent between runs, and c and both predictions rest on t_step."""
-    from engine.trace.format import load_trace
+    from engine.trace import load_trace
 
     traces = [load_trace(p) for p in trace_paths]
     cycles = [c for t in traces for c in t.cycles]

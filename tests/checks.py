@@ -3,8 +3,8 @@
 The invariants themselves live in one place, engine/trace/checks.py, which `load_trace`
 runs on every file; the tests call the same code on records they hold in memory.
 """
+from engine.trace import Trace
 from engine.trace.checks import check_records
-from engine.trace.format import Trace
 
 
 def assert_self_consistent(trace: Trace) -> None:

@@ -12,7 +12,7 @@ from engine.config import SpecSettings
 from engine.cycle.reference import Pair
 from engine.drafters.eagle import EagleDrafter, EagleHead, head_config, save_head
 from engine.run import run_to_trace
-from engine.trace.format import Trace
+from engine.trace import Trace
 from tests.tiny import tiny_llama, tiny_pair, tiny_tokenizer
 
 EAGLE_SETTINGS = SpecSettings(k=3, temperature=2.0, max_new_tokens=30, seed=1)

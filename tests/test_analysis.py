@@ -25,7 +25,7 @@ from engine.stats.analysis import (
 )
 from engine.stats.calibrate import calibrate, context_of_length, time_widths
 from engine.stats.sweep import k_sweep
-from engine.trace.format import Trace, TraceError, load_trace
+from engine.trace import Trace, TraceError, load_trace
 from engine.trace.metrics import expected_tokens_per_cycle, predicted_speedup
 from tests.tiny import noisy_pair, save_tiny
 

@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.ui.safe import md
 from engine.models.presets import PRESETS
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from tests.app_jobs import finish_job
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from tests.checks import assert_self_consistent
 
 TRACES = sorted((Path(__file__).resolve().parent.parent / "assets" / "traces").glob("*.jsonl"))

@@ -4,7 +4,7 @@ import pytest
 from engine.config import SpecSettings
 from engine.cycle.reference import speculative_generate, target_generate
 from engine.run import run_to_trace
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from engine.trace.schema import LAYOUTS
 from tests.checks import assert_self_consistent
 from tests.test_other_tokenizer import other_tokenizer_pair, prompt_ids

@@ -20,7 +20,7 @@ from engine.drafters.registry import (
     with_shipped_draft,
 )
 from engine.models.presets import PRESETS
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from engine.trace.schema import DRAFTER_KINDS, EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP
 
 ROOT = Path(__file__).resolve().parent.parent

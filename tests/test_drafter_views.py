@@ -14,7 +14,7 @@ from engine.config import SpecSettings
 from engine.run import run_to_trace
 from engine.stats.analysis import trace_stats
 from engine.stats.report import format_stats
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from tests.test_other_tokenizer import PROMPT_TEXT, other_tokenizer_pair
 from tests.test_prompt_lookup import lookup_pair
 

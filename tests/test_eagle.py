@@ -19,7 +19,7 @@ from engine.drafters.eagle import EagleDrafter, EagleHead, head_config, load_hea
 from engine.models.loading import ModelLoadError, TopFeatureTap
 from engine.run import run_to_trace
 from engine.teaching.faults import Faults
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from tests.checks import assert_self_consistent
 from tests.test_exactness import chi_square_p_value, exact_two_token_distribution, sample_two_tokens
 from tests.tiny import save_tiny, tiny_pair

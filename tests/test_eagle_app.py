@@ -14,7 +14,7 @@ from app.figures import cycle as figures
 from app.figures import derive, explain
 from app.ui import drafter_view
 from engine.cycle.reference import TokenTexts, run_cycle, start_run
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from tests.eagle_tiny import EAGLE_SETTINGS, eagle_trace, random_eagle_pair
 from tests.test_figures import cache_positions
 

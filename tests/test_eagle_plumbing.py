@@ -13,7 +13,7 @@ import pytest
 from engine.cli import main as cli_main
 from engine.models import presets
 from engine.models.presets import PRESETS, default_drafter
-from engine.trace.format import TraceError, load_trace, loads_trace
+from engine.trace import TraceError, load_trace, loads_trace
 from tests.eagle_tiny import eagle_trace, save_eagle_folders
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ from engine.kv.layouts import attended_kv, check_invariants, layout_for_run, new
 from engine.kv.ops import prefill
 from engine.models.sampling import sample
 from engine.teaching.faults import Faults
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from tests.tiny import noisy_pair, save_tiny, tiny_pair
 
 TIMING = {"draft_time_s", "draft_step_times_s", "verify_time_s", "catch_up_time_s", "cycle_time_s"}

@@ -11,7 +11,7 @@ import pytest
 from app.figures import cycle as figures
 from app.figures import derive, explain
 from app.ui.safe import md
-from engine.trace.format import Trace, load_trace
+from engine.trace import Trace, load_trace
 
 XSS = "<img src=x onerror=alert(1)>"
 

@@ -13,7 +13,7 @@ from app.ui.safe import md
 from engine.config import SpecSettings
 from engine.stats.analysis import trace_stats
 from engine.teaching.runs import CORRECT, MODE_LABELS, first_divergence
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from engine.trace.metrics import decoding_tokens_per_s
 from tests.hostile import set_text_everywhere
 

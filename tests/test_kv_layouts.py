@@ -278,7 +278,7 @@ def folders(tmp_path_factory):
 def test_cli_records_the_layout_and_stats_report_it(folders, tmp_path, capsys, layout):
     from engine.cli import main
     from engine.stats.layouts import layout_stats
-    from engine.trace.format import load_trace
+    from engine.trace import load_trace
     out = tmp_path / f"{layout}.jsonl"
     assert main(["run", "--prompt", "the cat sat", "--target", folders[0], "--draft", folders[1], "--k", "4",
                  "--temperature", "0", "--max-new-tokens", "24", "--cache", layout, "--block-size", "4",
@@ -326,7 +326,7 @@ def test_loader_refuses_layout_fields_that_disagree(folders, tmp_path, layout, p
     import json
 
     from engine.run import run_to_trace
-    from engine.trace.format import TraceError, loads_trace
+    from engine.trace import TraceError, loads_trace
     from tests.tiny import tiny_pair
     pair = tiny_pair(0)
     out = tmp_path / "t.jsonl"
@@ -353,7 +353,7 @@ def test_one_bundled_trace_per_layout_with_the_same_tokens():
     from pathlib import Path
 
     from engine.stats.layouts import layout_stats
-    from engine.trace.format import load_trace
+    from engine.trace import load_trace
     from tests.checks import assert_self_consistent
     folder = Path(__file__).resolve().parent.parent / "assets" / "traces"
     traces = {layout: load_trace(folder / f"shakespeare-cache-{layout}.jsonl") for layout in LAYOUTS}
@@ -388,7 +388,7 @@ def test_stats_of_a_trace_from_before_layouts_report_a_dynamic_cache():
 
     from engine.stats.layouts import layout_stats
     from engine.stats.report import format_stats
-    from engine.trace.format import load_trace
+    from engine.trace import load_trace
     trace = load_trace(Path(__file__).resolve().parent.parent / "assets" / "traces" / "default.jsonl")
     assert "cache_layout" not in trace.header
     ls = layout_stats(trace)

@@ -11,7 +11,7 @@ from engine.run import run_to_trace
 from engine.stats.layouts import layout_stats
 from engine.teaching.runs import KEEP_REJECTED, traced_run
 from engine.teaching.stale_slots import static_run
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from tests.app_jobs import finish_job
 from tests.test_app import plain, start
 from tests.tiny import noisy_pair, tiny_pair

@@ -16,7 +16,7 @@ from app.figures.derive import PROMPT
 from app.ui.jobs import BUSY
 from app.ui.safe import md
 from engine.teaching.runs import CORRECT, first_divergence
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from tests.app_jobs import finish_job, progress_texts, running_job
 from tests.test_app import SOURCE_PAGE, live_form, model_folders, plain, shown_step, start, traces_dir  # noqa: F401 (fixtures)
 from tests.test_stats_page import held_until

@@ -10,7 +10,7 @@ from engine.cycle.reference import speculative_generate, target_generate
 from engine.models.device import pick_dtype
 from engine.models.loading import DRAFT_VOCAB_FILE, ModelLoadError, TokenizerMismatchError, load_model
 from engine.run import load_pair
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from tests.tiny import WORDS, noisy_pair, save_tiny, tiny_llama, tiny_tokenizer
 
 

@@ -11,7 +11,7 @@ from engine.drafters.other_tokenizer import OtherTokenizerDrafter
 from engine.kv.ops import cache_len, prefill
 from engine.models.loading import wrap_model
 from engine.run import run_to_trace
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from tests.checks import assert_self_consistent
 from tests.test_engine import assert_cache_matches_fresh_prefill, layer_tensors
 from tests.tiny import WORDS, tiny_llama, tiny_tokenizer

@@ -12,7 +12,7 @@ from engine.drafters.registry import DrafterOptions
 from engine.kv.ops import cache_len
 from engine.run import load_with_drafter, run_to_trace
 from engine.teaching.faults import Faults
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from tests.checks import assert_self_consistent
 from tests.test_engine import assert_cache_matches_fresh_prefill
 from tests.test_exactness import chi_square_p_value, exact_two_token_distribution

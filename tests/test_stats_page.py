@@ -17,7 +17,7 @@ from engine.config import SpecSettings
 from engine.run import load_pair, run_to_trace
 from engine.stats.analysis import NO_CALIBRATION, advice_sentence, best_k, explain_speed, trace_stats
 from engine.stats.repeats import MAX_SPREAD, disagreement_words
-from engine.trace.format import load_trace
+from engine.trace import load_trace
 from engine.trace.metrics import decoding_tokens_per_s
 from tests.app_jobs import finish_job, progress_texts, running_job
 from tests.tiny import noisy_pair, save_tiny

@@ -15,7 +15,7 @@ from app.figures import cycle as figures
 from app.figures import derive, explain
 from engine.config import SpecSettings
 from engine.run import run_to_trace
-from engine.trace.format import Trace, load_trace
+from engine.trace import Trace, load_trace
 from tests.tiny import tiny_pair
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")

@@ -5,7 +5,7 @@ import pytest
 
 from engine.config import SpecSettings
 from engine.run import run_to_trace
-from engine.trace.format import TraceError, load_trace, loads_trace
+from engine.trace import TraceError, load_trace, loads_trace
 from tests.checks import assert_self_consistent
 from tests.tiny import noisy_pair
 

@@ -5,7 +5,7 @@ figure functions and tests use them directly.
 """
 from dataclasses import dataclass
 
-from engine.trace.format import Trace
+from engine.trace import Trace
 from engine.trace.schema import DRAFT_MODEL, EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP
 
 # Where a token of the text came from.

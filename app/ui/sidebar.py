@@ -3,7 +3,7 @@ import streamlit as st
 
 from app.ui import jobs, state
 from app.ui.safe import md
-from engine.trace.format import model_name
+from engine.trace import model_name
 
 
 def render(slot=None) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from engine.trace.format import Trace, TraceError, load_trace, loads_trace
+from engine.trace import Trace, TraceError, load_trace, loads_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("bundled", "run", "upload", "env")

@@ -17,7 +17,7 @@ from engine.run import encode_prompt
 from engine.stats.analysis import measured_alpha
 from engine.stats.repeats import MAX_SPREAD, Repeated
 from engine.teaching.runs import NumericsCheck, batched_vs_stepwise, forward_times, low_precision_copy
-from engine.trace.format import Trace
+from engine.trace import Trace
 from engine.trace.metrics import acceptance_metrics, expected_tokens_per_cycle
 from engine.trace.schema import EAGLE
 

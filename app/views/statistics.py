@@ -28,7 +28,7 @@ from engine.stats.calibrate import calibrate
 from engine.stats.layouts import LayoutStats, layout_stats
 from engine.stats.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
 from engine.stats.sweep import SweepResult, k_sweep
-from engine.trace.format import Trace, TraceError, model_name
+from engine.trace import Trace, TraceError, model_name
 from engine.trace.metrics import TOKENS_PER_S, decoding_tokens_per_s, predicted_speedup
 from engine.trace.schema import DRAFT_MODEL, MAX_K
 

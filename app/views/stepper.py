@@ -11,7 +11,7 @@ from app.ui.pages import TRACE_SOURCE
 from app.ui.safe import md
 from app.ui.widgets import chart
 from engine.stats.analysis import SpeedReport, trace_stats
-from engine.trace.format import Trace, model_name
+from engine.trace import Trace, model_name
 from engine.trace.schema import DRAFT_MODEL
 
 SPEEDS = {"2 s/step": 2.0, "1 s/step": 1.0, "0.4 s/step": 0.4}

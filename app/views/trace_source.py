@@ -6,7 +6,7 @@ from app.ui import state
 from app.ui.pages import STEPPER
 from app.ui.safe import markdown_table, md
 from engine.stats.analysis import trace_stats
-from engine.trace.format import TraceError, model_name
+from engine.trace import TraceError, model_name
 
 
 @st.cache_data(max_entries=4, show_spinner=False)

@@ -16,7 +16,7 @@ from app.ui.safe import md, table
 from app.ui.widgets import chart, open_in_stepper
 from engine.config import SpecSettings
 from engine.stats.analysis import measured_alpha
-from engine.trace.format import Trace, model_name
+from engine.trace import Trace, model_name
 from engine.trace.schema import DRAFT_MODEL, EAGLE
 
 CITATIONS = (

@@ -15,7 +15,7 @@ measured one:
 from dataclasses import dataclass
 from statistics import fmean
 
-from engine.trace.format import Trace
+from engine.trace import Trace
 from engine.trace.metrics import acceptance_metrics, expected_tokens_per_cycle, predicted_speedup
 from engine.trace.schema import DRAFT_MODEL, MAX_K, PROMPT_LOOKUP
 

@@ -14,7 +14,7 @@ from engine.stats.analysis import (
     trace_stats,
 )
 from engine.stats.layouts import layout_lines, layout_stats
-from engine.trace.format import Trace
+from engine.trace import Trace
 
 
 def ms(seconds: float) -> str:
