@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 from bench.common import write_results
+from engine.trace.schema import DRAFT_MODEL, EAGLE
 
 # (ratio, threshold, which settings it applies to: (pair name, setting, drafter), wording) - the
 # targets of the speed issue and, for the EAGLE head on the chat pair, of the EAGLE issue.
@@ -10,11 +11,11 @@ TARGETS = [
     ("a/c", 1.0, lambda name, st, drafter: True, "engine (tracing on) at least as fast as HF assisted generation"),
     ("a/d", 1.5, lambda name, st, drafter: name == "tiny-shakespeare" and st["temperature"] == 0,
      "1.5x plain HF decoding on tiny-shakespeare, greedy"),
-    ("a/d", 1.1, lambda name, st, drafter: name == "chat" and drafter == "model",
+    ("a/d", 1.1, lambda name, st, drafter: name == "chat" and drafter == DRAFT_MODEL,
      "1.1x plain HF decoding on chat at the advisor's best K"),
-    ("a/d", 1.4, lambda name, st, drafter: name == "chat" and drafter == "eagle" and st["temperature"] == 0,
+    ("a/d", 1.4, lambda name, st, drafter: name == "chat" and drafter == EAGLE and st["temperature"] == 0,
      "1.4x plain HF decoding on chat with the EAGLE head, greedy"),
-    ("a/d", 1.3, lambda name, st, drafter: name == "chat" and drafter == "eagle" and st["temperature"] == 1,
+    ("a/d", 1.3, lambda name, st, drafter: name == "chat" and drafter == EAGLE and st["temperature"] == 1,
      "1.3x plain HF decoding on chat with the EAGLE head, T=1"),
     ("a/b", 0.95, lambda name, st, drafter: True, "tracing costs at most 5%"),
     ("fraction_of_leviathan", 0.8, lambda name, st, drafter: True,
@@ -24,12 +25,12 @@ TARGETS = [
 
 def drafter_of(result: dict) -> str:
     """What drafted in methods a and b; results written before --drafter existed used the draft model."""
-    return result.get("drafter", "model")
+    return result.get("drafter", DRAFT_MODEL)
 
 
 def drafter_lines(result: dict) -> list[str]:
     """Said beside the table: which drafter ran in (a)/(b), and what (c) compares against."""
-    if drafter_of(result) == "model":
+    if drafter_of(result) == DRAFT_MODEL:
         return [f"Drafter: the separate draft model {result['draft']} in (a), (b) and (c)."]
     name = result.get("drafter_name") or drafter_of(result)
     return [f"Drafter: (a) and (b) ran our engine with the {drafter_of(result).upper()} head {name}, which drafts "
@@ -103,7 +104,7 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     vocab = (" The draft has a pruned vocabulary; for (c) it is wrapped (bench/hf.py) so HF sees full-vocabulary "
              "ids and logits." if result["draft_pruned_vocab"] else "")
-    drafted_by = result["draft"] if drafter_of(result) == "model" else (
+    drafted_by = result["draft"] if drafter_of(result) == DRAFT_MODEL else (
         f"{result.get('drafter_name') or drafter_of(result)} ({drafter_of(result)}; HF assisted (c): {result['draft']})")
     lines = [f"### {result['name']}: {result['target']} ← {drafted_by}", "",
              f"Machine: {gpu_words(m)}{m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads; {m['os']}; "

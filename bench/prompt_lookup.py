@@ -36,6 +36,7 @@ from engine.drafters.registry import DrafterOptions
 from engine.models.device import timed
 from engine.run import encode_prompt, load_preset, run_to_trace
 from engine.trace import load_trace
+from engine.trace.schema import PROMPT_LOOKUP
 
 PROMPTS = [
     "Fix the spelling in this paragraph and write it out again: The quick brown fox jumpd over the lazy dog. "
@@ -139,7 +140,7 @@ def report(results: list[dict], args) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    pair = load_preset("chat", "cpu", drafter=DrafterOptions("prompt-lookup", max_ngram=args.max_ngram))
+    pair = load_preset("chat", "cpu", drafter=DrafterOptions(PROMPT_LOOKUP, max_ngram=args.max_ngram))
     hf.no_eos(pair.target.model)
     pair.eos_ids = set()  # no EOS stop: every method makes max_new_tokens tokens
     results = []

@@ -57,11 +57,12 @@ from engine.stats.analysis import advise_k, best_k, calibration_of, cycle_times,
 from engine.stats.calibrate import calibrate
 from engine.stats.sweep import plain_decode
 from engine.trace.metrics import predicted_speedup
+from engine.trace.schema import DRAFT_MODEL, EAGLE
 
 METHODS = ("a", "b", "c", "d", "e")
 METHOD_NAMES = {"a": "engine, tracing on", "b": "engine, tracing off", "c": "HF assisted generation",
                 "d": "HF plain decoding", "e": "engine plain decoding"}
-BENCH_DRAFTERS = ("model", "eagle")  # what drafts for methods a and b
+BENCH_DRAFTERS = (DRAFT_MODEL, EAGLE)  # what drafts for methods a and b
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -87,9 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.drafter = default_drafter(args.preset or "")
         if args.drafter not in BENCH_DRAFTERS:
             p.error(f"the preset's default drafter {args.drafter!r} is not benchmarked here: pass --drafter")
-    if args.drafter == "eagle" and not args.preset and not args.head:
+    if args.drafter == EAGLE and not args.preset and not args.head:
         p.error("--drafter eagle with --target/--draft needs --head DIR")
-    if args.head and args.drafter != "eagle":
+    if args.head and args.drafter != EAGLE:
         p.error("--head is for --drafter eagle")
     return args
 
@@ -97,7 +98,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def results_name(args) -> str:
     """The results file's name: eagle figures never overwrite the draft model's."""
     name = args.name or args.preset or "custom"
-    return f"{name}-eagle" if args.drafter == "eagle" and "eagle" not in name else name
+    return f"{name}-eagle" if args.drafter == EAGLE and "eagle" not in name else name
 
 
 def load_speed_pair(args, device: str) -> tuple[Pair, bool]:
@@ -109,7 +110,7 @@ def load_speed_pair(args, device: str) -> tuple[Pair, bool]:
             raise SystemExit(f"preset {args.preset!r} ships no EAGLE head: pass --head DIR")
         return load_head(head, pair.target)
 
-    return common.load_bench_pair(args, device, args.dtype, eagle_head if args.drafter == "eagle" else None)
+    return common.load_bench_pair(args, device, args.dtype, eagle_head if args.drafter == EAGLE else None)
 
 
 # ---------------------------------------------------------------- one timed generation per method
