@@ -148,7 +148,7 @@ def test_engine_stats_prints_or_refuses_every_case(cases, tmp_path, capsys):
 
 
 def test_the_checker_knows_every_fault_the_engine_can_declare():
-    """trace_checks mirrors teaching_faults.Faults without importing torch: the two must not drift apart."""
+    """engine.trace.checks mirrors engine.teaching.faults.Faults without importing torch: the two must not drift apart."""
     from dataclasses import fields
 
     from engine.drafters.registry import DRAFTERS as DRAFTER_KINDS

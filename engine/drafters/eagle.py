@@ -204,7 +204,7 @@ class EagleDrafter:
             tokens.append(token)
             dists.append(probs)
             position, feed_token, prev = position + 1, token, predicted
-        sources = ["target"] + ["head"] * (k - 1)  # which feature each draft step read (trace_checks checks it)
+        sources = ["target"] + ["head"] * (k - 1)  # which feature each draft step read (engine/trace/checks.py checks it)
         return Proposal(tokens, torch.stack(dists).cpu(), step_times,
                         {"kind": self.kind, "feature_sources": sources, "first_feature_position": n - 2})
 
