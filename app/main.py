@@ -9,15 +9,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so `app` and `engine` import
 
-import streamlit as st  # noqa: E402
+import streamlit as st
 
-from app.ui import (
-    sidebar,  # noqa: E402
-    state,  # noqa: E402
-    timing,  # noqa: E402
-)
-from app.ui.pages import PAGES  # noqa: E402
-from app.ui.safe import md  # noqa: E402
+from app.ui import sidebar, state, timing
+from app.ui.pages import PAGES
+from app.ui.safe import md
 
 
 def navigation_pages() -> list:
