@@ -1,7 +1,10 @@
-"""app/ui/jobs.py's Job on its own: the worker's result, its progress, and a failure as words."""
+"""app/ui/jobs.py's Job on its own (the worker's result, its progress, a failure as words), and its
+hand-over to the page when Streamlit cuts the run short."""
 import threading
 
-from app.ui.jobs import Job
+from streamlit.testing.v1 import AppTest
+
+from app.ui.jobs import JOB, Job
 
 
 def run_in_thread(job: Job, work) -> None:
@@ -54,3 +57,41 @@ def test_progress_is_clamped_and_time_left_needs_some_progress():
     job.started -= 10  # ten seconds in, a quarter done: about thirty left
     job.report(0.25)
     assert 29 <= job.seconds_left() <= 31
+
+
+def handover_script() -> None:
+    """A page whose on_done is cut short once, the way Streamlit stops a run at a session-state
+    access when a rerun is pending (the polling fragment sends them every half second)."""
+    import streamlit as st
+
+    from app.ui import jobs
+
+    def on_done(result) -> None:
+        st.session_state["calls"] = st.session_state.get("calls", 0) + 1
+        if st.session_state["calls"] == 1:
+            raise RuntimeError("cut short")
+        st.session_state["result"] = result
+
+    if "started" not in st.session_state:
+        st.session_state["started"] = True
+        gate = st.session_state["gate"]  # the test opens it once the page shows the job running
+        jobs.start("t", "Test", lambda report: gate.wait(30) and 42, on_done)
+    jobs.show("t")
+    st.write(f"result: {st.session_state.get('result')}")
+
+
+def test_a_hand_over_cut_short_is_made_again_on_the_next_run():
+    """The job is forgotten only after on_done stored its result; before, a run stopped between
+    forgetting the job and storing the result lost the result for good."""
+    at = AppTest.from_function(handover_script, default_timeout=30)
+    at.session_state["gate"] = gate = threading.Event()
+    at.run()
+    job = at.session_state[JOB]
+    assert job.running and not at.exception
+    gate.set()
+    assert job.finished.wait(30)
+    at.run()  # the first hand-over: on_done is cut short
+    assert at.exception and JOB in at.session_state and "result" not in at.session_state
+    at.run()  # the next run hands the result over again
+    assert not at.exception and at.session_state["result"] == 42 and JOB not in at.session_state
+    assert "result: 42" in [m.value for m in at.markdown]

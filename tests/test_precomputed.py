@@ -23,6 +23,12 @@ from scripts import make_teaching_results as script
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 
+# Probabilities stored on one CPU and recomputed on another: float32 kernels add in a different
+# order per CPU model (AVX2 on an AMD EPYC, AVX-512/AMX on an Intel Xeon), so the softmax of the
+# 8-layer tiny-shakespeare target differs in the last digits. Measured: 1.3e-6 between those two machines. 2e-5 is
+# 15 times that and still 250 times finer than one sample in 200, the lab's coarsest count.
+ACROSS_CPUS = 2e-5
+
 
 @pytest.fixture(scope="module")
 def stored() -> dict[str, dict]:
@@ -64,7 +70,7 @@ def test_stored_rollback_matches_a_live_run(stored, shakespeare):
         assert old.acceptance_rate == pytest.approx(run.acceptance_rate)
         assert [c.target_cache.status for c in old.cycles] == [c.target_cache.status for c in run.cycles]
         for a, b in zip(old.cycles, run.cycles):
-            assert a.target_tv == pytest.approx(b.target_tv, abs=1e-5)  # float noise only
+            assert a.target_tv == pytest.approx(b.target_tv, abs=ACROSS_CPUS)  # float noise only
 
 
 def test_stored_lab_result_matches_a_live_run(stored, shakespeare):
@@ -75,7 +81,7 @@ def test_stored_lab_result_matches_a_live_run(stored, shakespeare):
     kept, texts = precomputed.lab_from_dict(stored[key]["result"])
     live = run_lab(pair, ids, SpecSettings(**settings), Faults(), 200)
     assert kept.speculative_counts == live.speculative_counts and kept.plain_counts == live.plain_counts
-    assert kept.exact == pytest.approx(live.exact, abs=1e-6)
+    assert kept.exact == pytest.approx(live.exact, abs=ACROSS_CPUS)
     assert all(texts[i] == pair.target.tokenizer.decode([i]) for i in texts)
 
 
@@ -88,7 +94,7 @@ def test_every_stored_lab_result_is_consistent(stored, shakespeare):
         if json.loads(key)[0] != precomputed.EXACTNESS:
             continue
         res, _ = precomputed.lab_from_dict(entry["result"])
-        assert res.exact == pytest.approx(p_target.tolist(), abs=1e-6)
+        assert res.exact == pytest.approx(p_target.tolist(), abs=ACROSS_CPUS)
         assert sum(res.speculative_counts) == sum(res.plain_counts) == res.samples == json.loads(key)[6]
         again = chi_square(torch.tensor(res.speculative_counts), torch.tensor(res.exact))
         assert again.statistic == pytest.approx(res.speculative_test.statistic)

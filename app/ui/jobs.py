@@ -8,7 +8,8 @@ shows the work so far (the text generated yet, say). The worker only sets plain 
 on the Job, never calls st.*: Streamlit's elements and session state belong to the script
 thread. `show(name, draw_partial)` draws the job's progress (and `draw_partial(partial)`)
 from a fragment that polls it and, once the work has ended, hands the result to `on_done`
-on the script thread, which stores it where the page reads it, and reruns the page.
+on the script thread, which stores it where the page reads it (assignments only: it may
+run twice, see `show`), and reruns the page.
 
 If the user leaves the page, the thread keeps working; the page collects the result the
 next time it is drawn. A failure becomes an error message; nothing stored earlier is lost.
@@ -131,9 +132,14 @@ def show(name: str, draw_partial: Callable[[Any], None] | None = None) -> Job | 
     if job.running:
         _poll(name, draw_partial)
         return job
-    if job.error is None:  # done: hand the result over once, then forget the job
-        del st.session_state[JOB]
+    if job.error is None:  # done: hand the result over, then forget the job
+        # Every session-state access is a point where Streamlit may cut this run short for a
+        # pending rerun (the polling fragment sends them). So the job is forgotten only after
+        # on_done has stored its result: cut anywhere, the next run hands it over again.
+        # Each on_done only assigns session-state entries, so a second call changes nothing.
         job.on_done(job.result)
+        if current() is job:
+            del st.session_state[JOB]
         st.rerun()
     st.error(f"{md(job.label)} failed: {md(state.shown_paths(job.error)[:400])}. Nothing stored earlier "
              "was lost; try again.", icon=":material/error:")
