@@ -138,8 +138,7 @@ def show(name: str, draw_partial: Callable[[Any], None] | None = None) -> Job | 
         # on_done has stored its result: cut anywhere, the next run hands it over again.
         # Each on_done only assigns session-state entries, so a second call changes nothing.
         job.on_done(job.result)
-        if current() is job:
-            del st.session_state[JOB]
+        del st.session_state[JOB]
         st.rerun()
     st.error(f"{md(job.label)} failed: {md(state.shown_paths(job.error)[:400])}. Nothing stored earlier "
              "was lost; try again.", icon=":material/error:")
