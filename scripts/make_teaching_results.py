@@ -3,8 +3,8 @@
     python -m scripts.make_teaching_results            # writes assets/teaching/results.json
 
 Runs the real engine at each page's default settings (the rollback demo's three runs;
-the exactness lab for every acceptance rule, with and without a greedy draft, plus the
-full 2000-sample chi-square for each rule) and stores the results with the time each
+the exactness lab for every acceptance rule, with and without a greedy draft, at the sample
+count the page sets for it, plus the full 2000-sample chi-square for each rule) and stores the results with the time each
 took. The pages show these at once when pair, prompt and settings match exactly;
 tests/test_precomputed.py recomputes entries and compares them.
 """
@@ -23,8 +23,9 @@ from app.runs import precomputed
 from engine.config import SpecSettings
 from engine.models.presets import PRESETS
 from engine.run import encode_prompt, load_preset
-from engine.teaching.exactness import run_lab
+from engine.teaching.exactness import next_token_probs, predicted_first_token, run_lab
 from engine.teaching.faults import Faults
+from engine.teaching.power import default_samples
 from engine.teaching.runs import compare_runs
 from engine.teaching.stale_slots import static_run
 
@@ -44,9 +45,12 @@ def exactness_defaults() -> dict:
     return SpecSettings(k=1, temperature=1.0, top_k=0, seed=0).to_dict()
 
 
-def exactness_runs() -> list[tuple[str, bool, int]]:
-    """(rule, greedy draft, samples): every rule at the page's default count, and the full test."""
-    return [(r, g, 200) for r in RULES for g in (False, True)] + [(r, False, 2000) for r in RULES]
+def exactness_runs(p_target: torch.Tensor, p_draft: torch.Tensor) -> list[tuple[str, bool, int]]:
+    """(rule, greedy draft, samples): every rule at the count the page sets for it (the fewest
+    that catch it with LAB_POWER, engine/teaching/power.py), and the full 2000-sample test."""
+    runs = [(r, g, default_samples(predicted_first_token(p_target, p_draft, r, g), p_target))
+            for r in RULES for g in (False, True)]
+    return runs + [(r, False, 2000) for r in RULES if (r, False, 2000) not in runs]
 
 
 def main() -> None:
@@ -77,7 +81,8 @@ def main() -> None:
         entries += [e for e in old if json.loads(e["key"])[0] != precomputed.ROLLBACK]
 
     settings = exactness_defaults()
-    for rule, greedy, n in [] if args.only_rollback else exactness_runs():
+    p_target, p_draft = next_token_probs(pair, ids, SpecSettings(**settings))
+    for rule, greedy, n in [] if args.only_rollback else exactness_runs(p_target, p_draft):
         start = time.perf_counter()
         res = run_lab(pair, ids, SpecSettings(**settings), Faults(acceptance_rule=rule, greedy_draft=greedy), n)
         texts = {i: pair.target.tokenizer.decode([i]) for i in histogram_entries(res, TOP_TOKENS)}

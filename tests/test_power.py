@@ -4,7 +4,17 @@ import pytest
 import torch
 
 from engine.teaching.exactness import chi2_survival
-from engine.teaching.power import approximate_power, critical_value, samples_for_power, simulated_power
+from engine.teaching.power import (
+    DEFAULT_SAMPLES,
+    LAB_POWER,
+    SAMPLE_COUNTS,
+    SIGNIFICANCE,
+    approximate_power,
+    critical_value,
+    default_samples,
+    samples_for_power,
+    simulated_power,
+)
 
 ALPHA = 0.01
 TARGET = torch.tensor([0.4, 0.3, 0.2, 0.07, 0.03])
@@ -50,3 +60,13 @@ def test_samples_where_the_target_gives_probability_zero_are_caught():
     assert approximate_power(broken, target, 60, ALPHA) >= 1 - 0.9 ** 60
     assert simulated_power(broken, target, 60, ALPHA) >= 1 - 0.9 ** 60 - AGREE
     assert samples_for_power(broken, target) == 50  # the smallest count already catches it
+
+
+def test_the_lab_default_is_the_first_choice_that_reaches_the_power():
+    n = default_samples(SHIFTED, TARGET)
+    assert n in SAMPLE_COUNTS and approximate_power(SHIFTED, TARGET, n, SIGNIFICANCE) >= LAB_POWER
+    smaller = [c for c in SAMPLE_COUNTS if c < n]
+    assert smaller and approximate_power(SHIFTED, TARGET, smaller[-1], SIGNIFICANCE) < LAB_POWER
+    assert default_samples(TARGET, TARGET) == DEFAULT_SAMPLES  # the correct rule: nothing to catch
+    close = torch.tensor([0.39, 0.3, 0.21, 0.07, 0.03])  # caught 13% of the time even at 5000
+    assert default_samples(close, TARGET) == SAMPLE_COUNTS[-1]  # the most the lab offers

@@ -17,9 +17,11 @@ from engine.models.presets import PRESETS
 from engine.run import encode_prompt, load_preset
 from engine.teaching.exactness import chi_square, next_token_probs, run_lab
 from engine.teaching.faults import Faults
+from engine.teaching.power import DEFAULT_SAMPLES, LAB_POWER
 from engine.teaching.runs import compare_runs
 from engine.teaching.stale_slots import static_run
 from scripts import make_teaching_results as script
+from tests.app_jobs import finish_job
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 
@@ -46,10 +48,12 @@ def shakespeare():
     torch.set_num_threads(before)
 
 
-def test_every_default_the_script_promises_is_stored(stored):
+def test_every_default_the_script_promises_is_stored(stored, shakespeare):
+    pair, ids = shakespeare
     prompt = PRESETS[script.PRESET].example_prompt
     assert precomputed.rollback_key(script.PAIR_KEY, prompt, script.rollback_defaults()) in stored
-    for rule, greedy, n in script.exactness_runs():
+    p_target, p_draft = next_token_probs(pair, ids, SpecSettings(**script.exactness_defaults()))
+    for rule, greedy, n in script.exactness_runs(p_target, p_draft):
         assert precomputed.exactness_key(script.PAIR_KEY, prompt, script.exactness_defaults(),
                                          rule, greedy, n, 1) in stored
 
@@ -139,3 +143,27 @@ def test_the_full_chi_square_is_stored_and_shown_without_sampling(bundled_pairs_
     assert not at.exception, [e.value for e in at.exception]
     assert any("Precomputed with the real engine" in c.value for c in at.caption)
     assert any("2000 samples" in json.dumps(json.loads(c.proto.spec)["layout"]["title"]) for c in at.get("plotly_chart"))
+
+
+def test_each_rule_opens_at_a_sample_count_that_catches_it(bundled_pairs_only, monkeypatch):
+    """Switching to a broken rule sets the samples its test needs for 99% power on the bundled
+    pair (engine/teaching/power.py), and the stored result there catches it; with fewer samples
+    the same rule can pass the test, and the page then says undecided, never green."""
+    at = AppTest.from_file(MAIN, default_timeout=120)
+    at.run()
+    at.switch_page("views/exactness_lab.py").run()
+    assert at.select_slider(key="lab_n").value == DEFAULT_SAMPLES and at.success  # the correct rule passes
+    at.radio(key="lab_rule").set_value("no_residual").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.select_slider(key="lab_n").value == 1000  # 200 would catch it only about a third of the time
+    assert any("Precomputed with the real engine" in c.value for c in at.caption)
+    assert at.error and "**not** the target's distribution" in at.error[0].value
+    [power] = [c.value for c in at.caption if "catches this rule" in c.value]
+    assert float(power.split("catches this rule ")[1].split("%")[0]) >= 100 * LAB_POWER
+    at.select_slider(key="lab_n").set_value(200)
+    [run] = [b for b in at.button if b.label == "Run live"]
+    run.click().run()
+    finish_job(at)
+    res, _, _ = next(iter(at.session_state["lab_live"].values()))
+    assert res.samples == 200 and res.speculative_test.p_value >= 0.01  # seed 0: this broken rule passes here
+    assert not at.success and any(w.value.count("**Undecided:**") == 1 for w in at.warning)

@@ -111,3 +111,20 @@ def samples_for_power(p_true: torch.Tensor, p_null: torch.Tensor, power: float =
         mid = (low + n) // 2
         low, n = (mid, n) if approximate_power(p_true, p_null, mid, alpha) < power else (low, mid)
     return n
+
+
+# ---------------------------------------------------------------- the lab's settings
+
+SIGNIFICANCE = 0.01  # the lab calls a histogram "not the target's" at p < 1%
+LAB_POWER = 0.99  # each broken rule's default sample count catches it at least this often
+SAMPLE_COUNTS = (100, 200, 400, 1000, 2000, 5000)  # the lab's choices
+DEFAULT_SAMPLES = 200  # for the correct rule, which no sample count "catches"
+
+
+def default_samples(p_rule: torch.Tensor, p_target: torch.Tensor) -> int:
+    """The smallest of SAMPLE_COUNTS whose test catches a rule that samples p_rule with LAB_POWER
+    (the largest if none does); DEFAULT_SAMPLES when p_rule is the target's distribution."""
+    needed = samples_for_power(p_rule, p_target, LAB_POWER, SIGNIFICANCE, largest=SAMPLE_COUNTS[-1])
+    if needed is None and approximate_power(p_rule, p_target, SAMPLE_COUNTS[-1], SIGNIFICANCE) <= 2 * SIGNIFICANCE:
+        return DEFAULT_SAMPLES  # nothing to catch: the correct rule (or one indistinguishable from it)
+    return next((n for n in SAMPLE_COUNTS if needed is not None and n >= needed), SAMPLE_COUNTS[-1])
