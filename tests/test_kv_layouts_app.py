@@ -66,7 +66,7 @@ def test_static_figures_show_the_write_pointer_and_the_stale_cells(layout_traces
 
 def test_paged_figures_show_block_table_and_blocks_going_back(layout_traces):
     trace = layout_traces["paged"]
-    saw_free = False
+    saw_free = saw_whole = False
     for c in trace.cycles:
         states = c["target_cache_layout_state"]
         for stage in (2, 5):
@@ -84,11 +84,14 @@ def test_paged_figures_show_block_table_and_blocks_going_back(layout_traces):
                 freed_heads = [h for h in heads if "freed" in h]
                 assert len(freed_heads) == len(states["blocks_freed"])
                 saw_free |= bool(states["blocks_freed"])
+                partial = s["num_tokens"] % trace.header["cache_layout"]["block_size"] != 0
+                assert ("partial one too" in table_fig.layout.title.text) == partial  # only when it is partial
+                saw_whole |= not partial
             else:
                 assert xs_of(pool_fig, "allocated this cycle") == sorted(set(states["blocks_allocated"]) & held)
             pool_blocks = trace.header["cache_layout"]["pool_blocks"]
             assert f"{s['blocks_used']} of {pool_blocks} blocks used" in pool_fig.layout.title.text
-    assert saw_free
+    assert saw_free and saw_whole
 
 
 def test_dynamic_figure_cuts_the_strip(layout_traces):

@@ -357,8 +357,11 @@ def acceptance_figure(c: dict, k: int, stage: int = 3, greedy: bool = False) -> 
     ]
     if stage >= 3:
         traces += _argmax_marks(c, k, ticks) if greedy else _acceptance_marks(c, ticks, values)
-    title = ("Greedy test: keep while draft = target's argmax" if greedy else
-             "Test: keep while u < min(1, p_target / p_draft)")
+    if stage < 3:  # the test itself is drawn from stage 3 on
+        title = "Verify: both models' probability of each draft token"
+    else:
+        title = ("Greedy test: keep while draft = target's argmax" if greedy else
+                 "Test: keep while u < min(1, p_target / p_draft)")
     return figure(traces, title, 380, top=96, barmode="group", bargap=0.3, yaxis=probability_axis(),
                   xaxis=dict(type="category"))
 

@@ -15,6 +15,15 @@ STAGES = {
 }
 
 
+def discarded_untested(rejected: int, k: int) -> str:
+    """The clause for the draft positions after a rejection, which are never tested."""
+    if rejected >= k:
+        return ""
+    if rejected + 1 == k:
+        return f"; position {k} is discarded untested"
+    return f"; positions {rejected + 1}–{k} are discarded untested"
+
+
 def quoted(text: str) -> str:
     return f"'{visible_text(text)}'"
 
@@ -44,7 +53,7 @@ def _greedy_test(c: dict, k: int) -> str:
         return "Temperature 0, and nothing was proposed: there is no draft token to test."
     if j is None:
         return f"{head}: all {k} were, so the text is exactly what plain greedy decoding would write."
-    rest = f"; positions {j + 1}–{k} are discarded untested" if j < k else ""
+    rest = discarded_untested(j, k)
     return (f"{head}: {n} accepted, position {j} ({quoted(c['draft_token_texts'][j - 1])}) rejected because the "
             f"target's argmax there is {quoted(c['next_token_text'])}{rest}.")
 
@@ -121,7 +130,7 @@ def _test(c: dict, k: int) -> str:
         return (f"Left to right, each draft token is kept if u < min(1, p_target/p_draft): all {k} passed, "
                 f"so the output still follows the target model exactly.")
     u, a = c["u"][j - 1], c["accept_prob"][j - 1]
-    rest = f"; positions {j + 1}–{k} are discarded untested" if j < k else ""
+    rest = discarded_untested(j, k)
     return (f"Left to right, each draft token is kept if u < min(1, p_target/p_draft): {n} accepted, "
             f"position {j} ({quoted(c['draft_token_texts'][j - 1])}) rejected because u={u:.3f} ≥ {a:.3f}{rest}.")
 

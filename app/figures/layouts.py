@@ -206,7 +206,8 @@ def block_table_figure(layout: dict, c: dict, states: dict, stage: int, texts: S
              f"{table_text(s['block_table'])}, {n_tokens} positions in {len(s['block_table'])} blocks of {size}"
              if stage < 5 else
              f"Paged cache (target): rollback to {n_tokens} positions keeps {kept_blocks} blocks "
-             f"(the partial one too) and frees {len(states['blocks_freed'])}: {states['blocks_freed']}")
+             + ("(the partial one too) " if n_tokens % size else "")
+             + f"and frees {len(states['blocks_freed'])}: {states['blocks_freed']}")
     lo, hi = first_block * size, max(last_block, first_block + 1) * size
     return figure(traces, title, 220, barmode="overlay", annotations=heads, shapes=bounds,
                   yaxis=dict(fixedrange=True, range=[-0.6, 0.9]),

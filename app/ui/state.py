@@ -59,7 +59,9 @@ def uploads_dir() -> Path:
 
 def shown_paths(text: str) -> str:
     """A message with the server's absolute folders replaced by names relative to the app."""
-    folders = [(uploads_dir(), "uploads"), (runs_dir(), "runs"), (traces_dir(), "traces"), (ROOT, ""),
+    runs = runs_dir()  # under the project (runs/live/ by default) it is shown as it is named there
+    runs_name = runs.resolve().relative_to(ROOT.resolve()).as_posix() if runs.resolve().is_relative_to(ROOT.resolve()) else "runs"
+    folders = [(uploads_dir(), "uploads"), (runs, runs_name), (traces_dir(), "traces"), (ROOT, ""),
                (Path(tempfile.gettempdir()), "tmp"), (Path.home(), "~")]
     for folder, name in sorted(folders, key=lambda f: -len(str(f[0]))):
         text = text.replace(str(folder) + os.sep, f"{name}/" if name else "").replace(str(folder), name or ".")
