@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.trace import load_trace
+from engine.stats.quiet import MAX_VERIFY_OVER_MEDIAN, quiet_words, verify_seconds_per_position
+from engine.trace import load_trace, model_name
 from tests.checks import assert_self_consistent
 
 TRACES = sorted((Path(__file__).resolve().parent.parent / "assets" / "traces").glob("*.jsonl"))
@@ -27,3 +28,21 @@ def test_bundled_trace_names_no_machine_path(path):
     for role in ("target", "draft"):
         name = (header.get(role) or {}).get("name", "")
         assert not name.startswith(("/", "~")) and ":\\" not in name, f"{role} named by a machine path: {name}"
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[p.name for p in TRACES])
+def test_bundled_trace_was_recorded_quietly(path):
+    """No verify pass over 3x the trace's median (engine/stats/quiet.py): a busy recording
+    machine would teach a wrong speed."""
+    assert quiet_words(load_trace(path)) is None
+
+
+def test_traces_of_one_target_agree_on_verify_time_per_position():
+    """Recorded on one machine, one target costs about the same per scored position whatever the
+    K, drafter or cache layout: within MAX_VERIFY_OVER_MEDIAN of each other."""
+    per_target: dict[str, dict[str, float]] = {}
+    for path in TRACES:
+        trace = load_trace(path)
+        per_target.setdefault(model_name(trace.header, "target"), {})[path.name] = verify_seconds_per_position(trace)
+    for target, seconds in per_target.items():
+        assert max(seconds.values()) <= MAX_VERIFY_OVER_MEDIAN * min(seconds.values()), (target, seconds)

@@ -11,6 +11,7 @@ from app.ui.pages import TRACE_SOURCE
 from app.ui.safe import md
 from app.ui.widgets import chart
 from engine.stats.analysis import SpeedReport, trace_stats
+from engine.stats.quiet import quiet_words
 from engine.trace import Trace, model_name
 from engine.trace.schema import DRAFT_MODEL
 
@@ -166,8 +167,12 @@ def header(trace: Trace) -> None:
     st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}**{via} · K={s['k']} · "
                f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
                f"{len(trace.cycles)} cycles{done}")
+    loud = quiet_words(trace)  # a busy recording machine: its speed is not the method's
     speed = speed_of(state.current_key(), trace) if trace.cycles else None
-    if speed is not None and speed.measured < 1:
+    if loud is not None:
+        st.warning(f"**Timings not trustworthy.** {loud} Step through it for the tokens and the caches; take "
+                   "speeds from a quiet trace.", icon=":material/timer_off:")
+    elif speed is not None and speed.measured < 1:
         st.warning(slower_note(speed, trace.k), icon=":material/trending_down:")
 
 

@@ -5,6 +5,7 @@
 - calibrate.py: one target step, one draft step and one verify pass, timed.
 - sweep.py: one prompt at several K, measured. repeats.py: warm up, repeat, report the spread.
 - layouts.py: slots held, stale slots and blocks, per cache layout.
+- quiet.py: whether a trace's own timings say it was recorded on a quiet machine.
 
 May import: everything in the engine below it (config, trace, models, kv, drafters, cycle).
 """

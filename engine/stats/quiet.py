@@ -1,0 +1,38 @@
+"""Was a trace recorded on a quiet machine? Its own timings say.
+
+On an idle machine the verify passes of one run cost about the same: same model, same
+widths. Another process taking the core shows as verify passes many times the run's
+median (a class once saw 4.2 s cycles in a trace whose others took 45 ms). Such a trace
+teaches a wrong speed, so the bundled traces must pass this rule, the recording script
+re-records those that fail, and the app says so when a trace fails it.
+"""
+import statistics
+
+from engine.trace import Trace
+
+MAX_VERIFY_OVER_MEDIAN = 3.0  # no cycle's verify pass may take more than 3x the trace's median
+
+
+def loud_cycles(trace: Trace) -> list[int]:
+    """Cycle numbers whose verify pass took more than MAX_VERIFY_OVER_MEDIAN x the median."""
+    times = [c["verify_time_s"] for c in trace.cycles]
+    if not times:
+        return []
+    limit = MAX_VERIFY_OVER_MEDIAN * statistics.median(times)
+    return [c["cycle"] for c in trace.cycles if c["verify_time_s"] > limit]
+
+
+def verify_seconds_per_position(trace: Trace) -> float:
+    """Median over cycles of the verify pass's time per scored position (K + 1 of them), a
+    figure that traces of one target at different K should roughly share."""
+    return statistics.median(c["verify_time_s"] / (len(c["draft_token_ids"]) + 1) for c in trace.cycles)
+
+
+def quiet_words(trace: Trace) -> str | None:
+    """Why this trace's timings cannot be trusted, or None when it passes the rule."""
+    loud = loud_cycles(trace)
+    if not loud:
+        return None
+    return (f"{len(loud)} of {len(trace.cycles)} cycles (first: cycle {loud[0]}) took over "
+            f"{MAX_VERIFY_OVER_MEDIAN:g}x the median verify time: the machine was busy while this trace was "
+            "recorded, so its timings and speedups are not a measurement of the method.")
