@@ -383,13 +383,19 @@ def test_a_run_that_never_rolls_back_fits_every_layout_and_breaks_the_same_way()
     assert runs["dynamic"] != plain
 
 
-def test_stats_of_a_trace_from_before_layouts_report_a_dynamic_cache():
+def test_stats_of_a_trace_from_before_layouts_report_a_dynamic_cache(tmp_path):
+    import json
     from pathlib import Path
 
     from engine.stats.layouts import layout_stats
     from engine.stats.report import format_stats
     from engine.trace import load_trace
-    trace = load_trace(Path(__file__).resolve().parent.parent / "assets" / "traces" / "default.jsonl")
+    records = [json.loads(line) for line in
+               (Path(__file__).resolve().parent.parent / "assets" / "traces" / "default.jsonl").read_text().splitlines()]
+    for field in ("cache_layout", "drafter"):  # written before layouts and drafters existed
+        records[0].pop(field, None)
+    (tmp_path / "old.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    trace = load_trace(tmp_path / "old.jsonl")
     assert "cache_layout" not in trace.header
     ls = layout_stats(trace)
     peak = max(c["target_cache_len"]["after_append"] for c in trace.cycles)
