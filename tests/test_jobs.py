@@ -4,7 +4,7 @@ import threading
 
 from streamlit.testing.v1 import AppTest
 
-from app.ui.jobs import JOB, Job
+from app.ui.jobs import JOB, WAITING, Job
 
 
 def run_in_thread(job: Job, work) -> None:
@@ -95,3 +95,28 @@ def test_a_hand_over_cut_short_is_made_again_on_the_next_run():
     at.run()  # the next run hands the result over again
     assert not at.exception and at.session_state["result"] == 42 and JOB not in at.session_state
     assert "result: 42" in [m.value for m in at.markdown]
+
+
+def test_two_sessions_jobs_take_turns_on_the_server():
+    """A second job (another visitor's) waits, saying so, until the first has finished: two timed
+    jobs never run at once."""
+    first_going, release, second_started = threading.Event(), threading.Event(), threading.Event()
+    first, second = Job("a", "Live run", on_done=lambda r: None), Job("b", "Timing", on_done=lambda r: None)
+
+    def held(report):
+        first_going.set()
+        assert release.wait(30), "the test never released the first job"
+        return 1
+
+    threading.Thread(target=first.run, args=(held,)).start()
+    assert first_going.wait(30)
+    waiter = threading.Thread(target=second.run, args=(lambda report: second_started.set() or 2,))
+    waiter.start()
+    while second.text != WAITING and not second_started.is_set():  # at its turn's door, or (wrongly) in
+        release.wait(0.01)
+    try:
+        assert not second_started.is_set() and second.running and first.running
+    finally:
+        release.set()
+    waiter.join(30)
+    assert first.result == 1 and second.result == 2 and second_started.is_set()

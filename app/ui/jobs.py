@@ -1,8 +1,8 @@
 """Live work (runs, teaching demos, measurements) on a background thread, so the page stays usable.
 
-One job per session at a time (work side by side would slow each other, and timings taken
-meanwhile would be wrong). A page starts one with `start(name, label, work, on_done)`:
-`work(report)` is a plain engine call run on a worker thread; it may call
+One job per session at a time, and one running on the whole server (TURN): work side by
+side would slow each other, and timings taken meanwhile would be wrong. A page starts one
+with `start(name, label, work, on_done)`: `work(report)` is a plain engine call run on a worker thread; it may call
 `report(fraction, text)`, and `report(fraction, text, partial)` to hand over plain data that
 shows the work so far (the text generated yet, say). The worker only sets plain attributes
 on the Job, never calls st.*: Streamlit's elements and session state belong to the script
@@ -28,6 +28,12 @@ from app.ui.safe import md
 JOB = "background_job"  # session_state: the session's one Job (running, not yet collected, or failed)
 POLL_S = 0.5  # how often the progress fragment looks at a running job
 BUSY = "One live run or measurement at a time"  # the start of the words that refuse a second job
+
+# One job at a time on the whole server, whichever session started it: jobs time things
+# (live runs record their step times), and two at once on a small machine slow each other
+# and make both timings wrong. The others wait their turn; their progress says so.
+TURN = threading.Lock()
+WAITING = "waiting for another visitor's live run or measurement to finish"
 
 Report = Callable[..., None]  # (fraction done, what is running now[, the work so far as plain data])
 
@@ -64,9 +70,12 @@ class Job:
         return (time.perf_counter() - self.started) * (1 - self.fraction) / self.fraction
 
     def run(self, work: Callable[[Report], Any]) -> None:
-        """The worker thread's body."""
+        """The worker thread's body: waits its turn on this server, then works."""
         try:
-            self.result = work(self.report)
+            self.text = WAITING
+            with TURN:
+                self.started, self.text = time.perf_counter(), "starting"
+                self.result = work(self.report)
         except Exception as err:  # noqa: BLE001 - any failure is shown to the user, never lost in a thread
             traceback.print_exc()
             self.error = f"{type(err).__name__}: {err}"
