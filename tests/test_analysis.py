@@ -1,6 +1,7 @@
 """Acceptance, cost and speed analysis: formulas by hand, real tiny traces, calibration, CLI, K sweep."""
 import json
 import math
+import statistics
 
 import pytest
 
@@ -98,10 +99,24 @@ def test_cycle_times_and_speed_report_by_hand():
     cal = Calibration(50, 0.002, 0.001, [1, 2, 3], [0.002, 0.0025, 0.003])
     r = speed_report(2, 0.7, t, cal)
     assert r.c == pytest.approx(0.5) and r.verify_in_steps == pytest.approx(1.5)
-    assert r.measured == pytest.approx(0.002 * 4 / 0.013)
+    # Two tokens a cycle at a median cycle of 6.5 ms, where one target step takes 2 ms.
+    assert r.measured == pytest.approx(0.002 * 2 / 0.0065)
+    assert (r.measured_spread.low, r.measured_spread.high) == pytest.approx((0.002 * 2 / 0.00675, 0.002 * 2 / 0.00625))
     assert r.leviathan == pytest.approx((1 + 0.7 + 0.49) / 2)
     assert r.refined == pytest.approx((1 + 0.7 + 0.49) * 0.002 / (0.002 + 0.003))
     assert r.closer == "refined" and "verifying 3 positions took 1.50 target steps" in explain_speed(r)
+
+
+def test_a_stalled_cycle_moves_neither_c_nor_the_measured_speedup():
+    # Five 6 ms cycles, then one in which another process held the core for a second.
+    quiet = [cycle(1, [0.9, 0.9], [0.001, 0.001], 0.003, 0.0, 0.006) for _ in range(5)]
+    stalled = cycle(1, [0.9, 0.9], [0.001, 0.5], 0.5, 0.0, 1.006)
+    cal = Calibration(50, 0.002, 0.001, [1, 2, 3], [0.002, 0.0025, 0.003])
+    before, after = (speed_report(2, 0.9, cycle_times(cs), cal) for cs in (quiet, quiet + [stalled]))
+    assert (after.c, after.measured) == pytest.approx((before.c, before.measured))
+    # Total time over total tokens, the definition this replaced, would have fallen sixfold.
+    t = cycle_times(quiet + [stalled])
+    assert 0.002 * t.tokens / t.decode_s < after.measured / 6
 
 
 def test_advisor_finds_the_best_k_and_says_when_none_pays_off():
@@ -168,9 +183,15 @@ def test_calibrated_trace_round_trips_and_stats_match_the_records(calibrated):
     cal = trace.header["calibration"]
     r = st.speed
     tokens = sum(len(c["committed_token_ids"]) for c in cycles)
-    assert r.measured == pytest.approx(cal["target_step_s"] * tokens / sum(c["cycle_time_s"] for c in cycles))
-    draft_step = sum(t for c in cycles for t in c["draft_step_times_s"]) / (len(cycles) * trace.k)
+    median_cycle = statistics.median(c["cycle_time_s"] for c in cycles)
+    assert r.measured == pytest.approx(cal["target_step_s"] * tokens / len(cycles) / median_cycle)
+    assert r.measured_spread.low <= r.measured <= r.measured_spread.high
+    draft_step = statistics.median(t for c in cycles for t in c["draft_step_times_s"])
     assert r.c == pytest.approx(draft_step / cal["target_step_s"])
+    assert r.verify_in_steps == pytest.approx(st.calibration.verify_time(4) / cal["target_step_s"])
+    # The headline prediction is the advisor's row at the trace's own K: one value, two places.
+    at_k = next(a for a in st.advice if a.k == trace.k)
+    assert (r.refined, r.leviathan, r.cycle_steps) == pytest.approx((at_k.refined, at_k.leviathan, at_k.cost_steps))
     assert r.leviathan == pytest.approx(predicted_speedup(st.alpha, 3, r.c))
     assert [a.k for a in st.advice] == list(range(1, 9))
 

@@ -11,6 +11,7 @@ import pytest
 from app.figures import cycle as figures
 from app.figures import derive, explain
 from app.ui.safe import md
+from engine.stats.quiet import loud_cycles, median_cycle_s
 from engine.trace import Trace, load_trace
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -272,6 +273,26 @@ def test_overview_points(sampled):
                                                           if c["rejected_position"])
     assert points["bonus"] == [(c["cycle"], k + 1) for c in sampled.cycles if c["bonus_token_id"] is not None]
     assert fig.layout.shapes[0].x0 == 2.5 and fig.layout.shapes[0].x1 == 3.5
+    assert figures.SLOW_CYCLE not in [t.name for t in fig.data]  # no outlier named, none drawn
+
+
+def test_a_stalled_cycle_is_marked_in_the_cycle_map_and_its_time_bar(sampled):
+    trace = copy.deepcopy(sampled)
+    for c in trace.cycles:  # even times, so that only the stall below can be an outlier on any machine
+        c["cycle_time_s"], c["verify_time_s"] = 0.01, 0.004
+    stalled = trace.cycles[2]
+    stalled["cycle_time_s"] = 0.05  # 5x the median: another process took the core
+    slow = loud_cycles(trace)
+    assert slow == [stalled["cycle"]]
+    fig = figures.overview_figure(derive.overview(trace), len(trace.cycles), 0, slow)
+    marks = next(t for t in fig.data if t.name == figures.SLOW_CYCLE)
+    assert marks.x.tolist() == [stalled["cycle"]] and marks.y.tolist() == [trace.k + 2]
+    assert list(fig.layout.yaxis.ticktext)[-1] == "slow"
+    bar = figures.cycle_time_figure(stalled, median_cycle_s(trace), True)
+    assert "5.0x this trace's median 10.0 ms: an outlier" in bar.layout.title.text
+    assert all(t.marker.line.width == 3 for t in bar.data)
+    calm = figures.cycle_time_figure(trace.cycles[0], median_cycle_s(trace), False)
+    assert "outlier" not in calm.layout.title.text and all(t.marker.line.width == 0 for t in calm.data)
 
 
 # ---------------------------------------------------------------- every figure is valid Plotly and escapes text

@@ -95,7 +95,7 @@ def verify_cost_figure(cal: Calibration, k: int, trace_verify_s: float | None = 
                     name="calibrated verify time", line=dict(color=COLOURS[MEASURED]), marker=dict(size=9),
                     hovertemplate="%{x} positions: %{y:.2f} ms<extra></extra>")
     if trace_verify_s is not None:
-        fig.add_scatter(x=[k + 1], y=[_ms(trace_verify_s)], mode="markers", name=f"this trace's mean at K+1 = {k + 1}",
+        fig.add_scatter(x=[k + 1], y=[_ms(trace_verify_s)], mode="markers", name=f"this trace's median at K+1 = {k + 1}",
                         marker=dict(symbol="star", size=15, color=OKABE_ITO["vermillion"]),
                         hovertemplate="%{x} positions: %{y:.2f} ms (trace mean)<extra></extra>")
     fig.add_hline(y=_ms(cal.target_step_s), line=dict(color=COLOURS[LEVIATHAN], dash="dash"),
@@ -107,7 +107,8 @@ def verify_cost_figure(cal: Calibration, k: int, trace_verify_s: float | None = 
 
 
 def cycle_profile_figure(t: CycleTimes) -> go.Figure:
-    """Where the mean cycle's time goes: one labelled bar per part."""
+    """Where the median cycle's time goes: one labelled bar per part (the catch-up, which only
+    fully accepted cycles pay, averaged over all cycles)."""
     parts = {"draft steps (K)": t.draft_s, "verify (K+1 positions)": t.verify_s, "draft catch-up": t.catch_up_s,
              "other: test, resample, rollback, Python": t.other_s}
     share = [v / t.cycle_s if t.cycle_s > 0 else 0.0 for v in parts.values()]
@@ -115,16 +116,19 @@ def cycle_profile_figure(t: CycleTimes) -> go.Figure:
                            text=[f"{_ms(v):.2f} ms ({p:.0%})" for v, p in zip(parts.values(), share)],
                            textposition="auto", marker=dict(color=COLOURS[MEASURED]), showlegend=False,
                            hovertemplate="%{y}: %{x:.2f} ms<extra></extra>"))
-    fig.update_xaxes(title="ms per cycle (mean)", rangemode="tozero")
+    fig.update_xaxes(title="ms per cycle (median; catch-up averaged over cycles)", rangemode="tozero")
     fig.update_yaxes(autorange="reversed")
     return _layout(fig, f"Where a cycle's {_ms(t.cycle_s):.1f} ms go", 300)
 
 
 def speed_figure(r: SpeedReport) -> go.Figure:
-    """Measured speedup beside both predictions."""
+    """Measured speedup (its error bar: the middle half of cycles) beside both predictions."""
     names = [MEASURED, LEVIATHAN, REFINED]
     values = [r.measured, r.leviathan, r.refined]
+    spread = r.measured_spread
     fig = go.Figure(go.Bar(x=[f"{n}" for n in names], y=values, text=[f"{v:.2f}x" for v in values],
+                           error_y=dict(type="data", array=[spread.high - spread.median, 0, 0],
+                                        arrayminus=[spread.median - spread.low, 0, 0]),
                            textposition="outside", marker=dict(color=[COLOURS[n] for n in names],
                                                               pattern=_hatch(["", "/", "."])),
                            hovertemplate="%{x}: %{y:.3f}x<extra></extra>", showlegend=False))

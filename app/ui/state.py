@@ -18,6 +18,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from engine.stats.analysis import TraceStats, trace_stats
 from engine.trace import Trace, TraceError, load_trace, loads_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,6 +173,17 @@ def current_trace() -> Trace | None:
 def current_key() -> str:
     """A string naming the open trace's content, for st.cache_data keys of derived data."""
     return st.session_state.get(TRACE_KEY, "")
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def stats_of(key: str, _trace: Trace) -> TraceStats:
+    """Every number the pages show about a trace (engine/stats/analysis.py), computed once per trace."""
+    return trace_stats(_trace)
+
+
+def current_stats() -> TraceStats | None:
+    trace = current_trace()
+    return stats_of(current_key(), trace) if trace is not None else None
 
 
 def link_error() -> str | None:

@@ -1,5 +1,4 @@
 """Interview practice: questions with hidden answers, each tied to live data."""
-from statistics import median
 
 import streamlit as st
 
@@ -14,11 +13,11 @@ from app.ui.safe import md
 from app.ui.widgets import chart, open_in_stepper, stepper_query
 from engine.cycle.reference import Pair
 from engine.run import encode_prompt
-from engine.stats.analysis import measured_alpha
+from engine.stats.analysis import DEFINITIONS
 from engine.stats.repeats import MAX_SPREAD, Repeated
 from engine.teaching.runs import NumericsCheck, batched_vs_stepwise, forward_times, low_precision_copy
 from engine.trace import Trace
-from engine.trace.metrics import acceptance_metrics, expected_tokens_per_cycle
+from engine.trace.metrics import expected_tokens_per_cycle
 from engine.trace.schema import EAGLE
 
 LOW_PRECISION_MAX_PARAMS = 50_000_000  # copy the target to bfloat16 only when that is quick
@@ -56,11 +55,11 @@ def needs_trace() -> None:
     st.caption("Open a trace (**Choose a trace**) to see this on real cycles.")
 
 
-def c_estimate(trace: Trace) -> float:
-    """Cost of a draft step relative to a target step, taking the verify pass as one target step."""
-    steps = [t for c in trace.cycles for t in c["draft_step_times_s"]]
-    verify = [c["verify_time_s"] for c in trace.cycles]
-    return median(steps) / median(verify) if steps and verify and median(verify) > 0 else 0.0
+def trace_c() -> float | None:
+    """The open trace's c, as Statistics and speed shows it (engine/stats/analysis.py); None
+    without a step-time calibration."""
+    stats = state.current_stats()
+    return stats.speed.c if stats is not None and stats.speed is not None else None
 
 
 # ---------------------------------------------------------------- live measurements (on request)
@@ -316,9 +315,10 @@ def q_payoff(trace: Trace | None) -> None:
         if trace is None:
             needs_trace()
             return
-        alpha, c = measured_alpha(trace.cycles), c_estimate(trace)
-        c = st.slider("c (draft step / target step)", 0.0, 1.0, round(min(c, 1.0), 2), 0.01, key="iv_c",
-                      help="Starts at this trace's estimate: median draft step / median verify pass.")
+        alpha, c = state.current_stats().alpha, trace_c()
+        c = st.slider("c (draft step / target step)", 0.0, 1.0, round(min(c, 1.0), 2) if c is not None else 0.3, 0.01,
+                      key="iv_c", help=f"Starts at this trace's c: {DEFINITIONS['c']}" if c is not None else
+                      "This trace has no step-time calibration, so no c of its own; 0.3 to start.")
         chart(speedup_figure(alpha, c, 12, trace.k), key="iv_speedup")
 
 
@@ -334,8 +334,8 @@ def q_acceptance_length(trace: Trace | None) -> None:
             needs_trace()
             return
         per_cycle = [c["num_accepted"] + 1 for c in trace.cycles]
-        m = acceptance_metrics([c["num_accepted"] for c in trace.cycles], trace.k)
-        alpha = measured_alpha(trace.cycles)
+        stats = state.current_stats()
+        m, alpha = stats.acceptance, stats.alpha
         st.caption(f"Open trace: acceptance rate {m['acceptance_rate']:.3f}, mean acceptance length "
                    f"{m['mean_acceptance_length']:.3f}, i.i.d. prediction from α={alpha:.3f}: "
                    f"{expected_tokens_per_cycle(alpha, trace.k):.3f}. The prediction assumes every guess is "
@@ -403,8 +403,9 @@ def q_pick_k(trace: Trace | None) -> None:
             "Face's adaptive schedule).")
         st.page_link(STATISTICS, label="This trace's K advisor and a live K sweep", icon=":material/monitoring:")
         if trace is not None:
-            alpha = measured_alpha(trace.cycles)
-            st.caption(f"Open trace: α = {alpha:.3f}, c ≈ {c_estimate(trace):.3f}, K = {trace.k}. The payoff question "
+            c = trace_c()
+            st.caption(f"Open trace: α = {state.current_stats().alpha:.3f}, "
+                       f"c = {'not calibrated' if c is None else format(c, '.3f')}, K = {trace.k}. The payoff question "
                        "below has a chart of the predicted speedup against K for these numbers.")
 
 

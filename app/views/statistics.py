@@ -23,7 +23,7 @@ from engine.config import SettingsError, SpecSettings
 from engine.cycle.reference import Pair
 from engine.drafters.registry import DRAFTERS, options_from_header
 from engine.models.presets import PRESETS
-from engine.stats.analysis import DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed, trace_stats
+from engine.stats.analysis import DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed
 from engine.stats.calibrate import calibrate
 from engine.stats.layouts import LayoutStats, layout_stats
 from engine.stats.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
@@ -42,10 +42,6 @@ TABS = ["Acceptance", "Cost and speed", "K advisor", "K sweep", "Race and explor
 
 
 # ---------------------------------------------------------------- data (cached per trace)
-
-@st.cache_data(max_entries=16, show_spinner=False)
-def stats_of(key: str, _trace: Trace) -> TraceStats:
-    return trace_stats(_trace)
 
 
 def with_calibration(trace: Trace, key: str) -> tuple[Trace, str, bool]:
@@ -192,9 +188,11 @@ def cost_section(st_: TraceStats, measured_now: bool) -> None:
     cols[0].metric("t_step (target, 1 token)", f"{r.target_step_s * 1000:.2f} ms")
     cols[1].metric("t_draft (one draft step)", f"{r.draft_step_s * 1000:.2f} ms")
     cols[2].metric("c = t_draft / t_step", f"{r.c:.3f}")
+    cols[2].caption(f"middle half {r.c_spread.low:.3f}–{r.c_spread.high:.3f}")
     cols[3].metric(f"t_verify({st_.k + 1}) in target steps", f"{r.verify_in_steps:.2f}")
-    st.caption(f"c: {DEFINITIONS['c']} Leviathan's formula takes a verify pass over K+1 positions to cost "
-               f"one target step; this trace's took {r.verify_s * 1000:.2f} ms.")
+    st.caption(f"c: {DEFINITIONS['c']} t_verify: {DEFINITIONS['verify_steps']} Leviathan's formula takes a verify "
+               f"pass over K+1 positions to cost one target step. This trace's own verify passes took "
+               f"{r.verify_s * 1000:.2f} ms (median).")
     left, right = st.columns(2)
     with left:
         chart(figs.verify_cost_figure(cal, st_.k, t.verify_s), key="fig_verify_cost")
@@ -206,7 +204,8 @@ def speed_section(st_: TraceStats) -> None:
     r = st_.speed
     cols = st.columns(3)
     cols[0].metric("Measured speedup", f"{r.measured:.2f}x")
-    cols[0].caption(DEFINITIONS["measured"])
+    cols[0].caption(f"Middle half of cycles: {r.measured_spread.low:.2f}x–{r.measured_spread.high:.2f}x. "
+                    f"{DEFINITIONS['measured']}")
     cols[1].metric("Leviathan prediction", f"{r.leviathan:.2f}x")
     cols[1].caption(DEFINITIONS["leviathan"])
     cols[2].metric("Refined prediction", f"{r.refined:.2f}x")
@@ -362,7 +361,7 @@ def compare_section(trace: Trace, st_: TraceStats) -> None:
     except (TraceError, OSError) as err:
         st.error(f"Could not open {md(ref.label)}: {md(state.shown_paths(str(err)))}")
         return
-    other_stats = stats_of(other_key, other)
+    other_stats = state.stats_of(other_key, other)
     mine, theirs = summary_rows(trace, st_), summary_rows(other, other_stats)
     st.dataframe([{"": name, "this trace": mine[name], ref.label: theirs[name]} for name in mine],
                  hide_index=True, height="content", key="compare_table")
@@ -402,7 +401,8 @@ def headline(trace: Trace, st_: TraceStats) -> str:
     parts = [f"α = **{st_.alpha:.3f}**", f"draft acceptance rate **{a['acceptance_rate']:.3f}**",
              f"mean acceptance length **{a['mean_acceptance_length']:.3f}**"]
     if r is not None:
-        parts.append(f"measured speedup **{r.measured:.2f}×** (Leviathan predicts {r.leviathan:.2f}×, "
+        parts.append(f"measured speedup **{r.measured:.2f}×** (middle half of cycles {r.measured_spread.low:.2f}–"
+                     f"{r.measured_spread.high:.2f}×; Leviathan predicts {r.leviathan:.2f}×, "
                      f"refined {r.refined:.2f}×)")
     else:
         parts.append("no step times, so no speedup (see **Cost and speed**)")
@@ -448,7 +448,7 @@ def main() -> None:
         st.warning("This trace has no cycles to analyse.")
         return
     shown, key, measured_now = with_calibration(trace, state.current_key())
-    st_ = stats_of(key, shown)
+    st_ = state.stats_of(key, shown)
     first_result().markdown(headline(trace, st_))
     # Only the open tab runs (on_change="rerun" and .open): a page load draws its 2 charts instead of
     # all 11, and loads no table code. Opening a tab costs one rerun.

@@ -10,8 +10,8 @@ from app.ui.first_result import first_result
 from app.ui.pages import TRACE_SOURCE
 from app.ui.safe import md
 from app.ui.widgets import chart
-from engine.stats.analysis import SpeedReport, trace_stats
-from engine.stats.quiet import quiet_words
+from engine.stats.analysis import TraceStats
+from engine.stats.quiet import loud_cycles, median_cycle_s, quiet_words
 from engine.trace import Trace, model_name
 from engine.trace.schema import DRAFT_MODEL
 
@@ -20,18 +20,14 @@ SPEEDS = {"2 s/step": 2.0, "1 s/step": 1.0, "0.4 s/step": 0.4}
 
 # ---------------------------------------------------------------- per-trace data (cached)
 
-@st.cache_data(max_entries=8, show_spinner=False)
-def speed_of(key: str, _trace: Trace) -> SpeedReport | None:
-    """The trace's measured and predicted speedup (engine/stats/analysis.py), when it carries step times."""
-    return trace_stats(_trace).speed
-
-
-def slower_note(r: SpeedReport, k: int) -> str:
+def slower_note(stats: TraceStats) -> str:
     """Said up front when the open trace ran slower than plain decoding would have, and why."""
-    cost = k * r.c + r.verify_in_steps
-    return (f"This run was **slower** than plain decoding: {r.measured:.2f}× its speed. Each cycle cost about "
-            f"{cost:.2f} target steps (K={k} draft steps at c = {r.c:.2f} each, plus a verify pass worth "
-            f"{r.verify_in_steps:.2f} steps) and committed {r.expected_tokens:.2f} tokens on average, so "
+    r = stats.speed
+    return (f"This run was **slower** than plain decoding: {r.measured:.2f}× its speed (middle half of cycles "
+            f"{r.measured_spread.low:.2f}–{r.measured_spread.high:.2f}×). Each cycle cost about "
+            f"{r.cycle_steps:.2f} target steps (K={r.k} draft steps at c = {r.c:.3f} each, plus a verify pass worth "
+            f"{r.verify_in_steps:.2f} steps) and committed {stats.acceptance['mean_acceptance_length']:.2f} tokens "
+            f"on average, so "
             f"speculation loses here; it is still a correct run to step through. **Statistics and speed** shows "
             f"which K would pay off, and the example traces include faster pairs.")
 
@@ -168,12 +164,12 @@ def header(trace: Trace) -> None:
                f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
                f"{len(trace.cycles)} cycles{done}")
     loud = quiet_words(trace)  # a busy recording machine: its speed is not the method's
-    speed = speed_of(state.current_key(), trace) if trace.cycles else None
+    speed = state.current_stats().speed if trace.cycles else None
     if loud is not None:
         st.warning(f"**Timings not trustworthy.** {loud} Step through it for the tokens and the caches; take "
                    "speeds from a quiet trace.", icon=":material/timer_off:")
     elif speed is not None and speed.measured < 1:
-        st.warning(slower_note(speed, trace.k), icon=":material/trending_down:")
+        st.warning(slower_note(state.current_stats()), icon=":material/trending_down:")
 
 
 def test_table(c: dict, k: int, greedy: bool = False) -> list[dict]:
@@ -250,7 +246,7 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
                        if greedy else "The test, position by position (u is drawn only up to the first rejection):")
             st.dataframe(test_table(c, k, greedy), hide_index=True, column_config=TABLE_COLUMNS, key="test_table")
     chart(figures.cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind))
-    chart(figures.cycle_time_figure(c), key="cycle_time")
+    chart(figures.cycle_time_figure(c, median_cycle_s(trace), c["cycle"] in loud_cycles(trace)), key="cycle_time")
     if stage in (2, 5):  # the verify appends to the target's cache, the rollback trims it: in the trace's layout
         for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, stage, derive.sequence_texts(trace, c))):
             chart(fig, key=f"layout_{i}")
@@ -260,7 +256,7 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
 
 def overview(trace: Trace, cycle: int) -> None:
     _, _, ov = derived(state.current_key(), trace)
-    chart(figures.overview_figure(ov, len(trace.cycles), cycle), key="overview", on_select=from_overview,
+    chart(figures.overview_figure(ov, len(trace.cycles), cycle, loud_cycles(trace)), key="overview", on_select=from_overview,
           selection_mode="points")
 
 

@@ -15,7 +15,7 @@ from app.ui.pages import EXACTNESS_LAB, ROLLBACK_DEMO
 from app.ui.safe import md, table
 from app.ui.widgets import chart, open_in_stepper
 from engine.config import SpecSettings
-from engine.stats.analysis import measured_alpha
+from engine.stats.analysis import Calibration, verify_in_steps
 from engine.trace import Trace, model_name
 from engine.trace.schema import DRAFT_MODEL, EAGLE
 
@@ -114,10 +114,25 @@ def stage_verify(trace: Trace, c: dict) -> None:
     step = (f"one draft step {median(c['draft_step_times_s']) * 1000:.2f} ms (median)" if c["draft_step_times_s"]
             else "no draft step")
     st.caption(f"Recorded in this trace for cycle {c['cycle']}: {step}, "
-               f"the target's pass over {k + 1} positions {verify * 1000:.2f} ms. On a CPU with tiny models fixed "
-               f"per-call overhead dominates instead, which also keeps the cost nearly flat in K.")
+               f"the target's pass over {k + 1} positions {verify * 1000:.2f} ms. "
+               + verify_cost_words(state.current_stats().calibration, k + 1))
     chart(figures.cycle_figure(c, k, 2), key="wt_cycle_2")
     open_in_stepper(c["cycle"], 2, key="wt_link_2")
+
+
+def verify_cost_words(cal: Calibration | None, positions: int) -> str:
+    """What verifying cost on the machine that recorded the trace, from its calibration: the
+    claim 'about one step' checked against this trace rather than asserted."""
+    if cal is None:
+        return "This trace has no step-time calibration, so its verify cost cannot be put in target steps."
+    here, widest = verify_in_steps(cal, positions), max(cal.verify_positions)
+    per_position = cal.fit()[1] / cal.target_step_s
+    verdict = ("about one step, as the argument above says" if here <= 1.2 else
+               "more than one step: on this machine the extra positions are not free")
+    return (f"On the machine that recorded it, one target step took {cal.target_step_s * 1000:.2f} ms and a pass "
+            f"over {positions} positions {here:.2f} steps, {verdict}; over {widest} positions it took "
+            f"{verify_in_steps(cal, widest):.2f} steps, each extra position adding about {per_position:.2f} of a "
+            "step (Statistics and speed, Cost tab, draws the whole curve).")
 
 
 def test_rows(c: dict, k: int) -> list[dict]:
@@ -230,8 +245,15 @@ def payoff(trace: Trace) -> None:
     st.latex(r"\mathbb{E}[\text{tokens per cycle}] = \frac{1-\alpha^{K+1}}{1-\alpha}, \qquad"
              r"\text{speedup} = \frac{1-\alpha^{K+1}}{(1-\alpha)(Kc+1)}, \qquad \alpha = \mathbb{E}[\beta]")
     drafted = sum(len(c["beta"]) for c in trace.cycles)
+    stats = state.current_stats()
     if drafted:
-        st.caption(f"This trace: α ≈ mean β = {measured_alpha(trace.cycles):.3f} over {drafted} drafted positions, K={trace.k}.")
+        text = f"This trace: α ≈ mean β = {stats.alpha:.3f} over {drafted} drafted positions, K={trace.k}"
+        r = stats.speed
+        if r is not None:
+            text += (f", c = {r.c:.3f}: E[tokens per cycle] = {r.expected_tokens:.2f} (measured: "
+                     f"{stats.acceptance['mean_acceptance_length']:.2f}) and a predicted {r.leviathan:.2f}× "
+                     f"against a measured {r.measured:.2f}×")
+        st.caption(text + ".")
     st.page_link(EXACTNESS_LAB, label="Check the exactness claim by sampling", icon=":material/science:")
     st.markdown("**Sources.**  \n" + CITATIONS)
 

@@ -11,10 +11,17 @@ measured one:
 - refined: E[tokens per cycle] x t_step / (K t_draft + t_verify(K+1)), which uses the
   measured cost of verifying K+1 positions instead. On a CPU a wider pass costs more
   than one step, so this one usually explains CPU measurements better.
+
+Each quantity has one definition (DEFINITIONS) and one function here, and every page and
+the CLI show that function's value, so no two places disagree about a trace. Times are
+medians over cycles (engine/stats/robust.py): a stalled cycle does not move them. The
+verify cost of n positions always comes from the calibration, the one source that covers
+every width the K advisor needs.
 """
 from dataclasses import dataclass
-from statistics import fmean
+from statistics import fmean, median
 
+from engine.stats.robust import Spread, spread_of
 from engine.trace import Trace
 from engine.trace.metrics import acceptance_metrics, expected_tokens_per_cycle, predicted_speedup
 from engine.trace.schema import DRAFT_MODEL, MAX_K, PROMPT_LOOKUP
@@ -27,13 +34,19 @@ DEFINITIONS = {
                                "before it accepted too, so the curve never rises (vLLM V1).",
     "alpha": "mean of the recorded beta = sum_x min(p_target(x), p_draft(x)) over every drafted position: "
              "the chance one draft token passes (Leviathan et al. 2023).",
-    "c": "cost ratio: one draft step / one target decode step (both cached, 1 token, with sampling).",
+    "c": "cost ratio: this run's median draft step / the calibrated target decode step (both cached, 1 token, "
+         "with sampling).",
+    "tokens_per_cycle": "the mean acceptance length: what a cycle commits on average, measured.",
+    "expected_tokens": "E[tokens per cycle] = (1 - alpha^(K+1)) / (1 - alpha): what alpha predicts a cycle "
+                       "commits if every draft token passes independently (Leviathan et al. 2023).",
+    "verify_steps": "verify cost of n positions: the calibrated time of one target pass over n positions / "
+                    "the calibrated target step.",
     "leviathan": "E[tokens per cycle] / (K c + 1) (Leviathan et al. 2023): assumes verifying K+1 "
                  "positions costs one target step.",
     "refined": "E[tokens per cycle] x t_step / (K t_draft + t_verify(K+1)): uses the measured cost of "
                "verifying K+1 positions.",
-    "measured": "t_step x generated tokens / total cycle time: plain decoding's time per token over "
-                "speculation's (decoding only, prefill and trace writing excluded).",
+    "measured": "t_step x tokens committed per cycle / median cycle time: plain decoding's time per token "
+                "over speculation's (decoding only, prefill and trace writing excluded).",
 }
 NO_CALIBRATION = ("this trace has no step-time calibration, so c, t_step and the speedups cannot be "
                   "computed: record it with `python -m engine run --calibrate ...`")
@@ -136,9 +149,10 @@ def calibration_of(header: dict) -> Calibration | None:
 
 @dataclass(frozen=True)
 class CycleTimes:
-    """Where the average cycle's time goes (seconds per cycle unless named otherwise)."""
+    """Where a typical cycle's time goes (seconds per cycle unless named otherwise): medians
+    over cycles, except the catch-up, which only some cycles pay and so is averaged."""
 
-    draft_step_s: float  # one draft step (mean over all steps)
+    draft_step_s: float  # one draft step (median over all steps)
     draft_s: float  # K draft steps
     verify_s: float  # one target pass over K+1 positions
     catch_up_s: float  # feeding d_K to the draft after a full accept, averaged over all cycles
@@ -146,18 +160,21 @@ class CycleTimes:
     cycle_s: float
     decode_s: float  # all cycles together
     tokens: int  # tokens all cycles committed
+    cycles: int
+    draft_step: Spread  # one draft step's median and quartiles
+    cycle: Spread  # one cycle's median and quartiles
 
 
 def cycle_times(cycles: list[dict]) -> CycleTimes | None:
     if not cycles:
         return None
-    steps = [t for c in cycles for t in c["draft_step_times_s"]]
-    draft, verify = fmean(c["draft_time_s"] for c in cycles), fmean(c["verify_time_s"] for c in cycles)
-    catch_up, cycle = fmean(c["catch_up_time_s"] for c in cycles), fmean(c["cycle_time_s"] for c in cycles)
-    return CycleTimes(fmean(steps) if steps else 0.0, draft, verify, catch_up,
-                      max(0.0, cycle - draft - verify - catch_up), cycle,
-                      sum(c["cycle_time_s"] for c in cycles),
-                      sum(len(c["committed_token_ids"]) for c in cycles))
+    steps = [t for c in cycles for t in c["draft_step_times_s"]] or [0.0]
+    draft, verify = median(c["draft_time_s"] for c in cycles), median(c["verify_time_s"] for c in cycles)
+    catch_up = fmean(c["catch_up_time_s"] for c in cycles)
+    cycle = spread_of([c["cycle_time_s"] for c in cycles])
+    return CycleTimes(median(steps), draft, verify, catch_up, max(0.0, cycle.median - draft - verify - catch_up),
+                      cycle.median, sum(c["cycle_time_s"] for c in cycles),
+                      sum(len(c["committed_token_ids"]) for c in cycles), len(cycles), spread_of(steps), cycle)
 
 
 # ---------------------------------------------------------------- speed
@@ -172,9 +189,23 @@ def refined_speedup(alpha: float, k: int, target_step_s: float, draft_step_s: fl
     return expected_tokens_per_cycle(alpha, k) * target_step_s / (k * draft_step_s + verify_s)
 
 
-def measured_speedup(tokens: int, decode_s: float, target_step_s: float) -> float:
-    """Plain decoding's time per token (one target step) over speculation's."""
-    return target_step_s * tokens / decode_s if decode_s > 0 else 0.0
+def measured_speedup(tokens_per_cycle: float, cycle_s: float, target_step_s: float) -> float:
+    """Plain decoding's time per token (one target step) over speculation's (a cycle's time
+    over the tokens it commits). At the median cycle this is t_step x decoding_tokens_per_s."""
+    return target_step_s * tokens_per_cycle / cycle_s if cycle_s > 0 else 0.0
+
+
+def measured_spread(times: CycleTimes, target_step_s: float) -> Spread:
+    """The measured speedup at the median cycle time, and at the quartiles (a slow cycle, high
+    time, gives the low speedup)."""
+    per_cycle = times.tokens / times.cycles
+    return Spread(*(measured_speedup(per_cycle, s, target_step_s)
+                    for s in (times.cycle.median, times.cycle.high, times.cycle.low)))
+
+
+def verify_in_steps(cal: Calibration, positions: int) -> float:
+    """DEFINITIONS['verify_steps']: one pass over `positions` positions, in target steps."""
+    return cal.verify_time(positions) / cal.target_step_s
 
 
 def relative_error(predicted: float, measured: float) -> float:
@@ -185,15 +216,17 @@ def relative_error(predicted: float, measured: float) -> float:
 class SpeedReport:
     k: int
     alpha: float
-    c: float
+    c: float  # DEFINITIONS['c']
     target_step_s: float
-    draft_step_s: float
-    verify_s: float  # the trace's own mean verify time at K+1 positions
-    verify_in_steps: float  # that verify time in target steps: Leviathan assumes 1
-    expected_tokens: float
+    draft_step_s: float  # this run's median draft step
+    verify_s: float  # this run's median verify pass over K+1 positions, in seconds
+    verify_in_steps: float  # DEFINITIONS['verify_steps'] at K+1 positions: Leviathan assumes 1
+    expected_tokens: float  # DEFINITIONS['expected_tokens']
     leviathan: float
     refined: float
-    measured: float
+    measured: float  # at the median cycle time
+    c_spread: Spread  # c at the draft step's quartiles
+    measured_spread: Spread  # the measured speedup at the cycle time's quartiles
 
     @property
     def closer(self) -> str:
@@ -201,16 +234,22 @@ class SpeedReport:
         lev, ref = relative_error(self.leviathan, self.measured), relative_error(self.refined, self.measured)
         return "refined" if ref <= lev else "leviathan"
 
+    @property
+    def cycle_steps(self) -> float:
+        """One cycle's predicted cost in target steps: K draft steps and one verify pass."""
+        return self.k * self.c + self.verify_in_steps
+
 
 def speed_report(k: int, alpha: float, times: CycleTimes, cal: Calibration) -> SpeedReport:
     t_step = cal.target_step_s
+    c = cost_ratio(times.draft_step_s, t_step)
+    measured = measured_spread(times, t_step)
     return SpeedReport(
-        k=k, alpha=alpha, c=cost_ratio(times.draft_step_s, t_step), target_step_s=t_step,
-        draft_step_s=times.draft_step_s, verify_s=times.verify_s, verify_in_steps=times.verify_s / t_step,
-        expected_tokens=expected_tokens_per_cycle(alpha, k),
-        leviathan=predicted_speedup(alpha, k, cost_ratio(times.draft_step_s, t_step)),
-        refined=refined_speedup(alpha, k, t_step, times.draft_step_s, times.verify_s),
-        measured=measured_speedup(times.tokens, times.decode_s, t_step))
+        k=k, alpha=alpha, c=c, target_step_s=t_step, draft_step_s=times.draft_step_s, verify_s=times.verify_s,
+        verify_in_steps=verify_in_steps(cal, k + 1), expected_tokens=expected_tokens_per_cycle(alpha, k),
+        leviathan=predicted_speedup(alpha, k, c),
+        refined=refined_speedup(alpha, k, t_step, times.draft_step_s, cal.verify_time(k + 1)),
+        measured=measured.median, c_spread=times.draft_step.scaled(1 / t_step), measured_spread=measured)
 
 
 def explain_speed(r: SpeedReport) -> str:
@@ -247,7 +286,7 @@ def advise_k(alpha: float, draft_step_s: float, cal: Calibration, ks: list[int])
     return [KAdvice(k, expected_tokens_per_cycle(alpha, k), predicted_speedup(alpha, k, c),
                     refined_speedup(alpha, k, cal.target_step_s, draft_step_s, cal.verify_time(k + 1)),
                     cal.verify_time(k + 1), not cal.measured(k + 1),
-                    (k * draft_step_s + cal.verify_time(k + 1)) / cal.target_step_s)
+                    k * cost_ratio(draft_step_s, cal.target_step_s) + verify_in_steps(cal, k + 1))
             for k in ks]
 
 

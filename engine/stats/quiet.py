@@ -10,16 +10,28 @@ import statistics
 
 from engine.trace import Trace
 
-MAX_VERIFY_OVER_MEDIAN = 3.0  # no cycle's verify pass may take more than 3x the trace's median
+MAX_VERIFY_OVER_MEDIAN = 3.0  # no cycle's verify pass (or whole cycle) may take more than 3x the trace's median
+
+
+def _over_median(trace: Trace, field: str) -> set[int]:
+    times = [c[field] for c in trace.cycles]
+    if not times:
+        return set()
+    limit = MAX_VERIFY_OVER_MEDIAN * statistics.median(times)
+    return {c["cycle"] for c in trace.cycles if c[field] > limit}
 
 
 def loud_cycles(trace: Trace) -> list[int]:
-    """Cycle numbers whose verify pass took more than MAX_VERIFY_OVER_MEDIAN x the median."""
-    times = [c["verify_time_s"] for c in trace.cycles]
-    if not times:
-        return []
-    limit = MAX_VERIFY_OVER_MEDIAN * statistics.median(times)
-    return [c["cycle"] for c in trace.cycles if c["verify_time_s"] > limit]
+    """Cycle numbers whose verify pass, or whole cycle, took more than MAX_VERIFY_OVER_MEDIAN x
+    the trace's median of that time: the outliers the stepper marks. A cycle's time barely
+    depends on how many tokens it accepted (it always drafts K and verifies K+1), so 3x is a
+    stall, never the method."""
+    return sorted(_over_median(trace, "verify_time_s") | _over_median(trace, "cycle_time_s"))
+
+
+def median_cycle_s(trace: Trace) -> float:
+    """The trace's median cycle time, which the stepper compares each cycle's time with."""
+    return statistics.median(c["cycle_time_s"] for c in trace.cycles) if trace.cycles else 0.0
 
 
 def verify_seconds_per_position(trace: Trace) -> float:
@@ -34,5 +46,5 @@ def quiet_words(trace: Trace) -> str | None:
     if not loud:
         return None
     return (f"{len(loud)} of {len(trace.cycles)} cycles (first: cycle {loud[0]}) took over "
-            f"{MAX_VERIFY_OVER_MEDIAN:g}x the median verify time: the machine was busy while this trace was "
+            f"{MAX_VERIFY_OVER_MEDIAN:g}x the median time (verify pass or whole cycle): the machine was busy while this trace was "
             "recorded, so its timings and speedups are not a measurement of the method.")

@@ -48,7 +48,8 @@ def histogram_lines(st: TraceStats) -> list[str]:
 def profile_lines(t: CycleTimes) -> list[str]:
     parts = {"draft steps": t.draft_s, "verify": t.verify_s, "draft catch-up": t.catch_up_s,
              "other (test, resample, rollback, Python)": t.other_s}
-    lines = [f"WHERE A CYCLE'S TIME GOES (mean cycle {ms(t.cycle_s)})"]
+    lines = [f"WHERE A CYCLE'S TIME GOES (median cycle {ms(t.cycle_s)}, middle half "
+             f"{ms(t.cycle.low)}-{ms(t.cycle.high)}; catch-up averaged over cycles)"]
     lines += [f"  {name}: {ms(v)} ({v / t.cycle_s:.0%})" for name, v in parts.items() if t.cycle_s > 0]
     return lines
 
@@ -59,10 +60,10 @@ def cost_lines(st: TraceStats) -> list[str]:
     return [
         f"COST (calibrated at cache length {cal.cache_len})",
         f"  t_step, one target decode step: {ms(r.target_step_s)}",
-        f"  t_draft, one draft step (trace mean): {ms(r.draft_step_s)}",
-        f"  c = t_draft / t_step: {r.c:.3f}   {DEFINITIONS['c']}",
-        f"  t_verify({r.k + 1}) (trace mean): {ms(r.verify_s)} = {r.verify_in_steps:.2f} target steps "
-        "(Leviathan's formula assumes 1)",
+        f"  t_draft, one draft step (trace median): {ms(r.draft_step_s)}",
+        f"  c = t_draft / t_step: {r.c_spread.words('.3f')}   {DEFINITIONS['c']}",
+        f"  t_verify({r.k + 1}): {r.verify_in_steps:.2f} target steps (Leviathan's formula assumes 1); "
+        f"this trace's median verify pass: {ms(r.verify_s)}",
         f"  verify time by positions (calibration): {widths}",
     ]
 
@@ -71,7 +72,8 @@ def speed_lines(st: TraceStats) -> list[str]:
     r = st.speed
     return [
         "SPEED relative to plain target decoding",
-        f"  measured: {r.measured:.3f}x   {DEFINITIONS['measured']}",
+        f"  measured: {r.measured:.3f}x (middle half {r.measured_spread.low:.3f}x-{r.measured_spread.high:.3f}x)   "
+        f"{DEFINITIONS['measured']}",
         f"  Leviathan prediction: {r.leviathan:.3f}x   {DEFINITIONS['leviathan']}",
         f"  refined prediction: {r.refined:.3f}x   {DEFINITIONS['refined']}",
         f"  E[tokens per cycle] at alpha: {r.expected_tokens:.3f}",

@@ -5,6 +5,7 @@ predictions on the same machine: plain target decoding once, then one speculativ
 per K with the same prompt, settings and seed. Speeds count decoding only (the sum of
 cycle times, or the timed plain-decoding loop), so prefill is left out of both sides.
 """
+import statistics
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -30,7 +31,7 @@ class SweepPoint:
     alpha: float  # mean recorded beta of this run
     acceptance_rate: float
     mean_acceptance_length: float
-    draft_step_s: float  # mean draft step time of this run
+    draft_step_s: float  # median draft step time of this run (as c is defined)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def run_point(pair: Pair, prompt_ids: list[int], s: SpecSettings) -> SweepPoint:
     m = acceptance_metrics([c["num_accepted"] for c in cycles], s.k)
     steps = [t for c in cycles for t in c["draft_step_times_s"]]
     return SweepPoint(s.k, len(cycles), tokens, decode_s, decoding_tokens_per_s(cycles), measured_alpha(cycles),
-                      m["acceptance_rate"], m["mean_acceptance_length"], sum(steps) / len(steps))
+                      m["acceptance_rate"], m["mean_acceptance_length"], statistics.median(steps))
 
 
 def k_sweep(pair: Pair, prompt_ids: list[int], s: SpecSettings, ks: list[int],

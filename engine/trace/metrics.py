@@ -1,4 +1,5 @@
 """Acceptance metrics as production engines define them (vLLM V1 names; see design notes)."""
+import statistics
 
 
 def acceptance_metrics(num_accepted: list[int], k: int, num_drafted: list[int] | None = None) -> dict:
@@ -36,12 +37,15 @@ def predicted_speedup(alpha: float, k: int, c: float) -> float:
     return expected_tokens_per_cycle(alpha, k) / (k * c + 1)
 
 
-TOKENS_PER_S = ("tokens/s: generated tokens divided by decoding seconds (the cycles, or the plain steps); "
-                "prefill and writing the trace are not counted")
+TOKENS_PER_S = ("tokens/s: tokens committed per cycle divided by the median cycle's seconds (plain decoding: "
+                "its tokens over its decoding seconds); prefill and writing the trace are not counted")
 
 
 def decoding_tokens_per_s(cycles: list[dict]) -> float:
-    """The project's one tokens/s (TOKENS_PER_S) from a run's cycle records."""
-    seconds = sum(c["cycle_time_s"] for c in cycles)
-    tokens = sum(len(c["committed_token_ids"]) for c in cycles)
-    return tokens / seconds if seconds > 0 else 0.0
+    """The project's one tokens/s (TOKENS_PER_S) from a run's cycle records. The median cycle,
+    not the total, so that one cycle stalled by another process does not set the rate."""
+    if not cycles:
+        return 0.0
+    seconds = statistics.median(c["cycle_time_s"] for c in cycles)
+    tokens_per_cycle = sum(len(c["committed_token_ids"]) for c in cycles) / len(cycles)
+    return tokens_per_cycle / seconds if seconds > 0 else 0.0
