@@ -169,7 +169,9 @@ def test_statistics_headline_numbers(bundled, trace_name):
     assert f"α = **{stats.alpha:.3f}**" in text
     assert f"draft acceptance rate **{a['acceptance_rate']:.3f}**" in text
     assert f"mean acceptance length **{a['mean_acceptance_length']:.3f}**" in text
-    assert f"measured speedup **{r.measured:.2f}×** (Leviathan predicts {r.leviathan:.2f}×, refined {r.refined:.2f}×)" in text
+    spread = r.measured_spread
+    assert (f"measured speedup **{r.measured:.2f}×** (middle half of cycles {spread.low:.2f}–{spread.high:.2f}×; "
+            f"Leviathan predicts {r.leviathan:.2f}×, refined {r.refined:.2f}×)") in text
     assert f"**{decoding_tokens_per_s(trace.cycles):.1f}** tokens/s decoding" in text
     # the same numbers the metrics below show
     assert f"{a['acceptance_rate']:.3f}" in [m.value for m in at.metric]

@@ -97,7 +97,7 @@ def verify_cost_figure(cal: Calibration, k: int, trace_verify_s: float | None = 
     if trace_verify_s is not None:
         fig.add_scatter(x=[k + 1], y=[_ms(trace_verify_s)], mode="markers", name=f"this trace's median at K+1 = {k + 1}",
                         marker=dict(symbol="star", size=15, color=OKABE_ITO["vermillion"]),
-                        hovertemplate="%{x} positions: %{y:.2f} ms (trace mean)<extra></extra>")
+                        hovertemplate="%{x} positions: %{y:.2f} ms (trace median)<extra></extra>")
     fig.add_hline(y=_ms(cal.target_step_s), line=dict(color=COLOURS[LEVIATHAN], dash="dash"),
                   annotation_text="one target step (what Leviathan's formula assumes for any width)",
                   annotation_position="top left")

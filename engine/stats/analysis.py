@@ -307,7 +307,7 @@ def best_k(advice: list[KAdvice]) -> KAdvice:
 def advice_sentence(advice: list[KAdvice]) -> str:
     best = best_k(advice)
     why = (f"At K={best.k} a cycle costs {best.cost_steps:.2f} target steps (K draft steps and one verify pass) "
-           f"and commits {best.expected_tokens:.2f} tokens on average.")
+           f"and is expected to commit {best.expected_tokens:.2f} tokens.")
     if best.refined < 1.0:
         return (f"No K pays off on this hardware: the best, K={best.k}, is predicted at {best.refined:.2f}x, "
                 f"slower than plain decoding. {why}")

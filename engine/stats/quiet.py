@@ -46,5 +46,5 @@ def quiet_words(trace: Trace) -> str | None:
     if not loud:
         return None
     return (f"{len(loud)} of {len(trace.cycles)} cycles (first: cycle {loud[0]}) took over "
-            f"{MAX_VERIFY_OVER_MEDIAN:g}x the median time (verify pass or whole cycle): the machine was busy while this trace was "
-            "recorded, so its timings and speedups are not a measurement of the method.")
+            f"{MAX_VERIFY_OVER_MEDIAN:g}x the median time (verify pass or whole cycle): the machine was busy "
+            "while this trace was recorded, so its timings and speedups are not a measurement of the method.")
