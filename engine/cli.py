@@ -1,4 +1,5 @@
-"""Command line: `python -m engine run ...` writes a trace; `python -m engine stats FILE` reads one.
+"""Command line: `python -m engine run ...` writes a trace; `python -m engine stats FILE` reads one;
+`python -m engine metrics FILE...` explains a vLLM, SGLang or TensorRT-LLM server's metrics.
 
 Every error is one line on stderr and exit code 2; Ctrl-C is one line and exit code 130.
 The cheap checks (prompt, --out, --device, settings) run before any model loads. The trace
@@ -15,7 +16,7 @@ from engine.drafters.registry import DRAFTERS, all_flags, check_before_loading, 
 from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
 from engine.trace.format import Trace, TraceError, load_trace, partial_path
-from engine.trace.schema import LAYOUTS
+from engine.trace.schema import LAYOUTS, MAX_K
 
 MAX_PROMPT_CHARS = 1_000_000  # far beyond any model's context; the token limit is checked after tokenizing
 
@@ -60,6 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also time single steps and verify widths of both models (needed for c and speedups in stats)")
     stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file")
     stats.add_argument("trace")
+    stats.add_argument("--prometheus", action="store_true",
+                       help="print the trace's acceptance as vLLM's Prometheus counters instead")
+    metrics = sub.add_parser("metrics", help="explain a server's speculative-decoding metrics (vLLM, SGLang, "
+                                             "TensorRT-LLM); two vLLM /metrics scrapes give the time between")
+    metrics.add_argument("files", nargs="+", help="one metrics file, or two Prometheus scrapes, earlier first")
+    metrics.add_argument("--k", type=int, default=None, help="draft tokens per cycle, where the input gives none")
+    metrics.add_argument("--c", type=float, default=None, help="cost ratio: one draft step / one target step")
+    metrics.add_argument("--verify-steps", type=float, default=1.0,
+                         help="one verify pass over K+1 positions, in target steps (default 1, Leviathan's assumption)")
+    metrics.add_argument("--trace", default=None,
+                         help="a trace to compare with; its calibration gives c and the verify cost unless --c is given")
     return parser
 
 
@@ -206,11 +218,50 @@ def cmd_run(args) -> int:
 
 
 def cmd_stats(args) -> int:
-    from engine.stats.report import format_stats
-
     trace = load_trace(args.trace, allow_incomplete=True)
+    if args.prometheus:
+        from engine.servers.export import prometheus_text
+        print(prometheus_text(trace), end="")
+        return 0
+    from engine.stats.report import format_stats
     print(format_stats(trace))
     return 0
+
+
+def read_metrics_files(files: list[str]) -> list[str]:
+    """The files' text, each refused above the readers' size limit before it is read whole."""
+    from engine.servers.read import decode
+    from engine.servers.record import MAX_INPUT_BYTES, check_text_size
+    texts = []
+    for name in files:
+        with open(name, "rb") as f:
+            data = f.read(MAX_INPUT_BYTES + 1)
+        check_text_size(data, name)
+        texts.append(decode(data, name))
+    return texts
+
+
+def cmd_metrics(args) -> int:
+    from engine.servers.explain import calibrated_costs, entered_costs, explain
+    from engine.servers.read import read_texts
+    from engine.servers.report import format_report
+    from engine.stats.analysis import trace_stats
+
+    if args.k is not None and not 1 <= args.k <= MAX_K:
+        raise SettingsError(f"--k {args.k}: K must be 1 to {MAX_K}")
+    record = read_texts(read_metrics_files(args.files))
+    trace = trace_stats(load_trace(args.trace, allow_incomplete=True)) if args.trace else None
+    k = args.k or record.k
+    costs = None
+    if args.c is not None:
+        costs = entered_costs(args.c, args.verify_steps)
+    elif trace is not None and trace.calibration is not None and k:
+        costs = calibrated_costs(trace.calibration, k)
+    print(format_report(explain(record, args.k, costs, args.verify_steps), trace))
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "stats": cmd_stats, "metrics": cmd_metrics}
 
 
 def one_line(text: str) -> str:
@@ -228,7 +279,7 @@ def kept_cycles(args) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return cmd_run(args) if args.command == "run" else cmd_stats(args)
+        return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         print(f"\ninterrupted{kept_cycles(args)}", file=sys.stderr)
         return 130

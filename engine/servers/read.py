@@ -1,0 +1,94 @@
+"""Which server wrote an input, told from its content, and the record its reader yields.
+
+JSON (one document, or one per line) is vLLM's get_metrics() dump, SGLang's /server_info or
+meta_info, or TensorRT-LLM's iteration stats, told apart by their keys; text with a
+'SpecDecoding metrics:' line is a vLLM log; anything else must be Prometheus text naming vLLM's
+counters or SGLang's gauges. Nothing here evaluates or unpickles anything: json and
+prometheus_client's text parser only.
+"""
+import json
+
+from engine.servers import sglang, tensorrt, vllm
+from engine.servers.prometheus import parse_scrape
+from engine.servers.record import MAX_RECORDS, ServerMetrics, ServerMetricsError, check_text_size, short
+
+KNOWN = ("vLLM's /metrics (vllm:spec_decode_* counters), llm.get_metrics() as JSON or its 'SpecDecoding "
+         "metrics' log lines; SGLang's /server_info, /metrics gauges or a /generate response; "
+         "TensorRT-LLM's /metrics JSON")
+
+
+def decode(data: bytes, name: str = "the input") -> str:
+    check_text_size(data, name)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ServerMetricsError(f"{name} is not UTF-8 text") from None
+
+
+def load_json(text: str):
+    """One JSON document, or one per line (JSON Lines); None when the text is not JSON."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ServerMetricsError("the JSON is nested too deeply to be a metrics file") from None
+    except ValueError:
+        pass
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) < 2 or len(lines) > MAX_RECORDS or not all(line.lstrip()[:1] in "{[" for line in lines):
+        return None
+    try:
+        return [json.loads(line) for line in lines]
+    except RecursionError:
+        raise ServerMetricsError("the JSON is nested too deeply to be a metrics file") from None
+    except ValueError as err:
+        raise ServerMetricsError(f"a line is not JSON: {short(str(err))}") from None
+
+
+def from_json(data) -> ServerMetrics:
+    first = data[0] if isinstance(data, list) and data else data
+    if isinstance(first, dict) and isinstance(first.get("name"), str) and first["name"].startswith("vllm:"):
+        return vllm.from_get_metrics(data)
+    if isinstance(data, list) and any(isinstance(i, dict) and tensorrt.SPEC in i for i in data[:MAX_RECORDS]):
+        return tensorrt.from_iterations(data)
+    if isinstance(data, dict) and tensorrt.SPEC in data:
+        return tensorrt.from_iterations(data)
+    if isinstance(first, dict) and ("meta_info" in first or "spec_verify_ct" in first):
+        return sglang.from_requests(data)
+    if isinstance(data, dict) and ({"internal_states", "avg_spec_accept_length", "speculative_algorithm"} & set(data)):
+        return sglang.from_server_info(data)
+    raise ServerMetricsError(f"JSON, but not a speculative-decoding metrics file this reads ({KNOWN})")
+
+
+def from_prometheus(texts: list[str]) -> ServerMetrics:
+    scrapes = [parse_scrape(t) for t in texts]
+    names = {n for s in scrapes for n in [*s.values, *s.by_position]}
+    if vllm.DRAFTS in names:
+        return vllm.from_scrapes(scrapes)
+    if {sglang.LENGTH_GAUGE, sglang.RATE_GAUGE} & names:
+        if len(scrapes) > 1:
+            raise ServerMetricsError("SGLang's gauges are averages already: give one scrape, not two")
+        return sglang.from_gauges(scrapes[0])
+    raise ServerMetricsError(f"no speculative-decoding metrics found; this reads {KNOWN}")
+
+
+def read_text(text: str) -> ServerMetrics:
+    """The record of one input, whatever server wrote it."""
+    return read_texts([text])
+
+
+def read_texts(texts: list[str]) -> ServerMetrics:
+    """One input, or two Prometheus scrapes of one vLLM server (the earlier first)."""
+    if not texts or len(texts) > 2:
+        raise ServerMetricsError("give one metrics input, or two Prometheus scrapes of one server")
+    for t in texts:
+        check_text_size(t)
+    if not any(t.strip() for t in texts):
+        raise ServerMetricsError("the input is empty")
+    if len(texts) == 1:
+        text = texts[0]
+        data = load_json(text) if text.lstrip()[:1] in "{[" else None
+        if data is not None:
+            return from_json(data)
+        if vllm.LOG_MARK in text:
+            return vllm.from_log(text)
+    return from_prometheus(texts)
