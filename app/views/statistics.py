@@ -38,7 +38,7 @@ REFUSED = "refused_calibration"  # session_state: {trace key: why a calibration 
 NOW_SPREAD = "now_calibration_spread"  # session_state: {trace key: worst spread of the accepted calibration}
 TAB = "stats_tab"  # session_state: the open tab's label
 TABS = ["Acceptance", "Cost and speed", "K advisor", "K sweep", "Race and explorer", "Compare two traces",
-        "KV-cache layout"]
+        "KV-cache layout", "Your server"]
 
 
 # ---------------------------------------------------------------- data (cached per trace)
@@ -481,5 +481,8 @@ def draw_tab(name: str, trace: Trace, st_: TraceStats, measured_now: bool) -> No
         compare_section(trace, st_)
     elif name == "KV-cache layout":
         layout_section(layout_stats(trace), trace.drafter_kind)
+    elif name == "Your server":
+        from app.views import server_metrics  # loaded only when the tab opens: it imports prometheus_client
+        server_metrics.draw(st_)
 
 main()
