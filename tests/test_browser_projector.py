@@ -17,11 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "assets" / "traces"
 PROJECTOR = {"width": 1366, "height": 768}
 
-# Every label Plotly draws in a chart: texts on cells and bars, tick labels, annotations, the title.
+# Every label Plotly draws in a chart: texts on cells, values on bars, tick labels, annotations, the
+# title; and every bar, so an annotation drawn over a bar is found too.
 LABEL_BOXES = """chart => {
   const svg = chart.querySelector('.main-svg').getBoundingClientRect();
-  const sel = 'g.textpoint text, g.xtick text, g.ytick text, g.annotation-text-g text, .gtitle';
+  const sel = 'g.textpoint text, text.bartext, g.xtick text, g.ytick text, g.annotation-text-g text, .gtitle';
+  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
   return {svg: [svg.left, svg.top, svg.right, svg.bottom],
+          bars: [...chart.querySelectorAll('g.trace.bars g.point path')].map(box).filter(b => b[2] > b[0] && b[3] > b[1]),
           labels: [...chart.querySelectorAll(sel)].filter(e => e.textContent.trim()).map(e => {
             const r = e.getBoundingClientRect();
             return {text: e.textContent, box: [r.left, r.top, r.right, r.bottom],
@@ -41,7 +44,8 @@ def overlaps(a: list[float], b: list[float], slack: float = 1.0) -> bool:
 
 
 def check_labels(page, where: str) -> int:
-    """Assert no overlapping and no cut-off labels in any chart; returns how many were checked."""
+    """Assert no overlapping and no cut-off labels in any chart, and no annotation over a bar;
+    returns how many labels were checked."""
     checked = 0
     for i, chart in enumerate(page.query_selector_all(".js-plotly-plot")):
         found = chart.evaluate(LABEL_BOXES)
@@ -52,6 +56,9 @@ def check_labels(page, where: str) -> int:
             assert box[0] >= left - 1 and box[2] <= right + 1, f"{where}, chart {i}: {a['text']!r} cut off at the edge"
             for b in labels[n + 1:]:
                 assert not overlaps(box, b["box"]), f"{where}, chart {i}: {a['text']!r} overlaps {b['text']!r}"
+            if "annotation" in a["kind"]:
+                assert not any(overlaps(box, bar) for bar in found["bars"]), \
+                    f"{where}, chart {i}: the annotation {a['text']!r} is drawn over a bar"
         checked += len(labels)
     return checked
 
@@ -70,7 +77,9 @@ def projector(tmp_path_factory):
 VIEWS = [("shakespeare-greedy-k8.jsonl", True, 3), ("shakespeare-greedy-k8.jsonl", True, 4),
          ("shakespeare-greedy-k8.jsonl", False, 4), ("chat-sampled-k6-hot-low-acceptance.jsonl", True, 3),
          ("chat-sampled-k6-hot-low-acceptance.jsonl", True, 4), ("chat-sampled-k2.jsonl", True, 3),
-         ("default.jsonl", True, 3), ("default.jsonl", True, 4)]
+         ("default.jsonl", True, 3), ("default.jsonl", True, 4),
+         ("chat-greedy-k4.jsonl", False, 3),  # p_target = p_draft = 1.000: their values once ran together
+         ("shakespeare-sampled-k4-high-acceptance.jsonl", True, 3)]
 
 
 @pytest.mark.parametrize("trace,rejected,stage", VIEWS)
