@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from app.figures.cycle import TEST_TABLE_WIDTHS
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, TIMEOUT_MS, settled, streamlit_server
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright python package is not installed")
@@ -31,6 +32,57 @@ LABEL_BOXES = """chart => {
                     kind: e.closest('g') ? e.closest('g').getAttribute('class') : ''};
           })};
 }"""
+
+
+# Every table (Streamlit draws them on a canvas; its accessibility table carries the same texts): whether it
+# scrolls sideways, and each header's and cell's width in the table's own font, measured by the browser.
+TABLE_TEXTS = """async () => {
+  await document.fonts.ready;
+  const canvas = document.createElement('canvas').getContext('2d');
+  const width = (text, font) => { canvas.font = font; return canvas.measureText(text).width; };
+  return [...document.querySelectorAll('[data-testid=stDataFrame]')].map(f => {
+    const scroller = f.querySelector('.dvn-scroller');
+    return {scroll: [scroller.scrollWidth, scroller.clientWidth],
+            headers: [...f.querySelectorAll('thead th')].map(
+              e => [e.textContent, width(e.textContent, '600 14px "Source Sans"')]),
+            rows: [...f.querySelectorAll('tbody tr')].map(tr => [...tr.querySelectorAll('td')].map(
+              e => [e.textContent, width(e.textContent, '14px "Source Sans"')]))};
+  });
+}"""
+CELL_PADDING_PX = 16  # 8 px either side of a table cell's text
+
+# Text Streamlit cuts with an ellipsis (widget labels, for one): any element whose text overflows its box.
+ELLIPSIZED = """() => [...document.querySelectorAll('[data-testid=stMain] *')].filter(e => {
+  const s = getComputedStyle(e);
+  return s.textOverflow === 'ellipsis' && e.scrollWidth > e.clientWidth + 1;
+}).map(e => e.textContent)"""
+
+
+def check_tables(page, where: str, widths: dict[str, int] | None = None) -> int:
+    """Assert no table scrolls sideways and every header and value fits its column: its configured
+    `widths`, or, for columns sized to their content, the widest text of each column side by side fits
+    the table; returns how many tables were checked."""
+    tables = page.evaluate(TABLE_TEXTS)
+    for i, table in enumerate(tables):
+        scroll, room = table["scroll"]
+        assert scroll <= room + 1, f"{where}, table {i}: {scroll} px wide in {room} px, cut off at the right"
+        names = [name for name, _ in table["headers"]]
+        if widths is None:
+            widest = [max((row[n] for row in [table["headers"]] + table["rows"] if n < len(row)), key=lambda c: c[1])
+                      for n in range(len(names))]
+            need = sum(px + CELL_PADDING_PX for _, px in widest)
+            assert need <= room + 1, f"{where}, table {i}: needs {need:.0f} px, has {room}: {[t for t, _ in widest]}"
+            continue
+        for row in [table["headers"]] + table["rows"]:
+            for name, (text, px) in zip(names, row):
+                assert px + CELL_PADDING_PX <= widths[name], \
+                    f"{where}, table {i}: {text!r} needs {px + CELL_PADDING_PX:.0f} px, column {name!r} has {widths[name]}"
+    return len(tables)
+
+
+def check_no_ellipsis(page, where: str) -> None:
+    cut = page.evaluate(ELLIPSIZED)
+    assert not cut, f"{where}: cut off with an ellipsis: {cut}"
 
 
 def first_cycle(trace: str, rejected: bool) -> int:
@@ -91,6 +143,8 @@ def test_stepper_labels_fit_at_1366x768(projector, trace, rejected, stage):
     name = f"projector-{trace.removesuffix('.jsonl')}-cycle{cycle}-stage{stage}"
     page.screenshot(path=SHOTS / f"{name}.png")
     assert check_labels(page, name) > 20
+    if stage == 3:  # the test table: every header and value in its column ("not drawr" once)
+        assert check_tables(page, name, TEST_TABLE_WIDTHS) == 1
     page.set_viewport_size({"width": PROJECTOR["width"], "height": 2200})  # same width: the rest of the page
     page.wait_for_timeout(800)
     page.screenshot(path=SHOTS / f"{name}-whole-page.png")
@@ -108,7 +162,7 @@ def test_statistics_charts_labels_fit_at_1366x768(projector, trace):
     url, page = projector
     page.goto(f"{url}/statistics?trace=bundled:{trace}")
     page.wait_for_selector(".js-plotly-plot .main-svg")
-    checked = 0
+    checked = tables = 0
     for tab in STATS_TABS:
         page.get_by_role("tab", name=tab).click()
         page.wait_for_timeout(2500)  # the tab's rerun and its charts
@@ -117,8 +171,10 @@ def test_statistics_charts_labels_fit_at_1366x768(projector, trace):
         name = f"projector-statistics-{trace.removesuffix('.jsonl')}-{tab.replace(' ', '-').lower()}"
         page.screenshot(path=SHOTS / f"{name}.png")
         checked += check_labels(page, name)
+        tables += check_tables(page, name)  # e.g. the comparison's model names once ran off its table
+        check_no_ellipsis(page, name)
         page.set_viewport_size(PROJECTOR)
-    assert checked > 40
+    assert checked > 40 and tables >= 3
 
 
 @pytest.mark.parametrize("path", ["walkthrough", "rollback", "exactness"])
@@ -132,3 +188,5 @@ def test_teaching_page_charts_labels_fit_at_1366x768(projector, path):
     page.screenshot(path=SHOTS / f"projector-{path}.png")
     assert check_labels(page, path) > 10
     page.set_viewport_size(PROJECTOR)
+    page.wait_for_timeout(800)
+    check_no_ellipsis(page, path)  # at the projector's size: e.g. a checkbox label in a narrow column

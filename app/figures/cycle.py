@@ -95,6 +95,11 @@ def shown(text: str, limit: int | None = None) -> str:
 
 
 NOT_DRAWN = "not drawn"  # the one wording for a u the test never drew (after the first rejection)
+# Pixel widths of the stepper's stage-3 test table (app/views/stepper.py): each header and value, NOT_DRAWN
+# included, fits in Source Sans 14 px with the table's 8 px padding either side; about 500 px in all, the
+# width of the stepper's right column at 1366x768 (tests/test_browser_projector.py measures them).
+TEST_TABLE_WIDTHS = {"pos": 38, "draft token": 86, "p_target": 68, "p_draft": 60, "min(1, ratio)": 92,
+                     "u": 78, "target's argmax": 110, "result": 86}
 
 
 def fmt_p(p: float | None) -> str:
