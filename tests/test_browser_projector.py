@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from app.figures.cycle import TEST_TABLE_WIDTHS
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, TIMEOUT_MS, settled, streamlit_server
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright python package is not installed")
@@ -17,17 +18,71 @@ ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "assets" / "traces"
 PROJECTOR = {"width": 1366, "height": 768}
 
-# Every label Plotly draws in a chart: texts on cells and bars, tick labels, annotations, the title.
+# Every label Plotly draws in a chart: texts on cells, values on bars, tick labels, annotations, the
+# title; and every bar, so an annotation drawn over a bar is found too.
 LABEL_BOXES = """chart => {
   const svg = chart.querySelector('.main-svg').getBoundingClientRect();
-  const sel = 'g.textpoint text, g.xtick text, g.ytick text, g.annotation-text-g text, .gtitle';
+  const sel = 'g.textpoint text, text.bartext, g.xtick text, g.ytick text, g.annotation-text-g text, .gtitle';
+  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
   return {svg: [svg.left, svg.top, svg.right, svg.bottom],
+          bars: [...chart.querySelectorAll('g.trace.bars g.point path')].map(box).filter(b => b[2] > b[0] && b[3] > b[1]),
           labels: [...chart.querySelectorAll(sel)].filter(e => e.textContent.trim()).map(e => {
             const r = e.getBoundingClientRect();
             return {text: e.textContent, box: [r.left, r.top, r.right, r.bottom],
                     kind: e.closest('g') ? e.closest('g').getAttribute('class') : ''};
           })};
 }"""
+
+
+# Every table (Streamlit draws them on a canvas; its accessibility table carries the same texts): whether it
+# scrolls sideways, and each header's and cell's width in the table's own font, measured by the browser.
+TABLE_TEXTS = """async () => {
+  await document.fonts.ready;
+  const canvas = document.createElement('canvas').getContext('2d');
+  const width = (text, font) => { canvas.font = font; return canvas.measureText(text).width; };
+  return [...document.querySelectorAll('[data-testid=stDataFrame]')].map(f => {
+    const scroller = f.querySelector('.dvn-scroller');
+    return {scroll: [scroller.scrollWidth, scroller.clientWidth],
+            headers: [...f.querySelectorAll('thead th')].map(
+              e => [e.textContent, width(e.textContent, '600 14px "Source Sans"')]),
+            rows: [...f.querySelectorAll('tbody tr')].map(tr => [...tr.querySelectorAll('td')].map(
+              e => [e.textContent, width(e.textContent, '14px "Source Sans"')]))};
+  });
+}"""
+CELL_PADDING_PX = 16  # 8 px either side of a table cell's text
+
+# Text Streamlit cuts with an ellipsis (widget labels, for one): any element whose text overflows its box.
+ELLIPSIZED = """() => [...document.querySelectorAll('[data-testid=stMain] *')].filter(e => {
+  const s = getComputedStyle(e);
+  return s.textOverflow === 'ellipsis' && e.scrollWidth > e.clientWidth + 1;
+}).map(e => e.textContent)"""
+
+
+def check_tables(page, where: str, widths: dict[str, int] | None = None) -> int:
+    """Assert no table scrolls sideways and every header and value fits its column: its configured
+    `widths`, or, for columns sized to their content, the widest text of each column side by side fits
+    the table; returns how many tables were checked."""
+    tables = page.evaluate(TABLE_TEXTS)
+    for i, table in enumerate(tables):
+        scroll, room = table["scroll"]
+        assert scroll <= room + 1, f"{where}, table {i}: {scroll} px wide in {room} px, cut off at the right"
+        names = [name for name, _ in table["headers"]]
+        if widths is None:
+            widest = [max((row[n] for row in [table["headers"]] + table["rows"] if n < len(row)), key=lambda c: c[1])
+                      for n in range(len(names))]
+            need = sum(px + CELL_PADDING_PX for _, px in widest)
+            assert need <= room + 1, f"{where}, table {i}: needs {need:.0f} px, has {room}: {[t for t, _ in widest]}"
+            continue
+        for row in [table["headers"]] + table["rows"]:
+            for name, (text, px) in zip(names, row):
+                assert px + CELL_PADDING_PX <= widths[name], \
+                    f"{where}, table {i}: {text!r} needs {px + CELL_PADDING_PX:.0f} px, column {name!r} has {widths[name]}"
+    return len(tables)
+
+
+def check_no_ellipsis(page, where: str) -> None:
+    cut = page.evaluate(ELLIPSIZED)
+    assert not cut, f"{where}: cut off with an ellipsis: {cut}"
 
 
 def first_cycle(trace: str, rejected: bool) -> int:
@@ -41,7 +96,8 @@ def overlaps(a: list[float], b: list[float], slack: float = 1.0) -> bool:
 
 
 def check_labels(page, where: str) -> int:
-    """Assert no overlapping and no cut-off labels in any chart; returns how many were checked."""
+    """Assert no overlapping and no cut-off labels in any chart, and no annotation over a bar;
+    returns how many labels were checked."""
     checked = 0
     for i, chart in enumerate(page.query_selector_all(".js-plotly-plot")):
         found = chart.evaluate(LABEL_BOXES)
@@ -52,6 +108,9 @@ def check_labels(page, where: str) -> int:
             assert box[0] >= left - 1 and box[2] <= right + 1, f"{where}, chart {i}: {a['text']!r} cut off at the edge"
             for b in labels[n + 1:]:
                 assert not overlaps(box, b["box"]), f"{where}, chart {i}: {a['text']!r} overlaps {b['text']!r}"
+            if "annotation" in a["kind"]:
+                assert not any(overlaps(box, bar) for bar in found["bars"]), \
+                    f"{where}, chart {i}: the annotation {a['text']!r} is drawn over a bar"
         checked += len(labels)
     return checked
 
@@ -70,7 +129,9 @@ def projector(tmp_path_factory):
 VIEWS = [("shakespeare-greedy-k8.jsonl", True, 3), ("shakespeare-greedy-k8.jsonl", True, 4),
          ("shakespeare-greedy-k8.jsonl", False, 4), ("chat-sampled-k6-hot-low-acceptance.jsonl", True, 3),
          ("chat-sampled-k6-hot-low-acceptance.jsonl", True, 4), ("chat-sampled-k2.jsonl", True, 3),
-         ("default.jsonl", True, 3), ("default.jsonl", True, 4)]
+         ("default.jsonl", True, 3), ("default.jsonl", True, 4),
+         ("chat-greedy-k4.jsonl", False, 3),  # p_target = p_draft = 1.000: their values once ran together
+         ("shakespeare-sampled-k4-high-acceptance.jsonl", True, 3)]
 
 
 @pytest.mark.parametrize("trace,rejected,stage", VIEWS)
@@ -82,6 +143,8 @@ def test_stepper_labels_fit_at_1366x768(projector, trace, rejected, stage):
     name = f"projector-{trace.removesuffix('.jsonl')}-cycle{cycle}-stage{stage}"
     page.screenshot(path=SHOTS / f"{name}.png")
     assert check_labels(page, name) > 20
+    if stage == 3:  # the test table: every header and value in its column ("not drawr" once)
+        assert check_tables(page, name, TEST_TABLE_WIDTHS) == 1
     page.set_viewport_size({"width": PROJECTOR["width"], "height": 2200})  # same width: the rest of the page
     page.wait_for_timeout(800)
     page.screenshot(path=SHOTS / f"{name}-whole-page.png")
@@ -99,7 +162,7 @@ def test_statistics_charts_labels_fit_at_1366x768(projector, trace):
     url, page = projector
     page.goto(f"{url}/statistics?trace=bundled:{trace}")
     page.wait_for_selector(".js-plotly-plot .main-svg")
-    checked = 0
+    checked = tables = 0
     for tab in STATS_TABS:
         page.get_by_role("tab", name=tab).click()
         page.wait_for_timeout(2500)  # the tab's rerun and its charts
@@ -108,8 +171,10 @@ def test_statistics_charts_labels_fit_at_1366x768(projector, trace):
         name = f"projector-statistics-{trace.removesuffix('.jsonl')}-{tab.replace(' ', '-').lower()}"
         page.screenshot(path=SHOTS / f"{name}.png")
         checked += check_labels(page, name)
+        tables += check_tables(page, name)  # e.g. the comparison's model names once ran off its table
+        check_no_ellipsis(page, name)
         page.set_viewport_size(PROJECTOR)
-    assert checked > 40
+    assert checked > 40 and tables >= 3
 
 
 @pytest.mark.parametrize("path", ["walkthrough", "rollback", "exactness"])
@@ -123,3 +188,5 @@ def test_teaching_page_charts_labels_fit_at_1366x768(projector, path):
     page.screenshot(path=SHOTS / f"projector-{path}.png")
     assert check_labels(page, path) > 10
     page.set_viewport_size(PROJECTOR)
+    page.wait_for_timeout(800)
+    check_no_ellipsis(page, path)  # at the projector's size: e.g. a checkbox label in a narrow column

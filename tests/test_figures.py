@@ -5,16 +5,21 @@ app's own derive helpers, so a figure that drifts from its trace fails here.
 """
 import copy
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from app.figures import cycle as figures
 from app.figures import derive, explain
+from app.figures import stats as stats_figures
 from app.ui.safe import md
+from engine.stats.analysis import trace_stats
 from engine.stats.quiet import loud_cycles, median_cycle_s
 from engine.trace import Trace, load_trace
 
 XSS = "<img src=x onerror=alert(1)>"
+BUNDLED = Path(__file__).resolve().parent.parent / "assets" / "traces"
 
 
 @pytest.fixture(scope="module")
@@ -350,3 +355,20 @@ def test_captions_and_markdown_escape(sampled):
     assert "<img" not in escaped and "&lt;img" in escaped
     assert "\\*\\*bold\\*\\*" in escaped and "\\$x\\$" in escaped and "\\:red\\[y\\]" in escaped
     assert json.dumps(escaped)  # plain text, ready for st.markdown
+
+
+# ---------------------------------------------------------------- statistics: reference lines near the bars
+
+def test_reference_lines_of_bar_charts_are_named_in_the_legend_not_over_the_bars():
+    """At 1366x768 the '1x = plain decoding' name landed on a '0.90x' bar value, and '1 step: what
+    Leviathan's formula assumes' on bars 1-3: bars of these charts stand near 1 at any position,
+    so their reference lines are named in the legend and no annotation is drawn in the plot."""
+    st = trace_stats(load_trace(BUNDLED / "default.jsonl"))
+    near_one = replace(st.speed, measured=0.9, leviathan=1.02, refined=0.97)
+    for fig, name in ((stats_figures.speed_figure(near_one), "1x = plain decoding"),
+                      (stats_figures.verify_steps_figure(st.calibration, st.advice),
+                       "1 step: what Leviathan's formula assumes")):
+        assert not fig.layout.annotations, [a.text for a in fig.layout.annotations]
+        (line,) = [s for s in fig.layout.shapes if s.y0 == 1.0 == s.y1]
+        assert line.showlegend and line.name == name
+        figures.validated(fig)

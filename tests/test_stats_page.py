@@ -17,7 +17,7 @@ from engine.config import SpecSettings
 from engine.run import load_pair, run_to_trace
 from engine.stats.analysis import NO_CALIBRATION, advice_sentence, best_k, explain_speed, trace_stats
 from engine.stats.repeats import MAX_SPREAD, disagreement_words
-from engine.trace import load_trace
+from engine.trace import load_trace, model_name
 from engine.trace.metrics import decoding_tokens_per_s
 from tests.app_jobs import finish_job, progress_texts, running_job
 from tests.tiny import noisy_pair, save_tiny
@@ -239,6 +239,9 @@ def test_compare_two_traces_side_by_side(folder, monkeypatch):
     other = trace_stats(load_trace(folder / "traces" / "greedy.jsonl"))
     assert by_name["alpha"] == (f"{mine.alpha:.3f}", f"{other.alpha:.3f}")
     assert by_name["K · temperature"] == ("3 · 1.0", "2 · 0.0")
+    headers = [load_trace(folder / "traces" / n).header for n in ("default.jsonl", "greedy.jsonl")]
+    for role in ("target", "draft"):  # a row each: both names in one cell ran off the table on a projector
+        assert by_name[role] == tuple(model_name(h, role) for h in headers)
     assert by_name["measured speedup"] == (f"{mine.speed.measured:.2f}x", f"{other.speed.measured:.2f}x")
     assert by_name["best K (refined)"] == (f"{best_k(mine.advice).k}", f"{best_k(other.advice).k}")
     mine_trace, other_trace = (load_trace(folder / "traces" / n) for n in ("default.jsonl", "greedy.jsonl"))

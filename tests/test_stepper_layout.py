@@ -85,9 +85,8 @@ def test_acceptance_figure_labels_fit_at_every_k(traces_by_k, k):
     slot_px = figures.HALF_WIDTH_PX / k
     bars = [t for t in fig.data if t.type == "bar"]
     for bar in bars:
-        if bar.text is not None:  # values on bars: each fits its bar
-            bar_px = slot_px * (1 - fig.layout.bargap) / 2
-            assert all(figures.text_px(v, 12) <= bar_px for v in bar.text), (k, list(bar.text))
+        # no values on the bars: neighbours' values ran together ("1.0001.000"); the hover has them
+        assert bar.text is None and "%{y:.4f}" in bar.hovertemplate
         assert list(bar.customdata) == [figures.shown(LONG)] * k  # full token in the hover
     for tick in bars[0].x:
         assert figures.text_px(tick, 12) <= slot_px, f"tick {tick!r} wider than its slot at K={k}"

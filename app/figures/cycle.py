@@ -95,6 +95,11 @@ def shown(text: str, limit: int | None = None) -> str:
 
 
 NOT_DRAWN = "not drawn"  # the one wording for a u the test never drew (after the first rejection)
+# Pixel widths of the stepper's stage-3 test table (app/views/stepper.py): each header and value, NOT_DRAWN
+# included, fits in Source Sans 14 px with the table's 8 px padding either side; about 500 px in all, the
+# width of the stepper's right column at 1366x768 (tests/test_browser_projector.py measures them).
+TEST_TABLE_WIDTHS = {"pos": 38, "draft token": 86, "p_target": 68, "p_draft": 60, "min(1, ratio)": 92,
+                     "u": 78, "target's argmax": 110, "result": 86}
 
 
 def fmt_p(p: float | None) -> str:
@@ -307,13 +312,12 @@ def _committed_row(c: dict, starts: list[int], widths: list[int]) -> list[dict]:
 
 # ---------------------------------------------------------------- the test, per position
 
-BAR_VALUES_MAX_K = 4  # above this, p_target / p_draft values on the bars would touch their neighbours
+WIDE_MARK_MAX_K = 4  # up to this K, the min(1, ratio) mark spans both bars of its position
 
 
-def bar_values_fit(k: int) -> bool:
-    """Two grouped bars per position in a half-width figure: is each bar wide enough for '0.123'?"""
-    bar_px = HALF_WIDTH_PX / max(k, 1) * (1 - 0.3) / 2  # k = 0: prompt lookup found no match
-    return k <= BAR_VALUES_MAX_K and text_px("0.123", 12) <= bar_px
+def wide_marks(k: int) -> bool:
+    """Is a position's slot in a half-width figure wide enough for a 46 px min(1, ratio) mark?"""
+    return k <= WIDE_MARK_MAX_K
 
 
 def position_ticks(c: dict, k: int, stage: int) -> list[str]:
@@ -343,20 +347,20 @@ def acceptance_figure(c: dict, k: int, stage: int = 3, greedy: bool = False) -> 
     argmax, so the target's top probability is marked instead."""
     ticks = position_ticks(c, k, stage)
     fade = [0.35 if o == DISCARDED and stage >= 3 else 1.0 for o in position_outcomes(c, k)]
-    values = bar_values_fit(k)  # numbers printed on the bars only where they fit; always in the hover
+    # No values printed on the bars: two neighbours' values ran into each other ("1.0001.000") and into
+    # the test's marks. The cycle figure above and the stage-3 table print them; the hover has them too.
     tokens = np.asarray([shown(t) for t in c["draft_token_texts"]])
     traces = [
         dict(type="bar", x=ticks, y=c["p_target"], name="p_target (target model)", customdata=tokens,
-             marker=dict(color=P_TARGET_COLOUR, opacity=fade), text=[f"{p:.3f}" for p in c["p_target"]] if values else None,
-             textposition="outside", cliponaxis=False, hovertemplate="<b>%{customdata}</b>: p_target %{y:.4f}<extra></extra>"),
+             marker=dict(color=P_TARGET_COLOUR, opacity=fade),
+             hovertemplate="<b>%{customdata}</b>: p_target %{y:.4f}<extra></extra>"),
         dict(type="bar", x=ticks, y=c["p_draft"], customdata=tokens,
              name="p_draft (EAGLE head)" if cycle_drafter(c) == EAGLE else "p_draft (draft model)",
              marker=dict(color=P_DRAFT_COLOUR, opacity=fade, pattern=solid_pattern("/")),
-             text=[f"{p:.3f}" for p in c["p_draft"]] if values else None, textposition="outside", cliponaxis=False,
              hovertemplate="<b>%{customdata}</b>: p_draft %{y:.4f}<extra></extra>"),
     ]
     if stage >= 3:
-        traces += _argmax_marks(c, k, ticks) if greedy else _acceptance_marks(c, ticks, values)
+        traces += _argmax_marks(c, k, ticks) if greedy else _acceptance_marks(c, ticks, wide_marks(k))
     if stage < 3:  # the test itself is drawn from stage 3 on
         title = "Verify: both models' probability of each draft token"
     else:
@@ -366,11 +370,11 @@ def acceptance_figure(c: dict, k: int, stage: int = 3, greedy: bool = False) -> 
                   xaxis=dict(type="category"))
 
 
-def _acceptance_marks(c: dict, ticks: list[str], values: bool) -> list[dict]:
+def _acceptance_marks(c: dict, ticks: list[str], wide: bool) -> list[dict]:
     tested = ticks[: len(c["u"])]  # u is drawn only up to the first rejection; the rest: "not drawn"
     return [
         dict(type="scatter", x=ticks, y=c["accept_prob"], mode="markers", name="min(1, p_target/p_draft)",
-             marker=dict(symbol="line-ew-open", size=46 if values else 16, color=ACCEPT_COLOUR,
+             marker=dict(symbol="line-ew-open", size=46 if wide else 16, color=ACCEPT_COLOUR,
                          line=dict(width=4, color=ACCEPT_COLOUR)),
              hovertemplate="acceptance probability %{y:.4f}<extra></extra>"),
         dict(type="scatter", x=tested, y=c["u"], mode="markers", name="u (uniform draw)",

@@ -45,9 +45,12 @@ def _ms(seconds: float) -> float:
     return seconds * 1000
 
 
-def _break_even(fig: go.Figure, text: str = "1x = plain decoding", **where) -> None:
-    fig.add_hline(y=1.0, line=dict(color=COLOURS[PLAIN], dash="dot"), annotation_text=text,
-                  annotation_position="bottom right", **where)
+def _break_even(fig: go.Figure, text: str = "1x = plain decoding", in_legend: bool = False, **where) -> None:
+    """The 1x line, named beside it; or, `in_legend`, in the legend: a bar chart's values sit near 1x
+    at any of its bars, so a name beside the line would land on one of them."""
+    named = dict(name=text, showlegend=True) if in_legend else dict(annotation_text=text,
+                                                                     annotation_position="bottom right")
+    fig.add_hline(y=1.0, line=dict(color=COLOURS[PLAIN], dash="dot"), **named, **where)
 
 
 # ---------------------------------------------------------------- acceptance
@@ -132,7 +135,7 @@ def speed_figure(r: SpeedReport) -> go.Figure:
                            textposition="outside", marker=dict(color=[COLOURS[n] for n in names],
                                                               pattern=_hatch(["", "/", "."])),
                            hovertemplate="%{x}: %{y:.3f}x<extra></extra>", showlegend=False))
-    _break_even(fig)
+    _break_even(fig, in_legend=True)
     fig.update_yaxes(title="speedup over plain target decoding", rangemode="tozero")
     return _layout(fig, f"Speedup at K = {r.k}: measured and predicted", 320)
 
@@ -171,8 +174,8 @@ def verify_steps_figure(cal: Calibration, advice: Sequence[KAdvice]) -> go.Figur
                                        pattern=_hatch(["x" if n == best else "" for n in cal.verify_positions])),
                            name="measured verify cost", showlegend=False,
                            hovertemplate="%{x} positions: %{y:.2f} target steps<extra></extra>"))
-    fig.add_hline(y=1.0, line=dict(color=COLOURS[LEVIATHAN], dash="dash"),
-                  annotation_text="1 step: what Leviathan's formula assumes", annotation_position="top left")
+    fig.add_hline(y=1.0, line=dict(color=COLOURS[LEVIATHAN], dash="dash"), showlegend=True,
+                  name="1 step: what Leviathan's formula assumes")  # in the legend: over the bars it would hide them
     title = "Verify cost per width, in target steps"
     if best is not None:
         title += f" (crossed bar: K+1 = {best}, the advisor's pick)"

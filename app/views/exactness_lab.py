@@ -161,7 +161,8 @@ def controls(choice: teaching_pair.PairChoice) -> tuple | None:
     cols = st.columns([3, 1], vertical_alignment="bottom")
     rule = cols[0].radio("Acceptance rule", list(RULE_NAMES), key="lab_rule", format_func=RULE_NAMES.get,
                          on_change=rule_samples, args=(choice,))
-    greedy = cols[1].checkbox("Greedy draft (propose the argmax)", key="lab_greedy", on_change=rule_samples, args=(choice,))
+    greedy = cols[1].checkbox("Greedy draft", key="lab_greedy", on_change=rule_samples, args=(choice,),
+                              help="The draft proposes its argmax instead of sampling it.")  # the label fits its column
     try:
         s = SpecSettings(k=int(k), temperature=float(temperature), top_k=int(top_k), seed=int(seed))
     except SettingsError as err:

@@ -325,7 +325,8 @@ def summary_rows(trace: Trace, st_: TraceStats) -> dict[str, str]:
     s, r, a = trace.header["settings"], st_.speed, st_.acceptance
     na = "no calibration"
     return {
-        "target ← draft": f"{model_name(trace.header, 'target')} ← {model_name(trace.header, 'draft')}",
+        "target": model_name(trace.header, "target"),  # one row each: both in one cell ran off the table
+        "draft": model_name(trace.header, "draft"),
         "K · temperature": f"{s['k']} · {s['temperature']}",
         "cycles": f"{st_.num_cycles}",
         "draft acceptance rate": f"{a['acceptance_rate']:.3f}",

@@ -191,15 +191,9 @@ def test_table(c: dict, k: int, greedy: bool = False) -> list[dict]:
     return rows
 
 
-# Pixel widths that fit every header and value in the right column at 1366x768 (about 520 px).
-TABLE_COLUMNS = {"pos": st.column_config.NumberColumn("pos", width=36),
-                 "draft token": st.column_config.TextColumn("draft token", width=82),
-                 "p_target": st.column_config.TextColumn("p_target", width=66),
-                 "p_draft": st.column_config.TextColumn("p_draft", width=62),
-                 "min(1, ratio)": st.column_config.TextColumn("min(1, ratio)", width=92),
-                 "u": st.column_config.TextColumn("u", width=66),
-                 "target's argmax": st.column_config.TextColumn("target's argmax", width=104),
-                 "result": st.column_config.TextColumn("result", width=92)}
+# Widths that fit every header and value in the right column at 1366x768 (app/figures/cycle.py says how).
+TABLE_COLUMNS = {name: (st.column_config.NumberColumn if name == "pos" else st.column_config.TextColumn)(name, width=width)
+                 for name, width in figures.TEST_TABLE_WIDTHS.items()}
 
 
 def token_strip(c: dict, k: int, stage: int) -> str:
@@ -234,7 +228,7 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     chart(figures.cycle_figure(c, k, stage, greedy))
     if stage == 1:  # prompt lookup / other tokenizer / EAGLE head: where the proposal came from
         drafter_view.show_provenance([t.text for t in tokens[: c["committed_len_before"]]], c, trace.drafter_kind)
-    left, right = st.columns([0.9, 1.1])  # the right column holds the stage-3 table: every header fits
+    left, right = st.columns([0.84, 1.16])  # the right column holds the stage-3 table: every header and value fits
     with left:
         if stage >= 2:
             chart(figures.acceptance_figure(c, k, stage, greedy))
