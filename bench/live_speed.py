@@ -40,6 +40,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cli-threads", type=int, default=None,
+                   help="torch threads of the command-line run (OMP_NUM_THREADS); default: torch's own choice")
+    p.add_argument("--app-threads", type=int, default=None,
+                   help="OMP_NUM_THREADS for the app's server process; default: the app's own choice")
     p.add_argument("--out", type=Path, default=RESULTS / "live-speed")
     p.add_argument("--note", default="", help="conditions of the run (e.g. a machine shared with other jobs)")
     return p.parse_args(argv)
@@ -61,7 +65,8 @@ def cli_run(args: argparse.Namespace, out: Path) -> dict:
                str(args.max_new_tokens), "--seed", str(args.seed), "--calibrate", "--out", str(out)]
     if not preset.use_chat_template:
         command.append("--no-chat-template")
-    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(args.cli_threads)} if args.cli_threads else {})}
+    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     return trace_figures(out)
 
 
@@ -89,7 +94,8 @@ def measure(args: argparse.Namespace) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="live-speed-"))
     runs = work / "app-runs"
-    env = {**os.environ, "SPECLAB_RUNS_DIR": str(runs)}
+    env = {**os.environ, "SPECLAB_RUNS_DIR": str(runs),
+           **({"OMP_NUM_THREADS": str(args.app_threads)} if args.app_threads else {})}
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
                                "--server.headless", "true", "--server.port", str(port),
@@ -121,7 +127,8 @@ def report(result: dict) -> str:
     s, m = result["settings"], result["machine"]
     lines = ["## Live run in the app against the command line (bench/live_speed.py)", "",
              f"Machine: {m['cpu']}, {m['cores']} cores; {m['date']}. Run: {s['preset']} preset, K={s['k']}, "
-             f"T={s['temperature']}, {s['max_new_tokens']} tokens, seed {s['seed']}; the browser on the same machine."
+             f"T={s['temperature']}, {s['max_new_tokens']} tokens, seed {s['seed']}; torch threads: cli "
+             f"{s['cli_threads'] or 'default'}, app {s['app_threads'] or 'default'}; the browser on the same machine."
              + (f" {result['note']}" if result["note"] else ""), "",
              "| repeat | cli ms per cycle | app ms per cycle | app / cli | cli verify ms | app verify ms |",
              "|---|---|---|---|---|---|"]
@@ -139,7 +146,7 @@ def main(argv=None) -> None:
     import torch
 
     result = {"settings": {k: getattr(args, k) for k in ("preset", "k", "temperature", "max_new_tokens", "seed",
-                                                          "repeats")},
+                                                          "repeats", "cli_threads", "app_threads")},
               "machine": machine_info(torch.get_num_threads()), "note": args.note, **measure(args)}
     text = report(result)
     write_results(args.out.parent, args.out.name, result, text)
