@@ -4,7 +4,7 @@ import threading
 
 from streamlit.testing.v1 import AppTest
 
-from app.ui.jobs import JOB, WAITING, Job
+from app.ui.jobs import FAST_FOR_S, JOB, POLL_S, SLOW_POLL_S, WAITING, Job, poll_interval
 
 
 def run_in_thread(job: Job, work) -> None:
@@ -78,6 +78,15 @@ def handover_script() -> None:
         jobs.start("t", "Test", lambda report: gate.wait(30) and 42, on_done)
     jobs.show("t")
     st.write(f"result: {st.session_state.get('result')}")
+
+
+def test_a_job_is_looked_at_often_while_young_and_seldom_after():
+    # Each look costs CPU a timed run needs (bench/results/live-speed.md), so a long job is
+    # polled seldom; a short measurement is still shown within half a second.
+    job = Job("x", "Timing", on_done=lambda r: None)
+    assert poll_interval(job) == POLL_S < SLOW_POLL_S
+    job.started -= FAST_FOR_S  # as if it had run that long
+    assert poll_interval(job) == SLOW_POLL_S
 
 
 def test_a_hand_over_cut_short_is_made_again_on_the_next_run():

@@ -26,7 +26,15 @@ from app.ui import state
 from app.ui.safe import md
 
 JOB = "background_job"  # session_state: the session's one Job (running, not yet collected, or failed)
-POLL_S = 0.5  # how often the progress fragment looks at a running job
+# How often the progress fragment looks at a running job. Each look reruns the fragment and
+# redraws it in the browser, which costs CPU that a timed run needs: polling every 0.5 s made a
+# live run's cycles 1.55x as long as the same run from the command line, polling every 2 s
+# 0.83x (bench/results/live-speed.md, AMD EPYC, 2 cores, the browser on the same machine).
+# So a job is looked at often while it is young (a measurement under a second shows at once)
+# and seldom once it has run FAST_FOR_S.
+POLL_S = 0.5
+SLOW_POLL_S = 2.0
+FAST_FOR_S = 2.0
 BUSY = "One live run or measurement at a time"  # the start of the words that refuse a second job
 
 # One job at a time on the whole server, whichever session started it: jobs time things
@@ -62,6 +70,9 @@ class Job:
         self.text = text or self.text
         if partial is not None:
             self.partial = partial
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
 
     def seconds_left(self) -> float | None:
         """From the time so far and the fraction done; None until the fraction says something."""
@@ -108,23 +119,38 @@ def start(name: str, label: str, work: Callable[[Report], Any], on_done: Callabl
 
 
 def progress_words(job: Job) -> str:
-    elapsed = time.perf_counter() - job.started
+    elapsed = job.elapsed_s()
     left = job.seconds_left()
     return (f"{job.label}: {job.text}, {job.fraction:.0%} done after {elapsed:.0f} s"
             + (f"; about {left:.0f} s left" if left is not None else "")
             + ". The page stays usable meanwhile.")
 
 
-@st.fragment(run_every=POLL_S)
-def _poll(name: str, draw_partial: Callable[[Any], None] | None) -> None:
-    """Redrawn every POLL_S seconds on its own; reruns the whole page once the work has ended."""
+def poll_interval(job: Job) -> float:
+    """Seconds between looks at `job`: POLL_S while it is young, SLOW_POLL_S after FAST_FOR_S."""
+    return POLL_S if job.elapsed_s() < FAST_FOR_S else SLOW_POLL_S
+
+
+def _draw_progress(name: str, draw_partial: Callable[[Any], None] | None, interval: float) -> None:
+    """The fragments' body: the whole page reruns once the work has ended (to take its result),
+    and once the job has outgrown its polling interval (to be polled at the slower one)."""
     job = current()
-    if job is None or job.name != name or not job.running:
+    if job is None or job.name != name or not job.running or poll_interval(job) != interval:
         st.rerun(scope="app")
     st.progress(job.fraction, text=progress_words(job))
     partial = job.partial  # read once: the worker may replace it meanwhile
     if draw_partial is not None and partial is not None:
         draw_partial(partial)
+
+
+@st.fragment(run_every=POLL_S)
+def _poll_often(name: str, draw_partial: Callable[[Any], None] | None) -> None:
+    _draw_progress(name, draw_partial, POLL_S)
+
+
+@st.fragment(run_every=SLOW_POLL_S)
+def _poll_seldom(name: str, draw_partial: Callable[[Any], None] | None) -> None:
+    _draw_progress(name, draw_partial, SLOW_POLL_S)
 
 
 def show(name: str, draw_partial: Callable[[Any], None] | None = None) -> Job | None:
@@ -139,7 +165,7 @@ def show(name: str, draw_partial: Callable[[Any], None] | None = None) -> Job | 
             st.caption(f"{md(job.label)} is running elsewhere in this session ({job.fraction:.0%} done).")
         return None
     if job.running:
-        _poll(name, draw_partial)
+        (_poll_often if poll_interval(job) == POLL_S else _poll_seldom)(name, draw_partial)
         return job
     if job.error is None:  # done: hand the result over, then forget the job
         # Every session-state access is a point where Streamlit may cut this run short for a
