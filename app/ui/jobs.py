@@ -29,7 +29,8 @@ JOB = "background_job"  # session_state: the session's one Job (running, not yet
 # How often the progress fragment looks at a running job. Each look reruns the fragment and
 # redraws it in the browser, which costs CPU that a timed run needs: polling every 0.5 s made a
 # live run's cycles 1.55x as long as the same run from the command line, polling every 2 s
-# 0.83x (bench/results/live-speed.md, AMD EPYC, 2 cores, the browser on the same machine).
+# 0.83x (bench/results/live-speed-experiments.md; with this schedule 1.09x, 0.80-1.38 over five
+# repeats, bench/results/live-speed.md: AMD EPYC, 2 cores, the browser on the same machine).
 # So a job is looked at often while it is young (a measurement under a second shows at once)
 # and seldom once it has run FAST_FOR_S.
 POLL_S = 0.5
