@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.figures.cycle import TEST_TABLE_WIDTHS
+from app.figures.cycle import STAGE_CHART_KEY, TEST_TABLE_WIDTHS
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, TIMEOUT_MS, settled, streamlit_server
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright python package is not installed")
@@ -149,6 +149,28 @@ def test_stepper_labels_fit_at_1366x768(projector, trace, rejected, stage):
     page.wait_for_timeout(800)
     page.screenshot(path=SHOTS / f"{name}-whole-page.png")
     page.set_viewport_size(PROJECTOR)
+
+
+FOLD_VIEWS = [("default.jsonl", True, stage) for stage in range(1, 6)] + [
+    ("default.jsonl", False, 4),  # a bonus instead of a resample
+    ("chat-sampled-k6-hot-low-acceptance.jsonl", True, 3),  # slower than plain decoding: a warning on top
+    ("shakespeare-cache-paged.jsonl", True, 5)]  # the paged layout's block tables follow the caches
+
+
+@pytest.mark.parametrize("trace,rejected,stage", FOLD_VIEWS)
+def test_each_stage_shows_its_chart_without_scrolling(projector, trace, rejected, stage):
+    """A projector shows the stage's own chart (app/views/stepper.py stage_chart) whole, under the
+    controls, without scrolling: the test at stages 2 and 3, the resample at 4, the caches at 5."""
+    url, page = projector
+    cycle = first_cycle(trace, rejected)
+    page.goto(f"{url}/?trace=bundled:{trace}&cycle={cycle}&stage={stage}")
+    settled(page, f"Cycle {cycle} · stage {stage}")
+    page.wait_for_selector(f".st-key-{STAGE_CHART_KEY} .main-svg")
+    box = page.locator(f".st-key-{STAGE_CHART_KEY} .main-svg").first.bounding_box()
+    top, bottom = box["y"], box["y"] + box["height"]
+    assert page.evaluate("window.scrollY") == 0
+    assert 0 <= top and bottom <= PROJECTOR["height"], \
+        f"{trace} cycle {cycle} stage {stage}: the stage's chart spans {top:.0f}-{bottom:.0f} px of {PROJECTOR['height']}"
 
 
 STATS_TABS = ["Acceptance", "Cost and speed", "K advisor", "Race and explorer", "Compare two traces",

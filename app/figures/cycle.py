@@ -94,6 +94,11 @@ def shown(text: str, limit: int | None = None) -> str:
     return esc(visible)
 
 
+# The chart each stepper stage is about (app/views/stepper.py stage_chart): its Streamlit key, and the
+# height of the test and resample charts, low enough to show whole under the controls at 1366x768
+# (tests/test_browser_projector.py measures it).
+STAGE_CHART_KEY = "stage_chart"
+STAGE_CHART_PX = 340
 NOT_DRAWN = "not drawn"  # the one wording for a u the test never drew (after the first rejection)
 # Pixel widths of the stepper's stage-3 test table (app/views/stepper.py): each header and value, NOT_DRAWN
 # included, fits in Source Sans 14 px with the table's 8 px padding either side; about 500 px in all, the
@@ -366,7 +371,7 @@ def acceptance_figure(c: dict, k: int, stage: int = 3, greedy: bool = False) -> 
     else:
         title = ("Greedy test: keep while draft = target's argmax" if greedy else
                  "Test: keep while u < min(1, p_target / p_draft)")
-    return figure(traces, title, 380, top=96, barmode="group", bargap=0.3, yaxis=probability_axis(),
+    return figure(traces, title, STAGE_CHART_PX, top=96, barmode="group", bargap=0.3, yaxis=probability_axis(),
                   xaxis=dict(type="category"))
 
 
@@ -441,7 +446,7 @@ def resample_figure(c: dict, k: int) -> go.Figure:
                   ("p_target", "p_target", P_TARGET_COLOUR, ""), ("p_draft", "p_draft", P_DRAFT_COLOUR, "/"),
                   ("residual", "norm(max(0, p_target − p_draft))", RESIDUAL_COLOUR, "x"))]
     return figure(traces, f"Resample at position {c['rejected_position']} from the residual",
-                  380, top=96, barmode="group", bargap=0.25, yaxis=probability_axis(), xaxis=dict(type="category"))
+                  STAGE_CHART_PX, top=96, barmode="group", bargap=0.25, yaxis=probability_axis(), xaxis=dict(type="category"))
 
 
 def _bonus_figure(c: dict, k: int) -> go.Figure:
@@ -453,7 +458,7 @@ def _bonus_figure(c: dict, k: int) -> go.Figure:
                                                                color=OKABE_ITO["vermillion"])),
                    hovertemplate="p_target %{y:.4f}<extra>%{x}</extra>")]
     marks = [_sampled_mark(names[ids.index(chosen)], "★ bonus")] if chosen in ids else []
-    return figure(traces, f"Bonus: drawn from the target at position K+1={k + 1}", 380, top=96, bargap=0.25,
+    return figure(traces, f"Bonus: drawn from the target at position K+1={k + 1}", STAGE_CHART_PX, top=96, bargap=0.25,
                   yaxis=probability_axis(), xaxis=dict(type="category"), annotations=marks)
 
 

@@ -216,30 +216,51 @@ def token_strip(c: dict, k: int, stage: int) -> str:
     return line
 
 
+def stage_chart(trace: Trace, c: dict, k: int, stage: int, greedy: bool):
+    """The figure a stage is about: the draft (1), the test's probabilities (2, 3), the resample or
+    bonus (4), the caches after the rollback (5)."""
+    if stage == 1:
+        return figures.cycle_figure(c, k, stage, greedy)
+    if stage <= 3:
+        return figures.acceptance_figure(c, k, stage, greedy)
+    if stage == 4:
+        return figures.resample_figure(c, k)
+    return figures.cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind)
+
+
 def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
+    """The stage's explanation and its chart first, side by side where the chart is narrow enough,
+    so that both fit under the controls at 1366x768; the cycle as a whole and the rest below."""
     tokens, ends, _ = derived(state.current_key(), trace)
     c = trace.cycles[cycle]
     k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     greedy = trace.header["settings"]["temperature"] == 0
     st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
-    first_result().caption(token_strip(c, k, stage))  # caption-sized: the cycle figure stays on a projector's screen
-    st.info(md(stage_caption(c, k, stage, trace.header.get("faults"), greedy, trace.drafter_kind)),
-            icon=":material/lightbulb:")
-    chart(figures.cycle_figure(c, k, stage, greedy))
+    first_result().caption(token_strip(c, k, stage))  # caption-sized: it leaves the stage's chart on screen
+    words = md(stage_caption(c, k, stage, trace.header.get("faults"), greedy, trace.drafter_kind))
+    if stage in (1, 5):  # the cycle figure and the caches need the page's width
+        st.info(words, icon=":material/lightbulb:")
+        chart(stage_chart(trace, c, k, stage, greedy), key=figures.STAGE_CHART_KEY)
+    else:
+        explain, shown = st.columns([0.4, 0.6])
+        explain.info(words, icon=":material/lightbulb:")
+        with shown:
+            chart(stage_chart(trace, c, k, stage, greedy), key=figures.STAGE_CHART_KEY)
     if stage == 1:  # prompt lookup / other tokenizer / EAGLE head: where the proposal came from
         drafter_view.show_provenance([t.text for t in tokens[: c["committed_len_before"]]], c, trace.drafter_kind)
-    left, right = st.columns([0.84, 1.16])  # the right column holds the stage-3 table: every header and value fits
-    with left:
-        if stage >= 2:
+    else:
+        chart(figures.cycle_figure(c, k, stage, greedy))
+    if stage == 3:  # the test table: every header and value fits its column
+        st.caption("The test, position by position (the target's argmax, compared with each draft token):"
+                   if greedy else "The test, position by position (u is drawn only up to the first rejection):")
+        table_col, _ = st.columns([1.16, 0.84])
+        table_col.dataframe(test_table(c, k, greedy), hide_index=True, column_config=TABLE_COLUMNS, key="test_table")
+    if stage >= 4:  # the test that led to the resample or bonus
+        left, _ = st.columns([0.6, 0.4])
+        with left:
             chart(figures.acceptance_figure(c, k, stage, greedy))
-    with right:
-        if stage >= 4:
-            chart(figures.resample_figure(c, k))
-        elif stage == 3:
-            st.caption("The test, position by position (the target's argmax, compared with each draft token):"
-                       if greedy else "The test, position by position (u is drawn only up to the first rejection):")
-            st.dataframe(test_table(c, k, greedy), hide_index=True, column_config=TABLE_COLUMNS, key="test_table")
-    chart(figures.cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind))
+    if stage != 5:
+        chart(figures.cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind))
     chart(figures.cycle_time_figure(c, median_cycle_s(trace), c["cycle"] in loud_cycles(trace)), key="cycle_time")
     if stage in (2, 5):  # the verify appends to the target's cache, the rollback trims it: in the trace's layout
         for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, stage, derive.sequence_texts(trace, c))):
