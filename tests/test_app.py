@@ -321,17 +321,19 @@ def test_markdown_tables_show_markdown_and_html_as_text():
     assert "<img" not in text and "\\*\\*b\\*\\*" in text
 
 
-@pytest.mark.parametrize("name", ["default.jsonl", "shakespeare-sampled-k4-high-acceptance.jsonl"])
+@pytest.mark.parametrize("name", ["chat-sampled-k6-hot-low-acceptance.jsonl", "shakespeare-sampled-k4-high-acceptance.jsonl"])
 def test_a_slower_trace_says_so_up_front(monkeypatch, name):
     from engine.stats.analysis import trace_stats
     monkeypatch.setenv("SPECLAB_TRACE", str(BUNDLED / name))
     at = start()
     speed = trace_stats(load_trace(BUNDLED / name)).speed
     notes = [w.value for w in at.warning if "slower" in w.value]
-    if speed.measured < 1:
-        assert len(notes) == 1 and f"{speed.measured:.2f}×" in notes[0] and f"c = {speed.c:.2f}" in notes[0]
+    why = [m.value for m in at.markdown if "Each cycle cost about" in m.value]
+    if speed.measured < 1:  # one line up front, the reasons behind its "Why?"
+        assert len(notes) == 1 and f"{speed.measured:.2f}×" in notes[0]
+        assert len(why) == 1 and f"c = {speed.c:.3f}" in why[0] and f"worth {speed.verify_in_steps:.2f} steps" in why[0]
     else:
-        assert not notes
+        assert not notes and not why
 
 
 def test_two_traces_with_one_modification_time_are_told_apart(monkeypatch, tmp_path):

@@ -154,7 +154,8 @@ def test_stepper_labels_fit_at_1366x768(projector, trace, rejected, stage):
 FOLD_VIEWS = [("default.jsonl", True, stage) for stage in range(1, 6)] + [
     ("default.jsonl", False, 4),  # a bonus instead of a resample
     ("chat-sampled-k6-hot-low-acceptance.jsonl", True, 3),  # slower than plain decoding: a warning on top
-    ("shakespeare-cache-paged.jsonl", True, 5)]  # the paged layout's block tables follow the caches
+    ("shakespeare-cache-paged.jsonl", True, 5),  # the paged layout's block tables follow the caches
+    ("shakespeare-greedy-k8.jsonl", True, 3), ("shakespeare-greedy-k8.jsonl", False, 4)]  # K=8: the longest strip
 
 
 @pytest.mark.parametrize("trace,rejected,stage", FOLD_VIEWS)

@@ -98,7 +98,7 @@ def shown(text: str, limit: int | None = None) -> str:
 # height of the test and resample charts, low enough to show whole under the controls at 1366x768
 # (tests/test_browser_projector.py measures it).
 STAGE_CHART_KEY = "stage_chart"
-STAGE_CHART_PX = 340
+STAGE_CHART_PX = 320
 NOT_DRAWN = "not drawn"  # the one wording for a u the test never drew (after the first rejection)
 # Pixel widths of the stepper's stage-3 test table (app/views/stepper.py): each header and value, NOT_DRAWN
 # included, fits in Source Sans 14 px with the table's 8 px padding either side; about 500 px in all, the

@@ -21,15 +21,20 @@ SPEEDS = {"2 s/step": 2.0, "1 s/step": 1.0, "0.4 s/step": 0.4}
 # ---------------------------------------------------------------- per-trace data (cached)
 
 def slower_note(stats: TraceStats) -> str:
-    """Said up front when the open trace ran slower than plain decoding would have, and why."""
+    """Said up front, in one line, when the open trace ran slower than plain decoding would have."""
     r = stats.speed
-    return (f"This run was **slower** than plain decoding: {r.measured:.2f}× its speed (middle half of cycles "
-            f"{r.measured_spread.low:.2f}–{r.measured_spread.high:.2f}×). Each cycle cost about "
+    return (f"This run was **slower** than plain decoding: {r.measured:.2f}× its speed (middle half "
+            f"{r.measured_spread.low:.2f}–{r.measured_spread.high:.2f}×).")
+
+
+def slower_why(stats: TraceStats) -> str:
+    """Why the open trace ran slower (behind the note's "Why?", so the stage's chart stays on screen)."""
+    r = stats.speed
+    return (f"It is still a correct run to step through. Each cycle cost about "
             f"{r.cycle_steps:.2f} target steps (K={r.k} draft steps at c = {r.c:.3f} each, plus a verify pass worth "
             f"{r.verify_in_steps:.2f} steps) and committed {stats.acceptance['mean_acceptance_length']:.2f} tokens "
-            f"on average, so "
-            f"speculation loses here; it is still a correct run to step through. **Statistics and speed** shows "
-            f"which K would pay off, and the example traces include faster pairs.")
+            f"on average, so speculation loses here. **Statistics and speed** shows which K would pay off, and the "
+            f"example traces include faster pairs.")
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -149,7 +154,8 @@ def play_ticker(seconds: float) -> None:
 COMPACT = """<style>
 [data-testid="stMainBlockContainer"] { padding-top: 4rem; }  /* just under the toolbar (3.75rem) */
 [data-testid="stMainBlockContainer"] h1 { font-size: 1.9rem; padding: 0 0 0.2rem 0; }
-</style>"""  # a projector (1366x768) shows one cycle's figure under the controls without scrolling
+[data-testid="stMainBlockContainer"] h3 { font-size: 1.3rem; padding: 0.2rem 0 0 0; }
+</style>"""  # a projector (1366x768) shows the stage's chart under the controls without scrolling
 
 
 def header(trace: Trace) -> None:
@@ -169,7 +175,9 @@ def header(trace: Trace) -> None:
         st.warning(f"**Timings not trustworthy.** {loud} Step through it for the tokens and the caches; take "
                    "speeds from a quiet trace.", icon=":material/timer_off:")
     elif speed is not None and speed.measured < 1:
-        st.warning(slower_note(state.current_stats()), icon=":material/trending_down:")
+        note, why = st.columns([0.88, 0.12], vertical_alignment="center")
+        note.warning(slower_note(state.current_stats()), icon=":material/trending_down:")
+        why.popover("Why?", width="stretch").markdown(slower_why(state.current_stats()))
 
 
 def test_table(c: dict, k: int, greedy: bool = False) -> list[dict]:
