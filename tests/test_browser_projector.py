@@ -18,11 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "assets" / "traces"
 PROJECTOR = {"width": 1366, "height": 768}
 
-# Every label Plotly draws in a chart: texts on cells, values on bars, tick labels, annotations, the
+# Every label Plotly draws in a chart: texts on cells, values on bars, tick labels, annotations, the axis titles, the
 # title; and every bar, so an annotation drawn over a bar is found too.
 LABEL_BOXES = """chart => {
   const svg = chart.querySelector('.main-svg').getBoundingClientRect();
-  const sel = 'g.textpoint text, text.bartext, g.xtick text, g.ytick text, g.annotation-text-g text, .gtitle';
+  const sel = 'g.textpoint text, text.bartext, g.xtick text, g.ytick text, g.annotation-text-g text, .gtitle, .xtitle, .ytitle';
   const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
   return {svg: [svg.left, svg.top, svg.right, svg.bottom],
           bars: [...chart.querySelectorAll('g.trace.bars g.point path')].map(box).filter(b => b[2] > b[0] && b[3] > b[1]),
