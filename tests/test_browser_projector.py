@@ -51,10 +51,11 @@ TABLE_TEXTS = """async () => {
 }"""
 CELL_PADDING_PX = 16  # 8 px either side of a table cell's text
 
-# Text Streamlit cuts with an ellipsis (widget labels, for one): any element whose text overflows its box.
+# Text Streamlit cuts with an ellipsis (widget labels, for one): any element whose text overflows its box
+# (a file uploader's hidden input, with no text, overflows its zero width and is no cut text).
 ELLIPSIZED = """() => [...document.querySelectorAll('[data-testid=stMain] *')].filter(e => {
   const s = getComputedStyle(e);
-  return s.textOverflow === 'ellipsis' && e.scrollWidth > e.clientWidth + 1;
+  return e.textContent.trim() && s.textOverflow === 'ellipsis' && e.scrollWidth > e.clientWidth + 1;
 }).map(e => e.textContent)"""
 
 
@@ -175,7 +176,7 @@ def test_each_stage_shows_its_chart_without_scrolling(projector, trace, rejected
 
 
 STATS_TABS = ["Acceptance", "Cost and speed", "K advisor", "Race and explorer", "Compare two traces",
-              "KV-cache layout"]  # the K sweep draws no chart until it has run
+              "KV-cache layout", "Your server"]  # the K sweep draws no chart until it has run
 
 
 @pytest.mark.parametrize("trace", ["default.jsonl", "shakespeare-greedy-k8.jsonl"])

@@ -1,5 +1,7 @@
 """Streamlit pieces the pages share: the page registry, session state, background jobs,
-safe (escaped) rendering, the sidebar and the first result each page shows.
+safe (escaped) rendering, the sidebar and the first result each page shows, and the views that
+a page draws in one of its parts (drafter_view.py for the stepper, server_view.py for the
+statistics page's Your server tab).
 
 May import: streamlit, app.figures and engine. Pages import this package; it never
 imports a page.

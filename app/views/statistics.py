@@ -483,7 +483,7 @@ def draw_tab(name: str, trace: Trace, st_: TraceStats, measured_now: bool) -> No
     elif name == "KV-cache layout":
         layout_section(layout_stats(trace), trace.drafter_kind)
     elif name == "Your server":
-        from app.views import server_metrics  # loaded only when the tab opens: it imports prometheus_client
-        server_metrics.draw(st_)
+        from app.ui import server_view  # loaded only when the tab opens: it imports prometheus_client
+        server_view.draw(st_)
 
 main()

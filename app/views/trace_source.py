@@ -59,7 +59,8 @@ def bundled() -> None:
 
 def upload() -> None:
     st.write("Upload a trace written elsewhere, e.g. on a GPU machine with the command line tool.")
-    file = st.file_uploader("Trace file (.jsonl)", type=["jsonl", "json", "txt"], key="upload_file")
+    file = st.file_uploader("Trace file (.jsonl)", type=["jsonl", "json", "txt"], key="upload_file",
+                            max_upload_size=state.MAX_UPLOAD_BYTES // 2**20)  # the browser refuses a larger one
     if file is None:
         return
     error = state.open_upload(file.name, file.getvalue())  # validates through engine.trace.format, stores, opens

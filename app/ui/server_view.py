@@ -21,7 +21,7 @@ def inputs() -> list[str]:
     """The uploaded files' text (one, or two scrapes) or else the pasted text; [] when none."""
     files = st.file_uploader("Metrics file(s): a /metrics scrape (two, for the time between), a get_metrics() "
                              "dump, a log, /server_info or TensorRT-LLM's /metrics JSON",
-                             accept_multiple_files=True, key=FILES)
+                             accept_multiple_files=True, key=FILES, max_upload_size=max(1, MAX_INPUT_BYTES // 2**20))
     pasted = st.text_area("…or paste it here", key=PASTE, height=150)
     if files:
         if len(files) > 2:
