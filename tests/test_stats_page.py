@@ -108,6 +108,11 @@ def test_every_number_matches_the_engine(folder, monkeypatch):
     assert any(m.value == f"**Per-position acceptance**: {per_position}" for m in at.markdown)
     open_tab(at, "Cost and speed")
     assert any(md(explain_speed(st.speed)) == i.value for i in at.info)
+    r = st.speed  # the spreads beside c and the measured speedup: the engine's quartiles
+    captions = [c.value for c in at.caption]
+    assert f"middle half {r.c_spread.low:.3f}–{r.c_spread.high:.3f}" in captions
+    assert any(c.startswith(f"Middle half of cycles: {r.measured_spread.low:.2f}x–{r.measured_spread.high:.2f}x. ")
+               for c in captions)
     gap = disagreement_words("Refined prediction vs measured speedup", st.speed.refined, st.speed.measured, MAX_SPREAD)
     said = [w.value for w in at.warning if w.value.startswith("Refined prediction vs measured")]
     assert said == ([gap] if gap else [])  # said in words exactly when they differ beyond the noise
