@@ -170,14 +170,15 @@ def header(trace: Trace) -> None:
                f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
                f"{len(trace.cycles)} cycles{done}")
     loud = quiet_words(trace)  # a busy recording machine: its speed is not the method's
-    speed = state.current_stats().speed if trace.cycles else None
+    stats = state.current_stats()
+    speed = stats.speed if trace.cycles else None
     if loud is not None:
         st.warning(f"**Timings not trustworthy.** {loud} Step through it for the tokens and the caches; take "
                    "speeds from a quiet trace.", icon=":material/timer_off:")
     elif speed is not None and speed.measured < 1:
         note, why = st.columns([0.88, 0.12], vertical_alignment="center")
-        note.warning(slower_note(state.current_stats()), icon=":material/trending_down:")
-        why.popover("Why?", width="stretch").markdown(slower_why(state.current_stats()))
+        note.warning(slower_note(stats), icon=":material/trending_down:")
+        why.popover("Why?", width="stretch").markdown(slower_why(stats))
 
 
 def test_table(c: dict, k: int, greedy: bool = False) -> list[dict]:
