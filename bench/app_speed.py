@@ -28,7 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.common import RESULTS, machine_info, write_results
+from bench.common import RESULTS, machine_info, machine_words, write_results
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -289,7 +289,7 @@ def markdown(result: dict) -> str:
     ok = "met" if n["median_ms"] <= 150 else "**missed**"
     return "\n".join([
         "## App speed (bench/app_speed.py)", "",
-        f"Machine: {m['cpu']}, {m['cores']} cores; {m['date']}.", "",
+        f"Machine: {machine_words(m)}; {m['date']}.", "",
         "| measure | time |", "|---|---|",
         f"| server start to first chart (cold, {f['trace']} trace) | {f['cold_start_to_chart_s']:.2f} s |",
         f"| of which: server process up | {f['server_up_s']:.2f} s |",

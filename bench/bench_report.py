@@ -2,7 +2,7 @@
 import json
 from pathlib import Path
 
-from bench.common import write_results
+from bench.common import machine_words, write_results
 from engine.trace.schema import DRAFT_MODEL, EAGLE
 
 # (ratio, threshold, which settings it applies to: (pair name, setting, drafter), wording) - the
@@ -107,7 +107,7 @@ def markdown(result: dict) -> str:
     drafted_by = result["draft"] if drafter_of(result) == DRAFT_MODEL else (
         f"{result.get('drafter_name') or drafter_of(result)} ({drafter_of(result)}; HF assisted (c): {result['draft']})")
     lines = [f"### {result['name']}: {result['target']} ← {drafted_by}", "",
-             f"Machine: {gpu_words(m)}{m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads; {m['os']}; "
+             f"Machine: {gpu_words(m)}{machine_words(m)}; {m['os']}; "
              f"torch {m['torch']}, transformers {m['transformers']}; {m['date']}.",
              f"{len(result['prompts'])} prompts x {result['repeats']} repeats, "
              f"{result['settings'][0]['max_new_tokens']} new tokens each, no EOS stop; tokens/s are medians over "

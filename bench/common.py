@@ -21,6 +21,7 @@ import transformers
 from engine.cycle.reference import Pair
 from engine.drafters.base import Drafter
 from engine.models.device import sync, timed
+from engine.models.machine import cpu_features, cpu_model, load_average
 from engine.models.presets import PRESETS
 from engine.run import load_pair, load_preset
 
@@ -109,23 +110,25 @@ def paired_ratio(rates: dict, x: str, y: str) -> float | None:
 
 # ---------------------------------------------------------------- the machine and the results
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_info(threads: int, device: torch.device | None = None, dtype: torch.dtype | None = None) -> dict:
     gpu = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else None
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": threads, "os": platform.platform(),
+    return {"cpu": cpu_model(), "cpu_features": cpu_features(), "cores": os.cpu_count(), "torch_threads": threads,
+            "load_average_1min": load_average(), "os": platform.platform(),
             "device": str(device) if device is not None else "cpu", "gpu": gpu,
             "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
             "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def machine_words(m: dict) -> str:
+    """The machine line every results file opens with: CPU model, vector features, cores, threads, load.
+    Results taken before the features and load were recorded say so."""
+    features = ", ".join(m["cpu_features"]) if m.get("cpu_features") else (
+        "no AVX2" if "cpu_features" in m else "features not recorded")
+    load = m.get("load_average_1min")
+    load_words = f"1-minute load {load} at the start" if load is not None else "load not recorded"
+    threads = f", {m['torch_threads']} torch threads" if m.get("torch_threads") else ""
+    return f"{m['cpu']} ({features}), {m['cores']} cores{threads}; {load_words}"
 
 
 def write_results(folder: Path, stem: str, result: dict, text: str, indent: int = 1, json_end: str = "") -> None:

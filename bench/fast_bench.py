@@ -239,7 +239,8 @@ def limit_cell(limits: dict, key: str) -> str:
 def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [f"### Fast path: {result['name']} ({result['target']} ← {result['draft']})", "",
-             f"Machine: {m.get('gpu') or m['cpu']}; torch {m['torch']}, transformers {m['transformers']}; {m['date']}.",
+             f"Machine: {m.get('gpu') or common.machine_words(m)}; torch {m['torch']}, "
+             f"transformers {m['transformers']}; {m['date']}.",
              f"{len(result['prompts'])} prompts x {result['repeats']} repeats; tokens/s are medians over repeats "
              "(min-max in brackets), end to end.", ""]
     if result["dry_run"]:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import PROMPTS, RESULTS, machine_info, write_results
+from bench.common import PROMPTS, RESULTS, machine_info, machine_words, write_results
 from engine.config import SpecSettings
 from engine.cycle.reference import Pair, TokenTexts, run_cycle, start_run
 from engine.kv.layouts import CacheLayout, kv_bytes_held, kv_bytes_reserved, layout_name, new_cache, roll_back_cache
@@ -120,7 +120,7 @@ def rollback_cost(pair: Pair, prompt_ids: list[int], k: int, rounds: int, trials
 def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [f"## KV-cache layouts ({result['name']}, bench/kv_layouts.py)", "",
-             f"{m['date']} · {m['cpu']} · {m['cores']} cores, {m['torch_threads']} torch thread(s) · torch {m['torch']} · "
+             f"{m['date']} · {machine_words(m)} · torch {m['torch']} · "
              f"transformers {m['transformers']}", "",
              f"**Conditions:** {result['conditions']} (1-minute load average {result['load_average'][0]:.1f} at the start, "
              f"{result['load_average'][1]:.1f} at the end).", "",

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from bench.app_speed import CHROMIUM, free_port, wait_for_server
-from bench.common import RESULTS, machine_info, write_results
+from bench.common import RESULTS, machine_info, machine_words, write_results
 from engine.models.presets import PRESETS
 from engine.trace import load_trace
 
@@ -126,7 +126,7 @@ def measure(args: argparse.Namespace) -> dict:
 def report(result: dict) -> str:
     s, m = result["settings"], result["machine"]
     lines = ["## Live run in the app against the command line (bench/live_speed.py)", "",
-             f"Machine: {m['cpu']}, {m['cores']} cores; {m['date']}. Run: {s['preset']} preset, K={s['k']}, "
+             f"Machine: {machine_words(m)}; {m['date']}. Run: {s['preset']} preset, K={s['k']}, "
              f"T={s['temperature']}, {s['max_new_tokens']} tokens, seed {s['seed']}; torch threads: cli "
              f"{s['cli_threads'] or 'default'}, app {s['app_threads'] or 'default'}; the browser on the same machine."
              + (f" {result['note']}" if result["note"] else ""), "",

@@ -29,7 +29,7 @@ import torch
 import transformers
 from torch import nn
 
-from bench.common import RESULTS, machine_info, write_results
+from bench.common import RESULTS, machine_info, machine_words, write_results
 from engine.kv.ops import crop
 from engine.models.cpu_linear import RowPolicy, output_layer_name, packed_twin
 from engine.models.loading import load_model
@@ -168,7 +168,7 @@ def summarise(times: dict) -> dict:
 def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [f"## Verify cost per width: {result['name']}", "",
-             f"CPU: {m['cpu']} ({m['cores']} cores); torch {m['torch']}, transformers {m['transformers']}; "
+             f"CPU: {machine_words(m)}; torch {m['torch']}, transformers {m['transformers']}; "
              f"{m['date']}. Cache length {result['cache_len']}, medians of {result['repeats']} round-robin repeats. "
              "Taken on a shared machine under load from other processes unless stated otherwise: trust ratios "
              "between cells of one table (measured interleaved) more than absolute times.", ""]

@@ -1,18 +1,20 @@
 """From settings to a finished trace file: load a pair, encode the prompt, run, record."""
 import platform
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from engine.config import SpecSettings
-from engine.cycle.reference import RATIO_TEST, CycleRule, Pair, eos_ids_of, speculative_generate
+from engine.cycle.reference import RATIO_TEST, CycleRule, Pair, eos_ids_of, speculative_generate, target_generate
 from engine.drafters.registry import DRAFTERS, DrafterOptions, build_drafter, with_shipped_draft
 from engine.kv.layouts import layout_for_run
-from engine.models.device import pick_device, pick_dtype
+from engine.models import linear_paths
+from engine.models.device import pick_device, pick_dtype, timed
 from engine.models.loading import LoadedModel, load_model
 from engine.models.presets import PRESETS
 from engine.stats.calibrate import calibrate as measure_step_times
+from engine.stats.plan import KPlan, plan_k
 from engine.trace.format import Trace, TraceWriter, make_summary
 from engine.trace.schema import CACHE_CONVENTION, CACHE_CONVENTION_TEXT, FORMAT, VERSION
 
@@ -56,6 +58,14 @@ def load_with_drafter(target: str, options: DrafterOptions, device: str | None =
     # Pair.draft is a draft model over the target's tokens only (calibration times its steps).
     draft = drafter.model if DRAFTERS[options.kind].needs.same_tokens else None
     return Pair(target_model, draft, eos_ids_of(target_model), drafter)
+
+
+def settle_linear_paths(pair: Pair) -> dict:
+    """Run each model's forward widths on the linear path this machine measured faster
+    (engine/models/linear_paths.py); what the header records, per model where there was a choice."""
+    models = {"target": pair.target, "draft": pair.draft}
+    curves = {role: linear_paths.settle(m) for role, m in models.items() if m is not None}
+    return {role: curve for role, curve in curves.items() if curve is not None}
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
@@ -117,13 +127,15 @@ def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
 def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
                  preset: str | None = None, chat_template: bool = True,
                  on_cycle: Callable[[dict], None] | None = None,
-                 rule: CycleRule = RATIO_TEST, calibrate: bool = False, fast: str | None = None) -> Trace:
+                 rule: CycleRule = RATIO_TEST, calibrate: bool = False, fast: str | None = None,
+                 calibration: dict | None = None) -> Trace:
     """Run speculative decoding on `prompt`, writing the trace to `out` as it goes.
 
     With `calibrate`, the header also gets step times of both models (engine/stats/calibrate.py),
     which the statistics need for c, t_step and the speedup predictions. With `fast` (a capture
     mode: none, graph or compile) the cycles run on engine/cycle/fast.py over static caches;
-    their records mean the same.
+    their records mean the same. A `calibration` already measured for this pair and prompt
+    (run_advised's) is recorded as it is instead of being measured again.
     """
     if not prompt.strip():
         raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
@@ -137,8 +149,11 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     header = make_header(pair, s, prompt, prompt_ids, preset, use_chat, rule)
     if rule is not RATIO_TEST:
         header["faults"] = asdict(rule)  # marks a deliberately broken teaching run
-    if calibrate:  # optional header field; traces without it stay valid
-        header["calibration"] = measure_step_times(pair, prompt_ids, s)
+    if calibrate or calibration:  # optional header fields; traces without them stay valid
+        paths = settle_linear_paths(pair)
+        if paths:
+            header["linear_paths"] = paths
+        header["calibration"] = calibration or measure_step_times(pair, prompt_ids, s)
     if fast is not None:  # optional header field: which path made the cycles
         header["fast_path"] = {"capture": fast}
     cycles: list[dict] = []
@@ -164,3 +179,39 @@ def _cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, rule: CycleRule,
         return speculative_generate(pair, prompt_ids, s, rule)
     from engine.cycle.fast import fast_generate
     return fast_generate(pair, prompt_ids, s, capture=fast)
+
+
+@dataclass(frozen=True)
+class AdvisedRun:
+    """What run_advised did: a trace at the advised K, or (plan.k == 0) plain decoding's text."""
+
+    plan: KPlan
+    trace: Trace | None  # None when the advisor said to decode plainly
+    text: str
+    tokens: int
+    decode_s: float  # plain decoding's loop, prefill aside; for a trace, its cycles' time
+
+
+def run_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, preset: str | None = None,
+                chat_template: bool = True, on_cycle: Callable[[dict], None] | None = None) -> AdvisedRun:
+    """Calibrate on this machine, measure alpha with a short pilot at s.k, and run what the K advisor
+    says (engine/stats/plan.py): speculation at its K, traced to `out`, or plain decoding when no K
+    beats it here, in which case nothing is written."""
+    if not prompt.strip():
+        raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
+    pair.drafter.check_settings(s)
+    use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
+    prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
+    check_prompt_fits(pair, len(prompt_ids), s)
+    settle_linear_paths(pair)
+    calibration = measure_step_times(pair, prompt_ids, s)
+    plan = plan_k(pair, prompt_ids, s, calibration)
+    if plan.plain:
+        tokens, seconds = timed(lambda: target_generate(pair.target, prompt_ids, s, pair.eos_ids))
+        return AdvisedRun(plan, None, pair.target.tokenizer.decode(tokens), len(tokens), seconds)
+    advised = replace(s, k=plan.k)
+    widest = max(calibration["verify_positions"])
+    trace = run_to_trace(pair, prompt, advised, out, preset, chat_template, on_cycle,
+                         calibration=calibration if plan.k + 1 <= widest else None, calibrate=True)
+    return AdvisedRun(plan, trace, trace.summary["generated_text"], trace.summary["num_generated"],
+                      sum(c["cycle_time_s"] for c in trace.cycles))

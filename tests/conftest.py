@@ -1,4 +1,7 @@
 # The repository root is importable through pyproject.toml's pytest setting `pythonpath = ["."]`.
+import os
+import tempfile
+
 import pytest
 import torch
 
@@ -6,6 +9,9 @@ import engine  # noqa: F401  (sets the offline default before transformers loads
 
 # Tiny models run fastest on one thread, and CI has only two cores.
 torch.set_num_threads(1)
+# Per-machine measurements (engine/models/linear_paths.py) go to a folder of this test session's,
+# never the user's ~/.cache: a test run neither reads nor leaves a machine's real curve.
+os.environ["SPECLAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="speclab-test-cache-")
 
 
 # ---------------------------------------------------------------- app tests: real traces from tiny models

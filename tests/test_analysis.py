@@ -12,6 +12,7 @@ from engine.stats.analysis import (
     Calibration,
     advice_sentence,
     advise_k,
+    advised_k,
     best_k,
     calibration_of,
     cycle_times,
@@ -124,9 +125,13 @@ def test_advisor_finds_the_best_k_and_says_when_none_pays_off():
     best = best_k(cheap)
     assert best.refined == max(a.refined for a in cheap) > 1.0
     assert 1 < best.k < 8 and advice_sentence(cheap).startswith(f"Best K = {best.k}")
+    assert advised_k(cheap) == best
     costly = advise_k(0.3, 0.008, LINEAR, list(range(1, 9)))
     assert all(a.refined < 1 for a in costly)
-    assert advice_sentence(costly).startswith("No K pays off on this hardware")
+    assert advised_k(costly).k == 0 and advised_k(costly).refined == 1.0  # decode plainly
+    said = advice_sentence(costly)
+    assert said.startswith("Decode plainly (K=0): no K beats plain decoding on this machine")
+    assert f"K={best_k(costly).k}, is predicted at {best_k(costly).refined:.2f}x" in said  # the measured reason
     one = costly[0]  # K=1: one 8 ms draft step and a 12 ms verify pass, in 10 ms target steps
     assert one.cost_steps == pytest.approx(2.0) and one.refined == pytest.approx(one.expected_tokens / 2.0)
 

@@ -187,7 +187,8 @@ def model_folders(tmp_path):
 
 
 def live_form(folders: dict, monkeypatch):
-    """The Live run tab with the tiny custom pair filled in (10 new tokens, K=3, sampling)."""
+    """The Live run tab with the tiny custom pair filled in (10 new tokens, K=3, sampling), insisting
+    on K=3: the K advisor's choice on this machine would depend on its timings."""
     monkeypatch.setenv("SPECLAB_CUSTOM_MODELS", "1")  # the server's operator allows model folders
     at = start(timeout=120)
     at.switch_page(SOURCE_PAGE).run()
@@ -198,6 +199,7 @@ def live_form(folders: dict, monkeypatch):
     at.number_input(key="live_k").set_value(3)
     at.number_input(key="live_temperature").set_value(1.0)
     at.number_input(key="live_max_new").set_value(10)
+    at.checkbox(key="live_insist_k").check()
     return at
 
 

@@ -155,6 +155,8 @@ def test_a_live_run_arrives_by_polling_and_the_sidebar_names_it(browser, server,
         page.wait_for_timeout(500)
         sidebar = page.locator('[data-testid="stSidebar"]')
         assert "live run:" not in sidebar.inner_text()
+        page.locator(".st-key-live_insist_k label").click()  # a trace at the form's K, whatever the advisor says
+        page.wait_for_function(SCRIPT_DONE)
         page.locator(".st-key-live_run button").click()
         page.get_by_text(re.compile(r"Finished: \d+ cycles, \d+ tokens")).first.wait_for()
         sync_api.expect(sidebar).to_contain_text("live run: live-")

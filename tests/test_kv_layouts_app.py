@@ -203,6 +203,7 @@ def test_live_run_in_the_paged_layout(layout_dir, tmp_path):
     at.number_input(key="live_max_new").set_value(10)
     at.selectbox(key="live_cache_layout").set_value("paged").run()
     at.number_input(key="live_block_size").set_value(4)
+    at.checkbox(key="live_insist_k").check()  # the K as set, not the advisor's machine-dependent choice
     at.button(key="live_run").click().run(timeout=120)
     finish_job(at)
     assert not at.exception and not at.error, [e.value for e in at.error]

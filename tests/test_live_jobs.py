@@ -212,6 +212,7 @@ def test_a_teaching_run_is_refused_while_a_live_run_goes(env, monkeypatch, page)
     at.text_input(key="live_target").set_value(str(env / "pair" / "target"))
     at.text_input(key="live_draft").set_value(str(env / "pair" / "draft"))
     at.number_input(key="live_max_new").set_value(8)
+    at.checkbox(key="live_insist_k").check()  # the run the test holds is run_to_trace at the form's K
     try:
         at.button(key="live_run").click().run()
         job = running_job(at)

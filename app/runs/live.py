@@ -8,7 +8,7 @@ runs/live/, so it opens in the stepper and its link can be shared like any other
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import streamlit as st
@@ -22,7 +22,8 @@ from engine.cycle.reference import Pair
 from engine.drafters.registry import DRAFTERS, DrafterOptions
 from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
-from engine.run import load_pair, load_preset, load_with_drafter, run_to_trace
+from engine.run import load_pair, load_preset, load_with_drafter, run_advised, run_to_trace
+from engine.stats.plan import PILOT_TOKENS, KPlan
 from engine.trace.schema import EAGLE, LAYOUTS, MAX_BLOCK_SIZE, MAX_K, MAX_NEW_TOKENS, OTHER_TOKENIZER
 
 CUSTOM = "custom"  # the pair is given as two model folders (or hub ids)
@@ -112,6 +113,7 @@ def run_form() -> None:
     values = settings_inputs()
     values.update(cache_inputs())
     chat = st.checkbox("Wrap the prompt in the chat template (if the tokenizer has one)", key="live_chat")
+    st.checkbox("Insist on this K (skip the K advisor)", key=INSIST_K, help=INSIST_HELP)
     st.caption("Models load once per server process, so the first run of a pair takes longer. "
                "Local model folders work offline; the run is saved under runs/live/ and opens in the stepper.")
     if st.button("Run", key="live_run", type="primary"):
@@ -187,12 +189,17 @@ def run(preset: str, target: str, draft: str, prompt: str, settings: SpecSetting
     if pair is None:
         return
     known = None if preset == CUSTOM else preset
-    start_run(LIVE_JOB, f"Live run on {known or 'the custom pair'}", pair, prompt, settings, known, chat, keep_finished)
+    start_run(LIVE_JOB, f"Live run on {known or 'the custom pair'}", pair, prompt, settings, known, chat, keep_finished,
+              advised=not st.session_state.get(INSIST_K, False))
 
 
 # ---------------------------------------------------------------- the run on a worker thread (app/ui/jobs.py)
 
 LIVE_JOB = "live-run"  # the job name of the Live run tab
+INSIST_K = "live_insist_k"  # session_state: run at the form's K whatever the advisor says
+INSIST_HELP = ("Without this, the run first measures this machine (each verify width's cost and a "
+               f"{PILOT_TOKENS}-token pilot for alpha) and runs the K the advisor picks, or decodes plainly "
+               "(K=0) when no K beats plain decoding here.")
 FINISHED = "live_finished"  # session_state: (LiveOutput, error opening it) of the last live run
 SHOWN_ROWS = 8  # the latest cycles in the table under the text
 
@@ -205,6 +212,8 @@ class LiveOutput:
     rows: tuple[dict, ...]  # the latest cycles, one row each
     cycles: int
     tokens: int
+    advice: str = ""  # the K advisor's words, when it chose K (engine/stats/plan.py)
+    plain_tokens_per_s: float | None = None  # set when the advisor said K=0 and the run decoded plainly
 
 
 class CycleWatch:
@@ -231,23 +240,40 @@ class CycleWatch:
 
 
 def start_run(name: str, label: str, pair: Pair, prompt: str, settings: SpecSettings, preset: str | None,
-              chat: bool, on_done: Callable[[LiveOutput], None], stem: str = "live", calibrate: bool = True) -> bool:
+              chat: bool, on_done: Callable[[LiveOutput], None], stem: str = "live", calibrate: bool = True,
+              advised: bool = False) -> bool:
     """Start run_to_trace on a worker thread, writing a new file under runs/live/; False if this
-    session is busy. Live runs record step times (calibrate) for the statistics page."""
+    session is busy. Live runs record step times (calibrate) for the statistics page. With
+    `advised`, the K advisor picks K on this machine first (engine.run.run_advised), K=0 included."""
     out = state.runs_dir() / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.jsonl"
 
     def work(report: jobs.Report) -> LiveOutput:
         watch = CycleWatch(settings.max_new_tokens, report)
-        run_to_trace(pair, prompt, settings, out, preset=preset, chat_template=chat, on_cycle=watch.on_cycle,
-                     calibrate=calibrate)
-        return watch.output(out.name)
+        if not advised:
+            run_to_trace(pair, prompt, settings, out, preset=preset, chat_template=chat, on_cycle=watch.on_cycle,
+                         calibrate=calibrate)
+            return watch.output(out.name)
+        report(0.0, "measuring this machine and a short pilot for the K advisor")
+        done = run_advised(pair, prompt, settings, out, preset=preset, chat_template=chat, on_cycle=watch.on_cycle)
+        if done.plan.plain:
+            return LiveOutput("", done.text, (), 0, done.tokens, done.plan.sentence, done.tokens / done.decode_s)
+        return replace(watch.output(out.name), advice=advised_words(done.plan))
 
     return jobs.start(name, label, work, on_done) is not None
 
 
+def advised_words(plan: KPlan) -> str:
+    """What the page says of a run whose K the advisor chose."""
+    if plan.k == plan.requested_k:
+        return f"The K advisor kept K={plan.k} (pilot alpha {plan.alpha:.2f}). {plan.sentence}"
+    return f"The K advisor chose K={plan.k} instead of {plan.requested_k} (pilot alpha {plan.alpha:.2f}). {plan.sentence}"
+
+
 def keep_finished(result: LiveOutput) -> None:
-    """On the script thread: open the new trace (the sidebar names it on the rerun) and keep the output."""
-    st.session_state[FINISHED] = (result, state.set_current(state.TraceRef("run", result.file)))
+    """On the script thread: open the new trace (the sidebar names it on the rerun) and keep the output.
+    A plainly decoded run wrote no trace: the open trace stays as it was."""
+    error = state.set_current(state.TraceRef("run", result.file)) if result.file else None
+    st.session_state[FINISHED] = (result, error)
 
 
 def show_output(result: LiveOutput) -> None:
@@ -266,6 +292,14 @@ def show_run() -> None:
     if error:
         st.error(f"The run finished but its trace could not be opened: {md(error)}", icon=":material/error:")
         return
+    if result.plain_tokens_per_s is not None:
+        st.info(f"Decoded plainly: {result.tokens} tokens at {result.plain_tokens_per_s:.1f} tokens/s, and no trace "
+                f"was written. {md(result.advice)} To speculate anyway, tick **Insist on this K**.",
+                icon=":material/speed:")
+        show_output(result)
+        return
+    if result.advice:
+        st.info(md(result.advice), icon=":material/tune:")
     st.success(f"Finished: {result.cycles} cycles, {result.tokens} tokens, saved to "
                f"{md(state.shown_paths(str(state.runs_dir() / result.file)))}.")
     st.page_link(STEPPER, label="Step through this run", icon=":material/play_circle:")

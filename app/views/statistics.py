@@ -26,6 +26,7 @@ from engine.models.presets import PRESETS
 from engine.stats.analysis import DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed
 from engine.stats.calibrate import calibrate
 from engine.stats.layouts import LayoutStats, layout_stats
+from engine.stats.paths import machine_words, path_rows
 from engine.stats.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
 from engine.stats.sweep import SweepResult, k_sweep
 from engine.trace import Trace, TraceError, model_name
@@ -215,6 +216,21 @@ def speed_section(st_: TraceStats) -> None:
     if gap:
         st.warning(gap, icon=":material/compare_arrows:")
     chart(figs.speed_figure(r), key="fig_speed")
+
+
+def paths_section(header: dict) -> None:
+    """Which linear path ran each forward width on the machine of the run (calibrated CPU runs only)."""
+    rows = path_rows(header)
+    if not rows:
+        return
+    st.markdown("##### Linear path per forward width")
+    st.dataframe([{"model": r.model, "width": r.width, "as loaded (ms)": round(r.as_loaded_s * 1000, 3),
+                   "packed oneDNN (ms)": round(r.packed_s * 1000, 3), "runs": r.runs,
+                   "faster by": f"{r.saving:.0%}"} for r in rows],
+                 hide_index=True, key="paths_table")
+    st.caption(f"Measured once on {md(machine_words(header))}, then kept on disk for that machine. "
+               "Each width runs on the faster path, so a verify over K+1 positions is never slower than "
+               "the model as loaded; the calibration above timed the chosen paths.")
 
 
 def advisor_section(st_: TraceStats) -> None:
@@ -469,6 +485,7 @@ def draw_tab(name: str, trace: Trace, st_: TraceStats, measured_now: bool) -> No
     elif name == "Cost and speed":
         cost_section(st_, measured_now)
         speed_section(st_)
+        paths_section(trace.header)
     elif name == "K advisor" and st_.advice:
         advisor_section(st_)
     elif name == "K advisor":

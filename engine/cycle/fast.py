@@ -193,8 +193,8 @@ def causal_mask(cache: StaticKVCache, width: int) -> torch.Tensor:
 def logits_of(model: LoadedModel, ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
     """ids (T,) full-vocabulary ids -> full-vocabulary float32 logits (T, V), appending T K/V entries."""
     rows = ids if model.full_to_row is None else model.full_to_row[ids]
-    out = model.runner(input_ids=rows.reshape(1, -1), attention_mask=causal_mask(cache, ids.shape[0]),
-                      use_cache=True, **{model.cache_arg: cache})
+    out = model.runner_for(ids.shape[0])(input_ids=rows.reshape(1, -1), attention_mask=causal_mask(cache, ids.shape[0]),
+                                         use_cache=True, **{model.cache_arg: cache})
     return model.full_vocab_logits(out.logits[0])
 
 

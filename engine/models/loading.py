@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from engine.models import cpu_linear
+from engine.trace.schema import AS_LOADED
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"  # a draft's kept token ids (a draft model's or an EAGLE head's)
 DRAFT_VOCAB_FORMAT = "speclab-draft-vocab"
@@ -43,6 +44,9 @@ class LoadedModel:
     cache_arg: str = "past_key_values"
     can_skip_logits: bool = False
     fast_linear: bool = True  # engine forwards use engine/models/cpu_linear.py's packed twin where it applies
+    # width -> AS_LOADED or PACKED (engine/trace/schema.py), as measured on this machine (engine/models/linear_paths.py);
+    # a width it does not name (a prompt's prefill) runs packed, as before any measurement.
+    linear_paths: dict[int, str] | None = None
     _twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -66,6 +70,13 @@ class LoadedModel:
             self._twin = cpu_linear.packed_twin(self.model)
         return self._twin
 
+    def runner_for(self, width: int) -> torch.nn.Module:
+        """The module a forward over `width` new positions runs on: the model as loaded where this
+        machine's measurement found it faster at that width, else `runner`."""
+        if self.linear_paths and self.linear_paths.get(width) == AS_LOADED:
+            return self.model
+        return self.runner
+
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
@@ -77,7 +88,8 @@ class LoadedModel:
     @torch.inference_mode()
     def forward(self, token_ids: list[int], cache: DynamicCache) -> torch.Tensor:
         """Append K/V for `token_ids` to `cache`; return full-vocabulary logits (T, V_full)."""
-        out = self.runner(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache})
+        out = self.runner_for(len(token_ids))(input_ids=self.model_input(token_ids), use_cache=True,
+                                              **{self.cache_arg: cache})
         return self.full_vocab_logits(out.logits[0])
 
     def full_vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -98,19 +110,20 @@ class LoadedModel:
         of a short prompt's forward.
         """
         extra = {"logits_to_keep": 1} if self.can_skip_logits else {}
-        self.runner(input_ids=self.model_input(token_ids), use_cache=True, **{self.cache_arg: cache}, **extra)
+        self.runner_for(len(token_ids))(input_ids=self.model_input(token_ids), use_cache=True,
+                                        **{self.cache_arg: cache}, **extra)
 
     @torch.inference_mode()
     def forward_with_features(self, token_ids: list[int], cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
         """forward(), and the top feature (T, H) at each position: an EAGLE head drafts from it."""
-        with TopFeatureTap(self.runner) as tap:  # the module the forward really runs
+        with TopFeatureTap(self.runner_for(len(token_ids))) as tap:  # the module the forward really runs
             logits = self.forward(token_ids, cache)
         return logits, tap.features
 
     @torch.inference_mode()
     def fill_with_features(self, token_ids: list[int], cache: DynamicCache) -> torch.Tensor:
         """fill(), and the top feature (T, H) at each position."""
-        with TopFeatureTap(self.runner) as tap:
+        with TopFeatureTap(self.runner_for(len(token_ids))) as tap:
             self.fill(token_ids, cache)
         return tap.features
 

@@ -304,13 +304,23 @@ def best_k(advice: list[KAdvice]) -> KAdvice:
     return max(measured, key=lambda a: (a.refined, -a.k))
 
 
+PLAIN = KAdvice(0, 1.0, 1.0, 1.0, 0.0, False, 1.0)  # K=0: no draft, no verify pass, one target step a token
+
+
+def advised_k(advice: list[KAdvice]) -> KAdvice:
+    """What the advisor tells a run to do: the best K, or PLAIN (K=0, decode plainly) when even the
+    best K is predicted slower than plain decoding on the machine the curve was measured on."""
+    best = best_k(advice)
+    return best if best.refined >= 1.0 else PLAIN
+
+
 def advice_sentence(advice: list[KAdvice]) -> str:
     best = best_k(advice)
     why = (f"At K={best.k} a cycle costs {best.cost_steps:.2f} target steps (K draft steps and one verify pass) "
            f"and is expected to commit {best.expected_tokens:.2f} tokens.")
-    if best.refined < 1.0:
-        return (f"No K pays off on this hardware: the best, K={best.k}, is predicted at {best.refined:.2f}x, "
-                f"slower than plain decoding. {why}")
+    if advised_k(advice).k == 0:
+        return (f"Decode plainly (K=0): no K beats plain decoding on this machine. The best, K={best.k}, is "
+                f"predicted at {best.refined:.2f}x. {why} Plain decoding commits one token per target step.")
     return (f"Best K = {best.k}: predicted {best.refined:.2f}x plain decoding "
             f"(Leviathan's formula would say {best.leviathan:.2f}x at that K). {why}")
 

@@ -14,6 +14,7 @@ from engine.stats.analysis import (
     trace_stats,
 )
 from engine.stats.layouts import layout_lines, layout_stats
+from engine.stats.paths import path_lines, path_rows
 from engine.trace import Trace
 
 
@@ -112,6 +113,8 @@ def format_stats(trace: Trace) -> str:
         sections.append(profile_lines(st.times))
     if st.speed:
         sections += [cost_lines(st), speed_lines(st), advisor_lines(st)]
+        if path_rows(trace.header):
+            sections.append(path_lines(trace.header))
     else:
         sections.append([f"COST AND SPEED: {st.calibration_error or NO_CALIBRATION}"])
     sections.append(layout_lines(layout_stats(trace)))

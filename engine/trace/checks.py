@@ -29,6 +29,7 @@ from engine.trace.schema import (
     DRAFT_MODEL,
     DRAFTER_KINDS,
     EAGLE,
+    LINEAR_PATHS,
     MAX_K,
     MAX_NGRAM,
     OTHER_TOKENIZER,
@@ -176,6 +177,41 @@ def check_calibration(cal, where: str) -> None:
         fail(where, "calibration.verify_s", "must be positive finite numbers of seconds")
 
 
+def check_linear_path_curve(curve, where: str, name: str) -> None:
+    """One model's measured linear paths (engine/models/linear_paths.py): a time per path and width,
+    and a choice per width that is the faster path there (a tie: the model as loaded)."""
+    if not isinstance(curve, dict):
+        fail(where, name, "must be an object")
+    widths, seconds, chosen = curve.get("widths"), curve.get("seconds"), curve.get("chosen")
+    if (not isinstance(widths, list) or not widths or len(widths) > MAX_VERIFY_WIDTH
+            or widths != list(range(1, len(widths) + 1)) or not all(is_int(w) for w in widths)):
+        fail(where, f"{name}.widths", "must be the widths 1, 2, ..., n")
+    if not isinstance(seconds, dict) or sorted(seconds) != sorted(LINEAR_PATHS) or not all(
+            isinstance(v, list) and len(v) == len(widths) and all(is_num(t) and t > 0 for t in v)
+            for v in seconds.values()):
+        fail(where, f"{name}.seconds", f"must give {', '.join(LINEAR_PATHS)} a positive time at every width")
+    if not isinstance(chosen, dict) or sorted(chosen) != sorted(str(w) for w in widths):
+        fail(where, f"{name}.chosen", "must name one path for every width")
+    for i, w in enumerate(widths):
+        fastest = min(LINEAR_PATHS, key=lambda p: (seconds[p][i], p != LINEAR_PATHS[0]))
+        if chosen[str(w)] != fastest:
+            fail(where, f"{name}.chosen.{w}", f"must be the faster path at that width ({fastest})")
+    machine = curve.get("machine")
+    if not isinstance(machine, dict) or not all(isinstance(machine.get(k), str) and len(machine[k]) <= 200
+                                                for k in ("cpu", "torch")):
+        fail(where, f"{name}.machine", "must name the CPU and the torch version")
+
+
+def check_linear_paths(paths, where: str) -> None:
+    """The optional per-machine linear paths of a calibrated CPU run, for the target and a draft model."""
+    if paths is None:
+        return
+    if not isinstance(paths, dict) or not set(paths) <= {"target", "draft"}:
+        fail(where, "linear_paths", "must be an object with a curve for the target and/or the draft")
+    for role, curve in paths.items():
+        check_linear_path_curve(curve, where, f"linear_paths.{role}")
+
+
 def check_header(h: dict, where: str) -> RunFacts:
     check_settings(h["settings"], where)
     s = h["settings"]
@@ -195,6 +231,7 @@ def check_header(h: dict, where: str) -> RunFacts:
     check_token_ids(h["eos_token_ids"], vocab, where, "eos_token_ids")
     faults = check_faults(h.get("faults"), where)
     check_calibration(h.get("calibration"), where)
+    check_linear_paths(h.get("linear_paths"), where)
     drafter = check_drafter(h, float(s["temperature"]), where)
     return RunFacts(s["k"], float(s["temperature"]), s["max_new_tokens"], s["trace_top_k"], list(prompt),
                     frozenset(h["eos_token_ids"]), vocab, faults, drafter, isinstance(h.get("fast_path"), dict))

@@ -25,6 +25,13 @@ MAX_TRACE_TOP_K = 100
 LAYOUTS = ("dynamic", "static", "paged")  # KV-cache layouts; engine/kv/layouts.py builds them
 MAX_BLOCK_SIZE = 1024  # slots per block of the paged layout, at most
 
+# ---------------------------------------------------------------- CPU linear paths (engine/models/linear_paths.py)
+
+# The ways a float32 CPU model's linear layers may run; a calibrated run's header records which ran each width.
+AS_LOADED = "as_loaded"  # the model's own nn.Linear: F.linear, the BLAS torch was built with
+PACKED = "packed"  # engine/models/cpu_linear.py's twin: oneDNN with pre-packed weights
+LINEAR_PATHS = (AS_LOADED, PACKED)
+
 # ---------------------------------------------------------------- drafters
 
 # A trace header's drafter "kind" and the CLI's --drafter names. What each kind is, needs and

@@ -1,0 +1,160 @@
+"""Which linear-layer path runs each forward width, measured on the machine the engine runs on.
+
+A float32 model on the CPU can run its linear layers two ways here: as loaded (`F.linear`, which
+goes to the BLAS torch was built with, MKL on x86) or through engine/models/cpu_linear.py's
+packed oneDNN twin. Which one is faster depends on the CPU and on the number of rows:
+- AMD EPYC, 2 cores: a 5-position chat verify cost 0.8 target steps packed, 2.0 as loaded
+  (bench/results/verify-cost-*.md);
+- Intel Xeon with AVX-512 and AMX, 2 cores: 1.31-1.45 steps packed against 1.10-1.55 as
+  loaded (issue #21), so the packed path lost there.
+So the engine times both paths at every width from 1 to `WIDTHS` on the machine, once, and runs
+each width on the faster: no width is slower than the model as loaded (up to timing noise).
+
+The measurement is kept on disk (`SPECLAB_CACHE_DIR`, else ~/.cache/speclab) under a key of the
+machine (engine/models/machine.py: CPU model, vector features, threads, torch version) and the
+model's shapes, so the next run on the same machine and model reuses it. A damaged cache file is
+measured over, never trusted.
+"""
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from engine.models import cpu_linear
+from engine.models.device import timed
+from engine.models.loading import LoadedModel
+from engine.models.machine import machine_key
+from engine.trace.schema import AS_LOADED, LINEAR_PATHS
+
+PATHS = LINEAR_PATHS
+WIDTHS = 9  # widths 1..9: every verify for K = 1..8, the draft's one-token steps and its two-token catch-up
+CONTEXT = 64  # cached positions during the timings: the ranking of the paths barely moves with it
+REPEATS = 5
+CACHE_FORMAT = "speclab-linear-paths"
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PathCurve:
+    """Median seconds of one forward per path and width, and the path chosen per width."""
+
+    machine: dict
+    model: str  # model_fingerprint()
+    widths: list[int]
+    seconds: dict[str, list[float]]  # path -> one median per width
+    measured: str  # when (UTC)
+
+    def chosen(self) -> dict[int, str]:
+        """The faster path at each width; a tie goes to the model as loaded."""
+        return {w: min(PATHS, key=lambda p: (self.seconds[p][i], p != AS_LOADED)) for i, w in enumerate(self.widths)}
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "chosen": {str(w): p for w, p in self.chosen().items()}}
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of the architecture and every parameter's shape and dtype: what the timings depend on."""
+    shapes = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
+    return hashlib.sha256(repr((type(model).__name__, shapes)).encode()).hexdigest()[:16]
+
+
+def applies(loaded: LoadedModel) -> bool:
+    """There is a choice to make: a float32 CPU model whose packed twin can be built."""
+    return loaded.fast_linear and cpu_linear.available(loaded.model)
+
+
+def time_path(loaded: LoadedModel, path: str, widths: list[int], repeats: int) -> list[float]:
+    """Median seconds of a forward over each width on `path`, from the same cache length each time."""
+    ids = [i % loaded.full_vocab_size for i in range(1, CONTEXT + max(widths) + 1)]
+    cache = loaded.new_cache()
+    loaded.fill(ids[:CONTEXT], cache)
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    saved, loaded.linear_paths = loaded.linear_paths, {w: path for w in widths}
+    try:
+        for round_number in range(repeats + 1):  # round 0 warms up and is not kept
+            for w in widths:  # round-robin: a slow spell of the machine spreads over all widths
+                elapsed = timed(partial(loaded.forward, ids[CONTEXT:CONTEXT + w], cache), loaded.device)[1]
+                cache.crop(-w)  # back to CONTEXT positions (a negative crop removes that many)
+                if round_number:
+                    times[w].append(elapsed)
+    finally:
+        loaded.linear_paths = saved
+    return [statistics.median(times[w]) for w in widths]
+
+
+def measure(loaded: LoadedModel, repeats: int = REPEATS) -> PathCurve:
+    widths = list(range(1, WIDTHS + 1))
+    seconds = {p: time_path(loaded, p, widths, repeats) for p in PATHS}
+    return PathCurve(machine_key(), model_fingerprint(loaded.model), widths, seconds,
+                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+# ---------------------------------------------------------------- the cache on disk
+
+def cache_file() -> Path:
+    root = os.environ.get("SPECLAB_CACHE_DIR") or Path.home() / ".cache" / "speclab"
+    return Path(root) / "linear-paths.json"
+
+
+def entry_key(machine: dict, fingerprint: str) -> str:
+    return json.dumps([machine, fingerprint], sort_keys=True)
+
+
+def curve_from_dict(d: object) -> PathCurve | None:
+    """A stored curve, or None when any part of it is not what measure() writes."""
+    try:
+        widths = [int(w) for w in d["widths"]]
+        seconds = {p: [float(x) for x in d["seconds"][p]] for p in PATHS}
+        ok = widths == list(range(1, len(widths) + 1)) and all(
+            len(v) == len(widths) and all(0 < x < 60 for x in v) for v in seconds.values())
+        return PathCurve(dict(d["machine"]), str(d["model"]), widths, seconds, str(d["measured"])) if ok else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def read_cache() -> dict:
+    try:
+        data = json.loads(cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    ok = isinstance(data, dict) and data.get("format") == CACHE_FORMAT and data.get("version") == CACHE_VERSION
+    return data["entries"] if ok and isinstance(data.get("entries"), dict) else {}
+
+
+def write_cache(entries: dict) -> None:
+    """Atomically, so a reader never sees half a file; a read-only home folder only costs a re-measure."""
+    path = cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "version": CACHE_VERSION, "entries": entries}, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def curve_for(loaded: LoadedModel) -> PathCurve:
+    """This machine's curve for the model: from the disk cache, or measured now and stored."""
+    key = entry_key(machine_key(), model_fingerprint(loaded.model))
+    entries = read_cache()
+    curve = curve_from_dict(entries.get(key))
+    if curve is None:
+        curve = measure(loaded)
+        write_cache({**read_cache(), key: asdict(curve)})
+    return curve
+
+
+def settle(loaded: LoadedModel) -> dict | None:
+    """Set `loaded` to run each width on its faster path; return what a trace header records
+    (None where there is no choice: a GPU, another dtype, or the packed path turned off)."""
+    if not applies(loaded):
+        return None
+    curve = curve_for(loaded)
+    loaded.linear_paths = curve.chosen()
+    return curve.to_dict()

@@ -1,0 +1,56 @@
+"""K for a run about to start, chosen on this machine: K = 0 (decode plainly) included.
+
+The advisor (analysis.advise_k) needs alpha, the draft step and the target's verify-cost curve.
+The curve and the draft step come from a calibration on the loaded pair; alpha comes from a
+short pilot: the first PILOT_TOKENS tokens of the same prompt at the requested K, whose output is
+thrown away (the run itself starts again from the prompt with the same seed). Where even the
+best K is predicted slower than plain decoding, the plan is K = 0, with the numbers that say why.
+"""
+from dataclasses import dataclass, replace
+
+from engine.config import SpecSettings
+from engine.cycle.reference import Pair, speculative_generate
+from engine.stats.analysis import (
+    KAdvice,
+    advice_sentence,
+    advise_k,
+    advised_k,
+    advisor_ks,
+    best_k,
+    calibration_of,
+    measured_alpha,
+)
+
+PILOT_TOKENS = 16  # about 8 cycles at the presets' acceptance: alpha to within about +-0.15
+
+
+@dataclass(frozen=True)
+class KPlan:
+    k: int  # what to run: 0 = plain decoding
+    requested_k: int  # the K the user set (and the pilot ran at)
+    alpha: float  # measured by the pilot
+    pilot_tokens: int
+    best: KAdvice  # the best speculative K: with k = 0, the measured reason
+    sentence: str  # the advisor's words
+
+    @property
+    def plain(self) -> bool:
+        return self.k == 0
+
+
+def plan_from(alpha: float, calibration: dict, requested_k: int, pilot_tokens: int) -> KPlan:
+    """The advisor's choice for a measured alpha and a calibration as a header stores it."""
+    cal = calibration_of({"calibration": calibration})
+    advice = advise_k(alpha, cal.draft_step_s, cal, advisor_ks(cal, requested_k))
+    return KPlan(advised_k(advice).k, requested_k, alpha, pilot_tokens, best_k(advice), advice_sentence(advice))
+
+
+def pilot_alpha(pair: Pair, prompt_ids: list[int], s: SpecSettings, tokens: int = PILOT_TOKENS) -> float:
+    """Alpha over the first `tokens` tokens at the settings' K (nothing is written)."""
+    cycles = list(speculative_generate(pair, prompt_ids, replace(s, max_new_tokens=min(tokens, s.max_new_tokens))))
+    return measured_alpha(cycles)
+
+
+def plan_k(pair: Pair, prompt_ids: list[int], s: SpecSettings, calibration: dict,
+           tokens: int = PILOT_TOKENS) -> KPlan:
+    return plan_from(pilot_alpha(pair, prompt_ids, s, tokens), calibration, s.k, tokens)

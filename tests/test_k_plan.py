@@ -1,0 +1,64 @@
+"""The K advisor for a run about to start: K = 0 (decode plainly) when no K beats plain decoding on
+the measured curve, the advised K otherwise, and a live run that follows it unless told to insist."""
+import pytest
+
+import engine.run
+from engine.config import SpecSettings
+from engine.cycle.reference import target_generate
+from engine.run import encode_prompt, run_advised
+from engine.stats.plan import plan_from
+from engine.trace import load_trace
+from tests.app_jobs import finish_job
+from tests.test_app import live_form, model_folders, plain, traces_dir  # noqa: F401 (fixtures)
+from tests.tiny import tiny_pair
+
+WIDTHS = list(range(1, 10))
+# Hand-built calibrations (seconds): a draft step as dear as a target step makes every K lose; a
+# draft step at a tenth of it with a flat verify curve makes speculation win from K=1 at alpha 0.8.
+COSTLY = {"cache_len": 8, "repeats": 1, "threads": 1, "target_step_s": 0.010, "draft_step_s": 0.010,
+          "verify_positions": WIDTHS, "verify_s": [0.010 + 0.004 * w for w in WIDTHS]}
+CHEAP = {**COSTLY, "draft_step_s": 0.001, "verify_s": [0.011] * len(WIDTHS)}
+
+
+def test_the_plan_is_k0_when_no_k_beats_plain_decoding_and_says_why():
+    plan = plan_from(0.5, COSTLY, 4, 16)
+    assert plan.plain and plan.k == 0 and plan.best.k >= 1 and plan.best.refined < 1
+    assert plan.sentence.startswith("Decode plainly (K=0)") and f"{plan.best.refined:.2f}x" in plan.sentence
+    good = plan_from(0.8, CHEAP, 4, 16)
+    assert good.k == good.best.k >= 1 and good.best.refined > 1 and good.sentence.startswith(f"Best K = {good.k}")
+
+
+def test_an_advised_run_decodes_plainly_or_traces_at_the_advised_k(tmp_path, monkeypatch):
+    pair, s = tiny_pair(), SpecSettings(k=4, temperature=1.0, max_new_tokens=12, seed=3)
+    monkeypatch.setattr(engine.run, "measure_step_times", lambda *a: COSTLY)
+    out = tmp_path / "plain.jsonl"
+    done = run_advised(pair, "the cat sat", s, out)
+    ids = encode_prompt(pair.target.tokenizer, "the cat sat", True)
+    assert done.plan.plain and done.trace is None and not out.exists()  # nothing written
+    assert done.text == pair.target.tokenizer.decode(target_generate(pair.target, ids, s, pair.eos_ids))
+    monkeypatch.setattr(engine.run, "measure_step_times", lambda *a: CHEAP)
+    done = run_advised(pair, "the cat sat", s, tmp_path / "spec.jsonl")
+    trace = load_trace(tmp_path / "spec.jsonl")
+    assert done.plan.k >= 1 and trace.k == done.plan.k and trace.header["calibration"] == CHEAP
+    assert done.text == trace.summary["generated_text"]
+
+
+@pytest.mark.parametrize("calibration", [COSTLY, CHEAP], ids=["plain", "speculative"])
+def test_the_live_run_follows_the_advisor_unless_told_to_insist(calibration, traces_dir, model_folders,  # noqa: F811
+                                                                monkeypatch):
+    monkeypatch.setattr(engine.run, "measure_step_times", lambda *a: calibration)
+    at = live_form(model_folders, monkeypatch)
+    before = at.session_state["trace_ref"]
+    at.checkbox(key="live_insist_k").uncheck()
+    at.button(key="live_run").click().run(timeout=120)
+    finish_job(at)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    said = [plain(i.value) for i in at.info]
+    if calibration is COSTLY:
+        assert at.session_state["trace_ref"] == before and not at.success  # no trace: the open one stays
+        assert any(t.startswith("Decoded plainly: ") and "Decode plainly (K=0)" in t for t in said), said
+    else:
+        trace = load_trace(at.session_state["trace_ref"].path)
+        assert any(t.startswith(f"The K advisor chose K={trace.k} instead of 3") or
+                   t.startswith(f"The K advisor kept K={trace.k}") for t in said), said
+        assert plain(at.success[0].value).startswith(f"Finished: {len(trace.cycles)} cycles")

@@ -1,0 +1,110 @@
+"""The per-machine linear paths: each width runs on the path measured faster here, the measurement is
+kept on disk per machine and model, and a calibrated trace records it (and is checked on reading)."""
+import json
+
+import pytest
+import torch
+
+from engine.config import SpecSettings
+from engine.models import linear_paths
+from engine.models.linear_paths import PathCurve, cache_file, settle
+from engine.run import run_to_trace
+from engine.trace import TraceError, load_trace
+from engine.trace.schema import AS_LOADED, PACKED
+from tests.tiny import tiny_pair
+
+# Rows of a matrix product never mix, and both paths multiply the same float32 operands; only the
+# order of the additions inside a dot product differs (MKL's and oneDNN's blockings), which moves a
+# logit of these 32-wide models by a few float32 ulps of values near 1: 1e-5 is over 10x that.
+ACROSS_PATHS = 1e-5
+
+
+def curve(packed: list[float], loaded: list[float]) -> PathCurve:
+    return PathCurve({"cpu": "test cpu", "torch": torch.__version__}, "m", list(range(1, len(packed) + 1)),
+                     {PACKED: packed, AS_LOADED: loaded}, "2026-12-01T00:00:00Z")
+
+
+def test_each_width_runs_on_its_faster_path_and_a_tie_stays_as_loaded():
+    c = curve([1.0, 2.0, 3.0], [2.0, 1.0, 3.0])
+    assert c.chosen() == {1: PACKED, 2: AS_LOADED, 3: AS_LOADED}
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLAB_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_settle_measures_once_per_machine_and_model_and_forwards_follow_it(cache_dir, monkeypatch):
+    pair = tiny_pair()
+    record = settle(pair.target)
+    chosen = {int(w): p for w, p in record["chosen"].items()}
+    assert pair.target.linear_paths == chosen and sorted(chosen) == list(range(1, linear_paths.WIDTHS + 1))
+    stored = json.loads(cache_file().read_text())
+    assert stored["format"] == "speclab-linear-paths" and len(stored["entries"]) == 1
+    for width, path in chosen.items():
+        expect = pair.target.model if path == AS_LOADED else pair.target.runner
+        assert pair.target.runner_for(width) is expect
+    # the next run on this machine reads the stored curve: measuring again would fail this test
+    monkeypatch.setattr(linear_paths, "measure", lambda *a: pytest.fail("measured again"))
+    again = tiny_pair()
+    assert settle(again.target)["seconds"] == record["seconds"] and again.target.linear_paths == chosen
+    # another model (the draft's shapes) or another thread count is measured anew
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECLAB_CACHE_DIR", str(cache_dir))
+    settle(pair.draft)
+    with _threads(2):
+        settle(again.target)
+    assert len(json.loads(cache_file().read_text())["entries"]) == 3
+
+
+class _threads:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __enter__(self) -> None:
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc) -> None:
+        torch.set_num_threads(self.before)
+
+
+def test_a_damaged_cache_file_is_measured_over(cache_dir):
+    cache_file().write_text('{"format": "speclab-linear-paths", "version": 1, "entries": {"x": ')
+    pair = tiny_pair()
+    assert settle(pair.target) is not None
+    assert len(json.loads(cache_file().read_text())["entries"]) == 1
+    key = next(iter(json.loads(cache_file().read_text())["entries"]))
+    broken = {"format": "speclab-linear-paths", "version": 1, "entries": {key: {"widths": [1], "seconds": "fast"}}}
+    cache_file().write_text(json.dumps(broken))
+    assert settle(tiny_pair().target)["widths"] == list(range(1, linear_paths.WIDTHS + 1))
+
+
+def test_both_paths_give_the_same_logits_at_every_width(cache_dir):
+    pair = tiny_pair()
+    ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
+    out = {}
+    for path in (AS_LOADED, PACKED):
+        pair.target.linear_paths = {w: path for w in range(1, 10)}
+        cache = pair.target.new_cache()
+        pair.target.fill(ids[:2], cache)
+        out[path] = pair.target.forward(ids[2:], cache)  # width 9
+    assert torch.allclose(out[AS_LOADED], out[PACKED], atol=ACROSS_PATHS, rtol=0)
+
+
+def test_a_calibrated_trace_records_the_paths_and_a_wrong_choice_is_refused(cache_dir, tmp_path):
+    pair = tiny_pair()
+    path = tmp_path / "t.jsonl"
+    run_to_trace(pair, "the cat sat", SpecSettings(k=3, max_new_tokens=8, seed=1), path, calibrate=True)
+    header = load_trace(path).header
+    assert set(header["linear_paths"]) == {"target", "draft"}
+    assert {int(w): p for w, p in header["linear_paths"]["target"]["chosen"].items()} == pair.target.linear_paths
+    lines = path.read_text().splitlines()
+    bad = json.loads(lines[0])
+    cur = bad["linear_paths"]["target"]
+    slower = PACKED if cur["chosen"]["2"] == AS_LOADED else AS_LOADED
+    cur["chosen"]["2"] = slower  # claims the slower path ran width 2
+    path.write_text("\n".join([json.dumps(bad), *lines[1:]]) + "\n")
+    with pytest.raises(TraceError, match=r"linear_paths\.target\.chosen\.2.*faster path"):
+        load_trace(path)
