@@ -6,6 +6,8 @@
 - sweep.py: one prompt at several K, measured. repeats.py: warm up, repeat, report the spread.
 - layouts.py: slots held, stale slots and blocks, per cache layout.
 - quiet.py: whether a trace's own timings say it was recorded on a quiet machine.
+- plan.py: K for a run about to start (a pilot for alpha, the calibration, the advisor; K=0 included).
+- paths.py: which linear path ran each forward width, from a calibrated header.
 
 May import: everything in the engine below it (config, trace, models, kv, drafters, cycle).
 """

@@ -1,0 +1,134 @@
+"""One target decode step on the CPU against its memory limit, per way of running it.
+
+    python -m bench.step_limit --preset chat --threads 2 --repeats 30
+    python -m bench.step_limit --preset tiny-shakespeare --threads 2 --compile
+
+A decode step at batch 1 reads every weight once, so it cannot take less than
+weight bytes / memory bandwidth (the memory limit). The bandwidth is measured here with a large
+tensor copy (bytes read + written per second, best of 5: bench/fast_bench.py's measurement).
+Each way is timed over the same cache length (64 cached positions), one token per forward:
+  as_loaded  the model's own nn.Linear (F.linear: MKL on x86)
+  packed     engine/models/cpu_linear.py's oneDNN twin with pre-packed weights
+  static     the fast path's static cache and fixed-shape forward (engine/cycle/fast.py), eager
+  compiled   the same forward under torch.compile (inductor's C++ backend, fixed shapes), --compile only;
+             its "first_calls_s" is the compile time
+Step times are medians over --repeats forwards after a warm-up, with the middle half of them.
+
+Writes RESULTS/step-limit-PRESET.json and .md.
+"""
+import argparse
+import statistics
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from bench import common
+from bench.fast_bench import measured_bandwidth_gbs, weight_bytes
+from engine.cycle.fast import FixedForward, new_fast_cache
+from engine.kv.ops import crop
+from engine.models.device import timed
+from engine.models.loading import LoadedModel
+from engine.run import load_preset
+from engine.trace.schema import AS_LOADED, PACKED
+
+CONTEXT = 64
+
+
+def quartiles(times: list[float]) -> dict:
+    q = statistics.quantiles(times, n=4)
+    return {"median_s": statistics.median(times), "low_s": q[0], "high_s": q[2]}
+
+
+def time_dynamic(target: LoadedModel, path: str, repeats: int) -> dict:
+    """The engine's normal forward (a DynamicCache) on one linear path."""
+    target.linear_paths = {1: path}
+    ids = [i % target.full_vocab_size for i in range(1, CONTEXT + 2)]
+    cache = target.new_cache()
+    target.fill(ids[:CONTEXT], cache)
+    times = []
+    for i in range(repeats + 3):  # 3 warm-up steps
+        elapsed = timed(partial(target.forward, [ids[CONTEXT]], cache), target.device)[1]
+        crop(cache, CONTEXT)
+        if i >= 3:
+            times.append(elapsed)
+    return quartiles(times)
+
+
+@torch.inference_mode()  # the fast path's caches are inference tensors, written in place
+def time_static(target: LoadedModel, capture: str, repeats: int) -> dict:
+    """The fast path's one-token forward over a static cache (capture "none" or "compile")."""
+    cache = new_fast_cache(target, CONTEXT + 8)
+    ids = torch.tensor([i % target.full_vocab_size for i in range(1, CONTEXT + 1)])
+    target.forward(ids.tolist(), cache)  # CONTEXT cached positions
+    step = FixedForward(target, cache, 1, capture)
+    token = ids[:1]
+    times, started = [], time.perf_counter()
+    for i in range(repeats + 3):
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(CONTEXT)  # every step writes the same slot: same cache length
+        elapsed = timed(partial(step.fn, token), target.device)[1]
+        if i >= 3:
+            times.append(elapsed)
+    return {**quartiles(times), "first_calls_s": time.perf_counter() - started - sum(times)}
+
+
+def measure(args) -> dict:
+    torch.set_num_threads(args.threads)
+    pair = load_preset(args.preset, device="cpu")
+    target = pair.target
+    bandwidth = measured_bandwidth_gbs(torch.device("cpu"), False)
+    limit_s = weight_bytes(target.model) / (bandwidth * 1e9)
+    ways = {AS_LOADED: time_dynamic(target, AS_LOADED, args.repeats),
+            PACKED: time_dynamic(target, PACKED, args.repeats)}
+    target.linear_paths = None
+    ways["static"] = time_static(target, "none", args.repeats)
+    if args.compile:
+        # inductor cannot lower the packed twin's oneDNN ops (LoweringException, torch 2.13), so the
+        # compiled forward runs the model as loaded and leaves the matrix products to inductor
+        target.fast_linear = False
+        try:
+            ways["compiled"] = time_static(target, "compile", args.repeats)
+        except Exception as err:  # a failed compile is a result too: say why
+            ways["compiled"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+        target.fast_linear = True
+    return {"preset": args.preset, "machine": common.machine_info(args.threads), "repeats": args.repeats,
+            "weight_bytes": weight_bytes(target.model), "bandwidth_gbs": bandwidth, "memory_limit_s": limit_s,
+            "ways": ways, "note": args.note}
+
+
+def markdown(r: dict) -> str:
+    lines = [f"## One {r['preset']} target step against its memory limit (bench/step_limit.py)", "",
+             f"Machine: {common.machine_words(r['machine'])}; torch {r['machine']['torch']}; {r['machine']['date']}."
+             + (f" {r['note']}" if r["note"] else ""), "",
+             f"Weights: {r['weight_bytes'] / 1e6:.0f} MB. Measured copy bandwidth: {r['bandwidth_gbs']:.1f} GB/s. "
+             f"Memory limit: {r['memory_limit_s'] * 1000:.2f} ms a step. Medians of {r['repeats']} steps "
+             "(middle half in brackets).", "",
+             "| way | step (ms) | x memory limit |", "|---|---|---|"]
+    for name, w in r["ways"].items():
+        if "error" in w:
+            lines.append(f"| {name} | failed: {w['error']} | - |")
+            continue
+        lines.append(f"| {name} | {w['median_s'] * 1000:.2f} ({w['low_s'] * 1000:.2f}-{w['high_s'] * 1000:.2f}) | "
+                     f"{w['median_s'] / r['memory_limit_s']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="chat")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--compile", action="store_true", help="also time the forward under torch.compile")
+    p.add_argument("--note", default="", help="conditions of the run (e.g. other processes on the machine)")
+    p.add_argument("--out", default=str(common.RESULTS))
+    args = p.parse_args()
+    result = measure(args)
+    text = markdown(result)
+    common.write_results(Path(args.out), f"step-limit-{args.preset}", result, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
