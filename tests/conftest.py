@@ -1,6 +1,7 @@
 # The repository root is importable through pyproject.toml's pytest setting `pythonpath = ["."]`.
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import engine  # noqa: F401  (sets the offline default before transformers loads
 torch.set_num_threads(1)
 # Per-machine measurements (engine/models/linear_paths.py) go to a folder of this test session's,
 # never the user's ~/.cache: a test run neither reads nor leaves a machine's real curve.
-os.environ["SPECLAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="speclab-test-cache-")
+os.environ["SPECLAB_LINEAR_PATHS"] = str(Path(tempfile.mkdtemp(prefix="speclab-test-")) / "linear-paths.json")
 
 
 # ---------------------------------------------------------------- app tests: real traces from tiny models

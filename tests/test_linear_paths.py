@@ -31,7 +31,7 @@ def test_each_width_runs_on_its_faster_path_and_a_tie_stays_as_loaded():
 
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECLAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SPECLAB_LINEAR_PATHS", str(tmp_path / "linear-paths.json"))
     return tmp_path
 
 
@@ -51,7 +51,7 @@ def test_settle_measures_once_per_machine_and_model_and_forwards_follow_it(cache
     assert settle(again.target)["seconds"] == record["seconds"] and again.target.linear_paths == chosen
     # another model (the draft's shapes) or another thread count is measured anew
     monkeypatch.undo()
-    monkeypatch.setenv("SPECLAB_CACHE_DIR", str(cache_dir))
+    monkeypatch.setenv("SPECLAB_LINEAR_PATHS", str(cache_dir / "linear-paths.json"))
     settle(pair.draft)
     with _threads(2):
         settle(again.target)

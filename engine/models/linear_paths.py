@@ -10,7 +10,8 @@ packed oneDNN twin. Which one is faster depends on the CPU and on the number of 
 So the engine times both paths at every width from 1 to `WIDTHS` on the machine, once, and runs
 each width on the faster: no width is slower than the model as loaded (up to timing noise).
 
-The measurement is kept on disk (`SPECLAB_CACHE_DIR`, else ~/.cache/speclab) under a key of the
+The measurement is kept on disk (`SPECLAB_LINEAR_PATHS`, else linear-paths.json in the engine's cache
+folder, ~/.cache/speclab or `SPECLAB_CACHE`) under a key of the
 machine (engine/models/machine.py: CPU model, vector features, threads, torch version) and the
 model's shapes, so the next run on the same machine and model reuses it. A damaged cache file is
 measured over, never trusted.
@@ -30,6 +31,7 @@ from engine.models import cpu_linear
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.machine import machine_key
+from engine.models.presets import cache_root
 from engine.trace.schema import AS_LOADED, LINEAR_PATHS
 
 PATHS = LINEAR_PATHS
@@ -98,8 +100,9 @@ def measure(loaded: LoadedModel, repeats: int = REPEATS) -> PathCurve:
 # ---------------------------------------------------------------- the cache on disk
 
 def cache_file() -> Path:
-    root = os.environ.get("SPECLAB_CACHE_DIR") or Path.home() / ".cache" / "speclab"
-    return Path(root) / "linear-paths.json"
+    """SPECLAB_LINEAR_PATHS names the file; else it lies in the engine's cache folder (SPECLAB_CACHE)."""
+    named = os.environ.get("SPECLAB_LINEAR_PATHS")
+    return Path(named) if named else cache_root() / "linear-paths.json"
 
 
 def entry_key(machine: dict, fingerprint: str) -> str:
