@@ -9,6 +9,7 @@ from engine.config import SpecSettings
 from engine.models import linear_paths
 from engine.models.linear_paths import PathCurve, cache_file, settle
 from engine.run import run_to_trace
+from engine.stats.report import format_stats
 from engine.trace import TraceError, load_trace
 from engine.trace.schema import AS_LOADED, PACKED
 from tests.tiny import tiny_pair
@@ -100,6 +101,10 @@ def test_a_calibrated_trace_records_the_paths_and_a_wrong_choice_is_refused(cach
     header = load_trace(path).header
     assert set(header["linear_paths"]) == {"target", "draft"}
     assert {int(w): p for w, p in header["linear_paths"]["target"]["chosen"].items()} == pair.target.linear_paths
+    printed = format_stats(load_trace(path))  # python -m engine stats
+    assert "LINEAR PATH PER WIDTH" in printed
+    [row] = [line for line in printed.splitlines() if line.split()[:2] == ["target", "2"]]
+    assert row.split()[-1] == pair.target.linear_paths[2]
     lines = path.read_text().splitlines()
     bad = json.loads(lines[0])
     cur = bad["linear_paths"]["target"]

@@ -394,3 +394,18 @@ def test_a_failed_measurement_is_an_error_and_loses_nothing(folder, monkeypatch)
     assert not [w for w in at.warning if w.value.startswith(BUSY)]
     finish_job(at)
     assert list(table(at, "refined tokens/s")["K"]) == [1, 2]
+
+
+def test_the_cost_tab_shows_which_linear_path_ran_each_width(folder, monkeypatch):
+    """The table under Cost and speed is the header's measured curve, path for path and width for width."""
+    from engine.stats.paths import machine_words, path_rows
+    header = load_trace(folder / "traces" / "default.jsonl").header
+    expected = path_rows(header)
+    assert {r.model for r in expected} == {"target", "draft"}  # a calibrated CPU run records both
+    at = open_tab(open_page(folder, monkeypatch), "Cost and speed")
+    [table] = [d.value for d in at.dataframe if "runs" in d.value.columns]
+    assert list(table["runs"]) == [r.runs for r in expected]
+    assert list(table["width"]) == [r.width for r in expected]
+    assert list(table["packed oneDNN (ms)"]) == [round(r.packed_s * 1000, 3) for r in expected]
+    assert any(md(machine_words(header)) in c.value for c in at.caption)
+    assert "linear_paths" not in load_trace(folder / "traces" / "uncalibrated.jsonl").header
