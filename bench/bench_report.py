@@ -88,7 +88,8 @@ def advisor_lines(result: dict) -> list[str]:
     for st in result["settings"]:
         pilot = st.get("pilot")
         if pilot:
-            verdict = "a slowdown: no K pays off" if pilot["predicted_refined"] < 1 else "a speedup"
+            verdict = ("a slowdown: the advisor tells a user K=0, decode plainly; the best K is measured anyway"
+                       if pilot.get("advised_k") == 0 or pilot["predicted_refined"] < 1 else "a speedup")
             lines.append(f"- T={st['temperature']:g}: the K advisor (pilot run, alpha {pilot['pilot_alpha']:.2f}) chose "
                          f"K={pilot['k']}, predicted {pilot['predicted_refined']:.2f}x (refined), {verdict}.")
     return (["K choice:", "", *lines, ""]) if lines else []
