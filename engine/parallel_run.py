@@ -89,6 +89,7 @@ def load_ranks(world: World, target: str, options: DrafterOptions, dtype_name: s
         shard = load_model(target, world.device, dtype, trust_remote_code, tp_size=world.world_size)
     except Exception as err:  # noqa: BLE001 - every rank must reach the gather below, failed or not
         error = " ".join(str(err).split()) or type(err).__name__
+        error = error if target in error else f"{target}: {error}"  # a library's own error names no folder
     try:
         layout = rank_layout(world, error)
     except Exception as err:

@@ -62,9 +62,21 @@ def single_pair(models):
 
 
 @pytest.fixture(scope="module")
-def tp_out(models, tmp_path_factory) -> Path:
+def broken_target(models, tmp_path_factory) -> Path:
+    """The target's folder with its weights file cut short: the config reads, the weights do not."""
+    import shutil
+    folder = tmp_path_factory.mktemp("tp-broken") / "target"
+    shutil.copytree(models[0], folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tp_out(models, broken_target, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tp-out")
-    done = torchrun(["tests/tp_worker.py", "--target", models[0], "--draft", models[1], "--out", str(out)])
+    done = torchrun(["tests/tp_worker.py", "--target", models[0], "--draft", models[1], "--out", str(out),
+                     "--broken", str(broken_target)])
     assert (out / "killed.result.json").is_file(), done.stderr[-4000:]  # rank 0 finished every stage
     (out / "torchrun.stderr").write_text(done.stderr)
     assert done.returncode != 0 and "Signal 9 (SIGKILL) received" in done.stderr  # torchrun saw rank 1 die
@@ -198,6 +210,13 @@ def test_a_killed_rank_ends_the_run_with_one_line_and_keeps_the_finished_cycles(
     assert_no_traceback_of_ours((tp_out / "torchrun.stderr").read_text())
     cycles = assert_partial_keeps_finished_cycles(tp_out / "killed.jsonl", single_pair, tmp_path, at_least=2)
     assert len(cycles) <= 3  # cycle 3 needs rank 1
+
+
+def test_a_rank_that_cannot_load_stops_every_rank_and_rank_0_names_it(tp_out, broken_target):
+    said = (tp_out / "broken-load.rank0.txt").read_text()
+    assert said.startswith("rank 1 on ") and "could not load its shard of the target" in said
+    assert str(broken_target) in said and "\n" not in said
+    assert (tp_out / "broken-load.rank1.txt").read_text() == "another rank failed to load"  # printed by nobody
 
 
 @pytest.mark.slow

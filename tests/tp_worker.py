@@ -5,6 +5,7 @@ each rollback: its length, the token ids it holds K/V for, its layout state, its
 whether the layout's invariants (engine/kv/layouts.py `check_invariants`) hold. The test compares
 all of it with a single-process run of the same settings.
 
+Then rank 1 alone is given a target folder it cannot load; rank 0 writes the error it reports.
 Last, both ranks run the real command line (`python -m engine run --tp 2`, KILLED_RUN) on the
 same group, and rank 1 kills itself with SIGKILL after the rollback of cycle 2 (tests/tp_fault.py).
 Rank 0 writes what the command line printed on stderr and its exit code into --out. One launch
@@ -27,6 +28,7 @@ from engine.config import SpecSettings  # noqa: E402
 from engine.drafters.registry import DrafterOptions  # noqa: E402
 from engine.kv.layouts import attended_kv, check_invariants, layout_state  # noqa: E402
 from engine.kv.ops import cache_len  # noqa: E402
+from engine.parallel.failure import GroupError  # noqa: E402
 from engine.parallel.mirror import MirroredCache  # noqa: E402
 from engine.parallel.world import join_world  # noqa: E402
 from engine.parallel_run import lead_pair, load_ranks, run_follower, run_lead  # noqa: E402
@@ -96,6 +98,7 @@ def main() -> int:
     parser.add_argument("--target", required=True)
     parser.add_argument("--draft", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--broken", required=True, help="a target folder whose weights cannot be read")
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -113,7 +116,18 @@ def main() -> int:
                      calibrate=case.calibrate, observe=observe)
         elif run_follower(models, observe) != 0:
             return 2
+    one_rank_cannot_load(world, args, out)
     return killed_rank_run(world.rank, args, out)
+
+
+def one_rank_cannot_load(world, args, out: Path) -> None:
+    """Rank 1 is given a folder whose weights are broken (a node missing the files): every rank must
+    stop at the same point, and rank 0 must name rank 1 and its reason."""
+    folder = args.broken if world.rank == 1 else args.target
+    try:
+        load_ranks(world, folder, DrafterOptions(draft_model=args.draft))
+    except GroupError as err:
+        (out / f"broken-load.rank{world.rank}.txt").write_text(str(err))
 
 
 def killed_rank_run(rank: int, args, out: Path) -> int:
