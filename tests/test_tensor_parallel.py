@@ -10,6 +10,7 @@ import html
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from engine.cli import main as cli_main
 from engine.config import SettingsError, SpecSettings
 from engine.drafters.registry import DrafterOptions
 from engine.models.loading import ModelLoadError
-from engine.parallel.failure import GroupError, RankError, is_group_failure, short_reason, speaker
+from engine.parallel.failure import GroupError, RankError, is_group_failure, short_reason, speaker, stop_on_sigterm
 from engine.parallel.sharding import check_config_shardable, shardable_sizes
 from engine.parallel.world import check_launch
 from engine.parallel_run import refuse_unsupported
@@ -322,3 +323,19 @@ def test_who_reports_a_failure(monkeypatch):
     assert speaker(RankError("local rank 1 has no GPU")) == "rank 1: "
     monkeypatch.setenv("RANK", "0")
     assert speaker(gone) == ""
+
+
+def test_sigterm_on_rank_0_becomes_one_error_unless_one_is_already_being_reported():
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        stop_on_sigterm()
+        with pytest.raises(GroupError, match="torchrun stopped rank 0"):
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs as os.kill returns
+        stop_on_sigterm()
+        try:
+            raise ValueError("the first error")
+        except ValueError:
+            os.kill(os.getpid(), signal.SIGTERM)  # ignored: the ValueError is the one to report
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)

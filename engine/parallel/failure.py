@@ -13,6 +13,7 @@ finished cycles in the partial trace.
 """
 import re
 import signal
+import sys
 
 import torch.distributed as dist
 
@@ -66,11 +67,14 @@ def speaker(err: BaseException) -> str | None:
 
 
 def stop_on_sigterm() -> None:
-    """On rank 0: torchrun's SIGTERM becomes a GroupError once; a second one is ignored."""
+    """On rank 0: torchrun's SIGTERM becomes a GroupError, once. If an error is already on its way
+    (the signal lands in an except, finally or __exit__ block, where sys.exc_info() is set), the
+    signal is ignored: that error is the one to report, and a second one would end it in a traceback."""
     def handler(signum, frame) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise GroupError("torchrun stopped rank 0 (SIGTERM): another rank failed or the run was cancelled; "
-                         "torchrun's report names the rank")
+        if sys.exc_info()[1] is None:
+            raise GroupError("torchrun stopped rank 0 (SIGTERM): another rank failed or the run was cancelled; "
+                             "torchrun's report names the rank")
     signal.signal(signal.SIGTERM, handler)
 
 
