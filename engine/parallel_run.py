@@ -109,12 +109,12 @@ def load_ranks(world: World, target: str, options: DrafterOptions, dtype_name: s
 def lead_pair(shard: LoadedModel, lead: Lead, options: DrafterOptions, trust_remote_code: bool,
               preset: str | None) -> Pair:
     """Rank 0's pair: the drafter on rank 0's device, the target wrapped to announce its operations."""
-    shipped = None
+    entry = shipped = None
     if preset is not None:
-        preset_entry, options, shipped = preset_drafter(preset, options)
+        entry, options, shipped = preset_drafter(preset, options)
     pair = pair_for_target(shard, options, trust_remote_code)
     pair.target = LeadTarget.of(pair.target, lead)
-    return name_preset_models(pair, preset_entry, options, shipped) if preset is not None else pair
+    return pair if entry is None else name_preset_models(pair, entry, options, shipped)
 
 
 def run_lead(models: RankModels, prompt: str, s: SpecSettings, out: str | Path, preset: str | None = None,
@@ -125,9 +125,11 @@ def run_lead(models: RankModels, prompt: str, s: SpecSettings, out: str | Path, 
     try:
         trace = run_to_trace(models.pair, prompt, s, out, preset, chat_template, on_cycle,
                              calibrate=calibrate, tensor_parallel=models.header_entry())
+    except GroupError:
+        raise
     except Exception as err:
         if is_group_failure(err):
-            raise (err if isinstance(err, GroupError) else broken_group(err, models.world.timeout_s, "during the run")) from err
+            raise broken_group(err, models.world.timeout_s, "during the run") from err
         try:  # rank 0's own error (a prompt too long, a full cache): the others are waiting for an operation
             models.lead.stop(aborted=True)
         except Exception:  # noqa: BLE001 - the group is gone as well; the first error is the one to report

@@ -213,6 +213,11 @@ def test_a_killed_rank_ends_the_run_with_one_line_and_keeps_the_finished_cycles(
     assert len(cycles) <= 3  # cycle 3 needs rank 1
 
 
+def test_rank_0_failing_on_its_own_tells_the_others_to_stop(tp_out):
+    assert "the prompt is empty" in (tp_out / "refused.rank0.txt").read_text()
+    assert (tp_out / "refused.rank1.txt").read_text() == "follower exit code 2"  # stopped, not left waiting
+
+
 def test_a_rank_that_cannot_load_stops_every_rank_and_rank_0_names_it(tp_out, broken_target):
     said = (tp_out / "broken-load.rank0.txt").read_text()
     assert said.startswith("rank 1 on ") and "could not load its shard of the target" in said

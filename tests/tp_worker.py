@@ -5,7 +5,8 @@ each rollback: its length, the token ids it holds K/V for, its layout state, its
 whether the layout's invariants (engine/kv/layouts.py `check_invariants`) hold. The test compares
 all of it with a single-process run of the same settings.
 
-Then rank 1 alone is given a target folder it cannot load; rank 0 writes the error it reports.
+Then rank 0 refuses an empty prompt while rank 1 waits (rank 1 must stop, told by rank 0), and
+rank 1 alone is given a target folder it cannot load; rank 0 writes the error it reports.
 Last, both ranks run the real command line (`python -m engine run --tp 2`, KILLED_RUN) on the
 same group, and rank 1 kills itself with SIGKILL after the rollback of cycle 2 (tests/tp_fault.py).
 Rank 0 writes what the command line printed on stderr and its exit code into --out. One launch
@@ -116,8 +117,20 @@ def main() -> int:
                      calibrate=case.calibrate, observe=observe)
         elif run_follower(models, observe) != 0:
             return 2
+    rank_0_refuses_the_prompt(world, models, out)
     one_rank_cannot_load(world, args, out)
     return killed_rank_run(world.rank, args, out)
+
+
+def rank_0_refuses_the_prompt(world, models, out: Path) -> None:
+    """Rank 0 fails on its own (an empty prompt) while the others wait for its first operation."""
+    if world.is_lead:
+        try:
+            run_lead(models, "   ", CASES["greedy-dynamic"].settings, out / "refused.jsonl")
+        except ValueError as err:
+            (out / "refused.rank0.txt").write_text(str(err))
+    else:
+        (out / "refused.rank1.txt").write_text(f"follower exit code {run_follower(models)}")
 
 
 def one_rank_cannot_load(world, args, out: Path) -> None:
