@@ -19,6 +19,7 @@ from engine.trace.format import Trace, TraceError, load_trace, partial_path
 from engine.trace.schema import LAYOUTS, MAX_K
 
 MAX_PROMPT_CHARS = 1_000_000  # far beyond any model's context; the token limit is checked after tokenizing
+DEFAULT_TP_TIMEOUT_S = 600  # engine/parallel/world.py DEFAULT_TIMEOUT_S (not imported: the parser loads no torch)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "on CUDA; elsewhere the same cycle runs eagerly (the reason is printed)")
     run.add_argument("--calibrate", action="store_true",
                      help="also time single steps and verify widths of both models (needed for c and speedups in stats)")
+    run.add_argument("--tp", type=int, default=1,
+                     help="shard the target over this many ranks with transformers' tensor-parallel plan; start one "
+                          "process per rank with torchrun --nproc-per-node N -m engine run --tp N (docs/tensor-parallel.md)")
+    run.add_argument("--tp-timeout", type=float, default=DEFAULT_TP_TIMEOUT_S,
+                     help="under --tp: seconds a rank waits for the others before the run ends with an error "
+                          "(a rank that died or hangs); it must cover rank 0 loading the draft")
     stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file")
     stats.add_argument("trace")
     stats.add_argument("--prometheus", action="store_true",
@@ -176,8 +183,7 @@ def check_device(device: str | None, dtype: str | None) -> None:
 
 
 def cmd_run(args) -> int:
-    from tqdm import tqdm
-
+    from engine.parallel.world import check_launch, launched_rank
     from engine.run import load_preset, load_with_drafter, run_to_trace
 
     args.drafter = chosen_drafter(args)
@@ -185,9 +191,13 @@ def cmd_run(args) -> int:
     options = options_from_args(args)
     target, draft, preset = resolve_models(args)
     check_prompt(args.prompt)
-    check_out(args.out)
-    check_device(args.device, args.dtype)
+    check_launch(args.tp)
+    if launched_rank() in (None, 0):  # only rank 0 writes the trace
+        check_out(args.out)
     check_before_loading(options, settings, PRESETS[preset] if preset else None, draft)
+    if args.tp > 1:
+        return cmd_run_parallel(args, settings, options, target, draft, preset)
+    check_device(args.device, args.dtype)
     print(f"loading target {target}\ndrafter: {options.kind}" + (f", draft {draft}" if draft else ""), file=sys.stderr)
     if preset:
         pair = load_preset(preset, args.device, args.dtype, options)
@@ -199,6 +209,15 @@ def cmd_run(args) -> int:
         plan = plan_fast_path(pair.target.device)
         print(plan.message, file=sys.stderr)
         fast = plan.capture
+    return generate_and_report(args, settings, lambda progress: run_to_trace(
+        pair, args.prompt, settings, args.out, preset, chat_template=not args.no_chat_template, on_cycle=progress,
+        calibrate=args.calibrate, fast=fast))
+
+
+def generate_and_report(args, settings: SpecSettings, run) -> int:
+    """Run with a progress bar (`run(on_cycle)` returns the Trace), then print the text and the metrics."""
+    from tqdm import tqdm
+
     bar = tqdm(total=settings.max_new_tokens, unit="tok", desc="generating", file=sys.stderr)
 
     def progress(rec: dict) -> None:
@@ -206,15 +225,43 @@ def cmd_run(args) -> int:
         bar.set_postfix(cycle=rec["cycle"], accepted=f"{rec['num_accepted']}/{len(rec['draft_token_ids'])}")
 
     try:
-        trace = run_to_trace(pair, args.prompt, settings, args.out, preset,
-                             chat_template=not args.no_chat_template, on_cycle=progress,
-                             calibrate=args.calibrate, fast=fast)
+        trace = run(progress)
     finally:
         bar.close()  # ends the progress line, so a message after it starts on its own line
     print(trace.summary["generated_text"])
     print(format_metrics(trace))
     print(f"trace written to {args.out}")
     return 0
+
+
+def cmd_run_parallel(args, settings: SpecSettings, options, target: str, draft: str | None,
+                     preset: str | None) -> int:
+    """One rank of `torchrun ... -m engine run --tp N`: rank 0 runs and reports, the others follow."""
+    from engine.models.device import pick_dtype
+    from engine.parallel.failure import stop_on_sigterm
+    from engine.parallel.sharding import check_shardable
+    from engine.parallel.world import join_world, launched_rank, leave_world, rank_device
+    from engine.parallel_run import load_ranks, refuse_unsupported, run_follower, run_lead
+
+    # Before the ranks join: every rank checks the same command line and config, and fails alike.
+    refuse_unsupported(options.kind, args.fast)
+    pick_dtype(rank_device(args.device), args.dtype)
+    check_shardable(target, args.tp, args.trust_remote_code)
+    lead = launched_rank() == 0
+    if lead:
+        stop_on_sigterm()  # torchrun stops the others' ranks with SIGTERM: rank 0 still writes its line
+        print(f"loading target {target} sharded over {args.tp} ranks\ndrafter on rank 0: {options.kind}"
+              + (f", draft {draft}" if draft else ""), file=sys.stderr)
+    world = join_world(args.device, args.tp_timeout)
+    models = load_ranks(world, target, options, args.dtype, args.trust_remote_code, preset)
+    if not lead:
+        code = run_follower(models)
+        leave_world()
+        return code
+    code = generate_and_report(args, settings, lambda progress: run_lead(
+        models, args.prompt, settings, args.out, preset, not args.no_chat_template, progress, args.calibrate))
+    leave_world()
+    return code
 
 
 def cmd_stats(args) -> int:
@@ -270,25 +317,48 @@ def one_line(text: str) -> str:
 
 def kept_cycles(args) -> str:
     """Where a stopped run's finished cycles are, if it wrote any."""
-    if args.command != "run":
+    if args.command != "run" or os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 writes a trace
         return ""
     partial = partial_path(args.out)
     return f" (the cycles it finished are in {partial})" if partial.is_file() else ""
+
+
+def report(err: BaseException, line: str) -> None:
+    """Print one line on stderr, unless another rank of a torchrun group reports this failure
+    (engine/parallel/failure.py: rank 0 speaks for the group, another rank only of its own errors)."""
+    if os.environ.get("RANK") is not None and os.environ.get("LOCAL_RANK") is not None:  # under torchrun
+        from engine.parallel.failure import quiet_sigterm, speaker
+        prefix = speaker(err)
+        if prefix is None:
+            return
+        if not prefix:
+            quiet_sigterm()  # torchrun's SIGTERM must not cut the line off
+        line = prefix + line.lstrip("\n") if prefix else line
+    print(line, file=sys.stderr)
+
+
+def known_errors() -> tuple:
+    """Errors whose message is the whole story: printed without their type's name."""
+    base = (SettingsError, ModelLoadError, TokenizerMismatchError, TraceError, ValueError, OSError)
+    if "engine.parallel.failure" not in sys.modules:
+        return base
+    from engine.parallel.failure import GroupError, RankError
+    return (*base, GroupError, RankError)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted{kept_cycles(args)}", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        report(err, f"\ninterrupted{kept_cycles(args)}")
         return 130
-    except (SettingsError, ModelLoadError, TokenizerMismatchError, TraceError, ValueError, OSError) as err:
-        print(f"error: {one_line(err)}{kept_cycles(args)}", file=sys.stderr)
-        return 2
     except Exception as err:  # noqa: BLE001 - the command line shows one line, never a traceback
+        if isinstance(err, known_errors()):
+            report(err, f"error: {one_line(err)}{kept_cycles(args)}")
+            return 2
         if os.environ.get("SPECLAB_DEBUG"):
             raise
-        print(f"error: {type(err).__name__}: {one_line(err)}{kept_cycles(args)} "
-              "(set SPECLAB_DEBUG=1 for the traceback)", file=sys.stderr)
+        report(err, f"error: {type(err).__name__}: {one_line(err)}{kept_cycles(args)} "
+                    "(set SPECLAB_DEBUG=1 for the traceback)")
         return 2

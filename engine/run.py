@@ -37,13 +37,24 @@ def load_preset(name: str, device: str | None = None, dtype_name: str | None = N
                 drafter: DrafterOptions | None = None) -> Pair:
     """The preset's target with `drafter` (its own draft model by default), using the draft the
     preset ships for that kind unless the options name one."""
+    preset, options, shipped = preset_drafter(name, drafter)
+    pair = load_with_drafter(str(preset.target_folder()), options, device, dtype_name=dtype_name)
+    return name_preset_models(pair, preset, options, shipped)
+
+
+def preset_drafter(name: str, drafter: DrafterOptions | None = None) -> tuple:
+    """(preset, drafter options with the preset's shipped draft filled in, that shipped draft or None)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[name]
     options, shipped = with_shipped_draft(preset, drafter or DrafterOptions())
-    pair = load_with_drafter(str(preset.target_folder()), options, device, dtype_name=dtype_name)
+    return preset, options, shipped
+
+
+def name_preset_models(pair: Pair, preset, options: DrafterOptions, shipped) -> Pair:
+    """Traces name a preset's shipped models portably, never by this machine's path."""
     pair.target.name = preset.target_name
-    if shipped is not None:  # traces name shipped models portably, never by this machine's path
+    if shipped is not None:
         DRAFTERS[options.kind].name_draft(pair.drafter, shipped.name)
     return pair
 
@@ -53,7 +64,13 @@ def load_with_drafter(target: str, options: DrafterOptions, device: str | None =
     """A target and the drafter `options` name (engine/drafters/registry.py builds it)."""
     dev = pick_device(device)
     dtype = pick_dtype(dev, dtype_name)
-    target_model = load_model(target, dev, dtype, trust_remote_code)
+    return pair_for_target(load_model(target, dev, dtype, trust_remote_code), options, trust_remote_code)
+
+
+def pair_for_target(target_model: LoadedModel, options: DrafterOptions, trust_remote_code: bool = False) -> Pair:
+    """The drafter `options` name for a loaded target; a draft model loads on the target's device and dtype
+    (under tensor parallelism: rank 0's device, unsharded)."""
+    dev, dtype = target_model.device, target_model.dtype
     drafter = build_drafter(target_model, options, lambda folder: load_model(folder, dev, dtype, trust_remote_code))
     # Pair.draft is a draft model over the target's tokens only (calibration times its steps).
     draft = drafter.model if DRAFTERS[options.kind].needs.same_tokens else None
@@ -128,14 +145,15 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
                  preset: str | None = None, chat_template: bool = True,
                  on_cycle: Callable[[dict], None] | None = None,
                  rule: CycleRule = RATIO_TEST, calibrate: bool = False, fast: str | None = None,
-                 calibration: dict | None = None) -> Trace:
+                 calibration: dict | None = None, tensor_parallel: dict | None = None) -> Trace:
     """Run speculative decoding on `prompt`, writing the trace to `out` as it goes.
 
     With `calibrate`, the header also gets step times of both models (engine/stats/calibrate.py),
     which the statistics need for c, t_step and the speedup predictions. With `fast` (a capture
     mode: none, graph or compile) the cycles run on engine/cycle/fast.py over static caches;
     their records mean the same. A `calibration` already measured for this pair and prompt
-    (run_advised's) is recorded as it is instead of being measured again.
+    (run_advised's) is recorded as it is instead of being measured again. `tensor_parallel` (rank 0
+    of a torchrun group, engine/parallel_run.py) is the rank layout the header records; the cycles are the same.
     """
     if not prompt.strip():
         raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
@@ -149,6 +167,8 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     header = make_header(pair, s, prompt, prompt_ids, preset, use_chat, rule)
     if rule is not RATIO_TEST:
         header["faults"] = asdict(rule)  # marks a deliberately broken teaching run
+    if tensor_parallel is not None:  # optional header field: the ranks the target was sharded over
+        header["tensor_parallel"] = tensor_parallel
     if calibrate or calibration:  # optional header fields; traces without them stay valid
         paths = settle_linear_paths(pair)
         if paths:

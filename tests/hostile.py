@@ -145,6 +145,8 @@ def valid_cases(base: Base, rng: random.Random) -> list[Case]:
     out.append(Case("names-are-paths", "valid", VALID, dump(mutated(base, lambda h, c, s: (
         h["target"].update(name="/etc"), h["draft"].update(name="/no/such/dir"), h.update(preset=None))))))
     out.append(Case("no-calibration", "valid", VALID, dump(mutated(base, lambda h, c, s: h.pop("calibration", None)))))
+    out.append(Case("tensor-parallel", "valid", VALID, dump(mutated(base, lambda h, c, s: h.update(
+        tensor_parallel=rank_layout(4, host="<b>**node**</b>`$x$`"))))))
     out.append(Case("nested-16", "valid", VALID, dump(mutated(base, lambda h, c, s: h.update(x=nest(14))))))
     return out
 
@@ -300,6 +302,15 @@ def range_cases(base: Base, rng: random.Random) -> list[Case]:
         ("calibration-mismatch", lambda h, cs, s: h.update(calibration=calibration([1, 2, 3], [0.01, 0.02]))),
         ("calibration-retyped", lambda h, cs, s: h.update(calibration=calibration(["1"], [0.01]))),
         ("calibration-list", lambda h, cs, s: h.update(calibration=[1, 2])),
+        ("tp-list", lambda h, cs, s: h.update(tensor_parallel=[0, 1])),
+        ("tp-world-zero", lambda h, cs, s: h.update(tensor_parallel={**rank_layout(2), "world_size": 0})),
+        ("tp-size-not-dividing", lambda h, cs, s: h.update(tensor_parallel={**rank_layout(4), "tp_size": 3})),
+        ("tp-ranks-missing", lambda h, cs, s: h.update(tensor_parallel={**rank_layout(4), "ranks": rank_layout(3)["ranks"]})),
+        ("tp-ranks-out-of-order", lambda h, cs, s: h.update(tensor_parallel=rank_layout(2, order=[1, 0]))),
+        ("tp-host-huge", lambda h, cs, s: h.update(tensor_parallel=rank_layout(2, host="h" * 10**5))),
+        ("tp-device-retyped", lambda h, cs, s: h.update(tensor_parallel=rank_layout(2, device=3))),
+        ("tp-backend-empty", lambda h, cs, s: h.update(tensor_parallel={**rank_layout(2), "backend": ""})),
+        ("tp-drafter-rank-outside", lambda h, cs, s: h.update(tensor_parallel={**rank_layout(2), "drafter_rank": 2})),
         ("faults-unknown", lambda h, cs, s: h.update(faults={"drop_everything": True})),
         ("faults-rule-unknown", lambda h, cs, s: h.update(faults={"acceptance_rule": "always"})),
         ("faults-retyped", lambda h, cs, s: h.update(faults={"keep_rejected_kv": "yes"})),
@@ -309,6 +320,12 @@ def range_cases(base: Base, rng: random.Random) -> list[Case]:
     for name, edit in edits:
         out.append(Case(f"range-{name}", "out-of-range", INVALID, dump(mutated(base, edit))))
     return out
+
+
+def rank_layout(world: int, host: str = "node-1", device="cpu", order: list[int] | None = None) -> dict:
+    """A tensor-parallel header entry as engine/parallel_run.py writes it."""
+    ranks = [{"rank": r, "local_rank": r, "host": host, "device": device} for r in (order or range(world))]
+    return {"world_size": world, "tp_size": world, "backend": "gloo", "drafter_rank": 0, "ranks": ranks}
 
 
 def calibration(widths, times, step=0.01) -> dict:

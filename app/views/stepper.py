@@ -158,6 +158,21 @@ COMPACT = """<style>
 </style>"""  # a projector (1366x768) shows the stage's chart under the controls without scrolling
 
 
+def rank_layout_words(tp: dict) -> str:
+    """Where a tensor-parallel run's ranks ran, host by host (a host with many ranks in one range)."""
+    hosts: dict[str, list[dict]] = {}
+    for r in tp["ranks"]:
+        hosts.setdefault(r["host"], []).append(r)
+
+    def on_host(ranks: list[dict]) -> str:
+        if len(ranks) <= 4:
+            return ", ".join(f"rank {r['rank']} {r['device']}" for r in ranks)
+        return f"ranks {ranks[0]['rank']}–{ranks[-1]['rank']} on {ranks[0]['device']} … {ranks[-1]['device']}"
+    places = "; ".join(f"{host}: {on_host(ranks)}" for host, ranks in hosts.items())
+    return (f"Target sharded over {tp['tp_size']} ranks by tensor parallelism ({tp['backend']}), "
+            f"drafter on rank {tp.get('drafter_rank', 0)} · {places}")
+
+
 def header(trace: Trace) -> None:
     h = trace.header
     s = h["settings"]
@@ -169,6 +184,8 @@ def header(trace: Trace) -> None:
     st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}**{via} · K={s['k']} · "
                f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
                f"{len(trace.cycles)} cycles{done}")
+    if h.get("tensor_parallel"):
+        st.caption(md(rank_layout_words(h["tensor_parallel"])))
     loud = quiet_words(trace)  # a busy recording machine: its speed is not the method's
     stats = state.current_stats()
     speed = stats.speed if trace.cycles else None

@@ -302,14 +302,23 @@ def roll_back_dynamic(cache: DynamicCache, keep: int) -> None:
         cache.crop(-extra)
 
 
+ROLL_BACK_LISTENER = "on_roll_back"  # the attribute a cache shared by tensor-parallel ranks carries
+
+
 def roll_back_cache(cache: Cache, keep: int) -> None:
-    """Bring `cache` to `keep` attended positions the way its layout does it."""
+    """Bring `cache` to `keep` attended positions the way its layout does it.
+
+    A tensor-parallel target's cache on rank 0 carries a listener (engine/parallel/mirror.py)
+    that tells the other ranks to roll their shard of the K/V heads back to the same length."""
     if isinstance(cache, StaticKVCache):
         roll_back_static(cache, keep)
     elif isinstance(cache, PagedKVCache):
         roll_back_paged(cache, keep)
     else:
         roll_back_dynamic(cache, keep)
+    listener = getattr(cache, ROLL_BACK_LISTENER, None)
+    if listener is not None:
+        listener(keep)
 
 
 def layout_name(cache: Cache) -> str:

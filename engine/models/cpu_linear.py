@@ -46,9 +46,11 @@ DEFAULT_POLICY = {"decoder": RowPolicy(dense_below=2, pad_to=3), "output": RowPo
 
 
 def available(model: nn.Module) -> bool:
-    """oneDNN packing applies: CPU, float32, and this torch build has the ops."""
+    """oneDNN packing applies: CPU, float32, not sharded over ranks (a tensor-parallel shard's
+    weights are DTensors that a packed copy would gather whole), and this torch build has the ops."""
     p = next(model.parameters(), None)
     return (p is not None and p.device.type == "cpu" and p.dtype == torch.float32
+            and getattr(model, "tp_size", None) in (None, 1)
             and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))

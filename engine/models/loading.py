@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.distributed import DistributedConfig
 
 from engine.models import cpu_linear
 from engine.trace.schema import AS_LOADED
@@ -154,8 +155,14 @@ def _gguf_file(folder: Path) -> str | None:
 
 
 def load_model(spec: str, device: torch.device, dtype: torch.dtype,
-               trust_remote_code: bool = False) -> LoadedModel:
-    """Load from a local folder (plain or holding a .gguf file) or a hub id."""
+               trust_remote_code: bool = False, tp_size: int = 1) -> LoadedModel:
+    """Load from a local folder (plain or holding a .gguf file) or a hub id.
+
+    With `tp_size` > 1 (a process of a torchrun group, engine/parallel), transformers shards
+    the model's linear layers over the group by its tensor-parallel plan and places this
+    rank's shard on its device; the weights become DTensors. The packed oneDNN twin
+    (cpu_linear.py) copies whole weights, so it is off: a shard's linear layers run as loaded.
+    """
     path = Path(spec).expanduser()
     if spec.startswith((".", "/", "~")) and not path.exists():
         raise ModelLoadError(f"model folder not found: {spec}")
@@ -164,16 +171,21 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype,
     gguf = _gguf_file(path) if path.is_dir() else None
     if gguf and not (path / "config.json").exists():
         kwargs["gguf_file"] = gguf  # transformers dequantises it on load
+    sharding = {} if tp_size == 1 else {"distributed_config": DistributedConfig(tp_size=tp_size)}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs, **sharding)
     except (OSError, ValueError) as err:
         where = "folder" if path.is_dir() else (
             "hub id: not in the local Hugging Face cache, and the hub is off by default "
             "(set HF_HUB_OFFLINE=0 to download, or pass a local folder)")
         raise ModelLoadError(f"could not load model {spec!r} as a {where}: {err}") from err
-    model.to(device).eval()
-    return _wrap(spec, model, tokenizer, device, dtype, path if path.is_dir() else None)
+    if tp_size == 1:
+        model.to(device)
+    model.eval()
+    loaded = _wrap(spec, model, tokenizer, device, dtype, path if path.is_dir() else None)
+    loaded.fast_linear = loaded.fast_linear and tp_size == 1
+    return loaded
 
 
 def _wrap(name: str, model, tokenizer, device, dtype, folder: Path | None) -> LoadedModel:

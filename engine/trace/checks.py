@@ -39,6 +39,8 @@ from engine.trace.schema import (
 # The deliberate bugs a teaching run may declare (mirror of teaching_faults.Faults; a test keeps them equal).
 FAULT_FIELDS = {"keep_rejected_kv": bool, "skip_draft_catch_up": bool, "acceptance_rule": str, "greedy_draft": bool}
 MAX_VERIFY_WIDTH = 1024  # calibrated verify widths beyond this are not a real measurement
+MAX_RANKS = 65536  # ranks of a tensor-parallel run: far beyond any real job
+MAX_RANK_TEXT = 255  # a host name (at most 253 characters in DNS), a device or backend name
 MAX_TOKEN_ID = 2**31 - 1  # the bound when a header gives no vocab_size: no tokenizer has more ids
 REL_TOL, ABS_TOL = 1e-5, 1e-6  # float32 numbers written as float64: a few ulps of slack
 
@@ -212,6 +214,35 @@ def check_linear_paths(paths, where: str) -> None:
         check_linear_path_curve(curve, where, f"linear_paths.{role}")
 
 
+def check_tensor_parallel(tp, where: str) -> None:
+    """The optional rank layout of a tensor-parallel run (engine/parallel_run.py): sizes that fit
+    together and one entry per rank, in order. Host and device names are shown, so they are short text."""
+    if tp is None:
+        return
+    if not isinstance(tp, dict):
+        fail(where, "tensor_parallel", "must be an object")
+    world, size, lead = tp.get("world_size"), tp.get("tp_size"), tp.get("drafter_rank", 0)
+    if not (is_int(world) and 1 <= world <= MAX_RANKS):
+        fail(where, "tensor_parallel.world_size", f"must be an integer in 1..{MAX_RANKS}")
+    if not (is_int(size) and 1 <= size <= world and world % size == 0):
+        fail(where, "tensor_parallel.tp_size", f"must be a positive integer dividing world_size ({world})")
+    if not (isinstance(tp.get("backend"), str) and 0 < len(tp["backend"]) <= MAX_RANK_TEXT):
+        fail(where, "tensor_parallel.backend", f"must be a name of 1..{MAX_RANK_TEXT} characters")
+    if not (is_int(lead) and 0 <= lead < world):
+        fail(where, "tensor_parallel.drafter_rank", f"must be a rank in 0..{world - 1}")
+    ranks = tp.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) != world:
+        fail(where, "tensor_parallel.ranks", f"must list all {world} ranks")
+    for i, r in enumerate(ranks):
+        if not isinstance(r, dict) or not is_int(r.get("rank")) or r["rank"] != i:
+            fail(where, f"tensor_parallel.ranks[{i}].rank", f"must be {i}: every rank once, in order")
+        if not is_int(r.get("local_rank")) or not 0 <= r["local_rank"] < world:
+            fail(where, f"tensor_parallel.ranks[{i}].local_rank", f"must be an integer in 0..{world - 1}")
+        for name in ("host", "device"):
+            if not isinstance(r.get(name), str) or not 0 < len(r[name]) <= MAX_RANK_TEXT:
+                fail(where, f"tensor_parallel.ranks[{i}].{name}", f"must be a name of 1..{MAX_RANK_TEXT} characters")
+
+
 def check_header(h: dict, where: str) -> RunFacts:
     check_settings(h["settings"], where)
     s = h["settings"]
@@ -232,6 +263,7 @@ def check_header(h: dict, where: str) -> RunFacts:
     faults = check_faults(h.get("faults"), where)
     check_calibration(h.get("calibration"), where)
     check_linear_paths(h.get("linear_paths"), where)
+    check_tensor_parallel(h.get("tensor_parallel"), where)
     drafter = check_drafter(h, float(s["temperature"]), where)
     return RunFacts(s["k"], float(s["temperature"]), s["max_new_tokens"], s["trace_top_k"], list(prompt),
                     frozenset(h["eos_token_ids"]), vocab, faults, drafter, isinstance(h.get("fast_path"), dict))

@@ -1,0 +1,50 @@
+"""`python -m engine` under torchrun, with one rank made to fail on purpose (tests/test_tensor_parallel.py).
+
+    torchrun ... tests/tp_fault.py --fault kill --rank 1 --after 3 -- run --tp 2 ...
+
+The chosen rank runs the real command line; after carrying out its `after`-th rollback it
+either kills itself with SIGKILL (a crash: its sockets close) or sleeps for an hour (a hang:
+it stays alive and silent). The other ranks run the command line untouched.
+"""
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402,F401  (the offline default)
+from engine.cli import main  # noqa: E402
+from engine.parallel import mirror  # noqa: E402
+
+
+def fail_after(rollbacks: int, fault: str) -> None:
+    """Make this rank's follower fail once it has carried out `rollbacks` rollbacks."""
+    apply = mirror.Follower.apply
+    done = []
+
+    def failing_apply(self, op: mirror.Op) -> bool:
+        result = apply(self, op)
+        if op.kind == mirror.ROLL_BACK:
+            done.append(op.a)
+            if len(done) == rollbacks:
+                if fault == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(3600)  # hang: alive, silent; torchrun's SIGTERM ends it
+        return result
+    mirror.Follower.apply = failing_apply
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fault", choices=["kill", "hang"], required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--after", type=int, required=True)
+    parser.add_argument("engine_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    if int(os.environ["RANK"]) == args.rank:
+        fail_after(args.after, args.fault)
+    argv = args.engine_args[1:] if args.engine_args[:1] == ["--"] else args.engine_args
+    sys.exit(main(argv))
