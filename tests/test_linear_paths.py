@@ -9,6 +9,7 @@ from engine.config import SpecSettings
 from engine.models import linear_paths
 from engine.models.linear_paths import PathCurve, cache_file, settle
 from engine.run import run_to_trace
+from engine.stats.paths import noisy_words
 from engine.stats.report import format_stats
 from engine.trace import TraceError, load_trace
 from engine.trace.schema import AS_LOADED, PACKED
@@ -36,27 +37,12 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_settle_measures_once_per_machine_and_model_and_forwards_follow_it(cache_dir, monkeypatch):
-    pair = tiny_pair()
-    record = settle(pair.target)
-    chosen = {int(w): p for w, p in record["chosen"].items()}
-    assert pair.target.linear_paths == chosen and sorted(chosen) == list(range(1, linear_paths.WIDTHS + 1))
-    stored = json.loads(cache_file().read_text())
-    assert stored["format"] == "speclab-linear-paths" and len(stored["entries"]) == 1
-    for width, path in chosen.items():
-        expect = pair.target.model if path == AS_LOADED else pair.target.runner
-        assert pair.target.runner_for(width) is expect
-    # the next run on this machine reads the stored curve: measuring again would fail this test
-    monkeypatch.setattr(linear_paths, "measure", lambda *a: pytest.fail("measured again"))
-    again = tiny_pair()
-    assert settle(again.target)["seconds"] == record["seconds"] and again.target.linear_paths == chosen
-    # another model (the draft's shapes) or another thread count is measured anew
-    monkeypatch.undo()
-    monkeypatch.setenv("SPECLAB_LINEAR_PATHS", str(cache_dir / "linear-paths.json"))
-    settle(pair.draft)
-    with _threads(2):
-        settle(again.target)
-    assert len(json.loads(cache_file().read_text())["entries"]) == 3
+def steady(packed_first: bool):
+    """time_paths' timings for a machine where one path wins at every width, with no noise."""
+    def fake(loaded, widths, repeats):
+        fast, slow = [[0.001] * repeats for _ in widths], [[0.002] * repeats for _ in widths]
+        return {PACKED: fast, AS_LOADED: slow} if packed_first else {PACKED: slow, AS_LOADED: fast}
+    return fake
 
 
 class _threads:
@@ -71,7 +57,50 @@ class _threads:
         torch.set_num_threads(self.before)
 
 
-def test_a_damaged_cache_file_is_measured_over(cache_dir):
+def test_a_real_measurement_times_both_paths_at_every_width(cache_dir):
+    c = linear_paths.measure(tiny_pair().target, repeats=3)
+    assert c.widths == list(range(1, linear_paths.WIDTHS + 1)) and c.spread >= 0
+    assert all(len(v) == len(c.widths) and min(v) > 0 for v in c.seconds.values())
+
+
+def test_settle_measures_once_per_machine_and_model_and_forwards_follow_it(cache_dir, monkeypatch):
+    monkeypatch.setattr(linear_paths, "time_paths", steady(packed_first=False))
+    pair = tiny_pair()
+    record = settle(pair.target)
+    chosen = {int(w): p for w, p in record["chosen"].items()}
+    assert chosen == {w: AS_LOADED for w in range(1, linear_paths.WIDTHS + 1)} == pair.target.linear_paths
+    assert record["kept"] and json.loads(cache_file().read_text())["format"] == "speclab-linear-paths"
+    for width in chosen:
+        assert pair.target.runner_for(width) is pair.target.model
+    pair.target.linear_paths = {2: PACKED}
+    assert pair.target.runner_for(2) is pair.target.runner is not pair.target.model
+    # the next run on this machine reads the stored curve: measuring again would fail this test
+    monkeypatch.setattr(linear_paths, "time_paths", lambda *a: pytest.fail("measured again"))
+    again = tiny_pair()
+    assert settle(again.target)["seconds"] == record["seconds"] and again.target.linear_paths == chosen
+    # another model (the draft's shapes) or another thread count is measured anew
+    monkeypatch.setattr(linear_paths, "time_paths", steady(packed_first=True))
+    assert set(settle(pair.draft)["chosen"].values()) == {PACKED}
+    with _threads(2):
+        settle(again.target)
+    assert len(json.loads(cache_file().read_text())["entries"]) == 3
+
+
+def test_a_noisy_measurement_chooses_this_run_s_paths_but_is_not_kept(cache_dir, monkeypatch):
+    def noisy(loaded, widths, repeats):
+        wild = [0.001, 0.001, 0.004, 0.004, 0.001]  # middle half 3x the median: another process on the core
+        return {PACKED: [wild for _ in widths], AS_LOADED: [[0.002] * 5 for _ in widths]}
+    monkeypatch.setattr(linear_paths, "time_paths", noisy)
+    pair = tiny_pair()
+    record = settle(pair.target)
+    assert not record["kept"] and record["spread"] > linear_paths.QUIET_SPREAD
+    assert set(pair.target.linear_paths.values()) == {PACKED}  # the medians still choose this run's paths
+    assert not cache_file().exists()  # nothing kept: the next run measures again
+    assert "measured on a busy machine" in noisy_words({"linear_paths": {"target": record}})
+
+
+def test_a_damaged_cache_file_is_measured_over(cache_dir, monkeypatch):
+    monkeypatch.setattr(linear_paths, "time_paths", steady(packed_first=True))  # quiet: kept
     cache_file().write_text('{"format": "speclab-linear-paths", "version": 1, "entries": {"x": ')
     pair = tiny_pair()
     assert settle(pair.target) is not None

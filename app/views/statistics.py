@@ -26,7 +26,7 @@ from engine.models.presets import PRESETS
 from engine.stats.analysis import DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed
 from engine.stats.calibrate import calibrate
 from engine.stats.layouts import LayoutStats, layout_stats
-from engine.stats.paths import machine_words, path_rows
+from engine.stats.paths import machine_words, noisy_words, path_rows
 from engine.stats.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
 from engine.stats.sweep import SweepResult, k_sweep
 from engine.trace import Trace, TraceError, model_name
@@ -231,6 +231,9 @@ def paths_section(header: dict) -> None:
     st.caption(f"Measured once on {md(machine_words(header))}, then kept on disk for that machine. "
                "Each width runs on the faster path, so a verify over K+1 positions is never slower than "
                "the model as loaded; the calibration above timed the chosen paths.")
+    noisy = noisy_words(header)
+    if noisy:
+        st.warning(noisy, icon=":material/timer:")
 
 
 def advisor_section(st_: TraceStats) -> None:

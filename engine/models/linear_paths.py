@@ -14,7 +14,8 @@ The measurement is kept on disk (`SPECLAB_LINEAR_PATHS`, else linear-paths.json 
 folder, ~/.cache/speclab or `SPECLAB_CACHE`) under a key of the
 machine (engine/models/machine.py: CPU model, vector features, threads, torch version) and the
 model's shapes, so the next run on the same machine and model reuses it. A damaged cache file is
-measured over, never trusted.
+measured over, never trusted; so is a noisy measurement (QUIET_SPREAD): it chooses the paths of the
+run that took it, and the next run measures again.
 """
 import hashlib
 import json
@@ -30,7 +31,7 @@ import torch
 from engine.models import cpu_linear
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
-from engine.models.machine import machine_key
+from engine.models.machine import load_average, machine_key
 from engine.models.presets import cache_root
 from engine.trace.schema import AS_LOADED, LINEAR_PATHS
 
@@ -38,6 +39,10 @@ PATHS = LINEAR_PATHS
 WIDTHS = 9  # widths 1..9: every verify for K = 1..8, the draft's one-token steps and its two-token catch-up
 CONTEXT = 64  # cached positions during the timings: the ranking of the paths barely moves with it
 REPEATS = 5
+# A measurement whose noisiest timing spread wider than this (middle half over median) is used for the
+# run that took it but never kept: on a busy 2-core machine (load 6) a chat step measured 275 ms instead
+# of ~25 ms and the paths' order at a width flipped from repeat to repeat.
+QUIET_SPREAD = 0.25
 CACHE_FORMAT = "speclab-linear-paths"
 CACHE_VERSION = 1
 
@@ -51,13 +56,20 @@ class PathCurve:
     widths: list[int]
     seconds: dict[str, list[float]]  # path -> one median per width
     measured: str  # when (UTC)
+    spread: float = 0.0  # the noisiest timing's middle half over its median (spread_of)
+    load: float | None = None  # the machine's 1-minute load average when the measurement began
+
+    @property
+    def quiet(self) -> bool:
+        """Steady enough to keep for later runs; a noisy one serves this run only."""
+        return self.spread <= QUIET_SPREAD
 
     def chosen(self) -> dict[int, str]:
         """The faster path at each width; a tie goes to the model as loaded."""
         return {w: min(PATHS, key=lambda p: (self.seconds[p][i], p != AS_LOADED)) for i, w in enumerate(self.widths)}
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "chosen": {str(w): p for w, p in self.chosen().items()}}
+        return {**asdict(self), "chosen": {str(w): p for w, p in self.chosen().items()}, "kept": self.quiet}
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -71,30 +83,44 @@ def applies(loaded: LoadedModel) -> bool:
     return loaded.fast_linear and cpu_linear.available(loaded.model)
 
 
-def time_path(loaded: LoadedModel, path: str, widths: list[int], repeats: int) -> list[float]:
-    """Median seconds of a forward over each width on `path`, from the same cache length each time."""
+def spread_of(times: list[float]) -> float:
+    """The middle half of the timings as a fraction of their median: how noisy they were."""
+    q1, _, q3 = statistics.quantiles(times, n=4)
+    return (q3 - q1) / statistics.median(times)
+
+
+def time_paths(loaded: LoadedModel, widths: list[int], repeats: int) -> dict[str, list[list[float]]]:
+    """Every path's timings of a forward over each width, from the same cache length each time.
+
+    Round-robin over (path, width): a slow spell of the machine lands on both paths and every
+    width alike, instead of making one path look slower."""
     ids = [i % loaded.full_vocab_size for i in range(1, CONTEXT + max(widths) + 1)]
     cache = loaded.new_cache()
     loaded.fill(ids[:CONTEXT], cache)
-    times: dict[int, list[float]] = {w: [] for w in widths}
-    saved, loaded.linear_paths = loaded.linear_paths, {w: path for w in widths}
+    times = {p: [[] for _ in widths] for p in PATHS}
+    saved = loaded.linear_paths
     try:
         for round_number in range(repeats + 1):  # round 0 warms up and is not kept
-            for w in widths:  # round-robin: a slow spell of the machine spreads over all widths
-                elapsed = timed(partial(loaded.forward, ids[CONTEXT:CONTEXT + w], cache), loaded.device)[1]
-                cache.crop(-w)  # back to CONTEXT positions (a negative crop removes that many)
-                if round_number:
-                    times[w].append(elapsed)
+            for path in PATHS:
+                loaded.linear_paths = {w: path for w in widths}
+                for i, w in enumerate(widths):
+                    elapsed = timed(partial(loaded.forward, ids[CONTEXT:CONTEXT + w], cache), loaded.device)[1]
+                    cache.crop(-w)  # back to CONTEXT positions (a negative crop removes that many)
+                    if round_number:
+                        times[path][i].append(elapsed)
     finally:
         loaded.linear_paths = saved
-    return [statistics.median(times[w]) for w in widths]
+    return times
 
 
 def measure(loaded: LoadedModel, repeats: int = REPEATS) -> PathCurve:
     widths = list(range(1, WIDTHS + 1))
-    seconds = {p: time_path(loaded, p, widths, repeats) for p in PATHS}
+    load = load_average()
+    times = time_paths(loaded, widths, repeats)
+    seconds = {p: [statistics.median(t) for t in times[p]] for p in PATHS}
+    spread = max(spread_of(t) for p in PATHS for t in times[p])
     return PathCurve(machine_key(), model_fingerprint(loaded.model), widths, seconds,
-                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), round(spread, 4), load)
 
 
 # ---------------------------------------------------------------- the cache on disk
@@ -116,7 +142,9 @@ def curve_from_dict(d: object) -> PathCurve | None:
         seconds = {p: [float(x) for x in d["seconds"][p]] for p in PATHS}
         ok = widths == list(range(1, len(widths) + 1)) and all(
             len(v) == len(widths) and all(0 < x < 60 for x in v) for v in seconds.values())
-        return PathCurve(dict(d["machine"]), str(d["model"]), widths, seconds, str(d["measured"])) if ok else None
+        spread = float(d.get("spread", 0.0))
+        ok = ok and 0 <= spread <= QUIET_SPREAD  # a stored curve was quiet, or it is not trusted
+        return PathCurve(dict(d["machine"]), str(d["model"]), widths, seconds, str(d["measured"]), spread) if ok else None
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -149,7 +177,8 @@ def curve_for(loaded: LoadedModel) -> PathCurve:
     curve = curve_from_dict(entries.get(key))
     if curve is None:
         curve = measure(loaded)
-        write_cache({**read_cache(), key: asdict(curve)})
+        if curve.quiet:
+            write_cache({**read_cache(), key: asdict(curve)})
     return curve
 
 

@@ -40,10 +40,21 @@ def machine_words(header: dict) -> str | None:
     return f"{m['cpu']} ({features}), {m.get('threads', '?')} threads, torch {m['torch']}"
 
 
+def noisy_words(header: dict) -> str | None:
+    """Said when a curve was measured under load: it chose this run's paths but was not kept."""
+    noisy = {role: c for role, c in (header.get("linear_paths") or {}).items() if c.get("kept") is False}
+    if not noisy:
+        return None
+    worst = max(c.get("spread", 0.0) for c in noisy.values())
+    return (f"The {' and '.join(noisy)} paths were measured on a busy machine (timings spread up to {worst:.0%}): "
+            "they chose this run's paths, were not kept, and the next run measures again.")
+
+
 def path_lines(header: dict) -> list[str]:
     rows = path_rows(header)
     lines = [f"LINEAR PATH PER WIDTH (measured on {machine_words(header)}; the faster one runs)",
              "  model   width  as loaded   packed    runs"]
     for r in rows:
         lines.append(f"  {r.model:<6}  {r.width:>5}  {r.as_loaded_s * 1000:>7.3f} ms  {r.packed_s * 1000:>7.3f} ms  {r.runs}")
-    return lines
+    noisy = noisy_words(header)
+    return lines + ([f"  {noisy}"] if noisy else [])

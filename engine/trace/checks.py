@@ -198,6 +198,10 @@ def check_linear_path_curve(curve, where: str, name: str) -> None:
         fastest = min(LINEAR_PATHS, key=lambda p: (seconds[p][i], p != LINEAR_PATHS[0]))
         if chosen[str(w)] != fastest:
             fail(where, f"{name}.chosen.{w}", f"must be the faster path at that width ({fastest})")
+    if "spread" in curve and not (is_num(curve["spread"]) and curve["spread"] >= 0):
+        fail(where, f"{name}.spread", "must be a non-negative number")
+    if "kept" in curve and not isinstance(curve["kept"], bool):
+        fail(where, f"{name}.kept", "must be true or false")
     machine = curve.get("machine")
     if not isinstance(machine, dict) or not all(isinstance(machine.get(k), str) and len(machine[k]) <= 200
                                                 for k in ("cpu", "torch")):
