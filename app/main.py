@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so `app` and 
 
 import streamlit as st
 
-from app.ui import sidebar, state, timing
+from app.ui import operator, sidebar, state, timing
 from app.ui.pages import PAGES
 from app.ui.safe import md
 
@@ -47,6 +47,11 @@ def draw_sidebar(slot) -> None:
 def main() -> None:
     timer = timing.RunTimer()
     st.set_page_config(page_title="Speculative Decoding Lab", page_icon=":material/fast_forward:", layout="wide")
+    problem = operator.problem()
+    if problem:  # a mistyped setting stops every page rather than being guessed at (app/ui/operator.py)
+        st.error(f"This server's settings cannot be used: {md(problem)}. Whoever runs it must fix them.",
+                 icon=":material/error:")
+        st.stop()
     state.open_from_url_or_default()
     page = st.navigation(navigation_pages())
     slot = st.sidebar.empty()
