@@ -188,6 +188,8 @@ def test_the_estimate_goes_by_the_durations_of_finished_jobs_of_the_same_kind():
 def test_max_jobs_defaults_to_the_cores_less_one_and_refuses_nonsense(monkeypatch):
     monkeypatch.delenv(operator.MAX_JOBS, raising=False)
     assert [operator.default_max_jobs(n) for n in (1, 2, 8)] == [1, 1, 7]
+    # the job slots share the cores but one: one thread each by default, more when fewer jobs run
+    assert [operator.threads_per_job(limit, n) for limit, n in ((1, 2), (7, 8), (1, 8), (3, 8), (1, 1))] == [1, 1, 7, 2, 1]
     assert operator.max_jobs() == operator.default_max_jobs(operator.cores())
     monkeypatch.setenv(operator.MAX_JOBS, "3")
     assert operator.max_jobs() == 3 and operator.problem() is None

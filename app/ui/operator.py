@@ -43,6 +43,13 @@ def default_max_jobs(n_cores: int) -> int:
     return max(1, n_cores - 1)
 
 
+def threads_per_job(limit: int, n_cores: int) -> int:
+    """Torch threads of each job: the job slots share the cores less the one that draws pages (all
+    page draws share one Python interpreter lock, so about one core). On 2 cores: 1. A job on
+    more threads than it has cores runs many times slower (25x measured, app/ui/live_work.py)."""
+    return max(1, (n_cores - 1) // limit)
+
+
 def max_jobs() -> int:
     value = os.environ.get(MAX_JOBS, "").strip()
     if not value:
