@@ -8,7 +8,12 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so `app` and `engine` import
+# pandas, imported below: Streamlit imports it lazily (st.dataframe), and Plotly checks sys.modules for it
+# while building any figure. With several visitors at once, one session's first table imported it
+# while another's chart found it half initialised ("partially initialized module 'pandas' has no
+# attribute 'Series'", seen by bench/class_load.py). Every script run passes here first.
 
+import pandas  # noqa: F401 - imported whole before any page runs: see above
 import streamlit as st
 
 from app.ui import operator, sidebar, state, timing
