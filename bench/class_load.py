@@ -58,6 +58,7 @@ CYCLE = re.compile(r"^Cycle (\d+) ")
 CYCLES_OPEN = re.compile(r", (\d+) cycles$")  # the sidebar's "Open trace: ... K=4, 35 cycles"
 PLACE = re.compile(r"number (\d+) in this server's queue")
 STATS_TITLE = "Why speculation pays off"  # the statistics page's title begins so
+FIRST_RESULT = "first_result"  # the key of each page's first-result container (app/ui/first_result.py)
 
 
 def log(args: argparse.Namespace, text: str) -> None:
@@ -74,6 +75,7 @@ class Seen:
     """What one full script run drew, as a reader of the page would take it in."""
     headings: list[str] = field(default_factory=list)
     markdown: list[str] = field(default_factory=list)
+    first_result_at: float | None = None  # when the page's first result (app/ui/first_result.py) arrived
 
 
 class Visitor:
@@ -90,6 +92,7 @@ class Visitor:
         self.alerts: list[tuple[float, int, str]] = []
         self.errors: list[str] = []
         self.fragments: dict[str, asyncio.Task] = {}
+        self.first_block: tuple[int, ...] | None = None  # where this run's first-result container is
 
     async def __aenter__(self) -> "Visitor":
         self.ws = await connect(self.url, subprotocols=["streamlit"], max_size=None, open_timeout=REPLY_S)
@@ -117,6 +120,7 @@ class Visitor:
             for task in self.fragments.values():  # the frontend drops every auto-rerun here
                 task.cancel()
             self.fragments, self.seen, self.page_hash = {}, Seen(), msg.new_session.page_script_hash
+            self.first_block = None
         elif kind == "navigation":
             self.pages = {p.url_pathname: p.page_script_hash for p in msg.navigation.app_pages}
         elif kind == "page_info_changed":
@@ -128,7 +132,13 @@ class Visitor:
                 task = self.fragments.pop(fragment, None)
                 if task is not None:
                     task.cancel()
+        elif kind == "delta" and msg.delta.WhichOneof("type") == "add_block":
+            if msg.delta.add_block.id.endswith(FIRST_RESULT):
+                self.first_block = tuple(msg.metadata.delta_path)
         elif kind == "delta" and msg.delta.WhichOneof("type") == "new_element":
+            path = tuple(msg.metadata.delta_path)
+            if self.first_block and path[:len(self.first_block)] == self.first_block and self.seen.first_result_at is None:
+                self.seen.first_result_at = time.perf_counter()
             self._element(msg.delta.new_element)
         elif kind == "script_finished" and msg.script_finished == DONE:
             self.runs.put_nowait(self.seen)
@@ -200,7 +210,8 @@ class Visitor:
 @dataclass
 class Record:
     live: bool
-    first_s: float | None = None
+    first_s: float | None = None  # the app opened -> the stepper's first result (the line above its charts)
+    first_page_s: float | None = None  # the app opened -> the whole first page drawn
     next_s: list[float] = field(default_factory=list)
     stats_s: float | None = None
     live_s: float | None = None  # Run pressed -> the page shows "Finished"
@@ -257,7 +268,9 @@ async def visit(url: str, live: bool, think_s: float, deadline: float) -> Record
     rec = Record(live)
     try:
         async with Visitor(url) as v:
-            rec.first_s, seen = await v.act(page_hash="")  # the app's root: the stepper
+            start = time.perf_counter()
+            rec.first_page_s, seen = await v.act(page_hash="")  # the app's root: the stepper
+            rec.first_s = seen.first_result_at - start if seen.first_result_at else None
             if live:
                 await run_live(v, rec, deadline)
                 _, seen = await v.act(page_hash=v.pages[""])  # back to the stepper, on the new run
@@ -278,15 +291,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(folder: Path) -> tuple[subprocess.Popen, str]:
+def start_server(folder: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    """`streamlit run app/main.py` on a free loopback port (`extra`: more of its options); its URL."""
     port = free_port()
     env = dict(os.environ, SPECLAB_RUNS_DIR=str(folder / "runs"), SPECLAB_UPLOADS_DIR=str(folder / "uploads"))
     for name in ("SPECLAB_TRACE", "SPECLAB_TRACES_DIR", "SPECLAB_READ_ONLY"):
         env.pop(name, None)
     out = (folder / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.address", "127.0.0.1",
-                             "--server.port", str(port), "--server.headless", "true",
-                             "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    command = [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.address", "127.0.0.1",
+               "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false", *extra]
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     end = time.monotonic() + 120
     while time.monotonic() < end:
@@ -319,7 +333,7 @@ def summary(values: list[float]) -> dict:
 
 async def one_config(args: argparse.Namespace, n: int, m: int) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="speclab-class-load-"))
-    proc, url = start_server(folder)
+    proc, url = start_server(folder, args.server_args.split())
     server = psutil.Process(proc.pid)
     try:
         warm = await visit(url, m > 0, 0.0, time.perf_counter() + args.deadline_s)  # caches, Plotly, the model
@@ -350,6 +364,7 @@ async def one_config(args: argparse.Namespace, n: int, m: int) -> dict:
     return {
         "visitors": n, "live_runs": m, "wall_s": wall, "load_before": load_before, "load_after": os.getloadavg(),
         "first_result_s": summary([r.first_s for r in records if r.first_s is not None]),
+        "first_page_s": summary([r.first_page_s for r in records if r.first_page_s is not None]),
         "next_s": summary([s for r in records for s in r.next_s]),
         "next_s_steppers_only": summary([s for r in steppers for s in r.next_s]),
         "statistics_page_s": summary([r.stats_s for r in records if r.stats_s is not None]),
@@ -380,13 +395,14 @@ def markdown(result: dict) -> str:
              f"(SPECLAB_MAX_JOBS = {result['max_jobs']}). Visitors: Streamlit-protocol clients in one process, "
              f"{NEXTS} Next clicks {result['think_s']:g} s apart, then the statistics page; live visitors first run "
              f"the {LIVE_PRESET} preset (64 tokens) and watch it to its result.", "",
-             "| N | live | first result p50 / p95 s | Next p50 / p95 s | Next p95, steppers only | statistics p95 s "
-             "| live result p50 / max s | queue wait max s | most places | errors | lost live | lost clicks "
+             "| N | live | first result p50 / p95 s | whole first page p95 s | Next p50 / p95 s | Next p95, steppers only "
+             "| statistics p95 s | live result p50 / max s | queue wait max s | most places | errors | lost live | lost clicks "
              "| server MiB idle / peak | generator / server CPU (cores) | load before → after |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["configs"]:
         lines.append(
             f"| {c['visitors']} | {c['live_runs']} | {fmt(c['first_result_s']['p50'])} / {fmt(c['first_result_s']['p95'])} "
+            f"| {fmt(c['first_page_s']['p95'])} "
             f"| {fmt(c['next_s']['p50'])} / {fmt(c['next_s']['p95'])} | {fmt(c['next_s_steppers_only']['p95'])} "
             f"| {fmt(c['statistics_page_s']['p95'])} | {fmt(c['live_result_s']['p50'], 1)} / {fmt(c['live_result_s']['max'], 1)} "
             f"| {fmt(c['queue_wait_s']['max'], 1)} | {c['most_places_shown'] or '–'} | {c['errors']} | {c['lost_live_results']} "
@@ -410,7 +426,8 @@ def parse_plan(text: str) -> list[tuple[int, int]]:
 async def main_async(args: argparse.Namespace) -> dict:
     from app.ui import operator
 
-    result = {"machine": machine_info(1), "max_jobs": operator.max_jobs(), "think_s": args.think_s, "configs": []}
+    result = {"machine": machine_info(1), "max_jobs": operator.max_jobs(), "think_s": args.think_s,
+              "server_args": args.server_args, "configs": []}
     result["machine"]["load_at_start"] = os.getloadavg()
     for n, m in parse_plan(args.plan):
         log(args, f"N={n}, M={m}: starting")
@@ -429,6 +446,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help=f"the plan {QUICK}")
     p.add_argument("--think-s", type=float, default=THINK_S)
     p.add_argument("--deadline-s", type=float, default=240.0, help="the most one configuration's visitors may take")
+    p.add_argument("--server-args", default="", help="more `streamlit run` options, e.g. '--server.fileWatcherType auto'")
     p.add_argument("--out", default="class-load", help="the results' file stem under bench/results/")
     p.add_argument("--log", default=str(Path(tempfile.gettempdir()) / "class-load.log"))
     args = p.parse_args()
