@@ -212,16 +212,19 @@ def test_read_only_is_on_or_off_and_a_typo_is_refused(monkeypatch):
 def read_only_script() -> None:
     import streamlit as st
 
+    from app.runs import live
     from app.ui import jobs
 
-    st.session_state["started"] = jobs.start("t", "Test", lambda report: st.session_state["ran"].set(), print)
+    ran = st.session_state["ran"]
+    st.session_state["started"] = jobs.start("t", "Test", lambda report: ran.set(), print)
+    st.session_state["pair"] = live.load_or_error("tiny-shakespeare")  # every page loads its models here
 
 
-def test_a_read_only_server_starts_no_job(monkeypatch):
+def test_a_read_only_server_starts_no_job_and_loads_no_model(monkeypatch):
     monkeypatch.setenv(operator.READ_ONLY, "1")
     at = AppTest.from_function(read_only_script, default_timeout=30)
     at.session_state["ran"] = ran = threading.Event()
     at.run()
-    assert not at.exception and at.session_state["started"] is None
-    assert [i.value for i in at.info] == [operator.READ_ONLY_WORDS]
+    assert not at.exception and at.session_state["started"] is None and at.session_state["pair"] is None
+    assert [i.value for i in at.info] == [operator.READ_ONLY_WORDS] * 2
     assert "background_job" not in at.session_state and not ran.is_set()
