@@ -26,6 +26,7 @@ bench/results/class-load.json and .md (or --out STEM); progress goes to --log.
 """
 import argparse
 import asyncio
+import json
 import math
 import os
 import re
@@ -258,6 +259,8 @@ async def run_live(v: Visitor, rec: Record, deadline: float) -> None:
             rec.live_s = finished[0] - pressed
             break
         await asyncio.sleep(0.1)
+    while v.runs.empty() and time.perf_counter() < deadline:  # the run that drew it ends before the next click
+        await asyncio.sleep(0.05)
     shown = [(t, text) for t, text in v.progress if t >= pressed]
     rec.places = sorted({int(m.group(1)) for _, text in shown if (m := PLACE.search(text))})
     started = [t for t, text in shown if "waiting, number" not in text]
@@ -409,8 +412,69 @@ def markdown(result: dict) -> str:
             f"| {c['lost_clicks']} | {fmt(c['server_rss_mib']['idle_after_warm_up'], 0)} / {fmt(c['server_rss_mib']['peak'], 0)} "
             f"| {fmt(c['generator_cpu_of_one_core'])} / {fmt(c['server_cpu_of_one_core'])} "
             f"| {c['load_before'][0]:.1f} → {c['load_after'][0]:.1f} |")
-    lines += ["", *result.get("notes", [])]
+    lines += repeats_table(result)
+    lines += ["", *[f"- {note}" for note in notes(result)]]
     return "\n".join(lines) + "\n"
+
+
+def repeats_table(result: dict) -> list[str]:
+    """The main figures of every run kept in the file (--previous), for their spread."""
+    runs = [*result.get("previous_runs", []), {"date": result["machine"]["date"], "configs": result["configs"]}]
+    if len(runs) < 2:
+        return []
+    lines = ["", f"Repeats: the same plan run {len(runs)} times ({', '.join(r['date'] for r in runs)}), "
+             "each figure as run 1 / run 2 / ...", "",
+             "| N | live | first result p95 s | Next p95 s | Next p95, steppers only | live result max s | errors |",
+             "|---|---|---|---|---|---|---|"]
+    for c in result["configs"]:
+        same = [config(r, c["visitors"], c["live_runs"]) for r in runs]
+        cells = [" / ".join(fmt(s[name][q], digits) if s else "–" for s in same)
+                 for name, q, digits in (("first_result_s", "p95", 2), ("next_s", "p95", 2),
+                                         ("next_s_steppers_only", "p95", 2), ("live_result_s", "max", 1))]
+        errors = " / ".join(str(s["errors"]) if s else "–" for s in same)
+        lines.append(f"| {c['visitors']} | {c['live_runs']} | {' | '.join(cells)} | {errors} |")
+    return lines
+
+
+def config(result: dict, n: int, m: int) -> dict | None:
+    return next((c for c in result["configs"] if (c["visitors"], c["live_runs"]) == (n, m)), None)
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "**not met**"
+
+
+def notes(result: dict) -> list[str]:
+    """The issue's goals against these figures, the load generator's own cost, the machine's load."""
+    configs, out = result["configs"], []
+    if not configs:
+        return out
+    errors, lost = sum(c["errors"] for c in configs), sum(c["lost_live_results"] for c in configs)
+    out.append(f"0 errors and 0 lost live results at every N: {met(errors == lost == 0)} ({errors} errors, {lost} lost "
+               f"live results, {sum(c['lost_clicks'] for c in configs)} Next clicks that did not move on).")
+    if (c := config(result, 20, 0)) is not None:
+        first, nxt = c["first_result_s"]["p95"], c["next_s"]["p95"]
+        out.append(f"20 visitors stepping, no live work: p95 first result {fmt(first)} s (goal <= 5 s: "
+                   f"{met(first is not None and first <= 5)}), p95 Next {fmt(nxt)} s "
+                   f"(goal <= 1 s: {met(nxt is not None and nxt <= 1)}).")
+    if (c := config(result, 20, 10)) is not None:
+        seen, nxt = c["live_result_s"]["n"], c["next_s_steppers_only"]["p95"]
+        out.append(f"10 live runs queued (N=20, M=10): {seen} of 10 finished and were shown to their visitor "
+                   f"(the last after {fmt(c['live_result_s']['max'], 1)} s, places up to {c['most_places_shown']} shown); "
+                   f"visitors who only step kept p95 Next {fmt(nxt)} s "
+                   f"(goal <= 2 s: {met(seen == 10 and nxt is not None and nxt <= 2)}).")
+    top = max(configs, key=lambda c: c["visitors"])
+    per_visitor = top["generator_cpu_of_one_core"] / top["visitors"]
+    out.append(f"The load generator took {top['generator_cpu_of_one_core']:.2f} of a core at N={top['visitors']} "
+               f"(about {per_visitor:.4f} per visitor), so it would fill one core only at about "
+               f"{1 / per_visitor:.0f} visitors: on this 2-core machine the server saturates long before it. The server "
+               "draws every visitor's pages in one Python process under one interpreter lock (at most about one core), "
+               f"and used {top['server_cpu_of_one_core']:.2f} of a core on average over that run, think time included.")
+    loads = [x for c in configs for x in (c["load_before"][0], c["load_after"][0])]
+    out.append(f"The machine was shared with other engineers' tests and benchmarks: 1-minute load averages from "
+               f"{min(loads):.1f} to {max(loads):.1f} on 2 cores during this run, so every time here is slower than on "
+               "a quiet machine, and the server got only part of the CPU it asked for.")
+    return out
 
 
 def parse_plan(text: str) -> list[tuple[int, int]]:
@@ -428,6 +492,10 @@ async def main_async(args: argparse.Namespace) -> dict:
 
     result = {"machine": machine_info(1), "max_jobs": operator.max_jobs(), "think_s": args.think_s,
               "server_args": args.server_args, "configs": []}
+    if args.previous:  # earlier runs of the same plan, kept beside this one for the spread
+        earlier = json.loads(Path(args.previous).read_text())
+        result["previous_runs"] = [*earlier.get("previous_runs", []),
+                                   {"date": earlier["machine"]["date"], "configs": earlier["configs"]}]
     result["machine"]["load_at_start"] = os.getloadavg()
     for n, m in parse_plan(args.plan):
         log(args, f"N={n}, M={m}: starting")
@@ -447,6 +515,7 @@ def main() -> None:
     p.add_argument("--think-s", type=float, default=THINK_S)
     p.add_argument("--deadline-s", type=float, default=240.0, help="the most one configuration's visitors may take")
     p.add_argument("--server-args", default="", help="more `streamlit run` options, e.g. '--server.fileWatcherType auto'")
+    p.add_argument("--previous", help="an earlier results file of the same plan: kept in this one, for the spread")
     p.add_argument("--out", default="class-load", help="the results' file stem under bench/results/")
     p.add_argument("--log", default=str(Path(tempfile.gettempdir()) / "class-load.log"))
     args = p.parse_args()
