@@ -54,7 +54,8 @@ THINK_S = 1.0  # between a visitor's clicks
 LIVE_PRESET = "tiny-shakespeare"  # the fast preset: a 64-token live run takes seconds on one thread
 REPLY_S = 120.0  # the longest a visitor waits for one page run before calling it an error
 DONE = ForwardMsg.ScriptFinishedStatus.FINISHED_SUCCESSFULLY
-ERROR_ALERT, SUCCESS_ALERT = 1, 4  # streamlit.proto.Alert format values
+ERROR_ALERT, INFO_ALERT, SUCCESS_ALERT = 1, 3, 4  # streamlit.proto.Alert format values
+RESULT_SHOWN = {SUCCESS_ALERT: "Finished:", INFO_ALERT: "Decoded plainly:"}  # a live run's result, as app/runs/live.py words it
 CYCLE = re.compile(r"^Cycle (\d+) ")
 CYCLES_OPEN = re.compile(r", (\d+) cycles$")  # the sidebar's "Open trace: ... K=4, 35 cycles"
 PLACE = re.compile(r"number (\d+) in this server's queue")
@@ -215,7 +216,8 @@ class Record:
     first_page_s: float | None = None  # the app opened -> the whole first page drawn
     next_s: list[float] = field(default_factory=list)
     stats_s: float | None = None
-    live_s: float | None = None  # Run pressed -> the page shows "Finished"
+    live_s: float | None = None  # Run pressed -> the page shows the result
+    live_plain: bool = False  # the K advisor decoded it plainly (K=0)
     queue_wait_s: float | None = None  # Run pressed -> the first progress bar that is not "waiting"
     places: list[int] = field(default_factory=list)  # places in the queue the visitor was shown
     lost_clicks: int = 0  # a Next that did not move to the next cycle
@@ -248,15 +250,16 @@ async def step_through(v: Visitor, rec: Record, think_s: float, seen: Seen) -> N
 
 
 async def run_live(v: Visitor, rec: Record, deadline: float) -> None:
-    """Choose a trace > Live run on the fast preset; watch until the page shows the result."""
+    """Choose a trace > Live run on the fast preset; watch until the page shows the result: a
+    finished run, or the K advisor's plain decoding (K=0, no trace) when speculation would lose here."""
     await v.act(page_hash=v.pages["source"])
     await v.act(v.choose("live_preset", f"{LIVE_PRESET}:"))
     pressed = time.perf_counter()
     await v.act(v.click("live_run"))
     while time.perf_counter() < deadline:
-        finished = [t for t, fmt, body in v.alerts if t >= pressed and fmt == SUCCESS_ALERT and body.startswith("Finished:")]
+        finished = [(t, fmt) for t, fmt, body in v.alerts if t >= pressed and body.startswith(RESULT_SHOWN.get(fmt, "\0"))]
         if finished:
-            rec.live_s = finished[0] - pressed
+            rec.live_s, rec.live_plain = finished[0][0] - pressed, finished[0][1] == INFO_ALERT
             break
         await asyncio.sleep(0.1)
     while v.runs.empty() and time.perf_counter() < deadline:  # the run that drew it ends before the next click
@@ -375,6 +378,7 @@ async def one_config(args: argparse.Namespace, n: int, m: int) -> dict:
         "queue_wait_s": summary([r.queue_wait_s for r in lives if r.queue_wait_s is not None]),
         "most_places_shown": max((max(r.places) for r in lives if r.places), default=None),
         "lost_live_results": sum(r.live_s is None for r in lives),
+        "live_runs_decoded_plainly": sum(r.live_plain for r in lives),
         "lost_clicks": sum(r.lost_clicks for r in records),
         "errors": sum(len(r.errors) for r in records) + sum(not r.done for r in records),
         "error_samples": sorted({e for r in records for e in r.errors})[:5],
