@@ -44,6 +44,7 @@ from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 from streamlit.proto.WidgetStates_pb2 import WidgetState
 from websockets.asyncio.client import connect
 
+from app.ui.job_queue import GONE_AFTER_S
 from bench.common import RESULTS, machine_info, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +60,8 @@ RESULT_SHOWN = {SUCCESS_ALERT: "Finished:", INFO_ALERT: "Decoded plainly:"}  # a
 CYCLE = re.compile(r"^Cycle (\d+) ")
 CYCLES_OPEN = re.compile(r", (\d+) cycles$")  # the sidebar's "Open trace: ... K=4, 35 cycles"
 PLACE = re.compile(r"number (\d+) in this server's queue")
+LEAVER_FROM = 5  # configurations with this many live runs add a visitor who presses Run and closes the tab
+LEAVE_AFTER_S = 3.0  # ... this long after the others started, so its job waits behind theirs
 STATS_TITLE = "Why speculation pays off"  # the statistics page's title begins so
 FIRST_RESULT = "first_result"  # the key of each page's first-result container (app/ui/first_result.py)
 
@@ -288,6 +291,27 @@ async def visit(url: str, live: bool, think_s: float, deadline: float) -> Record
     return rec
 
 
+async def leave(url: str, after_s: float) -> str:
+    """A visitor who presses Run and closes the tab at once (its job should be dropped); "" or why not."""
+    await asyncio.sleep(after_s)  # behind the live visitors in the queue
+    try:
+        async with Visitor(url) as v:
+            await v.act(page_hash="")
+            await v.act(page_hash=v.pages["source"])
+            await v.act(v.choose("live_preset", f"{LIVE_PRESET}:"))
+            await v.act(v.click("live_run"))
+        return ""
+    except Exception as err:  # noqa: BLE001 - reported with the configuration
+        return f"{type(err).__name__}: {err}"
+
+
+def traces_written(runs: Path) -> tuple[int, int]:
+    """(complete, incomplete) live-run traces in the server's runs folder (a complete one ends in its summary)."""
+    files = list(runs.glob("live-*.jsonl")) if runs.is_dir() else []
+    complete = sum('"type": "summary"' in f.read_text().splitlines()[-1] for f in files if f.stat().st_size)
+    return complete, len(files) - complete
+
+
 # ---------------------------------------------------------------- one configuration
 
 def free_port() -> int:
@@ -351,7 +375,9 @@ async def one_config(args: argparse.Namespace, n: int, m: int) -> dict:
         sampler = asyncio.create_task(sample_memory(server, rss, stop))
         deadline = time.perf_counter() + args.deadline_s
         tasks = [asyncio.create_task(visit(url, i < m, args.think_s, deadline)) for i in range(n)]
+        leaver = asyncio.create_task(leave(url, LEAVE_AFTER_S)) if m >= LEAVER_FROM else None
         done, pending = await asyncio.wait(tasks, timeout=args.deadline_s)
+        leaver_error = await leaver if leaver is not None else None
         for task in pending:
             task.cancel()
         records = [t.result() for t in done] + [Record(False, errors=["past the deadline"]) for _ in pending]
@@ -365,6 +391,8 @@ async def one_config(args: argparse.Namespace, n: int, m: int) -> dict:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    complete, incomplete = traces_written(folder / "runs")
+    expected = sum(r.live_s is not None and not r.live_plain for r in [warm, *records] if r.live)
     steppers = [r for r in records if not r.live]
     lives = [r for r in records if r.live]
     return {
@@ -384,6 +412,11 @@ async def one_config(args: argparse.Namespace, n: int, m: int) -> dict:
         "error_samples": sorted({e for r in records for e in r.errors})[:5],
         "server_rss_mib": {"idle_after_warm_up": rss_idle, "peak": max(rss, default=None), "after": rss_after},
         "generator_cpu_of_one_core": cpu_me_used / wall, "server_cpu_of_one_core": cpu_server_used / wall,
+        "closed_tab": None if leaver_error is None else {
+            "error": leaver_error, "complete_traces": complete, "incomplete_traces": incomplete,
+            "complete_traces_of_visitors_who_stayed": expected,
+            "its_job": ("ran to its end" if complete > expected else "stopped while it ran" if incomplete
+                        else "dropped before it started")},
         "warm_up": asdict(warm),
     }
 
@@ -467,6 +500,12 @@ def notes(result: dict) -> list[str]:
                    f"(the last after {fmt(c['live_result_s']['max'], 1)} s, places up to {c['most_places_shown']} shown); "
                    f"visitors who only step kept p95 Next {fmt(nxt)} s "
                    f"(goal <= 2 s: {met(seen == 10 and nxt is not None and nxt <= 2)}).")
+    left = [c for c in configs if c.get("closed_tab")]
+    if left:
+        out.append("A visitor who pressed Run and closed the tab at once (configurations with 5 or more live runs): "
+                   + "; ".join(f"N={c['visitors']}, M={c['live_runs']}: {c['closed_tab']['its_job']}"
+                               + (f" ({c['closed_tab']['error']})" if c["closed_tab"]["error"] else "") for c in left)
+                   + f". The queue drops a job once its tab has been gone {GONE_AFTER_S:g} s.")
     top = max(configs, key=lambda c: c["visitors"])
     per_visitor = top["generator_cpu_of_one_core"] / top["visitors"]
     out.append(f"The load generator took {top['generator_cpu_of_one_core']:.2f} of a core at N={top['visitors']} "
