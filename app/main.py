@@ -8,10 +8,15 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so `app` and `engine` import
+# pandas, imported below: Streamlit imports it lazily (st.dataframe), and Plotly checks sys.modules for it
+# while building any figure. With several visitors at once, one session's first table imported it
+# while another's chart found it half initialised ("partially initialized module 'pandas' has no
+# attribute 'Series'", seen by bench/class_load.py). Every script run passes here first.
 
+import pandas  # noqa: F401 - imported whole before any page runs: see above
 import streamlit as st
 
-from app.ui import sidebar, state, timing
+from app.ui import operator, sidebar, state, timing
 from app.ui.pages import PAGES
 from app.ui.safe import md
 
@@ -47,6 +52,11 @@ def draw_sidebar(slot) -> None:
 def main() -> None:
     timer = timing.RunTimer()
     st.set_page_config(page_title="Speculative Decoding Lab", page_icon=":material/fast_forward:", layout="wide")
+    problem = operator.problem()
+    if problem:  # a mistyped setting stops every page rather than being guessed at (app/ui/operator.py)
+        st.error(f"This server's settings cannot be used: {md(problem)}. Whoever runs it must fix them.",
+                 icon=":material/error:")
+        st.stop()
     state.open_from_url_or_default()
     page = st.navigation(navigation_pages())
     slot = st.sidebar.empty()

@@ -4,7 +4,8 @@ import threading
 
 from streamlit.testing.v1 import AppTest
 
-from app.ui.jobs import FAST_FOR_S, JOB, POLL_S, SLOW_POLL_S, WAITING, Job, poll_interval
+from app.ui.jobs import FAST_FOR_S, JOB, POLL_S, SLOW_POLL_S, Job, poll_interval
+from tests.app_jobs import progress_texts
 
 
 def run_in_thread(job: Job, work) -> None:
@@ -106,26 +107,47 @@ def test_a_hand_over_cut_short_is_made_again_on_the_next_run():
     assert "result: 42" in [m.value for m in at.markdown]
 
 
-def test_two_sessions_jobs_take_turns_on_the_server():
-    """A second job (another visitor's) waits, saying so, until the first has finished: two timed
-    jobs never run at once."""
-    first_going, release, second_started = threading.Event(), threading.Event(), threading.Event()
-    first, second = Job("a", "Live run", on_done=lambda r: None), Job("b", "Timing", on_done=lambda r: None)
+def queued_script() -> None:
+    """A page whose job is held by the test: `alone` (a measurement) when the test asks, so a
+    second session's job must wait for it whatever the server's limit."""
+    import streamlit as st
 
-    def held(report):
-        first_going.set()
-        assert release.wait(30), "the test never released the first job"
-        return 1
+    from app.ui import jobs
 
-    threading.Thread(target=first.run, args=(held,)).start()
-    assert first_going.wait(30)
-    waiter = threading.Thread(target=second.run, args=(lambda report: second_started.set() or 2,))
-    waiter.start()
-    while second.text != WAITING and not second_started.is_set():  # at its turn's door, or (wrongly) in
-        release.wait(0.01)
+    if "started" not in st.session_state:
+        st.session_state["started"] = True
+        gate, label = st.session_state["gate"], st.session_state["label"]  # the worker never reads session state
+        jobs.start("t", label, lambda report: gate.wait(30) and label,
+                   lambda result: st.session_state.update(result=result), alone=st.session_state["alone"])
+    jobs.show("t")
+    st.write(f"result: {st.session_state.get('result')}")
+
+
+def session(label: str, alone: bool, gate: threading.Event) -> AppTest:
+    at = AppTest.from_function(queued_script, default_timeout=30)
+    for name, value in dict(gate=gate, label=label, alone=alone).items():
+        at.session_state[name] = value
+    return at.run()
+
+
+def test_a_second_visitors_job_waits_in_the_queue_says_where_and_can_be_cancelled():
+    held, free = threading.Event(), threading.Event()
+    first = session("Timing", True, held)  # a measurement: nothing runs beside it
     try:
-        assert not second_started.is_set() and second.running and first.running
+        second = session("Live run", False, free)
+        [bar] = progress_texts(second)
+        assert bar.startswith("Live run: waiting, number 1 in this server's queue (1 running, 1 waiting;"), bar
+        assert second.session_state[JOB].waiting and not first.session_state[JOB].waiting
+        second.button(key="job_cancel").click().run()
+        assert not second.exception and JOB not in second.session_state
+        assert [i.value for i in second.info] == ["Live run: cancelled. Nothing stored earlier was lost."]
+        third = session("Live run again", False, free)  # a new job queues behind the measurement again
+        assert third.session_state[JOB].waiting
     finally:
-        release.set()
-    waiter.join(30)
-    assert first.result == 1 and second.result == 2 and second_started.is_set()
+        held.set()
+        free.set()
+    for at in (first, third):
+        assert at.session_state[JOB].finished.wait(30)
+        at.run()
+    assert "result: Timing" in [m.value for m in first.markdown]
+    assert "result: Live run again" in [m.value for m in third.markdown]

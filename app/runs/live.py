@@ -14,7 +14,7 @@ from typing import Callable
 import streamlit as st
 
 from app.figures.derive import visible_text
-from app.ui import jobs, state
+from app.ui import jobs, operator, state
 from app.ui.pages import STEPPER
 from app.ui.safe import md
 from engine.config import SettingsError, SpecSettings
@@ -99,6 +99,9 @@ def cache_inputs() -> dict:
 
 
 def run_form() -> None:
+    if operator.read_only():
+        st.info(operator.READ_ONLY_WORDS, icon=":material/lock:")
+        return
     init_defaults()
     options = [*PRESETS, CUSTOM] if custom_allowed() else list(PRESETS)
     st.selectbox("Model pair", options, key="live_preset", on_change=apply_preset_defaults,
@@ -133,7 +136,10 @@ def load_or_error(preset: str | None, target: str = "", draft: str = "", whose: 
                   drafter: DrafterOptions = DrafterOptions()) -> Pair | None:
     """The one place a page loads a pair: a preset by name, else two folders (or a target and a
     model-free drafter); behind a spinner, cached per server process; an error shown (None
-    returned) if it cannot be loaded."""
+    returned) if it cannot be loaded. A read-only server loads none."""
+    if operator.read_only():
+        st.info(operator.READ_ONLY_WORDS, icon=":material/lock:")
+        return None
     try:
         with st.spinner("Loading models (once per server process)…"):
             return cached_preset(preset, drafter) if preset else cached_pair(target, draft, drafter)
@@ -244,7 +250,8 @@ def start_run(name: str, label: str, pair: Pair, prompt: str, settings: SpecSett
               advised: bool = False) -> bool:
     """Start run_to_trace on a worker thread, writing a new file under runs/live/; False if this
     session is busy. Live runs record step times (calibrate) for the statistics page. With
-    `advised`, the K advisor picks K on this machine first (engine.run.run_advised), K=0 included."""
+    `advised`, the K advisor picks K on this machine first (engine.run.run_advised), K=0 included.
+    Every trace records its cycles' times, so the run has the server to itself (app/ui/job_queue.py)."""
     out = state.runs_dir() / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.jsonl"
 
     def work(report: jobs.Report) -> LiveOutput:
@@ -259,7 +266,7 @@ def start_run(name: str, label: str, pair: Pair, prompt: str, settings: SpecSett
             return LiveOutput("", done.text, (), 0, done.tokens, done.plan.sentence, done.tokens / done.decode_s)
         return replace(watch.output(out.name), advice=advised_words(done.plan))
 
-    return jobs.start(name, label, work, on_done) is not None
+    return jobs.start(name, label, work, on_done, alone=True) is not None  # its trace records times
 
 
 def advised_words(plan: KPlan) -> str:

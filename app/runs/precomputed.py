@@ -16,7 +16,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app.ui.state import ROOT
+from app.ui.state import CACHE_TTL_S, ROOT
 from engine.teaching.exactness import ChiSquare, LabResult
 from engine.teaching.runs import CacheView, Comparison, CycleProbe, RunLog
 from engine.teaching.stale_slots import StaticCycle, StaticRun
@@ -70,7 +70,7 @@ def lab_from_dict(data: dict) -> tuple[LabResult, dict[int, str]]:
 
 # ---------------------------------------------------------------- the stored file
 
-@st.cache_data(show_spinner=False)
+@st.cache_data(max_entries=2, ttl=CACHE_TTL_S, show_spinner=False)  # one file, reread when it changes
 def _entries(path: str, mtime_ns: int) -> dict[str, dict]:
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     return {entry["key"]: entry for entry in data["entries"]}

@@ -1,4 +1,5 @@
-"""Streamlit pieces the pages share: the page registry, session state, background jobs,
+"""Streamlit pieces the pages share: the page registry, session state, background jobs and
+the server's queue of them (job_queue.py, plain Python), the operator's settings (operator.py),
 safe (escaped) rendering, the sidebar and the first result each page shows, and the views that
 a page draws in one of its parts (drafter_view.py for the stepper, server_view.py for the
 statistics page's Your server tab).

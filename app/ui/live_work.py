@@ -45,7 +45,9 @@ def job_name(page: str) -> str:
 def start_live(page: str, pair_key: str, units: float, label: str, work, on_done) -> bool:
     """Run `work(on_progress)` on a worker thread (app/ui/jobs.py; `show_live` draws its progress and
     the time left). Once it has ended, on the script thread: remember the rate for the next
-    estimate, then `on_done(result, seconds)`. False if this session is already busy."""
+    estimate (unless other jobs ran beside it: a time under load is no estimate), then
+    `on_done(result, seconds)`. False if this session is already busy. Teaching runs time
+    nothing the page calls a measurement, so they share the server with other jobs."""
     def timed(report):
         start = time.perf_counter()
         with one_torch_thread():
@@ -54,10 +56,12 @@ def start_live(page: str, pair_key: str, units: float, label: str, work, on_done
 
     def done(out) -> None:
         result, seconds = out
-        st.session_state.setdefault(RATES, {})[(page, pair_key)] = seconds / max(units, 1)
+        job = jobs.current()  # still the session's job while it is handed over
+        if job is None or job.company == 0:
+            st.session_state.setdefault(RATES, {})[(page, pair_key)] = seconds / max(units, 1)
         on_done(result, seconds)
 
-    return jobs.start(job_name(page), label, timed, done) is not None
+    return jobs.start(job_name(page), label, timed, done, expected_s=estimate_s(page, pair_key, units, None)) is not None
 
 
 def show_live(page: str) -> bool:

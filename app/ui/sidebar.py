@@ -1,7 +1,7 @@
 """The sidebar every page shares: what trace is open, and why a link's trace could not be opened."""
 import streamlit as st
 
-from app.ui import jobs, state
+from app.ui import jobs, operator, state
 from app.ui.safe import md
 from engine.trace import model_name
 
@@ -20,4 +20,7 @@ def render(slot=None) -> None:
             st.error(md(state.link_error()), icon=":material/error:")
         job = jobs.current()
         if job is not None and job.running:  # so a user who left its page knows where it went
-            st.caption(f"Still running in this session: **{md(job.label)}** (its page shows the progress).")
+            what = "Waiting in the server's queue" if job.waiting else "Still running in this session"
+            st.caption(f"{what}: **{md(job.label)}** (its page shows the progress).")
+        if operator.read_only():
+            st.caption("Read-only class server: bundled and uploaded traces, nothing live.")

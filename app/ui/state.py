@@ -25,9 +25,15 @@ ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("bundled", "run", "upload", "env")
 MAX_UPLOAD_BYTES = 64 * 2**20  # a long chat run with K=8 and top-10 lists is a few MB
 MAX_UPLOADS = 64  # kept per server; the oldest go first
+# What the server keeps for every visitor at once (Streamlit's caches): at most so many entries
+# per cached function, none older than CACHE_TTL_S (an evicted entry is computed again when asked).
+TRACES_KEPT = 16  # parsed traces, one object shared by every session that opens the same file
+DERIVED_KEPT = 16  # each kind of data derived from a trace (its statistics, the stepper's token table)
+CACHE_TTL_S = 3600.0
 
 # session_state keys (other pages read these through the helpers below)
 REF, TRACE, TRACE_KEY, ERROR, CYCLE, STAGE = "trace_ref", "trace", "trace_key", "trace_error", "cycle", "stage"
+REFUSED_UPLOAD = "upload_refused"  # (hash of the bytes, why they are not a trace): not parsed again on a rerun
 
 
 def traces_dir() -> Path:
@@ -120,15 +126,15 @@ def default_ref() -> TraceRef | None:
 
 # ---------------------------------------------------------------- loading (cached)
 
-@st.cache_data(max_entries=16, show_spinner="Reading trace…")
+@st.cache_resource(max_entries=TRACES_KEPT, ttl=CACHE_TTL_S, show_spinner="Reading trace…")
 def _load_path(path: str, mtime_ns: int, source: str) -> Trace:
-    """Keyed by path and modification time, so a rewritten file is read again."""
+    """Keyed by path and modification time, so a rewritten file is read again.
+
+    A resource cache, not st.cache_data: every session that opens the same file holds the one
+    parsed object instead of a copy of its own (a bundled trace parses to 0.4-1.6 MiB; a class
+    of 30 on one trace would hold 30 copies). So no page may change a trace it is given; pages
+    that need another one build a new Trace (statistics.with_calibration does)."""
     return load_trace(path, allow_incomplete=True, source=source)
-
-
-@st.cache_data(max_entries=16, show_spinner="Reading trace…")
-def _load_bytes(data: bytes, source: str) -> Trace:
-    return loads_trace(data, source, allow_incomplete=True)
 
 
 def load_ref(ref: TraceRef) -> tuple[Trace, str]:
@@ -175,7 +181,7 @@ def current_key() -> str:
     return st.session_state.get(TRACE_KEY, "")
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+@st.cache_data(max_entries=DERIVED_KEPT, ttl=CACHE_TTL_S, show_spinner=False)
 def stats_of(key: str, _trace: Trace) -> TraceStats:
     """Every number the pages show about a trace (engine/stats/analysis.py), computed once per trace."""
     return trace_stats(_trace)
@@ -195,18 +201,24 @@ def open_upload(name: str, data: bytes) -> str | None:
     """Validate uploaded bytes through the engine's loader, keep them, and open them.
 
     Returns an error message for the user, or None on success. The bytes are saved
-    under their hash so the page URL can name the upload.
+    under their hash so the page URL can name the upload. Each rerun with the file still in
+    the uploader comes here again: the bytes are parsed once, not on every rerun, and no parsed
+    copy is cached beside the one the opened file gives (a 64 MiB upload parses to far more).
     """
     if len(data) > MAX_UPLOAD_BYTES:
         return f"{len(data) / 2**20:.1f} MiB is larger than the {MAX_UPLOAD_BYTES // 2**20} MiB an upload may have"
-    try:
-        _load_bytes(data, name)
-    except TraceError as err:
-        return shown_paths(str(err))
     digest = hashlib.sha256(data).hexdigest()[:16]
     ref = TraceRef("upload", f"{digest}.jsonl")
     if current_ref() == ref:
         return None  # a rerun with the same file still in the uploader: keep the step
+    refused = st.session_state.get(REFUSED_UPLOAD)
+    if refused is not None and refused[0] == digest:
+        return refused[1]
+    try:
+        loads_trace(data, name, allow_incomplete=True)
+    except TraceError as err:
+        st.session_state[REFUSED_UPLOAD] = (digest, shown_paths(str(err)))
+        return st.session_state[REFUSED_UPLOAD][1]
     try:
         store_upload(ref.path, data)
     except OSError as err:

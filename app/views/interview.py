@@ -99,7 +99,8 @@ def measured(name: str, label: str, measure) -> object | None:
             if live is not None:
                 choice, pair = live
                 jobs.start(f"interview:{name}", f"{label.removesuffix(' now')} on {choice.key}",
-                           lambda report: measure(choice, pair), lambda result: keep_measured(name, choice.label, result))
+                           lambda report: measure(choice, pair), lambda result: keep_measured(name, choice.label, result),
+                           alone=True)
         jobs.show(f"interview:{name}")
     return st.session_state.get(MEASURED, {}).get(name)
 

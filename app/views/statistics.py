@@ -173,7 +173,7 @@ def calibrate_now(trace: Trace, key: str) -> None:
         if pair is not None:
             jobs.start(name, f"Timing single steps and verify widths, {CALIBRATION_ROUNDS} times",
                        lambda report: calibrate_repeated(pair, trace, report),
-                       lambda measured: keep_calibration(key, measured))
+                       lambda measured: keep_calibration(key, measured), alone=True, kind="calibrate")
     jobs.show(name)
 
 
@@ -283,7 +283,7 @@ def start_sweep(trace: Trace, key: str, ks: list[int], max_new: int) -> None:
     prompt = trace.header["prompt_token_ids"]
     jobs.start(f"sweep:{key}", f"K sweep over K = {', '.join(map(str, ks))}",
                lambda report: k_sweep(pair, prompt, settings, ks, on_progress=report),
-               lambda result: keep_sweep(key, result))
+               lambda result: keep_sweep(key, result), alone=True, kind="sweep")
 
 
 def keep_sweep(key: str, result: SweepResult) -> None:

@@ -37,7 +37,7 @@ def slower_why(stats: TraceStats) -> str:
             f"example traces include faster pairs.")
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
+@st.cache_data(max_entries=state.DERIVED_KEPT, ttl=state.CACHE_TTL_S, show_spinner=False)
 def derived(key: str, _trace: Trace) -> tuple[list[derive.TokenInfo], list[int], derive.Overview]:
     """Token table, token counts per cycle and the overview grid; computed once per trace."""
     return derive.token_table(_trace), derive.tokens_through(_trace), derive.overview(_trace)

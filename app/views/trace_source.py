@@ -9,7 +9,7 @@ from engine.stats.analysis import trace_stats
 from engine.trace import TraceError, model_name
 
 
-@st.cache_data(max_entries=4, show_spinner=False)
+@st.cache_data(max_entries=4, ttl=state.CACHE_TTL_S, show_spinner=False)
 def _describe(keys: tuple[str, ...], _refs: tuple) -> list[dict]:
     rows = []
     for ref in _refs:

@@ -9,7 +9,7 @@ from app.figures import layouts as figures_layouts
 from app.figures.derive import visible_text
 from app.figures.explain import stage_caption
 from app.runs import live, teaching_pair
-from app.ui import jobs, state
+from app.ui import jobs, operator, state
 from app.ui.first_result import first_result
 from app.ui.pages import EXACTNESS_LAB, ROLLBACK_DEMO
 from app.ui.safe import md, table
@@ -265,6 +265,9 @@ MADE_ERROR = "wt_made_error"  # session_state: why the trace just made could not
 
 
 def make_trace() -> None:
+    if operator.read_only():  # nothing live here: a bundled or uploaded trace
+        st.info("No trace is open: open one on **Choose a trace**.", icon=":material/folder_open:")
+        return
     st.info("No trace is open. Make a short one now with a real model pair (a few seconds), or open one "
             "on **Choose a trace**.", icon=":material/folder_open:")
     if st.session_state.get(MADE_ERROR):
