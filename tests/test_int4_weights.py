@@ -254,3 +254,44 @@ def test_the_chat_targets_int4_path_is_its_gguf_and_greedy_speculation_equals_pl
     spec = [t for r in records for t in r["committed_token_ids"]]
     assert spec[:16] == target_generate(target, prompt, s, pair.eos_ids)
     assert sum(r["num_accepted"] for r in records) > 0
+
+
+# ---------------------------------------------------------------- what a trace records
+
+@needs_cc
+def test_a_trace_says_which_weights_its_target_ran_and_a_false_record_is_refused(tmp_path):
+    import json
+
+    from engine.run import run_to_trace
+    from engine.stats.report import format_stats
+    from engine.trace.format import TraceError, load_trace
+
+    target = tiny_target(tmp_path)
+    target.use_weights(WEIGHTS_INT4)
+    pair = Pair(target, wrap_model("tiny-draft", tiny_llama(1001, 1, 16), tiny_tokenizer()), set())
+    out = tmp_path / "int4.jsonl"
+    run_to_trace(pair, "the cat sat", SpecSettings(k=2, max_new_tokens=6, seed=1), out, calibrate=True)
+    trace = load_trace(out)
+    assert trace.header["target_weights"]["path"] == WEIGHTS_INT4
+    assert "target" not in trace.header["linear_paths"] and "draft" in trace.header["linear_paths"]
+    assert "TARGET WEIGHTS: int4: the blocks of tiny.gguf as stored (14 Q4_1, 1 Q8_0 linear layers" in format_stats(trace)
+    lines = out.read_text().splitlines()
+    for bad, field in (({"path": "int8"}, "target_weights.path"),
+                       ({**trace.header["target_weights"], "tensor_types": {"Q6_K": 1}}, "target_weights.tensor_types")):
+        out.write_text("\n".join([json.dumps({**trace.header, "target_weights": bad}), *lines[1:]]) + "\n")
+        with pytest.raises(TraceError, match=field.replace(".", r"\.")):
+            load_trace(out)
+    older = {k: v for k, v in trace.header.items() if k != "target_weights"}  # traces before the field: as loaded
+    out.write_text("\n".join([json.dumps(older), *lines[1:]]) + "\n")
+    assert "TARGET WEIGHTS: the model as loaded" in format_stats(load_trace(out))
+
+
+def test_the_command_line_refuses_int4_for_a_target_without_a_gguf_file(tmp_path, capsys):
+    from engine.cli import main
+    from tests.tiny import save_tiny, tiny_pair
+
+    target, draft = save_tiny(tiny_pair(), tmp_path)
+    common = ["run", "--prompt", "the cat", "--target", target, "--draft", draft, "--out", str(tmp_path / "t.jsonl"),
+              "--target-weights", "int4"]
+    assert main([*common, "--device", "cpu"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("error: int4 target weights come from a GGUF file")
