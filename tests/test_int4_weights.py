@@ -145,6 +145,22 @@ def test_the_kernel_multiplies_like_float64_and_a_row_ignores_its_batch(kind):
 
 
 @needs_cc
+def test_the_kernel_gives_the_same_bits_on_one_thread_and_two():
+    tensor, _ = random_blocks("Q4_1", 640, 576, seed=6)  # above SERIAL_BELOW at one row: threaded
+    assert 640 * 576 >= gguf_kernel.SERIAL_BELOW
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(7))
+    before = torch.get_num_threads()
+    try:
+        out = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out.append(gguf_kernel.linear(x, tensor.blocks, "Q4_1", 640))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out[0], out[1])
+
+
+@needs_cc
 def test_the_kernel_refuses_arguments_it_cannot_read():
     tensor, _ = random_blocks("Q4_1", 4, 64, seed=5)
     with pytest.raises(ValueError, match="float32"):

@@ -33,6 +33,12 @@ from engine.models.presets import cache_root
 SOURCE = Path(__file__).with_name("gguf_kernel.c")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-Wall")
 FUNCTIONS = {"Q4_1": "speclab_q4_1_linear", "Q8_0": "speclab_q8_0_linear"}
+# Products smaller than this many multiply-adds run on one thread: the chat target's k and v projections
+# (192 x 576) at one row take ~15 us, about what waking a second thread costs, and on a busy machine each
+# parallel region can wait for a descheduled thread (measured under load 4 on 2 cores: a chat step
+# 214 ms threading every layer, 137 ms keeping the small ones on one thread). Results do not depend on
+# it: every output is computed by one thread, in the same order, however many there are.
+SERIAL_BELOW = 1 << 18
 ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
             ctypes.c_int]
 
@@ -101,6 +107,7 @@ def linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int) 
     if blocks.dtype != torch.uint8 or tuple(blocks.shape) != (out_features, in_features // 32 * BLOCK_BYTES[kind]):
         raise ValueError(f"{kind} blocks of shape {tuple(blocks.shape)} do not make a ({out_features}, {in_features}) matrix")
     y = torch.empty(rows, out_features, dtype=torch.float32)
+    threads = 1 if rows * out_features * in_features < SERIAL_BELOW else torch.get_num_threads()
     getattr(library(), FUNCTIONS[kind])(x.data_ptr(), rows, in_features, blocks.data_ptr(), out_features,
-                                        y.data_ptr(), torch.get_num_threads())
+                                        y.data_ptr(), threads)
     return y
