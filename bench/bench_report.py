@@ -21,6 +21,13 @@ TARGETS = [
     ("fraction_of_leviathan", 0.8, lambda name, st, drafter: True,
      "measured speedup at least 80% of Leviathan's prediction"),
 ]
+# The int4 issue's targets (#28), for results on the int4 weights path.
+INT4_TARGETS = [
+    ("a/f", 1.0, lambda name, st, drafter: name == "chat" and st["temperature"] == 0,
+     "chat speculative decoding, tracing on, at least as fast as llama.cpp's plain decoding of the same GGUF"),
+    ("a/e", 1.3, lambda name, st, drafter: name == "chat",
+     "a/e' >= 1.3, e' our own plain decoding on the same int4 path"),
+]
 
 
 def drafter_of(result: dict) -> str:
@@ -43,27 +50,75 @@ def value_of(setting: dict, key: str) -> float:
     return setting["ratios"][key] if key in setting["ratios"] else setting[key]
 
 
+def is_int4(result: dict) -> bool:
+    return (result.get("target_weights") or {}).get("path") == "int4"
+
+
 def target_lines(result: dict) -> list[str]:
     lines = []
-    for key, threshold, applies, words in TARGETS:
+    for key, threshold, applies, words in TARGETS + (INT4_TARGETS if is_int4(result) else []):
         for st in result["settings"]:
             if applies(result.get("preset") or result["name"], st, drafter_of(result)):
                 v = value_of(st, key)
+                if v is None:
+                    lines.append(f"- {words} (T={st['temperature']:g}): {key} not measured ({result.get('anchor_skipped')})")
+                    continue
                 mark = "met" if v >= threshold else "**missed**"
                 lines.append(f"- {words} (T={st['temperature']:g}): {key} = {v:.3f}, target >= {threshold:g}: {mark}")
+    steps = result.get("step_times")
+    if steps:
+        mark = "met" if steps["speedup"] >= 3 else "**missed**"
+        lines.append(f"- a chat target step at least 3x faster than on the float32 path: float32 {steps['float32_ms']:.2f} ms "
+                     f"/ int4 {steps['int4_ms']:.2f} ms = {steps['speedup']:.2f}x, target >= 3: {mark}")
+    return lines
+
+
+def weights_lines(result: dict) -> list[str]:
+    """Which weights the engine's target ran on, the anchor, and the memory limit beside them."""
+    w = result.get("target_weights")
+    lines = []
+    if w:
+        what = (f"int4, the blocks of {w['file']} as stored ({', '.join(f'{n} {t}' for t, n in w['tensor_types'].items())} "
+                f"linear layers, {w['weight_bytes'] / 1e6:.1f} MB), float32 activations" if w["path"] == "int4"
+                else "float32, the model as loaded")
+        lines.append(f"Target weights in (a), (b), (e): {what}. (c) and (d) run Hugging Face on the float32 model.")
+    if result.get("anchor"):
+        lines.append(f"(f) llama.cpp anchor: {result['anchor']}.")
+    elif "anchor_skipped" in result:
+        lines.append(f"(f) llama.cpp anchor not run: {result['anchor_skipped']}.")
+    lim = result.get("memory_limit")
+    if lim:
+        words = [f"float32 {lim['float32_weight_bytes'] / 1e6:.0f} MB -> {lim['float32_floor_ms']:.2f} ms"]
+        if "int4_weight_bytes" in lim:
+            words.append(f"int4 {lim['int4_weight_bytes'] / 1e6:.1f} MB -> {lim['int4_floor_ms']:.2f} ms "
+                         f"({1000 / lim['int4_floor_ms']:.0f} steps/s)")
+        lines.append(f"Memory limit of one target step (weight bytes / measured copy bandwidth "
+                     f"{lim['bandwidth_gbs']:.1f} GB/s): {'; '.join(words)}.")
+    steps = result.get("step_times")
+    if steps:
+        lines.append(f"One target decode step, both paths interleaved ({steps['repeats']} rounds, medians): float32 "
+                     f"{steps['float32_ms']:.2f} ms, int4 {steps['int4_ms']:.2f} ms ({steps['speedup']:.2f}x).")
+    if result.get("load_average_1min_end") is not None:
+        lines.append(f"1-minute load at the end: {result['load_average_1min_end']} "
+                     "(a shared machine: other work ran beside this).")
     return lines
 
 
 def speed_table(result: dict) -> list[str]:
+    anchor = any("f" in st["tokens_per_s"] for st in result["settings"])
     head = ("| T | K | alpha | c | (a) traced | (b) untraced | (c) HF assisted | (d) HF plain | (e) engine plain "
-            "| a/c | a/d | a/b | e/d | Leviathan | refined | measured (a/d) / Leviathan | / refined |")
+            + ("| (f) llama.cpp plain " if anchor else "")
+            + "| a/c | a/d | a/b | e/d | a/e " + ("| a/f " if anchor else "")
+            + "| Leviathan | refined | measured (a/d) / Leviathan | / refined |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for st in result["settings"]:
         tps, r = st["tokens_per_s"], st["ratios"]
+        a_e = r.get("a/e") or r["a/b"] * r["b/e"]  # older results: through b
         rows.append(f"| {st['temperature']:g} | {st['k']} | {st['alpha']:.3f} | {st['c']:.3f} | "
-                    + " | ".join(f"{tps[m]:.1f}" for m in "abcde")
-                    + f" | {r['a/c']:.2f} | {r['a/d']:.2f} | {r['a/b']:.3f} | {r['e/d']:.2f} "
-                    f"| {st['predicted']['leviathan']:.2f}x | {st['predicted']['refined']:.2f}x "
+                    + " | ".join(f"{tps[m]:.1f}" for m in ("abcdef" if anchor else "abcde"))
+                    + f" | {r['a/c']:.2f} | {r['a/d']:.2f} | {r['a/b']:.3f} | {r['e/d']:.2f} | {a_e:.2f} "
+                    + (f"| {r['a/f']:.2f} " if anchor else "")
+                    + f"| {st['predicted']['leviathan']:.2f}x | {st['predicted']['refined']:.2f}x "
                     f"| {st['fraction_of_leviathan']:.0%} | {st['fraction_of_refined']:.0%} |")
     return rows
 
@@ -113,7 +168,7 @@ def markdown(result: dict) -> str:
              f"{len(result['prompts'])} prompts x {result['repeats']} repeats, "
              f"{result['settings'][0]['max_new_tokens']} new tokens each, no EOS stop; tokens/s are medians over "
              f"repeats, end to end.{vocab}", *([f"Conditions: {result['note']}"] if result.get("note") else []),
-             *drafter_lines(result), "", *speed_table(result), "",
+             *drafter_lines(result), *weights_lines(result), "", *speed_table(result), "",
              "Where a cycle's time goes (traced runs, mean per cycle):", "", *profile_table(result), "",
              *advisor_lines(result), "Targets:", "", *target_lines(result), ""]
     return "\n".join(lines)

@@ -24,6 +24,7 @@ from engine.models.device import sync, timed
 from engine.models.machine import cpu_features, cpu_model, load_average
 from engine.models.presets import PRESETS
 from engine.run import load_pair, load_preset
+from engine.trace.schema import WEIGHTS_FLOAT32
 
 T = TypeVar("T")
 
@@ -69,10 +70,12 @@ def load_bench_pair(args: argparse.Namespace, device: str, dtype: str | None,
     """The preset's pair (or --target/--draft) with no EOS stop, so every method makes max_new_tokens
     tokens, and whether prompts go through the chat template. `drafter(pair)`, when given, makes
     the drafter on the loaded target (else the separate draft model drafts)."""
+    weights = getattr(args, "target_weights", WEIGHTS_FLOAT32)
     if args.preset:
-        pair, chat = load_preset(args.preset, device, dtype), PRESETS[args.preset].use_chat_template
+        pair = load_preset(args.preset, device, dtype, target_weights=weights)
+        chat = PRESETS[args.preset].use_chat_template
     else:
-        pair, chat = load_pair(args.target, args.draft, device, dtype_name=dtype), False
+        pair, chat = load_pair(args.target, args.draft, device, dtype_name=dtype, target_weights=weights), False
     return Pair(pair.target, pair.draft, set(), drafter(pair) if drafter else None), chat
 
 

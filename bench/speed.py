@@ -5,6 +5,7 @@
     python -m bench.speed --target DIR --draft DIR --name tiny   # any pair, e.g. tiny test models
     python -m bench.speed --preset chat --drafter eagle            # the engine drafts with the EAGLE head
     python -m bench.speed --target DIR --draft DIR --drafter eagle --head DIR
+    python -m bench.speed --preset chat --target-weights int4 --llama-python /tmp/llama-venv/bin/python
 
 --drafter model|eagle chooses what drafts for methods a and b (default: the preset's default
 drafter; a draft model for --target/--draft). Method c always uses the separate draft model
@@ -19,8 +20,14 @@ Methods, each generating exactly --max-new-tokens tokens (no EOS stop) from the 
   d  HF plain decoding, target.generate without an assistant
   e  our plain decoding loop (engine.stats.sweep.plain_decode, target_generate's loop), whose per-token
      decode time is the t_step behind c and both predictions
-a, b and e run the engine's forward (on a float32 CPU model: oneDNN linear layers with
-pre-packed weights, engine/models/cpu_linear.py); c and d run Hugging Face on the model as loaded.
+  f  the llama.cpp anchor: llama-cpp-python's plain decoding of the target's own GGUF file
+     (bench/llama_anchor.py in the environment --llama-python names, built by bench/build_llama_cpp.sh);
+     without it the results say why f did not run
+a, b and e run the engine's forward on --target-weights: float32 (the model as loaded; on a float32
+CPU model each width on the faster of MKL and pre-packed oneDNN, engine/models/linear_paths.py) or
+int4 (the GGUF file's blocks, engine/models/gguf_linear.py); c and d run Hugging Face on the float32
+model as loaded. With int4 the results also time one target step on both weights paths, interleaved,
+and every run states the memory limit: target weight bytes over the measured copy bandwidth.
 Each repeat runs every method on every prompt (interleaved, so drift spreads evenly), with
 its own seed shared by all methods (repeat r uses seed r; HF's methods draw from torch's
 global generator, seeded with r before each call). One fixed seed would repeat one run's
@@ -35,7 +42,10 @@ prediction), chosen separately for each temperature. Results go to
 bench/results/speed-NAME.json and .md, and bench/results/speed.md collects every preset.
 """
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,11 +76,12 @@ from engine.stats.analysis import (
 from engine.stats.calibrate import calibrate
 from engine.stats.sweep import plain_decode
 from engine.trace.metrics import predicted_speedup
-from engine.trace.schema import DRAFT_MODEL, EAGLE
+from engine.trace.schema import DRAFT_MODEL, EAGLE, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 METHODS = ("a", "b", "c", "d", "e")
+ANCHOR = "f"
 METHOD_NAMES = {"a": "engine, tracing on", "b": "engine, tracing off", "c": "HF assisted generation",
-                "d": "HF plain decoding", "e": "engine plain decoding"}
+                "d": "HF plain decoding", "e": "engine plain decoding", "f": "llama.cpp plain decoding"}
 BENCH_DRAFTERS = (DRAFT_MODEL, EAGLE)  # what drafts for methods a and b
 
 
@@ -91,6 +102,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16 (GPU only)")
     p.add_argument("--out", default=str(common.RESULTS))
     p.add_argument("--note", default="", help="conditions to print with the results (e.g. a machine under load)")
+    p.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32,
+                   help="what the target's linear layers run on in a, b and e (engine/models/gguf_linear.py for int4)")
+    p.add_argument("--llama-python", default=os.environ.get("SPECLAB_LLAMA_PYTHON"),
+                   help="a Python with llama-cpp-python (bench/build_llama_cpp.sh) for the llama.cpp anchor f")
     args = p.parse_args(argv)
     common.check_pair_arguments(p, args)
     if args.drafter is None:
@@ -107,7 +122,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def results_name(args) -> str:
     """The results file's name: eagle figures never overwrite the draft model's."""
     name = args.name or args.preset or "custom"
-    return f"{name}-eagle" if args.drafter == EAGLE and "eagle" not in name else name
+    name = f"{name}-eagle" if args.drafter == EAGLE and "eagle" not in name else name
+    return f"{name}-int4" if args.target_weights == WEIGHTS_INT4 and "int4" not in name else name
 
 
 def load_speed_pair(args, device: str) -> tuple[Pair, bool]:
@@ -127,8 +143,9 @@ def load_speed_pair(args, device: str) -> tuple[Pair, bool]:
 class Runner:
     """Runs each method once on one prompt; keeps the traces method a writes."""
 
-    def __init__(self, pair: Pair, preset: str | None, chat: bool, k: int, folder: Path) -> None:
-        self.pair, self.preset, self.chat, self.folder = pair, preset, chat, folder
+    def __init__(self, pair: Pair, preset: str | None, chat: bool, k: int, folder: Path,
+                 anchor: "LlamaAnchor | None" = None) -> None:
+        self.pair, self.preset, self.chat, self.folder, self.anchor = pair, preset, chat, folder, anchor
         self.assistant = hf.full_vocab_assistant(pair.draft)
         hf.no_eos(pair.target.model)
         hf.no_eos(self.assistant)
@@ -146,6 +163,8 @@ class Runner:
         if method == "b":
             return timed(lambda: sum(len(r["committed_token_ids"])
                                      for r in speculative_generate(pair, ids, s, record=False)), device)
+        if method == ANCHOR:
+            return self.anchor.run(ids, s)
         if method in ("c", "d"):
             torch.manual_seed(s.seed)
             assistant = self.assistant if method == "c" else None
@@ -153,6 +172,82 @@ class Runner:
         (n, decode_s), seconds = timed(lambda: plain_decode(pair.target, ids, s, pair.eos_ids), device)
         self.plain_step_s.append(decode_s / n)  # t_step as plain decoding meets it, prefill aside
         return n, seconds
+
+
+# ---------------------------------------------------------------- the llama.cpp anchor (method f)
+
+class LlamaAnchor:
+    """bench/llama_anchor.py running in another Python, kept alive for the whole benchmark: each
+    request is timed inside that process, while this one waits on the pipe (no CPU taken)."""
+
+    def __init__(self, python: str, gguf: Path, threads: int) -> None:
+        script = Path(__file__).with_name("llama_anchor.py")
+        self.proc = subprocess.Popen([python, str(script), str(gguf), str(threads)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready = self.proc.stdout.readline()
+        if not ready:
+            raise RuntimeError(self.proc.stderr.read().strip().splitlines()[-1:] or "the anchor exited")
+        self.info = json.loads(ready)
+
+    def run(self, ids: list[int], s: SpecSettings) -> tuple[int, float]:
+        req = {"ids": ids, "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed}
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        got = json.loads(self.proc.stdout.readline())
+        return got["tokens"], got["seconds"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def start_anchor(args, pair: Pair) -> tuple["LlamaAnchor | None", str]:
+    """The anchor, or None with the reason it does not run."""
+    gguf = pair.target.gguf_file
+    if gguf is None:
+        return None, "the target has no GGUF file"
+    if not args.llama_python:
+        return None, "no --llama-python given (bench/build_llama_cpp.sh builds llama-cpp-python)"
+    try:
+        anchor = LlamaAnchor(args.llama_python, gguf, args.threads)
+    except (OSError, RuntimeError, ValueError) as err:
+        return None, f"llama-cpp-python did not start: {err}"
+    return anchor, f"llama-cpp-python {anchor.info['version']}: {anchor.info['system_info'].strip()}"
+
+
+# ---------------------------------------------------------------- the weights path and the memory limit
+
+def step_times(pair: Pair, ids: list[int], s: SpecSettings, repeats: int = 15) -> dict:
+    """One target decode step on each weights path, round-robin (a slow spell hits both), at the
+    calibration's cache length; medians in ms. Only where int4 is loaded (float32 is always there)."""
+    from engine.stats.calibrate import context_of_length, time_widths
+
+    target, now = pair.target, pair.target.weights
+    context = context_of_length(ids, len(ids) + s.max_new_tokens // 2)
+    times: dict[str, list[float]] = {w: [] for w in TARGET_WEIGHTS}
+    try:
+        for _ in range(repeats):
+            for w in TARGET_WEIGHTS:
+                target.use_weights(w)
+                times[w].append(time_widths(target, context, [1], s, 1, draw=True)[1])
+    finally:
+        target.use_weights(now)
+    med = {w: statistics.median(t) * 1e3 for w, t in times.items()}
+    return {"float32_ms": med[WEIGHTS_FLOAT32], "int4_ms": med[WEIGHTS_INT4],
+            "speedup": med[WEIGHTS_FLOAT32] / med[WEIGHTS_INT4], "repeats": repeats}
+
+
+def memory_limit(pair: Pair, device: torch.device) -> dict:
+    """Weight bytes one target step reads, over the measured copy bandwidth: the fastest a step can be."""
+    from bench.fast_bench import measured_bandwidth_gbs, weight_bytes
+
+    bw = measured_bandwidth_gbs(device, dry_run=False)
+    out = {"bandwidth_gbs": bw, "float32_weight_bytes": weight_bytes(pair.target.model)}
+    out["float32_floor_ms"] = out["float32_weight_bytes"] / bw / 1e6
+    if pair.target.gguf_weights is not None:
+        out["int4_weight_bytes"] = pair.target.gguf_weights.weight_bytes
+        out["int4_floor_ms"] = out["int4_weight_bytes"] / bw / 1e6
+    return out
 
 
 # ---------------------------------------------------------------- one setting (temperature)
@@ -180,7 +275,8 @@ def choose_k(pair: Pair, prompts: list[str], s: SpecSettings, preset: str | None
             "advice_table": [{"k": a.k, "leviathan": a.leviathan, "refined": a.refined} for a in advice]}
 
 
-def bench_setting(pair: Pair, args, temperature: float, prompts: list[str], chat: bool) -> dict:
+def bench_setting(pair: Pair, args, temperature: float, prompts: list[str], chat: bool,
+                  anchor: LlamaAnchor | None = None) -> dict:
     preset = args.preset
     base = SpecSettings(k=4, temperature=temperature, max_new_tokens=args.max_new_tokens, seed=0)
     folder = Path(tempfile.mkdtemp(prefix="speclab-bench-"))
@@ -188,12 +284,13 @@ def bench_setting(pair: Pair, args, temperature: float, prompts: list[str], chat
     k = pilot["k"] if pilot else int(args.k)
     s = SpecSettings(k=k, temperature=temperature, max_new_tokens=args.max_new_tokens, seed=0)
     ids = [encode_prompt(pair.target.tokenizer, p, chat) for p in prompts]
-    runner = Runner(pair, preset, chat, k, folder)
-    for method in METHODS:  # warm-up: first calls pay for allocations and lazy imports
+    runner = Runner(pair, preset, chat, k, folder, anchor)
+    methods = [*METHODS, *([ANCHOR] if anchor else [])]
+    for method in methods:  # warm-up: first calls pay for allocations and lazy imports
         runner.run(method, prompts[0], ids[0], s)
     runner.traces.clear()
     runner.plain_step_s.clear()
-    rates = common.interleaved_rates(runner.run, METHODS, prompts, ids, s, args.repeats, f"T={temperature}")
+    rates = common.interleaved_rates(runner.run, methods, prompts, ids, s, args.repeats, f"T={temperature}")
     cal = calibrate(pair, ids[0], s, repeats=15)  # more repeats than the default: c and both predictions rest on it
     return summarise(rates, runner.traces, statistics.median(runner.plain_step_s), cal, s, pilot)
 
@@ -212,7 +309,8 @@ def summarise(rates: dict, trace_paths: list[Path], t_step: float, cal: dict, s:
     c = times.draft_step_s / t_step
     med = {m: statistics.median(r) for m, r in rates.items()}
     ratios = {f"{x}/{y}": common.paired_ratio(rates, x, y)
-              for x, y in (("a", "c"), ("a", "d"), ("a", "b"), ("b", "e"), ("e", "d"))}
+              for x, y in (("a", "c"), ("a", "d"), ("a", "b"), ("b", "e"), ("e", "d"), ("a", "e"), ("a", "f"),
+                           ("e", "f"))}
     measured = ratios["a/d"]
     leviathan = predicted_speedup(alpha, s.k, c)
     refined = refined_speedup(alpha, s.k, t_step, times.draft_step_s, times.verify_s)
@@ -239,18 +337,32 @@ def main(argv=None) -> int:
     transformers.logging.set_verbosity_error()
     name = results_name(args)
     device = str(pick_device(args.device))
+    machine = common.machine_info(args.threads, torch.device(device), None)  # the load before our own work
     pair, chat = load_speed_pair(args, device)
     prompts = common.prompts_for(args.preset, args.prompts)
+    anchor, anchor_words = start_anchor(args, pair)
+    print(f"llama.cpp anchor: {anchor_words}", flush=True)
     started = time.time()
     settings = []
-    for temperature in (float(t) for t in args.temperatures.split(",")):
-        print(f"{name}: temperature {temperature}", flush=True)
-        settings.append(bench_setting(pair, args, temperature, prompts, chat))
+    try:
+        for temperature in (float(t) for t in args.temperatures.split(",")):
+            print(f"{name}: temperature {temperature}", flush=True)
+            settings.append(bench_setting(pair, args, temperature, prompts, chat, anchor))
+    finally:
+        if anchor:
+            anchor.close()
+    first = encode_prompt(pair.target.tokenizer, prompts[0], chat)
+    steps = step_times(pair, first, SpecSettings(k=1, temperature=0.0, max_new_tokens=args.max_new_tokens)) \
+        if pair.target.weights == WEIGHTS_INT4 else None
     result = {"name": name, "preset": args.preset, "target": pair.target.name, "draft": pair.draft.name,
+              "target_weights": pair.target.describe_weights(), "anchor": anchor_words if anchor else None,
+              "anchor_skipped": None if anchor else anchor_words, "step_times": steps,
+              "memory_limit": memory_limit(pair, pair.target.device) if pair.target.device.type == "cpu" else None,
+              "load_average_1min_end": common.load_average(),
               "drafter": pair.drafter.kind, "drafter_name": pair.drafter.describe()["name"],
               "draft_pruned_vocab": pair.draft.kept_token_ids is not None, "prompts": prompts,
               "repeats": args.repeats, "seeds": list(range(args.repeats)),
-              "machine": common.machine_info(args.threads, pair.target.device, pair.target.dtype),
+              "machine": {**machine, "dtype": str(pair.target.dtype).removeprefix("torch.")},
               "wall_s": time.time() - started,
               "settings": settings, "note": args.note}
     write_reports(result, Path(args.out))

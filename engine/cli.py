@@ -16,7 +16,7 @@ from engine.drafters.registry import DRAFTERS, all_flags, check_before_loading, 
 from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
 from engine.trace.format import Trace, TraceError, load_trace, partial_path
-from engine.trace.schema import LAYOUTS, MAX_K
+from engine.trace.schema import LAYOUTS, MAX_K, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 MAX_PROMPT_CHARS = 1_000_000  # far beyond any model's context; the token limit is checked after tokenizing
 DEFAULT_TP_TIMEOUT_S = 600  # engine/parallel/world.py DEFAULT_TIMEOUT_S (not imported: the parser loads no torch)
@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                      help="weights and compute (default float32: half precision can flip near-tie argmaxes, "
                           "so greedy speculation may part from plain greedy decoding; GPU only)")
+    run.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32,
+                     help="what the target's linear layers run on: float32 (the model as loaded) or int4 (its GGUF "
+                          "file's Q4_1 blocks, a Q8_0 output layer, as stored; CPU, float32 activations; a C "
+                          "compiler builds the kernel once). Each is its own target distribution")
     run.add_argument("--cache", choices=LAYOUTS, default="dynamic",
                      help="KV-cache layout of both models: dynamic (HF DynamicCache, crop the tail), static "
                           "(preallocated buffer, move the write position) or paged (vLLM-style blocks, free whole blocks)")
@@ -182,6 +186,15 @@ def check_device(device: str | None, dtype: str | None) -> None:
     pick_dtype(dev, dtype)  # raises ValueError for half precision on the CPU
 
 
+def check_target_weights(args) -> None:
+    """int4 weights run on the CPU in float32 (engine/models/gguf_linear.py): refuse other devices first."""
+    if args.target_weights != WEIGHTS_INT4:
+        return
+    from engine.models.device import pick_device
+    if pick_device(args.device).type != "cpu":
+        raise SettingsError("--target-weights int4 runs on the CPU (float32 activations): add --device cpu")
+
+
 def cmd_run(args) -> int:
     from engine.parallel.world import check_launch, launched_rank
     from engine.run import load_preset, load_with_drafter, run_to_trace
@@ -196,13 +209,17 @@ def cmd_run(args) -> int:
         check_out(args.out)
     check_before_loading(options, settings, PRESETS[preset] if preset else None, draft)
     if args.tp > 1:
+        if args.target_weights != WEIGHTS_FLOAT32:
+            raise SettingsError("--target-weights int4 runs on one CPU process: drop --tp")
         return cmd_run_parallel(args, settings, options, target, draft, preset)
     check_device(args.device, args.dtype)
+    check_target_weights(args)
     print(f"loading target {target}\ndrafter: {options.kind}" + (f", draft {draft}" if draft else ""), file=sys.stderr)
     if preset:
-        pair = load_preset(preset, args.device, args.dtype, options)
+        pair = load_preset(preset, args.device, args.dtype, options, args.target_weights)
     else:
-        pair = load_with_drafter(target, options, args.device, args.trust_remote_code, args.dtype)
+        pair = load_with_drafter(target, options, args.device, args.trust_remote_code, args.dtype,
+                                 args.target_weights)
     fast = None
     if args.fast:
         from engine.cycle.fast import plan_fast_path

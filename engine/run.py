@@ -16,7 +16,7 @@ from engine.models.presets import PRESETS
 from engine.stats.calibrate import calibrate as measure_step_times
 from engine.stats.plan import KPlan, plan_k
 from engine.trace.format import Trace, TraceWriter, make_summary
-from engine.trace.schema import CACHE_CONVENTION, CACHE_CONVENTION_TEXT, FORMAT, VERSION
+from engine.trace.schema import CACHE_CONVENTION, CACHE_CONVENTION_TEXT, FORMAT, VERSION, WEIGHTS_FLOAT32
 
 
 def library_versions() -> dict:
@@ -28,17 +28,22 @@ def library_versions() -> dict:
 
 
 def load_pair(target: str, draft: str, device: str | None = None,
-              trust_remote_code: bool = False, dtype_name: str | None = None) -> Pair:
+              trust_remote_code: bool = False, dtype_name: str | None = None,
+              target_weights: str = WEIGHTS_FLOAT32) -> Pair:
     """A target and a draft model sharing its tokenizer."""
-    return load_with_drafter(target, DrafterOptions(draft_model=draft), device, trust_remote_code, dtype_name)
+    return load_with_drafter(target, DrafterOptions(draft_model=draft), device, trust_remote_code, dtype_name,
+                             target_weights)
 
 
 def load_preset(name: str, device: str | None = None, dtype_name: str | None = None,
-                drafter: DrafterOptions | None = None) -> Pair:
+                drafter: DrafterOptions | None = None, target_weights: str = WEIGHTS_FLOAT32) -> Pair:
     """The preset's target with `drafter` (its own draft model by default), using the draft the
-    preset ships for that kind unless the options name one."""
+    preset ships for that kind unless the options name one. `target_weights` (engine/trace/schema.py
+    TARGET_WEIGHTS) picks what the target's linear layers run on; int4 needs the preset's GGUF file."""
     preset, options, shipped = preset_drafter(name, drafter)
     pair = load_with_drafter(str(preset.target_folder()), options, device, dtype_name=dtype_name)
+    pair.target.gguf_file = preset.target_gguf()  # the file its float32 copy was made from
+    pair.target.use_weights(target_weights)
     return name_preset_models(pair, preset, options, shipped)
 
 
@@ -60,11 +65,14 @@ def name_preset_models(pair: Pair, preset, options: DrafterOptions, shipped) -> 
 
 
 def load_with_drafter(target: str, options: DrafterOptions, device: str | None = None,
-                      trust_remote_code: bool = False, dtype_name: str | None = None) -> Pair:
+                      trust_remote_code: bool = False, dtype_name: str | None = None,
+                      target_weights: str = WEIGHTS_FLOAT32) -> Pair:
     """A target and the drafter `options` name (engine/drafters/registry.py builds it)."""
     dev = pick_device(device)
     dtype = pick_dtype(dev, dtype_name)
-    return pair_for_target(load_model(target, dev, dtype, trust_remote_code), options, trust_remote_code)
+    target_model = load_model(target, dev, dtype, trust_remote_code)
+    target_model.use_weights(target_weights)
+    return pair_for_target(target_model, options, trust_remote_code)
 
 
 def pair_for_target(target_model: LoadedModel, options: DrafterOptions, trust_remote_code: bool = False) -> Pair:
@@ -131,6 +139,7 @@ def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
         "target": describe_model(pair.target), "draft": pair.drafter.describe(),
         "drafter": pair.drafter.settings(),
         "tokenizer": type(tok).__name__, "preset": preset, "chat_template": chat_template,
+        "target_weights": pair.target.describe_weights(),
         "settings": s.to_dict(), "prompt": prompt, "prompt_token_ids": prompt_ids,
         "prompt_token_texts": [tok.decode([t]) for t in prompt_ids],
         "cache_convention": {"name": CACHE_CONVENTION, "text": CACHE_CONVENTION_TEXT},

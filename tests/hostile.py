@@ -311,6 +311,11 @@ def range_cases(base: Base, rng: random.Random) -> list[Case]:
         ("tp-device-retyped", lambda h, cs, s: h.update(tensor_parallel=rank_layout(2, device=3))),
         ("tp-backend-empty", lambda h, cs, s: h.update(tensor_parallel={**rank_layout(2), "backend": ""})),
         ("tp-drafter-rank-outside", lambda h, cs, s: h.update(tensor_parallel={**rank_layout(2), "drafter_rank": 2})),
+        ("target-weights-unknown", lambda h, cs, s: h.update(target_weights={"path": "int3"})),
+        ("target-weights-types", lambda h, cs, s: h.update(target_weights={
+            "path": "int4", "file": "x.gguf", "tensor_types": {"Q4_K": 3}, "float_layers": 0, "weight_bytes": 1})),
+        ("target-weights-file-long", lambda h, cs, s: h.update(target_weights={
+            "path": "int4", "file": "x" * 10**4, "tensor_types": {"Q4_1": 3}, "float_layers": 0, "weight_bytes": 1})),
         ("faults-unknown", lambda h, cs, s: h.update(faults={"drop_everything": True})),
         ("faults-rule-unknown", lambda h, cs, s: h.update(faults={"acceptance_rule": "always"})),
         ("faults-retyped", lambda h, cs, s: h.update(faults={"keep_rejected_kv": "yes"})),

@@ -24,7 +24,17 @@ from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
 from engine.run import load_pair, load_preset, load_with_drafter, run_advised, run_to_trace
 from engine.stats.plan import PILOT_TOKENS, KPlan
-from engine.trace.schema import EAGLE, LAYOUTS, MAX_BLOCK_SIZE, MAX_K, MAX_NEW_TOKENS, OTHER_TOKENIZER
+from engine.trace.schema import (
+    EAGLE,
+    LAYOUTS,
+    MAX_BLOCK_SIZE,
+    MAX_K,
+    MAX_NEW_TOKENS,
+    OTHER_TOKENIZER,
+    TARGET_WEIGHTS,
+    WEIGHTS_FLOAT32,
+    WEIGHTS_INT4,
+)
 
 CUSTOM = "custom"  # the pair is given as two model folders (or hub ids)
 ALLOW_CUSTOM = "SPECLAB_CUSTOM_MODELS"  # "1": visitors may name model folders on this server
@@ -43,15 +53,23 @@ DRAFTER_CAPTIONS = {
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def cached_preset(name: str, drafter: DrafterOptions = DrafterOptions()) -> Pair:
-    return load_preset(name, drafter=drafter)
+def cached_preset(name: str, drafter: DrafterOptions = DrafterOptions(), target_weights: str = WEIGHTS_FLOAT32) -> Pair:
+    return load_preset(name, drafter=drafter, target_weights=target_weights)
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def cached_pair(target: str, draft: str, drafter: DrafterOptions = DrafterOptions()) -> Pair:
+def cached_pair(target: str, draft: str, drafter: DrafterOptions = DrafterOptions(),
+                target_weights: str = WEIGHTS_FLOAT32) -> Pair:
     if DRAFTERS[drafter.kind].needs.same_tokens:  # the pair's own draft model: the draft field
-        return load_pair(target, draft)
-    return load_with_drafter(target, drafter)
+        return load_pair(target, draft, target_weights=target_weights)
+    return load_with_drafter(target, drafter, target_weights=target_weights)
+
+
+WEIGHTS_LABELS = {WEIGHTS_FLOAT32: "float32 (the model as loaded)",
+                  WEIGHTS_INT4: "int4 (the GGUF file's 4-bit blocks, as stored)"}
+WEIGHTS_CAPTION = ("int4 runs the target's linear layers on its GGUF file's Q4_1 blocks (a Q8_0 output layer), "
+                   "float32 activations, on the CPU: about a sixth of the bytes per step. Its logits differ from "
+                   "float32's only in rounding, yet it is its own target: the trace says which one it followed.")
 
 
 def apply_preset_defaults() -> None:
@@ -112,6 +130,8 @@ def run_form() -> None:
         target = cols[0].text_input("Target model (folder or id)", key="live_target")
         draft = cols[1].text_input("Draft model (folder or id)", key="live_draft")
     drafter = drafter_inputs(st.session_state["live_preset"], draft.strip())
+    weights = st.radio("Target weights", TARGET_WEIGHTS, format_func=WEIGHTS_LABELS.get, key="live_target_weights",
+                       horizontal=True, help=WEIGHTS_CAPTION)
     st.text_area("Prompt", key="live_prompt", height=80)
     values = settings_inputs()
     values.update(cache_inputs())
@@ -128,12 +148,12 @@ def run_form() -> None:
             settings = None
         if settings is not None and drafter is not None:
             run(st.session_state["live_preset"], target.strip(), draft.strip(), st.session_state["live_prompt"],
-                settings, chat, drafter)
+                settings, chat, drafter, weights)
     show_run()
 
 
 def load_or_error(preset: str | None, target: str = "", draft: str = "", whose: str = "the models",
-                  drafter: DrafterOptions = DrafterOptions()) -> Pair | None:
+                  drafter: DrafterOptions = DrafterOptions(), target_weights: str = WEIGHTS_FLOAT32) -> Pair | None:
     """The one place a page loads a pair: a preset by name, else two folders (or a target and a
     model-free drafter); behind a spinner, cached per server process; an error shown (None
     returned) if it cannot be loaded. A read-only server loads none."""
@@ -142,7 +162,9 @@ def load_or_error(preset: str | None, target: str = "", draft: str = "", whose: 
         return None
     try:
         with st.spinner("Loading models (once per server process)…"):
-            return cached_preset(preset, drafter) if preset else cached_pair(target, draft, drafter)
+            if preset:
+                return cached_preset(preset, drafter, target_weights)
+            return cached_pair(target, draft, drafter, target_weights)
     except LOAD_ERRORS as err:
         st.error(f"Could not load {whose}: {md(state.shown_paths(str(err)))}", icon=":material/error:")
         return None
@@ -174,24 +196,26 @@ def custom_allowed() -> bool:
     return os.environ.get(ALLOW_CUSTOM) == "1"
 
 
-def load_models(preset: str, target: str, draft: str, drafter: DrafterOptions = DrafterOptions()) -> Pair | None:
+def load_models(preset: str, target: str, draft: str, drafter: DrafterOptions = DrafterOptions(),
+                target_weights: str = WEIGHTS_FLOAT32) -> Pair | None:
     if preset == CUSTOM and not custom_allowed():
         st.error(f"This server runs the presets only (its operator can allow model folders with {ALLOW_CUSTOM}=1).")
         return None
     if preset == CUSTOM and not (target and (draft or DRAFTERS[drafter.kind].needs.draft is None)):
         st.error("Type both a target and a draft model (local folders work offline).")
         return None
-    return load_or_error(None if preset == CUSTOM else preset, target, draft, drafter=drafter)
+    return load_or_error(None if preset == CUSTOM else preset, target, draft, drafter=drafter,
+                         target_weights=target_weights)
 
 
 def run(preset: str, target: str, draft: str, prompt: str, settings: SpecSettings, chat: bool,
-        drafter: DrafterOptions = DrafterOptions()) -> None:
+        drafter: DrafterOptions = DrafterOptions(), target_weights: str = WEIGHTS_FLOAT32) -> None:
     """Load the pair here (once per process, behind a spinner), then run on a worker thread."""
     spec = DRAFTERS[drafter.kind]
     if not spec.samples and settings.temperature != 0:
         st.error(md(f"Set the temperature to 0: {spec.refusal}."), icon=":material/error:")
         return
-    pair = load_models(preset, target, draft, drafter)
+    pair = load_models(preset, target, draft, drafter, target_weights)
     if pair is None:
         return
     known = None if preset == CUSTOM else preset

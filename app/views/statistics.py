@@ -26,7 +26,7 @@ from engine.models.presets import PRESETS
 from engine.stats.analysis import DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed
 from engine.stats.calibrate import calibrate
 from engine.stats.layouts import LayoutStats, layout_stats
-from engine.stats.paths import machine_words, noisy_words, path_rows
+from engine.stats.paths import machine_words, noisy_words, path_rows, target_weights, weights_words
 from engine.stats.repeats import MAX_SPREAD, Repeated, disagreement_words, repeated_values
 from engine.stats.sweep import SweepResult, k_sweep
 from engine.trace import Trace, TraceError, model_name
@@ -73,15 +73,16 @@ def trace_pair(header: dict) -> Pair | None:
                  icon=":material/block:")
         return None
     drafter = options_from_header(header)  # the same drafter the trace was written with
+    weights = target_weights(header)  # and the same target weights: another path is another target
     if isinstance(preset, str) and preset in PRESETS:
-        return live.load_or_error(preset, drafter=drafter)
+        return live.load_or_error(preset, drafter=drafter, target_weights=weights)
     st.info(f"Measuring on the pair this server offers for traces without a preset "
             f"({md(Path(configured).name)}), not on models the trace names.")
     target, draft = str(Path(configured) / "target"), str(Path(configured) / "draft")
     needs = DRAFTERS[drafter.kind].needs
     if needs.own_draft and needs.model:  # a draft model of its own: the offered pair's (an EAGLE head is none)
         drafter = dataclasses.replace(drafter, draft_model=draft)
-    return live.load_or_error(None, target, draft, drafter=drafter)
+    return live.load_or_error(None, target, draft, drafter=drafter, target_weights=weights)
 
 
 def trace_settings(header: dict, **changes) -> SpecSettings:
@@ -219,7 +220,9 @@ def speed_section(st_: TraceStats) -> None:
 
 
 def paths_section(header: dict) -> None:
-    """Which linear path ran each forward width on the machine of the run (calibrated CPU runs only)."""
+    """The target's weights, and which linear path ran each forward width on the machine of the run
+    (calibrated CPU runs only)."""
+    st.caption(f"Target weights: {md(weights_words(header))}. The step times above are of this path.")
     rows = path_rows(header)
     if not rows:
         return

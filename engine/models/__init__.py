@@ -5,6 +5,9 @@ layers, and turning its logits into the distributions both models are tested wit
 - presets.py: the offline model pairs shipped under assets/models.
 - device.py: device and dtype choice, and `timed`, the one way the project times work.
 - cpu_linear.py: pre-packed oneDNN linear layers for few-row CPU forwards.
+- gguf_blocks.py: a GGUF file's Q4_1 / Q8_0 blocks as stored, and their reference decoder.
+- gguf_kernel.py (+ gguf_kernel.c): the C kernel multiplying float32 rows by those blocks, built once per machine.
+- gguf_linear.py: the int4 target path, a twin whose linear layers run the file's blocks.
 - linear_paths.py: which linear path (as loaded or packed) runs each width, measured per machine, cached on disk.
 - machine.py: the CPU model, its vector features, threads and load, as measurements record them.
 - sampling.py: warping (temperature, top-k, top-p), drawing, and the residual.

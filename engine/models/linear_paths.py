@@ -33,7 +33,7 @@ from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.machine import load_average, machine_key
 from engine.models.presets import cache_root
-from engine.trace.schema import AS_LOADED, LINEAR_PATHS
+from engine.trace.schema import AS_LOADED, LINEAR_PATHS, WEIGHTS_FLOAT32
 
 PATHS = LINEAR_PATHS
 WIDTHS = 9  # widths 1..9: every verify for K = 1..8, the draft's one-token steps and its two-token catch-up
@@ -79,8 +79,10 @@ def model_fingerprint(model: torch.nn.Module) -> str:
 
 
 def applies(loaded: LoadedModel) -> bool:
-    """There is a choice to make: a float32 CPU model whose packed twin can be built."""
-    return loaded.fast_linear and cpu_linear.available(loaded.model)
+    """There is a choice to make: a float32 CPU model whose packed twin can be built, running its
+    float weights. A model on int4 weights has one path (engine/models/gguf_linear.py): the paths
+    here give the same distribution and may be swapped per width; int4 is another distribution."""
+    return loaded.weights == WEIGHTS_FLOAT32 and loaded.fast_linear and cpu_linear.available(loaded.model)
 
 
 def spread_of(times: list[float]) -> float:

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.distributed import DistributedConfig
 
 from engine.models import cpu_linear
-from engine.trace.schema import AS_LOADED
+from engine.trace.schema import AS_LOADED, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"  # a draft's kept token ids (a draft model's or an EAGLE head's)
 DRAFT_VOCAB_FORMAT = "speclab-draft-vocab"
@@ -48,7 +48,12 @@ class LoadedModel:
     # width -> AS_LOADED or PACKED (engine/trace/schema.py), as measured on this machine (engine/models/linear_paths.py);
     # a width it does not name (a prompt's prefill) runs packed, as before any measurement.
     linear_paths: dict[int, str] | None = None
+    gguf_file: Path | None = None  # the GGUF file the weights came from, if they did
+    # WEIGHTS_FLOAT32 (the model as loaded) or WEIGHTS_INT4 (engine/models/gguf_linear.py): set by use_weights()
+    weights: str = WEIGHTS_FLOAT32
+    gguf_weights: object | None = None  # gguf_linear.GGUFWeights of the int4 twin
     _twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
+    _int4_twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.model.forward).parameters
@@ -59,12 +64,35 @@ class LoadedModel:
         if os.environ.get("SPECLAB_FAST_LINEAR", "1") == "0":
             self.fast_linear = False
 
+    def use_weights(self, weights: str) -> None:
+        """Run the engine's forwards on `weights`: WEIGHTS_INT4 builds the twin whose linear layers
+        multiply by the GGUF file's blocks (engine/models/gguf_linear.py) and refuses, with the
+        reason, a model that has no GGUF file or one of another block type."""
+        if weights not in TARGET_WEIGHTS:
+            raise ValueError(f"unknown target weights {weights!r}; choose one of {', '.join(TARGET_WEIGHTS)}")
+        if weights == WEIGHTS_INT4 and self._int4_twin is None:
+            if self.gguf_file is None:
+                raise ModelLoadError(f"int4 target weights come from a GGUF file, and {self.name} was not loaded "
+                                     "from one (name a folder holding a .gguf file, or use the chat preset)")
+            from engine.models.gguf_linear import gguf_twin
+            self._int4_twin, self.gguf_weights = gguf_twin(self.model, self.gguf_file)
+        self.weights = weights
+
+    def describe_weights(self) -> dict:
+        """What a trace header records as "target_weights" (engine/trace/checks.py checks it)."""
+        if self.weights == WEIGHTS_INT4:
+            return {"path": WEIGHTS_INT4, "activations": "float32", **self.gguf_weights.describe()}
+        return {"path": WEIGHTS_FLOAT32}
+
     @property
     def runner(self) -> torch.nn.Module:
-        """What the engine's forwards call: on a float32 CPU model, a twin whose linear layers
-        run oneDNN with pre-packed weights (engine/models/cpu_linear.py: a verify over K+1 positions
-        then costs about one step); otherwise the model itself. `self.model` stays untouched,
-        so Hugging Face's `generate` on it is what a user would run. Built on first use."""
+        """What the engine's forwards call: with int4 weights, the twin on the GGUF blocks; on a
+        float32 CPU model, a twin whose linear layers run oneDNN with pre-packed weights
+        (engine/models/cpu_linear.py: a verify over K+1 positions then costs about one step);
+        otherwise the model itself. `self.model` stays untouched, so Hugging Face's `generate` on
+        it is what a user would run. Built on first use."""
+        if self.weights == WEIGHTS_INT4:
+            return self._int4_twin
         if not self.fast_linear or not cpu_linear.available(self.model):
             return self.model
         if self._twin is None:
@@ -73,7 +101,10 @@ class LoadedModel:
 
     def runner_for(self, width: int) -> torch.nn.Module:
         """The module a forward over `width` new positions runs on: the model as loaded where this
-        machine's measurement found it faster at that width, else `runner`."""
+        machine's measurement found it faster at that width, else `runner`. The int4 path is one
+        path at every width: it is another target distribution, never swapped in per width."""
+        if self.weights == WEIGHTS_INT4:
+            return self._int4_twin
         if self.linear_paths and self.linear_paths.get(width) == AS_LOADED:
             return self.model
         return self.runner
@@ -169,7 +200,8 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype,
     source = str(path) if path.is_dir() else spec
     kwargs: dict = {"trust_remote_code": trust_remote_code}
     gguf = _gguf_file(path) if path.is_dir() else None
-    if gguf and not (path / "config.json").exists():
+    from_gguf = bool(gguf) and not (path / "config.json").exists()
+    if from_gguf:
         kwargs["gguf_file"] = gguf  # transformers dequantises it on load
     sharding = {} if tp_size == 1 else {"distributed_config": DistributedConfig(tp_size=tp_size)}
     try:
@@ -185,6 +217,8 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype,
     model.eval()
     loaded = _wrap(spec, model, tokenizer, device, dtype, path if path.is_dir() else None)
     loaded.fast_linear = loaded.fast_linear and tp_size == 1
+    if from_gguf:
+        loaded.gguf_file = path / gguf
     return loaded
 
 

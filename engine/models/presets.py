@@ -59,6 +59,10 @@ class Preset:
             return smollm2_folder()
         return ASSETS / "models" / "tiny-shakespeare" / "target"
 
+    def target_gguf(self) -> Path | None:
+        """The GGUF file the target's float32 copy was made from (the int4 path runs on it), if any."""
+        return smollm2_gguf() if self.name == "chat" else None
+
     def draft_folder(self) -> Path:
         if self.name == "chat":
             return ASSETS / "models" / "chat-draft"

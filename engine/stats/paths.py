@@ -1,8 +1,27 @@
 """Which linear path ran each forward width, as a calibrated CPU trace's header records it
-(engine/models/linear_paths.py measured it on the machine of the run)."""
+(engine/models/linear_paths.py measured it on the machine of the run), and which weights the
+target ran on (engine/models/gguf_linear.py)."""
 from dataclasses import dataclass
 
-from engine.trace.schema import AS_LOADED, PACKED
+from engine.trace.schema import AS_LOADED, PACKED, WEIGHTS_FLOAT32, WEIGHTS_INT4
+
+
+def target_weights(header: dict) -> str:
+    """The target's weights path: WEIGHTS_FLOAT32 for traces that do not say (they ran the model as loaded)."""
+    return (header.get("target_weights") or {}).get("path", WEIGHTS_FLOAT32)
+
+
+def weights_words(header: dict) -> str:
+    """The target's weights in words: which distribution the trace's ratio tests followed."""
+    w = header.get("target_weights")
+    if not w:
+        return "the model as loaded (this trace does not record a weights path)"
+    if w["path"] != WEIGHTS_INT4:
+        return f"{WEIGHTS_FLOAT32}: the model as loaded"
+    layers = ", ".join(f"{n} {kind}" for kind, n in w["tensor_types"].items())
+    floats = f", {w['float_layers']} kept in float" if w["float_layers"] else ""
+    return (f"{WEIGHTS_INT4}: the blocks of {w['file']} as stored ({layers} linear layers{floats}; "
+            f"{w['weight_bytes'] / 1e6:.1f} MB read per forward), float32 activations")
 
 
 @dataclass(frozen=True)

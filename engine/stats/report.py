@@ -14,7 +14,7 @@ from engine.stats.analysis import (
     trace_stats,
 )
 from engine.stats.layouts import layout_lines, layout_stats
-from engine.stats.paths import path_lines, path_rows
+from engine.stats.paths import path_lines, path_rows, weights_words
 from engine.trace import Trace
 
 
@@ -106,7 +106,8 @@ def ngram_lines(st: TraceStats) -> list[str]:
 
 def format_stats(trace: Trace) -> str:
     st = trace_stats(trace)
-    sections = [[f"DRAFTER: {st.drafter}"], acceptance_lines(st), histogram_lines(st)]
+    sections = [[f"DRAFTER: {st.drafter}", f"TARGET WEIGHTS: {weights_words(trace.header)}"],
+                acceptance_lines(st), histogram_lines(st)]
     if st.by_ngram:
         sections.append(ngram_lines(st))
     if st.times:

@@ -29,11 +29,14 @@ from engine.trace.schema import (
     DRAFT_MODEL,
     DRAFTER_KINDS,
     EAGLE,
+    GGUF_BLOCK_TYPES,
     LINEAR_PATHS,
     MAX_K,
     MAX_NGRAM,
     OTHER_TOKENIZER,
     PROMPT_LOOKUP,
+    TARGET_WEIGHTS,
+    WEIGHTS_INT4,
 )
 
 # The deliberate bugs a teaching run may declare (mirror of teaching_faults.Faults; a test keeps them equal).
@@ -247,6 +250,27 @@ def check_tensor_parallel(tp, where: str) -> None:
                 fail(where, f"tensor_parallel.ranks[{i}].{name}", f"must be a name of 1..{MAX_RANK_TEXT} characters")
 
 
+def check_target_weights(weights, where: str) -> None:
+    """The optional weights path of the target (engine/models/gguf_linear.py); absent in older traces,
+    which ran the model as loaded."""
+    if weights is None:
+        return
+    if not isinstance(weights, dict) or weights.get("path") not in TARGET_WEIGHTS:
+        fail(where, "target_weights.path", f"must be one of {', '.join(TARGET_WEIGHTS)}")
+    if weights["path"] != WEIGHTS_INT4:
+        return
+    name = weights.get("file")
+    if not isinstance(name, str) or not 0 < len(name) <= 200:
+        fail(where, "target_weights.file", "must name the GGUF file in at most 200 characters")
+    types = weights.get("tensor_types")
+    if not isinstance(types, dict) or not types or not all(
+            t in GGUF_BLOCK_TYPES and is_int(n) and 0 < n <= 10**6 for t, n in types.items()):
+        fail(where, "target_weights.tensor_types", f"must count layers per block type ({', '.join(GGUF_BLOCK_TYPES)})")
+    for key in ("float_layers", "weight_bytes"):
+        if not is_int(weights.get(key)) or weights[key] < 0:
+            fail(where, f"target_weights.{key}", "must be a non-negative integer")
+
+
 def check_header(h: dict, where: str) -> RunFacts:
     check_settings(h["settings"], where)
     s = h["settings"]
@@ -268,6 +292,7 @@ def check_header(h: dict, where: str) -> RunFacts:
     check_calibration(h.get("calibration"), where)
     check_linear_paths(h.get("linear_paths"), where)
     check_tensor_parallel(h.get("tensor_parallel"), where)
+    check_target_weights(h.get("target_weights"), where)
     drafter = check_drafter(h, float(s["temperature"]), where)
     return RunFacts(s["k"], float(s["temperature"]), s["max_new_tokens"], s["trace_top_k"], list(prompt),
                     frozenset(h["eos_token_ids"]), vocab, faults, drafter, isinstance(h.get("fast_path"), dict))

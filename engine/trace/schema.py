@@ -32,6 +32,16 @@ AS_LOADED = "as_loaded"  # the model's own nn.Linear: F.linear, the BLAS torch w
 PACKED = "packed"  # engine/models/cpu_linear.py's twin: oneDNN with pre-packed weights
 LINEAR_PATHS = (AS_LOADED, PACKED)
 
+# ---------------------------------------------------------------- target weights (engine/models/gguf_linear.py)
+
+# Which weights the target's linear layers ran on; a header's optional "target_weights" records it
+# (traces without it ran the model as loaded). Each path is its own target distribution: the ratio
+# test follows the one that ran.
+WEIGHTS_FLOAT32 = "float32"  # the model as loaded (a GGUF target is dequantised to float32 on load)
+WEIGHTS_INT4 = "int4"  # the GGUF file's blocks as stored: Q4_1 layers (a Q8_0 output layer), no requantisation
+TARGET_WEIGHTS = (WEIGHTS_FLOAT32, WEIGHTS_INT4)
+GGUF_BLOCK_TYPES = ("Q4_1", "Q8_0")  # the block types the int4 path's kernel runs
+
 # ---------------------------------------------------------------- drafters
 
 # A trace header's drafter "kind" and the CLI's --drafter names. What each kind is, needs and

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds llama-cpp-python from source into a virtual environment of its own, for bench/speed.py's
+# llama.cpp anchor (--llama-python VENV/bin/python). Never the project's .venv: it is a benchmark's
+# optional dependency, not the app's.
+#
+#   bash bench/build_llama_cpp.sh /tmp/llama-venv        # 10-20 minutes on 2 shared cores
+#
+# Flags, and why:
+#   GGML_NATIVE=OFF, GGML_AVX/AVX2/FMA/F16C=ON, GGML_AVX512=OFF: the AVX2 build the issue measured
+#     (84 tok/s on an Intel Xeon), the same code on any x86 CPU of the last decade; a native build
+#     would pick AVX-512 on one machine and not another.
+#   GGML_BLAS=OFF, GGML_CUDA=OFF: llama.cpp's own CPU kernels, as a CPU user gets them.
+#   LLAVA_BUILD=OFF, LLAMA_BUILD_TESTS/EXAMPLES=OFF: only the library the Python binding loads.
+set -euo pipefail
+VENV=${1:?usage: build_llama_cpp.sh VENV_FOLDER}
+VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+python3 -m venv "$VENV"
+export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
+-DGGML_BLAS=OFF -DGGML_CUDA=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
+nice -n 15 "$VENV/bin/pip" install --no-binary llama-cpp-python --no-cache-dir "llama-cpp-python==$VERSION"
+"$VENV/bin/python" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"

@@ -1,0 +1,209 @@
+/* Linear layers straight on a GGUF file's quantised blocks: y = x W^T with W kept as Q4_1 or Q8_0.
+ *
+ * Built at first use by engine/models/gguf_kernel.py (cc -O3 -march=native -fopenmp) and called
+ * through ctypes. AVX2 with FMA where the CPU has it (x86 since 2013-2015; an AVX-512 CPU runs the
+ * AVX2 code); elsewhere plain C doing the same arithmetic, left to the compiler to vectorise.
+ *
+ * Exactness: each weight is formed in a float32 register as the GGUF format defines it,
+ *   Q4_1: w = d * q + m   (q = 4-bit unsigned, d and m the block's float16 scale and minimum)
+ *   Q8_0: w = d * q       (q = 8-bit signed, d the block's float16 scale)
+ * with d and m widened to float32 exactly. d * q is exact in float32 (11 x 8 significant bits at
+ * most), so w is d * q + m rounded once, which is what the gguf package's dequantisation (and so
+ * transformers' float32 copy of the model) stores. Activations and sums stay float32; only the
+ * order of the sums differs from a dense float32 product.
+ *
+ * Layout, as in the file: row n of W (one output feature) is K / 32 consecutive blocks.
+ *   Q4_1 block, 20 bytes: d (f16), m (f16), qs[16]; weight j is qs[j] & 15, weight j + 16 is qs[j] >> 4.
+ *   Q8_0 block, 34 bytes: d (f16), qs[32] (int8).
+ * x is (M, K) float32 row-major, y is (M, N) float32 row-major.
+ */
+#include <stdint.h>
+#include <string.h>
+
+/* Rows of x sharing one dequantised block: a verify over up to 9 positions (K = 8) forms each
+   weight once. 9 sums and 4 weights fit AVX2's 16 registers. */
+#define ROWS 9
+
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }  /* exact, one instruction */
+#else
+static float f16_to_f32(uint16_t h) {
+    /* Exact: the exponent and mantissa bits moved into float32 positions, then rescaled by 2^112
+       (a power of two, so exact; fp16 subnormals land on float32 normals). */
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, rest = (uint32_t)(h & 0x7fff) << 13;
+    float f;
+    if ((h & 0x7c00) == 0x7c00) {
+        rest |= 0x7f800000;  /* inf or nan */
+        memcpy(&f, &rest, 4);
+    } else {
+        memcpy(&f, &rest, 4);
+        f *= 0x1p112f;
+    }
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    bits |= sign;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* 8 floats, one AVX2 register (an AVX-512 CPU runs these too). */
+typedef __m256 vec8;
+static inline vec8 v_zero(void) { return _mm256_setzero_ps(); }
+static inline vec8 v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline vec8 v_fma(vec8 a, vec8 b, vec8 c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec8 v_add(vec8 a, vec8 b) { return _mm256_add_ps(a, b); }
+
+static inline float v_sum(vec8 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+
+/* The 32 weights of one block as four vectors of 8, in order. */
+static inline void q4_1_block(const uint8_t *blk, vec8 w[4]) {
+    uint16_t dh, mh;
+    memcpy(&dh, blk, 2);
+    memcpy(&mh, blk + 2, 2);
+    vec8 d = _mm256_set1_ps(f16_to_f32(dh)), m = _mm256_set1_ps(f16_to_f32(mh));
+    __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 4)), mask = _mm_set1_epi8(15);
+    __m128i lo = _mm_and_si128(qs, mask);                     /* weights 0..15 */
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);  /* weights 16..31 */
+    /* q * d is exact in float32, so the multiply-add rounds once: w = fl(d * q + m). */
+    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d, m);
+    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d, m);
+    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d, m);
+    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, m);
+}
+
+static inline void q8_0_block(const uint8_t *blk, vec8 w[4]) {
+    uint16_t dh;
+    memcpy(&dh, blk, 2);
+    vec8 d = _mm256_set1_ps(f16_to_f32(dh));
+    for (int i = 0; i < 4; i++) {
+        __m128i q = _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i));
+        w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    }
+}
+
+#else  /* any other CPU: the same arithmetic, 8 lanes in a plain struct the compiler may vectorise */
+
+typedef struct { float v[8]; } vec8;
+static inline vec8 v_zero(void) { vec8 r = {{0}}; return r; }
+static inline vec8 v_load(const float *p) { vec8 r; memcpy(r.v, p, sizeof r.v); return r; }
+static inline vec8 v_fma(vec8 a, vec8 b, vec8 c) { for (int i = 0; i < 8; i++) c.v[i] += a.v[i] * b.v[i]; return c; }
+static inline vec8 v_add(vec8 a, vec8 b) { for (int i = 0; i < 8; i++) a.v[i] += b.v[i]; return a; }
+static inline float v_sum(vec8 v) {
+    return ((v.v[0] + v.v[4]) + (v.v[2] + v.v[6])) + ((v.v[1] + v.v[5]) + (v.v[3] + v.v[7]));
+}
+
+static inline void q4_1_block(const uint8_t *blk, vec8 w[4]) {
+    uint16_t dh, mh;
+    memcpy(&dh, blk, 2);
+    memcpy(&mh, blk + 2, 2);
+    float d = f16_to_f32(dh), m = f16_to_f32(mh);
+    for (int j = 0; j < 16; j++) {
+        w[j / 8].v[j % 8] = (float)(blk[4 + j] & 15) * d + m;
+        w[2 + j / 8].v[j % 8] = (float)(blk[4 + j] >> 4) * d + m;
+    }
+}
+
+static inline void q8_0_block(const uint8_t *blk, vec8 w[4]) {
+    uint16_t dh;
+    memcpy(&dh, blk, 2);
+    float d = f16_to_f32(dh);
+    for (int j = 0; j < 32; j++) w[j / 8].v[j % 8] = (float)(int8_t)blk[2 + j] * d;
+}
+#endif
+
+/* y[r, n + c] for `rows` (1..ROWS) rows of x and `cols` (1 or 2) rows of W. Every output is one
+   chain of multiply-adds in the same order, whatever `rows` and `cols` are: a row's result never
+   depends on how many rows came with it (a verify over K+1 positions and a one-token step give
+   the same logits for the same position, as far as the linear layers go). With one row, two
+   columns give the CPU two independent chains to overlap. */
+static inline __attribute__((always_inline)) void dot_tile(
+        int kind, int rows, int cols, const float *x, int64_t K, const uint8_t *wrow, int64_t row_bytes,
+        float *y, int64_t N) {
+    int64_t block_bytes = kind == 0 ? 20 : 34;
+    vec8 acc[ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = v_zero();
+    for (int64_t b = 0; b < K / 32; b++) {
+        for (int c = 0; c < cols; c++) {
+            vec8 w[4];
+            const uint8_t *blk = wrow + c * row_bytes + b * block_bytes;
+            if (kind == 0) q4_1_block(blk, w);
+            else q8_0_block(blk, w);
+            for (int r = 0; r < rows; r++) {
+                const float *xb = x + r * K + b * 32;
+                vec8 a = acc[r][c];
+                for (int i = 0; i < 4; i++) a = v_fma(v_load(xb + 8 * i), w[i], a);
+                acc[r][c] = a;
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) y[r * N + c] = v_sum(acc[r][c]);
+}
+
+#define TILE(R, C) dot_tile(kind, R, C, xr, K, wrow, row_bytes, yr, N)
+
+/* Rows r0.. of x (fewer than ROWS left, or exactly ROWS) against `cols` rows of W from n. */
+static inline __attribute__((always_inline)) void rows_left(
+        int kind, int64_t left, int cols, const float *xr, int64_t K, const uint8_t *wrow, int64_t row_bytes,
+        float *yr, int64_t N) {
+    /* constant row counts let the compiler keep the sums in registers */
+    if (cols == 2) {
+        switch (left) {
+            case 3: TILE(3, 2); break;
+            case 2: TILE(2, 2); break;
+            case 1: TILE(1, 2); break;
+            default: break;
+        }
+        return;
+    }
+    switch (left) {
+        case 9: TILE(9, 1); break;
+        case 8: TILE(8, 1); break;
+        case 7: TILE(7, 1); break;
+        case 6: TILE(6, 1); break;
+        case 5: TILE(5, 1); break;
+        case 4: TILE(4, 1); break;
+        case 3: TILE(3, 1); break;
+        case 2: TILE(2, 1); break;
+        case 1: TILE(1, 1); break;
+        default: break;
+    }
+}
+
+static void linear(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
+                   float *y, int threads) {
+    int64_t row_bytes = K / 32 * (kind == 0 ? 20 : 34);
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t pair = 0; pair < (N + 1) / 2; pair++) {
+        int64_t n = 2 * pair;
+        int both = n + 1 < N;
+        for (int64_t r = 0; r < M; r += ROWS) {
+            int64_t left = M - r < ROWS ? M - r : ROWS;
+            const float *xr = x + r * K;
+            float *yr = y + r * N + n;
+            if (both && left <= 3) {
+                rows_left(kind, left, 2, xr, K, w + n * row_bytes, row_bytes, yr, N);
+            } else {
+                rows_left(kind, left, 1, xr, K, w + n * row_bytes, row_bytes, yr, N);
+                if (both) rows_left(kind, left, 1, xr, K, w + (n + 1) * row_bytes, row_bytes, yr + 1, N);
+            }
+        }
+    }
+}
+
+void speclab_q4_1_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
+    linear(0, x, M, K, w, N, y, threads);
+}
+
+void speclab_q8_0_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
+    linear(1, x, M, K, w, N, y, threads);
+}

@@ -1,0 +1,113 @@
+"""The C kernel that multiplies float32 activations by GGUF blocks (gguf_kernel.c beside this file).
+
+Why our own kernel: PyTorch's int4 CPU kernel (`aten._weight_int4pack_mm_for_cpu`) is vectorised on
+x86 only for bfloat16 activations, with bfloat16 scales and zero points and a bfloat16 output.
+A Q4_1 block's float16 scale has 11 significant bits and bfloat16 keeps 8, so most scales would
+change (the weights would no longer be the file's), and every layer's output would be rounded to
+3 significant digits. Its float32 variant runs a scalar loop, slower than the float32 model
+(bench/int4_kernels.py measures both). This kernel keeps the file's weights bit for bit and
+float32 everywhere else.
+
+It is compiled once per machine with the C compiler on the PATH (`cc`, or $CC), `-O3 -march=native`
+and OpenMP, into the engine's cache folder (~/.cache/speclab/kernels or $SPECLAB_CACHE/kernels),
+under a name made from the source, the compiler, its flags and the CPU, so a new CPU or an edited
+source builds anew. OpenMP binds to the runtime torch already loaded (libgomp.so.1), so the kernel's
+threads are torch's: `torch.get_num_threads()` of them per call. Without a compiler the int4 path
+says so and the float32 path still runs.
+"""
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from engine.models.gguf_blocks import BLOCK_BYTES
+from engine.models.loading import ModelLoadError
+from engine.models.machine import cpu_features, cpu_model
+from engine.models.presets import cache_root
+
+SOURCE = Path(__file__).with_name("gguf_kernel.c")
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-Wall")
+FUNCTIONS = {"Q4_1": "speclab_q4_1_linear", "Q8_0": "speclab_q8_0_linear"}
+# Products smaller than this many multiply-adds run on one thread: the chat target's k and v projections
+# (192 x 576) at one row take ~15 us, about what waking a second thread costs, and on a busy machine each
+# parallel region can wait for a descheduled thread (measured under load 4 on 2 cores: a chat step
+# 214 ms threading every layer, 137 ms keeping the small ones on one thread). Results do not depend on
+# it: every output is computed by one thread, in the same order, however many there are.
+SERIAL_BELOW = 1 << 18
+ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+            ctypes.c_int]
+
+
+class KernelBuildError(ModelLoadError):
+    """The kernel could not be compiled or loaded; the message says why and what still works."""
+
+
+def compiler() -> str:
+    named = os.environ.get("CC")
+    found = named or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not found:
+        raise KernelBuildError("the int4 target path compiles a small C kernel and found no C compiler (cc, gcc "
+                               "or clang; or set CC): install one, or use --target-weights float32")
+    return found
+
+
+def library_path(cc: str, flags: tuple[str, ...]) -> Path:
+    key = repr((SOURCE.read_bytes(), cc, flags, cpu_model(), cpu_features()))
+    return cache_root() / "kernels" / f"gguf-kernel-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+
+
+def compile_library(cc: str, flags: tuple[str, ...], out: Path) -> str | None:
+    """Compile to `out` atomically; None on success, else the compiler's first error line."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        done = subprocess.run([cc, *flags, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return str(err)
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        lines = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines() or ["failed"]
+        return lines[0]
+    os.replace(tmp, out)
+    return None
+
+
+@lru_cache(maxsize=1)
+def library() -> ctypes.CDLL:
+    """The compiled kernel, built on first use. With OpenMP unavailable (a compiler without it), a
+    single-threaded build."""
+    cc = compiler()
+    errors = []
+    for flags in ((*FLAGS, "-fopenmp"), FLAGS):
+        path = library_path(cc, flags)
+        error = None if path.is_file() else compile_library(cc, flags, path)
+        if error is None:
+            lib = ctypes.CDLL(str(path))
+            for fn in FUNCTIONS.values():
+                getattr(lib, fn).argtypes = ARGTYPES
+                getattr(lib, fn).restype = None
+            return lib
+        errors.append(error)
+    raise KernelBuildError(f"the int4 target path could not compile its kernel with {cc}: {errors[0]} "
+                           "(use --target-weights float32)")
+
+
+def linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int) -> torch.Tensor:
+    """x (M, K) float32 times the blocks' (N, K) matrix transposed: (M, N) float32.
+
+    The kernel trusts its arguments, so they are checked here: sizes, dtypes, contiguity."""
+    rows, in_features = x.shape
+    if x.dtype != torch.float32 or not x.is_contiguous() or in_features % 32:
+        raise ValueError(f"the GGUF kernel takes contiguous float32 rows of whole blocks, got {x.dtype} {tuple(x.shape)}")
+    if blocks.dtype != torch.uint8 or tuple(blocks.shape) != (out_features, in_features // 32 * BLOCK_BYTES[kind]):
+        raise ValueError(f"{kind} blocks of shape {tuple(blocks.shape)} do not make a ({out_features}, {in_features}) matrix")
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    threads = 1 if rows * out_features * in_features < SERIAL_BELOW else torch.get_num_threads()
+    getattr(library(), FUNCTIONS[kind])(x.data_ptr(), rows, in_features, blocks.data_ptr(), out_features,
+                                        y.data_ptr(), threads)
+    return y

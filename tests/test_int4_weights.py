@@ -1,0 +1,313 @@
+"""The int4 target path: linear layers on a GGUF file's blocks (engine/models/gguf_*.py).
+
+The blocks here come from this file's own reference encoder (Q4_1: per block of 32, d = (max - min) / 15,
+m = min; Q8_0: d = max |w| / 127), written with the gguf package's writer into a real GGUF file for a
+tiny llama model, with q and k rows interleaved per head as llama.cpp's converter stores them. The
+float model is given the decoded weights, as transformers gives a GGUF-loaded model.
+"""
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from engine.config import SpecSettings
+from engine.cycle.reference import Pair, speculative_generate, target_generate
+from engine.models import gguf_kernel, linear_paths
+from engine.models.gguf_blocks import BlockTensor, UnsupportedWeights, block_tensor, dequantize, read_gguf
+from engine.models.gguf_linear import GGUFLinear, gguf_twin
+from engine.models.loading import ModelLoadError, wrap_model
+from engine.trace.schema import WEIGHTS_FLOAT32, WEIGHTS_INT4
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+needs_cc = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler for the kernel")
+# Float32 products of the same float32 operands summed in another order (the kernel per block of 32,
+# BLAS in its own blocking): for the tiny model's O(1) activations, differences of a few 1e-6.
+ACROSS_KERNELS = 1e-4
+
+
+# ---------------------------------------------------------------- the test's own reference encoder
+
+def encode_q4_1(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(N, K) float32 -> (N, K/32*20) uint8 blocks and the (N, K) float32 values they stand for."""
+    n, k = w.shape
+    g = w.reshape(n, k // 32, 32)
+    lo, hi = g.min(-1, keepdims=True), g.max(-1, keepdims=True)
+    d = ((hi - lo) / 15).astype(np.float16)
+    m = lo.astype(np.float16)
+    safe = np.where(d == 0, np.float16(1), d).astype(np.float32)
+    q = np.clip(np.rint((g - m.astype(np.float32)) / safe), 0, 15).astype(np.uint8)  # (N, nb, 32)
+    packed = q[..., :16] | (q[..., 16:] << 4)  # byte j: weight j low, weight j + 16 high
+    blocks = np.concatenate([d.view(np.uint8), m.view(np.uint8), packed], axis=-1)  # (N, nb, 20)
+    values = d.astype(np.float32) * q.astype(np.float32) + m.astype(np.float32)
+    return blocks.reshape(n, -1), values.reshape(n, k).astype(np.float32)
+
+
+def encode_q8_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n, k = w.shape
+    g = w.reshape(n, k // 32, 32)
+    d = (np.abs(g).max(-1, keepdims=True) / 127).astype(np.float16)
+    safe = np.where(d == 0, np.float16(1), d).astype(np.float32)
+    q = np.clip(np.rint(g / safe), -127, 127).astype(np.int8)
+    blocks = np.concatenate([d.view(np.uint8), q.view(np.uint8)], axis=-1)  # (N, nb, 34)
+    return blocks.reshape(n, -1), (d.astype(np.float32) * q.astype(np.float32)).reshape(n, k)
+
+
+ENCODERS = {"Q4_1": encode_q4_1, "Q8_0": encode_q8_0}
+
+
+def llama_cpp_row_order(w: np.ndarray, heads: int) -> np.ndarray:
+    """How llama.cpp's converter stores q and k: each head's two rotary halves interleaved."""
+    n = w.shape[0]
+    return w.reshape(heads, 2, n // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def random_blocks(kind: str, n: int, k: int, seed: int) -> tuple[BlockTensor, torch.Tensor]:
+    w = np.random.default_rng(seed).normal(0, 0.2, (n, k)).astype(np.float32)
+    blocks, values = ENCODERS[kind](w)
+    return BlockTensor("w", kind, n, k, torch.from_numpy(blocks)), torch.from_numpy(values)
+
+
+# ---------------------------------------------------------------- a tiny model and its GGUF file
+
+GGUF_NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+              "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+
+
+def write_tiny_gguf(model, path, types: dict[str, str]) -> None:
+    """Quantise `model`'s linear layers into a GGUF file at `path` (types: GGUF name -> Q4_1, Q8_0 or
+    F32; unnamed layers Q4_1) and set the model's weights to what the file decodes to."""
+    import gguf
+
+    cfg = model.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", model.model.embed_tokens.weight.detach().numpy())
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        parts = name.split(".")
+        gguf_name = "output.weight" if name == "lm_head" else f"blk.{parts[2]}.{GGUF_NAMES[parts[-1]]}.weight"
+        kind = types.get(gguf_name, "Q4_1")
+        w = module.weight.detach().numpy().copy()
+        if kind == "F32":
+            writer.add_tensor(gguf_name, w)
+            continue
+        heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}.get(parts[-1])
+        stored = llama_cpp_row_order(w, heads) if heads else w
+        blocks, values = ENCODERS[kind](stored)
+        writer.add_tensor(gguf_name, blocks, raw_dtype=getattr(gguf.GGMLQuantizationType, kind))
+        if heads:  # back to transformers' order: the inverse of llama_cpp_row_order
+            n = values.shape[0]
+            values = values.reshape(heads, n // heads // 2, 2, -1).swapaxes(1, 2).reshape(values.shape)
+        with torch.no_grad():
+            module.weight.copy_(torch.from_numpy(values))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def tiny_target(tmp_path, types: dict[str, str] | None = None):
+    model = tiny_llama(3, 2, 32)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(model, path, types or {"output.weight": "Q8_0"})
+    loaded = wrap_model("tiny-gguf", model, tiny_tokenizer())
+    loaded.gguf_file = path
+    return loaded
+
+
+# ---------------------------------------------------------------- blocks and the kernel
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_blocks_decode_to_the_values_the_encoder_meant(kind):
+    tensor, values = random_blocks(kind, 8, 96, seed=1)
+    assert torch.equal(dequantize(tensor), values)  # bit for bit: d * q is exact, + m rounds once
+
+
+@needs_cc
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_the_kernels_matrix_is_every_decoded_weight(kind):
+    tensor, values = random_blocks(kind, 37, 64, seed=2)  # an odd row count: the kernel's last pair is single
+    back = gguf_kernel.linear(torch.eye(64), tensor.blocks, kind, 37)  # row i of I @ W^T is column i of W^T
+    assert torch.equal(back.T, values)
+
+
+@needs_cc
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_the_kernel_multiplies_like_float64_and_a_row_ignores_its_batch(kind):
+    tensor, values = random_blocks(kind, 50, 96, seed=3)
+    x = torch.randn(23, 96, generator=torch.Generator().manual_seed(4))
+    y = gguf_kernel.linear(x, tensor.blocks, kind, 50)
+    assert torch.allclose(y.double(), x.double() @ values.double().T, atol=ACROSS_KERNELS, rtol=0)
+    for start, rows in ((0, 1), (5, 2), (7, 3), (2, 5), (11, 9), (1, 10)):  # every tile shape the kernel has
+        part = gguf_kernel.linear(x[start:start + rows].contiguous(), tensor.blocks, kind, 50)
+        assert torch.equal(part, y[start:start + rows])  # the same bits, whatever rows came with it
+
+
+@needs_cc
+def test_the_kernel_gives_the_same_bits_on_one_thread_and_two():
+    tensor, _ = random_blocks("Q4_1", 640, 576, seed=6)  # above SERIAL_BELOW at one row: threaded
+    assert 640 * 576 >= gguf_kernel.SERIAL_BELOW
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(7))
+    before = torch.get_num_threads()
+    try:
+        out = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out.append(gguf_kernel.linear(x, tensor.blocks, "Q4_1", 640))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out[0], out[1])
+
+
+@needs_cc
+def test_the_kernel_refuses_arguments_it_cannot_read():
+    tensor, _ = random_blocks("Q4_1", 4, 64, seed=5)
+    with pytest.raises(ValueError, match="float32"):
+        gguf_kernel.linear(torch.ones(2, 64, dtype=torch.float64), tensor.blocks, "Q4_1", 4)
+    with pytest.raises(ValueError, match="do not make"):
+        gguf_kernel.linear(torch.ones(2, 64), tensor.blocks, "Q4_1", 5)
+
+
+# ---------------------------------------------------------------- the twin of a tiny model
+
+@needs_cc
+def test_a_tiny_models_twin_runs_the_files_blocks_and_greedy_speculation_equals_plain(tmp_path):
+    target = tiny_target(tmp_path, {"output.weight": "Q8_0", "blk.1.ffn_up.weight": "F32"})
+    ids = [1, 2, 4, 6, 7, 8]
+    cache = target.new_cache()
+    float_logits = target.forward(ids, cache)
+    target.use_weights(WEIGHTS_INT4)
+    assert target.describe_weights() == {
+        "path": WEIGHTS_INT4, "activations": "float32", "file": "tiny.gguf",
+        "tensor_types": {"Q4_1": 13, "Q8_0": 1}, "float_layers": 1, "weight_bytes": target.gguf_weights.weight_bytes}
+    twin = target.runner
+    assert isinstance(twin.lm_head, GGUFLinear) and twin.lm_head.kind == "Q8_0"
+    assert isinstance(twin.model.layers[1].mlp.up_proj, torch.nn.Linear)  # stored in float: left as it is
+    for module in twin.modules():  # every layer's matrix, read back through the kernel, is the float model's
+        if isinstance(module, GGUFLinear):
+            name = next(n for n, m in twin.named_modules() if m is module)
+            back = module(torch.eye(module.in_features)).T
+            assert torch.equal(back, target.model.get_submodule(name).weight), name
+    assert target.runner_for(3) is twin and not linear_paths.applies(target)  # one path at every width
+    int4_logits = target.forward(ids, target.new_cache())
+    assert torch.allclose(int4_logits, float_logits, atol=ACROSS_KERNELS, rtol=0)
+    draft = wrap_model("tiny-draft", tiny_llama(1001, 1, 16), tiny_tokenizer())
+    pair = Pair(target, draft, set())
+    s = SpecSettings(k=3, temperature=0, max_new_tokens=16)
+    spec = [t for c in speculative_generate(pair, ids, s) for t in c["committed_token_ids"]]
+    assert spec[:16] == target_generate(target, ids, s, set())
+    target.use_weights(WEIGHTS_FLOAT32)
+    assert target.runner is not twin and target.describe_weights() == {"path": WEIGHTS_FLOAT32}
+
+
+@needs_cc
+def test_every_row_of_every_layer_is_checked_when_asked(tmp_path):
+    target = tiny_target(tmp_path)
+    _, weights = gguf_twin(target.model, target.gguf_file, every_row=True)
+    assert weights.tensor_types == {"Q4_1": 14, "Q8_0": 1}
+    with torch.no_grad():
+        target.model.model.layers[0].mlp.down_proj.weight[5, 3] += 1e-3  # one weight off the file's
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.ffn_down\.weight .*decoded is not"):
+        gguf_twin(target.model, target.gguf_file, every_row=True)
+
+
+def test_a_model_without_a_gguf_file_or_with_an_unknown_path_is_refused():
+    loaded = wrap_model("plain", tiny_llama(0, 1, 32), tiny_tokenizer())
+    with pytest.raises(ModelLoadError, match="not loaded from one"):
+        loaded.use_weights(WEIGHTS_INT4)
+    with pytest.raises(ValueError, match="unknown target weights"):
+        loaded.use_weights("int3")
+    assert loaded.weights == WEIGHTS_FLOAT32
+
+
+def test_other_block_types_are_refused_by_name(tmp_path):
+    import gguf
+
+    model = tiny_llama(0, 1, 32)
+    path = tmp_path / "k-quant.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    # Q4_K: 144-byte blocks of 256 weights; two rows of 256 are enough to be stored
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros((2, 144), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    record = read_gguf(path).tensors["blk.0.attn_q.weight"]
+    with pytest.raises(UnsupportedWeights, match=r"blk\.0\.attn_q\.weight is Q4_K: .*runs Q4_1, Q8_0"):
+        block_tensor(read_gguf(path), record)
+    with pytest.raises(UnsupportedWeights, match="Q4_K"):
+        gguf_twin(model, path)
+
+
+def test_a_damaged_file_is_refused_in_one_line(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 7)
+    with pytest.raises(ModelLoadError, match="could not read .* as a GGUF file"):
+        read_gguf(bad)
+
+
+# ---------------------------------------------------------------- the chat target's own file
+
+@needs_cc
+def test_the_chat_targets_int4_path_is_its_gguf_and_greedy_speculation_equals_plain():
+    from engine.models.presets import PRESETS
+    from engine.run import encode_prompt, load_preset
+
+    pair = load_preset("chat", device="cpu", target_weights=WEIGHTS_INT4)
+    target = pair.target
+    assert target.describe_weights()["tensor_types"] == {"Q4_1": 210, "Q8_0": 1}  # the output layer is Q8_0
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.29.mlp.down_proj", "lm_head"):
+        layer = target.runner.get_submodule(name)  # every row, q's in the rotary order
+        decoded = dequantize(BlockTensor(layer.gguf_name, layer.kind, layer.out_features, layer.in_features, layer.blocks))
+        assert torch.equal(decoded, target.model.get_submodule(name).weight), name
+    k_proj = target.runner.get_submodule("model.layers.3.self_attn.k_proj")
+    assert torch.equal(k_proj(torch.eye(576)).T, target.model.get_submodule("model.layers.3.self_attn.k_proj").weight)
+    preset = PRESETS["chat"]
+    prompt = encode_prompt(target.tokenizer, preset.example_prompt, preset.use_chat_template)
+    s = SpecSettings(k=4, temperature=0, max_new_tokens=16)
+    records = list(speculative_generate(pair, prompt, s))
+    spec = [t for r in records for t in r["committed_token_ids"]]
+    assert spec[:16] == target_generate(target, prompt, s, pair.eos_ids)
+    assert sum(r["num_accepted"] for r in records) > 0
+
+
+# ---------------------------------------------------------------- what a trace records
+
+@needs_cc
+def test_a_trace_says_which_weights_its_target_ran_and_a_false_record_is_refused(tmp_path):
+    import json
+
+    from engine.run import run_to_trace
+    from engine.stats.report import format_stats
+    from engine.trace.format import TraceError, load_trace
+
+    target = tiny_target(tmp_path)
+    target.use_weights(WEIGHTS_INT4)
+    pair = Pair(target, wrap_model("tiny-draft", tiny_llama(1001, 1, 16), tiny_tokenizer()), set())
+    out = tmp_path / "int4.jsonl"
+    run_to_trace(pair, "the cat sat", SpecSettings(k=2, max_new_tokens=6, seed=1), out, calibrate=True)
+    trace = load_trace(out)
+    assert trace.header["target_weights"]["path"] == WEIGHTS_INT4
+    assert "target" not in trace.header["linear_paths"] and "draft" in trace.header["linear_paths"]
+    assert "TARGET WEIGHTS: int4: the blocks of tiny.gguf as stored (14 Q4_1, 1 Q8_0 linear layers" in format_stats(trace)
+    lines = out.read_text().splitlines()
+    for bad, field in (({"path": "int8"}, "target_weights.path"),
+                       ({**trace.header["target_weights"], "tensor_types": {"Q6_K": 1}}, "target_weights.tensor_types")):
+        out.write_text("\n".join([json.dumps({**trace.header, "target_weights": bad}), *lines[1:]]) + "\n")
+        with pytest.raises(TraceError, match=field.replace(".", r"\.")):
+            load_trace(out)
+    older = {k: v for k, v in trace.header.items() if k != "target_weights"}  # traces before the field: as loaded
+    out.write_text("\n".join([json.dumps(older), *lines[1:]]) + "\n")
+    assert "TARGET WEIGHTS: the model as loaded" in format_stats(load_trace(out))
+
+
+def test_the_command_line_refuses_int4_for_a_target_without_a_gguf_file(tmp_path, capsys):
+    from engine.cli import main
+    from tests.tiny import save_tiny, tiny_pair
+
+    target, draft = save_tiny(tiny_pair(), tmp_path)
+    common = ["run", "--prompt", "the cat", "--target", target, "--draft", draft, "--out", str(tmp_path / "t.jsonl"),
+              "--target-weights", "int4"]
+    assert main([*common, "--device", "cpu"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("error: int4 target weights come from a GGUF file")
