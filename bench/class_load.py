@@ -31,6 +31,7 @@ import math
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -408,6 +409,8 @@ async def one_config(args: argparse.Namespace, n: int, m: int) -> dict:
         proc.wait(timeout=30)
     complete, incomplete = traces_written(folder / "runs")
     expected = sum(r.live_s is not None and not r.live_plain for r in [warm, *records] if r.live)
+    if all(r.done and not r.errors for r in records):
+        shutil.rmtree(folder, ignore_errors=True)  # kept, with the server's log, only when something went wrong
     steppers = [r for r in records if not r.live]
     lives = [r for r in records if r.live]
     return {
