@@ -31,6 +31,7 @@ import math
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -408,6 +409,8 @@ async def one_config(args: argparse.Namespace, n: int, m: int) -> dict:
         proc.wait(timeout=30)
     complete, incomplete = traces_written(folder / "runs")
     expected = sum(r.live_s is not None and not r.live_plain for r in [warm, *records] if r.live)
+    if all(r.done and not r.errors for r in records):
+        shutil.rmtree(folder, ignore_errors=True)  # kept, with the server's log, only when something went wrong
     steppers = [r for r in records if not r.live]
     lives = [r for r in records if r.live]
     return {
@@ -529,11 +532,13 @@ def notes(result: dict) -> list[str]:
                f"{1 / per_visitor:.0f} visitors: on this 2-core machine the server saturates long before it. The server "
                "draws every visitor's pages in one Python process under one interpreter lock (at most about one core), "
                f"and used {top['server_cpu_of_one_core']:.2f} of a core on average over that run, think time included.")
-    loads = [x for c in configs for x in (c["load_before"][0], c["load_after"][0])]
+    runs = [*result.get("previous_runs", []), result]
+    loads = [x for r in runs for c in r["configs"] for x in (c["load_before"][0], c["load_after"][0])]
+    during = "these runs" if len(runs) > 1 else "this run"
     out.append(f"The machine was shared with other engineers' tests and benchmarks: 1-minute load averages from "
-               f"{min(loads):.1f} to {max(loads):.1f} on 2 cores during this run, so every time here is slower than on "
+               f"{min(loads):.1f} to {max(loads):.1f} on 2 cores during {during}, so every time here is slower than on "
                "a quiet machine, and the server got only part of the CPU it asked for.")
-    return out
+    return out + ([result["note"]] if result.get("note") else [])
 
 
 def parse_plan(text: str) -> list[tuple[int, int]]:
@@ -550,7 +555,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     from app.ui import operator
 
     result = {"machine": machine_info(1), "max_jobs": operator.max_jobs(), "think_s": args.think_s,
-              "server_args": args.server_args, "configs": []}
+              "server_args": args.server_args, "note": args.note, "configs": []}
     if args.previous:  # earlier runs of the same plan, kept beside this one for the spread
         earlier = json.loads(Path(args.previous).read_text())
         result["previous_runs"] = [*earlier.get("previous_runs", []),
@@ -574,6 +579,7 @@ def main() -> None:
     p.add_argument("--think-s", type=float, default=THINK_S)
     p.add_argument("--deadline-s", type=float, default=240.0, help="the most one configuration's visitors may take")
     p.add_argument("--server-args", default="", help="more `streamlit run` options, e.g. '--server.fileWatcherType auto'")
+    p.add_argument("--note", default="", help="a sentence for the report (what else was going on, say)")
     p.add_argument("--previous", help="an earlier results file of the same plan: kept in this one, for the spread")
     p.add_argument("--out", default="class-load", help="the results' file stem under bench/results/")
     p.add_argument("--log", default=str(Path(tempfile.gettempdir()) / "class-load.log"))

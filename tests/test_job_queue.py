@@ -190,6 +190,10 @@ def test_max_jobs_defaults_to_the_cores_less_one_and_refuses_nonsense(monkeypatc
     assert [operator.default_max_jobs(n) for n in (1, 2, 8)] == [1, 1, 7]
     # the job slots share the cores but one: one thread each by default, more when fewer jobs run
     assert [operator.threads_per_job(limit, n) for limit, n in ((1, 2), (7, 8), (1, 8), (3, 8), (1, 1))] == [1, 1, 7, 2, 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # chosen by whoever started the server: left alone
+    assert operator.job_threads(1) is None
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert operator.job_threads(1) == operator.threads_per_job(1, operator.cores())
     assert operator.max_jobs() == operator.default_max_jobs(operator.cores())
     monkeypatch.setenv(operator.MAX_JOBS, "3")
     assert operator.max_jobs() == 3 and operator.problem() is None

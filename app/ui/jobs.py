@@ -93,17 +93,17 @@ def start(name: str, label: str, work: Callable[[Report], Any], on_done: Callabl
     job = Job(name, label, on_done, session=session_id(), alone=alone, kind=kind, expected_s=expected_s)
     st.session_state[JOB] = job
     q = queue()
-    q.submit(job, on_threads(work, operator.threads_per_job(q.limit, operator.cores())))
+    q.submit(job, on_threads(work, operator.job_threads(q.limit)))
     return job
 
 
-def on_threads(work: Callable[[Report], Any], threads: int) -> Callable[[Report], Any]:
+def on_threads(work: Callable[[Report], Any], threads: int | None) -> Callable[[Report], Any]:
     """`work` with torch on `threads` threads (set for the whole process: every job sets the same
-    number, so no job undoes another's; pages never use torch)."""
+    number, so no job undoes another's; pages never use torch); None leaves torch as it is."""
     def run(report: Report) -> Any:
         import torch  # here, on the worker thread: the stepper opens without torch
 
-        if torch.get_num_threads() != threads:
+        if threads is not None and torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         return work(report)
     return run

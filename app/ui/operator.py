@@ -50,6 +50,12 @@ def threads_per_job(limit: int, n_cores: int) -> int:
     return max(1, (n_cores - 1) // limit)
 
 
+def job_threads(limit: int) -> int | None:
+    """threads_per_job on this machine, or None (torch left as it is) when whoever started the
+    server chose torch's threads with OMP_NUM_THREADS (bench/live_speed.py --app-threads does)."""
+    return None if os.environ.get("OMP_NUM_THREADS") else threads_per_job(limit, cores())
+
+
 def max_jobs() -> int:
     value = os.environ.get(MAX_JOBS, "").strip()
     if not value:
