@@ -81,7 +81,7 @@ def test_settle_measures_once_per_machine_and_model_and_forwards_follow_it(cache
     # another model (the draft's shapes) or another thread count is measured anew
     monkeypatch.setattr(linear_paths, "time_paths", steady(packed_first=True))
     assert set(settle(pair.draft)["chosen"].values()) == {PACKED}
-    with _threads(2):
+    with _threads(1 if torch.get_num_threads() != 1 else 2):  # a thread count other than the suite's own
         settle(again.target)
     assert len(json.loads(cache_file().read_text())["entries"]) == 3
 
