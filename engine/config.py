@@ -1,7 +1,19 @@
 """Settings of one speculative run, range-checked in one place."""
 from dataclasses import asdict, dataclass
 
-from engine.trace.schema import LAYOUTS, MAX_BLOCK_SIZE, MAX_K, MAX_NEW_TOKENS, MAX_TRACE_TOP_K
+from engine.trace.schema import (
+    DYNAMIC_TREE,
+    LAYOUTS,
+    MAX_BLOCK_SIZE,
+    MAX_K,
+    MAX_NEW_TOKENS,
+    MAX_TRACE_TOP_K,
+    MAX_TREE_BRANCHING,
+    MAX_TREE_DEPTH,
+    MAX_TREE_NODES,
+    STATIC_TREE,
+    TREE_KINDS,
+)
 
 
 class SettingsError(ValueError):
@@ -51,3 +63,114 @@ def validate_settings(s: SpecSettings) -> None:
         raise SettingsError(f"top_p must be a number, got {s.top_p!r}")
     if not 0.0 < s.top_p <= 1.0:
         raise SettingsError(f"top_p must be in (0, 1], got {s.top_p}")
+
+
+# ---------------------------------------------------------------- draft trees (engine/tree/)
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """The shape of the token tree drafted each cycle (the CLI's --tree).
+
+    static: every node at depth d gets `branching[d-1]` children, the draft's top ones (Medusa's
+    fixed trees). dynamic: EAGLE-2's rule: at each of `depth` levels the `top_k` best nodes of the
+    level (by cumulative draft log-probability) each get their `top_k` best children; at the end
+    the `nodes` best of all candidates are kept (a node never scores above its parent, so the kept
+    set contains every kept node's ancestors).
+    """
+
+    kind: str
+    branching: tuple[int, ...] = ()  # static only
+    top_k: int = 0  # dynamic only
+    depth: int = 0  # dynamic only
+    nodes: int = 0  # dynamic only
+
+    def __post_init__(self) -> None:
+        validate_tree(self)
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.branching) if self.kind == STATIC_TREE else self.depth
+
+    @property
+    def max_nodes(self) -> int:
+        """Draft nodes a cycle can hold (the root not counted)."""
+        if self.kind == DYNAMIC_TREE:
+            return self.nodes
+        total, width = 0, 1
+        for b in self.branching:
+            width *= b
+            total += width
+        return total
+
+    def candidates(self) -> int:
+        """dynamic: every node the expansion scores before the best `nodes` are kept."""
+        return self.top_k + (self.depth - 1) * self.top_k * self.top_k
+
+    def describe(self) -> dict:
+        """The header's settings["tree"]."""
+        if self.kind == STATIC_TREE:
+            return {"kind": self.kind, "branching": list(self.branching)}
+        return {"kind": self.kind, "top_k": self.top_k, "depth": self.depth, "nodes": self.nodes}
+
+    def text(self) -> str:
+        """The --tree form: static:2,2,1 or dynamic:top_k=4,depth=4,nodes=16."""
+        if self.kind == STATIC_TREE:
+            return f"static:{','.join(map(str, self.branching))}"
+        return f"dynamic:top_k={self.top_k},depth={self.depth},nodes={self.nodes}"
+
+
+def validate_tree(t: TreeSpec) -> None:
+    if t.kind not in TREE_KINDS:
+        raise SettingsError(f"tree kind must be one of {', '.join(TREE_KINDS)}, got {t.kind!r}")
+    if t.kind == STATIC_TREE:
+        if not t.branching or not isinstance(t.branching, tuple):
+            raise SettingsError("a static tree needs its branching per depth, e.g. static:3,2,1")
+        if len(t.branching) > MAX_TREE_DEPTH:
+            raise SettingsError(f"a tree is at most {MAX_TREE_DEPTH} deep, got {len(t.branching)} depths")
+        for b in t.branching:
+            _check_int("branching", b, 1, MAX_TREE_BRANCHING)
+    else:
+        _check_int("top_k", t.top_k, 1, MAX_TREE_BRANCHING)
+        _check_int("depth", t.depth, 1, MAX_TREE_DEPTH)
+        _check_int("nodes", t.nodes, 1, MAX_TREE_NODES)
+        if t.nodes > t.candidates():
+            raise SettingsError(f"nodes={t.nodes} is more than the {t.candidates()} candidates "
+                                f"top_k={t.top_k} over depth={t.depth} produces")
+    if t.max_nodes > MAX_TREE_NODES:
+        raise SettingsError(f"the tree has {t.max_nodes} nodes; at most {MAX_TREE_NODES} are allowed")
+
+
+def parse_tree(text: str) -> TreeSpec:
+    """--tree static:B1,B2,... or dynamic:top_k=K,depth=D,nodes=N, with a clear error otherwise."""
+    kind, sep, rest = text.strip().partition(":")
+    if not sep or kind not in TREE_KINDS:
+        raise SettingsError(f"--tree must look like static:3,2,1 or dynamic:top_k=4,depth=4,nodes=16; got {text!r}")
+    if kind == STATIC_TREE:
+        try:
+            branching = tuple(int(b) for b in rest.split(","))
+        except ValueError:
+            raise SettingsError(f"a static tree's branching is comma-separated integers, got {rest!r}") from None
+        return TreeSpec(kind, branching=branching)
+    fields = {}
+    for part in rest.split(","):
+        name, eq, value = part.partition("=")
+        if not eq or name.strip() not in ("top_k", "depth", "nodes") or not value.strip().lstrip("-").isdigit():
+            raise SettingsError(f"a dynamic tree takes top_k=, depth= and nodes= integers; got {part!r}")
+        fields[name.strip()] = int(value)
+    missing = {"top_k", "depth", "nodes"} - set(fields)
+    if missing:
+        raise SettingsError(f"a dynamic tree needs {', '.join(sorted(missing))} as well")
+    return TreeSpec(kind, **fields)
+
+
+def tree_from_header(entry: dict) -> TreeSpec:
+    """A header's settings["tree"] back as a TreeSpec; SettingsError when it is not one."""
+    if not isinstance(entry, dict) or entry.get("kind") not in TREE_KINDS:
+        raise SettingsError(f"settings.tree must name a kind of {', '.join(TREE_KINDS)}")
+    if entry["kind"] == STATIC_TREE:
+        if set(entry) != {"kind", "branching"} or not isinstance(entry["branching"], list):
+            raise SettingsError("a static settings.tree has exactly kind and a branching list")
+        return TreeSpec(STATIC_TREE, branching=tuple(entry["branching"]))
+    if set(entry) != {"kind", "top_k", "depth", "nodes"}:
+        raise SettingsError("a dynamic settings.tree has exactly kind, top_k, depth and nodes")
+    return TreeSpec(DYNAMIC_TREE, top_k=entry["top_k"], depth=entry["depth"], nodes=entry["nodes"])

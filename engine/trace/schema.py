@@ -51,6 +51,18 @@ DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE = "model", "prompt-lookup", "
 DRAFTER_KINDS = (DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE)
 MAX_NGRAM = 16  # prompt lookup: the longest n-gram it may be told to match
 
+# ---------------------------------------------------------------- draft trees (engine/tree/)
+
+# A tree run's header carries settings["tree"]: {"kind": STATIC_TREE, "branching": [B1, B2, ...]} or
+# {"kind": DYNAMIC_TREE, "top_k": k, "depth": d, "nodes": n}. Chain runs have no "tree" entry.
+STATIC_TREE, DYNAMIC_TREE = "static", "dynamic"
+TREE_KINDS = (STATIC_TREE, DYNAMIC_TREE)
+MAX_TREE_NODES = 64  # draft nodes per cycle (the root, the last committed token, not counted)
+MAX_TREE_DEPTH = MAX_K
+MAX_TREE_BRANCHING = 16  # children of one node, at most
+ROOT = -1  # a node's parent when it hangs off the root (the last committed token)
+NEXT_BONUS, NEXT_RESIDUAL = "bonus", "residual"  # how a tree cycle's last committed token was drawn
+
 # ---------------------------------------------------------------- deliberate bugs (engine/teaching/faults.py)
 
 # The acceptance rules a teaching run may declare in its header's "faults"; only "ratio" is correct.
