@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from engine.config import SpecSettings
+from engine.config import SettingsError, SpecSettings, TreeSpec
 from engine.cycle.reference import RATIO_TEST, CycleRule, Pair, eos_ids_of, speculative_generate, target_generate
 from engine.drafters.registry import DRAFTERS, DrafterOptions, build_drafter, with_shipped_draft
 from engine.kv.layouts import layout_for_run
@@ -17,6 +17,7 @@ from engine.stats.calibrate import calibrate as measure_step_times
 from engine.stats.plan import KPlan, plan_k
 from engine.trace.format import Trace, TraceWriter, make_summary
 from engine.trace.schema import CACHE_CONVENTION, CACHE_CONVENTION_TEXT, FORMAT, VERSION, WEIGHTS_FLOAT32
+from engine.tree.cycle import check_tree_run, tree_generate, tree_layout
 
 
 def library_versions() -> dict:
@@ -154,7 +155,8 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
                  preset: str | None = None, chat_template: bool = True,
                  on_cycle: Callable[[dict], None] | None = None,
                  rule: CycleRule = RATIO_TEST, calibrate: bool = False, fast: str | None = None,
-                 calibration: dict | None = None, tensor_parallel: dict | None = None) -> Trace:
+                 calibration: dict | None = None, tensor_parallel: dict | None = None,
+                 tree: TreeSpec | None = None) -> Trace:
     """Run speculative decoding on `prompt`, writing the trace to `out` as it goes.
 
     With `calibrate`, the header also gets step times of both models (engine/stats/calibrate.py),
@@ -163,10 +165,14 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     their records mean the same. A `calibration` already measured for this pair and prompt
     (run_advised's) is recorded as it is instead of being measured again. `tensor_parallel` (rank 0
     of a torchrun group, engine/parallel_run.py) is the rank layout the header records; the cycles are the same.
+    With a `tree` spec the cycles draft and verify token trees (engine/tree/): the header's settings get
+    "tree" and K becomes the tree's depth.
     """
     if not prompt.strip():
         raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
     pair.drafter.check_settings(s)  # refuse before anything is written
+    if tree is not None:
+        s = check_tree_options(pair, s, tree, rule, fast, calibrate or calibration is not None, tensor_parallel)
     if fast is not None:
         from engine.cycle.fast import check_fast_settings
         s = check_fast_settings(s, rule, pair)
@@ -174,6 +180,9 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
     check_prompt_fits(pair, len(prompt_ids), s)
     header = make_header(pair, s, prompt, prompt_ids, preset, use_chat, rule)
+    if tree is not None:
+        header["settings"]["tree"] = tree.describe()
+        header["cache_layout"] = tree_layout(s, tree, len(prompt_ids)).describe()
     if rule is not RATIO_TEST:
         header["faults"] = asdict(rule)  # marks a deliberately broken teaching run
     if tensor_parallel is not None:  # optional header field: the ranks the target was sharded over
@@ -189,7 +198,7 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     with TraceWriter(out) as writer:
         writer.write(header)
         start = time.perf_counter()
-        for rec in _cycles(pair, prompt_ids, s, rule, fast):
+        for rec in _cycles(pair, prompt_ids, s, rule, fast, tree):
             writer.write(rec)
             cycles.append(rec)
             if on_cycle:
@@ -203,7 +212,21 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     return Trace(header, cycles, summary)
 
 
-def _cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, rule: CycleRule, fast: str | None):
+def check_tree_options(pair: Pair, s: SpecSettings, tree: TreeSpec, rule: CycleRule, fast: str | None,
+                       calibrate: bool, tensor_parallel: dict | None) -> SpecSettings:
+    """The settings a tree run records (K = the tree's depth); refuse what trees do not support yet."""
+    check_tree_run(pair, tree)
+    for asked, what in ((fast is not None, "--fast"), (rule is not RATIO_TEST, "a teaching fault"),
+                        (calibrate, "calibration"), (tensor_parallel is not None, "--tp")):
+        if asked:
+            raise SettingsError(f"--tree does not run with {what} yet; drop one of the two")
+    return replace(s, k=tree.max_depth)
+
+
+def _cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, rule: CycleRule, fast: str | None,
+            tree: TreeSpec | None = None):
+    if tree is not None:
+        return tree_generate(pair, prompt_ids, s, tree)
     if fast is None:
         return speculative_generate(pair, prompt_ids, s, rule)
     from engine.cycle.fast import fast_generate

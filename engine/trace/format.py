@@ -378,12 +378,17 @@ class TraceWriter:
             self.close()  # the partial file keeps the finished cycles under its own name
 
 
+def drafted(cycle: dict) -> int:
+    """Tokens a cycle drafted: its chain's proposals, or every node of its tree."""
+    return len(cycle["tree"]["nodes"]) if "tree" in cycle else len(cycle["draft_token_ids"])
+
+
 def make_summary(cycles: list[dict], k: int, generated_text: str, stop_reason: str,
                  wall_time_s: float) -> dict:
     generated = [t for c in cycles for t in c["committed_token_ids"]]
     return {
         "type": "summary", "generated_token_ids": generated, "generated_text": generated_text,
-        **acceptance_metrics([c["num_accepted"] for c in cycles], k, [len(c["draft_token_ids"]) for c in cycles]),
+        **acceptance_metrics([c["num_accepted"] for c in cycles], k, [drafted(c) for c in cycles]),
         "num_generated": len(generated), "stop_reason": stop_reason, "wall_time_s": wall_time_s,
         "tokens_per_s": len(generated) / wall_time_s if wall_time_s > 0 else 0.0,
     }

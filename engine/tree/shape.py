@@ -76,8 +76,9 @@ def expand_dynamic(tree: DraftTree, frontier: list[int], probs: torch.Tensor, to
     return sorted(level, key=lambda i: -tree.score[i])[:top_k]
 
 
-def keep_best(tree: DraftTree, nodes: int) -> DraftTree:
+def keep_best(tree: DraftTree, nodes: int) -> tuple[DraftTree, list[int]]:
     """EAGLE-2's rerank: the `nodes` best candidates by score, renumbered parents first.
+    Returns the new tree and, for each of its nodes, the index it had in `tree`.
 
     A child's score is its parent's plus a log-probability (<= 0), so it never beats its
     parent; ties are broken towards shallower nodes, and ancestors are added if a tie ever
@@ -94,7 +95,7 @@ def keep_best(tree: DraftTree, nodes: int) -> DraftTree:
         out.parents.append(ROOT if parent == ROOT else new_index[parent])
         out.q.append(tree.q[old])
         out.score.append(tree.score[old])
-    return out
+    return out, order
 
 
 def level_width(spec: TreeSpec, depth: int) -> int:
