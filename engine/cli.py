@@ -11,12 +11,12 @@ import os
 import sys
 from pathlib import Path
 
-from engine.config import SettingsError, SpecSettings
+from engine.config import SettingsError, SpecSettings, parse_tree
 from engine.drafters.registry import DRAFTERS, all_flags, check_before_loading, options_from_args
 from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
-from engine.trace.format import Trace, TraceError, load_trace, partial_path
-from engine.trace.schema import LAYOUTS, MAX_K, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
+from engine.trace.format import Trace, TraceError, drafted, load_trace, partial_path
+from engine.trace.schema import DRAFT_MODEL, LAYOUTS, MAX_K, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 MAX_PROMPT_CHARS = 1_000_000  # far beyond any model's context; the token limit is checked after tokenizing
 DEFAULT_TP_TIMEOUT_S = 600  # engine/parallel/world.py DEFAULT_TIMEOUT_S (not imported: the parser loads no torch)
@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in all_flags():  # each drafter kind's own options (engine/drafters/registry.py)
         run.add_argument(flag.name, type=int, default=flag.default, help=flag.help)
     run.add_argument("--k", type=int, default=4, help="draft tokens per cycle")
+    run.add_argument("--tree", default=None,
+                     help="draft a token tree instead of a chain (draft model only): static:B1,B2,... (B_d children "
+                          "per node at depth d, as in Medusa) or dynamic:top_k=K,depth=D,nodes=N (EAGLE-2's "
+                          "expand-and-rerank); K becomes the tree's depth (docs/trees.md)")
     run.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the preset's)")
     run.add_argument("--top-k", type=int, default=0)
     run.add_argument("--top-p", type=float, default=1.0)
@@ -93,9 +97,12 @@ def drafters_in_words() -> str:
 
 
 def chosen_drafter(args) -> str:
-    """--drafter, else the preset's default drafter (a draft model for models named by --target)."""
+    """--drafter, else the preset's default drafter (a draft model for models named by --target,
+    and for a --tree run: trees are drafted by the draft model)."""
     if args.drafter is not None:
         return args.drafter
+    if getattr(args, "tree", None) is not None:
+        return DRAFT_MODEL
     return default_drafter("" if args.target is not None else args.preset)
 
 
@@ -201,6 +208,9 @@ def cmd_run(args) -> int:
 
     args.drafter = chosen_drafter(args)
     settings = settings_from_args(args)
+    tree = None if args.tree is None else parse_tree(args.tree)
+    if tree is not None and args.tp > 1:
+        raise SettingsError("--tree does not run with --tp yet; drop one of the two")
     options = options_from_args(args)
     target, draft, preset = resolve_models(args)
     check_prompt(args.prompt)
@@ -228,7 +238,7 @@ def cmd_run(args) -> int:
         fast = plan.capture
     return generate_and_report(args, settings, lambda progress: run_to_trace(
         pair, args.prompt, settings, args.out, preset, chat_template=not args.no_chat_template, on_cycle=progress,
-        calibrate=args.calibrate, fast=fast))
+        calibrate=args.calibrate, fast=fast, tree=tree))
 
 
 def generate_and_report(args, settings: SpecSettings, run) -> int:
@@ -239,7 +249,7 @@ def generate_and_report(args, settings: SpecSettings, run) -> int:
 
     def progress(rec: dict) -> None:
         bar.update(len(rec["committed_token_ids"]))
-        bar.set_postfix(cycle=rec["cycle"], accepted=f"{rec['num_accepted']}/{len(rec['draft_token_ids'])}")
+        bar.set_postfix(cycle=rec["cycle"], accepted=f"{rec['num_accepted']}/{drafted(rec)}")
 
     try:
         trace = run(progress)
