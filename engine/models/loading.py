@@ -118,10 +118,17 @@ class LoadedModel:
         return ids if self.full_to_row is None else self.full_to_row[ids]
 
     @torch.inference_mode()
-    def forward(self, token_ids: list[int], cache: DynamicCache) -> torch.Tensor:
-        """Append K/V for `token_ids` to `cache`; return full-vocabulary logits (T, V_full)."""
+    def forward(self, token_ids: list[int], cache: DynamicCache, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Append K/V for `token_ids` to `cache`; return full-vocabulary logits (T, V_full).
+
+        A draft tree's forward (engine/tree/attention.py) also passes `position_ids` (1, T) and a
+        4D additive `attention_mask` (1, 1, T, kv_len); without them the call is the plain causal
+        one, the model numbering positions on from the cache length."""
+        placed = {"position_ids": position_ids, "attention_mask": attention_mask}
         out = self.runner_for(len(token_ids))(input_ids=self.model_input(token_ids), use_cache=True,
-                                              **{self.cache_arg: cache})
+                                              **{self.cache_arg: cache},
+                                              **{k: v for k, v in placed.items() if v is not None})
         return self.full_vocab_logits(out.logits[0])
 
     def full_vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
