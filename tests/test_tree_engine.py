@@ -60,7 +60,7 @@ def test_a_tree_cycle_record_describes_its_walk():
         tree = rec["tree"]
         nodes, path = tree["nodes"], tree["path"]
         assert rec["num_accepted"] == len(path)
-        assert [nodes[i]["parent"] for i in path] == [ROOT, *path[:-1]]
+        assert [nodes[i]["parent"] for i in path] == [ROOT, *path][: len(path)]
         assert [t["node"] for t in tree["tried"] if t["accepted"]] == path
         assert all(t["accepted"] == (t["u"] < t["p_residual"]) for t in tree["tried"])
         tokens = [nodes[i]["token_id"] for i in path] + [tree["next_token_id"]]
@@ -79,6 +79,6 @@ def test_a_tree_run_refuses_a_drafter_without_a_draft_model():
     from engine.drafters.prompt_lookup import PromptLookupDrafter
 
     pair = tiny_pair(0)
-    lookup = Pair(pair.target, None, pair.eos_ids, PromptLookupDrafter())
+    lookup = Pair(pair.target, None, pair.eos_ids, PromptLookupDrafter(pair.target.full_vocab_size))
     with pytest.raises(SettingsError, match="draft model"):
         next(tree_generate(lookup, PROMPT, SpecSettings(k=2), parse_tree("static:2,2")))

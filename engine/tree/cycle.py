@@ -13,6 +13,7 @@ import torch
 
 from engine.config import SettingsError, SpecSettings, TreeSpec
 from engine.cycle.reference import Pair, RunState, TokenTexts, cycle_layout_fields, layout_states
+from engine.drafters.model import ModelDraftState
 from engine.kv.layouts import CacheLayout, new_cache
 from engine.kv.ops import cache_len, prefill
 from engine.models.device import timed
@@ -43,7 +44,7 @@ def start_tree_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, spec: Tre
     layout = tree_layout(s, spec, len(prompt_ids))
     target_cache = prefill(pair.target, prompt_ids, new_cache(layout, pair.target.model.config))
     draft_cache = prefill(pair.draft, prompt_ids, new_cache(layout, pair.draft.model.config))
-    return RunState(list(prompt_ids), target_cache, draft_cache)
+    return RunState(list(prompt_ids), target_cache, ModelDraftState(draft_cache))
 
 
 def path_slots(start: int, path: list[int], keep: int) -> list[int]:
