@@ -137,15 +137,21 @@ def settings_from_args(args) -> SpecSettings:
                         cache_layout=args.cache, block_size=args.block_size)
 
 
+def tree_text(entry: dict) -> str:
+    from engine.config import tree_from_header
+    return tree_from_header(entry).text()
+
+
 def format_metrics(trace: Trace) -> str:
     from engine.trace.metrics import acceptance_metrics
-    m = acceptance_metrics([c["num_accepted"] for c in trace.cycles], trace.k,
-                           [len(c["draft_token_ids"]) for c in trace.cycles])
+    m = acceptance_metrics([c["num_accepted"] for c in trace.cycles], trace.k, [drafted(c) for c in trace.cycles])
     per_pos = " ".join(f"{p:.2f}" for p in m["per_position_acceptance"])
-    lines = [f"cycles: {m['num_cycles']}   K: {trace.k}   drafter: {trace.drafter_kind}",
-             f"draft acceptance rate: {m['acceptance_rate']:.3f}  (accepted / drafted)",
+    tree = trace.header["settings"].get("tree")
+    shape = f"tree: {tree_text(tree)}" if tree else f"K: {trace.k}"
+    lines = [f"cycles: {m['num_cycles']}   {shape}   drafter: {trace.drafter_kind}",
+             f"draft acceptance rate: {m['acceptance_rate']:.3f}  (accepted / drafted{' nodes' if tree else ''})",
              f"mean acceptance length: {m['mean_acceptance_length']:.3f}  (1 + accepted / cycles)",
-             f"per-position acceptance: {per_pos}"]
+             f"per-{'depth' if tree else 'position'} acceptance: {per_pos}"]
     if trace.summary:
         lines.append(f"generated tokens: {trace.summary['num_generated']}   "
                      f"tokens/s: {trace.summary['tokens_per_s']:.1f}   stop: {trace.summary['stop_reason']}")
