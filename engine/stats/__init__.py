@@ -7,6 +7,8 @@
 - layouts.py: slots held, stale slots and blocks, per cache layout.
 - quiet.py: whether a trace's own timings say it was recorded on a quiet machine.
 - plan.py: K for a run about to start (a pilot for alpha, the calibration, the advisor; K=0 included).
+- tree_plan.py: a static draft tree, a chain or plain decoding for a run about to start: a(B) from a
+  chain pilot, tokens per cycle, the measured verify (and draft) width curves.
 - paths.py: which linear path ran each forward width, from a calibrated header.
 
 May import: everything in the engine below it (config, trace, models, kv, drafters, cycle).

@@ -11,6 +11,12 @@ length:
   every n from 1 to K_max + 1 (the K advisor picks K from this measured curve);
 - draft_step_s: one cached draft step on 1 token, warping and sampling, as `propose` does.
 
+`calibrate` measures the widths a chain needs (1 to K+1). A draft tree verifies N+1 positions
+(up to 65) and feeds the draft a whole level of nodes at once, so `calibrate_widths` measures a
+chosen list of verify widths (TREE_WIDTHS: every width to 9, then sparser up to 65) and, when
+asked, the draft model's forward at chosen widths too ("draft_positions", "draft_s"); the tree
+advisor (engine/stats/tree_plan.py) interpolates between the measured widths.
+
 Each is the median of `repeats` timings taken after a warm-up. The result is plain
 data (JSON-ready) so it can ride in a trace header as the optional "calibration" field.
 """
@@ -30,6 +36,9 @@ from engine.models.sampling import warp_probs
 from engine.trace.schema import DRAFT_MODEL
 
 DEFAULT_MAX_POSITIONS = 9  # verify widths 1..9 cover K = 1..8 without extrapolating
+# A tree of up to MAX_TREE_NODES = 64 nodes verifies up to 65 positions: every width a chain
+# needs, then a sparser grid the tree advisor interpolates over (linearly, never beyond 65).
+TREE_WIDTHS = [*range(1, 10), 12, 16, 24, 32, 48, 65]
 
 
 def context_of_length(prompt_ids: list[int], length: int) -> list[int]:
@@ -68,7 +77,8 @@ def time_widths(model: LoadedModel, context: list[int], widths: list[int], s: Sp
     if len(context) > 1:
         model.forward(context[:-1], cache)
     keep = len(context) - 1
-    feed = [context[-1]] + context[: max(widths) - 1]
+    # Every width gets exactly its number of new positions, also when it is wider than the context.
+    feed = [context[-1]] + (context_of_length(context, max(widths) - 1) if max(widths) > 1 else [])
     jobs: list[tuple[int | str, int, bool]] = [(w, w, draw) for w in widths] + ([("step", 1, True)] if step else [])
     times: dict[int | str, list[float]] = {key: [] for key, _, _ in jobs}
     for round_number in range(repeats + 1):  # round 0 warms up and is not kept
@@ -98,24 +108,44 @@ def time_drafter_step(pair: Pair, context: list[int], s: SpecSettings, repeats: 
 
 def calibrate(pair: Pair, prompt_ids: list[int], s: SpecSettings, cache_len: int | None = None,
               max_positions: int | None = None, repeats: int = 7) -> dict:
-    """Step times of both models at `cache_len` cached positions (default: the run's mean).
+    """Step times of both models at `cache_len` cached positions (default: the run's mean), with
+    verify widths 1 to `max_positions` (default: enough for K = 1..8 and the settings' K).
 
     The run's mean cache length is the prompt plus half the new tokens: attention cost
     grows with the cache, so this is the length the average cycle sees.
     """
-    if cache_len is None:
-        cache_len = len(prompt_ids) - 1 + s.max_new_tokens // 2
     max_positions = max_positions or max(DEFAULT_MAX_POSITIONS, s.k + 1)
+    return calibrate_widths(pair, prompt_ids, s, list(range(1, max_positions + 1)), cache_len, repeats)
+
+
+def run_cache_len(prompt_ids: list[int], s: SpecSettings) -> int:
+    """The cache length the run's average cycle sees: the prompt plus half the new tokens."""
+    return len(prompt_ids) - 1 + s.max_new_tokens // 2
+
+
+def calibrate_widths(pair: Pair, prompt_ids: list[int], s: SpecSettings, widths: list[int],
+                     cache_len: int | None = None, repeats: int = 7,
+                     draft_widths: list[int] | None = None) -> dict:
+    """As `calibrate`, at the verify widths given (distinct, increasing); with `draft_widths`
+    (which must include 1), also the draft model's forward over each of those widths, warped and
+    sampled, in one round-robin whose width 1 is the draft step."""
+    if not widths or widths != sorted(set(widths)) or widths[0] < 1:
+        raise ValueError(f"verify widths must be distinct increasing positive integers, got {widths}")
+    if draft_widths is not None and (1 not in draft_widths or draft_widths != sorted(set(draft_widths))):
+        raise ValueError(f"draft widths must be distinct increasing and include 1, got {draft_widths}")
+    is_model = pair.draft is not None and pair.drafter.kind == DRAFT_MODEL
+    if draft_widths is not None and not is_model:
+        raise ValueError("draft widths can be measured only for a draft model that shares the target's tokens")
+    cache_len = run_cache_len(prompt_ids, s) if cache_len is None else cache_len
     context = context_of_length(prompt_ids, cache_len + 1)
-    widths = list(range(1, max_positions + 1))
     verify = time_widths(pair.target, context, widths, s, repeats, draw=False, step=True)
-    target_step = verify["step"]
-    if pair.draft is not None and pair.drafter.kind == DRAFT_MODEL:
-        draft_step = time_widths(pair.draft, context, [1], s, repeats, draw=True)[1]
-    else:
-        draft_step = time_drafter_step(pair, context, s, repeats)
-    return {
+    draft = time_widths(pair.draft, context, draft_widths or [1], s, repeats, draw=True) if is_model else None
+    out = {
         "cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),
-        "target_step_s": target_step, "draft_step_s": draft_step,
-        "verify_positions": widths, "verify_s": [verify[w] for w in widths],
+        "target_step_s": verify["step"],
+        "draft_step_s": draft[1] if draft else time_drafter_step(pair, context, s, repeats),
+        "verify_positions": list(widths), "verify_s": [verify[w] for w in widths],
     }
+    if draft_widths is not None:
+        out |= {"draft_positions": list(draft_widths), "draft_s": [draft[w] for w in draft_widths]}
+    return out
