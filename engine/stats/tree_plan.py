@@ -66,6 +66,7 @@ from engine.cycle.reference import Pair, speculative_generate
 from engine.models.loading import LoadedModel
 from engine.stats.analysis import calibration_of
 from engine.trace.schema import DRAFT_MODEL, MAX_TREE_NODES, STATIC_TREE
+from engine.tree.draft import confidence
 
 MAX_BRANCHING = 4  # children per node the advisor considers (a(B) is estimated for B = 1..4)
 MAX_DEPTH = 8  # as deep as the longest chain it compares with
@@ -374,9 +375,8 @@ def draft_rows_are_ranking(s: SpecSettings) -> bool:
 
 def ranked_rows(draft: LoadedModel, ids: list[int], s: SpecSettings, n_top: int) -> list[list[dict]]:
     """Row j: the draft's top n_top tokens after ids[:j+1], ranked as engine/tree/draft.py's
-    `confidence` ranks children (softmax at the run's temperature, 1 when greedy; no top-k/top-p)."""
-    logits = draft.forward(ids, draft.new_cache())  # (T, V)
-    probs = torch.softmax(logits.float() / (s.temperature if s.temperature > 0 else 1.0), dim=-1)
+    `confidence` ranks children: it is that function."""
+    probs = confidence(draft.forward(ids, draft.new_cache()), s)  # (T, V)
     values, tokens = torch.topk(probs, min(n_top, probs.shape[-1]), dim=-1)
     return [[{"token_id": t, "p": v} for v, t in zip(vs, ts) if v > 0]
             for vs, ts in zip(values.tolist(), tokens.tolist())]
