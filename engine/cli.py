@@ -20,6 +20,7 @@ from engine.trace.schema import DRAFT_MODEL, LAYOUTS, MAX_K, TARGET_WEIGHTS, WEI
 
 MAX_PROMPT_CHARS = 1_000_000  # far beyond any model's context; the token limit is checked after tokenizing
 DEFAULT_TP_TIMEOUT_S = 600  # engine/parallel/world.py DEFAULT_TIMEOUT_S (not imported: the parser loads no torch)
+TREE_AUTO = "auto"  # --tree auto: the tree advisor chooses a static tree, a chain or plain decoding
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tree", default=None,
                      help="draft a token tree instead of a chain (draft model only): static:B1,B2,... (B_d children "
                           "per node at depth d, as in Medusa) or dynamic:top_k=K,depth=D,nodes=N (EAGLE-2's "
-                          "expand-and-rerank); K becomes the tree's depth (docs/trees.md)")
+                          "expand-and-rerank); K becomes the tree's depth; or auto: the tree advisor times both models on "
+                          "this machine and runs the tree, chain or plain decoding it predicts fastest (docs/trees.md)")
     run.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the preset's)")
     run.add_argument("--top-k", type=int, default=0)
     run.add_argument("--top-p", type=float, default=1.0)
@@ -214,8 +216,8 @@ def cmd_run(args) -> int:
 
     args.drafter = chosen_drafter(args)
     settings = settings_from_args(args)
-    tree = None if args.tree is None else parse_tree(args.tree)
-    if tree is not None and args.tp > 1:
+    tree = None if args.tree in (None, TREE_AUTO) else parse_tree(args.tree)
+    if args.tree is not None and args.tp > 1:
         raise SettingsError("--tree does not run with --tp yet; drop one of the two")
     options = options_from_args(args)
     target, draft, preset = resolve_models(args)
@@ -242,9 +244,29 @@ def cmd_run(args) -> int:
         plan = plan_fast_path(pair.target.device)
         print(plan.message, file=sys.stderr)
         fast = plan.capture
+    if args.tree == TREE_AUTO:
+        return run_tree_auto(args, pair, settings, preset)
     return generate_and_report(args, settings, lambda progress: run_to_trace(
         pair, args.prompt, settings, args.out, preset, chat_template=not args.no_chat_template, on_cycle=progress,
         calibrate=args.calibrate, fast=fast, tree=tree))
+
+
+def run_tree_auto(args, pair, settings: SpecSettings, preset: str | None) -> int:
+    """--tree auto: the tree advisor measures, chooses and runs; plain decoding writes no trace."""
+    from engine.run import run_tree_advised
+
+    if args.fast or args.calibrate:
+        raise SettingsError("--tree auto measures on its own and runs the reference cycle: drop --fast and --calibrate")
+    print("tree advisor: timing both models by width and running a short pilot...", file=sys.stderr)
+    done = run_tree_advised(pair, args.prompt, settings, args.out, preset, not args.no_chat_template)
+    print(f"tree advisor: {done.plan.sentence}", file=sys.stderr)
+    print(done.text)
+    if done.trace is None:
+        print(f"decoded plainly ({done.tokens} tokens), as advised: no trace written")
+        return 0
+    print(format_metrics(done.trace))
+    print(f"trace written to {args.out}")
+    return 0
 
 
 def generate_and_report(args, settings: SpecSettings, run) -> int:

@@ -13,8 +13,10 @@ from engine.models import linear_paths
 from engine.models.device import pick_device, pick_dtype, timed
 from engine.models.loading import LoadedModel, load_model
 from engine.models.presets import PRESETS
+from engine.stats.calibrate import TREE_WIDTHS, calibrate_widths
 from engine.stats.calibrate import calibrate as measure_step_times
 from engine.stats.plan import KPlan, plan_k
+from engine.stats.tree_plan import TreePlan, plan_tree
 from engine.trace.format import Trace, TraceWriter, make_summary
 from engine.trace.schema import CACHE_CONVENTION, CACHE_CONVENTION_TEXT, FORMAT, VERSION, WEIGHTS_FLOAT32
 from engine.tree.cycle import check_tree_run, tree_generate, tree_layout
@@ -267,3 +269,37 @@ def run_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, prese
                          calibration=calibration if plan.k + 1 <= widest else None, calibrate=True)
     return AdvisedRun(plan, trace, trace.summary["generated_text"], trace.summary["num_generated"],
                       sum(c["cycle_time_s"] for c in trace.cycles))
+
+
+TREE_DRAFT_WIDTHS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]  # a tree's level batches, timed for the draft
+
+
+@dataclass(frozen=True)
+class TreeAdvisedRun:
+    """What run_tree_advised did: a trace of the advised tree or chain, or plain decoding's text."""
+
+    plan: TreePlan
+    trace: Trace | None  # None when the advisor said to decode plainly
+    text: str
+    tokens: int
+
+
+def run_tree_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, preset: str | None = None,
+                     chat_template: bool = True, on_cycle: Callable[[dict], None] | None = None) -> TreeAdvisedRun:
+    """`--tree auto`: measure both models' cost by width on this machine, estimate from a short chain
+    pilot how often the draft's top-B tokens hold the target's choice, and run what the tree advisor
+    (engine/stats/tree_plan.py) predicts fastest: a static tree, a chain, or plain decoding."""
+    if not prompt.strip():
+        raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
+    pair.drafter.check_settings(s)
+    use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
+    prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
+    check_prompt_fits(pair, len(prompt_ids), s)
+    settle_linear_paths(pair)
+    calibration = calibrate_widths(pair, prompt_ids, s, TREE_WIDTHS, draft_widths=TREE_DRAFT_WIDTHS)
+    plan = plan_tree(pair, prompt_ids, s, calibration)
+    if plan.plain:
+        tokens = target_generate(pair.target, prompt_ids, s, pair.eos_ids)
+        return TreeAdvisedRun(plan, None, pair.target.tokenizer.decode(tokens), len(tokens))
+    trace = run_to_trace(pair, prompt, replace(s, k=plan.k), out, preset, chat_template, on_cycle, tree=plan.tree)
+    return TreeAdvisedRun(plan, trace, trace.summary["generated_text"], trace.summary["num_generated"])
