@@ -181,6 +181,8 @@ def token_hover(t: TokenInfo) -> str:
     if t.origin == PROMPT:
         return head + " token"
     head += f" (cycle {t.cycle})"
+    if t.depth is not None:
+        return tree_token_hover(head, t)
     if t.origin == ACCEPTED:
         return (f"{head}<br>p_target {fmt_p(t.p_target)} · p_draft {fmt_p(t.p_draft)}"
                 f"<br>min(1, p_target/p_draft) {fmt_p(t.accept_prob)}"
@@ -189,6 +191,17 @@ def token_hover(t: TokenInfo) -> str:
         return (f"{head}<br>drawn from the residual: {fmt_p(t.residual)}"
                 f"<br>p_target {fmt_p(t.p_target)} · p_draft {fmt_p(t.p_draft)}")
     return f"{head}<br>drawn from the target at position K+1: p_target {fmt_p(t.p_target)}"
+
+
+def tree_token_hover(head: str, t: TokenInfo) -> str:
+    """The numbers of a token a tree cycle committed (app/figures/tree.py draws the tree itself)."""
+    if t.origin == ACCEPTED:
+        return (f"{head}<br>draft tree, depth {t.depth}: p_target {fmt_p(t.p_target)} · q (draft) {fmt_p(t.p_draft)}"
+                f"<br>tried with r[t] {fmt_p(t.accept_prob)} · u {fmt_p(t.u) if t.u is not None else NOT_DRAWN} → accepted")
+    if t.origin == RESAMPLED:
+        return (f"{head}<br>every candidate at depth {t.depth} was rejected: drawn from the residual {fmt_p(t.residual)}"
+                f"<br>p_target {fmt_p(t.p_target)}")
+    return f"{head}<br>bonus after the path's last node (depth {t.depth}): p_target {fmt_p(t.p_target)}"
 
 
 def text_figure(tokens: Sequence[TokenInfo], highlight_cycle: int | None = None,

@@ -6,7 +6,7 @@ figure functions and tests use them directly.
 from dataclasses import dataclass
 
 from engine.trace import Trace
-from engine.trace.schema import DRAFT_MODEL, EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP
+from engine.trace.schema import DRAFT_MODEL, EAGLE, NEXT_BONUS, OTHER_TOKENIZER, PROMPT_LOOKUP, ROOT
 
 # Where a token of the text came from.
 PROMPT, ACCEPTED, RESAMPLED, BONUS = "prompt", "accepted", "resampled", "bonus"
@@ -33,6 +33,7 @@ class TokenInfo:
     row: int = 0  # line in the text view
     col: int = 0  # first column in the text view
     width: int = 1  # columns the visible text takes
+    depth: int | None = None  # a tree cycle's token: its depth in the draft tree (None in a chain cycle)
 
 
 def visible_text(text: str) -> str:
@@ -56,8 +57,38 @@ def _lookup(entries: list[dict] | None, token_id: int, field: str) -> float | No
     return None
 
 
+def is_tree_cycle(c: dict) -> bool:
+    """A tree cycle record (draft trees, #23) carries a `tree` entry instead of the per-position fields."""
+    return isinstance(c.get("tree"), dict)
+
+
+def tree_cycle_tokens(c: dict) -> list[TokenInfo]:
+    """The tokens a tree cycle committed: the accepted path's nodes (p_target = the node's p, p_draft its q,
+    accept_prob the residual probability r[t] it was tried with), then the bonus or residual token."""
+    tree = c["tree"]
+    nodes, path = tree["nodes"], tree["path"]
+    tried = {t["node"]: t for t in tree["tried"]}
+    last = path[-1] if path else ROOT
+    tokens = []
+    for i, text in enumerate(c["committed_token_texts"]):
+        if i < len(path):
+            node, t = nodes[path[i]], tried.get(path[i], {})
+            tokens.append(TokenInfo(text, ACCEPTED, c["cycle"], node["p"], node["q"], t.get("p_residual"), t.get("u"),
+                                    depth=node["depth"]))
+        elif tree["next_token_kind"] == NEXT_BONUS:
+            row = tree["target_top"][last + 1] if last + 1 < len(tree["target_top"]) else []
+            tokens.append(TokenInfo(text, BONUS, c["cycle"], _lookup(row, tree["next_token_id"], "p"), depth=len(path) + 1))
+        else:
+            res = tree.get("residual_top")
+            tokens.append(TokenInfo(text, RESAMPLED, c["cycle"], _lookup(res, tree["next_token_id"], "p_target"),
+                                    residual=_lookup(res, tree["next_token_id"], "residual"), depth=len(path) + 1))
+    return tokens
+
+
 def cycle_tokens(c: dict) -> list[TokenInfo]:
     """The tokens cycle c committed, in order, with the numbers behind each."""
+    if is_tree_cycle(c):
+        return tree_cycle_tokens(c)
     tokens = []
     n_acc = c["num_accepted"]
     for i, (tid, text) in enumerate(zip(c["committed_token_ids"], c["committed_token_texts"])):
@@ -106,8 +137,8 @@ def tokens_through(trace: Trace) -> list[int]:
 
 def proposals(c: dict) -> int:
     """Draft tokens this cycle proposed: K for a draft model, 0..K for prompt lookup and the
-    other-tokenizer draft."""
-    return len(c["draft_token_ids"])
+    other-tokenizer draft; a tree cycle's nodes."""
+    return len(c["tree"]["nodes"]) if is_tree_cycle(c) else len(c["draft_token_ids"])
 
 
 def position_outcomes(c: dict, k: int) -> list[str]:
@@ -128,6 +159,9 @@ def overview(trace: Trace) -> Overview:
     points: dict[str, tuple[list[int], list[int]]] = {
         ACCEPTED: ([], []), REJECTED: ([], []), DISCARDED: ([], []), BONUS: ([], [])}
     for c in trace.cycles:
+        if is_tree_cycle(c):
+            _tree_points(c, points)
+            continue
         proposed = proposals(c)  # K for a draft model; prompt lookup may propose fewer
         for pos, outcome in enumerate(position_outcomes(c, proposed), start=1):
             points[outcome][0].append(c["cycle"])
@@ -138,13 +172,39 @@ def overview(trace: Trace) -> Overview:
     return Overview(trace.k, points)
 
 
-def sequence_texts(trace, c: dict) -> list[str]:
-    """Token text at each sequence position when cycle c starts: prompt and committed tokens so far,
-    then this cycle's drafts (a KV-cache cell shows whose K/V it holds with it)."""
+def _tree_points(c: dict, points: dict[str, tuple[list[int], list[int]]]) -> None:
+    """A tree cycle in the all-cycles grid: its path by depth (accepted), then at the next depth the
+    bonus, or a rejection when every candidate there was rejected (the residual token)."""
+    path = c["tree"]["path"]
+    for depth in range(1, len(path) + 1):
+        points[ACCEPTED][0].append(c["cycle"])
+        points[ACCEPTED][1].append(depth)
+    outcome = BONUS if c["tree"]["next_token_kind"] == NEXT_BONUS else REJECTED
+    points[outcome][0].append(c["cycle"])
+    points[outcome][1].append(len(path) + 1)
+
+
+def committed_texts(trace, c: dict) -> list[str]:
+    """The committed sequence's token texts when cycle c starts (prompt and every earlier cycle's tokens)."""
     texts = list(trace.header["prompt_token_texts"])
     for earlier in trace.cycles[: c["cycle"]]:
         texts += earlier["committed_token_texts"]
-    return texts + list(c["draft_token_texts"])
+    return texts
+
+
+def sequence_texts(trace, c: dict, compacted: bool = False) -> list[str]:
+    """Token text at each cache slot when cycle c starts: prompt and committed tokens so far,
+    then this cycle's drafts (a KV-cache cell shows whose K/V it holds with it). A tree cycle's
+    node i sits in slot L+1+i; `compacted`: after its compaction the path's tokens sit right after
+    the root, and the slots past them still hold the nodes' old K/V."""
+    texts = committed_texts(trace, c)
+    if not is_tree_cycle(c):
+        return texts + list(c["draft_token_texts"])
+    nodes = [n["text"] for n in c["tree"]["nodes"]]
+    if not compacted:
+        return texts + nodes
+    held = max(0, c["target_cache_len"]["after_rollback"] - len(texts))  # path nodes kept in the cache
+    return texts + list(c["committed_token_texts"][:held]) + nodes[held:]
 
 
 # ---------------------------------------------------------------- where a proposal came from

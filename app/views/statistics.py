@@ -14,6 +14,7 @@ import streamlit as st
 from app.figures import stats as figs
 from app.figures.derive import draft_cache_name
 from app.figures.layouts import LAYOUT_WORDS, memory_figure
+from app.figures.tree import is_tree_header
 from app.runs import live
 from app.ui import jobs, state
 from app.ui.first_result import first_result
@@ -460,6 +461,10 @@ def main() -> None:
     trace = state.current_trace()
     if trace is None:
         st.warning("No trace is open. Open **Choose a trace** first.", icon=":material/folder_open:")
+        return
+    if is_tree_header(trace.header):  # engine/stats reads a chain's per-position fields
+        st.info("The open trace drafts a tree: its statistics are not computed yet. Step through its cycles in the "
+                "stepper, or open a chain trace on **Choose a trace**.", icon=":material/account_tree:")
         return
     state.write_url()
     keep_tab_widgets()

@@ -4,15 +4,17 @@ import streamlit as st
 from app.figures import cycle as figures
 from app.figures import derive
 from app.figures import layouts as figures_layouts
+from app.figures import tree as tree_figures
 from app.figures.explain import STAGES, stage_caption
 from app.ui import drafter_view, state
 from app.ui.first_result import first_result
 from app.ui.pages import TRACE_SOURCE
-from app.ui.safe import md
+from app.ui.safe import markdown_table, md
 from app.ui.widgets import chart
 from engine.stats.analysis import TraceStats
 from engine.stats.quiet import loud_cycles, median_cycle_s, quiet_words
 from engine.trace import Trace, model_name
+from engine.trace.layout_checks import layout_of
 from engine.trace.schema import DRAFT_MODEL
 
 SPEEDS = {"2 s/step": 2.0, "1 s/step": 1.0, "0.4 s/step": 0.4}
@@ -181,14 +183,16 @@ def header(trace: Trace) -> None:
     done = "" if trace.complete else " · incomplete run (no summary)"
     drafter = trace.drafter_kind
     via = "" if drafter == DRAFT_MODEL else f" ({md(drafter)})"
-    st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}**{via} · K={s['k']} · "
+    tree = tree_figures.is_tree_header(h)
+    shape = f"{md(tree_figures.tree_words(s['tree']))}, max depth {s['k']}" if tree else f"K={s['k']}"
+    st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}**{via} · {shape} · "
                f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
                f"{len(trace.cycles)} cycles{done}")
     if h.get("tensor_parallel"):
         st.caption(md(rank_layout_words(h["tensor_parallel"])))
     loud = quiet_words(trace)  # a busy recording machine: its speed is not the method's
-    stats = state.current_stats()
-    speed = stats.speed if trace.cycles else None
+    stats = None if tree else state.current_stats()  # engine/stats reads a chain's per-position fields
+    speed = stats.speed if stats is not None and trace.cycles else None
     if loud is not None:
         st.warning(f"**Timings not trustworthy.** {loud} Step through it for the tokens and the caches; take "
                    "speeds from a quiet trace.", icon=":material/timer_off:")
@@ -295,6 +299,30 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     chart(figures.text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
 
 
+def tree_cycle_view(trace: Trace, cycle: int, stage: int) -> None:
+    """A tree cycle (draft trees): the tree, its attention mask and the cache compaction in place of the
+    chain's per-position charts, the stage's figure first; the time bar and the text as for a chain."""
+    tokens, ends, _ = derived(state.current_key(), trace)
+    c = trace.cycles[cycle]
+    root = tree_figures.root_text(trace, c)
+    layout = layout_of(trace.header)["name"]
+    st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
+    first_result().caption("**Tree:** " + md(tree_figures.tree_summary(c, root)))
+    st.info(md(tree_figures.tree_stage_caption(c, stage, root, layout)), icon=":material/lightbulb:")
+    for name, fig in tree_figures.stage_figures(c, root, stage, layout):
+        chart(fig, key=tree_figures.TREE_CHART_KEYS[name])
+        if name == "tree" and stage == 3:  # the walk's numbers, try by try
+            st.caption("The walk, in the order tried (r[t]: the token's probability in the residual when it was tried):")
+            st.markdown(markdown_table(tree_figures.tried_rows(c)))
+    chart(figures.cycle_time_figure(c, median_cycle_s(trace), c["cycle"] in loud_cycles(trace)), key="cycle_time")
+    if stage in (2, 5) and layout != "dynamic":  # where the static buffer's write position or the block table went
+        texts = derive.sequence_texts(trace, c, compacted=stage == 5)
+        for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, stage, texts)):
+            chart(fig, key=f"layout_{i}")
+    shown_until = ends[cycle] if stage >= 4 else c["committed_len_before"]
+    chart(figures.text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
+
+
 def overview(trace: Trace, cycle: int) -> None:
     _, _, ov = derived(state.current_key(), trace)
     chart(figures.overview_figure(ov, len(trace.cycles), cycle, loud_cycles(trace)), key="overview", on_select=from_overview,
@@ -323,7 +351,10 @@ def main() -> None:
     seconds = play_controls([toggle_col, speed_col, stage_controls(state.step()[1])])
     cycle, stage = state.step()
     state.write_url()
-    cycle_view(trace, cycle, stage)
+    if tree_figures.is_tree_header(trace.header):
+        tree_cycle_view(trace, cycle, stage)
+    else:
+        cycle_view(trace, cycle, stage)
     overview(trace, cycle)
     if seconds:
         play_ticker(seconds)

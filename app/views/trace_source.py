@@ -1,6 +1,7 @@
 """Choose a trace: a bundled example, a live run, or an uploaded JSONL file."""
 import streamlit as st
 
+from app.figures.tree import is_tree_header, tree_words
 from app.runs import live
 from app.ui import state
 from app.ui.pages import STEPPER
@@ -18,8 +19,14 @@ def _describe(keys: tuple[str, ...], _refs: tuple) -> list[dict]:
         except (TraceError, OSError) as err:
             rows.append({"trace": ref.name, "model pair": f"unreadable: {state.shown_paths(str(err))}"})
             continue
-        h, stats = trace.header, trace_stats(trace)
+        h = trace.header
         pair = f"{h['preset']} preset" if h.get("preset") else f"{model_name(h, 'target')} ← {model_name(h, 'draft')}"
+        if is_tree_header(h):  # engine/stats reads a chain's per-position fields
+            rows.append({"trace": ref.name, "K": f"{tree_words(h['settings']['tree'])}",
+                         "temperature": h["settings"]["temperature"], "alpha": "–",
+                         "measured speedup": "not computed for trees yet", "model pair": pair})
+            continue
+        stats = trace_stats(trace)
         rows.append({"trace": ref.name, "K": trace.k, "temperature": h["settings"]["temperature"],
                      "alpha": round(stats.alpha, 3),
                      "measured speedup": f"{stats.speed.measured:.2f}×" if stats.speed else "no step times",

@@ -6,13 +6,14 @@ import streamlit as st
 from app.figures import cycle as figures
 from app.figures import derive
 from app.figures import layouts as figures_layouts
+from app.figures import tree as tree_figures
 from app.figures.derive import visible_text
 from app.figures.explain import stage_caption
 from app.runs import live, teaching_pair
-from app.ui import jobs, operator, state
+from app.ui import jobs, operator, state, tree_trace
 from app.ui.first_result import first_result
 from app.ui.pages import EXACTNESS_LAB, ROLLBACK_DEMO
-from app.ui.safe import md, table
+from app.ui.safe import markdown_table, md, table
 from app.ui.widgets import chart, open_in_stepper
 from engine.config import SpecSettings
 from engine.stats.analysis import Calibration, verify_in_steps
@@ -23,6 +24,17 @@ CITATIONS = (
     "Leviathan, Kalman and Matias (2023), *Fast Inference from Transformers via Speculative Decoding*, ICML 2023.  \n"
     "Chen, Borgeaud, Irving, Lespiau, Sifre and Jumper (2023), *Accelerating Large Language Model Decoding "
     "with Speculative Sampling*, arXiv:2302.01318.")
+
+
+TREE_CITATIONS = (
+    "Miao et al. (2023), *SpecInfer: Accelerating Large Language Model Serving with Tree-based Speculative "
+    "Inference and Verification* (token trees verified in one pass).  \n"
+    "Cai et al. (2024), *Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads* "
+    "(a fixed tree over several heads' top tokens).  \n"
+    "Li et al. (2024), *EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees* (the tree grown "
+    "where the draft is confident).  \n"
+    "Xia et al. (2024), *Unlocking Efficiency in Large Language Model Inference: A Comprehensive Survey of "
+    "Speculative Decoding* (Spec-Bench).")
 
 
 # ---------------------------------------------------------------- choosing the cycle
@@ -258,6 +270,60 @@ def payoff(trace: Trace) -> None:
     st.markdown("**Sources.**  \n" + CITATIONS)
 
 
+# ---------------------------------------------------------------- a tree cycle (draft trees)
+
+def tree_cycle_choice(trace: Trace) -> dict:
+    """The tree cycle to show: the most instructive one preselected, any other on request."""
+    cycles = trace.cycles
+    index = st.selectbox("Tree cycle to walk through", list(range(len(cycles))), key="wt_tree_cycle",
+                         index=tree_figures.teaching_tree_cycle(cycles),
+                         format_func=lambda i: f"cycle {i}: {tree_figures.tree_summary(cycles[i])}")
+    return cycles[index]
+
+
+def tree_section() -> None:
+    """One cycle of a tree trace (the open one, else the bundled one) with the tree, its mask and the compaction."""
+    st.header("A tree cycle: several candidates per position")
+    st.markdown(
+        "A chain bets on one guess per position, so the first miss ends the cycle. A **tree** hedges: at each "
+        "position the draft offers its few most likely tokens, each of those gets candidates of its own, and the "
+        "target checks the whole tree in one forward pass. The walk from the root then follows the branch the "
+        "target agrees with. A weak draft whose top guess often fails still gets long accepted prefixes, because "
+        "its second or third guess is often right; the price is a wider verify pass (every node is a position).")
+    source = tree_trace.teaching_tree_trace()
+    if source.trace is None:
+        st.info(md(source.note), icon=":material/account_tree:")
+        st.markdown("**Sources.**  \n" + TREE_CITATIONS)
+        return
+    c = tree_cycle_choice(source.trace)
+    root = tree_figures.root_text(source.trace, c)
+    st.markdown(f"From {md(source.note)}, cycle {c['cycle']}: {md(tree_figures.tree_summary(c, root))}.")
+    st.markdown(
+        "**The walk.** Start at the root with r, the target's distribution after the root. Try its children in "
+        "order: accept a child t when u < r[t] for a fresh uniform u. On a rejection set r[t] to 0, renormalise "
+        "r and try the next sibling. After an accept, move to that child and start again with the target's "
+        "distribution after it. Each child is a one-hot proposal, so this is the speculative sampling rule "
+        "applied round after round, and the text is still distributed exactly as the target's. When every "
+        "child was rejected the next token is drawn from what is left of r (the residual); when the walk "
+        "reaches a node without children, from the target's full distribution there (the bonus).")
+    tree_trace.show_tree_figures(source, c, "wt_tree", ("tree",))
+    st.caption("The walk, try by try:")
+    st.markdown(markdown_table(tree_figures.tried_rows(c)))
+    st.markdown(
+        "**The attention mask.** The verify pass reads the root and all nodes as one flat sequence, so a mask "
+        "must stop a node from seeing the nodes of other branches: node i attends to the prefix, its ancestors "
+        "and itself. Its position id is L plus its depth, not its place in the flat sequence, so each node sees "
+        "exactly what it would see at the end of its own chain.")
+    tree_trace.show_tree_figures(source, c, "wt_tree", ("mask",))
+    st.markdown(
+        "**The rollback is a compaction.** The verify wrote K/V for every node in node order, so the accepted "
+        "path's entries are scattered among rejected ones and cutting the tail would keep the wrong ones. The "
+        "path's K/V are moved next to the prefix, in order, and everything after them is discarded.")
+    tree_trace.show_tree_figures(source, c, "wt_tree", ("compaction",))
+    tree_trace.open_in_stepper_button(source, c["cycle"], key="wt_tree_link")
+    st.markdown("**Sources.**  \n" + TREE_CITATIONS)
+
+
 # ---------------------------------------------------------------- no trace: make one
 
 MAKE_JOB = "walkthrough-run"  # the job name of "Make a trace"
@@ -302,6 +368,11 @@ def main() -> None:
     if trace is None or not trace.cycles:
         make_trace()
         return
+    if tree_figures.is_tree_header(trace.header):  # the five stages below are a chain's: show the tree cycle
+        st.info("The open trace drafts a **tree**, not a chain: its cycles are walked through below. Open a "
+                "chain trace on **Choose a trace** for the five stages of a chain cycle.", icon=":material/account_tree:")
+        tree_section()
+        return
     options = [c["cycle"] for c in trace.cycles]
     cycle = st.selectbox("Cycle to walk through", options, index=teaching_cycle(trace), key="wt_cycle",
                          format_func=lambda i: describe(trace.cycles[i], derive.proposals(trace.cycles[i])))
@@ -314,6 +385,8 @@ def main() -> None:
         stage(trace, c)
         st.divider()
     payoff(trace)
+    st.divider()
+    tree_section()
 
 
 main()
