@@ -4,9 +4,10 @@ A sample is a few HandCycles: the drafted nodes (token, parent, q), the target's
 after the root and after each node (a few listed tokens; the rest of the mass is left
 unlisted), the uniform draws in the order the walk uses them, and the token drawn at the end.
 Everything else in the record (the tries, the path, the commit, the cache lengths and the
-compaction) is computed here by a plain-Python walk that follows /work/tree-contract.md, never
-by asking the checker. The header is a bundled chain trace's (the tiny Shakespeare byte-level
-model: token id = byte + 3, EOS = 1) with settings["tree"].
+compaction) is computed here by a plain-Python walk that follows the tree record's rules
+(docs/trace-format.md, "Tree cycle record"), never by asking the checker. The header is a
+bundled chain trace's (the tiny Shakespeare byte-level model: token id = byte + 3, EOS = 1)
+with settings["tree"].
 
     from tests.tree_samples import sample_tree_trace, dumps
     loads_trace(dumps(sample_tree_trace()))

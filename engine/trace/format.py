@@ -14,7 +14,7 @@ from typing import IO, NotRequired, TypedDict, Union, get_args, get_origin, get_
 
 from engine.trace.checks import BrokenInvariant, check_trace
 from engine.trace.layout_checks import LayoutFieldError, check_layout_cycle, check_layout_header
-from engine.trace.metrics import trace_acceptance
+from engine.trace.metrics import drafted, trace_acceptance  # noqa: F401 - drafted is read from here too
 from engine.trace.schema import DRAFT_MODEL, DRAFTER_KINDS, EAGLE, FORMAT, MAX_TREE_NODES, VERSION
 
 MAX_TRACE_BYTES = 256 * 2**20  # 4096 tokens at K=32 with top-100 lists stay well below this
@@ -174,8 +174,8 @@ class TreeCycleRecord(TypedDict):
     """One cycle of a tree trace: the fields a chain record shares (same meaning), and `tree`.
 
     The chain's per-position fields (CHAIN_ONLY_FIELDS) are absent: the walk over the tree
-    replaces them. Written by engine/tree/cycle.py; the contract is /work/tree-contract.md
-    (docs/trace-format.md, "Tree cycle record").
+    replaces them. Written by engine/tree/cycle.py; docs/trace-format.md ("Tree cycle record")
+    says what each field means and what the loader checks.
     """
 
     type: str  # "cycle"
