@@ -33,11 +33,12 @@ from tests.tree_samples import (
     sample_tree_trace,
     text_of,
     tok,
+    wide_dynamic_tree_trace,
 )
 
 SAMPLES = {"static-tree": lambda: sample_tree_trace(), "static-layout": lambda: sample_tree_trace("static"),
            "paged-layout": lambda: sample_tree_trace("paged"), "dynamic-tree": dynamic_tree_trace,
-           "greedy": greedy_tree_trace}
+           "greedy": greedy_tree_trace, "wide-dynamic-tree": wide_dynamic_tree_trace}
 
 
 @pytest.mark.parametrize("name", SAMPLES)
@@ -219,7 +220,7 @@ def nodes_times(r, n):
 
 
 S, G, D = "static", "greedy", "dynamic"
-BUILD = {S: sample_tree_trace, G: greedy_tree_trace, D: dynamic_tree_trace,
+BUILD = {S: sample_tree_trace, G: greedy_tree_trace, D: dynamic_tree_trace, "wide": wide_dynamic_tree_trace,
          "static-layout": lambda: sample_tree_trace("static"), "paged-layout": lambda: sample_tree_trace("paged")}
 HOSTILE = [  # (name, sample, edit, a distinctive part of the message)
     # the tree
@@ -232,6 +233,8 @@ HOSTILE = [  # (name, sample, edit, a distinctive part of the message)
     ("too-many-children", S, lambda r: reparent(r, 0, 7, 2), r"node 2 \(depth 2\) has 2 children.*at most 1"),
     ("too-many-nodes-dynamic", D, lambda r: (extra_node(r, 0, -1, tok("A")), extra_node(r, 0, -1, tok("B"))),
      r"holds at most 5"),
+    ("expanded-beyond-frontier", "wide", lambda r: extra_node(r, 0, 4, tok("h")),
+     r"3 nodes at depth 2 have children; .* at most top_k = 2 per level"),
     ("duplicate-siblings", S, lambda r: set_node(r, 0, 1, token_id=tok("a"), text="a"), r"sibling tokens must be distinct"),
     ("siblings-out-of-order", D, q_raised, r"most likely first"),
     ("score-not-sum-of-log-q", S, lambda r: set_node(r, 0, 2, score=-0.1), r"score': must be .*sum of log q"),

@@ -295,6 +295,20 @@ def dynamic_tree_trace() -> list[dict]:
     return tree_trace(DYNAMIC_SPEC, [first, eos], 1.0, 40)
 
 
+WIDE_SPEC = TreeSpec("dynamic", top_k=2, depth=3, nodes=8)
+
+
+def wide_dynamic_tree_trace() -> list[dict]:
+    """One cycle of a wider EAGLE-2 tree (top_k=2, depth=3, nodes=8) whose level 2 has three nodes,
+    two of them (the frontier) expanded; the budget of 3 cuts the commit."""
+    a, b, c, d, e, f, g = (tok(ch) for ch in "abcdefg")
+    hand = HandCycle(
+        nodes=[(a, ROOT, 0.6), (b, ROOT, 0.3), (c, 0, 0.6), (d, 0, 0.3), (e, 1, 0.5), (f, 2, 0.8), (g, 3, 0.9)],
+        rows=[{a: 0.7}, {c: 0.2, d: 0.6}, {e: 0.5}, {f: 0.3}, {g: 0.5}, {a: 0.5}, {b: 0.5}, {c: 0.5}],
+        draws=[0.1, 0.5, 0.2, 0.4], next_token=c)
+    return tree_trace(WIDE_SPEC, [hand], 1.0, 3)
+
+
 GREEDY_SPEC = TreeSpec(STATIC_TREE, branching=(2, 1))
 
 

@@ -11,6 +11,7 @@ the committed tokens, the cache lengths and the compaction follow from the walk'
 Each rule raises BrokenInvariant naming the cycle, the field and the rule in one line.
 """
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -158,6 +159,17 @@ def check_siblings(shape: Shape, nodes: list[dict], spec: "TreeSpec", where: str
         if sum(nodes[kid]["p"] for kid in kids) > 1.0 + SIBLING_MASS_TOL:
             fail(where, f"tree.nodes[{kids[-1]}].p", f"the children of {name_of(parent)} are distinct tokens of one "
                                                      "target distribution: their p sum to more than 1")
+
+
+def check_frontier(shape: Shape, spec: "TreeSpec", where: str) -> None:
+    """A dynamic tree expands at most top_k nodes of each level (its frontier): only they have children."""
+    if spec.kind == STATIC_TREE:
+        return
+    parents = Counter(shape.depths[node] for node in shape.kids if node != ROOT)
+    for depth, count in sorted(parents.items()):
+        if count > spec.top_k:
+            fail(where, "tree.nodes", f"{count} nodes at depth {depth} have children; the {spec.text()} tree "
+                                      f"expands at most top_k = {spec.top_k} per level (its frontier)")
 
 
 def check_tree_top(tree: dict, shape: Shape, facts: RunFacts, where: str) -> None:
@@ -457,6 +469,7 @@ def check_tree_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where
         fail(where, "committed_len_before", f"must be prompt + tokens so far = {prompt_len + len(run.generated)}")
     shape = check_nodes(tree["nodes"], spec, facts, where)
     check_siblings(shape, tree["nodes"], spec, where)
+    check_frontier(shape, spec, where)
     check_tree_top(tree, shape, facts, where)
     path, end, kind = replay_walk(tree, shape, where)
     check_path(tree["path"], path, shape, where)
