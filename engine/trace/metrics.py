@@ -34,9 +34,9 @@ def trace_acceptance(cycles: list[dict], k: int) -> dict:
     """acceptance_metrics of a trace's cycles, chain or tree. For a tree (k = its max depth,
     num_accepted = the accepted path's length):
 
-    acceptance_rate: accepted path nodes / drafted nodes, the share of the drafted tree that
-    was used (vLLM counts every drafted tree token as a draft token too). Much lower than a
-    chain's at the same depth, by design: a tree drafts siblings that cannot all be kept.
+    acceptance_rate: accepted path nodes / drafted nodes (every node counts as a drafted token),
+    the share of the drafted tree that was used. Much lower than a chain's at the same depth,
+    by design: a tree drafts siblings that cannot all be kept.
     mean_acceptance_length: 1 + mean path length = tokens a cycle makes before the EOS and
     budget cut, the figure to compare with a chain's.
     per_position_acceptance[d]: cycles whose path reached depth d+1 / cycles.
