@@ -17,12 +17,16 @@ keeps only entries built on the target's true features (see check_eagle_cache).
 Prompt lookup and the other-tokenizer draft propose 0..K tokens deterministically (one-hot
 rows, so p_draft is 1) and keep no such cache; their `drafter_state` is checked against
 what each one does (the n-gram match; the draft's own tokens and cache).
+
+A tree trace (the header's settings has "tree") has tree cycle records instead; their
+rules are in tree_checks.py, which check_trace calls for each of its cycles.
 """
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.trace.commit import final_tokens
-from engine.trace.metrics import acceptance_metrics
+from engine.trace.metrics import trace_acceptance
 from engine.trace.schema import (
     ACCEPTANCE_RULES,
     CACHE_CONVENTION,
@@ -38,6 +42,9 @@ from engine.trace.schema import (
     TARGET_WEIGHTS,
     WEIGHTS_INT4,
 )
+
+if TYPE_CHECKING:
+    from engine.config import TreeSpec
 
 # The deliberate bugs a teaching run may declare (mirror of teaching_faults.Faults; a test keeps them equal).
 FAULT_FIELDS = {"keep_rejected_kv": bool, "skip_draft_catch_up": bool, "acceptance_rule": str, "greedy_draft": bool}
@@ -66,6 +73,7 @@ class RunFacts:
     faults: dict
     drafter: dict  # the header's drafter entry ({"kind": "model"} for traces without one)
     fast_path: bool = False  # engine/cycle/fast.py feeds d_K in every cycle, so catch-up time is spent in each
+    tree: "TreeSpec | None" = None  # settings.tree of a tree trace: its cycles are tree cycle records
 
     @property
     def rule(self) -> str:
@@ -294,8 +302,12 @@ def check_header(h: dict, where: str) -> RunFacts:
     check_tensor_parallel(h.get("tensor_parallel"), where)
     check_target_weights(h.get("target_weights"), where)
     drafter = check_drafter(h, float(s["temperature"]), where)
+    tree = None
+    if "tree" in s:
+        from engine.trace.tree_checks import check_tree_header  # tree_checks imports this module
+        tree = check_tree_header(h, where)
     return RunFacts(s["k"], float(s["temperature"]), s["max_new_tokens"], s["trace_top_k"], list(prompt),
-                    frozenset(h["eos_token_ids"]), vocab, faults, drafter, isinstance(h.get("fast_path"), dict))
+                    frozenset(h["eos_token_ids"]), vocab, faults, drafter, isinstance(h.get("fast_path"), dict), tree)
 
 
 # ---------------------------------------------------------------- one cycle
@@ -664,6 +676,8 @@ def check_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where: str
 
 
 def check_summary(s: dict, cycles: list[dict], facts: RunFacts, run: Progress, where: str) -> None:
+    """The summary agrees with its cycles; for a tree trace, k is the max depth and the
+    acceptance numbers mean what metrics.trace_acceptance says."""
     if not run.finished:
         fail(where, "stop_reason", "a summary follows the cycle that finished the run (EOS or max_new_tokens)")
     if s["generated_token_ids"] != run.generated:
@@ -678,7 +692,7 @@ def check_summary(s: dict, cycles: list[dict], facts: RunFacts, run: Progress, w
     per_pos = s["per_position_acceptance"]
     if len(per_pos) != facts.k or not all(is_num(p) and 0 <= p <= 1 for p in per_pos):
         fail(where, "per_position_acceptance", f"K = {facts.k} rates in [0, 1]")
-    m = acceptance_metrics([c["num_accepted"] for c in cycles], facts.k, [len(c["draft_token_ids"]) for c in cycles])
+    m = trace_acceptance(cycles, facts.k)
     for name in ("acceptance_rate", "mean_acceptance_length"):
         if not close(s[name], m[name]):
             fail(where, name, f"disagrees with the cycles: {m[name]:.6g}")
@@ -699,8 +713,12 @@ def check_trace(header: dict, cycles: list[dict], summary: dict | None, header_l
     run = Progress([], CacheChain(start, start))
     texts: dict[int, str] = {}
     check_text_map(texts, facts.prompt_ids, header["prompt_token_texts"], f"line {header_line} (header)", "prompt_token_texts")
+    check_one = check_cycle
+    if facts.tree is not None:
+        from engine.trace.tree_checks import check_tree_cycle
+        check_one = check_tree_cycle
     for c, line in zip(cycles, cycle_lines):
-        check_cycle(c, facts, run, texts, f"line {line} (cycle {c['cycle']})")
+        check_one(c, facts, run, texts, f"line {line} (cycle {c['cycle']})")
     if summary is not None:
         check_summary(summary, cycles, facts, run, f"line {summary_line} (summary)")
 

@@ -14,11 +14,13 @@ from typing import IO, NotRequired, TypedDict, Union, get_args, get_origin, get_
 
 from engine.trace.checks import BrokenInvariant, check_trace
 from engine.trace.layout_checks import LayoutFieldError, check_layout_cycle, check_layout_header
-from engine.trace.metrics import acceptance_metrics
-from engine.trace.schema import DRAFT_MODEL, DRAFTER_KINDS, EAGLE, FORMAT, VERSION
+from engine.trace.metrics import drafted, trace_acceptance  # noqa: F401 - drafted is read from here too
+from engine.trace.schema import DRAFT_MODEL, DRAFTER_KINDS, EAGLE, FORMAT, MAX_TREE_NODES, VERSION
 
 MAX_TRACE_BYTES = 256 * 2**20  # 4096 tokens at K=32 with top-100 lists stay well below this
-MAX_DEPTH = 16  # a trace nests 4 deep today; room for layout and drafter fields
+# A chain record nests 4 deep; a tree record 6 (cycle > tree > compaction > target > moves > one move).
+# The rest is room for layout and drafter fields.
+MAX_DEPTH = 16
 PARTIAL_SUFFIX = ".partial"  # the file a run streams into until it finishes
 
 
@@ -46,9 +48,19 @@ class Trace:
         "drafter" entry) all came from a draft model."""
         return drafter_kind(self.header)
 
+    @property
+    def is_tree(self) -> bool:
+        """Whether the run drafted trees: its cycles are TreeCycleRecords, not CycleRecords."""
+        return is_tree_trace(self.header)
+
 
 def drafter_kind(header: dict) -> str:
     return header.get("drafter", {}).get("kind", DRAFT_MODEL)
+
+
+def is_tree_trace(header: dict) -> bool:
+    """A trace is a tree trace iff its header's settings has "tree" (TreeSpec.describe())."""
+    return "tree" in header.get("settings", {})
 
 
 # Field name -> allowed JSON types. `None` in the tuple marks a nullable field.
@@ -108,6 +120,84 @@ class CycleRecord(TypedDict):
     drafter_state: NotRequired[dict]  # prompt lookup / other tokenizer: the match or the token mapping
 
 
+# ---------------------------------------------------------------- tree cycles (draft trees, engine/tree/)
+
+class TreeNode(TypedDict):
+    """One drafted node. Nodes are numbered parents first, level by level, siblings in the order
+    the walk tries them (the draft's most likely first)."""
+
+    token_id: int
+    text: str
+    parent: int  # schema.ROOT (-1) for a child of the root (the last committed token), else an earlier node
+    depth: int  # 1 for a child of the root
+    q: float  # the draft's probability of the token at its parent
+    score: float  # sum of log q from the root down to this node
+    p: float  # the target's warped probability of the token at its parent, unmodified
+
+
+class TreeTry(TypedDict):
+    """One child the acceptance walk tried, in the order tried."""
+
+    node: int
+    p_residual: float  # the residual's probability of the node's token when it was tried
+    u: float  # the uniform draw; accepted iff u < p_residual
+    accepted: bool
+
+
+class SlotCompaction(TypedDict):
+    """One cache's rollback after a tree: the slots kept from `before` (= L) on, and the moves."""
+
+    kept_slots: list  # [L] + [L+1+p for p in path], cut to len(committed) entries
+    moves: list  # [[from, to]] for the kept slots that change place
+
+
+class TreeCompaction(TypedDict):
+    target: SlotCompaction
+    draft: SlotCompaction | None  # None when the drafter keeps no cache over the target's positions
+
+
+class DraftTreeRecord(TypedDict):
+    """A tree cycle's `tree`: what was drafted, how the walk went, and how the caches were compacted."""
+
+    nodes: list  # (N,) TreeNode
+    tried: list  # TreeTry, in the order tried
+    path: list  # the accepted nodes, from a child of the root down
+    next_token_id: int
+    next_token_kind: str  # schema.NEXT_BONUS or NEXT_RESIDUAL
+    residual_top: list | None  # top entries of the residual the next token came from; None for a bonus
+    target_top: list  # (N+1,) top entries of the target's distributions: after the root, then after each node
+    draft_forwards: int  # batched draft forwards this cycle
+    compaction: TreeCompaction
+
+
+class TreeCycleRecord(TypedDict):
+    """One cycle of a tree trace: the fields a chain record shares (same meaning), and `tree`.
+
+    The chain's per-position fields (CHAIN_ONLY_FIELDS) are absent: the walk over the tree
+    replaces them. Written by engine/tree/cycle.py; docs/trace-format.md ("Tree cycle record")
+    says what each field means and what the loader checks.
+    """
+
+    type: str  # "cycle"
+    cycle: int
+    committed_len_before: int
+    num_accepted: int  # len(tree.path)
+    next_token_text: str
+    committed_token_ids: list
+    committed_token_texts: list
+    finished: bool
+    target_cache_len: CacheLengths  # after_append = before + N + 1
+    draft_cache_len: CacheLengths | None
+    draft_catch_up: bool
+    verify_positions: int  # N + 1: the root and every node, in one target forward
+    draft_time_s: float
+    draft_step_times_s: list  # one per batched draft forward
+    verify_time_s: float
+    catch_up_time_s: float
+    cycle_time_s: float
+    tree: DraftTreeRecord
+
+
 def _allowed(annotation) -> tuple:
     """A field's annotation as the loader's tuple of JSON types (None marks nullable)."""
     if annotation is type(None):
@@ -129,6 +219,14 @@ def fields_of(record_type) -> dict:
 
 CYCLE_FIELDS = fields_of(CycleRecord)
 CACHE_LEN_FIELDS = fields_of(CacheLengths)
+TREE_CYCLE_FIELDS = fields_of(TreeCycleRecord)
+TREE_FIELDS = fields_of(DraftTreeRecord)
+TREE_NODE_FIELDS = fields_of(TreeNode)
+TREE_TRY_FIELDS = fields_of(TreeTry)
+TREE_COMPACTION_FIELDS = fields_of(TreeCompaction)
+SLOT_COMPACTION_FIELDS = fields_of(SlotCompaction)
+# A chain record's per-position fields; a tree record must not carry them.
+CHAIN_ONLY_FIELDS = tuple(name for name in CYCLE_FIELDS if name not in TREE_CYCLE_FIELDS)
 
 SUMMARY_FIELDS = {
     "type": (str,), "generated_token_ids": (list,), "generated_text": (str,),
@@ -153,13 +251,14 @@ def _type_ok(value, allowed: tuple) -> bool:
     return isinstance(value, tuple(t for t in allowed if t is not None))
 
 
-def _check_fields(record: dict, fields: dict, where: str) -> None:
+def _check_fields(record: dict, fields: dict, where: str, prefix: str = "") -> None:
+    """`prefix` names a nested object's place ("tree.nodes[3].") in the messages."""
     for name, allowed in fields.items():
         if name not in record:
-            raise TraceError(f"{where}: missing field '{name}'")
+            raise TraceError(f"{where}: missing field '{prefix}{name}'")
         if not _type_ok(record[name], allowed):
             names = "/".join("null" if t is None else t.__name__ for t in allowed)
-            raise TraceError(f"{where}: field '{name}' should be {names}, got {record[name]!r:.60}")
+            raise TraceError(f"{where}: field '{prefix}{name}' should be {names}, got {record[name]!r:.60}")
 
 
 def _check_header(h: dict, where: str) -> None:
@@ -176,6 +275,18 @@ def _check_header(h: dict, where: str) -> None:
         check_layout_header(h)
     except LayoutFieldError as err:
         raise TraceError(layout_message(err, where)) from None
+    if is_tree_trace(h):
+        _check_tree_settings(h["settings"]["tree"], where)
+
+
+def _check_tree_settings(entry, where: str) -> None:
+    """settings.tree must read back as a TreeSpec (engine/config.py's own range checks)."""
+    # Imported here: engine.config imports engine.trace.schema, which loads this package first.
+    from engine.config import SettingsError, tree_from_header
+    try:
+        tree_from_header(entry)
+    except SettingsError as err:
+        raise TraceError(f"{where}: field 'settings.tree': {err}") from None
 
 
 def layout_message(err: LayoutFieldError, where: str) -> str:
@@ -190,6 +301,15 @@ def _check_cycle(c: dict, k: int, index: int, where: str, kind: str = DRAFT_MODE
     """`kind` is the header's drafter: a draft model proposes exactly K tokens every cycle;
     prompt lookup and the other-tokenizer draft may propose fewer, or none."""
     _check_fields(c, CYCLE_FIELDS, where)
+    if "tree" in c:
+        raise TraceError(f"{where}: field 'tree': a chain trace's cycle holds no tree "
+                         "(its header's settings has no 'tree')")
+    _check_shared_fields(c, index, where, kind)
+    # Lengths, ranges and how the fields agree: engine/trace/checks.py, after every record is read.
+
+
+def _check_shared_fields(c: dict, index: int, where: str, kind: str) -> None:
+    """What chain and tree records share: the cache lengths, the drafter's state, the cycle number."""
     _check_fields(c["target_cache_len"], CACHE_LEN_FIELDS, f"{where} target_cache_len")
     if c["draft_cache_len"] is not None:
         _check_fields(c["draft_cache_len"], CACHE_LEN_FIELDS, f"{where} draft_cache_len")
@@ -201,7 +321,47 @@ def _check_cycle(c: dict, k: int, index: int, where: str, kind: str = DRAFT_MODE
     if c["cycle"] != index:
         raise TraceError(f"{where}: field 'cycle': cycle number {c['cycle']} where {index} was expected "
                          "(cycles are numbered from 0, in order, none missing)")
-    # Lengths, ranges and how the fields agree: engine/trace/checks.py, after every record is read.
+
+
+def _check_tree_cycle(c: dict, index: int, where: str, kind: str) -> None:
+    """A tree trace's cycle: the shared fields, no chain field, and the types inside `tree`,
+    each list held to its size limit before its entries are read."""
+    _check_fields(c, TREE_CYCLE_FIELDS, where)
+    for name in CHAIN_ONLY_FIELDS:
+        if name in c:
+            raise TraceError(f"{where}: field '{name}': a tree cycle has no chain field "
+                             "(the walk over the tree is recorded in 'tree')")
+    _check_shared_fields(c, index, where, kind)
+    tree = c["tree"]
+    _check_fields(tree, TREE_FIELDS, where, "tree.")
+    n = len(tree["nodes"])
+    if not 1 <= n <= MAX_TREE_NODES:
+        raise TraceError(f"{where}: field 'tree.nodes': a tree holds 1..{MAX_TREE_NODES} nodes, got {n}")
+    _check_entries(tree["nodes"], TREE_NODE_FIELDS, n, where, "tree.nodes")
+    _check_entries(tree["tried"], TREE_TRY_FIELDS, n, where, "tree.tried")
+    for name, limit in (("path", n), ("target_top", n + 1)):
+        if len(tree[name]) > limit:
+            raise TraceError(f"{where}: field 'tree.{name}': at most {limit} entries for {n} nodes, "
+                             f"got {len(tree[name])}")
+    compaction = tree["compaction"]
+    _check_fields(compaction, TREE_COMPACTION_FIELDS, where, "tree.compaction.")
+    for model in ("target", "draft"):
+        if compaction[model] is not None:
+            _check_fields(compaction[model], SLOT_COMPACTION_FIELDS, where, f"tree.compaction.{model}.")
+            for name in SLOT_COMPACTION_FIELDS:
+                if len(compaction[model][name]) > n + 1:
+                    raise TraceError(f"{where}: field 'tree.compaction.{model}.{name}': at most {n + 1} "
+                                     f"entries (the root and {n} nodes)")
+
+
+def _check_entries(entries: list, fields: dict, limit: int, where: str, name: str) -> None:
+    """A list of objects of one TypedDict, at most `limit` of them."""
+    if len(entries) > limit:
+        raise TraceError(f"{where}: field '{name}': at most {limit} entries, got {len(entries)}")
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise TraceError(f"{where}: field '{name}[{i}]' should be an object, got {e!r:.60}")
+        _check_fields(e, fields, where, f"{name}[{i}].")
 
 
 class _Refused(ValueError):
@@ -279,6 +439,7 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
     _check_header(header, f"{source} line {n0}")
     k = header["settings"]["k"]
     kind = drafter_kind(header)
+    tree = is_tree_trace(header)
     cycles, summary = [], None
     cycle_lines, summary_line = [], None
     for number, rec in rest:
@@ -286,7 +447,10 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
         if summary is not None:
             raise TraceError(f"{where}: a record after the summary")
         if rec.get("type") == "cycle":
-            _check_cycle(rec, k, len(cycles), where, kind)
+            if tree:
+                _check_tree_cycle(rec, len(cycles), where, kind)
+            else:
+                _check_cycle(rec, k, len(cycles), where, kind)
             try:
                 check_layout_cycle(header, rec)
             except LayoutFieldError as err:
@@ -378,17 +542,14 @@ class TraceWriter:
             self.close()  # the partial file keeps the finished cycles under its own name
 
 
-def drafted(cycle: dict) -> int:
-    """Tokens a cycle drafted: its chain's proposals, or every node of its tree."""
-    return len(cycle["tree"]["nodes"]) if "tree" in cycle else len(cycle["draft_token_ids"])
-
-
 def make_summary(cycles: list[dict], k: int, generated_text: str, stop_reason: str,
                  wall_time_s: float) -> dict:
+    """The closing record, for chain and tree cycles alike (a tree's k is its max depth;
+    metrics.trace_acceptance says what the numbers mean for a tree)."""
     generated = [t for c in cycles for t in c["committed_token_ids"]]
     return {
         "type": "summary", "generated_token_ids": generated, "generated_text": generated_text,
-        **acceptance_metrics([c["num_accepted"] for c in cycles], k, [drafted(c) for c in cycles]),
+        **trace_acceptance(cycles, k),
         "num_generated": len(generated), "stop_reason": stop_reason, "wall_time_s": wall_time_s,
         "tokens_per_s": len(generated) / wall_time_s if wall_time_s > 0 else 0.0,
     }

@@ -25,6 +25,25 @@ def acceptance_metrics(num_accepted: list[int], k: int, num_drafted: list[int] |
     }
 
 
+def drafted(cycle: dict) -> int:
+    """Tokens a cycle drafted: its chain's proposals, or every node of its tree."""
+    return len(cycle["tree"]["nodes"]) if "tree" in cycle else len(cycle["draft_token_ids"])
+
+
+def trace_acceptance(cycles: list[dict], k: int) -> dict:
+    """acceptance_metrics of a trace's cycles, chain or tree. For a tree (k = its max depth,
+    num_accepted = the accepted path's length):
+
+    acceptance_rate: accepted path nodes / drafted nodes (every node counts as a drafted token),
+    the share of the drafted tree that was used. Much lower than a chain's at the same depth,
+    by design: a tree drafts siblings that cannot all be kept.
+    mean_acceptance_length: 1 + mean path length = tokens a cycle makes before the EOS and
+    budget cut, the figure to compare with a chain's.
+    per_position_acceptance[d]: cycles whose path reached depth d+1 / cycles.
+    """
+    return acceptance_metrics([c["num_accepted"] for c in cycles], k, [drafted(c) for c in cycles])
+
+
 def expected_tokens_per_cycle(alpha: float, k: int) -> float:
     """(1 - alpha^(K+1)) / (1 - alpha) for i.i.d. acceptance (Leviathan et al. 2023)."""
     if alpha >= 1.0:
