@@ -384,12 +384,16 @@ def write_trace(trace, path: Path) -> Path:
     return path
 
 
-@pytest.mark.skip(reason="needs the tree trace loader (merge)")
 def test_stepper_opens_a_tree_trace_file(tmp_path, monkeypatch):
-    """Through the real loader: the file a tree run writes, opened from SPECLAB_TRACE (the loader of today
-    refuses a tree record: 'missing field draft_token_ids')."""
-    path = write_trace(tree_trace(), tmp_path / "tree.jsonl")
-    loads_trace(path.read_bytes(), "tree.jsonl")  # the loader accepts the hand-built trace
+    """Through the real loader: the file a real tree run writes, opened from SPECLAB_TRACE."""
+    from engine.config import SpecSettings, parse_tree
+    from engine.run import run_to_trace
+    from tests.tiny import noisy_pair
+
+    path = tmp_path / "tree.jsonl"
+    run_to_trace(noisy_pair(2, noise=0.1), "the cat sat on", SpecSettings(k=3, temperature=1.0, max_new_tokens=24),
+                 path, tree=parse_tree("static:3,2,1"))
+    loads_trace(path.read_bytes(), "tree.jsonl")  # what the app will open
     monkeypatch.setenv("SPECLAB_TRACE", str(path))
     monkeypatch.setenv("SPECLAB_TRACES_DIR", str(tmp_path / "none"))
     at = AppTest.from_file(MAIN, default_timeout=60)
