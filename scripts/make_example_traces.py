@@ -62,6 +62,20 @@ EXAMPLES = {
                                               "--temperature", "0.8", "--max-new-tokens", "48", "--seed", "6",
                                               "--cache", layout, "--block-size", "4"]
        for layout in ("dynamic", "static", "paged")},
+    # Draft trees (docs/trees.md): a static and a dynamic tree per preset, greedy and sampled. Tree runs
+    # record no calibration (engine run refuses --calibrate with --tree).
+    "chat-tree-static-greedy.jsonl": ["--preset", "chat", "--tree", "static:3,2,1", "--prompt",
+                                      "Explain why the sky is blue.", "--temperature", "0", "--max-new-tokens", "48"],
+    "chat-tree-dynamic-sampled.jsonl": ["--preset", "chat", "--tree", "dynamic:top_k=3,depth=4,nodes=12", "--prompt",
+                                        "What is a good way to learn to cook?", "--temperature", "0.7",
+                                        "--max-new-tokens", "48", "--seed", "1"],
+    "shakespeare-tree-static-sampled.jsonl": ["--preset", "tiny-shakespeare", "--tree", "static:3,2,1", "--prompt",
+                                              "Romeo.\n", "--temperature", "0.8", "--max-new-tokens", "96",
+                                              "--seed", "4"],
+    "shakespeare-tree-dynamic-greedy.jsonl": ["--preset", "tiny-shakespeare", "--tree",
+                                              "dynamic:top_k=4,depth=6,nodes=24", "--prompt",
+                                              "King Henry.\nWhat say you", "--temperature", "0",
+                                              "--max-new-tokens", "96"],
 }
 
 
@@ -73,7 +87,8 @@ def selected(filters: list[str]) -> dict[str, list[str]]:
 def record(name: str, args: list[str]) -> bool:
     """Record one trace until its timings pass the quiet rule; False if they never do."""
     for attempt in range(1, ATTEMPTS + 1):
-        if main(["run", *args, "--device", "cpu", "--calibrate", "--out", str(OUT / name)]) != 0:
+        calibrate = [] if "--tree" in args else ["--calibrate"]
+        if main(["run", *args, "--device", "cpu", *calibrate, "--out", str(OUT / name)]) != 0:
             return False
         loud = quiet_words(load_trace(OUT / name))
         if loud is None:

@@ -35,9 +35,9 @@ def median_cycle_s(trace: Trace) -> float:
 
 
 def verify_seconds_per_position(trace: Trace) -> float:
-    """Median over cycles of the verify pass's time per scored position (K + 1 of them), a
-    figure that traces of one target at different K should roughly share."""
-    return statistics.median(c["verify_time_s"] / (len(c["draft_token_ids"]) + 1) for c in trace.cycles)
+    """Median over cycles of the verify pass's time per scored position (K + 1 of them, or a
+    tree's nodes + 1), a figure that traces of one target at different K should roughly share."""
+    return statistics.median(c["verify_time_s"] / c["verify_positions"] for c in trace.cycles)
 
 
 def quiet_words(trace: Trace) -> str | None:
