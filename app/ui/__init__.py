@@ -2,7 +2,8 @@
 the server's queue of them (job_queue.py, plain Python), the operator's settings (operator.py),
 safe (escaped) rendering, the sidebar and the first result each page shows, and the views that
 a page draws in one of its parts (drafter_view.py for the stepper, server_view.py for the
-statistics page's Your server tab, tree_trace.py for the walkthrough's and interview's tree cycle).
+statistics page's Your server tab, tree_stats_view.py for its tree traces, tree_trace.py for the
+walkthrough's and interview's tree cycle).
 
 May import: streamlit, app.figures and engine. Pages import this package; it never
 imports a page.

@@ -1,7 +1,8 @@
 """Statistics: acceptance, cost and measured speed of the open trace, and why speculation pays off or not.
 
 Every number comes from engine/stats/analysis.py (the same code as `python -m engine stats`);
-this page lays them out, draws them (app/figures/stats.py) and runs the K sweep.
+this page lays them out, draws them (app/figures/stats.py) and runs the K sweep. A tree trace
+gets its own statistics and a comparison with a chain of the same pair (app/ui/tree_stats_view.py).
 """
 import dataclasses
 import hashlib
@@ -16,7 +17,7 @@ from app.figures.derive import draft_cache_name
 from app.figures.layouts import LAYOUT_WORDS, memory_figure
 from app.figures.tree import is_tree_header
 from app.runs import live
-from app.ui import jobs, state
+from app.ui import jobs, state, tree_stats_view
 from app.ui.first_result import first_result
 from app.ui.safe import md
 from app.ui.widgets import chart
@@ -385,12 +386,25 @@ def compare_section(trace: Trace, st_: TraceStats) -> None:
     except (TraceError, OSError) as err:
         st.error(f"Could not open {md(ref.label)}: {md(state.shown_paths(str(err)))}")
         return
+    if is_tree_header(other.header):  # a tree of the same pair: the tree view's comparison, this trace the chain
+        tree_compare(trace, ref, other, other_key)
+        return
     other_stats = state.stats_of(other_key, other)
     mine, theirs = summary_rows(trace, st_), summary_rows(other, other_stats)
     st.dataframe([{"": name, "this trace": mine[name], ref.label: theirs[name]} for name in mine],
                  hide_index=True, height="content", key="compare_table")
     st.caption(TOKENS_PER_S[0].upper() + TOKENS_PER_S[1:] + ", the same definition as the K sweep's.")
     chart(figs.compare_acceptance_figure(["this trace", ref.label], [st_, other_stats]), key="fig_compare")
+
+
+def tree_compare(chain: Trace, ref: state.TraceRef, tree: Trace, tree_key: str) -> None:
+    try:
+        cmp = tree_stats_view.comparison_of(state.current_key(), tree_key, chain, tree)
+    except ValueError as err:
+        st.warning(f"{md(ref.label)} drafts a tree, and it cannot be set beside this chain: {md(str(err))}",
+                   icon=":material/account_tree:")
+        return
+    tree_stats_view.comparison_section(cmp, cmp.tree_stats, "this trace")
 
 
 # ---------------------------------------------------------------- KV-cache layout
@@ -462,11 +476,10 @@ def main() -> None:
     if trace is None:
         st.warning("No trace is open. Open **Choose a trace** first.", icon=":material/folder_open:")
         return
-    if is_tree_header(trace.header):  # engine/stats reads a chain's per-position fields
-        st.info("The open trace drafts a tree: its statistics are not computed yet. Step through its cycles in the "
-                "stepper, or open a chain trace on **Choose a trace**.", icon=":material/account_tree:")
-        return
     state.write_url()
+    if is_tree_header(trace.header):  # a tree cycle has no per-position fields: engine/stats/trees.py reads it
+        tree_stats_view.draw(trace)
+        return
     keep_tab_widgets()
     h = trace.header
     st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}** · K={trace.k} · "

@@ -9,6 +9,8 @@
 - plan.py: K for a run about to start (a pilot for alpha, the calibration, the advisor; K=0 included).
 - tree_plan.py: a static draft tree, a chain or plain decoding for a run about to start: a(B) from a
   chain pilot, tokens per cycle, the measured verify (and draft) width curves.
+- trees.py: a tree trace's statistics (acceptance by depth, sibling ranks, verify cost by width) and a
+  chain and a tree run of one pair compared; tree_report.py prints them.
 - paths.py: which linear path ran each forward width, from a calibrated header.
 
 May import: everything in the engine below it (config, trace, models, kv, drafters, cycle).

@@ -1,6 +1,7 @@
 """The statistics of one trace as plain text, for `python -m engine stats TRACE.jsonl`.
 
-The same numbers the app's statistics page shows (engine/stats/analysis.py computes both).
+The same numbers the app's statistics page shows (engine/stats/analysis.py computes both); a tree
+trace goes to engine/stats/tree_report.py.
 """
 from engine.stats.analysis import (
     DEFINITIONS,
@@ -15,6 +16,8 @@ from engine.stats.analysis import (
 )
 from engine.stats.layouts import layout_lines, layout_stats
 from engine.stats.paths import path_lines, path_rows, weights_words
+from engine.stats.tree_report import format_tree_stats
+from engine.stats.trees import is_tree_trace
 from engine.trace import Trace
 
 
@@ -105,6 +108,8 @@ def ngram_lines(st: TraceStats) -> list[str]:
 
 
 def format_stats(trace: Trace) -> str:
+    if is_tree_trace(trace):  # a tree cycle has no per-position fields: engine/stats/trees.py reads it
+        return format_tree_stats(trace)
     st = trace_stats(trace)
     sections = [[f"DRAFTER: {st.drafter}", f"TARGET WEIGHTS: {weights_words(trace.header)}"],
                 acceptance_lines(st), histogram_lines(st)]
