@@ -259,7 +259,6 @@ def test_format_stats_of_a_tree_trace(runs):
     assert "DRAFTER:" in format_stats(runs["chain3"])  # a chain trace still gets the chain's report
 
 
-@pytest.mark.skip(reason="needs the tree trace loader (merge)")
 def test_engine_stats_command_prints_the_tree_lines(runs):
     path = runs["root"] / "trees" / "dynamic.jsonl"
     out = subprocess.run([sys.executable, "-m", "engine", "stats", str(path)], capture_output=True, text=True,
@@ -374,7 +373,6 @@ def test_prometheus_counts_a_trees_nodes_as_its_draft_tokens(runs):
     assert f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="tiny-target"}} {float(accepted)}' in text
 
 
-@pytest.mark.skip(reason="needs the tree trace loader (merge)")
 def test_chain_page_compares_with_a_bundled_tree_trace(runs, monkeypatch):
     """A chain trace open, a tree trace of its pair among the bundled ones: Compare two traces shows the
     tree view's comparison, this trace as the chain."""

@@ -24,7 +24,7 @@ def _describe(keys: tuple[str, ...], _refs: tuple) -> list[dict]:
         if is_tree_header(h):  # engine/stats reads a chain's per-position fields
             rows.append({"trace": ref.name, "K": f"{tree_words(h['settings']['tree'])}",
                          "temperature": h["settings"]["temperature"], "alpha": "–",
-                         "measured speedup": "not computed for trees yet", "model pair": pair})
+                         "measured speedup": "no step times (tree runs are not calibrated)", "model pair": pair})
             continue
         stats = trace_stats(trace)
         rows.append({"trace": ref.name, "K": trace.k, "temperature": h["settings"]["temperature"],
