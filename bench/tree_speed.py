@@ -9,6 +9,9 @@ interleaved per repeat as bench/speed.py does (bench/common.interleaved_rates):
              chain and tree make the same number of draft forwards per cycle (one per depth)
   tree:SPEC  our engine, tracing on, the tree SPEC (engine/tree/)
   d          Hugging Face plain decoding, target.generate without an assistant
+  advised    with --advise: the tree (or chain) the tree advisor picks (engine/stats/tree_plan.py) from a
+             calibration by width and a chain pilot on the first prompt, once per temperature; its
+             predicted speedup over plain decoding is reported beside the measured one
 Rates are end to end (prefill included), medians over repeats; ratios are paired within a repeat.
 Tokens per cycle, nodes and verify milliseconds come from the traces the engine wrote.
 Results: bench/results/tree-speed-NAME.json and .md.
@@ -24,11 +27,13 @@ from bench import common, hf
 from engine.config import SpecSettings, TreeSpec, parse_tree
 from engine.cycle.reference import Pair
 from engine.models.device import pick_device, timed
-from engine.run import encode_prompt, run_to_trace
+from engine.run import TREE_DRAFT_WIDTHS, encode_prompt, run_to_trace
+from engine.stats.calibrate import TREE_WIDTHS, calibrate_widths
+from engine.stats.tree_plan import plan_tree
 from engine.trace.format import load_trace
 
 DEFAULT_TREES = ("static:2,2,1", "static:3,2,1", "dynamic:top_k=3,depth=3,nodes=8")
-CHAIN, PLAIN = "chain", "d"
+CHAIN, PLAIN, ADVISED = "chain", "d", "advised"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -43,6 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--out", default=str(common.RESULTS))
     p.add_argument("--note", default="", help="conditions of the run (e.g. other processes on the machine)")
+    p.add_argument("--advise", action="store_true", help="also run the tree advisor's pick (method 'advised')")
     args = p.parse_args(argv)
     common.check_pair_arguments(p, args)
     return args
@@ -80,18 +86,34 @@ def per_cycle(paths: list[Path]) -> dict:
             "cycle_ms": 1000 * statistics.median(c["cycle_time_s"] for c in cycles)}
 
 
+def advised_tree(pair: Pair, ids: list[int], s: SpecSettings) -> tuple[TreeSpec | None, dict]:
+    """The tree advisor's pick for these settings, measured on this machine (None: a chain or plain)."""
+    calibration = calibrate_widths(pair, ids, s, TREE_WIDTHS, draft_widths=TREE_DRAFT_WIDTHS)
+    plan = plan_tree(pair, ids, s, calibration)
+    best = plan.advice.best
+    return plan.tree, {"sentence": plan.sentence, "pick": best.text, "predicted_speedup": best.speedup,
+                       "predicted_tokens_per_cycle": best.tokens_per_cycle, "k": plan.k}
+
+
 def bench_temperature(pair: Pair, args, temperature: float, trees: dict[str, TreeSpec], chat: bool) -> dict:
-    depth = max(t.max_depth for t in trees.values())
-    s = SpecSettings(k=depth, temperature=temperature, max_new_tokens=args.max_new_tokens, seed=0)
     prompts = common.prompts_for(args.preset, args.prompts)
     ids = [encode_prompt(pair.target.tokenizer, p, chat) for p in prompts]
+    advice = None
+    if args.advise:
+        base = SpecSettings(k=4, temperature=temperature, max_new_tokens=args.max_new_tokens, seed=0)
+        tree, advice = advised_tree(pair, ids[0], base)
+        print(f"  T={temperature}: {advice['sentence']}", flush=True)
+        if tree is not None:
+            trees = {**trees, ADVISED: tree}
+    depth = max(t.max_depth for t in trees.values())
+    s = SpecSettings(k=depth, temperature=temperature, max_new_tokens=args.max_new_tokens, seed=0)
     runner = TreeRunner(pair, args.preset, chat, trees, Path(tempfile.mkdtemp(prefix="speclab-tree-bench-")))
     methods = [CHAIN, *trees, PLAIN]
     for method in methods:  # warm-up: first calls pay for allocations and lazy imports
         runner.run(method, prompts[0], ids[0], s)
     runner.traces = {m: [] for m in runner.traces}
     rates = common.interleaved_rates(runner.run, methods, prompts, ids, s, args.repeats, f"T={temperature}")
-    out = {"temperature": temperature, "chain_k": depth, "rates": rates,
+    out = {"temperature": temperature, "chain_k": depth, "rates": rates, "advice": advice,
            "median_tokens_per_s": {m: statistics.median(r) for m, r in rates.items()},
            "x_plain": {m: common.paired_ratio(rates, m, PLAIN) for m in methods if m != PLAIN},
            "x_chain": {m: common.paired_ratio(rates, m, CHAIN) for m in trees},
@@ -120,6 +142,14 @@ def report(name: str, machine: dict, args, results: list[dict]) -> str:
                          f"{pc['draft_forwards_per_cycle']:.1f} | {pc['verify_ms']:.1f} | {pc['draft_ms']:.1f} | "
                          f"{pc['cycle_ms']:.1f} |")
         lines += [f"| {PLAIN} (HF plain) | {r['median_tokens_per_s'][PLAIN]:.1f} | 1.00 | | | | | | | | |", ""]
+        if r["advice"]:
+            a = r["advice"]
+            measured = r["x_plain"].get(ADVISED)
+            lines += [f"Tree advisor: {a['sentence']}", ""]
+            if measured is not None:
+                lines += [f"Advised {a['pick']}: predicted {a['predicted_speedup']:.2f}x plain decoding (the engine's own "
+                          f"step), measured {measured:.2f}x HF plain: measured / predicted "
+                          f"{measured / a['predicted_speedup']:.0%}.", ""]
     return "\n".join(lines) + "\n"
 
 
