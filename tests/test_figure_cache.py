@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 from app.figures import cycle as figures
 from app.figures import derive
 from app.ui import widgets
-from app.ui.figure_cache import MEMORY_PER_JSON_BYTE, FigureCache, PreparedFigure
+from app.ui.figure_cache import FIGURE_OVERHEAD_BYTES, FigureCache, PreparedFigure
 from engine.stats.quiet import loud_cycles, median_cycle_s
 from engine.trace import load_trace
 
@@ -65,7 +65,7 @@ def test_the_oldest_entries_go_first_beyond_the_entry_limit(default_trace):
 def test_the_cache_keeps_under_its_memory_limit(default_trace):
     probe = FigureCache(max_entries=100, max_bytes=2**30, ttl_s=3600)
     (fig,) = probe.get("probe", lambda: one_figure(default_trace))
-    size = MEMORY_PER_JSON_BYTE * fig.json_bytes()
+    size = fig.json_bytes() + FIGURE_OVERHEAD_BYTES
     assert probe.bytes == size
     cache = FigureCache(max_entries=100, max_bytes=int(2.5 * size), ttl_s=3600)
     for i in range(6):
@@ -97,13 +97,15 @@ def test_a_prepared_figure_sends_what_the_figure_would(default_trace):
             for fresh in stepper_figures(default_trace, cycle, stage):
                 expected = sent(fresh)
                 prepared = PreparedFigure(fresh)
-                assert sent(prepared) == expected and sent(prepared) == expected  # and again: nothing changed it
-                assert prepared.to_dict() is prepared.to_dict()  # made once
+                assert sent(prepared) == expected
+                prepared.to_dict()["layout"]["title"]["text"] = "changed"  # a fresh dict each call
+                fresh.update_layout(title_text="changed too")  # and a copy of the figure, not the figure
+                assert sent(prepared) == expected
 
 
 def test_the_memory_estimate_covers_what_a_cached_figure_holds():
     """tracemalloc over a cache filled with every stage's figures of bundled traces: the estimate the
-    limit goes by (MEMORY_PER_JSON_BYTE x the JSON sent) must not be below what the entries hold."""
+    limit goes by (the JSON sent and FIGURE_OVERHEAD_BYTES a figure) must not be below what the entries hold."""
     traces = [load_trace(BUNDLED / name) for name in ("default.jsonl", "chat-eagle-sampled-k4.jsonl")]
     built = {(i, stage): stepper_figures(t, 1, stage) for i, t in enumerate(traces) for stage in range(1, 6)}
     PreparedFigure(built[0, 1][0])  # Plotly's lazily made validators are not the cache's

@@ -4,18 +4,20 @@ A class steps through the same cycles of the same bundled trace, and each Next u
 the stepper's five or six figures again and have Plotly turn each into the dict it sends
 (`Figure.to_dict`: a deep copy of the figure, then every numpy array encoded as base64): 26 of
 the 51 ms of CPU a Next took (bench/results/next-profile-main.md). Here a figure is built once
-per key (trace content, figure, step, theme): `PreparedFigure` keeps the dict Plotly would send,
-made once, and hands the same one to st.plotly_chart on every draw. A Next to a step drawn
-before costs about 19 ms; the first one to a step costs more than without the cache (the copy
-kept), 66 ms against 51 (bench/results/next-profile.md).
+per key (trace content, figure, step, theme) and kept as the JSON Plotly makes of it;
+`PreparedFigure` hands that to st.plotly_chart, which then only parses it and writes it out
+again (bench/results/next-profile.md has what a Next costs now).
 
-The cache is shared by every session and bounded like the app's other caches (app/ui/state.py):
-at most `max_entries` figures and `max_bytes` of estimated memory, least recently used dropped
-first, none older than `ttl_s`. Nobody may change a figure it returns (`cached_figures` says
-so): two sessions' threads read it at once.
+Kept as a string, a figure holds about twice its JSON (15-17 KiB for a stepper figure), no dict
+that two sessions' threads could share, and next to nothing for Python's garbage collector to
+walk (a cache of dicts made every full collection several times slower). The cache is shared by
+every session and bounded like the app's other caches (app/ui/state.py): at most `max_entries`
+figures and `max_bytes` of estimated memory, least recently used dropped first, none older than
+`ttl_s`.
 
 Plain Python and Plotly, no Streamlit: tests drive it directly.
 """
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -25,38 +27,39 @@ from typing import Callable, Hashable, Sequence
 import plotly.graph_objects as go
 import plotly.io as pio
 
-# Bytes of Python objects a cached figure holds per byte of the JSON it sends: its Plotly figure
-# and the dict sent, each with its own copy of Plotly's template (most of a small figure). Measured
-# with tracemalloc on every stage of bundled traces: 7.7-9.8x (about 60 KiB a stepper figure);
-# tests/test_figure_cache.py checks that this estimate is not below what entries hold.
-MEMORY_PER_JSON_BYTE = 14
-FIGURES_KEPT = 1024  # figures; every stage of a cycle draws about 20 between them (default.jsonl: 35 cycles)
-FIGURE_BYTES_KEPT = 64 * 2**20  # estimated memory of all cached figures together: about 700 stepper figures
+# Bytes a cached figure holds beyond its JSON (the empty Plotly figure that carries it, the entry).
+# Measured with tracemalloc on every stage of bundled traces: 7.3-8.3 KiB on JSON of 6.7-8.2 KiB;
+# tests/test_figure_cache.py checks that the estimate (JSON + this) is not below what entries hold.
+FIGURE_OVERHEAD_BYTES = 12 * 1024
+FIGURES_KEPT = 2048  # figures; every stage of a cycle draws about 20 between them (default.jsonl: 35 cycles)
+FIGURE_BYTES_KEPT = 32 * 2**20  # estimated memory of all cached figures: about 1600 stepper figures
 
 
 class PreparedFigure(go.Figure):
-    """A Plotly figure whose `to_dict()` is computed once and then returned as it is.
+    """A stand-in that st.plotly_chart draws as `fig`: the figure's JSON, as Plotly makes it to send,
+    made once, and a Plotly figure with nothing in it (Streamlit draws Plotly figures, and would
+    validate a plain dict at full cost).
 
-    st.plotly_chart calls `to_dict()` on every draw; the plain Figure deep-copies itself and
-    re-encodes its arrays each time. The dict returned is shared: read it, never change it
-    (Plotly's own `to_json` only reads it: it would pop trace "uid"s, which these have none of)."""
+    st.plotly_chart calls `to_dict()` on every draw, and a plain Figure deep-copies itself and
+    re-encodes its arrays each time; this one parses its JSON (a fresh dict each call: nobody
+    shares one). It has no traces or layout of its own: draw it; to change a figure, build another.
+    A string is all it keeps, so a full cache adds nothing for Python's garbage collector to walk."""
 
     def __init__(self, fig: go.Figure) -> None:
-        sent = fig.to_dict()
-        super().__init__(sent, _validate=False)  # copies `sent`: the figure's own properties stay apart from it
-        self._sent = sent
+        super().__init__(layout={"template": {}}, _validate=False)  # empty, without the default template's copy
+        self._sent = pio.to_json(fig.to_dict(), validate=False)
 
     def to_dict(self) -> dict:
-        return self._sent
+        return json.loads(self._sent)
 
     def json_bytes(self) -> int:
-        return len(pio.to_json(self._sent, validate=False))
+        return len(self._sent)
 
 
 @dataclass
 class Entry:
     figures: tuple[PreparedFigure, ...]
-    size: int  # estimated bytes held (MEMORY_PER_JSON_BYTE x their JSON)
+    size: int  # estimated bytes held: their JSON and FIGURE_OVERHEAD_BYTES each
     made_at: float
 
 
@@ -102,7 +105,7 @@ class FigureCache:
                 return entry.figures
             self.misses += 1
         figures = tuple(PreparedFigure(f) for f in build())
-        self._put(key, Entry(figures, MEMORY_PER_JSON_BYTE * sum(f.json_bytes() for f in figures), self.clock()))
+        self._put(key, Entry(figures, sum(f.json_bytes() + FIGURE_OVERHEAD_BYTES for f in figures), self.clock()))
         return figures
 
     def _put(self, key: Hashable, entry: Entry) -> None:
