@@ -31,7 +31,7 @@ import plotly.io as pio
 # Measured with tracemalloc on every stage of bundled traces: 7.3-8.3 KiB on JSON of 6.7-8.2 KiB;
 # tests/test_figure_cache.py checks that the estimate (JSON + this) is not below what entries hold.
 FIGURE_OVERHEAD_BYTES = 12 * 1024
-FIGURES_KEPT = 2048  # figures; every stage of a cycle draws about 20 between them (default.jsonl: 35 cycles)
+FIGURES_KEPT = 2048  # entries, a figure each (the KV-layout strips: one entry); a cycle's five stages draw about 20
 FIGURE_BYTES_KEPT = 32 * 2**20  # estimated memory of all cached figures: about 1600 stepper figures
 
 
@@ -43,7 +43,7 @@ class PreparedFigure(go.Figure):
     st.plotly_chart calls `to_dict()` on every draw, and a plain Figure deep-copies itself and
     re-encodes its arrays each time; this one parses its JSON (a fresh dict each call: nobody
     shares one). It has no traces or layout of its own: draw it; to change a figure, build another.
-    A string is all it keeps, so a full cache adds nothing for Python's garbage collector to walk."""
+    A string is most of what it keeps: about 20 objects a figure for Python's garbage collector to walk."""
 
     def __init__(self, fig: go.Figure) -> None:
         super().__init__(layout={"template": {}}, _validate=False)  # empty, without the default template's copy
