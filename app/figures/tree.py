@@ -585,5 +585,10 @@ def stage_figures(c: dict, root: str, stage: int, layout: str = "dynamic") -> li
     at the verify (2), the compaction at the rollback (5), the tree otherwise."""
     figs = {"tree": tree_figure(c, root, stage), "mask": tree_mask_figure(c, root),
             "compaction": tree_compaction_figure(c, root, layout)}
+    return [(name, figs[name]) for name in stage_order(stage)]
+
+
+def stage_order(stage: int) -> list[str]:
+    """The names of stage_figures' figures, in the order it returns them."""
     first = {2: "mask", 5: "compaction"}.get(stage, "tree")
-    return [(first, figs[first])] + [(name, fig) for name, fig in figs.items() if name != first]
+    return [first] + [name for name in ("tree", "mask", "compaction") if name != first]

@@ -10,7 +10,7 @@ from app.ui import drafter_view, state
 from app.ui.first_result import first_result
 from app.ui.pages import TRACE_SOURCE
 from app.ui.safe import markdown_table, md
-from app.ui.widgets import chart
+from app.ui.widgets import chart, plot, shared_chart, shared_figures
 from engine.stats.analysis import TraceStats
 from engine.stats.quiet import loud_cycles, median_cycle_s, quiet_words
 from engine.trace import Trace, model_name
@@ -261,7 +261,8 @@ def stage_chart(trace: Trace, c: dict, k: int, stage: int, greedy: bool):
 def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     """The stage's explanation and its chart first, side by side where the chart is narrow enough,
     so that both fit under the controls at 1366x768; the cycle as a whole and the rest below."""
-    tokens, ends, _ = derived(state.current_key(), trace)
+    trace_key = state.current_key()  # each figure is built once per trace, step and theme, for every session
+    tokens, ends, _ = derived(trace_key, trace)
     c = trace.cycles[cycle]
     k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     greedy = trace.header["settings"]["temperature"] == 0
@@ -270,16 +271,18 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     words = md(stage_caption(c, k, stage, trace.header.get("faults"), greedy, trace.drafter_kind))
     if stage in (1, 5):  # the cycle figure and the caches need the page's width
         st.info(words, icon=":material/lightbulb:")
-        chart(stage_chart(trace, c, k, stage, greedy), key=figures.STAGE_CHART_KEY)
+        shared_chart((trace_key, "stage", cycle, stage), lambda: stage_chart(trace, c, k, stage, greedy),
+                     key=figures.STAGE_CHART_KEY)
     else:
         explain, shown = st.columns([0.4, 0.6])
         explain.info(words, icon=":material/lightbulb:")
         with shown:
-            chart(stage_chart(trace, c, k, stage, greedy), key=figures.STAGE_CHART_KEY)
+            shared_chart((trace_key, "stage", cycle, stage), lambda: stage_chart(trace, c, k, stage, greedy),
+                         key=figures.STAGE_CHART_KEY)
     if stage == 1:  # prompt lookup / other tokenizer / EAGLE head: where the proposal came from
         drafter_view.show_provenance([t.text for t in tokens[: c["committed_len_before"]]], c, trace.drafter_kind)
     else:
-        chart(figures.cycle_figure(c, k, stage, greedy))
+        shared_chart((trace_key, "cycle", cycle, stage), lambda: figures.cycle_figure(c, k, stage, greedy))
     if stage == 3:  # the test table: every header and value fits its column
         st.caption("The test, position by position (the target's argmax, compared with each draft token):"
                    if greedy else "The test, position by position (u is drawn only up to the first rejection):")
@@ -288,15 +291,19 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     if stage >= 4:  # the test that led to the resample or bonus
         left, _ = st.columns([0.6, 0.4])
         with left:
-            chart(figures.acceptance_figure(c, k, stage, greedy))
+            shared_chart((trace_key, "test", cycle, stage), lambda: figures.acceptance_figure(c, k, stage, greedy))
     if stage != 5:
-        chart(figures.cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind))
-    chart(figures.cycle_time_figure(c, median_cycle_s(trace), c["cycle"] in loud_cycles(trace)), key="cycle_time")
+        shared_chart((trace_key, "caches", cycle, stage),
+                     lambda: figures.cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind))
+    shared_chart((trace_key, "cycle_time", cycle), lambda: figures.cycle_time_figure(
+        c, median_cycle_s(trace), c["cycle"] in loud_cycles(trace)), key="cycle_time")
     if stage in (2, 5):  # the verify appends to the target's cache, the rollback trims it: in the trace's layout
-        for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, stage, derive.sequence_texts(trace, c))):
+        for i, fig in enumerate(shared_figures((trace_key, "layouts", cycle, stage), lambda: figures_layouts.layout_figures(
+                trace.header, c, stage, derive.sequence_texts(trace, c)))):
             chart(fig, key=f"layout_{i}")
     shown_until = ends[cycle] if stage >= 4 else c["committed_len_before"]
-    chart(figures.text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
+    shared_chart((trace_key, "text", cycle, stage >= 4),
+                 lambda: figures.text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
 
 
 def tree_cycle_view(trace: Trace, cycle: int, stage: int) -> None:
@@ -309,8 +316,10 @@ def tree_cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
     first_result().caption("**Tree:** " + md(tree_figures.tree_summary(c, root)))
     st.info(md(tree_figures.tree_stage_caption(c, stage, root, layout)), icon=":material/lightbulb:")
-    for name, fig in tree_figures.stage_figures(c, root, stage, layout):
-        chart(fig, key=tree_figures.TREE_CHART_KEYS[name])
+    figs = shared_figures((state.current_key(), "tree", cycle, stage, layout),
+                          lambda: [f for _, f in tree_figures.stage_figures(c, root, stage, layout)])
+    for name, fig in zip(tree_figures.stage_order(stage), figs, strict=True):
+        plot(fig, key=tree_figures.TREE_CHART_KEYS[name])
         if name == "tree" and stage == 3:  # the walk's numbers, try by try
             st.caption("The walk, in the order tried (r[t]: the token's probability in the residual when it was tried):")
             st.markdown(markdown_table(tree_figures.tried_rows(c)))
@@ -324,9 +333,10 @@ def tree_cycle_view(trace: Trace, cycle: int, stage: int) -> None:
 
 
 def overview(trace: Trace, cycle: int) -> None:
-    _, _, ov = derived(state.current_key(), trace)
-    chart(figures.overview_figure(ov, len(trace.cycles), cycle, loud_cycles(trace)), key="overview", on_select=from_overview,
-          selection_mode="points")
+    trace_key = state.current_key()
+    _, _, ov = derived(trace_key, trace)
+    shared_chart((trace_key, "overview", cycle), lambda: figures.overview_figure(
+        ov, len(trace.cycles), cycle, loud_cycles(trace)), key="overview", on_select=from_overview, selection_mode="points")
 
 
 def no_trace() -> None:
