@@ -17,6 +17,7 @@ from engine.stats.calibrate import TREE_WIDTHS, calibrate_widths
 from engine.stats.calibrate import calibrate as measure_step_times
 from engine.stats.plan import KPlan, plan_k
 from engine.stats.tree_plan import TreePlan, plan_tree
+from engine.teaching.faults import TreeFaults
 from engine.trace.format import Trace, TraceWriter, make_summary
 from engine.trace.schema import CACHE_CONVENTION, CACHE_CONVENTION_TEXT, FORMAT, VERSION, WEIGHTS_FLOAT32
 from engine.tree.cycle import check_tree_run, tree_generate, tree_layout
@@ -158,7 +159,7 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
                  on_cycle: Callable[[dict], None] | None = None,
                  rule: CycleRule = RATIO_TEST, calibrate: bool = False, fast: str | None = None,
                  calibration: dict | None = None, tensor_parallel: dict | None = None,
-                 tree: TreeSpec | None = None) -> Trace:
+                 tree: TreeSpec | None = None, tree_faults: TreeFaults | None = None) -> Trace:
     """Run speculative decoding on `prompt`, writing the trace to `out` as it goes.
 
     With `calibrate`, the header also gets step times of both models (engine/stats/calibrate.py),
@@ -168,11 +169,14 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     (run_advised's) is recorded as it is instead of being measured again. `tensor_parallel` (rank 0
     of a torchrun group, engine/parallel_run.py) is the rank layout the header records; the cycles are the same.
     With a `tree` spec the cycles draft and verify token trees (engine/tree/): the header's settings get
-    "tree" and K becomes the tree's depth.
+    "tree" and K becomes the tree's depth. `tree_faults` (the teaching code's only) breaks a tree run's
+    rollback on purpose; the header's "faults" then says so, as `rule` does for a chain run.
     """
     if not prompt.strip():
         raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
     pair.drafter.check_settings(s)  # refuse before anything is written
+    if tree_faults is not None and tree is None:
+        raise SettingsError("tree faults break a tree's rollback: they need a tree spec")
     if tree is not None:
         s = check_tree_options(pair, s, tree, rule, fast, calibrate or calibration is not None, tensor_parallel)
     if fast is not None:
@@ -187,6 +191,8 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
         header["cache_layout"] = tree_layout(s, tree, len(prompt_ids)).describe()
     if rule is not RATIO_TEST:
         header["faults"] = asdict(rule)  # marks a deliberately broken teaching run
+    if tree_faults is not None:
+        header["faults"] = asdict(tree_faults)  # ... and a broken tree rollback
     if tensor_parallel is not None:  # optional header field: the ranks the target was sharded over
         header["tensor_parallel"] = tensor_parallel
     if calibrate or calibration:  # optional header fields; traces without them stay valid
@@ -200,7 +206,7 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     with TraceWriter(out) as writer:
         writer.write(header)
         start = time.perf_counter()
-        for rec in _cycles(pair, prompt_ids, s, rule, fast, tree):
+        for rec in _cycles(pair, prompt_ids, s, rule, fast, tree, tree_faults):
             writer.write(rec)
             cycles.append(rec)
             if on_cycle:
@@ -226,9 +232,9 @@ def check_tree_options(pair: Pair, s: SpecSettings, tree: TreeSpec, rule: CycleR
 
 
 def _cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, rule: CycleRule, fast: str | None,
-            tree: TreeSpec | None = None):
+            tree: TreeSpec | None = None, tree_faults: TreeFaults | None = None):
     if tree is not None:
-        return tree_generate(pair, prompt_ids, s, tree)
+        return tree_generate(pair, prompt_ids, s, tree, (tree_faults or TreeFaults()).rollback)
     if fast is None:
         return speculative_generate(pair, prompt_ids, s, rule)
     from engine.cycle.fast import fast_generate

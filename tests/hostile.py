@@ -319,6 +319,7 @@ def range_cases(base: Base, rng: random.Random) -> list[Case]:
         ("faults-unknown", lambda h, cs, s: h.update(faults={"drop_everything": True})),
         ("faults-rule-unknown", lambda h, cs, s: h.update(faults={"acceptance_rule": "always"})),
         ("faults-retyped", lambda h, cs, s: h.update(faults={"keep_rejected_kv": "yes"})),
+        ("faults-tree-in-chain", lambda h, cs, s: h.update(faults={"crop_instead_of_compact": True})),
         ("summary-per-position-long", lambda h, cs, s: s.update(per_position_acceptance=[0.0] * 10**4)),
         ("summary-negative-wall", lambda h, cs, s: s.update(wall_time_s=-1.0)),
     ]

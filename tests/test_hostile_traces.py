@@ -148,18 +148,20 @@ def test_engine_stats_prints_or_refuses_every_case(cases, tmp_path, capsys):
 
 
 def test_the_checker_knows_every_fault_the_engine_can_declare():
-    """engine.trace.checks mirrors engine.teaching.faults.Faults without importing torch: the two must not drift apart."""
+    """engine.trace.checks mirrors engine.teaching.faults.Faults and TreeFaults without importing torch: the two
+    must not drift apart."""
     from dataclasses import fields
 
     from engine.drafters.registry import DRAFTERS as DRAFTER_KINDS
-    from engine.teaching.faults import Faults
-    from engine.trace.checks import FAULT_FIELDS
+    from engine.teaching.faults import Faults, TreeFaults
+    from engine.trace.checks import FAULT_FIELDS, TREE_FAULT_FIELDS
     from engine.trace.schema import ACCEPTANCE_RULE_TEXT as ACCEPTANCE_RULES
     from engine.trace.schema import ACCEPTANCE_RULES as CHECKED_RULES
     from engine.trace.schema import DRAFTER_KINDS as CHECKED_KINDS
     from engine.trace.schema import MAX_NGRAM
     from engine.trace.schema import MAX_NGRAM as CHECKED_MAX_NGRAM
     assert {f.name: f.type for f in fields(Faults)} == FAULT_FIELDS
+    assert {f.name: f.type for f in fields(TreeFaults)} == TREE_FAULT_FIELDS
     assert tuple(ACCEPTANCE_RULES) == CHECKED_RULES
     assert tuple(DRAFTER_KINDS) == CHECKED_KINDS and MAX_NGRAM == CHECKED_MAX_NGRAM
 

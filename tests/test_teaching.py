@@ -88,7 +88,7 @@ def test_comparison_pickles_for_the_page_cache(sampled):
 def test_the_cli_cannot_select_a_broken_mode():
     """The faults exist for the teaching pages only: no command-line option reaches them."""
     parser = build_parser()
-    words = ("fault", "keep", "reject", "catch", "rule", "greedy-draft", "broken")
+    words = ("fault", "keep", "reject", "catch", "rule", "greedy-draft", "broken", "crop", "compact")
     for sub in parser._subparsers._group_actions[0].choices.values():
         options = [o for a in sub._actions for o in a.option_strings]
         assert not [o for o in options if any(w in o for w in words)], options

@@ -2,20 +2,24 @@
 
 The engine's cycle (engine/cycle/reference.py) runs one rule, the ratio test; it takes a
 `CycleRule` so the teaching code can pass in a broken one and show what goes wrong.
-A `Faults` is such a rule. Nothing on the command line reaches it, and a run made with
-faults is marked in its trace header.
+A `Faults` is such a rule. A tree cycle (engine/tree/cycle.py) takes its rollback the same
+way, and a `TreeFaults` can hand it a broken one. Nothing on the command line reaches
+either, and a run made with faults is marked in its trace header.
 """
 from dataclasses import dataclass, replace
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import Cache
 
 from engine.cycle.reference import Decision
 from engine.drafters.base import Drafter
 from engine.drafters.model import ModelDrafter
+from engine.kv.layouts import roll_back_cache
 from engine.kv.ops import crop
 from engine.models.sampling import residual, sample, uniform
 from engine.trace.schema import ACCEPTANCE_RULES
+from engine.tree.compact import Rollback, compact
 
 
 @dataclass(frozen=True)
@@ -74,3 +78,27 @@ def passes(rule: str, u: float, accept_prob: float, p_t: float, target_probs: to
 
 
 NO_FAULTS = Faults()
+
+
+@dataclass(frozen=True)
+class TreeFaults:
+    """Deliberate bugs of a tree run's rollback, for the teaching pages only; normal runs never set them."""
+
+    crop_instead_of_compact: bool = False  # roll both caches back the chain's way, keeping the wrong slots
+
+    @property
+    def rollback(self) -> Rollback:
+        """What the tree cycle rolls its caches back with (engine/tree/compact.py's compact when correct)."""
+        return crop_to_length if self.crop_instead_of_compact else compact
+
+
+def crop_to_length(cache: Cache, start: int, kept_slots: list[int]) -> list[tuple[int, int]]:
+    """The chain's rollback after a tree: cut the cache to its new length, start + len(kept_slots), and
+    move nothing. Slots start+1.. keep whatever the verify (or, in the draft's cache, its level-by-level
+    forwards) wrote there: the first nodes of the tree, level by level. Unless the accepted path ran
+    through those nodes in order, some committed positions hold the K/V of a rejected sibling or a cousin."""
+    roll_back_cache(cache, start + len(kept_slots))
+    return []
+
+
+NO_TREE_FAULTS = TreeFaults()

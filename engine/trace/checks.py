@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 # The deliberate bugs a teaching run may declare (mirror of teaching_faults.Faults; a test keeps them equal).
 FAULT_FIELDS = {"keep_rejected_kv": bool, "skip_draft_catch_up": bool, "acceptance_rule": str, "greedy_draft": bool}
+# ... and those of a tree run's rollback (mirror of teaching_faults.TreeFaults), declared by tree traces only.
+TREE_FAULT_FIELDS = {"crop_instead_of_compact": bool}
 MAX_VERIFY_WIDTH = 1024  # calibrated verify widths beyond this are not a real measurement
 MAX_RANKS = 65536  # ranks of a tensor-parallel run: far beyond any real job
 MAX_RANK_TEXT = 255  # a host name (at most 253 characters in DNS), a device or backend name
@@ -155,16 +157,19 @@ def check_settings(settings: dict, where: str) -> None:
         fail(where, "settings", f"out of range: {err}")
 
 
-def check_faults(faults, where: str) -> dict:
+def check_faults(faults, where: str, tree: bool = False) -> dict:
+    """The declared faults: a chain run's (FAULT_FIELDS) in a chain trace, a tree rollback's in a tree trace."""
     if faults is None:
         return {}
     if not isinstance(faults, dict):
         fail(where, "faults", "must be an object naming the deliberate bugs of a teaching run")
+    known = TREE_FAULT_FIELDS if tree else FAULT_FIELDS
     for name, value in faults.items():
-        if name not in FAULT_FIELDS:
-            fail(where, f"faults.{name}", f"unknown fault; known: {', '.join(FAULT_FIELDS)}")
-        if type(value) is not FAULT_FIELDS[name]:
-            fail(where, f"faults.{name}", f"must be {FAULT_FIELDS[name].__name__}")
+        if name not in known:
+            other = " (a tree run's fault, and this is a chain trace)" if name in TREE_FAULT_FIELDS else ""
+            fail(where, f"faults.{name}", f"unknown fault{other}; known: {', '.join(known)}")
+        if type(value) is not known[name]:
+            fail(where, f"faults.{name}", f"must be {known[name].__name__}")
     if faults.get("acceptance_rule", "ratio") not in ACCEPTANCE_RULES:
         fail(where, "faults.acceptance_rule", f"unknown rule; known: {', '.join(ACCEPTANCE_RULES)}")
     return faults
@@ -296,7 +301,7 @@ def check_header(h: dict, where: str) -> RunFacts:
     check_token_ids(prompt, vocab, where, "prompt_token_ids")
     check_texts(h["prompt_token_texts"], len(prompt), where, "prompt_token_texts")
     check_token_ids(h["eos_token_ids"], vocab, where, "eos_token_ids")
-    faults = check_faults(h.get("faults"), where)
+    faults = check_faults(h.get("faults"), where, "tree" in s)
     check_calibration(h.get("calibration"), where)
     check_linear_paths(h.get("linear_paths"), where)
     check_tensor_parallel(h.get("tensor_parallel"), where)

@@ -24,11 +24,17 @@ tensor before the write, so a destination that is also a later move's source is 
 before it is overwritten. A path that moves nothing (a chain-shaped path through first
 children, or the empty path) is a plain rollback.
 """
+from collections.abc import Callable
+
 import torch
 from transformers.cache_utils import Cache
 
 from engine.kv.layouts import ROLL_BACK_LISTENER, PagedKVCache, roll_back_cache
 from engine.tree.attention import TreeUnsupportedError
+
+# A rollback after a tree: (cache, start, kept_slots) -> the moves (src, dst) it made. Runs use
+# `compact` below; only the teaching code passes another (engine/teaching/faults.py TreeFaults).
+Rollback = Callable[[Cache, int, list[int]], list[tuple[int, int]]]
 
 
 def plan_moves(start: int, kept_slots: list[int], cache_len: int) -> list[tuple[int, int]]:
@@ -76,3 +82,10 @@ def compact(cache: Cache, start: int, kept_slots: list[int]) -> list[tuple[int, 
         move_slots(cache, moves)
     roll_back_cache(cache, start + len(kept_slots))
     return moves
+
+
+def slots_held(start: int, count: int, moves: list[tuple[int, int]]) -> list[int]:
+    """After a rollback that made `moves`, the slot whose K/V each of start..start+count-1 now holds:
+    the kept slots themselves after `compact`, start..start+count-1 after a rollback that moved nothing."""
+    came_from = {dst: src for src, dst in moves}
+    return [came_from.get(start + j, start + j) for j in range(count)]

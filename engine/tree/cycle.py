@@ -22,7 +22,7 @@ from engine.trace.commit import final_tokens
 from engine.trace.schema import DRAFT_MODEL, ROOT
 from engine.tree.accept import TreeDecision, accept_tree
 from engine.tree.attention import verify_tree
-from engine.tree.compact import compact
+from engine.tree.compact import Rollback, compact, slots_held
 from engine.tree.draft import TreeDraft, draft_tree, roll_back_draft
 from engine.tree.shape import DraftTree
 
@@ -66,7 +66,8 @@ class TreeStep:
     layout_fields: dict  # the static and paged layouts' states (none for a dynamic cache)
 
 
-def run_tree_step(pair: Pair, state: RunState, s: SpecSettings, spec: TreeSpec, gen: torch.Generator) -> TreeStep:
+def run_tree_step(pair: Pair, state: RunState, s: SpecSettings, spec: TreeSpec, gen: torch.Generator,
+                  rollback: Rollback = compact) -> TreeStep:
     start_time = time.perf_counter()
     root, before = state.committed[-1], len(state.committed) - 1
     draft_before = cache_len(state.draft_cache)
@@ -83,12 +84,14 @@ def run_tree_step(pair: Pair, state: RunState, s: SpecSettings, spec: TreeSpec, 
     state.committed += committed
     state.generated += committed
     kept = path_slots(before, decision.path, len(committed))
-    moves = compact(state.target_cache, before, kept)
-    draft_compaction, catch_up_s = roll_back_draft(pair.draft, state.draft_cache, draft, decision.path, state.committed)
+    moves = rollback(state.target_cache, before, kept)
+    draft_compaction, catch_up_s = roll_back_draft(pair.draft, state.draft_cache, draft, decision.path, state.committed,
+                                                   rollback)
     lengths = {"target": {"before": before, "after_append": target_appended, "after_rollback": cache_len(state.target_cache)},
                "draft": {"before": draft_before, "after_append": draft_appended,
                          "after_rollback": cache_len(state.draft_cache)}}
-    compaction = {"target": {"kept_slots": kept, "moves": [list(m) for m in moves]}, "draft": draft_compaction}
+    compaction = {"target": {"kept_slots": slots_held(before, len(kept), moves), "moves": [list(m) for m in moves]},
+                  "draft": draft_compaction}
     times = {"verify_s": verify_s, "catch_up_s": catch_up_s, "cycle_s": time.perf_counter() - start_time}
     layout_fields = cycle_layout_fields(state.target_cache, state.draft_cache, layout_before,
                                         (target_layout_appended, draft_layout_appended))
@@ -148,18 +151,20 @@ def tree_record(cycle: int, step: TreeStep, state: RunState, s: SpecSettings, te
 
 
 def run_tree_cycle(pair: Pair, state: RunState, s: SpecSettings, spec: TreeSpec, gen: torch.Generator,
-                   cycle: int, texts: TokenTexts) -> dict:
+                   cycle: int, texts: TokenTexts, rollback: Rollback = compact) -> dict:
     """Run one tree cycle; return its trace record."""
-    return tree_record(cycle, run_tree_step(pair, state, s, spec, gen), state, s, texts)
+    return tree_record(cycle, run_tree_step(pair, state, s, spec, gen, rollback), state, s, texts)
 
 
-def tree_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings, spec: TreeSpec) -> Iterator[dict]:
-    """Yield one tree cycle record per cycle until EOS or max_new_tokens."""
+def tree_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings, spec: TreeSpec,
+                  rollback: Rollback = compact) -> Iterator[dict]:
+    """Yield one tree cycle record per cycle until EOS or max_new_tokens. `rollback` is the
+    compaction; the teaching code alone passes a broken one (engine/teaching/faults.py)."""
     check_tree_run(pair, spec)
     gen = torch.Generator().manual_seed(s.seed)
     texts = TokenTexts(pair.target.tokenizer)
     state = start_tree_run(pair, prompt_ids, s, spec)
     cycle = 0
     while not state.finished:
-        yield run_tree_cycle(pair, state, s, spec, gen, cycle, texts)
+        yield run_tree_cycle(pair, state, s, spec, gen, cycle, texts, rollback)
         cycle += 1

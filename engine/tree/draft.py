@@ -22,7 +22,7 @@ from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.trace.schema import DYNAMIC_TREE, ROOT
 from engine.tree.attention import tree_forward
-from engine.tree.compact import compact
+from engine.tree.compact import Rollback, compact, slots_held
 from engine.tree.shape import DraftTree, expand_dynamic, expand_static, keep_best, level_width
 
 
@@ -77,8 +77,9 @@ def draft_tree(model: LoadedModel, cache, root_id: int, spec: TreeSpec, s: SpecS
 
 
 def roll_back_draft(model: LoadedModel, cache, draft: TreeDraft, path: list[int],
-                    committed: list[int]) -> tuple[dict, float]:
-    """Compact the draft cache to the committed sequence, then feed what it never saw.
+                    committed: list[int], rollback: Rollback = compact) -> tuple[dict, float]:
+    """Compact the draft cache to the committed sequence (with `rollback`: `compact` but in a
+    teaching fault), then feed what it never saw.
     Returns the compaction record ({kept_slots, moves}) and the catch-up's seconds (0 if none)."""
     prefix_len = draft.fed_slots[ROOT]
     new_len = len(committed) - 1
@@ -88,9 +89,10 @@ def roll_back_draft(model: LoadedModel, cache, draft: TreeDraft, path: list[int]
             break
         kept.append(draft.fed_slots[node])
     kept = kept[: new_len - prefix_len]
-    moves = compact(cache, prefix_len, kept)
+    moves = rollback(cache, prefix_len, kept)
+    record = {"kept_slots": slots_held(prefix_len, len(kept), moves), "moves": [list(m) for m in moves]}
     missing = committed[cache_len(cache):new_len]
     if not missing:
-        return {"kept_slots": kept, "moves": [list(m) for m in moves]}, 0.0
+        return record, 0.0
     _, elapsed = timed(lambda: model.forward(missing, cache), model.device)
-    return {"kept_slots": kept, "moves": [list(m) for m in moves]}, elapsed
+    return record, elapsed
