@@ -12,7 +12,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from app.runs import precomputed
-from engine.config import SpecSettings
+from engine.config import SpecSettings, parse_tree
 from engine.models.presets import PRESETS
 from engine.run import encode_prompt, load_preset
 from engine.teaching.exactness import chi_square, next_token_probs, run_lab
@@ -20,6 +20,7 @@ from engine.teaching.faults import Faults
 from engine.teaching.power import DEFAULT_SAMPLES, LAB_POWER
 from engine.teaching.runs import compare_runs
 from engine.teaching.stale_slots import static_run
+from engine.teaching.tree_rollback import DEFAULT_TREE, compare_tree_runs
 from scripts import make_teaching_results as script
 from tests.app_jobs import finish_job
 
@@ -52,6 +53,7 @@ def test_every_default_the_script_promises_is_stored(stored, shakespeare):
     pair, ids = shakespeare
     prompt = PRESETS[script.PRESET].example_prompt
     assert precomputed.rollback_key(script.PAIR_KEY, prompt, script.rollback_defaults()) in stored
+    assert precomputed.tree_rollback_key(script.PAIR_KEY, prompt, *script.tree_rollback_defaults()) in stored
     p_target, p_draft = next_token_probs(pair, ids, SpecSettings(**script.exactness_defaults()))
     for rule, greedy, n in script.exactness_runs(p_target, p_draft):
         assert precomputed.exactness_key(script.PAIR_KEY, prompt, script.exactness_defaults(),
@@ -75,6 +77,23 @@ def test_stored_rollback_matches_a_live_run(stored, shakespeare):
         assert [c.target_cache.status for c in old.cycles] == [c.target_cache.status for c in run.cycles]
         for a, b in zip(old.cycles, run.cycles):
             assert a.target_tv == pytest.approx(b.target_tv, abs=ACROSS_CPUS)  # float noise only
+
+
+def test_stored_tree_rollback_matches_a_live_run(stored, shakespeare):
+    pair, ids = shakespeare
+    settings, tree = script.tree_rollback_defaults()
+    entry = stored[precomputed.tree_rollback_key(script.PAIR_KEY, PRESETS[script.PRESET].example_prompt, settings, tree)]
+    kept = precomputed.tree_comparison_from_dict(entry["result"])
+    live = compare_tree_runs(pair, ids, SpecSettings(**settings), parse_tree(DEFAULT_TREE))
+    assert kept.reference == live.reference and kept.prompt_ids == live.prompt_ids == ids and kept.tree == tree
+    for mode, run in live.runs.items():
+        old = kept.runs[mode]
+        assert old.generated == run.generated, mode
+        assert [c.path for c in old.cycles] == [c.path for c in run.cycles]
+        # slot counts, not floats: a slot differs by far more than the float noise between CPUs, or not at all
+        assert [(c.target.slots_differ, c.draft.slots_differ) for c in old.cycles] == \
+            [(c.target.slots_differ, c.draft.slots_differ) for c in run.cycles]
+    assert kept.first_divergence is not None  # the stored default shows the bug reaching the output
 
 
 def test_stored_lab_result_matches_a_live_run(stored, shakespeare):

@@ -1,6 +1,7 @@
 """Results of the slow teaching runs, computed ahead of time for the bundled model pairs.
 
-The rollback demo (three traced runs) and the exactness lab (hundreds of full cycles)
+The rollback demo (three traced runs, and the tree runs of its last section) and the
+exactness lab (hundreds of full cycles)
 take tens of seconds on a small CPU. `scripts/make_teaching_results.py` runs them with
 the real engine at each page's default settings and writes assets/teaching/results.json;
 the pages show a stored result at once when the pair, prompt and settings match
@@ -20,13 +21,19 @@ from app.ui.state import CACHE_TTL_S, ROOT
 from engine.teaching.exactness import ChiSquare, LabResult
 from engine.teaching.runs import CacheView, Comparison, CycleProbe, RunLog
 from engine.teaching.stale_slots import StaticCycle, StaticRun
+from engine.teaching.tree_rollback import CacheCheck, TreeComparison, TreeCycleCheck, TreeRunLog
 
 RESULTS_FILE = ROOT / "assets" / "teaching" / "results.json"
-ROLLBACK, EXACTNESS = "rollback", "exactness"
+ROLLBACK, EXACTNESS, TREE_ROLLBACK = "rollback", "exactness", "tree-rollback"
 
 
 def rollback_key(pair_key: str, prompt: str, settings: dict) -> str:
     return json.dumps([ROLLBACK, pair_key, prompt, settings], sort_keys=True)
+
+
+def tree_rollback_key(pair_key: str, prompt: str, settings: dict, tree: dict) -> str:
+    """The rollback page's tree section: `settings` with K = the tree's depth, `tree` = TreeSpec.describe()."""
+    return json.dumps([TREE_ROLLBACK, pair_key, prompt, settings, tree], sort_keys=True)
 
 
 def exactness_key(pair_key: str, prompt: str, settings: dict, rule: str, greedy: bool, n: int,
@@ -50,6 +57,21 @@ def comparison_from_dict(data: dict) -> Comparison:
     runs = {mode: RunLog(**{**run, "cycles": [probe(p) for p in run["cycles"]]}) for mode, run in data["runs"].items()}
     return Comparison(data["prompt_ids"], data["settings"], data["reference"], runs,
                       {int(i): t for i, t in data["texts"].items()})
+
+
+def tree_comparison_to_dict(cmp: TreeComparison) -> dict:
+    data = asdict(cmp)
+    data["texts"] = {str(i): t for i, t in cmp.texts.items()}
+    return data
+
+
+def tree_comparison_from_dict(data: dict) -> TreeComparison:
+    def cycle(c: dict) -> TreeCycleCheck:
+        return TreeCycleCheck(**{**c, "target": CacheCheck(**c["target"]), "draft": CacheCheck(**c["draft"])})
+
+    runs = {mode: TreeRunLog(**{**run, "cycles": [cycle(c) for c in run["cycles"]]}) for mode, run in data["runs"].items()}
+    return TreeComparison(data["prompt_ids"], data["settings"], data["tree"], data["reference"], runs,
+                          {int(i): t for i, t in data["texts"].items()})
 
 
 def static_from_dict(data: dict) -> StaticRun:

@@ -1,17 +1,23 @@
-"""What if we don't roll back? The correct engine beside two deliberately broken ones."""
+"""What if we don't roll back? The correct engine beside two deliberately broken ones, and (last
+section) the tree engine beside one that rolls back after a tree the chain's way."""
+from dataclasses import replace
+
 import streamlit as st
 
 from app.figures.layouts import stale_comparison_figure
 from app.figures.teaching import cache_strip_figure, divergence_figure, drift_figure
+from app.figures.tree_rollback import output_html, tree_cache_figure
 from app.runs import precomputed, teaching_pair
 from app.ui.first_result import first_result
 from app.ui.live_work import estimate_s, estimate_words, show_live, start_live
 from app.ui.pages import WALKTHROUGH
 from app.ui.safe import md
 from app.ui.widgets import chart
-from engine.config import SettingsError, SpecSettings
+from engine.config import SettingsError, SpecSettings, TreeSpec, parse_tree
 from engine.teaching.runs import CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison, compare_runs, first_divergence
 from engine.teaching.stale_slots import StaticRun, static_run
+from engine.teaching.tree_rollback import CORRECT as TREE_CORRECT
+from engine.teaching.tree_rollback import CROP, DEFAULT_TREE, TREE_MODE_LABELS, TreeComparison, compare_tree_runs
 from engine.trace.schema import MAX_NEW_TOKENS
 
 BROKEN_TEXT = {
@@ -30,6 +36,8 @@ BROKEN_TEXT = {
 
 LIVE = "rb_live"  # session_state: {stored-result key: Comparison run live in this session}
 PAGE = precomputed.ROLLBACK
+TREE_LIVE = "rb_tree_live"  # session_state: {stored-result key: (TreeComparison, seconds) run live here}
+TREE_PAGE = precomputed.TREE_ROLLBACK
 
 
 def new_tokens_of(key: list) -> int:
@@ -208,13 +216,153 @@ def stale_section(cmp: Comparison, static: StaticRun) -> None:
                                   sc.stale_slots, sc.attention_on_stale, cycle), key="rb_stale")
 
 
+def chain_sections(headline, cmp: Comparison, static: StaticRun | None) -> None:
+    headline.markdown(in_brief(cmp))
+    run_metrics(cmp)
+    outputs_section(cmp)
+    drift_section(cmp)
+    cache_section(cmp)
+    if static is not None:
+        stale_section(cmp, static)
+    else:
+        st.info("The static-cache comparison was not stored with this result: press **Run live**.")
+
+
+# ---------------------------------------------------------------- after a tree: crop is not enough
+
+TREE_TEXT = (
+    "A chain's rollback is a crop: the accepted guesses already sit, in order, right after the last "
+    "committed token, so cutting the cache to the new length keeps exactly them. A tree's verify pass "
+    "writes **every** node side by side: if the cache held L positions, the root (the last committed "
+    "token) goes to slot L and node i to slot L+1+i, level by level, siblings in the order they are "
+    "tried. The accepted path lies in slots L+1, L+2, ... only if it ran through nodes 0, 1, 2, ... in "
+    "that order: with more than one node on the first level, only an empty path or one that stops at "
+    "node 0 does. Otherwise (the path *left the first branch*) a crop "
+    "keeps, in the slots of committed tokens, the K/V of nodes that were *not* accepted: a rejected "
+    "sibling, or a node on another branch, at the wrong position. The tokens are right; the cache behind "
+    "them describes a text nobody wrote, and every later query reads it. The engine instead *compacts*: "
+    "it moves each path node's K/V down into place and drops the rest (`engine/tree/compact.py`). The "
+    "broken run below crops both caches (a fault only this page can select); after each cycle both runs' "
+    "caches are compared slot by slot with a fresh prefill of the committed text.")
+
+
+def tree_settings(settings: SpecSettings, spec: TreeSpec) -> SpecSettings:
+    """The form's settings for a tree run: K is the tree's depth (as engine/run.py records it)."""
+    return replace(settings, k=spec.max_depth)
+
+
+def run_tree_live(choice: teaching_pair.PairChoice, prompt: str, settings: SpecSettings, spec: TreeSpec,
+                  key: str) -> None:
+    pair = teaching_pair.load(choice)
+    prompt_ids = teaching_pair.encode(pair, choice, prompt) if pair else None
+    if prompt_ids is None:
+        return
+
+    def work(on_progress):
+        return compare_tree_runs(pair, prompt_ids, settings, spec, on_progress)
+
+    def keep(result: TreeComparison, seconds: float) -> None:
+        st.session_state.setdefault(TREE_LIVE, {})[key] = (result, seconds)
+
+    start_live(TREE_PAGE, choice.key, settings.max_new_tokens, "Running the tree engine, compacting and cropping",
+               work, keep)
+
+
+def tree_result_for(choice: teaching_pair.PairChoice, prompt: str, settings: SpecSettings, spec: TreeSpec,
+                    run_now: bool) -> TreeComparison | None:
+    """As `result_for`: this session's live result, else the stored one, else a Run live button's run."""
+    key = precomputed.tree_rollback_key(choice.key, prompt, settings.to_dict(), spec.describe())
+    if run_now:
+        run_tree_live(choice, prompt, settings, spec, key)
+    busy = show_live(TREE_PAGE)
+    if key in st.session_state.get(TREE_LIVE, {}):
+        cmp, seconds = st.session_state[TREE_LIVE][key]
+        st.caption(f"Run live in this session ({seconds:.0f} s).")
+        return cmp
+    stored = precomputed.find(key)
+    if stored is not None:
+        st.caption(f"Precomputed with the real engine by `scripts/make_teaching_results.py` ({md(stored['made'])}; "
+                   f"it took {stored['seconds']:.0f} s there). **Run live** repeats it on this machine.")
+        return precomputed.tree_comparison_from_dict(stored["result"])
+    if not busy:
+        estimate = estimate_s(TREE_PAGE, choice.key, settings.max_new_tokens,
+                              precomputed.seconds_per_unit(TREE_PAGE, choice.key, new_tokens_of))
+        st.info(f"No stored tree result for these settings and this tree: press **Run live** beside the tree "
+                f"({estimate_words(estimate)}).", icon=":material/play_arrow:")
+    return None
+
+
+def tree_form() -> tuple[TreeSpec | None, bool]:
+    """The tree to draft (outside the form above: it applies at once) and this section's Run live button."""
+    cols = st.columns([3, 1])
+    text = cols[0].text_input("Tree (as --tree: static:B1,B2,... or dynamic:top_k=K,depth=D,nodes=N)", DEFAULT_TREE,
+                              key="rb_tree")
+    clicked = cols[1].button("Run live", key="rb_tree_run", icon=":material/play_arrow:",
+                             help="Run the tree engine twice now on this machine (compacting, then cropping).")
+    try:
+        return parse_tree(text), clicked
+    except SettingsError as err:
+        st.error(md(str(err)))
+        return None, False
+
+
+def tree_metrics(cmp: TreeComparison) -> None:
+    correct, broken = cmp.runs[TREE_CORRECT], cmp.runs[CROP]
+    cols = st.columns(4)
+    cols[0].metric("Paths off the first branch", f"{broken.bites} of {len(broken.cycles)}",
+                   help="Cycles of the broken run whose accepted path left the first branch: only there do crop "
+                        "and compaction keep different slots.")
+    first = broken.first_target_mismatch
+    cols[1].metric("Broken cache wrong from", "never" if first is None else f"cycle {first}",
+                   help="The first cycle after which the cropping run's target cache differs from a fresh prefill.")
+    wrong = sum(not c.target.matches or not c.draft.matches for c in correct.cycles)
+    cols[2].metric("Correct engine: wrong caches", str(wrong),
+                   help="Cycles after which either cache of the compacting run differs from a fresh prefill.")
+    divergence = cmp.first_divergence
+    cols[3].metric("First output token that differs", "none" if divergence is None else str(divergence))
+
+
+def tree_outputs(cmp: TreeComparison) -> None:
+    """Both outputs side by side, the first divergence outlined; at T=0 whether the correct one is greedy's."""
+    first = cmp.first_divergence
+    cols = st.columns(2)
+    for col, mode in zip(cols, (TREE_CORRECT, CROP)):
+        col.html(output_html(cmp.runs[mode].generated, cmp.texts, first, TREE_MODE_LABELS[mode]))
+    if cmp.reference is not None:
+        same = cmp.runs[TREE_CORRECT].generated == cmp.reference
+        st.caption("At temperature 0 the correct tree engine must reproduce plain greedy decoding of the target: "
+                   + ("it does, token for token." if same else "**it does not** here, which a near-tie between two "
+                      "tokens' logits can cause (a batched pass and a one-token pass round differently)."))
+    if first is None:
+        st.caption("The outputs agree here: a wrong cache shifts the target's distributions, and at temperature 0 "
+                   "the output changes only once the argmax flips. More tokens or another prompt show it.")
+
+
+def tree_section(choice: teaching_pair.PairChoice, prompt: str, settings: SpecSettings) -> None:
+    st.subheader("After a tree: crop is not enough")
+    st.markdown(TREE_TEXT)
+    spec, clicked = tree_form()
+    if spec is None:
+        return
+    cmp = tree_result_for(choice, prompt, tree_settings(settings, spec), spec, clicked)
+    if cmp is None:
+        return
+    tree_metrics(cmp)
+    chart(tree_cache_figure(cmp), key="rb_tree_cache")
+    st.caption("Rings mark the cycles whose accepted path left the first branch. The correct engine has them "
+               "too and stays at zero: compaction moved those nodes' K/V into place. In the cropping run the "
+               "count only grows: every slot written after a wrong one was computed while attending to it.")
+    tree_outputs(cmp)
+
+
 def main() -> None:
     st.title("What if we don't roll back?")
     st.markdown(
         "A rejected guess must leave no trace: its keys and values have to go from both caches before the "
         "next cycle. This page runs the real engine three times on the same prompt and seed: correctly, "
         "and in two deliberately broken modes that exist only for this demonstration (the command line and "
-        "the live-run page cannot select them).")
+        "the live-run page cannot select them). The last section does the same for a draft tree, whose "
+        "rollback a plain crop gets wrong.")
     headline = first_result()  # filled once the result is known, below the settings
     for text in BROKEN_TEXT.values():
         st.markdown("- " + text)
@@ -226,18 +374,9 @@ def main() -> None:
     if form is None:
         return
     found = result_for(choice, *form)
-    if found is None:
-        return
-    cmp, static = found
-    headline.markdown(in_brief(cmp))
-    run_metrics(cmp)
-    outputs_section(cmp)
-    drift_section(cmp)
-    cache_section(cmp)
-    if static is not None:
-        stale_section(cmp, static)
-    else:
-        st.info("The static-cache comparison was not stored with this result: press **Run live**.")
+    if found is not None:
+        chain_sections(headline, *found)
+    tree_section(choice, form[0], form[1])
 
 
 main()
