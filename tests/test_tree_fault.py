@@ -21,6 +21,7 @@ from engine.teaching.tree_rollback import (
     compare_tree_runs,
     left_first_branch,
 )
+from engine.trace import TraceError, loads_trace
 from engine.tree.cycle import path_slots
 from tests.tiny import noisy_pair
 
@@ -113,6 +114,12 @@ def test_a_faulted_tree_trace_is_marked_and_records_what_the_crop_kept(pair, tmp
         comp, before = rec["tree"]["compaction"]["target"], rec["target_cache_len"]["before"]
         assert comp["kept_slots"] == path_slots(before, rec["tree"]["path"], len(rec["committed_token_ids"]))
     assert any(rec["tree"]["compaction"]["target"]["moves"] for rec in correct.cycles)
+    text = (tmp_path / "crop.jsonl").read_text(encoding="utf-8")
+    assert loads_trace(text).header["faults"] == {"crop_instead_of_compact": True}  # checked against its bug
+    undeclared = json.dumps({k: v for k, v in header.items() if k != "faults"}) + "\n" + text.split("\n", 1)[1]
+    with pytest.raises(TraceError, match=r"tree.compaction.target.kept_slots': must be .*path node"):
+        loads_trace(undeclared)
+    loads_trace((tmp_path / "compact.jsonl").read_text(encoding="utf-8"))
     with pytest.raises(SettingsError, match="need a tree spec"):
         run_to_trace(pair, "the cat sat on", s, tmp_path / "chain.jsonl", tree_faults=TreeFaults(True))
 

@@ -330,7 +330,10 @@ HOSTILE = [  # (name, sample, edit, a distinctive part of the message)
      r"settings.tree': nodes must be between 1 and 64"),
     ("tree-extra-key", D, lambda r: r[0]["settings"]["tree"].update(branching=[2]), r"exactly kind, top_k, depth and nodes"),
     ("k-not-max-depth", S, lambda r: r[0]["settings"].update(k=4), r"settings.k': a tree run's k is its tree's max depth, 3"),
-    ("faults-declared", S, lambda r: r[0].update(faults={"keep_rejected_kv": True}), r"a tree run declares none"),
+    ("faults-declared", S, lambda r: r[0].update(faults={"keep_rejected_kv": True}),
+     r"faults.keep_rejected_kv': unknown fault; known: crop_instead_of_compact"),
+    ("crop-fault-claimed", S, lambda r: r[0].update(faults={"crop_instead_of_compact": True}),
+     r"tree.compaction.target.kept_slots': must be \[\d+, \d+(, \d+)*\]: the declared fault crops"),
     ("drafter-not-a-model", S, lambda r: r[0].update(drafter={"kind": "prompt-lookup", "min_ngram": 1, "max_ngram": 3}),
      r"trees are drafted by a draft model"),
     # structure and types

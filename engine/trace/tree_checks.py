@@ -8,6 +8,8 @@ the loops here are over at most MAX_TREE_NODES nodes.
 The record is replayed, not trusted: the walk is re-run from the recorded draws and the
 nodes' target probabilities, and must try, accept and reject exactly what the record says;
 the committed tokens, the cache lengths and the compaction follow from the walk's path.
+A teaching run that declares the fault crop_instead_of_compact (header "faults") is checked
+against that bug: both caches keep their first slots from the root's and move nothing.
 Each rule raises BrokenInvariant naming the cycle, the field and the rule in one line.
 """
 import math
@@ -86,8 +88,8 @@ def check_tree_header(h: dict, where: str) -> "TreeSpec":
     kind = h.get("drafter", {}).get("kind", DRAFT_MODEL)
     if kind != DRAFT_MODEL:
         fail(where, "drafter.kind", f"trees are drafted by a draft model ('{DRAFT_MODEL}'), not {kind!r}")
-    if h.get("faults"):
-        fail(where, "faults", "the teaching faults are bugs of a chain cycle; a tree run declares none")
+    # A teaching run may declare a broken tree rollback (checks.check_faults allows TREE_FAULT_FIELDS
+    # only); its compaction records are then checked against that bug (crop_kept below).
     return spec
 
 
@@ -344,9 +346,17 @@ def check_moves(comp: dict, base: int, where: str, field: str) -> None:
                                       f"(the j-th kept slot moves to {base} + j)")
 
 
-def check_target_cache(c: dict, path: list[int], n_committed: int, chain: CacheChain, where: str) -> int:
+def crop_kept(base: int, count: int) -> list[int]:
+    """What the declared teaching fault crop_instead_of_compact keeps: the first `count` slots from
+    the root's, whatever they hold (engine/teaching/faults.py crop_to_length)."""
+    return list(range(base, base + count))
+
+
+def check_target_cache(c: dict, path: list[int], n_committed: int, chain: CacheChain, where: str,
+                       crop: bool = False) -> int:
     """Verify appends the root and the N nodes; compaction keeps the root and the path, cut to
-    the committed length. Returns the length after the rollback."""
+    the committed length (with the declared `crop` fault: the first slots, moved nowhere).
+    Returns the length after the rollback."""
     t, n = c["target_cache_len"], len(c["tree"]["nodes"])
     check_lengths(t, where, "target_cache_len")
     if t["before"] != chain.target:
@@ -361,7 +371,10 @@ def check_target_cache(c: dict, path: list[int], n_committed: int, chain: CacheC
     base = t["before"]
     comp = c["tree"]["compaction"]["target"]
     kept = ([base] + [base + 1 + p for p in path])[:n_committed]
-    if comp["kept_slots"] != kept:
+    if crop and comp["kept_slots"] != crop_kept(base, n_committed):
+        fail(where, "tree.compaction.target.kept_slots", f"must be {crop_kept(base, n_committed)}: the declared "
+             f"fault crops to the committed length, keeping slots {base}.. whatever they hold")
+    if not crop and comp["kept_slots"] != kept:
         fail(where, "tree.compaction.target.kept_slots", f"must be {kept}: the root's slot {base}, then "
              f"{base} + 1 + p for each path node p, cut to the {n_committed} committed tokens")
     check_moves(comp, base, where, "tree.compaction.target")
@@ -390,7 +403,7 @@ def draft_kept_range(shape: Shape, spec: "TreeSpec", path: list[int], n_committe
 
 
 def check_draft_kept(comp: dict, d: dict, shape: Shape, spec: "TreeSpec", path: list[int], n_committed: int,
-                     where: str) -> None:
+                     where: str, crop: bool = False) -> None:
     kept, base, field = comp["kept_slots"], d["before"], "tree.compaction.draft.kept_slots"
     lo, hi = draft_kept_range(shape, spec, path, n_committed)
     if not lo <= len(kept) <= hi:
@@ -399,14 +412,17 @@ def check_draft_kept(comp: dict, d: dict, shape: Shape, spec: "TreeSpec", path: 
             or kept[-1] >= d["after_append"]:
         fail(where, field, f"kept slots start at the root's slot {base} (draft_cache_len.before) and increase, "
                            f"below draft_cache_len.after_append {d['after_append']}")
-    if spec.kind == STATIC_TREE and kept != [base] + [base + 1 + p for p in path[:len(kept) - 1]]:
+    if crop and kept != crop_kept(base, len(kept)):
+        fail(where, field, f"must be {crop_kept(base, len(kept))}: the declared fault crops the draft's cache "
+                           "too, keeping the first slots from the root's")
+    if not crop and spec.kind == STATIC_TREE and kept != [base] + [base + 1 + p for p in path[:len(kept) - 1]]:
         fail(where, field, f"must be {[base] + [base + 1 + p for p in path[:len(kept) - 1]]}: a static tree's "
                            f"node p sits in the draft's slot {base} + 1 + p (levels fed in order)")
     check_moves(comp, base, where, "tree.compaction.draft")
 
 
 def check_draft_cache(c: dict, shape: Shape, spec: "TreeSpec", path: list[int], n_committed: int,
-                      chain: CacheChain, where: str) -> int | None:
+                      chain: CacheChain, where: str, crop: bool = False) -> int | None:
     """The draft's forwards over the tree, its compaction, and the catch-up to committed length - 1.
     Returns its length after the rollback (None without a draft cache)."""
     d, tree = c["draft_cache_len"], c["tree"]
@@ -429,7 +445,7 @@ def check_draft_cache(c: dict, shape: Shape, spec: "TreeSpec", path: list[int], 
         fail(where, "draft_cache_len.after_append", f"the draft's forwards feed the root and the expanded nodes: "
              f"{lo}..{hi} positions after {d['before']}" if lo < hi else f"must be {d['before'] + lo}: the draft "
              f"is fed the root and every node above the deepest level ({lo} positions)")
-    check_draft_kept(comp, d, shape, spec, path, n_committed, where)
+    check_draft_kept(comp, d, shape, spec, path, n_committed, where, crop)
     keep = c["committed_len_before"] + n_committed - 1
     if d["after_rollback"] != keep:
         fail(where, "draft_cache_len.after_rollback", f"must be {keep}: committed length - 1 by the convention "
@@ -481,8 +497,9 @@ def check_tree_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where
     want, finished = check_commit(c, [shape.tokens[p] for p in path], facts, run, where)
     for name, ids, strings in tree_texts(c):
         check_text_map(texts, ids, strings, where, name)
-    target_after = check_target_cache(c, path, len(want), run.chain, where)
-    draft_after = check_draft_cache(c, shape, spec, path, len(want), run.chain, where)
+    crop = facts.faults.get("crop_instead_of_compact", False)  # a declared teaching fault (header)
+    target_after = check_target_cache(c, path, len(want), run.chain, where, crop)
+    draft_after = check_draft_cache(c, shape, spec, path, len(want), run.chain, where, crop)
     check_times(c, tree["draft_forwards"], facts, where)
     run.chain = CacheChain(target_after, draft_after)
     run.generated += want
