@@ -43,6 +43,8 @@ def test_traces_of_one_target_agree_on_verify_time_per_position():
     per_target: dict[str, dict[str, float]] = {}
     for path in TRACES:
         trace = load_trace(path)
+        if trace.is_tree:  # a tree verifies 13-25 positions at once: on a CPU each costs less than a chain's
+            continue
         per_target.setdefault(model_name(trace.header, "target"), {})[path.name] = verify_seconds_per_position(trace)
     for target, seconds in per_target.items():
         assert max(seconds.values()) <= MAX_VERIFY_OVER_MEDIAN * min(seconds.values()), (target, seconds)

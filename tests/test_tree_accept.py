@@ -226,7 +226,7 @@ def static_tree(root: int, draft: torch.Tensor = DRAFT) -> DraftTree:
 
 
 def dynamic_tree(root: int, draft: torch.Tensor = DRAFT) -> DraftTree:
-    return keep_best(grow(root, [3, 3, 3], expand_dynamic, draft), 7)  # EAGLE-2: top_k 3, depth 3, 7 nodes
+    return keep_best(grow(root, [3, 3, 3], expand_dynamic, draft), 7)[0]  # EAGLE-2: top_k 3, depth 3, 7 nodes
 
 
 def lopsided_tree(root: int, draft: torch.Tensor = DRAFT) -> DraftTree:
