@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from app.ui import state
+from app.ui.tree_stats_view import tree_stats_of
 
 PARSED_PER_BYTE = 8  # Python objects per byte of trace JSON, with headroom over the 4.4-5.6x measured
 SMALL_STATE = 2 * 2**20  # the statistics cached per trace (2 KB each) and the visitors' own few entries
@@ -33,6 +34,7 @@ def traced(monkeypatch):
     monkeypatch.setenv("SPECLAB_TRACES_DIR", str(BUNDLED))
     state._load_path.clear()
     state.stats_of.clear()
+    tree_stats_of.clear()
     gc.collect()
     tracemalloc.start()
     yield
@@ -49,7 +51,8 @@ def held_bytes() -> int:
 def open_as_visitor(ref: state.TraceRef) -> dict:
     """What a session keeps once it has opened a trace (state.set_current, the statistics)."""
     trace, key = state.load_ref(ref)
-    return {state.REF: ref, state.TRACE: trace, state.TRACE_KEY: key, "stats": state.stats_of(key, trace),
+    stats = tree_stats_of(key, trace) if trace.is_tree else state.stats_of(key, trace)  # as the statistics page
+    return {state.REF: ref, state.TRACE: trace, state.TRACE_KEY: key, "stats": stats,
             state.CYCLE: 0, state.STAGE: 1}
 
 

@@ -27,8 +27,9 @@ MAX_UPLOAD_BYTES = 64 * 2**20  # a long chat run with K=8 and top-10 lists is a 
 MAX_UPLOADS = 64  # kept per server; the oldest go first
 # What the server keeps for every visitor at once (Streamlit's caches): at most so many entries
 # per cached function, none older than CACHE_TTL_S (an evicted entry is computed again when asked).
-TRACES_KEPT = 16  # parsed traces, one object shared by every session that opens the same file
-DERIVED_KEPT = 16  # each kind of data derived from a trace (its statistics, the stepper's token table)
+TRACES_KEPT = 32  # parsed traces, one object shared by every session that opens the same file: every
+# bundled trace (22 today) stays parsed once, with room for uploads and live runs
+DERIVED_KEPT = 32  # each kind of data derived from a trace (its statistics, the stepper's token table)
 CACHE_TTL_S = 3600.0
 
 # session_state keys (other pages read these through the helpers below)

@@ -424,7 +424,7 @@ def tree_example(source: tree_trace.TreeSource) -> dict | None:
 def tree_trace_words(trace) -> str:
     """What the tree trace's own cycles committed: measured in it, not claimed."""
     cycles = trace.cycles
-    per_cycle = sum(c["num_accepted"] + 1 for c in cycles) / len(cycles)
+    per_cycle = sum(len(c["committed_token_ids"]) for c in cycles) / len(cycles)
     nodes = sum(len(c["tree"]["nodes"]) for c in cycles) / len(cycles)
     return (f"In this tree trace a cycle committed {per_cycle:.2f} tokens on average, verifying {nodes:.1f} nodes "
             f"(+ the root) per pass, over {len(cycles)} cycles.")
@@ -452,7 +452,8 @@ def q_why_tree(source: tree_trace.TreeSource) -> None:
             "draft model drafting a chain.")
         c = tree_example(source)
         if c is not None:
-            st.caption(tree_trace_words(source.trace))
+            if not source.bundled:  # the open trace's own numbers; a bundled example's would read as the open one's
+                st.caption(tree_trace_words(source.trace))
             tree_trace.show_tree_figures(source, c, "iv_tree", ("tree",))
             tree_trace.open_in_stepper_button(source, c["cycle"], key="iv_tree_link")
 
