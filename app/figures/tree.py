@@ -299,12 +299,12 @@ def tree_figure(c: dict, root_text: str = "", stage: int = 5) -> go.Figure:
                             outline=[3], thickness=NODE_H))
         xs.append(lay.next_token[0]), ys.append(lay.next_token[1])
         texts.append(f"{shown(c['next_token_text'], chars)} {TREE_STYLES[kind].mark}")
-    lift = [0.16 if readable else 0.0] * len(nodes) + [0.0] * (len(xs) - len(nodes))  # tokens above their p/q line
+    lift = [0.18 if readable else 0.0] * len(nodes) + [0.0] * (len(xs) - len(nodes))  # tokens above their p/q line
     traces.append(labels(xs, [y - d for y, d in zip(ys, lift)], texts, size=size))
     if readable:
-        traces.append(labels([x for x, _ in lay.nodes], [y + 0.22 for _, y in lay.nodes],
+        traces.append(labels([x for x, _ in lay.nodes], [y + 0.24 for _, y in lay.nodes],
                              [number_line(n, stage) for n in nodes], size=NUMBER_PX))
-    row_px = 42 if readable else 24
+    row_px = 46 if readable else 24  # a 16 px token over a 12 px p/q line, apart
     ticks = ["root"] + [f"depth {d}" for d in range(1, lay.columns)]
     return figure(traces, tree_title(c, stage), 150 + row_px * lay.rows, top=96, barmode="overlay",
                   xaxis=dict(range=[-0.5, lay.columns - 0.5], tickvals=list(range(lay.columns)), ticktext=ticks,
