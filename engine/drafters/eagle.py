@@ -68,10 +68,16 @@ class EagleHead(nn.Module):
         self.cache_arg = "cache" if "cache" in inspect.signature(self.body.forward).parameters else "past_key_values"
 
     def forward(self, token_embeds: torch.Tensor, prev_features_normed: torch.Tensor,
-                cache: DynamicCache | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T, H) embeddings of x_p and (B, T, H) normed f_{p-1} -> (B, T, H) predicted f_p."""
+                cache: DynamicCache | None = None, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, H) embeddings of x_p and (B, T, H) normed f_{p-1} -> (B, T, H) predicted f_p.
+
+        Without `attention_mask` the body is causal over its cache; a draft tree (engine/tree/eagle.py)
+        passes a 4D additive mask (1, 1, T, kv_len) with `position_ids`, as the tree forward of a model does."""
         x = self.fuse(torch.cat([token_embeds, prev_features_normed], dim=-1))  # (B, T, H)
         kwargs = {self.cache_arg: cache, "use_cache": cache is not None}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
         out = self.body(inputs_embeds=x, position_ids=position_ids, **kwargs)
         return out.last_hidden_state
 

@@ -24,7 +24,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from engine.kv.layouts import ROLL_BACK_LISTENER
-from engine.models.loading import LoadedModel
+from engine.models.loading import LoadedModel, TopFeatureTap
 from engine.tree.shape import DraftTree
 
 MASKING_ATTENTION = ("sdpa", "eager")  # implementations that add a float 4D mask to the scores
@@ -43,7 +43,12 @@ def check_tree_capable(model: LoadedModel, cache: Cache) -> None:
         raise TreeUnsupportedError("draft trees are not supported on a tensor-parallel target yet "
                                    "(its ranks mirror plain appends and rollbacks, not tree masks and compaction); "
                                    "use a chain drafter")
-    config = model.model.config
+    check_tree_config(model.model.config)
+
+
+def check_tree_config(config) -> None:
+    """Refuse a model config whose attention would not apply a tree mask to every layer as given
+    (the draft model's, the target's, or an EAGLE head's decoder stack)."""
     text = config.get_text_config(decoder=True)
     types = getattr(text, "layer_types", None) or ["full_attention"]
     if any(t != "full_attention" for t in types):
@@ -77,6 +82,22 @@ def tree_mask(attends: list[list[int]], prefix_len: int, kv_len: int, dtype: tor
     return mask[None, None]
 
 
+def tree_inputs(cache: Cache, positions: list[int], attends: list[list[int]], prefix_len: int,
+                dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(position_ids (1, T), 4D additive mask (1, 1, T, kv_len)) for appending T = len(positions) tokens to
+    `cache`: query t at RoPE position positions[t], attending to slots 0..prefix_len-1 and attends[t]
+    (absolute cache slots, its own new slot included). Any module running over the cache takes them."""
+    if not len(positions) == len(attends) > 0:
+        raise ValueError(f"a tree forward needs one attends list per position ({len(positions)} positions, "
+                         f"{len(attends)} attends)")
+    cache_len = int(cache.get_seq_length())
+    check_attends(attends, prefix_len, cache_len)
+    kv_len, kv_offset = cache.get_mask_sizes(len(positions), 0)  # what the layout's update will hand attention
+    assert kv_offset == 0, "full-attention layers read from slot 0"
+    mask = tree_mask(attends, prefix_len, int(kv_len), dtype, device)
+    return torch.tensor([positions], dtype=torch.long, device=device), mask
+
+
 def tree_forward(model: LoadedModel, token_ids: list[int], positions: list[int], attends: list[list[int]],
                  prefix_len: int, cache: Cache) -> torch.Tensor:
     """Append K/V for token_ids (T new slots, written at cache slots cache_len..cache_len+T-1) and return
@@ -84,15 +105,10 @@ def tree_forward(model: LoadedModel, token_ids: list[int], positions: list[int],
     shared prefix (slots 0..prefix_len-1) plus the absolute cache slots listed in attends[t] (which must include
     its own new slot)."""
     check_tree_capable(model, cache)
-    if not len(token_ids) == len(positions) == len(attends) > 0:
-        raise ValueError(f"a tree forward needs one position and one attends list per token "
-                         f"({len(token_ids)} tokens, {len(positions)} positions, {len(attends)} attends)")
-    cache_len = int(cache.get_seq_length())
-    check_attends(attends, prefix_len, cache_len)
-    kv_len, kv_offset = cache.get_mask_sizes(len(token_ids), 0)  # what the layout's update will hand attention
-    assert kv_offset == 0, "full-attention layers read from slot 0"
-    mask = tree_mask(attends, prefix_len, int(kv_len), model.dtype, model.device)
-    position_ids = torch.tensor([positions], dtype=torch.long, device=model.device)  # (1, T)
+    if len(token_ids) != len(positions):
+        raise ValueError(f"a tree forward needs one position per token ({len(token_ids)} tokens, "
+                         f"{len(positions)} positions)")
+    position_ids, mask = tree_inputs(cache, positions, attends, prefix_len, model.dtype, model.device)
     return model.forward(token_ids, cache, position_ids=position_ids, attention_mask=mask)
 
 
@@ -112,3 +128,12 @@ def verify_tree(model: LoadedModel, root_id: int, tree: DraftTree, cache: Cache)
     cache_len = int(cache.get_seq_length())
     positions, attends = verify_layout(tree, cache_len)
     return tree_forward(model, [root_id, *tree.token_ids], positions, attends, cache_len, cache)
+
+
+def verify_tree_with_features(model: LoadedModel, root_id: int, tree: DraftTree,
+                              cache: Cache) -> tuple[torch.Tensor, torch.Tensor]:
+    """verify_tree, and the target's top features (N+1, H) at [root, nodes] from the same pass (an EAGLE
+    head drafts from them): the tap sits on the module that forward really runs, as forward_with_features'."""
+    with TopFeatureTap(model.runner_for(len(tree) + 1)) as tap:
+        logits = verify_tree(model, root_id, tree, cache)
+    return logits, tap.features
