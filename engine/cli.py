@@ -40,10 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
         run.add_argument(flag.name, type=int, default=flag.default, help=flag.help)
     run.add_argument("--k", type=int, default=4, help="draft tokens per cycle")
     run.add_argument("--tree", default=None,
-                     help="draft a token tree instead of a chain (draft model only): static:B1,B2,... (B_d children "
-                          "per node at depth d, as in Medusa) or dynamic:top_k=K,depth=D,nodes=N (EAGLE-2's "
-                          "expand-and-rerank); K becomes the tree's depth; or auto: the tree advisor times both models on "
-                          "this machine and runs the tree, chain or plain decoding it predicts fastest (docs/trees.md)")
+                     help="draft a token tree instead of a chain (with the draft model, or the EAGLE head under "
+                          "--drafter eagle): static:B1,B2,... (B_d children per node at depth d, as in Medusa) or "
+                          "dynamic:top_k=K,depth=D,nodes=N (EAGLE-2's expand-and-rerank); K becomes the tree's depth; "
+                          "or auto (draft model only): the tree advisor times both models on this machine and runs the "
+                          "tree, chain or plain decoding it predicts fastest (docs/trees.md)")
     run.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the preset's)")
     run.add_argument("--top-k", type=int, default=0)
     run.add_argument("--top-p", type=float, default=1.0)
@@ -219,6 +220,9 @@ def cmd_run(args) -> int:
     tree = None if args.tree in (None, TREE_AUTO) else parse_tree(args.tree)
     if args.tree is not None and args.tp > 1:
         raise SettingsError("--tree does not run with --tp yet; drop one of the two")
+    if args.tree == TREE_AUTO and args.drafter != DRAFT_MODEL:
+        raise SettingsError(f"--tree auto sizes trees from the draft model's costs and ranks; with --drafter "
+                            f"{args.drafter} name the tree (static:3,2,1 or dynamic:top_k=3,depth=4,nodes=12)")
     options = options_from_args(args)
     target, draft, preset = resolve_models(args)
     check_prompt(args.prompt)

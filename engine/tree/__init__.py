@@ -9,8 +9,12 @@
   rejected siblings removed from the residual).
 - compact.py: rollback after a tree: the accepted path's K/V moved next to the committed
   prefix, everything else discarded, for the dynamic, static and paged layouts.
-- draft.py: tree drafting with the draft model, one batched forward per depth.
-- cycle.py: one tree cycle (draft, verify, accept, commit, compact) and its trace record.
+- draft.py: tree drafting, one batched forward per depth; the `TreeProposer` interface and the
+  draft model's proposer.
+- eagle.py: the EAGLE head's proposer: levels fed with predicted features under a tree mask on the
+  head's cache, then cropped to the root and re-fed with the verify's true features.
+- cycle.py: one tree cycle (draft, verify, accept, commit, compact) and its trace record; it picks the
+  proposer from the pair's drafter kind.
 
 May import: engine.config, engine.trace, engine.models, engine.kv, engine.drafters, engine.cycle.
 """

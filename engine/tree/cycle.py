@@ -3,7 +3,10 @@
 The chain's cycle (engine/cycle/reference.py) is untouched; a run with a tree spec runs
 these cycles instead and writes tree cycle records (the `tree` entry below). The cache
 convention is the chain's: after each cycle both caches hold the committed sequence but
-its last token, which is the next cycle's root.
+its last token, which is the next cycle's root. What drafts the trees is the pair's
+drafter kind's TreeProposer (engine/tree/draft.py): the draft model, or the EAGLE head
+(engine/tree/eagle.py), whose verify pass also yields the target's features. Records are
+the same for both.
 """
 import time
 from collections.abc import Iterator
@@ -13,24 +16,35 @@ import torch
 
 from engine.config import SettingsError, SpecSettings, TreeSpec
 from engine.cycle.reference import Pair, RunState, TokenTexts, cycle_layout_fields, layout_states
-from engine.drafters.model import ModelDraftState
 from engine.kv.layouts import CacheLayout, new_cache
 from engine.kv.ops import cache_len, prefill
 from engine.models.device import timed
 from engine.models.sampling import warp_probs
 from engine.trace.commit import final_tokens
-from engine.trace.schema import DRAFT_MODEL, ROOT
+from engine.trace.schema import DRAFT_MODEL, EAGLE, ROOT
 from engine.tree.accept import TreeDecision, accept_tree
-from engine.tree.attention import verify_tree
+from engine.tree.attention import verify_tree, verify_tree_with_features
 from engine.tree.compact import Rollback, compact, slots_held
-from engine.tree.draft import TreeDraft, draft_tree, roll_back_draft
+from engine.tree.draft import ModelTreeProposer, TreeDraft, TreeProposer
+from engine.tree.eagle import EagleTreeProposer
 from engine.tree.shape import DraftTree
 
 
+def tree_proposer(pair: Pair) -> TreeProposer:
+    """What drafts this pair's trees: a drafter with a distribution over the target's tokens to rank
+    children by, and a cache over the target's positions to put a tree mask on."""
+    kind = pair.drafter.kind
+    if kind == DRAFT_MODEL and pair.draft is not None:
+        return ModelTreeProposer(pair.draft)
+    if kind == EAGLE:
+        return EagleTreeProposer(pair.drafter)
+    raise SettingsError(f"--tree drafts with the draft model or the EAGLE head, which rank each node's children by "
+                        f"their distribution over the target's tokens; the {kind} drafter proposes chains only")
+
+
 def check_tree_run(pair: Pair, spec: TreeSpec) -> None:
-    """Trees need a drafter with distributions over the target's tokens: the draft model, for now."""
-    if pair.drafter.kind != DRAFT_MODEL or pair.draft is None:
-        raise SettingsError(f"--tree drafts with the draft model; the {pair.drafter.kind} drafter proposes chains only")
+    """Refuse a drafter that cannot draft trees (prompt lookup, a draft with its own tokenizer), saying why."""
+    tree_proposer(pair)
 
 
 def tree_layout(s: SpecSettings, spec: TreeSpec, prompt_len: int) -> CacheLayout:
@@ -41,10 +55,23 @@ def tree_layout(s: SpecSettings, spec: TreeSpec, prompt_len: int) -> CacheLayout
 def start_tree_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, spec: TreeSpec) -> RunState:
     if not prompt_ids:
         raise ValueError("the prompt is empty: at least one token is needed to start decoding")
+    proposer = tree_proposer(pair)
     layout = tree_layout(s, spec, len(prompt_ids))
-    target_cache = prefill(pair.target, prompt_ids, new_cache(layout, pair.target.model.config))
-    draft_cache = prefill(pair.draft, prompt_ids, new_cache(layout, pair.draft.model.config))
-    return RunState(list(prompt_ids), target_cache, ModelDraftState(draft_cache))
+    target_cache = new_cache(layout, pair.target.model.config)
+    features = None  # the prefill's top features (len(prompt) - 1, H), for a proposer that reads them
+    if proposer.reads_target_features and len(prompt_ids) > 1:
+        features = pair.target.fill_with_features(prompt_ids[:-1], target_cache)
+    else:
+        prefill(pair.target, prompt_ids, target_cache)
+    return RunState(list(prompt_ids), target_cache, proposer.start(prompt_ids, layout, features))
+
+
+def verify_pass(pair: Pair, proposer: TreeProposer, root: int, tree: DraftTree,
+                cache) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The target's one tree pass: (N+1, V) logits, and its top features (N+1, H) when the proposer reads them."""
+    if proposer.reads_target_features:
+        return verify_tree_with_features(pair.target, root, tree, cache)
+    return verify_tree(pair.target, root, tree, cache), None
 
 
 def path_slots(start: int, path: list[int], keep: int) -> list[int]:
@@ -69,12 +96,15 @@ class TreeStep:
 def run_tree_step(pair: Pair, state: RunState, s: SpecSettings, spec: TreeSpec, gen: torch.Generator,
                   rollback: Rollback = compact) -> TreeStep:
     start_time = time.perf_counter()
+    proposer = tree_proposer(pair)
+    draft_cache = proposer.cache(state.draft_state)
     root, before = state.committed[-1], len(state.committed) - 1
-    draft_before = cache_len(state.draft_cache)
-    layout_before = layout_states(state.target_cache, state.draft_cache)
-    draft = draft_tree(pair.draft, state.draft_cache, root, spec, s)
-    draft_appended, draft_layout_appended = cache_len(state.draft_cache), layout_states(None, state.draft_cache)[1]
-    logits, verify_s = timed(lambda: verify_tree(pair.target, root, draft.tree, state.target_cache), pair.target.device)
+    draft_before = cache_len(draft_cache)
+    layout_before = layout_states(state.target_cache, draft_cache)
+    draft = proposer.draft(state.draft_state, root, spec, s)
+    draft_appended, draft_layout_appended = cache_len(draft_cache), layout_states(None, draft_cache)[1]
+    (logits, features), verify_s = timed(lambda: verify_pass(pair, proposer, root, draft.tree, state.target_cache),
+                                         pair.target.device)
     p_target = warp_probs(logits, s).cpu()
     target_appended, target_layout_appended = cache_len(state.target_cache), layout_states(state.target_cache, None)[0]
     decision = accept_tree(draft.tree, p_target, gen)
@@ -85,15 +115,15 @@ def run_tree_step(pair: Pair, state: RunState, s: SpecSettings, spec: TreeSpec, 
     state.generated += committed
     kept = path_slots(before, decision.path, len(committed))
     moves = rollback(state.target_cache, before, kept)
-    draft_compaction, catch_up_s = roll_back_draft(pair.draft, state.draft_cache, draft, decision.path, state.committed,
-                                                   rollback)
+    draft_compaction, catch_up_s = proposer.roll_back(state.draft_state, draft, decision.path, state.committed,
+                                                      features, rollback)
     lengths = {"target": {"before": before, "after_append": target_appended, "after_rollback": cache_len(state.target_cache)},
                "draft": {"before": draft_before, "after_append": draft_appended,
-                         "after_rollback": cache_len(state.draft_cache)}}
+                         "after_rollback": cache_len(draft_cache)}}
     compaction = {"target": {"kept_slots": slots_held(before, len(kept), moves), "moves": [list(m) for m in moves]},
                   "draft": draft_compaction}
     times = {"verify_s": verify_s, "catch_up_s": catch_up_s, "cycle_s": time.perf_counter() - start_time}
-    layout_fields = cycle_layout_fields(state.target_cache, state.draft_cache, layout_before,
+    layout_fields = cycle_layout_fields(state.target_cache, draft_cache, layout_before,
                                         (target_layout_appended, draft_layout_appended))
     return TreeStep(draft, p_target, decision, committed, lengths, compaction, times, layout_fields)
 
