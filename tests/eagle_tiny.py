@@ -10,7 +10,8 @@ import torch
 
 from engine.config import SpecSettings
 from engine.cycle.reference import Pair
-from engine.drafters.eagle import EagleDrafter, EagleHead, head_config, save_head
+from engine.drafters.eagle import EagleDrafter, EagleHead, EagleState, head_config, save_head
+from engine.kv.layouts import attended_kv
 from engine.run import run_to_trace
 from engine.trace import Trace
 from tests.tiny import tiny_llama, tiny_pair, tiny_tokenizer
@@ -22,6 +23,19 @@ EAGLE_PROMPT = "the cat sat on a mat"
 def random_head(target_config, seed: int = 0) -> EagleHead:
     torch.manual_seed(seed)
     return EagleHead(head_config(target_config)).eval()
+
+
+def assert_head_is_a_fresh_start(drafter: EagleDrafter, state: EagleState, committed: list[int]) -> None:
+    """The head holds committed - 1 entries built from the target's true features only: exactly what
+    starting afresh on the committed sequence builds (its features and every attended K/V, any layout)."""
+    assert drafter.cache_len(state) == len(committed) - 1 == state.features.shape[0]
+    fresh = drafter.start(committed)  # runs the target afresh over the committed tokens
+    # float32 kernels over other batch shapes and masks sum in another order: equal to ~1e-6
+    assert torch.allclose(state.features, fresh.features, atol=1e-5)
+    for ours, theirs in zip(attended_kv(state.cache), attended_kv(fresh.cache), strict=True):
+        for a, b in zip(ours, theirs):
+            assert a.shape == b.shape
+            assert torch.allclose(a, b, atol=1e-5)
 
 
 def random_eagle_pair(seed: int = 0) -> Pair:

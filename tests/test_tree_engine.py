@@ -6,7 +6,7 @@ test_tree_accept.py and test_tree_kv.py; here they run together as the engine ru
 import pytest
 import torch
 
-from engine.config import SettingsError, SpecSettings, parse_tree
+from engine.config import SettingsError, SpecSettings, TreeSpec, parse_tree
 from engine.cycle.reference import TokenTexts, target_generate
 from engine.kv.layouts import check_invariants
 from engine.trace.schema import LAYOUTS, NEXT_BONUS, NEXT_RESIDUAL, ROOT
@@ -52,26 +52,31 @@ def test_both_caches_equal_a_fresh_prefill_after_every_tree_cycle(layout, temper
     assert moved, "no path ever left the first branch: compaction never moved a slot"
 
 
+def assert_tree_record_describes_its_walk(rec: dict, spec: TreeSpec) -> None:
+    """What one engine tree record must say about its own walk, whatever drafted the tree."""
+    tree = rec["tree"]
+    nodes, path = tree["nodes"], tree["path"]
+    assert rec["num_accepted"] == len(path)
+    assert [nodes[i]["parent"] for i in path] == [ROOT, *path][: len(path)]
+    assert [t["node"] for t in tree["tried"] if t["accepted"]] == path
+    assert all(t["accepted"] == (t["u"] < t["p_residual"]) for t in tree["tried"])
+    tokens = [nodes[i]["token_id"] for i in path] + [tree["next_token_id"]]
+    assert rec["committed_token_ids"] == tokens[: len(rec["committed_token_ids"])]
+    assert (tree["residual_top"] is None) == (tree["next_token_kind"] == NEXT_BONUS)
+    assert tree["draft_forwards"] == len(rec["draft_step_times_s"]) <= spec.max_depth
+    assert len(tree["target_top"]) == len(nodes) + 1
+    for node in nodes:  # children of one parent are distinct tokens, best draft first
+        siblings = [n for n in nodes if n["parent"] == node["parent"]]
+        assert len({n["token_id"] for n in siblings}) == len(siblings)
+        assert [n["q"] for n in siblings] == sorted((n["q"] for n in siblings), reverse=True)
+
+
 def test_a_tree_cycle_record_describes_its_walk():
     pair = noisy_pair(2, noise=0.1)
     spec = parse_tree("static:3,2")
     s = SpecSettings(k=2, temperature=1.0, max_new_tokens=24, seed=3)
     for rec in tree_generate(pair, PROMPT, s, spec):
-        tree = rec["tree"]
-        nodes, path = tree["nodes"], tree["path"]
-        assert rec["num_accepted"] == len(path)
-        assert [nodes[i]["parent"] for i in path] == [ROOT, *path][: len(path)]
-        assert [t["node"] for t in tree["tried"] if t["accepted"]] == path
-        assert all(t["accepted"] == (t["u"] < t["p_residual"]) for t in tree["tried"])
-        tokens = [nodes[i]["token_id"] for i in path] + [tree["next_token_id"]]
-        assert rec["committed_token_ids"] == tokens[: len(rec["committed_token_ids"])]
-        assert (tree["residual_top"] is None) == (tree["next_token_kind"] == NEXT_BONUS)
-        assert tree["draft_forwards"] == len(rec["draft_step_times_s"]) <= spec.max_depth
-        assert len(tree["target_top"]) == len(nodes) + 1
-        for node in nodes:  # children of one parent are distinct tokens, best draft first
-            siblings = [n for n in nodes if n["parent"] == node["parent"]]
-            assert len({n["token_id"] for n in siblings}) == len(siblings)
-            assert [n["q"] for n in siblings] == sorted((n["q"] for n in siblings), reverse=True)
+        assert_tree_record_describes_its_walk(rec, spec)
 
 
 def test_a_tree_run_refuses_a_drafter_without_a_draft_model():
