@@ -14,6 +14,8 @@ from engine.cli import main
 from engine.config import SettingsError, SpecSettings, parse_tree
 from engine.cycle.reference import Pair, TokenTexts, eos_ids_of, speculative_generate, target_generate
 from engine.kv.layouts import check_invariants
+from engine.run import run_to_trace
+from engine.trace import TraceError, loads_trace
 from engine.trace.schema import EAGLE, LAYOUTS, NEXT_RESIDUAL, ROOT, STATIC_TREE
 from engine.tree.cycle import run_tree_cycle, start_tree_run, tree_generate
 from engine.tree.draft import confidence
@@ -158,6 +160,24 @@ def test_one_target_pass_per_tree_cycle(eagle_pair):
     finally:
         handle.remove()
     assert len(calls) == 1 + len(records)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_an_eagle_tree_trace_loads_and_a_compacted_head_is_refused(eagle_pair, layout, tmp_path):
+    """The loader (engine/trace/tree_checks.py) takes the head's trees, and holds its rollback to the rule:
+    the root's entry kept alone, the rest fed again."""
+    spec = parse_tree("static:3,2,1")
+    s = SpecSettings(k=3, temperature=0, max_new_tokens=24, cache_layout=layout, block_size=4)
+    path = tmp_path / "t.jsonl"
+    run_to_trace(eagle_pair, "the cat sat on a mat", s, path, chat_template=False, tree=spec)
+    trace = loads_trace(path.read_text(encoding="utf-8"))
+    assert trace.is_tree and trace.complete and trace.drafter_kind == EAGLE
+    records = [trace.header, *trace.cycles, trace.summary]
+    i = next(i for i, c in enumerate(trace.cycles) if c["tree"]["path"])
+    base = trace.cycles[i]["draft_cache_len"]["before"]
+    records[1 + i]["tree"]["compaction"]["draft"]["kept_slots"] = [base, base + 1 + trace.cycles[i]["tree"]["path"][0]]
+    with pytest.raises(TraceError, match=rf"cycle {i}\): field 'tree.compaction.draft': must be kept_slots \[{base}\]"):
+        loads_trace("\n".join(json.dumps(r) for r in records))
 
 
 def test_prompt_lookup_and_the_other_tokenizer_drafter_are_refused():

@@ -34,7 +34,7 @@ from engine.trace.checks import (
     is_num,
 )
 from engine.trace.commit import final_tokens
-from engine.trace.schema import DRAFT_MODEL, NEXT_BONUS, NEXT_RESIDUAL, ROOT, STATIC_TREE
+from engine.trace.schema import DRAFT_MODEL, EAGLE, NEXT_BONUS, NEXT_RESIDUAL, ROOT, STATIC_TREE
 
 if TYPE_CHECKING:
     from engine.config import TreeSpec
@@ -86,8 +86,9 @@ def check_tree_header(h: dict, where: str) -> "TreeSpec":
     if h["settings"]["k"] != spec.max_depth:
         fail(where, "settings.k", f"a tree run's k is its tree's max depth, {spec.max_depth}")
     kind = h.get("drafter", {}).get("kind", DRAFT_MODEL)
-    if kind != DRAFT_MODEL:
-        fail(where, "drafter.kind", f"trees are drafted by a draft model ('{DRAFT_MODEL}'), not {kind!r}")
+    if kind not in (DRAFT_MODEL, EAGLE):
+        fail(where, "drafter.kind", f"trees are drafted by a draft model ('{DRAFT_MODEL}') or an EAGLE head "
+                                    f"('{EAGLE}'), not {kind!r}")
     # A teaching run may declare a broken tree rollback (checks.check_faults allows TREE_FAULT_FIELDS
     # only); its compaction records are then checked against that bug (crop_kept below).
     return spec
@@ -402,6 +403,14 @@ def draft_kept_range(shape: Shape, spec: "TreeSpec", path: list[int], n_committe
     return min(n_committed, 1 + held_min), min(n_committed, 1 + len(path))
 
 
+def check_head_kept(comp: dict, d: dict, where: str) -> None:
+    """The EAGLE head's entries after the root's rest on predicted features: its cache is cut back to the
+    root's entry and the committed tokens are fed again with true ones (engine/tree/eagle.py), never compacted."""
+    if comp["kept_slots"] != [d["before"]] or comp["moves"] != []:
+        fail(where, "tree.compaction.draft", f"must be kept_slots [{d['before']}] and no moves: the EAGLE head keeps "
+                                             "the root's entry only and is fed the committed tokens again")
+
+
 def check_draft_kept(comp: dict, d: dict, shape: Shape, spec: "TreeSpec", path: list[int], n_committed: int,
                      where: str, crop: bool = False) -> None:
     kept, base, field = comp["kept_slots"], d["before"], "tree.compaction.draft.kept_slots"
@@ -422,9 +431,10 @@ def check_draft_kept(comp: dict, d: dict, shape: Shape, spec: "TreeSpec", path: 
 
 
 def check_draft_cache(c: dict, shape: Shape, spec: "TreeSpec", path: list[int], n_committed: int,
-                      chain: CacheChain, where: str, crop: bool = False) -> int | None:
-    """The draft's forwards over the tree, its compaction, and the catch-up to committed length - 1.
-    Returns its length after the rollback (None without a draft cache)."""
+                      chain: CacheChain, where: str, crop: bool = False,
+                      drafter_kind: str = DRAFT_MODEL) -> int | None:
+    """The draft's (or the EAGLE head's) forwards over the tree, its compaction, and the catch-up to
+    committed length - 1. Returns its length after the rollback (None without a draft cache)."""
     d, tree = c["draft_cache_len"], c["tree"]
     comp = tree["compaction"]["draft"]
     if d is None or chain.draft is None:
@@ -445,7 +455,10 @@ def check_draft_cache(c: dict, shape: Shape, spec: "TreeSpec", path: list[int], 
         fail(where, "draft_cache_len.after_append", f"the draft's forwards feed the root and the expanded nodes: "
              f"{lo}..{hi} positions after {d['before']}" if lo < hi else f"must be {d['before'] + lo}: the draft "
              f"is fed the root and every node above the deepest level ({lo} positions)")
-    check_draft_kept(comp, d, shape, spec, path, n_committed, where, crop)
+    if drafter_kind == EAGLE:  # cropped to its root and re-fed, with or without the target's declared fault
+        check_head_kept(comp, d, where)
+    else:
+        check_draft_kept(comp, d, shape, spec, path, n_committed, where, crop)
     keep = c["committed_len_before"] + n_committed - 1
     if d["after_rollback"] != keep:
         fail(where, "draft_cache_len.after_rollback", f"must be {keep}: committed length - 1 by the convention "
@@ -499,7 +512,7 @@ def check_tree_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where
         check_text_map(texts, ids, strings, where, name)
     crop = facts.faults.get("crop_instead_of_compact", False)  # a declared teaching fault (header)
     target_after = check_target_cache(c, path, len(want), run.chain, where, crop)
-    draft_after = check_draft_cache(c, shape, spec, path, len(want), run.chain, where, crop)
+    draft_after = check_draft_cache(c, shape, spec, path, len(want), run.chain, where, crop, facts.drafter_kind)
     check_times(c, tree["draft_forwards"], facts, where)
     run.chain = CacheChain(target_after, draft_after)
     run.generated += want
