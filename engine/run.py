@@ -241,6 +241,19 @@ def _cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, rule: CycleRule,
     return fast_generate(pair, prompt_ids, s, capture=fast)
 
 
+def prepare_advised_run(pair: Pair, prompt: str, s: SpecSettings, chat_template: bool) -> list[int]:
+    """What both advisors do before measuring: refuse what cannot run, encode the prompt, and settle
+    this machine's linear path per width (the calibration then times the paths the run will use)."""
+    if not prompt.strip():
+        raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
+    pair.drafter.check_settings(s)
+    use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
+    prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
+    check_prompt_fits(pair, len(prompt_ids), s)
+    settle_linear_paths(pair)
+    return prompt_ids
+
+
 @dataclass(frozen=True)
 class AdvisedRun:
     """What run_advised did: a trace at the advised K, or (plan.k == 0) plain decoding's text."""
@@ -257,13 +270,7 @@ def run_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, prese
     """Calibrate on this machine, measure alpha with a short pilot at s.k, and run what the K advisor
     says (engine/stats/plan.py): speculation at its K, traced to `out`, or plain decoding when no K
     beats it here, in which case nothing is written."""
-    if not prompt.strip():
-        raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
-    pair.drafter.check_settings(s)
-    use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
-    prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
-    check_prompt_fits(pair, len(prompt_ids), s)
-    settle_linear_paths(pair)
+    prompt_ids = prepare_advised_run(pair, prompt, s, chat_template)
     calibration = measure_step_times(pair, prompt_ids, s)
     plan = plan_k(pair, prompt_ids, s, calibration)
     if plan.plain:
@@ -295,13 +302,7 @@ def run_tree_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, 
     """`--tree auto`: measure both models' cost by width on this machine, estimate from a short chain
     pilot how often the draft's top-B tokens hold the target's choice, and run what the tree advisor
     (engine/stats/tree_plan.py) predicts fastest: a static tree, a chain, or plain decoding."""
-    if not prompt.strip():
-        raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
-    pair.drafter.check_settings(s)
-    use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
-    prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
-    check_prompt_fits(pair, len(prompt_ids), s)
-    settle_linear_paths(pair)
+    prompt_ids = prepare_advised_run(pair, prompt, s, chat_template)
     calibration = calibrate_widths(pair, prompt_ids, s, TREE_WIDTHS, draft_widths=TREE_DRAFT_WIDTHS)
     plan = plan_tree(pair, prompt_ids, s, calibration)
     if plan.plain:

@@ -16,7 +16,7 @@ from engine.stats.analysis import (
 )
 from engine.stats.layouts import layout_lines, layout_stats
 from engine.stats.paths import path_lines, path_rows, weights_words
-from engine.stats.tree_report import format_tree_stats
+from engine.stats.tree_report import format_tree_stats, summary_lines
 from engine.stats.trees import is_tree_trace
 from engine.trace import Trace
 
@@ -124,8 +124,5 @@ def format_stats(trace: Trace) -> str:
     else:
         sections.append([f"COST AND SPEED: {st.calibration_error or NO_CALIBRATION}"])
     sections.append(layout_lines(layout_stats(trace)))
-    end = (f"generated tokens: {trace.summary['num_generated']}   end-to-end tokens/s: "
-           f"{trace.summary['tokens_per_s']:.1f}   stop: {trace.summary['stop_reason']}"
-           if trace.summary else "INCOMPLETE trace: no summary (the run did not finish)")
-    sections.append([end])
+    sections.append(summary_lines(trace))
     return "\n\n".join("\n".join(lines) for lines in sections)

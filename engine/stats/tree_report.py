@@ -69,14 +69,19 @@ def cost_lines(ts: TreeStats) -> list[str]:
     return lines
 
 
+def summary_lines(trace: Trace) -> list[str]:
+    """The report's last line, for chain and tree traces alike: what the run made, or that it did not finish."""
+    if not trace.summary:
+        return ["INCOMPLETE trace: no summary (the run did not finish)"]
+    return [f"generated tokens: {trace.summary['num_generated']}   end-to-end tokens/s: "
+            f"{trace.summary['tokens_per_s']:.1f}   stop: {trace.summary['stop_reason']}"]
+
+
 def format_tree_stats(trace: Trace) -> str:
     ts = tree_stats(trace)
     sections = [shape_lines(trace, ts), acceptance_lines(ts), histogram_lines(ts), walk_lines(ts)]
     if ts.num_cycles:
         sections.append(cost_lines(ts))
     sections.append(layout_lines(layout_stats(trace)))
-    end = (f"generated tokens: {trace.summary['num_generated']}   end-to-end tokens/s: "
-           f"{trace.summary['tokens_per_s']:.1f}   stop: {trace.summary['stop_reason']}"
-           if trace.summary else "INCOMPLETE trace: no summary (the run did not finish)")
-    sections.append([end])
+    sections.append(summary_lines(trace))
     return "\n\n".join("\n".join(lines) for lines in sections)
