@@ -98,9 +98,13 @@ def weights_lines(result: dict) -> list[str]:
     if steps:
         lines.append(f"One target decode step, both paths interleaved ({steps['repeats']} rounds, medians): float32 "
                      f"{steps['float32_ms']:.2f} ms, int4 {steps['int4_ms']:.2f} ms ({steps['speedup']:.2f}x).")
-    if result.get("load_average_1min_end") is not None:
-        lines.append(f"1-minute load at the end: {result['load_average_1min_end']} "
-                     "(a shared machine: other work ran beside this).")
+    end_load = result.get("load_average_1min_end")
+    if end_load is not None:
+        # The benchmark's own threads count towards the load: on 2 threads a load near 2 is this run alone.
+        own = result.get("machine", {}).get("torch_threads") or 1
+        words = "a shared machine: other work ran beside this" if end_load > own + 1 else \
+            f"this run's own {own} threads; nothing more than that"
+        lines.append(f"1-minute load at the end: {end_load} ({words}).")
     return lines
 
 
