@@ -127,7 +127,7 @@ def test_blocks_decode_to_the_values_the_encoder_meant(kind):
 @needs_cc
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_the_kernels_matrix_is_every_decoded_weight(kind):
-    tensor, values = random_blocks(kind, 37, 64, seed=2)  # an odd row count: the kernel's last pair is single
+    tensor, values = random_blocks(kind, 37, 64, seed=2)  # 37 = 9 groups of 4 and one column alone
     back = gguf_kernel.linear(torch.eye(64), tensor.blocks, kind, 37)  # row i of I @ W^T is column i of W^T
     assert torch.equal(back.T, values)
 
@@ -135,12 +135,13 @@ def test_the_kernels_matrix_is_every_decoded_weight(kind):
 @needs_cc
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_the_kernel_multiplies_like_float64_and_a_row_ignores_its_batch(kind):
-    tensor, values = random_blocks(kind, 50, 96, seed=3)
+    # 51 outputs: groups of 4 columns beside one row, then 2 + 1 left over
+    tensor, values = random_blocks(kind, 51, 96, seed=3)
     x = torch.randn(23, 96, generator=torch.Generator().manual_seed(4))
-    y = gguf_kernel.linear(x, tensor.blocks, kind, 50)
+    y = gguf_kernel.linear(x, tensor.blocks, kind, 51)
     assert torch.allclose(y.double(), x.double() @ values.double().T, atol=ACROSS_KERNELS, rtol=0)
     for start, rows in ((0, 1), (5, 2), (7, 3), (2, 5), (11, 9), (1, 10)):  # every tile shape the kernel has
-        part = gguf_kernel.linear(x[start:start + rows].contiguous(), tensor.blocks, kind, 50)
+        part = gguf_kernel.linear(x[start:start + rows].contiguous(), tensor.blocks, kind, 51)
         assert torch.equal(part, y[start:start + rows])  # the same bits, whatever rows came with it
 
 

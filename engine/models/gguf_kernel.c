@@ -23,6 +23,14 @@
 /* Rows of x sharing one dequantised block: a verify over up to 9 positions (K = 8) forms each
    weight once. 9 sums and 4 weights fit AVX2's 16 registers. */
 #define ROWS 9
+/* Columns of W beside one row of x (a decode step): COLS independent chains of multiply-adds.
+   4 was fastest on a 2-core AMD EPYC (2 and 8 slower), see bench/results/int4-kernels.md. */
+#define COLS 4
+/* How far ahead of the block being read to ask for memory: a tile walks its COLS rows of W side by
+   side, 20 bytes of each at a time, which the hardware prefetcher follows too late. Asking 2 KiB
+   ahead of the stream took the chat target's Q8_0 output layer (30 MB, streamed from memory every
+   step) from 3.1 to 0.9 ms on the same EPYC; 1-8 KiB all did about as well. */
+#define PREFETCH_BYTES 2048
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -70,14 +78,16 @@ static inline void q4_1_block(const uint8_t *blk, vec8 w[4]) {
     memcpy(&dh, blk, 2);
     memcpy(&mh, blk + 2, 2);
     vec8 d = _mm256_set1_ps(f16_to_f32(dh)), m = _mm256_set1_ps(f16_to_f32(mh));
-    __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 4)), mask = _mm_set1_epi8(15);
-    __m128i lo = _mm_and_si128(qs, mask);                     /* weights 0..15 */
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);  /* weights 16..31 */
+    /* bytes 0..7 and 8..15 widened to 32-bit lanes straight from memory: the low nibbles are
+       weights 0..15 and the high ones 16..31, so a mask and a shift finish them without shuffles */
+    __m256i q0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 4)));
+    __m256i q1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 12)));
+    __m256i mask = _mm256_set1_epi32(15);
     /* q * d is exact in float32, so the multiply-add rounds once: w = fl(d * q + m). */
-    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d, m);
-    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d, m);
-    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d, m);
-    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, m);
+    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q0, mask)), d, m);
+    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q1, mask)), d, m);
+    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q0, 4)), d, m);
+    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q1, 4)), d, m);
 }
 
 static inline void q8_0_block(const uint8_t *blk, vec8 w[4]) {
@@ -120,21 +130,26 @@ static inline void q8_0_block(const uint8_t *blk, vec8 w[4]) {
 }
 #endif
 
-/* y[r, n + c] for `rows` (1..ROWS) rows of x and `cols` (1 or 2) rows of W. Every output is one
+/* y[r, n + c] for `rows` (1..ROWS) rows of x and `cols` (1..COLS) rows of W. Every output is one
    chain of multiply-adds in the same order, whatever `rows` and `cols` are: a row's result never
    depends on how many rows came with it (a verify over K+1 positions and a one-token step give
-   the same logits for the same position, as far as the linear layers go). With one row, two
-   columns give the CPU two independent chains to overlap. */
+   the same logits for the same position, as far as the linear layers go). Why several columns:
+   one output's chain waits on each multiply-add before the next (4 cycles each on current x86),
+   so a single row of x runs COLS independent chains side by side to keep the FMA units busy. */
 static inline __attribute__((always_inline)) void dot_tile(
         int kind, int rows, int cols, const float *x, int64_t K, const uint8_t *wrow, int64_t row_bytes,
         float *y, int64_t N) {
     int64_t block_bytes = kind == 0 ? 20 : 34;
-    vec8 acc[ROWS][2];
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = v_zero();
+    vec8 acc[ROWS][COLS];
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) acc[r][c] = v_zero();
     for (int64_t b = 0; b < K / 32; b++) {
         for (int c = 0; c < cols; c++) {
             vec8 w[4];
             const uint8_t *blk = wrow + c * row_bytes + b * block_bytes;
+            /* the tile's bytes are a contiguous span; this sweeps the span PREFETCH_BYTES further on
+               at the rate the tile reads its own (a prefetch past the end is harmless) */
+            __builtin_prefetch(wrow + PREFETCH_BYTES + (b * cols + c) * block_bytes);
             if (kind == 0) q4_1_block(blk, w);
             else q8_0_block(blk, w);
             for (int r = 0; r < rows; r++) {
@@ -151,21 +166,22 @@ static inline __attribute__((always_inline)) void dot_tile(
 
 #define TILE(R, C) dot_tile(kind, R, C, xr, K, wrow, row_bytes, yr, N)
 
-/* Rows r0.. of x (fewer than ROWS left, or exactly ROWS) against `cols` rows of W from n. */
-static inline __attribute__((always_inline)) void rows_left(
-        int kind, int64_t left, int cols, const float *xr, int64_t K, const uint8_t *wrow, int64_t row_bytes,
+/* `rows` rows of x (1..ROWS) against `cols` rows of W; constant counts let the compiler keep the
+   sums in registers. The shapes: one row with COLS columns (a decode step), 2-3 rows with 2
+   (sums and weights still fit the registers), 4-9 rows with 1 (the rows are the independent chains). */
+static inline __attribute__((always_inline)) void tile(
+        int kind, int64_t rows, int cols, const float *xr, int64_t K, const uint8_t *wrow, int64_t row_bytes,
         float *yr, int64_t N) {
-    /* constant row counts let the compiler keep the sums in registers */
+    if (cols == COLS) { TILE(1, COLS); return; }
     if (cols == 2) {
-        switch (left) {
+        switch (rows) {
             case 3: TILE(3, 2); break;
             case 2: TILE(2, 2); break;
-            case 1: TILE(1, 2); break;
-            default: break;
+            default: TILE(1, 2); break;
         }
         return;
     }
-    switch (left) {
+    switch (rows) {
         case 9: TILE(9, 1); break;
         case 8: TILE(8, 1); break;
         case 7: TILE(7, 1); break;
@@ -174,8 +190,7 @@ static inline __attribute__((always_inline)) void rows_left(
         case 4: TILE(4, 1); break;
         case 3: TILE(3, 1); break;
         case 2: TILE(2, 1); break;
-        case 1: TILE(1, 1); break;
-        default: break;
+        default: TILE(1, 1); break;
     }
 }
 
@@ -183,18 +198,16 @@ static void linear(int kind, const float *x, int64_t M, int64_t K, const uint8_t
                    float *y, int threads) {
     int64_t row_bytes = K / 32 * (kind == 0 ? 20 : 34);
     #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t pair = 0; pair < (N + 1) / 2; pair++) {
-        int64_t n = 2 * pair;
-        int both = n + 1 < N;
+    for (int64_t group = 0; group < (N + COLS - 1) / COLS; group++) {
+        int64_t n0 = COLS * group, n_end = n0 + COLS < N ? n0 + COLS : N;
         for (int64_t r = 0; r < M; r += ROWS) {
-            int64_t left = M - r < ROWS ? M - r : ROWS;
-            const float *xr = x + r * K;
-            float *yr = y + r * N + n;
-            if (both && left <= 3) {
-                rows_left(kind, left, 2, xr, K, w + n * row_bytes, row_bytes, yr, N);
-            } else {
-                rows_left(kind, left, 1, xr, K, w + n * row_bytes, row_bytes, yr, N);
-                if (both) rows_left(kind, left, 1, xr, K, w + (n + 1) * row_bytes, row_bytes, yr + 1, N);
+            int64_t rows = M - r < ROWS ? M - r : ROWS;
+            int widest = rows == 1 ? COLS : rows <= 3 ? 2 : 1;
+            for (int64_t n = n0; n < n_end;) {
+                int cols = widest;
+                while (cols > 1 && n + cols > n_end) cols = cols == COLS ? 2 : 1;
+                tile(kind, rows, cols, x + r * K, K, w + n * row_bytes, row_bytes, y + r * N + n, N);
+                n += cols;
             }
         }
     }
