@@ -108,12 +108,18 @@ def weights_lines(result: dict) -> list[str]:
     return lines
 
 
+def measured_as(result: dict) -> str:
+    """The ratio the predictions were compared with: a/e since session 13 (both predictions divide by
+    the engine's own plain step), a/d in older results."""
+    return next((st["measured_as"] for st in result["settings"] if "measured_as" in st), "a/d")
+
+
 def speed_table(result: dict) -> list[str]:
     anchor = any("f" in st["tokens_per_s"] for st in result["settings"])
     head = ("| T | K | alpha | c | (a) traced | (b) untraced | (c) HF assisted | (d) HF plain | (e) engine plain "
             + ("| (f) llama.cpp plain " if anchor else "")
             + "| a/c | a/d | a/b | e/d | a/e " + ("| a/f " if anchor else "")
-            + "| Leviathan | refined | measured (a/d) / Leviathan | / refined |")
+            + f"| Leviathan | refined | measured ({measured_as(result)}) / Leviathan | / refined |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for st in result["settings"]:
         tps, r = st["tokens_per_s"], st["ratios"]
@@ -149,8 +155,11 @@ def advisor_lines(result: dict) -> list[str]:
         if pilot:
             verdict = ("a slowdown: the advisor tells a user K=0, decode plainly; the best K is measured anyway"
                        if pilot.get("advised_k") == 0 or pilot["predicted_refined"] < 1 else "a speedup")
+            a_e = st["ratios"].get("a/e")
+            check = (f" Measured a/e: {a_e:.2f}, so the prediction was {pilot['predicted_refined'] / a_e - 1:+.0%} "
+                     "off." if a_e else "")
             lines.append(f"- T={st['temperature']:g}: the K advisor (pilot run, alpha {pilot['pilot_alpha']:.2f}) chose "
-                         f"K={pilot['k']}, predicted {pilot['predicted_refined']:.2f}x (refined), {verdict}.")
+                         f"K={pilot['k']}, predicted {pilot['predicted_refined']:.2f}x (refined), {verdict}.{check}")
     return (["K choice:", "", *lines, ""]) if lines else []
 
 

@@ -71,6 +71,7 @@ from engine.stats.analysis import (
     calibration_of,
     cycle_times,
     measured_alpha,
+    overhead_of,
     refined_speedup,
 )
 from engine.stats.calibrate import calibrate
@@ -266,7 +267,9 @@ def choose_k(pair: Pair, prompts: list[str], s: SpecSettings, preset: str | None
               for i, p in enumerate(prompts)]
     cycles = [c for t in traces for c in t.cycles]
     alpha = measured_alpha(cycles)
-    advice = advise_k(alpha, cycle_times(cycles).draft_step_s, calibration_of(traces[0].header), list(range(1, 9)))
+    times = cycle_times(cycles)
+    advice = advise_k(alpha, times.draft_step_s, calibration_of(traces[0].header), list(range(1, 9)),
+                      overhead_of(cycles, times))
     best = best_k(advice)
     # With K=0 advised (no K beats plain decoding here) the benchmark still runs the best K, so the
     # prediction it rests on is measured; the results say what the advisor told a user to do.
@@ -297,9 +300,10 @@ def bench_setting(pair: Pair, args, temperature: float, prompts: list[str], chat
 
 def summarise(rates: dict, trace_paths: list[Path], t_step: float, cal: dict, s: SpecSettings,
               pilot: dict | None) -> dict:
-    """Ratios, alpha, c and both predictions. t_step is the median per-token time of method e's
-    decoding loop, measured interleaved with the other methods: on a shared machine a separate
-    calibration drifts by tens of percent between runs, and c and both predictions rest on t_step."""
+    """Ratios, alpha, c and both predictions (the refined one with the cycles' measured overhead).
+    t_step is the median per-token time of method e's decoding loop, measured interleaved with the
+    other methods: on a shared machine a separate calibration drifts by tens of percent between runs,
+    and c and both predictions rest on t_step."""
     from engine.trace import load_trace
 
     traces = [load_trace(p) for p in trace_paths]
@@ -311,16 +315,18 @@ def summarise(rates: dict, trace_paths: list[Path], t_step: float, cal: dict, s:
     ratios = {f"{x}/{y}": common.paired_ratio(rates, x, y)
               for x, y in (("a", "c"), ("a", "d"), ("a", "b"), ("b", "e"), ("e", "d"), ("a", "e"), ("a", "f"),
                            ("e", "f"))}
-    measured = ratios["a/d"]
+    # Both predictions divide by t_step, plain decoding's step on the engine's own loop (e), so what
+    # they predict is a/e; a/d is the same on the float32 path but not on int4 (d runs float32).
+    measured = ratios["a/e"]
     leviathan = predicted_speedup(alpha, s.k, c)
-    refined = refined_speedup(alpha, s.k, t_step, times.draft_step_s, times.verify_s)
+    refined = refined_speedup(alpha, s.k, t_step, times.draft_step_s, times.verify_s, times.catch_up_s + times.other_s)
     return {
         "temperature": s.temperature, "k": s.k, "max_new_tokens": s.max_new_tokens, "pilot": pilot,
         "tokens_per_s": med, "rates": rates,
         "ratios": ratios,
         "alpha": alpha, "c": c, "calibration": cal,
         "predicted": {"leviathan": leviathan, "refined": refined},
-        "measured_speedup": measured, "fraction_of_leviathan": measured / leviathan,
+        "measured_speedup": measured, "measured_as": "a/e", "fraction_of_leviathan": measured / leviathan,
         "fraction_of_refined": measured / refined,
         "profile_ms": {"draft_steps": times.draft_s * 1e3, "verify": times.verify_s * 1e3,
                        "catch_up": times.catch_up_s * 1e3, "other": times.other_s * 1e3, "cycle": times.cycle_s * 1e3,

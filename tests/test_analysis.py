@@ -9,7 +9,9 @@ from engine.cli import main
 from engine.config import SpecSettings
 from engine.run import run_to_trace
 from engine.stats.analysis import (
+    NO_OVERHEAD,
     Calibration,
+    CycleOverhead,
     advice_sentence,
     advise_k,
     advised_k,
@@ -18,6 +20,7 @@ from engine.stats.analysis import (
     cycle_times,
     explain_speed,
     measured_alpha,
+    overhead_of,
     predicted_per_position,
     refined_speedup,
     speed_report,
@@ -98,13 +101,17 @@ def test_cycle_times_and_speed_report_by_hand():
     assert (t.draft_step_s, t.draft_s, t.verify_s, t.catch_up_s) == pytest.approx((0.001, 0.002, 0.003, 0.0005))
     assert t.other_s == pytest.approx(0.0065 - 0.0055) and t.decode_s == pytest.approx(0.013) and t.tokens == 4
     cal = Calibration(50, 0.002, 0.001, [1, 2, 3], [0.002, 0.0025, 0.003])
-    r = speed_report(2, 0.7, t, cal)
+    r = speed_report(2, 0.7, t, cal, overhead_of(cycles, t))
     assert r.c == pytest.approx(0.5) and r.verify_in_steps == pytest.approx(1.5)
     # Two tokens a cycle at a median cycle of 6.5 ms, where one target step takes 2 ms.
     assert r.measured == pytest.approx(0.002 * 2 / 0.0065)
     assert (r.measured_spread.low, r.measured_spread.high) == pytest.approx((0.002 * 2 / 0.00675, 0.002 * 2 / 0.00625))
     assert r.leviathan == pytest.approx((1 + 0.7 + 0.49) / 2)
-    assert r.refined == pytest.approx((1 + 0.7 + 0.49) * 0.002 / (0.002 + 0.003))
+    # The refined prediction counts what a cycle costs beyond its forwards: the 1 ms catch-up step,
+    # paid after a full accept (alpha^K = 0.49 of the cycles), and 1 ms of other time.
+    assert r.overhead_s == pytest.approx(0.49 * 0.001 + 0.001)
+    assert r.refined == pytest.approx((1 + 0.7 + 0.49) * 0.002 / (0.002 + 0.003 + 0.49 * 0.001 + 0.001))
+    assert r.cycle_steps == pytest.approx((0.002 + 0.003 + 0.00149) / 0.002)
     assert r.closer == "refined" and "verifying 3 positions took 1.50 target steps" in explain_speed(r)
 
 
@@ -134,6 +141,36 @@ def test_advisor_finds_the_best_k_and_says_when_none_pays_off():
     assert f"K={best_k(costly).k}, is predicted at {best_k(costly).refined:.2f}x" in said  # the measured reason
     one = costly[0]  # K=1: one 8 ms draft step and a 12 ms verify pass, in 10 ms target steps
     assert one.cost_steps == pytest.approx(2.0) and one.refined == pytest.approx(one.expected_tokens / 2.0)
+
+
+def test_a_cycles_overhead_carries_over_to_another_k():
+    # The reference path feeds the draft d_K only after a full accept: alpha^K of the cycles.
+    after_full_accepts = CycleOverhead(catch_up_step_s=0.004, every_cycle=False, other_s=0.001)
+    assert after_full_accepts.at(0.5, 2) == pytest.approx(0.25 * 0.004 + 0.001)
+    assert after_full_accepts.at(0.5, 4) == pytest.approx(0.0625 * 0.004 + 0.001)
+    every_cycle = CycleOverhead(0.004, True, 0.001)  # the fast path feeds it in every cycle
+    assert every_cycle.at(0.5, 2) == every_cycle.at(0.5, 4) == pytest.approx(0.005)
+    # Measured from cycles: the catch-up step is the median of the cycles that paid one.
+    cycles = [cycle(2, [0.9, 0.9], [0.001, 0.001], 0.003, 0.0012, 0.007),
+              cycle(0, [0.5, 0.5], [0.001, 0.001], 0.003, 0.0, 0.006)]
+    measured = overhead_of(cycles, cycle_times(cycles))
+    assert (measured.catch_up_step_s, measured.every_cycle) == (0.0012, False)
+    assert measured.other_s == pytest.approx(cycle_times(cycles).other_s)
+    assert overhead_of([], None) == NO_OVERHEAD
+
+
+def test_the_overhead_turns_the_int4_chat_case_into_decode_plainly():
+    # Session 12's int4 chat target on a 2-core EPYC: a 17.2 ms step, a 3.8 ms draft step, a 19.0 ms
+    # verify over 2 positions, alpha 0.42; a 4.2 ms catch-up step and 0.8 ms bookkeeping per cycle.
+    # The forwards alone promise 1.07x at K=1; the run measured 0.89x.
+    cal = Calibration(71, 0.01716, 0.00376, [1, 2], [0.01716, 0.01895])
+    forwards_only = advise_k(0.42, 0.00376, cal, [1])
+    assert forwards_only[0].refined == pytest.approx(1.42 * 17.16 / (3.76 + 18.95), rel=1e-3)
+    assert advised_k(forwards_only).k == 1
+    whole_cycle = advise_k(0.42, 0.00376, cal, [1], CycleOverhead(0.0042, False, 0.00079))
+    assert whole_cycle[0].refined == pytest.approx(1.42 * 17.16 / (3.76 + 18.95 + 0.42 * 4.2 + 0.79), rel=1e-3)
+    assert whole_cycle[0].refined < 1 and advised_k(whole_cycle).k == 0
+    assert whole_cycle[0].cost_steps == pytest.approx((3.76 + 18.95 + 0.42 * 4.2 + 0.79) / 17.16, rel=1e-3)
 
 
 def test_advisor_picks_k_from_the_measured_widths_only():

@@ -3,9 +3,11 @@ the measured curve, the advised K otherwise, and a live run that follows it unle
 import pytest
 
 import engine.run
+import engine.stats.plan
 from engine.config import SpecSettings
 from engine.cycle.reference import target_generate
 from engine.run import encode_prompt, run_advised
+from engine.stats.analysis import NO_OVERHEAD, CycleOverhead
 from engine.stats.plan import plan_from
 from engine.trace import load_trace
 from tests.app_jobs import finish_job
@@ -20,12 +22,22 @@ COSTLY = {"cache_len": 8, "repeats": 1, "threads": 1, "target_step_s": 0.010, "d
 CHEAP = {**COSTLY, "draft_step_s": 0.001, "verify_s": [0.011] * len(WIDTHS)}
 
 
+@pytest.fixture(autouse=True)
+def hand_built_costs_are_the_whole_cycle(monkeypatch):
+    """The hand-built calibrations stand for everything a cycle costs: the pilot's measured overhead
+    (real seconds of the tiny models on this machine) would not be on their scale."""
+    monkeypatch.setattr(engine.stats.plan, "overhead_of", lambda *a: NO_OVERHEAD)
+
+
 def test_the_plan_is_k0_when_no_k_beats_plain_decoding_and_says_why():
     plan = plan_from(0.5, COSTLY, 4, 16)
     assert plan.plain and plan.k == 0 and plan.best.k >= 1 and plan.best.refined < 1
     assert plan.sentence.startswith("Decode plainly (K=0)") and f"{plan.best.refined:.2f}x" in plan.sentence
     good = plan_from(0.8, CHEAP, 4, 16)
     assert good.k == good.best.k >= 1 and good.best.refined > 1 and good.sentence.startswith(f"Best K = {good.k}")
+    # 40 ms of bookkeeping a cycle (4 target steps) outweighs what any K of 1..9 saves here
+    burdened = plan_from(0.8, CHEAP, 4, 16, CycleOverhead(0.001, False, 0.040))
+    assert burdened.plain and burdened.best.refined < 1
 
 
 def test_an_advised_run_decodes_plainly_or_traces_at_the_advised_k(tmp_path, monkeypatch):

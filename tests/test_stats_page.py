@@ -123,6 +123,7 @@ def test_every_number_matches_the_engine(folder, monkeypatch):
     assert list(rows["K"]) == [a.k for a in st.advice]
     assert list(rows["refined"]) == pytest.approx([round(a.refined, 3) for a in st.advice])
     assert list(rows["Leviathan"]) == pytest.approx([round(a.leviathan, 3) for a in st.advice])
+    assert list(rows["cycle (target steps)"]) == pytest.approx([round(a.cost_steps, 3) for a in st.advice])
 
 
 def test_figures_draw_the_engine_numbers(folder, monkeypatch):

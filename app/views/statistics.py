@@ -252,11 +252,13 @@ def advisor_section(st_: TraceStats) -> None:
     st.dataframe([{"K": a.k, "E[tokens per cycle]": round(a.expected_tokens, 3),
                    "Leviathan": round(a.leviathan, 3), "refined": round(a.refined, 3),
                    "t_verify(K+1) ms": round(a.verify_s * 1000, 3),
+                   "cycle (target steps)": round(a.cost_steps, 3),
                    "verify time": "fitted line" if a.extrapolated else "measured"} for a in st_.advice],
                  hide_index=True, height="content", key="advisor_table")
-    st.caption("Alpha, the draft step time and the verify-cost curve are held at this trace's values; "
-               "only K changes. The advisor picks K among the measured widths; beyond them, verify time "
-               "follows a fitted straight line, shown but never picked.")
+    st.caption("Alpha, the draft step time, the verify-cost curve and what a cycle costs beyond its forwards "
+               "(the draft's catch-up after a full accept, alpha^K of the cycles, and the bookkeeping) are held "
+               "at this trace's values; only K changes. The advisor picks K among the measured widths; beyond "
+               "them, verify time follows a fitted straight line, shown but never picked.")
 
 
 def sweep_section(trace: Trace, key: str) -> None:

@@ -8,9 +8,12 @@ Two predictions of the speedup over plain target decoding are compared with the
 measured one:
 - Leviathan et al. 2023: E[tokens per cycle] / (K c + 1), with c = t_draft / t_step.
   It assumes one verify pass over K+1 positions costs one target decode step.
-- refined: E[tokens per cycle] x t_step / (K t_draft + t_verify(K+1)), which uses the
-  measured cost of verifying K+1 positions instead. On a CPU a wider pass costs more
-  than one step, so this one usually explains CPU measurements better.
+- refined: E[tokens per cycle] x t_step / (K t_draft + t_verify(K+1) + t_overhead), which
+  uses the measured cost of verifying K+1 positions instead, and what the run measured a
+  cycle to cost beyond its forwards (the draft's catch-up step and the bookkeeping). On a
+  CPU a wider pass costs more than one step, so this one usually explains CPU measurements
+  better; the overhead matters where a target step is cheap (the int4 chat target: at K=1
+  it was a tenth of the cycle, and leaving it out predicted 1.07x where 0.89x was measured).
 
 Each quantity has one definition (DEFINITIONS) and one function here, and every page and
 the CLI show that function's value, so no two places disagree about a trace. Times are
@@ -43,8 +46,9 @@ DEFINITIONS = {
                     "the calibrated target step.",
     "leviathan": "E[tokens per cycle] / (K c + 1) (Leviathan et al. 2023): assumes verifying K+1 "
                  "positions costs one target step.",
-    "refined": "E[tokens per cycle] x t_step / (K t_draft + t_verify(K+1)): uses the measured cost of "
-               "verifying K+1 positions.",
+    "refined": "E[tokens per cycle] x t_step / (K t_draft + t_verify(K+1) + t_overhead): uses the measured cost "
+               "of verifying K+1 positions, and the cycle's measured overhead (the draft's catch-up step after a "
+               "full accept, expected alpha^K of the time, and the bookkeeping), where the run has timings.",
     "measured": "t_step x tokens committed per cycle / median cycle time: plain decoding's time per token "
                 "over speculation's (decoding only, prefill and trace writing excluded).",
 }
@@ -184,9 +188,38 @@ def cost_ratio(draft_step_s: float, target_step_s: float) -> float:
 
 
 def refined_speedup(alpha: float, k: int, target_step_s: float, draft_step_s: float,
-                    verify_s: float) -> float:
-    """E[tokens per cycle] x t_step / (K t_draft + t_verify(K+1))."""
-    return expected_tokens_per_cycle(alpha, k) * target_step_s / (k * draft_step_s + verify_s)
+                    verify_s: float, overhead_s: float = 0.0) -> float:
+    """E[tokens per cycle] x t_step / (K t_draft + t_verify(K+1) + t_overhead)."""
+    return expected_tokens_per_cycle(alpha, k) * target_step_s / (k * draft_step_s + verify_s + overhead_s)
+
+
+@dataclass(frozen=True)
+class CycleOverhead:
+    """What a cycle costs beyond its K draft steps and one verify pass, as a run measured it, in a
+    form that carries over to another K: the draft's catch-up step (the reference path feeds d_K to
+    the draft only after a full accept, alpha^K of the cycles if each token passes independently;
+    the fast path feeds it in every cycle) and the rest (ratio test, resampling, rollback, recording),
+    taken as the same at every K."""
+
+    catch_up_step_s: float  # one catch-up forward, when one is paid
+    every_cycle: bool  # every cycle paid it (the fast path, or a run where every cycle accepted all K)
+    other_s: float
+
+    def at(self, alpha: float, k: int) -> float:
+        """Expected overhead of one cycle at K, in seconds."""
+        pays = 1.0 if self.every_cycle else alpha ** k
+        return pays * self.catch_up_step_s + self.other_s
+
+
+NO_OVERHEAD = CycleOverhead(0.0, False, 0.0)  # no timed cycles: the forwards alone
+
+
+def overhead_of(cycles: list[dict], times: CycleTimes | None) -> CycleOverhead:
+    """The measured CycleOverhead of a run's cycles (NO_OVERHEAD without them)."""
+    if not cycles or times is None:
+        return NO_OVERHEAD
+    paid = [c["catch_up_time_s"] for c in cycles if c["catch_up_time_s"] > 0]
+    return CycleOverhead(median(paid) if paid else times.draft_step_s, len(paid) == len(cycles), times.other_s)
 
 
 def measured_speedup(tokens_per_cycle: float, cycle_s: float, target_step_s: float) -> float:
@@ -221,6 +254,7 @@ class SpeedReport:
     draft_step_s: float  # this run's median draft step
     verify_s: float  # this run's median verify pass over K+1 positions, in seconds
     verify_in_steps: float  # DEFINITIONS['verify_steps'] at K+1 positions: Leviathan assumes 1
+    overhead_s: float  # a cycle's expected cost beyond its forwards (CycleOverhead.at), in seconds
     expected_tokens: float  # DEFINITIONS['expected_tokens']
     leviathan: float
     refined: float
@@ -236,19 +270,22 @@ class SpeedReport:
 
     @property
     def cycle_steps(self) -> float:
-        """One cycle's predicted cost in target steps: K draft steps and one verify pass."""
-        return self.k * self.c + self.verify_in_steps
+        """One cycle's predicted cost in target steps: K draft steps, one verify pass and the overhead."""
+        return self.k * self.c + self.verify_in_steps + self.overhead_s / self.target_step_s
 
 
-def speed_report(k: int, alpha: float, times: CycleTimes, cal: Calibration) -> SpeedReport:
+def speed_report(k: int, alpha: float, times: CycleTimes, cal: Calibration,
+                 overhead: CycleOverhead = NO_OVERHEAD) -> SpeedReport:
+    """The trace's predictions and measurement; the refined prediction is the K advisor's at this K."""
     t_step = cal.target_step_s
     c = cost_ratio(times.draft_step_s, t_step)
     measured = measured_spread(times, t_step)
+    overhead_s = overhead.at(alpha, k)
     return SpeedReport(
         k=k, alpha=alpha, c=c, target_step_s=t_step, draft_step_s=times.draft_step_s, verify_s=times.verify_s,
-        verify_in_steps=verify_in_steps(cal, k + 1), expected_tokens=expected_tokens_per_cycle(alpha, k),
-        leviathan=predicted_speedup(alpha, k, c),
-        refined=refined_speedup(alpha, k, t_step, times.draft_step_s, cal.verify_time(k + 1)),
+        verify_in_steps=verify_in_steps(cal, k + 1), overhead_s=overhead_s,
+        expected_tokens=expected_tokens_per_cycle(alpha, k), leviathan=predicted_speedup(alpha, k, c),
+        refined=refined_speedup(alpha, k, t_step, times.draft_step_s, cal.verify_time(k + 1), overhead_s),
         measured=measured.median, c_spread=times.draft_step.scaled(1 / t_step), measured_spread=measured)
 
 
@@ -277,16 +314,19 @@ class KAdvice:
     refined: float
     verify_s: float  # t_verify(K+1) from the calibration
     extrapolated: bool  # K+1 lies beyond the calibrated widths: t_verify from the fitted line
-    cost_steps: float  # one cycle's time in target steps: (K t_draft + t_verify(K+1)) / t_step
+    cost_steps: float  # one cycle's time in target steps: (K t_draft + t_verify(K+1) + t_overhead) / t_step
 
 
-def advise_k(alpha: float, draft_step_s: float, cal: Calibration, ks: list[int]) -> list[KAdvice]:
-    """Both predictions at each K for fixed alpha, draft step time and verify-cost curve."""
+def advise_k(alpha: float, draft_step_s: float, cal: Calibration, ks: list[int],
+             overhead: CycleOverhead = NO_OVERHEAD) -> list[KAdvice]:
+    """Both predictions at each K for fixed alpha, draft step time, verify-cost curve and the
+    measured per-cycle overhead (none where no cycles were timed)."""
     c = cost_ratio(draft_step_s, cal.target_step_s)
     return [KAdvice(k, expected_tokens_per_cycle(alpha, k), predicted_speedup(alpha, k, c),
-                    refined_speedup(alpha, k, cal.target_step_s, draft_step_s, cal.verify_time(k + 1)),
+                    refined_speedup(alpha, k, cal.target_step_s, draft_step_s, cal.verify_time(k + 1),
+                                    overhead.at(alpha, k)),
                     cal.verify_time(k + 1), not cal.measured(k + 1),
-                    k * cost_ratio(draft_step_s, cal.target_step_s) + verify_in_steps(cal, k + 1))
+                    (k * draft_step_s + cal.verify_time(k + 1) + overhead.at(alpha, k)) / cal.target_step_s)
             for k in ks]
 
 
@@ -316,7 +356,8 @@ def advised_k(advice: list[KAdvice]) -> KAdvice:
 
 def advice_sentence(advice: list[KAdvice]) -> str:
     best = best_k(advice)
-    why = (f"At K={best.k} a cycle costs {best.cost_steps:.2f} target steps (K draft steps and one verify pass) "
+    why = (f"At K={best.k} a cycle costs {best.cost_steps:.2f} target steps (K draft steps, one verify pass "
+           f"and any measured overhead) "
            f"and is expected to commit {best.expected_tokens:.2f} tokens.")
     if advised_k(advice).k == 0:
         return (f"Decode plainly (K=0): no K beats plain decoding on this machine. The best, K={best.k}, is "
@@ -381,8 +422,9 @@ def trace_stats(trace: Trace) -> TraceStats:
         cal, cal_error = calibration_of(trace.header), None
     except ValueError as err:
         cal, cal_error = None, str(err)
-    speed = speed_report(k, alpha, times, cal) if cal and times else None
-    advice = advise_k(alpha, times.draft_step_s, cal, advisor_ks(cal, k)) if cal and times else []
+    overhead = overhead_of(cycles, times)
+    speed = speed_report(k, alpha, times, cal, overhead) if cal and times else None
+    advice = advise_k(alpha, times.draft_step_s, cal, advisor_ks(cal, k), overhead) if cal and times else []
     drafted = [len(c["draft_token_ids"]) for c in cycles]
     return TraceStats(k, len(cycles), acceptance_metrics([c["num_accepted"] for c in cycles], k, drafted), alpha,
                       beta_by_position(cycles, k), tokens_per_cycle_counts(cycles, k),

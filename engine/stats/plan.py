@@ -1,9 +1,10 @@
 """K for a run about to start, chosen on this machine: K = 0 (decode plainly) included.
 
-The advisor (analysis.advise_k) needs alpha, the draft step and the target's verify-cost curve.
-The curve and the draft step come from a calibration on the loaded pair; alpha comes from a
-short pilot: the first PILOT_TOKENS tokens of the same prompt at the requested K, whose output is
-thrown away (the run itself starts again from the prompt with the same seed). Where even the
+The advisor (analysis.advise_k) needs alpha, the draft step, the target's verify-cost curve and
+what a cycle costs beyond its forwards. The curve and the draft step come from a calibration on the
+loaded pair; alpha and the per-cycle overhead come from a short pilot: the first PILOT_TOKENS
+tokens of the same prompt at the requested K, whose output is thrown away (the run itself starts
+again from the prompt with the same seed). Where even the
 best K is predicted slower than plain decoding, the plan is K = 0, with the numbers that say why.
 """
 from dataclasses import dataclass, replace
@@ -11,6 +12,8 @@ from dataclasses import dataclass, replace
 from engine.config import SpecSettings
 from engine.cycle.reference import Pair, speculative_generate
 from engine.stats.analysis import (
+    NO_OVERHEAD,
+    CycleOverhead,
     KAdvice,
     advice_sentence,
     advise_k,
@@ -18,7 +21,9 @@ from engine.stats.analysis import (
     advisor_ks,
     best_k,
     calibration_of,
+    cycle_times,
     measured_alpha,
+    overhead_of,
 )
 
 PILOT_TOKENS = 16  # about 8 cycles at the presets' acceptance: alpha to within about +-0.15
@@ -38,19 +43,20 @@ class KPlan:
         return self.k == 0
 
 
-def plan_from(alpha: float, calibration: dict, requested_k: int, pilot_tokens: int) -> KPlan:
-    """The advisor's choice for a measured alpha and a calibration as a header stores it."""
+def plan_from(alpha: float, calibration: dict, requested_k: int, pilot_tokens: int,
+              overhead: CycleOverhead = NO_OVERHEAD) -> KPlan:
+    """The advisor's choice for a measured alpha (and per-cycle overhead) and a calibration as a header stores it."""
     cal = calibration_of({"calibration": calibration})
-    advice = advise_k(alpha, cal.draft_step_s, cal, advisor_ks(cal, requested_k))
+    advice = advise_k(alpha, cal.draft_step_s, cal, advisor_ks(cal, requested_k), overhead)
     return KPlan(advised_k(advice).k, requested_k, alpha, pilot_tokens, best_k(advice), advice_sentence(advice))
 
 
-def pilot_alpha(pair: Pair, prompt_ids: list[int], s: SpecSettings, tokens: int = PILOT_TOKENS) -> float:
-    """Alpha over the first `tokens` tokens at the settings' K (nothing is written)."""
-    cycles = list(speculative_generate(pair, prompt_ids, replace(s, max_new_tokens=min(tokens, s.max_new_tokens))))
-    return measured_alpha(cycles)
+def pilot_cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, tokens: int = PILOT_TOKENS) -> list[dict]:
+    """The cycles of the first `tokens` tokens at the settings' K (nothing is written)."""
+    return list(speculative_generate(pair, prompt_ids, replace(s, max_new_tokens=min(tokens, s.max_new_tokens))))
 
 
 def plan_k(pair: Pair, prompt_ids: list[int], s: SpecSettings, calibration: dict,
            tokens: int = PILOT_TOKENS) -> KPlan:
-    return plan_from(pilot_alpha(pair, prompt_ids, s, tokens), calibration, s.k, tokens)
+    cycles = pilot_cycles(pair, prompt_ids, s, tokens)
+    return plan_from(measured_alpha(cycles), calibration, s.k, tokens, overhead_of(cycles, cycle_times(cycles)))
