@@ -10,6 +10,11 @@ Two questions, both answered here on the real file:
 2. Speed: each kernel on the chat target's four layer shapes (576x576, 192x576, 1536x576, 576x1536) and the
    49152x576 output layer, 1 and 5 rows, against F.linear on the float32 weights. Medians of --repeats.
 
+3. A whole step's products: every linear layer of the file once, in order, each on its own blocks (so
+   the 96 MB stream from memory as in a real step, where the layers above stay in cache), at 1 and 5
+   rows, through the same calls the model makes (engine/models/gguf_kernel.BlockMatrix). Against the
+   memory limit: block bytes over the measured copy bandwidth (bench/fast_bench.py's measurement).
+
 Writes RESULTS/int4-kernels.json and .md.
 """
 import argparse
@@ -75,6 +80,21 @@ def layer_row(t, rows: int, repeats: int) -> dict:
     return row
 
 
+def all_layers(file, rows: int, repeats: int) -> dict:
+    """One pass over every block-typed layer of the file, as a step would make it: median ms of `repeats`."""
+    matrices = [gguf_kernel.BlockMatrix(t.blocks, t.kind, t.out_features, t.in_features)
+                for t in (block_tensor(file, info) for info in file.tensors.values()
+                          if info.type_name in gguf_kernel.FUNCTIONS and len(info.shape) == 2)]
+    inputs = {m.in_features: torch.randn(rows, m.in_features) for m in matrices}
+
+    def one_pass() -> None:
+        for m in matrices:
+            m(inputs[m.in_features])
+
+    return {"rows": rows, "layers": len(matrices), "block_bytes": sum(m.blocks.numel() for m in matrices),
+            "ms": median_ms(one_pass, repeats)}
+
+
 def measure(args) -> dict:
     torch.set_num_threads(args.threads)
     file = read_gguf(smollm2_gguf())
@@ -93,7 +113,11 @@ def measure(args) -> dict:
     k = block_tensor(file, file.tensors["blk.0.attn_k.weight"])
     packed, zeros = torch_int4_args(k, torch.float32)
     back = torch.ops.aten._weight_int4pack_mm_for_cpu(torch.eye(k.in_features), packed, 32, zeros)
+    from bench.fast_bench import measured_bandwidth_gbs
+
+    step = [all_layers(file, rows, args.repeats) for rows in (1, 5)]
     return {"machine": common.machine_info(args.threads), "repeats": args.repeats, "rows": rows_out,
+            "all_layers": step, "bandwidth_gbs": measured_bandwidth_gbs(torch.device("cpu"), False),
             "torch_int4_float32_weights_exact": bool(torch.equal(back.T, dequantize(k))),
             "bf16_exact_fraction": {k: statistics.mean(v) for k, v in survive.items()}}
 
@@ -120,6 +144,15 @@ def markdown(result: dict) -> str:
               f"{max(e[0] for e in errors):.2g} (its scalar loop sums serially), bfloat16 variant "
               f"{max(e[1] for e in errors):.2g}. Read back with identity inputs, the float32 variant's weights of "
               f"blk.0.attn_k {exact} the file's: scale = d, zero = m + 8d is the exact mapping."]
+    if "all_layers" in result:
+        bw = result["bandwidth_gbs"]
+        lines += ["", f"A whole step's products, each layer on its own blocks (streamed from memory), through the "
+                  f"calls the model makes; measured copy bandwidth {bw:.1f} GB/s:", "",
+                  "| rows | layers | block MB | ms | memory limit ms | x limit |", "|---|---|---|---|---|---|"]
+        for a in result["all_layers"]:
+            limit_ms = a["block_bytes"] / bw / 1e6
+            lines.append(f"| {a['rows']} | {a['layers']} | {a['block_bytes'] / 1e6:.1f} | {a['ms']:.2f} | "
+                         f"{limit_ms:.2f} | {a['ms'] / limit_ms:.1f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -8,7 +8,10 @@ run never destroys an earlier OUT and leaves its finished cycles under a clearly
 """
 import argparse
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from engine.config import SettingsError, SpecSettings, parse_tree
@@ -273,18 +276,48 @@ def run_tree_auto(args, pair, settings: SpecSettings, preset: str | None) -> int
     return 0
 
 
+@contextmanager
+def ctrl_c_at_cycle_ends():
+    """While a run goes: the first Ctrl-C is noted, and raised as KeyboardInterrupt by the check this
+    yields, which the run calls after each cycle. Why: Python raises it wherever the interpreter is,
+    and where that is a finaliser (a __del__ or a weakref callback) it is printed and dropped. Under
+    load on 2 cores a run went on past such a Ctrl-C. A second Ctrl-C interrupts at once."""
+    pending: list[int] = []
+
+    def note(signum, frame) -> None:
+        if pending:
+            raise KeyboardInterrupt
+        pending.append(signum)
+
+    def check() -> None:
+        if pending:
+            raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield check
+        return
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    check()  # a Ctrl-C after the last cycle still ends the command as one
+
+
 def generate_and_report(args, settings: SpecSettings, run) -> int:
     """Run with a progress bar (`run(on_cycle)` returns the Trace), then print the text and the metrics."""
     from tqdm import tqdm
 
     bar = tqdm(total=settings.max_new_tokens, unit="tok", desc="generating", file=sys.stderr)
 
-    def progress(rec: dict) -> None:
-        bar.update(len(rec["committed_token_ids"]))
-        bar.set_postfix(cycle=rec["cycle"], accepted=f"{rec['num_accepted']}/{drafted(rec)}")
-
     try:
-        trace = run(progress)
+        with ctrl_c_at_cycle_ends() as stop_if_asked:
+            def progress(rec: dict) -> None:
+                bar.update(len(rec["committed_token_ids"]))
+                bar.set_postfix(cycle=rec["cycle"], accepted=f"{rec['num_accepted']}/{drafted(rec)}")
+                stop_if_asked()
+
+            trace = run(progress)
     finally:
         bar.close()  # ends the progress line, so a message after it starts on its own line
     print(trace.summary["generated_text"])

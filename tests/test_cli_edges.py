@@ -1,6 +1,7 @@
 """The command line at its edges: one-line errors with exit code 2 before any model loads,
 a prompt that must fit the context, an earlier --out that survives a failed run, Ctrl-C."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import engine.run
-from engine.cli import main
+from engine.cli import ctrl_c_at_cycle_ends, main
 from engine.trace.format import load_trace, partial_path
 from tests.tiny import noisy_pair, save_tiny
 
@@ -128,6 +129,23 @@ def test_line_separators_in_token_texts_round_trip(tmp_path, capsys):
     assert "\u2028" in out.read_text(encoding="utf-8")  # written raw (ensure_ascii=False)
     assert main(["stats", str(out)]) == 0
     assert "ACCEPTANCE" in capsys.readouterr().out
+
+
+def test_a_first_ctrl_c_waits_for_the_cycle_end_and_a_second_does_not():
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_at_cycle_ends() as stop_if_asked:
+            stop_if_asked()  # nothing asked yet
+            os.kill(os.getpid(), signal.SIGINT)  # Python runs its handler before the next bytecode
+            reached_the_cycle_end = True  # noted, not raised
+            stop_if_asked()
+    assert reached_the_cycle_end and signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_at_cycle_ends():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # the second: at once
+            pytest.fail("a second Ctrl-C should have interrupted")
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_sigint_ends_a_real_run_with_one_line(tmp_path, folders):

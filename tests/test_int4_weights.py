@@ -168,6 +168,15 @@ def test_the_kernel_refuses_arguments_it_cannot_read():
         gguf_kernel.linear(torch.ones(2, 64, dtype=torch.float64), tensor.blocks, "Q4_1", 4)
     with pytest.raises(ValueError, match="do not make"):
         gguf_kernel.linear(torch.ones(2, 64), tensor.blocks, "Q4_1", 5)
+    matrix = gguf_kernel.BlockMatrix(tensor.blocks, "Q4_1", 4, 64)  # the blocks checked once, here
+    with pytest.raises(ValueError, match="contiguous float32 rows of 64"):
+        matrix(torch.ones(64, 2).T)  # a transposed view: its rows are not where the kernel would read
+    with pytest.raises(ValueError, match="contiguous float32 rows of 64"):
+        matrix(torch.ones(2, 32))
+    with pytest.raises(ValueError, match="do not make"):
+        gguf_kernel.BlockMatrix(tensor.blocks[:, :20], "Q4_1", 4, 64)
+    with pytest.raises(ValueError, match="no kernel for Q6_K"):
+        gguf_kernel.BlockMatrix(tensor.blocks, "Q6_K", 4, 64)
 
 
 # ---------------------------------------------------------------- the twin of a tiny model

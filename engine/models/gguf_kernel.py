@@ -97,17 +97,40 @@ def library() -> ctypes.CDLL:
                            "(use --target-weights float32)")
 
 
-def linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int) -> torch.Tensor:
-    """x (M, K) float32 times the blocks' (N, K) matrix transposed: (M, N) float32.
+class BlockMatrix:
+    """One layer's blocks, checked once, with the kernel's function bound to them.
 
-    The kernel trusts its arguments, so they are checked here: sizes, dtypes, contiguity."""
-    rows, in_features = x.shape
-    if x.dtype != torch.float32 or not x.is_contiguous() or in_features % 32:
+    The kernel trusts its arguments, so they are checked: the blocks here, once (their size, dtype and
+    contiguity never change), and each call's activations in `__call__`. A chat target step makes 211
+    of these calls, so what a call does beyond the kernel is kept to the activation's checks, one
+    output tensor and the ctypes call itself."""
+
+    def __init__(self, blocks: torch.Tensor, kind: str, out_features: int, in_features: int) -> None:
+        if kind not in FUNCTIONS:
+            raise ValueError(f"no kernel for {kind} blocks (the kernel runs {', '.join(FUNCTIONS)})")
+        if in_features % 32 or blocks.dtype != torch.uint8 or not blocks.is_contiguous() \
+                or tuple(blocks.shape) != (out_features, in_features // 32 * BLOCK_BYTES[kind]):
+            raise ValueError(f"{kind} blocks of shape {tuple(blocks.shape)} ({blocks.dtype}) do not make a "
+                             f"({out_features}, {in_features}) matrix")
+        self.blocks, self.kind = blocks, kind  # the tensor is held, so its memory outlives every call
+        self.out_features, self.in_features = out_features, in_features
+        self.function = getattr(library(), FUNCTIONS[kind])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (M, K) float32 times the blocks' (N, K) matrix transposed: (M, N) float32."""
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.in_features or not x.is_contiguous():
+            raise ValueError(f"the GGUF kernel takes contiguous float32 rows of {self.in_features} features, "
+                             f"got {x.dtype} {tuple(x.shape)}")
+        rows = x.shape[0]
+        y = torch.empty(rows, self.out_features, dtype=torch.float32)
+        threads = 1 if rows * self.out_features * self.in_features < SERIAL_BELOW else torch.get_num_threads()
+        self.function(x.data_ptr(), rows, self.in_features, self.blocks.data_ptr(), self.out_features,
+                      y.data_ptr(), threads)
+        return y
+
+
+def linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int) -> torch.Tensor:
+    """x (M, K) float32 times the blocks' (N, K) matrix transposed: (M, N) float32 (every argument checked)."""
+    if x.dim() != 2 or x.shape[1] % 32:
         raise ValueError(f"the GGUF kernel takes contiguous float32 rows of whole blocks, got {x.dtype} {tuple(x.shape)}")
-    if blocks.dtype != torch.uint8 or tuple(blocks.shape) != (out_features, in_features // 32 * BLOCK_BYTES[kind]):
-        raise ValueError(f"{kind} blocks of shape {tuple(blocks.shape)} do not make a ({out_features}, {in_features}) matrix")
-    y = torch.empty(rows, out_features, dtype=torch.float32)
-    threads = 1 if rows * out_features * in_features < SERIAL_BELOW else torch.get_num_threads()
-    getattr(library(), FUNCTIONS[kind])(x.data_ptr(), rows, in_features, blocks.data_ptr(), out_features,
-                                        y.data_ptr(), threads)
-    return y
+    return BlockMatrix(blocks, kind, out_features, x.shape[1])(x)

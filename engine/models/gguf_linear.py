@@ -52,11 +52,14 @@ class GGUFLinear(nn.Module):
         self.in_features, self.out_features = tensor.in_features, tensor.out_features
         self.kind, self.gguf_name = tensor.kind, tensor.name
         self.register_buffer("blocks", tensor.blocks, persistent=False)  # (N, K/32 * block bytes) uint8
+        self.matrix = gguf_kernel.BlockMatrix(tensor.blocks, tensor.kind, self.out_features, self.in_features)
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).float().contiguous()  # (M, K)
-        y = gguf_kernel.linear(flat, self.blocks, self.kind, self.out_features)  # (M, N)
+        flat = x.reshape(-1, self.in_features)  # (M, K)
+        if flat.dtype != torch.float32 or not flat.is_contiguous():
+            flat = flat.float().contiguous()
+        y = self.matrix(flat)  # (M, N)
         if self.bias is not None:
             y += self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
