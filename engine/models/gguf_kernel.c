@@ -24,12 +24,13 @@
    weight once. 9 sums and 4 weights fit AVX2's 16 registers. */
 #define ROWS 9
 /* Columns of W beside one row of x (a decode step): COLS independent chains of multiply-adds.
-   4 was fastest on a 2-core AMD EPYC (2 and 8 slower), see bench/results/int4-kernels.md. */
+   4 was fastest on a 2-core AMD EPYC (2 and 8 slower), timed by bench/int4_stream.c. */
 #define COLS 4
 /* How far ahead of the block being read to ask for memory: a tile walks its COLS rows of W side by
    side, 20 bytes of each at a time, which the hardware prefetcher follows too late. Asking 2 KiB
    ahead of the stream took the chat target's Q8_0 output layer (30 MB, streamed from memory every
-   step) from 3.1 to 0.9 ms on the same EPYC; 1-8 KiB all did about as well. */
+   step) from 3.1 to 0.9 ms on the same EPYC (bench/int4_stream.c); 1-8 KiB all did
+   about as well. Prefetching changes no result. */
 #define PREFETCH_BYTES 2048
 
 #if defined(__F16C__)
