@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from bench import common
+from bench.fast_bench import measured_bandwidth_gbs
 from engine.models import gguf_kernel
 from engine.models.gguf_blocks import block_tensor, dequantize, read_gguf
 from engine.models.presets import smollm2_gguf
@@ -113,8 +114,6 @@ def measure(args) -> dict:
     k = block_tensor(file, file.tensors["blk.0.attn_k.weight"])
     packed, zeros = torch_int4_args(k, torch.float32)
     back = torch.ops.aten._weight_int4pack_mm_for_cpu(torch.eye(k.in_features), packed, 32, zeros)
-    from bench.fast_bench import measured_bandwidth_gbs
-
     step = [all_layers(file, rows, args.repeats) for rows in (1, 5)]
     return {"machine": common.machine_info(args.threads), "repeats": args.repeats, "rows": rows_out,
             "all_layers": step, "bandwidth_gbs": measured_bandwidth_gbs(torch.device("cpu"), False),

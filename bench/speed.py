@@ -319,6 +319,7 @@ def summarise(rates: dict, trace_paths: list[Path], t_step: float, cal: dict, s:
     # they predict is a/e; a/d is the same on the float32 path but not on int4 (d runs float32).
     measured = ratios["a/e"]
     leviathan = predicted_speedup(alpha, s.k, c)
+    # at the run's own K the overhead is what its cycles spent, not CycleOverhead's estimate for another K
     refined = refined_speedup(alpha, s.k, t_step, times.draft_step_s, times.verify_s, times.catch_up_s + times.other_s)
     return {
         "temperature": s.temperature, "k": s.k, "max_new_tokens": s.max_new_tokens, "pilot": pilot,

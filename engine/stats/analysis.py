@@ -322,12 +322,14 @@ def advise_k(alpha: float, draft_step_s: float, cal: Calibration, ks: list[int],
     """Both predictions at each K for fixed alpha, draft step time, verify-cost curve and the
     measured per-cycle overhead (none where no cycles were timed)."""
     c = cost_ratio(draft_step_s, cal.target_step_s)
-    return [KAdvice(k, expected_tokens_per_cycle(alpha, k), predicted_speedup(alpha, k, c),
-                    refined_speedup(alpha, k, cal.target_step_s, draft_step_s, cal.verify_time(k + 1),
-                                    overhead.at(alpha, k)),
-                    cal.verify_time(k + 1), not cal.measured(k + 1),
-                    (k * draft_step_s + cal.verify_time(k + 1) + overhead.at(alpha, k)) / cal.target_step_s)
-            for k in ks]
+    return [advice_at(alpha, k, c, draft_step_s, cal, overhead.at(alpha, k)) for k in ks]
+
+
+def advice_at(alpha: float, k: int, c: float, draft_step_s: float, cal: Calibration, overhead_s: float) -> KAdvice:
+    verify_s = cal.verify_time(k + 1)
+    return KAdvice(k, expected_tokens_per_cycle(alpha, k), predicted_speedup(alpha, k, c),
+                   refined_speedup(alpha, k, cal.target_step_s, draft_step_s, verify_s, overhead_s),
+                   verify_s, not cal.measured(k + 1), (k * draft_step_s + verify_s + overhead_s) / cal.target_step_s)
 
 
 def advisor_ks(cal: Calibration, k: int) -> list[int]:
@@ -357,8 +359,7 @@ def advised_k(advice: list[KAdvice]) -> KAdvice:
 def advice_sentence(advice: list[KAdvice]) -> str:
     best = best_k(advice)
     why = (f"At K={best.k} a cycle costs {best.cost_steps:.2f} target steps (K draft steps, one verify pass "
-           f"and any measured overhead) "
-           f"and is expected to commit {best.expected_tokens:.2f} tokens.")
+           f"and any measured overhead) and is expected to commit {best.expected_tokens:.2f} tokens.")
     if advised_k(advice).k == 0:
         return (f"Decode plainly (K=0): no K beats plain decoding on this machine. The best, K={best.k}, is "
                 f"predicted at {best.refined:.2f}x. {why} Plain decoding commits one token per target step.")

@@ -4,8 +4,8 @@ The advisor (analysis.advise_k) needs alpha, the draft step, the target's verify
 what a cycle costs beyond its forwards. The curve and the draft step come from a calibration on the
 loaded pair; alpha and the per-cycle overhead come from a short pilot: the first PILOT_TOKENS
 tokens of the same prompt at the requested K, whose output is thrown away (the run itself starts
-again from the prompt with the same seed). Where even the
-best K is predicted slower than plain decoding, the plan is K = 0, with the numbers that say why.
+again from the prompt with the same seed). Where even the best K is predicted slower than plain
+decoding, the plan is K = 0, with the numbers that say why.
 """
 from dataclasses import dataclass, replace
 
