@@ -117,6 +117,49 @@ def open_page(browser, url: str):
     return page, dialogs
 
 
+class SentFrames:
+    """Counts the websocket frames a page has sent: each widget action (a click on a button, a
+    checkbox) sends the server one rerun message, so a click that sent nothing never reached the app."""
+
+    def __init__(self, page) -> None:
+        self.count = 0
+        page.on("websocket", lambda ws: ws.on("framesent", self._sent))
+
+    def _sent(self, _frame) -> None:
+        self.count += 1
+
+
+def wait_still(locator, still_ms: int = 300, tries: int = 50) -> None:
+    """Wait until the element stops moving: the same box twice, `still_ms` apart."""
+    locator.scroll_into_view_if_needed()
+    box = locator.bounding_box()
+    for _ in range(tries):
+        locator.page.wait_for_timeout(still_ms)
+        box, previous = locator.bounding_box(), box
+        if box == previous:
+            return
+
+
+def click_until_sent(locator, sent: SentFrames, tries: int = 3, confirm_ms: int = 10_000) -> None:
+    """Click a widget once its layout has settled, and make sure the click reached the app.
+
+    Why: on a busy machine a click on a button half below the window's edge was lost about once in
+    ten tries: the button's box moved 59 px while Playwright scrolled it into view and clicked, the
+    page sent the server nothing, and the test that waited for the live work it should have started
+    waited its whole ten minutes (CI, session 13 and 14). So the element is scrolled into view and
+    left to stop moving first; a click that sent a frame reached the app, one that sent nothing is
+    repeated (a real click sends within milliseconds; `confirm_ms` leaves room for a starved browser)."""
+    for _ in range(tries):
+        wait_still(locator)
+        before = sent.count
+        locator.click()
+        for _ in range(confirm_ms // 100):
+            if sent.count > before:
+                return
+            locator.page.wait_for_timeout(100)
+    raise AssertionError(f"{tries} clicks on {locator} sent the server nothing")
+
+
 IDLE = """() => !document.querySelector('[data-stale="true"]')
     && !(document.querySelector('header') || {innerText: ''}).innerText.includes('Stop')
     && document.querySelectorAll('.js-plotly-plot .main-svg').length >= 8

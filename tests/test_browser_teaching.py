@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_browser import SHOTS, TIMEOUT_MS, browser, streamlit_server, sync_api, xss_copy  # noqa: F401 (browser: a fixture)
+from tests.test_browser import (  # noqa: F401 (browser: a fixture)
+    SHOTS,
+    TIMEOUT_MS,
+    SentFrames,
+    browser,
+    click_until_sent,
+    streamlit_server,
+    sync_api,
+    xss_copy,
+)
 from tests.test_teaching_pages import make_teaching_folder
 
 # A wait on live work (a measurement, a run) waits for the page to show the job's end. Alone such a job
@@ -77,6 +86,7 @@ def new_page(browser, url: str):
     page.set_default_timeout(TIMEOUT_MS * 2)  # live model runs on two shared cores
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.sent = SentFrames(page)  # before goto: the page's websocket opens while it loads
     page.goto(url)
     return page, dialogs
 
@@ -90,7 +100,7 @@ def test_teaching_page_renders(browser, server, name):
             page.get_by_role("heading", name=PAGES[name]).first.wait_for()
             page.get_by_text("No stored result", exact=False).first.wait_for()
             assert page.locator(".js-plotly-plot").count() == 0  # nothing heavy ran on open
-            page.get_by_role("button", name="Run live").first.click()
+            click_until_sent(page.get_by_role("button", name="Run live").first, page.sent)
         settle(page, PAGES[name])
         open_expanders(page)
         assert page.locator('[data-testid="stException"]').count() == 0
@@ -126,7 +136,7 @@ def test_a_measurement_finishes_in_the_background_and_shows_up(browser, server):
     try:
         settle(page, PAGES["interview"])
         page.get_by_text("Why does verification score K+1 positions", exact=False).first.click()
-        page.get_by_role("button", name="Measure the target's pass", exact=False).first.click()
+        click_until_sent(page.get_by_role("button", name="Measure the target's pass", exact=False).first, page.sent)
         # the job's end, as the page shows it; bounded for a busy 2-core machine (alone it takes ~14 s)
         page.get_by_text(re.compile("Here scoring|The repeats disagree by more than")).first.wait_for(timeout=LIVE_WORK_MS)
         page.wait_for_function(IDLE)  # the run that drew them has ended: stale elements are gone
@@ -161,9 +171,10 @@ def test_a_live_run_arrives_by_polling_and_the_sidebar_names_it(browser, server,
         page.wait_for_timeout(500)
         sidebar = page.locator('[data-testid="stSidebar"]')
         assert "live run:" not in sidebar.inner_text()
-        page.locator(".st-key-live_insist_k label").click()  # a trace at the form's K, whatever the advisor says
+        # a trace at the form's K, whatever the advisor says
+        click_until_sent(page.locator(".st-key-live_insist_k label"), page.sent)
         page.wait_for_function(SCRIPT_DONE)
-        page.locator(".st-key-live_run button").click()
+        click_until_sent(page.locator(".st-key-live_run button"), page.sent)
         page.get_by_text(re.compile(r"Finished: \d+ cycles, \d+ tokens")).first.wait_for(timeout=LIVE_WORK_MS)
         sync_api.expect(sidebar).to_contain_text("live run: live-")
         page.screenshot(path=str(SHOTS / "live-run-finished-in-background.png"))
