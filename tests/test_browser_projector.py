@@ -51,8 +51,6 @@ TABLE_TEXTS = """async () => {
               e => [e.textContent, width(e.textContent, '14px "Source Sans"')]))};
   });
 }"""
-# Streamlit draws a table's grid (and its scroller) a moment after the table's frame appears.
-TABLES_DRAWN = "() => [...document.querySelectorAll('[data-testid=stDataFrame]')].every(f => f.querySelector('.dvn-scroller'))"
 CELL_PADDING_PX = 16  # 8 px either side of a table cell's text
 
 # Text Streamlit cuts with an ellipsis (widget labels, for one): any element whose text overflows its box
@@ -67,13 +65,10 @@ def check_tables(page, where: str, widths: dict[str, int] | None = None) -> int:
     """Assert no table scrolls sideways and every header and value fits its column: its configured
     `widths`, or, for columns sized to their content, the widest text of each column side by side fits
     the table; returns how many tables were checked."""
-    tables = None
-    for _ in range(5):  # a rerun can replace a table between the wait and the reading: read again
-        page.wait_for_function(TABLES_DRAWN)
-        tables = page.evaluate(TABLE_TEXTS)
-        if tables is not None:
-            break
-    assert tables is not None, f"{where}: the tables were still being drawn after five tries"
+    # Streamlit draws a table's grid (and its scroller) a moment after the table's frame appears, and a
+    # rerun may replace a table at any time: the check and the reading are one evaluation, repeated
+    # until every table is drawn (TABLE_TEXTS gives null until then).
+    tables = page.wait_for_function(TABLE_TEXTS).json_value()
     for i, table in enumerate(tables):
         scroll, room = table["scroll"]
         assert scroll <= room + 1, f"{where}, table {i}: {scroll} px wide in {room} px, cut off at the right"
