@@ -62,7 +62,7 @@ from engine.cycle.reference import Pair, speculative_generate
 from engine.drafters.eagle import load_head
 from engine.models.device import pick_device, timed
 from engine.models.presets import PRESETS, default_drafter
-from engine.run import encode_prompt, run_to_trace
+from engine.run import encode_prompt, prepare_advised_run, run_to_trace
 from engine.stats.analysis import (
     advice_sentence,
     advise_k,
@@ -253,6 +253,8 @@ def memory_limit(pair: Pair, device: torch.device) -> dict:
 
 # ---------------------------------------------------------------- one setting (temperature)
 
+CALIBRATION_REPEATS = 15  # more than the default 7: c and both predictions rest on it
+
 def choose_k(pair: Pair, prompts: list[str], s: SpecSettings, preset: str | None, chat: bool,
              folder: Path) -> dict:
     """The K advisor's pick among K = 1..8 from pilot runs at K=4 on every prompt.
@@ -263,7 +265,10 @@ def choose_k(pair: Pair, prompts: list[str], s: SpecSettings, preset: str | None
     """
     list(speculative_generate(pair, encode_prompt(pair.target.tokenizer, prompts[0], chat),
                               replace(s, max_new_tokens=8), record=False))
-    traces = [run_to_trace(pair, p, s, folder / f"pilot-{i}.jsonl", preset, chat, calibrate=i == 0)
+    # As many repeats as the final calibration: at the default 7, pilots on a 2-core EPYC put the best
+    # K's prediction anywhere from 2.06x to 3.00x on one Shakespeare prompt (session 15).
+    cal = calibrate(pair, prepare_advised_run(pair, prompts[0], s, chat), s, repeats=CALIBRATION_REPEATS)
+    traces = [run_to_trace(pair, p, s, folder / f"pilot-{i}.jsonl", preset, chat, calibration=cal if i == 0 else None)
               for i, p in enumerate(prompts)]
     cycles = [c for t in traces for c in t.cycles]
     alpha = measured_alpha(cycles)
@@ -294,7 +299,7 @@ def bench_setting(pair: Pair, args, temperature: float, prompts: list[str], chat
     runner.traces.clear()
     runner.plain_step_s.clear()
     rates = common.interleaved_rates(runner.run, methods, prompts, ids, s, args.repeats, f"T={temperature}")
-    cal = calibrate(pair, ids[0], s, repeats=15)  # more repeats than the default: c and both predictions rest on it
+    cal = calibrate(pair, ids[0], s, repeats=CALIBRATION_REPEATS)
     return summarise(rates, runner.traces, statistics.median(runner.plain_step_s), cal, s, pilot)
 
 

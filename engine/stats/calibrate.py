@@ -9,7 +9,12 @@ length:
   sampling plain decoding does per token;
 - verify_s[n]: one target forward over n positions plus warping, as `verify` does, for
   every n from 1 to K_max + 1 (the K advisor picks K from this measured curve);
-- draft_step_s: one cached draft step on 1 token, warping and sampling, as `propose` does.
+- draft_step_s: one cached draft step on 1 token, warping and sampling, as `propose` does, timed
+  where a cycle meets it: the K steps right after a target pass over K+1 positions
+  (`time_draft_in_cycle`). Timed back to back instead, the draft's weights stay in the CPU's
+  caches and the step looks cheaper than a run sees it: on the Shakespeare pair (2-core AMD EPYC,
+  bench/results/draft-step-*.md) 0.77 ms back to back against 1.21 ms in real runs at K=3, and
+  1.38 ms timed in a cycle's place; the chat draft, too big for those caches, moves less.
 
 `calibrate` measures the widths a chain needs (1 to K+1). A draft tree verifies N+1 positions
 (up to 65) and feeds the draft a whole level of nodes at once, so `calibrate_widths` measures a
@@ -90,6 +95,33 @@ def time_widths(model: LoadedModel, context: list[int], widths: list[int], s: Sp
     return {key: statistics.median(t) for key, t in times.items()}
 
 
+def time_draft_in_cycle(pair: Pair, context: list[int], s: SpecSettings, repeats: int) -> float:
+    """Median over rounds of the mean draft step in a cycle: each round runs the target over K+1
+    positions (untimed; it is what streams the target's weights through the CPU's caches), then
+    times K draft steps, warped and sampled. Both caches are cropped back after each forward, so
+    every round starts from len(context) - 1 cached positions."""
+    gen = torch.Generator().manual_seed(0)
+    k = max(1, s.k)
+    target_cache, draft_cache = pair.target.new_cache(), pair.draft.new_cache()
+    if len(context) > 1:
+        pair.target.forward(context[:-1], target_cache)
+        pair.draft.forward(context[:-1], draft_cache)
+    keep = len(context) - 1
+    verify_feed = [context[-1]] + context_of_length(context, k)
+    means = []
+    for round_number in range(repeats + 1):  # round 0 warms up and is not kept
+        pair.target.forward(verify_feed, target_cache)
+        crop(target_cache, keep)
+        steps = []
+        for _ in range(k):
+            steps.append(_timed(partial(_step, pair.draft, draft_cache, [context[-1]], s, gen, True),
+                                pair.draft.device))
+            crop(draft_cache, keep)
+        if round_number:
+            means.append(statistics.mean(steps))
+    return statistics.median(means)
+
+
 def time_drafter_step(pair: Pair, context: list[int], s: SpecSettings, repeats: int) -> float:
     """Median time a drafter without a same-tokenizer draft model takes to propose one token
     (for prompt lookup: one n-gram search; for the other-tokenizer draft: its steps and re-encoding;
@@ -128,7 +160,7 @@ def calibrate_widths(pair: Pair, prompt_ids: list[int], s: SpecSettings, widths:
                      draft_widths: list[int] | None = None) -> dict:
     """As `calibrate`, at the verify widths given (distinct, increasing); with `draft_widths`
     (which must include 1), also the draft model's forward over each of those widths, warped and
-    sampled, in one round-robin whose width 1 is the draft step."""
+    sampled, in one round-robin whose width 1 is then the draft step (back to back, not in a cycle's place)."""
     if not widths or widths != sorted(set(widths)) or widths[0] < 1:
         raise ValueError(f"verify widths must be distinct increasing positive integers, got {widths}")
     if draft_widths is not None and (1 not in draft_widths or draft_widths != sorted(set(draft_widths))):
@@ -139,11 +171,17 @@ def calibrate_widths(pair: Pair, prompt_ids: list[int], s: SpecSettings, widths:
     cache_len = run_cache_len(prompt_ids, s) if cache_len is None else cache_len
     context = context_of_length(prompt_ids, cache_len + 1)
     verify = time_widths(pair.target, context, widths, s, repeats, draw=False, step=True)
-    draft = time_widths(pair.draft, context, draft_widths or [1], s, repeats, draw=True) if is_model else None
+    draft = time_widths(pair.draft, context, draft_widths, s, repeats, draw=True) if draft_widths else None
+    if draft:  # a tree's draft curve: its width 1 is the draft step, so the curve stays one measurement
+        draft_step = draft[1]
+    elif is_model:
+        draft_step = time_draft_in_cycle(pair, context, s, repeats)
+    else:
+        draft_step = time_drafter_step(pair, context, s, repeats)
     out = {
         "cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),
         "target_step_s": verify["step"],
-        "draft_step_s": draft[1] if draft else time_drafter_step(pair, context, s, repeats),
+        "draft_step_s": draft_step,
         "verify_positions": list(widths), "verify_s": [verify[w] for w in widths],
     }
     if draft_widths is not None:
