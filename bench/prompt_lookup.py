@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from bench import hf
-from bench.common import RESULTS, machine_info, write_results
+from bench.common import RESULTS, machine_info, machine_words, write_results
 from engine.config import SpecSettings
 from engine.cycle.reference import Pair
 from engine.drafters.registry import DrafterOptions
@@ -119,8 +119,10 @@ def bench_temperature(pair: Pair, args, temperature: float, folder: Path) -> dic
     return result
 
 
-def report(results: list[dict], args) -> str:
-    lines = ["# Prompt lookup on the chat preset (CPU)", "", f"{args.note} {METHOD_NOTE}".strip(), "",
+def report(results: list[dict], args, machine: dict) -> str:
+    lines = ["# Prompt lookup on the chat preset (CPU)", "",
+             f"Machine: {machine_words(machine)}; torch {machine['torch']}, transformers {machine['transformers']}; "
+             f"{machine['date']}.", "", f"{args.note} {METHOD_NOTE}".strip(), "",
              f"K={args.k}, max n-gram {args.max_ngram}, {args.max_new_tokens} new tokens, {len(PROMPTS)} input-grounded "
              f"prompts, {args.repeats} repeats, {args.threads} threads.", "",
              "| T | a engine (tok/s) | c HF prompt lookup | d HF plain | a/d (min-max) | a/c (min-max) | engine acceptance |",
@@ -139,6 +141,7 @@ def report(results: list[dict], args) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    machine = machine_info(args.threads)  # before the runs: the load it records is the one they started under
     torch.set_num_threads(args.threads)
     pair = load_preset("chat", "cpu", drafter=DrafterOptions(PROMPT_LOOKUP, max_ngram=args.max_ngram))
     hf.no_eos(pair.target.model)
@@ -148,16 +151,16 @@ def main(argv=None) -> int:
         for t in (float(x) for x in args.temperatures.split(",")):
             results.append(bench_temperature(pair, args, t, Path(tmp)))
             print(json.dumps(results[-1], indent=1), flush=True)
-            save_results(results, args)  # after each temperature: a stopped run keeps what it measured
-    print(report(results, args))
+            save_results(results, args, machine)  # after each temperature: a stopped run keeps what it measured
+    print(report(results, args, machine))
     return 0
 
 
-def save_results(results: list[dict], args) -> None:
-    payload = {"note": f"{args.note} {METHOD_NOTE}".strip(), "machine": machine_info(args.threads),
+def save_results(results: list[dict], args, machine: dict) -> None:
+    payload = {"note": f"{args.note} {METHOD_NOTE}".strip(), "machine": machine,
                "settings": {k: str(v) for k, v in vars(args).items()},
                "prompts": PROMPTS, "results": results}
-    write_results(args.out.parent, args.out.with_suffix("").name, payload, report(results, args), indent=2, json_end="\n")
+    write_results(args.out.parent, args.out.with_suffix("").name, payload, report(results, args, machine), indent=2, json_end="\n")
 
 
 if __name__ == "__main__":
