@@ -160,7 +160,8 @@ def save_results(results: list[dict], args, machine: dict) -> None:
     payload = {"note": f"{args.note} {METHOD_NOTE}".strip(), "machine": machine,
                "settings": {k: str(v) for k, v in vars(args).items()},
                "prompts": PROMPTS, "results": results}
-    write_results(args.out.parent, args.out.with_suffix("").name, payload, report(results, args, machine), indent=2, json_end="\n")
+    write_results(args.out.parent, args.out.with_suffix("").name, payload, report(results, args, machine),
+                  indent=2, json_end="\n")
 
 
 if __name__ == "__main__":
