@@ -14,6 +14,7 @@ Results go to bench/results/draft-step-NAME.json and .md.
 """
 import argparse
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,8 +35,7 @@ def measure(pair, prompt: str, chat: bool, k: int, repeats: int, timings: int) -
     for seed in range(repeats):
         out["back_to_back"].append(time_widths(pair.draft, context, [1], s, timings, draw=True)[1])
         out["in_cycle"].append(time_draft_in_cycle(pair, context, s, timings))
-        cycles = list(speculative_generate(pair, ids, SpecSettings(k=k, temperature=1.0, max_new_tokens=64, seed=seed),
-                                           record=False))
+        cycles = list(speculative_generate(pair, ids, replace(s, seed=seed), record=False))
         out["in_run"].append(statistics.median(t for c in cycles for t in c["draft_step_times_s"]))
     return {name: [t * 1e3 for t in times] for name, times in out.items()}
 

@@ -255,6 +255,7 @@ def memory_limit(pair: Pair, device: torch.device) -> dict:
 
 CALIBRATION_REPEATS = 15  # more than the default 7: c and both predictions rest on it
 
+
 def choose_k(pair: Pair, prompts: list[str], s: SpecSettings, preset: str | None, chat: bool,
              folder: Path) -> dict:
     """The K advisor's pick among K = 1..8 from pilot runs at K=4 on every prompt.
