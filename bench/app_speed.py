@@ -233,7 +233,7 @@ def make_long_trace(path: Path, cycles: int = 500) -> Path:
     pair = Pair(pair.target, pair.draft, set())  # no EOS: run to the token budget
     for tokens_per_cycle in (3, 5):  # a cycle commits 1..K+1 tokens; retry with more if it fell short
         s = SpecSettings(k=4, temperature=1.0, max_new_tokens=cycles * tokens_per_cycle, seed=0)
-        if len(run_to_trace(pair, prompt, s, path, preset, chat_template=False).cycles) >= cycles:
+        if len(run_to_trace(pair, prompt, s, path, preset=preset, chat_template=False).cycles) >= cycles:
             return path
     raise RuntimeError(f"could not make a trace of {cycles} cycles")
 

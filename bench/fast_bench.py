@@ -41,6 +41,7 @@ from engine.config import SpecSettings
 from engine.cycle.fast import FastModels, FastPlainModel, fast_generate, fast_plain_decode, plan_fast_path
 from engine.cycle.reference import Pair
 from engine.kv.layouts import layout_for_run
+from engine.mode import RunMode
 from engine.models.device import pick_device
 from engine.models.presets import PRESETS
 from engine.run import encode_prompt, make_header
@@ -139,7 +140,7 @@ class Runner:
         """run_to_trace's work on the fast path: header, one record per cycle, summary, all written."""
         path = self.folder / f"trace-{len(self.trace_paths)}.jsonl"
         self.trace_paths.append(path)
-        header = make_header(self.pair, s, prompt, ids, self.preset, False)
+        header = make_header(self.pair, s, prompt, ids, self.preset, False, RunMode(fast=self.models.capture))
         header["cache_layout"]["capacity"] = self.models.capacity  # one buffer serves every prompt
         header["fast_path"] = {"capture": self.models.capture}
         cycles = []

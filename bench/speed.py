@@ -60,6 +60,7 @@ from bench.bench_report import write_reports
 from engine.config import SpecSettings
 from engine.cycle.reference import Pair, speculative_generate
 from engine.drafters.eagle import load_head
+from engine.mode import RunMode
 from engine.models.device import pick_device, timed
 from engine.models.presets import PRESETS, default_drafter
 from engine.run import encode_prompt, prepare_advised_run, run_to_trace
@@ -159,8 +160,8 @@ class Runner:
         if method == "a":
             path = self.folder / f"trace-{len(self.traces)}.jsonl"
             self.traces.append(path)
-            return timed(lambda: run_to_trace(pair, prompt, s, path, self.preset, self.chat).summary["num_generated"],
-                         device)
+            return timed(lambda: run_to_trace(pair, prompt, s, path, preset=self.preset,
+                                              chat_template=self.chat).summary["num_generated"], device)
         if method == "b":
             return timed(lambda: sum(len(r["committed_token_ids"])
                                      for r in speculative_generate(pair, ids, s, record=False)), device)
@@ -269,7 +270,8 @@ def choose_k(pair: Pair, prompts: list[str], s: SpecSettings, preset: str | None
     # As many repeats as the final calibration: at the default 7, pilots on a 2-core EPYC put the best
     # K's prediction anywhere from 2.06x to 3.00x on one Shakespeare prompt (session 15).
     cal = calibrate(pair, prepare_advised_run(pair, prompts[0], s, chat), s, repeats=CALIBRATION_REPEATS)
-    traces = [run_to_trace(pair, p, s, folder / f"pilot-{i}.jsonl", preset, chat, calibration=cal if i == 0 else None)
+    traces = [run_to_trace(pair, p, s, folder / f"pilot-{i}.jsonl", RunMode(calibration=cal if i == 0 else None),
+                           preset=preset, chat_template=chat)
               for i, p in enumerate(prompts)]
     cycles = [c for t in traces for c in t.cycles]
     alpha = measured_alpha(cycles)

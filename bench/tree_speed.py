@@ -26,6 +26,7 @@ import torch
 from bench import common, hf
 from engine.config import SpecSettings, TreeSpec, parse_tree
 from engine.cycle.reference import Pair
+from engine.mode import RunMode
 from engine.models.device import pick_device, timed
 from engine.run import TREE_DRAFT_WIDTHS, encode_prompt, run_to_trace
 from engine.stats.calibrate import TREE_WIDTHS, calibrate_widths
@@ -69,8 +70,8 @@ class TreeRunner:
         path = self.folder / f"{len(sum(self.traces.values(), []))}.jsonl"
         self.traces[method].append(path)
         tree = self.trees.get(method)
-        return timed(lambda: run_to_trace(self.pair, prompt, s, path, self.preset, self.chat, tree=tree)
-                     .summary["num_generated"], self.pair.target.device)
+        return timed(lambda: run_to_trace(self.pair, prompt, s, path, RunMode(tree=tree), preset=self.preset,
+                                          chat_template=self.chat).summary["num_generated"], self.pair.target.device)
 
 
 def per_cycle(paths: list[Path]) -> dict:

@@ -20,6 +20,23 @@ class SettingsError(ValueError):
     """A setting outside its allowed range; the message names the setting."""
 
 
+CAPTURE_MODES = ("none", "graph", "compile")  # the fast path's forwards: eager, CUDA graphs, torch.compile
+
+
+def check_capture(capture: str | None) -> None:
+    if capture is not None and capture not in CAPTURE_MODES:
+        raise SettingsError(f"unknown capture mode {capture!r}; choose one of {', '.join(CAPTURE_MODES)}")
+
+
+EMPTY_PROMPT = "the prompt is empty or only whitespace: give the model some text to continue"
+
+
+def refuse_empty_prompt(prompt: str | list[int]) -> None:
+    """The one check for an empty prompt: text that is nothing but whitespace, or no token ids."""
+    if (not prompt.strip()) if isinstance(prompt, str) else len(prompt) == 0:
+        raise SettingsError(EMPTY_PROMPT)
+
+
 @dataclass(frozen=True)
 class SpecSettings:
     k: int = 4  # draft tokens proposed per cycle

@@ -18,6 +18,7 @@ from typing import Callable
 from engine.config import SpecSettings
 from engine.cycle.reference import Pair
 from engine.drafters.registry import DrafterOptions
+from engine.mode import DEFAULT_MODE, RunMode
 from engine.models.device import pick_dtype
 from engine.models.loading import LoadedModel, load_model
 from engine.parallel.failure import GroupError, broken_group, is_group_failure
@@ -25,7 +26,6 @@ from engine.parallel.mirror import Lead, LeadTarget, Observer, follow
 from engine.parallel.world import World, rank_layout
 from engine.run import name_preset_models, pair_for_target, preset_drafter, run_to_trace
 from engine.trace.format import Trace
-from engine.trace.schema import EAGLE
 
 
 @dataclass
@@ -43,17 +43,6 @@ class RankModels:
         w = self.world
         return {"world_size": w.world_size, "tp_size": w.world_size, "backend": w.backend, "drafter_rank": 0,
                 "ranks": [{key: r[key] for key in ("rank", "local_rank", "host", "device")} for r in self.layout]}
-
-
-def refuse_unsupported(drafter_kind: str, fast: bool) -> None:
-    """What --tp cannot run, refused before anything loads."""
-    from engine.config import SettingsError
-    if drafter_kind == EAGLE:
-        raise SettingsError("the EAGLE head drafts through the target's output layer, which --tp shards over "
-                            "the ranks: use a draft model, prompt lookup or the other-tokenizer draft")
-    if fast:
-        raise SettingsError("--fast keeps the cycle on one device (CUDA graphs over static caches); "
-                            "under --tp use the normal path (drop --fast)")
 
 
 def quiet_follower() -> None:
@@ -117,14 +106,15 @@ def lead_pair(shard: LoadedModel, lead: Lead, options: DrafterOptions, trust_rem
     return pair if entry is None else name_preset_models(pair, entry, options, shipped)
 
 
-def run_lead(models: RankModels, prompt: str, s: SpecSettings, out: str | Path, preset: str | None = None,
-             chat_template: bool = True, on_cycle: Callable[[dict], None] | None = None,
-             calibrate: bool = False, observe: Observer | None = None) -> Trace:
-    """Rank 0: the run, written to `out` as a single process writes it, then tell the others to stop."""
+def run_lead(models: RankModels, prompt: str, s: SpecSettings, out: str | Path, mode: RunMode = DEFAULT_MODE, *,
+             preset: str | None = None, chat_template: bool = True, on_cycle: Callable[[dict], None] | None = None,
+             observe: Observer | None = None) -> Trace:
+    """Rank 0: the run, written to `out` as a single process writes it (the mode records the group), then
+    tell the others to stop."""
     models.lead.observe = observe
     try:
-        trace = run_to_trace(models.pair, prompt, s, out, preset, chat_template, on_cycle,
-                             calibrate=calibrate, tensor_parallel=models.header_entry())
+        trace = run_to_trace(models.pair, prompt, s, out, mode.with_ranks(models.header_entry()), preset=preset,
+                             chat_template=chat_template, on_cycle=on_cycle)
     except GroupError:
         raise
     except Exception as err:

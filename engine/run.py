@@ -1,14 +1,16 @@
 """From settings to a finished trace file: load a pair, encode the prompt, run, record."""
 import platform
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from engine.config import SettingsError, SpecSettings, TreeSpec
-from engine.cycle.reference import RATIO_TEST, CycleRule, Pair, eos_ids_of, speculative_generate, target_generate
+from engine.config import SpecSettings, refuse_empty_prompt
+from engine.cycle.driver import generate
+from engine.cycle.pair import Pair, eos_ids_of
+from engine.cycle.reference import target_generate
 from engine.drafters.registry import DRAFTERS, DrafterOptions, build_drafter, with_shipped_draft
-from engine.kv.layouts import layout_for_run
+from engine.mode import DEFAULT_MODE, RunMode
 from engine.models import linear_paths
 from engine.models.device import pick_device, pick_dtype, timed
 from engine.models.loading import LoadedModel, load_model
@@ -17,10 +19,8 @@ from engine.stats.calibrate import TREE_WIDTHS, calibrate_widths
 from engine.stats.calibrate import calibrate as measure_step_times
 from engine.stats.plan import KPlan, plan_k
 from engine.stats.tree_plan import TreePlan, plan_tree
-from engine.teaching.faults import TreeFaults
 from engine.trace.format import Trace, TraceWriter, make_summary
 from engine.trace.schema import CACHE_CONVENTION, CACHE_CONVENTION_TEXT, FORMAT, VERSION, WEIGHTS_FLOAT32
-from engine.tree.cycle import check_tree_run, tree_generate, tree_layout
 
 
 def library_versions() -> dict:
@@ -103,8 +103,7 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                                tokenize=False, add_generation_prompt=True)
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    if not ids:
-        raise ValueError("the prompt is empty: type at least one character")
+    refuse_empty_prompt(ids)
     return list(ids)
 
 
@@ -136,77 +135,53 @@ def describe_model(m: LoadedModel) -> dict:
 
 
 def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
-                preset: str | None, chat_template: bool, rule: CycleRule = RATIO_TEST) -> dict:
+                preset: str | None, chat_template: bool, mode: RunMode) -> dict:
     tok = pair.target.tokenizer
+    settings = s.to_dict() | ({} if mode.tree is None else {"tree": mode.tree.describe()})
     return {
         "type": "header", "format": FORMAT, "version": VERSION,
         "target": describe_model(pair.target), "draft": pair.drafter.describe(),
         "drafter": pair.drafter.settings(),
         "tokenizer": type(tok).__name__, "preset": preset, "chat_template": chat_template,
         "target_weights": pair.target.describe_weights(),
-        "settings": s.to_dict(), "prompt": prompt, "prompt_token_ids": prompt_ids,
+        "settings": settings, "prompt": prompt, "prompt_token_ids": prompt_ids,
         "prompt_token_texts": [tok.decode([t]) for t in prompt_ids],
         "cache_convention": {"name": CACHE_CONVENTION, "text": CACHE_CONVENTION_TEXT},
-        "cache_layout": layout_for_run(s, len(prompt_ids), getattr(rule, "keep_rejected_kv", False)).describe(),
+        "cache_layout": mode.cache_layout(pair, s, len(prompt_ids)),
         "device": str(pair.target.device), "dtype": str(pair.target.dtype).removeprefix("torch."),
         "versions": library_versions(), "eos_token_ids": sorted(pair.eos_ids),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
-def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
-                 preset: str | None = None, chat_template: bool = True,
-                 on_cycle: Callable[[dict], None] | None = None,
-                 rule: CycleRule = RATIO_TEST, calibrate: bool = False, fast: str | None = None,
-                 calibration: dict | None = None, tensor_parallel: dict | None = None,
-                 tree: TreeSpec | None = None, tree_faults: TreeFaults | None = None) -> Trace:
-    """Run speculative decoding on `prompt`, writing the trace to `out` as it goes.
+def measured_fields(pair: Pair, prompt_ids: list[int], s: SpecSettings, mode: RunMode) -> dict:
+    """The header's linear paths and calibration, when the mode asks for them (traces without them stay valid)."""
+    if not (mode.calibrate or mode.calibration):
+        return {}
+    paths = settle_linear_paths(pair)
+    return ({"linear_paths": paths} if paths else {}) | {
+        "calibration": mode.calibration or measure_step_times(pair, prompt_ids, s)}
 
-    With `calibrate`, the header also gets step times of both models (engine/stats/calibrate.py),
-    which the statistics need for c, t_step and the speedup predictions. With `fast` (a capture
-    mode: none, graph or compile) the cycles run on engine/cycle/fast.py over static caches;
-    their records mean the same. A `calibration` already measured for this pair and prompt
-    (run_advised's) is recorded as it is instead of being measured again. `tensor_parallel` (rank 0
-    of a torchrun group, engine/parallel_run.py) is the rank layout the header records; the cycles are the same.
-    With a `tree` spec the cycles draft and verify token trees (engine/tree/): the header's settings get
-    "tree" and K becomes the tree's depth. `tree_faults` (the teaching code's only) breaks a tree run's
-    rollback on purpose; the header's "faults" then says so, as `rule` does for a chain run.
+
+def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode: RunMode = DEFAULT_MODE, *,
+                 preset: str | None = None, chat_template: bool = True,
+                 on_cycle: Callable[[dict], None] | None = None) -> Trace:
+    """Run speculative decoding on `prompt` in `mode` (engine/mode.py: chain or tree, reference or fast,
+    faults, ranks, calibration), writing the trace to `out` as it goes. Everything the mode or the
+    pair cannot run is refused before anything is written.
     """
-    if not prompt.strip():
-        raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
-    pair.drafter.check_settings(s)  # refuse before anything is written
-    if tree_faults is not None and tree is None:
-        raise SettingsError("tree faults break a tree's rollback: they need a tree spec")
-    if tree is not None:
-        s = check_tree_options(pair, s, tree, rule, fast, calibrate or calibration is not None, tensor_parallel)
-    if fast is not None:
-        from engine.cycle.fast import check_fast_settings
-        s = check_fast_settings(s, rule, pair)
+    refuse_empty_prompt(prompt)
+    s = mode.check_pair(pair, s)
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
     check_prompt_fits(pair, len(prompt_ids), s)
-    header = make_header(pair, s, prompt, prompt_ids, preset, use_chat, rule)
-    if tree is not None:
-        header["settings"]["tree"] = tree.describe()
-        header["cache_layout"] = tree_layout(s, tree, len(prompt_ids)).describe()
-    if rule is not RATIO_TEST:
-        header["faults"] = asdict(rule)  # marks a deliberately broken teaching run
-    if tree_faults is not None:
-        header["faults"] = asdict(tree_faults)  # ... and a broken tree rollback
-    if tensor_parallel is not None:  # optional header field: the ranks the target was sharded over
-        header["tensor_parallel"] = tensor_parallel
-    if calibrate or calibration:  # optional header fields; traces without them stay valid
-        paths = settle_linear_paths(pair)
-        if paths:
-            header["linear_paths"] = paths
-        header["calibration"] = calibration or measure_step_times(pair, prompt_ids, s)
-    if fast is not None:  # optional header field: which path made the cycles
-        header["fast_path"] = {"capture": fast}
+    header = make_header(pair, s, prompt, prompt_ids, preset, use_chat, mode)
+    header |= mode.header_fields(measured_fields(pair, prompt_ids, s, mode))
     cycles: list[dict] = []
     with TraceWriter(out) as writer:
         writer.write(header)
         start = time.perf_counter()
-        for rec in _cycles(pair, prompt_ids, s, rule, fast, tree, tree_faults):
+        for rec in generate(mode.cycle_kind(pair, s), prompt_ids):
             writer.write(rec)
             cycles.append(rec)
             if on_cycle:
@@ -220,32 +195,10 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path,
     return Trace(header, cycles, summary)
 
 
-def check_tree_options(pair: Pair, s: SpecSettings, tree: TreeSpec, rule: CycleRule, fast: str | None,
-                       calibrate: bool, tensor_parallel: dict | None) -> SpecSettings:
-    """The settings a tree run records (K = the tree's depth); refuse what trees do not support yet."""
-    check_tree_run(pair, tree)
-    for asked, what in ((fast is not None, "--fast"), (rule is not RATIO_TEST, "a teaching fault"),
-                        (calibrate, "calibration"), (tensor_parallel is not None, "--tp")):
-        if asked:
-            raise SettingsError(f"--tree does not run with {what} yet; drop one of the two")
-    return replace(s, k=tree.max_depth)
-
-
-def _cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, rule: CycleRule, fast: str | None,
-            tree: TreeSpec | None = None, tree_faults: TreeFaults | None = None):
-    if tree is not None:
-        return tree_generate(pair, prompt_ids, s, tree, (tree_faults or TreeFaults()).rollback)
-    if fast is None:
-        return speculative_generate(pair, prompt_ids, s, rule)
-    from engine.cycle.fast import fast_generate
-    return fast_generate(pair, prompt_ids, s, capture=fast)
-
-
 def prepare_advised_run(pair: Pair, prompt: str, s: SpecSettings, chat_template: bool) -> list[int]:
     """What both advisors do before measuring: refuse what cannot run, encode the prompt, and settle
     this machine's linear path per width (the calibration then times the paths the run will use)."""
-    if not prompt.strip():
-        raise ValueError("the prompt is empty or only whitespace: give the model some text to continue")
+    refuse_empty_prompt(prompt)
     pair.drafter.check_settings(s)
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
@@ -278,8 +231,8 @@ def run_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, prese
         return AdvisedRun(plan, None, pair.target.tokenizer.decode(tokens), len(tokens), seconds)
     advised = replace(s, k=plan.k)
     widest = max(calibration["verify_positions"])
-    trace = run_to_trace(pair, prompt, advised, out, preset, chat_template, on_cycle,
-                         calibration=calibration if plan.k + 1 <= widest else None, calibrate=True)
+    mode = RunMode(calibrate=True, calibration=calibration if plan.k + 1 <= widest else None)
+    trace = run_to_trace(pair, prompt, advised, out, mode, preset=preset, chat_template=chat_template, on_cycle=on_cycle)
     return AdvisedRun(plan, trace, trace.summary["generated_text"], trace.summary["num_generated"],
                       sum(c["cycle_time_s"] for c in trace.cycles))
 
@@ -308,5 +261,6 @@ def run_tree_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, 
     if plan.plain:
         tokens = target_generate(pair.target, prompt_ids, s, pair.eos_ids)
         return TreeAdvisedRun(plan, None, pair.target.tokenizer.decode(tokens), len(tokens))
-    trace = run_to_trace(pair, prompt, replace(s, k=plan.k), out, preset, chat_template, on_cycle, tree=plan.tree)
+    trace = run_to_trace(pair, prompt, replace(s, k=plan.k), out, RunMode(tree=plan.tree), preset=preset,
+                         chat_template=chat_template, on_cycle=on_cycle)
     return TreeAdvisedRun(plan, trace, trace.summary["generated_text"], trace.summary["num_generated"])

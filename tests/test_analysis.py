@@ -7,6 +7,7 @@ import pytest
 
 from engine.cli import main
 from engine.config import SpecSettings
+from engine.mode import RunMode
 from engine.run import run_to_trace
 from engine.stats.analysis import (
     NO_OVERHEAD,
@@ -47,7 +48,7 @@ def pair():
 def calibrated(pair, tmp_path_factory):
     path = tmp_path_factory.mktemp("analysis") / "calibrated.jsonl"
     run_to_trace(pair, "the cat sat on", SpecSettings(k=3, temperature=1.0, max_new_tokens=40, seed=5), path,
-                 calibrate=True)
+                 RunMode(calibrate=True))
     return path
 
 

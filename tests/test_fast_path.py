@@ -8,9 +8,11 @@ import torch
 from engine.cli import main
 from engine.config import SpecSettings
 from engine.cycle import fast as fp
+from engine.cycle import fast_sampling as fs
 from engine.cycle.reference import accept_reject, speculative_generate, target_generate
 from engine.kv.layouts import attended_kv, check_invariants, layout_for_run, new_cache
 from engine.kv.ops import prefill
+from engine.mode import RunMode
 from engine.models.sampling import sample
 from engine.teaching.faults import Faults
 from engine.trace import load_trace
@@ -129,7 +131,7 @@ def test_sample_on_device_is_the_reference_inverse_cdf(monkeypatch):
         for u in (0.0, 0.3, 0.99999994, float(torch.rand((), generator=gen))):
             monkeypatch.setattr(engine.models.sampling, "uniform", lambda g, _u=u: _u)
             ref = sample(probs, gen)
-            assert int(fp.sample_on_device(probs, torch.tensor(u, dtype=torch.float32))) == ref
+            assert int(fs.sample_on_device(probs, torch.tensor(u, dtype=torch.float32))) == ref
             assert probs[ref] > 0
 
 
@@ -168,8 +170,8 @@ def test_plan_on_the_cpu_falls_back_to_eager_and_says_why():
 def test_fast_path_refuses_teaching_faults(pair, tmp_path):
     from engine.run import run_to_trace
     with pytest.raises(ValueError, match="teaching faults"):
-        run_to_trace(pair, "the cat", SpecSettings(k=2), tmp_path / "t.jsonl", fast="none",
-                     rule=Faults(keep_rejected_kv=True))
+        run_to_trace(pair, "the cat", SpecSettings(k=2), tmp_path / "t.jsonl",
+                     RunMode(fast="none", faults=Faults(keep_rejected_kv=True)))
 
 
 def test_cli_fast_on_the_cpu_prints_the_fallback_and_writes_a_valid_trace(tmp_path, capsys):
@@ -233,5 +235,5 @@ def test_fast_path_refuses_a_drafter_without_a_draft_model(pair, tmp_path):
     from engine.run import run_to_trace
     lookup = Pair(pair.target, None, set(), PromptLookupDrafter(pair.target.full_vocab_size))
     with pytest.raises(ValueError, match="drafts with a draft model only"):
-        run_to_trace(lookup, "the cat", SpecSettings(k=2), tmp_path / "t.jsonl", fast="none")
+        run_to_trace(lookup, "the cat", SpecSettings(k=2), tmp_path / "t.jsonl", RunMode(fast="none"))
     assert not (tmp_path / "t.jsonl").exists()  # refused before anything was written

@@ -14,7 +14,8 @@ import pytest
 
 from engine.cli import main as cli_main
 from engine.config import SpecSettings
-from engine.cycle.reference import RATIO_TEST, Pair
+from engine.cycle.reference import Pair
+from engine.mode import RunMode
 from engine.run import run_to_trace
 from engine.teaching.faults import Faults
 from engine.trace.format import MAX_TRACE_BYTES, TraceError, loads_trace
@@ -64,7 +65,8 @@ def write_bases(folder: Path) -> list[Base]:
     bases = []
     for name, (p, s, faults, calibrate) in runs.items():
         path = folder / f"{name}.jsonl"
-        run_to_trace(p, "the cat sat on", s, path, rule=faults if faults != Faults() else RATIO_TEST, calibrate=calibrate)
+        run_to_trace(p, "the cat sat on", s, path,
+                     RunMode(faults=faults if faults != Faults() else None, calibrate=calibrate))
         bases.append(Base.read(name, path))
     eagle_trace(folder / "eagle.jsonl")  # an EAGLE head: partial accepts, full accepts and head catch-ups
     bases.append(Base.read("eagle", folder / "eagle.jsonl"))
@@ -172,7 +174,7 @@ def test_a_declared_fault_is_checked_not_excused(tmp_path):
     pair = tiny_pair()
     path = tmp_path / "keep.jsonl"
     run_to_trace(pair, "the cat sat on", SpecSettings(k=3, max_new_tokens=20, seed=3), path,
-                 rule=Faults(keep_rejected_kv=True))
+                 RunMode(faults=Faults(keep_rejected_kv=True)))
     text = path.read_text()
     assert loads_trace(text).header["faults"]["keep_rejected_kv"] is True
     header, rest = text.split("\n", 1)

@@ -13,6 +13,7 @@ import torch
 
 from engine.config import SpecSettings
 from engine.cycle.reference import Pair, speculative_generate, target_generate
+from engine.mode import RunMode
 from engine.models import gguf_kernel, linear_paths
 from engine.models.gguf_blocks import BlockTensor, UnsupportedWeights, block_tensor, dequantize, read_gguf
 from engine.models.gguf_linear import GGUFLinear, gguf_twin
@@ -296,7 +297,7 @@ def test_a_trace_says_which_weights_its_target_ran_and_a_false_record_is_refused
     target.use_weights(WEIGHTS_INT4)
     pair = Pair(target, wrap_model("tiny-draft", tiny_llama(1001, 1, 16), tiny_tokenizer()), set())
     out = tmp_path / "int4.jsonl"
-    run_to_trace(pair, "the cat sat", SpecSettings(k=2, max_new_tokens=6, seed=1), out, calibrate=True)
+    run_to_trace(pair, "the cat sat", SpecSettings(k=2, max_new_tokens=6, seed=1), out, RunMode(calibrate=True))
     trace = load_trace(out)
     assert trace.header["target_weights"]["path"] == WEIGHTS_INT4
     assert "target" not in trace.header["linear_paths"] and "draft" in trace.header["linear_paths"]

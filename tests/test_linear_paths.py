@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.config import SpecSettings
+from engine.mode import RunMode
 from engine.models import linear_paths
 from engine.models.linear_paths import PathCurve, cache_file, settle
 from engine.run import run_to_trace
@@ -126,7 +127,7 @@ def test_both_paths_give_the_same_logits_at_every_width(cache_dir):
 def test_a_calibrated_trace_records_the_paths_and_a_wrong_choice_is_refused(cache_dir, tmp_path):
     pair = tiny_pair()
     path = tmp_path / "t.jsonl"
-    run_to_trace(pair, "the cat sat", SpecSettings(k=3, max_new_tokens=8, seed=1), path, calibrate=True)
+    run_to_trace(pair, "the cat sat", SpecSettings(k=3, max_new_tokens=8, seed=1), path, RunMode(calibrate=True))
     header = load_trace(path).header
     assert set(header["linear_paths"]) == {"target", "draft"}
     assert {int(w): p for w, p in header["linear_paths"]["target"]["chosen"].items()} == pair.target.linear_paths

@@ -14,6 +14,7 @@ from app.ui.jobs import BUSY, JOB
 from app.ui.safe import md
 from app.ui.state import TraceRef
 from engine.config import SpecSettings
+from engine.mode import RunMode
 from engine.run import load_pair, run_to_trace
 from engine.stats.analysis import NO_CALIBRATION, advice_sentence, best_k, explain_speed, trace_stats
 from engine.stats.repeats import MAX_SPREAD, disagreement_words
@@ -33,9 +34,9 @@ def folder(tmp_path_factory) -> Path:
     pair = load_pair(*save_tiny(noisy_pair(0, noise=0.05), root / "models"), device="cpu")
     traces = root / "traces"
     run_to_trace(pair, "the dog ran", SpecSettings(k=3, temperature=1.0, max_new_tokens=40, seed=6),
-                 traces / "default.jsonl", calibrate=True)
+                 traces / "default.jsonl", RunMode(calibrate=True))
     run_to_trace(pair, "the dog ran", SpecSettings(k=2, temperature=0.0, max_new_tokens=30),
-                 traces / "greedy.jsonl", calibrate=True)
+                 traces / "greedy.jsonl", RunMode(calibrate=True))
     run_to_trace(pair, "the dog ran", SpecSettings(k=2, temperature=1.0, max_new_tokens=20, seed=2),
                  traces / "uncalibrated.jsonl")
     return root

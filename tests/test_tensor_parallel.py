@@ -1,6 +1,6 @@
 """The engine under torchrun with a tensor-parallel target: 2 gloo ranks on the CPU, tiny random models.
 
-One torchrun launch (tests/tp_worker.py) runs every case on one process group; the traces rank 0
+One torchrun launch (`-m tests.tp_worker`) runs every case on one process group; the traces rank 0
 writes and the cache logs every rank writes are compared here with single-process runs of the
 same settings. The same launch ends with the real command line and rank 1 killed mid-run. A
 second launch, marked slow, runs the command line with a rank that hangs. Each launch starts two
@@ -21,11 +21,11 @@ from streamlit.testing.v1 import AppTest
 from engine.cli import main as cli_main
 from engine.config import SettingsError, SpecSettings
 from engine.drafters.registry import DrafterOptions
+from engine.mode import RunMode
 from engine.models.loading import ModelLoadError
 from engine.parallel.failure import GroupError, RankError, is_group_failure, short_reason, speaker, stop_on_sigterm
 from engine.parallel.sharding import check_config_shardable, shardable_sizes
 from engine.parallel.world import check_launch
-from engine.parallel_run import refuse_unsupported
 from engine.run import load_with_drafter, pair_for_target, run_to_trace
 from engine.trace.format import load_trace, partial_path
 from engine.trace.schema import DRAFT_MODEL, EAGLE
@@ -43,7 +43,10 @@ TINY_KV_HEADS = 2  # tests/tiny.py: 4 attention heads, 2 key/value heads
 
 
 def torchrun(args: list[str]) -> subprocess.CompletedProcess:
-    """`python -m torch.distributed.run --standalone --nproc-per-node 2 ARGS` from the repository root."""
+    """`python -m torch.distributed.run --standalone --nproc-per-node 2 ARGS` from the repository root.
+
+    ARGS start with `-m tests.<worker>`: each rank runs `python -m tests.<worker>` in the root, which
+    puts the root on sys.path (engine and tests import as they are)."""
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
     env["OMP_NUM_THREADS"] = "1"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
@@ -76,7 +79,7 @@ def broken_target(models, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tp_out(models, broken_target, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tp-out")
-    done = torchrun(["tests/tp_worker.py", "--target", models[0], "--draft", models[1], "--out", str(out),
+    done = torchrun(["-m", "tests.tp_worker", "--target", models[0], "--draft", models[1], "--out", str(out),
                      "--broken", str(broken_target)])
     assert (out / "killed.result.json").is_file(), done.stderr[-4000:]  # rank 0 finished every stage
     (out / "torchrun.stderr").write_text(done.stderr)
@@ -230,7 +233,7 @@ def test_a_hung_rank_ends_the_run_after_the_timeout(models, single_pair, tmp_pat
     """`torchrun -m engine run --tp 2` with rank 1 asleep after cycle 2: rank 0 gives up after --tp-timeout,
     says so in one line, and torchrun's SIGTERM ends the sleeper."""
     out = tmp_path / "hung.jsonl"
-    done = torchrun(["tests/tp_fault.py", "--fault", "hang", "--rank", "1", "--after", str(KILLED_AFTER), "--",
+    done = torchrun(["-m", "tests.tp_fault", "--fault", "hang", "--rank", "1", "--after", str(KILLED_AFTER), "--",
                      "run", *KILLED_RUN, "--tp-timeout", "10", "--target", models[0], "--draft", models[1],
                      "--out", str(out)])
     assert done.returncode != 0
@@ -294,10 +297,10 @@ def test_cli_refuses_tp_without_torchrun_in_one_line(monkeypatch, capsys, tmp_pa
 
 def test_unsupported_combinations_are_refused_before_loading():
     with pytest.raises(SettingsError, match="EAGLE head drafts through the target's output layer"):
-        refuse_unsupported(EAGLE, fast=False)
+        RunMode(tp_size=2).check_drafter(EAGLE)
     with pytest.raises(SettingsError, match="drop --fast"):
-        refuse_unsupported("model", fast=True)
-    refuse_unsupported("model", fast=False)
+        RunMode(fast="none", tp_size=2)
+    RunMode(tp_size=2).check_drafter("model")
 
 
 def test_heads_must_split_evenly_and_the_architecture_needs_a_plan():

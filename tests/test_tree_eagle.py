@@ -12,8 +12,10 @@ import torch
 
 from engine.cli import main
 from engine.config import SettingsError, SpecSettings, parse_tree
-from engine.cycle.reference import Pair, TokenTexts, eos_ids_of, speculative_generate, target_generate
+from engine.cycle.pair import eos_ids_of
+from engine.cycle.reference import Pair, TokenTexts, speculative_generate, target_generate
 from engine.kv.layouts import check_invariants
+from engine.mode import RunMode
 from engine.run import run_to_trace
 from engine.trace import TraceError, loads_trace
 from engine.trace.schema import EAGLE, LAYOUTS, NEXT_RESIDUAL, ROOT, STATIC_TREE
@@ -169,7 +171,7 @@ def test_an_eagle_tree_trace_loads_and_a_compacted_head_is_refused(eagle_pair, l
     spec = parse_tree("static:3,2,1")
     s = SpecSettings(k=3, temperature=0, max_new_tokens=24, cache_layout=layout, block_size=4)
     path = tmp_path / "t.jsonl"
-    run_to_trace(eagle_pair, "the cat sat on a mat", s, path, chat_template=False, tree=spec)
+    run_to_trace(eagle_pair, "the cat sat on a mat", s, path, RunMode(tree=spec), chat_template=False)
     trace = loads_trace(path.read_text(encoding="utf-8"))
     assert trace.is_tree and trace.complete and trace.drafter_kind == EAGLE
     records = [trace.header, *trace.cycles, trace.summary]

@@ -11,6 +11,7 @@ from streamlit.testing.v1 import AppTest
 from app.figures.tree_rollback import output_html, tree_cache_figure
 from engine.config import SettingsError, SpecSettings, parse_tree
 from engine.kv.ops import prefill
+from engine.mode import RunMode
 from engine.run import run_to_trace
 from engine.teaching.faults import TreeFaults
 from engine.teaching.runs import first_divergence
@@ -100,9 +101,9 @@ def test_correct_greedy_tree_run_is_plain_greedy_and_the_cropped_one_is_not(gree
 
 def test_a_faulted_tree_trace_is_marked_and_records_what_the_crop_kept(pair, tmp_path):
     s = SpecSettings(temperature=0.0, max_new_tokens=16)
-    broken = run_to_trace(pair, "the cat sat on", s, tmp_path / "crop.jsonl", tree=TREE,
-                          tree_faults=TreeFaults(crop_instead_of_compact=True))
-    correct = run_to_trace(pair, "the cat sat on", s, tmp_path / "compact.jsonl", tree=TREE)
+    broken = run_to_trace(pair, "the cat sat on", s, tmp_path / "crop.jsonl",
+                          RunMode(tree=TREE, faults=TreeFaults(crop_instead_of_compact=True)))
+    correct = run_to_trace(pair, "the cat sat on", s, tmp_path / "compact.jsonl", RunMode(tree=TREE))
     header = json.loads((tmp_path / "crop.jsonl").read_text(encoding="utf-8").split("\n", 1)[0])
     assert header["faults"] == {"crop_instead_of_compact": True} == broken.header["faults"]
     assert "faults" not in correct.header
@@ -121,7 +122,7 @@ def test_a_faulted_tree_trace_is_marked_and_records_what_the_crop_kept(pair, tmp
         loads_trace(undeclared)
     loads_trace((tmp_path / "compact.jsonl").read_text(encoding="utf-8"))
     with pytest.raises(SettingsError, match="need a tree spec"):
-        run_to_trace(pair, "the cat sat on", s, tmp_path / "chain.jsonl", tree_faults=TreeFaults(True))
+        run_to_trace(pair, "the cat sat on", s, tmp_path / "chain.jsonl", RunMode(faults=TreeFaults(True)))
 
 
 # ---------------------------------------------------------------- the rollback page

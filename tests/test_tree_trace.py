@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from engine.mode import RunMode
 from engine.trace import TraceError, loads_trace
 from engine.trace.format import (
     CHAIN_ONLY_FIELDS,
@@ -67,7 +68,7 @@ def test_an_engine_tree_run_loads_and_one_edit_breaks_it(tmp_path):
         s = SpecSettings(k=spec.max_depth, temperature=temperature, max_new_tokens=24, seed=i, cache_layout=layout,
                          block_size=4)
         path = tmp_path / f"run-{i}.jsonl"
-        run_to_trace(pair, "the cat sat on", s, path, tree=spec)
+        run_to_trace(pair, "the cat sat on", s, path, RunMode(tree=spec))
         trace = loads_trace(path.read_text(encoding="utf-8"))
         assert trace.is_tree and trace.complete and trace.k == spec.max_depth
         records = [trace.header, *trace.cycles, trace.summary]

@@ -1,6 +1,9 @@
 """`python -m engine` under torchrun, with one rank made to fail on purpose (tests/test_tensor_parallel.py).
 
-    torchrun ... tests/tp_fault.py --fault kill --rank 1 --after 3 -- run --tp 2 ...
+    torchrun ... -m tests.tp_fault --fault kill --rank 1 --after 3 -- run --tp 2 ...
+
+Started as a module from the repository root (`-m tests.tp_fault`), so the root is on sys.path
+and `engine` imports as is; importing it sets the offline default (engine/__init__.py).
 
 The chosen rank runs the real command line; after carrying out its `after`-th rollback it
 either kills itself with SIGKILL (a crash: its sockets close) or sleeps for an hour (a hang:
@@ -11,13 +14,9 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import engine  # noqa: E402,F401  (the offline default)
-from engine.cli import main  # noqa: E402
-from engine.parallel import mirror  # noqa: E402
+from engine.cli import main
+from engine.parallel import mirror
 
 
 def fail_after(rollbacks: int, fault: str) -> None:

@@ -11,6 +11,9 @@ Last, both ranks run the real command line (`python -m engine run --tp 2`, KILLE
 same group, and rank 1 kills itself with SIGKILL after the rollback of cycle 2 (tests/tp_fault.py).
 Rank 0 writes what the command line printed on stderr and its exit code into --out. One launch
 for all of it: each launch starts two processes that import torch, the slow part of this test.
+
+torchrun starts it as a module from the repository root (`-m tests.tp_worker`), so the root is on
+sys.path and `engine` and `tests` import as they are; importing engine sets the offline default.
 """
 import argparse
 import contextlib
@@ -20,21 +23,19 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-import engine  # noqa: E402,F401  (the offline default)
-from engine.config import SpecSettings  # noqa: E402
-from engine.drafters.registry import DrafterOptions  # noqa: E402
-from engine.kv.layouts import attended_kv, check_invariants, layout_state  # noqa: E402
-from engine.kv.ops import cache_len  # noqa: E402
-from engine.parallel.failure import GroupError  # noqa: E402
-from engine.parallel.mirror import MirroredCache  # noqa: E402
-from engine.parallel.world import join_world  # noqa: E402
-from engine.parallel_run import lead_pair, load_ranks, run_follower, run_lead  # noqa: E402
-from engine.trace.schema import DRAFT_MODEL, PROMPT_LOOKUP  # noqa: E402
-from tests.tp_fault import fail_after  # noqa: E402
+from engine.config import SpecSettings
+from engine.drafters.registry import DrafterOptions
+from engine.kv.layouts import attended_kv, check_invariants, layout_state
+from engine.kv.ops import cache_len
+from engine.mode import RunMode
+from engine.parallel.failure import GroupError
+from engine.parallel.mirror import MirroredCache
+from engine.parallel.world import join_world
+from engine.parallel_run import lead_pair, load_ranks, run_follower, run_lead
+from engine.trace.schema import DRAFT_MODEL, PROMPT_LOOKUP
+from tests.tp_fault import fail_after
 
 PROMPT = "the cat sat on the mat and the dog"
 
@@ -113,8 +114,8 @@ def main() -> int:
         if world.is_lead:  # another drafter for the same shard: only rank 0 holds drafters
             models.pair = draft_model_pair if case.drafter == DRAFT_MODEL else lead_pair(
                 models.target, models.lead, drafter_options(case, args.draft), False, None)
-            run_lead(models, PROMPT, case.settings, out / f"{name}.jsonl", chat_template=False,
-                     calibrate=case.calibrate, observe=observe)
+            run_lead(models, PROMPT, case.settings, out / f"{name}.jsonl", RunMode(calibrate=case.calibrate),
+                     chat_template=False, observe=observe)
         elif run_follower(models, observe) != 0:
             return 2
     rank_0_refuses_the_prompt(world, models, out)

@@ -20,6 +20,7 @@ from app.ui.safe import md
 from engine.config import SettingsError, SpecSettings
 from engine.cycle.reference import Pair
 from engine.drafters.registry import DRAFTERS, DrafterOptions
+from engine.mode import RunMode
 from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
 from engine.run import load_pair, load_preset, load_with_drafter, run_advised, run_to_trace
@@ -281,8 +282,8 @@ def start_run(name: str, label: str, pair: Pair, prompt: str, settings: SpecSett
     def work(report: jobs.Report) -> LiveOutput:
         watch = CycleWatch(settings.max_new_tokens, report)
         if not advised:
-            run_to_trace(pair, prompt, settings, out, preset=preset, chat_template=chat, on_cycle=watch.on_cycle,
-                         calibrate=calibrate)
+            run_to_trace(pair, prompt, settings, out, RunMode(calibrate=calibrate), preset=preset, chat_template=chat,
+                         on_cycle=watch.on_cycle)
             return watch.output(out.name)
         report(0.0, "measuring this machine and a short pilot for the K advisor")
         done = run_advised(pair, prompt, settings, out, preset=preset, chat_template=chat, on_cycle=watch.on_cycle)

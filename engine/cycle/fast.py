@@ -23,31 +23,35 @@ What differs from engine/cycle/reference.py (the reference path), and why:
   says whether the draft needed d_K (all K accepted); `catch_up_time_s` is that step's
   time, spent in every cycle.
 
-What the two paths share: the record (engine/cycle/record.py: this path picks the shown
-numbers out on the device before its one copy), the commit rule (engine/trace/commit.py)
-and plain decoding's loop (reference.decode_plain, here with a device-side step).
+What the two paths share: the driver's loop, commit and record (engine/cycle/driver.py,
+record.py: this path picks the shown numbers out on the device before its one copy; the
+cycle kind here is `FastChainCycle`) and plain decoding's loop (reference.decode_plain, here
+with a device-side step). Its sampling is in fast_sampling.py, its forwards in fast_forward.py.
 
 Teaching faults and other acceptance rules are not supported here: they exist to show
-the reference path going wrong.
+the reference path going wrong (the run mode, engine/mode.py, refuses them).
 """
-import time
+
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
-from engine.config import SpecSettings
-from engine.cycle.record import CycleTimes, cycle_record, describe_cycle, shown_tensors
-from engine.cycle.reference import Pair, TokenTexts, decode_plain
-from engine.kv.layouts import CacheLayout, StaticKVCache, StaticKVLayer, layout_for_run, new_cache, roll_back_static
+from engine.config import SpecSettings, check_capture
+from engine.cycle import driver
+from engine.cycle.fast_forward import Clock, FixedForward, new_fast_cache
+from engine.cycle.fast_sampling import DeviceDecision, UniformStream, decide_on_device, draw_on_device, uniforms_needed
+from engine.cycle.pair import Pair, TokenTexts
+from engine.cycle.record import describe_cycle, shown_tensors
+from engine.cycle.reference import decode_plain
+from engine.cycle.step import CycleStep, Settled
+from engine.drafters.model import ModelDrafter
+from engine.kv.layouts import StaticKVCache, layout_for_run, roll_back_static
 from engine.kv.ops import prefill
 from engine.models.loading import LoadedModel
 from engine.models.sampling import warp_probs
 from engine.trace.commit import final_tokens
 from engine.trace.format import CacheLengths
-
-CAPTURE_MODES = ("none", "graph", "compile")
-
 
 # ---------------------------------------------------------------- choosing the path
 
@@ -59,8 +63,7 @@ class FastPlan:
 
 def plan_fast_path(device: torch.device, capture: str | None = None) -> FastPlan:
     """CUDA graphs on CUDA; elsewhere the same device-resident cycle, eager, with the reason."""
-    if capture is not None and capture not in CAPTURE_MODES:
-        raise ValueError(f"unknown capture mode {capture!r}; choose one of {', '.join(CAPTURE_MODES)}")
+    check_capture(capture)
     if device.type == "cuda":
         capture = capture or "graph"
         how = {"graph": "captured as CUDA graphs", "compile": "compiled with torch.compile",
@@ -71,204 +74,6 @@ def plan_fast_path(device: torch.device, capture: str | None = None) -> FastPlan
         raise ValueError(f"capture mode {capture!r} needs a CUDA device, not {device}")
     return FastPlan("none", f"fast path: no CUDA device ({device}), so no CUDA graphs: running the same "
                             "device-resident cycle eagerly over static caches (same tokens as without --fast)")
-
-
-# ---------------------------------------------------------------- random draws, ahead of time
-
-class UniformStream:
-    """The reference path's uniforms, drawn ahead from its CPU generator and kept on the device.
-
-    `offset` (a device scalar) is how many the run has consumed; a cycle reads a window
-    after it and advances it by the number the reference path would have drawn.
-    """
-
-    def __init__(self, seed: int, count: int, device: torch.device) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        self.values = torch.rand(count, generator=gen).to(device)  # (count,) float32
-        self.offset = torch.zeros((), dtype=torch.long, device=device)
-
-    def window(self, width: int) -> torch.Tensor:
-        """The next `width` uniforms (clamped at the end; a run never reads past what it drew)."""
-        idx = (self.offset + torch.arange(width, device=self.offset.device)).clamp(max=self.values.numel() - 1)
-        return self.values[idx]  # (width,)
-
-    def advance(self, used: torch.Tensor) -> None:
-        self.offset.add_(used)
-
-
-def uniforms_needed(s: SpecSettings) -> int:
-    """Most draws a run can make: every cycle commits at least one token and draws at most 2K+1."""
-    return s.max_new_tokens * (2 * s.k + 1) + 1
-
-
-# ---------------------------------------------------------------- sampling as tensor ops
-
-def sample_on_device(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """engine.models.sampling.sample with the draw given: inverse CDF in float64, no host read. Returns a () long."""
-    cdf = probs.double().cumsum(-1)  # (V,)
-    point = (u.double() * cdf[-1]).reshape(1)
-    index = torch.searchsorted(cdf, point, right=True)[0]
-    positions = torch.arange(probs.shape[-1], device=probs.device)
-    last_possible = torch.where(probs > 0, positions, -1).max()  # rounding put the point at the very top
-    return torch.where(index >= probs.shape[-1], last_possible, index)
-
-
-def draw_on_device(probs: torch.Tensor, u: torch.Tensor, greedy: bool) -> torch.Tensor:
-    """The next token: argmax when greedy (the draw is not spent), else a sample."""
-    return probs.argmax(-1) if greedy else sample_on_device(probs, u)
-
-
-def residual_on_device(p_target_row: torch.Tensor, p_draft_row: torch.Tensor) -> torch.Tensor:
-    """engine.models.sampling.residual without the branch: the target's row when nothing is left to owe."""
-    diff = torch.clamp(p_target_row - p_draft_row, min=0.0)  # (V,)
-    total = diff.sum()
-    return torch.where(total <= 1e-12, p_target_row, diff / total)
-
-
-@dataclass
-class DeviceDecision:
-    """The ratio test's outcome, every field a device tensor."""
-
-    num_accepted: torch.Tensor  # () long, 0..K
-    accept_prob: torch.Tensor  # (K,) min(1, p_target/p_draft)
-    u_test: torch.Tensor  # (K,) the draws of positions 1..K (only the first min(n+1, K) are used)
-    next_token: torch.Tensor  # () long: resampled or bonus
-    residual: torch.Tensor  # (V,) the distribution the next token came from
-    draws_used: torch.Tensor  # () long: uniforms this cycle consumed
-
-
-def decide_on_device(draft_tokens: torch.Tensor, p_draft: torch.Tensor, p_target: torch.Tensor,
-                     u: torch.Tensor, draft_draws: int) -> DeviceDecision:
-    """The left-to-right ratio test, resample and bonus of engine.cycle.reference.accept_reject, batched.
-
-    draft_tokens (K,), p_draft (K, V), p_target (K+1, V), u: this cycle's window of uniforms
-    (2K+1,), whose first `draft_draws` went to the draft.
-    """
-    k = draft_tokens.shape[0]
-    idx = torch.arange(k, device=draft_tokens.device)
-    accept_prob = torch.clamp(p_target[idx, draft_tokens] / p_draft[idx, draft_tokens], max=1.0)  # (K,)
-    u_test = u[draft_draws: draft_draws + k]  # (K,)
-    passes = (u_test < accept_prob).long()  # strict '<' as in the reference
-    num_accepted = passes.cumprod(0).sum()  # () the run of passes from position 1
-    tested = torch.clamp(num_accepted + 1, max=k)
-    row = torch.clamp(num_accepted, max=k - 1)
-    res = residual_on_device(p_target.index_select(0, row.reshape(1))[0], p_draft.index_select(0, row.reshape(1))[0])
-    final = torch.where(num_accepted == k, p_target[k], res)  # (V,)
-    u_final = u.index_select(0, (draft_draws + tested).reshape(1))[0]
-    next_token = sample_on_device(final, u_final)
-    return DeviceDecision(num_accepted, accept_prob, u_test, next_token, res, draft_draws + tested + 1)
-
-
-# ---------------------------------------------------------------- fixed-shape forwards
-
-class FastStaticLayer(StaticKVLayer):
-    """The static layer without its eager capacity check, which reads the position back to the
-    host; the fast path checks capacity on the host from lengths it already knows."""
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        return super(StaticKVLayer, self).update(key_states, value_states, *args, **kwargs)
-
-
-def new_fast_cache(model: LoadedModel, capacity: int) -> StaticKVCache:
-    cache = new_cache(CacheLayout("static", capacity), model.model.config)
-    for layer in cache.layers:
-        layer.__class__ = FastStaticLayer
-        layer.cumulative_length = layer.cumulative_length.to(model.device)  # the mask reads it before the first write
-    return cache
-
-
-def causal_mask(cache: StaticKVCache, width: int) -> torch.Tensor:
-    """(1, 1, T, capacity) bool, True where query t may attend: slots up to its own position.
-
-    Built from the write position on the device. Given a ready 4-D mask, transformers skips its
-    own mask building, whose static-cache branch reads the position back to the host
-    (`q_offset == 0`), which a CUDA graph cannot capture. The logits are bit-identical.
-    """
-    layer = cache.layers[0]
-    query_positions = layer.cumulative_length + torch.arange(width, device=layer.cumulative_length.device)  # (T,)
-    slots = torch.arange(cache.capacity, device=query_positions.device)  # (capacity,)
-    return (slots[None, :] <= query_positions[:, None])[None, None]
-
-
-def logits_of(model: LoadedModel, ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-    """ids (T,) full-vocabulary ids -> full-vocabulary float32 logits (T, V), appending T K/V entries."""
-    rows = ids if model.full_to_row is None else model.full_to_row[ids]
-    out = model.runner_for(ids.shape[0])(input_ids=rows.reshape(1, -1), attention_mask=causal_mask(cache, ids.shape[0]),
-                                         use_cache=True, **{model.cache_arg: cache})
-    return model.full_vocab_logits(out.logits[0])
-
-
-class FixedForward:
-    """One model's forward at one width over its static cache: eager, a CUDA graph, or compiled.
-
-    A graph replays the kernels recorded at capture, reading its input from `self.ids` and the
-    write position from the cache's own device tensors, so one capture serves every cycle.
-    """
-
-    def __init__(self, model: LoadedModel, cache: StaticKVCache, width: int, capture: str) -> None:
-        self.model, self.cache, self.width, self.capture = model, cache, width, capture
-        self.fn: Callable[[torch.Tensor], torch.Tensor] = lambda ids: logits_of(model, ids, cache)
-        if capture == "compile":
-            self.fn = torch.compile(self.fn, mode="reduce-overhead", fullgraph=False, dynamic=False)
-        if capture == "graph":
-            self._capture_graph()
-
-    def _positions(self) -> list[torch.Tensor]:
-        return [layer.cumulative_length.clone() for layer in self.cache.layers]
-
-    def _restore(self, saved: list[torch.Tensor]) -> None:
-        for layer, length in zip(self.cache.layers, saved):
-            layer.cumulative_length.copy_(length)
-
-    def _capture_graph(self) -> None:
-        """Warm up on a side stream, then capture; the cache position is restored after each
-        (the slots written meanwhile lie after it: stale, masked, overwritten by the next append)."""
-        saved = self._positions()
-        self.ids = torch.zeros(self.width, dtype=torch.long, device=self.model.device)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.fn(self.ids)
-                self._restore(saved)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self.fn(self.ids)  # (width, V), rewritten by every replay
-        self._restore(saved)
-
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.capture == "compile":
-            torch.compiler.cudagraph_mark_step_begin()  # a new step: the previous outputs may be overwritten
-        if self.capture != "graph":
-            return self.fn(ids)
-        self.ids.copy_(ids)
-        self.graph.replay()
-        return self.out
-
-
-# ---------------------------------------------------------------- timing without a sync
-
-class Clock:
-    """Marks inside a cycle: CUDA events on a GPU (read after the cycle's one copy), perf_counter elsewhere."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: list = []
-
-    def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def intervals(self) -> list[float]:
-        """Seconds between consecutive marks; call after the host copy (the events have completed)."""
-        if self.cuda:
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
-        return [b - a for a, b in zip(self.marks, self.marks[1:])]
 
 
 # ---------------------------------------------------------------- one cycle on the device
@@ -398,13 +203,11 @@ class FastModels:
                 self.target_forward = FixedForward(pair.target, self.target_cache, self.k + 1, self.capture)
 
 
-def start_fast_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, capture: str = "none",
-                   models: FastModels | None = None) -> FastState:
+def start_fast_state(pair: Pair, prompt_ids: list[int], s: SpecSettings, capture: str = "none",
+                     models: FastModels | None = None) -> FastState:
     """Prefill both static caches, draw the run's uniforms, build (on CUDA: capture) both forwards.
 
     `models` from an earlier run are reused when they fit (same K, enough capacity)."""
-    if not prompt_ids:
-        raise ValueError("the prompt is empty: at least one token is needed to start decoding")
     if models is None:
         models = FastModels.empty(pair, s.k, layout_for_run(s, len(prompt_ids)).capacity, capture)
     elif not models.fits(s, len(prompt_ids)):
@@ -422,20 +225,13 @@ def start_fast_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, capture: 
                      [], draft_high_water=n, target_high_water=n)
 
 
-def check_fast_settings(s: SpecSettings, rule=None, pair: Pair | None = None) -> SpecSettings:
-    """The settings the fast path runs (a static cache), or a clear refusal."""
-    from engine.cycle.reference import RATIO_TEST
-    from engine.drafters.model import ModelDrafter
-    if rule is not None and rule is not RATIO_TEST:
-        raise ValueError("the fast path runs the correct algorithm only: teaching faults need the reference path")
-    if pair is not None and (pair.draft is None or type(pair.drafter) is not ModelDrafter):
-        raise ValueError(f"the fast path drafts with a draft model only; the {pair.drafter.settings().get('kind')!r} "
-                         "drafter runs on the normal path (drop --fast)")
+def static_settings(s: SpecSettings) -> SpecSettings:
+    """The settings the fast path runs: its caches are static."""
     return s if s.cache_layout == "static" else replace(s, cache_layout="static")
 
 
-def settle_on_host(state: FastState, committed: list[int], n_acc: int, before: int, k: int) -> dict:
-    """The host's side of a cycle's caches: commit, fix the position after a cut (the last
+def settle_on_host(state: FastState, num_committed: int, n_acc: int, before: int, k: int) -> dict:
+    """The host's side of a cycle's caches after the commit: fix the position after a cut (the last
     cycle), keep the stale-slot counts; returns both static caches' layout fields."""
     capacity = state.target_cache.capacity
     target_before = static_state(before, state.target_high_water, capacity)
@@ -444,10 +240,8 @@ def settle_on_host(state: FastState, committed: list[int], n_acc: int, before: i
     draft_appended = static_state(before + k, state.draft_high_water, capacity)  # after K draft steps
     state.target_high_water = max(state.target_high_water, before + k + 1)
     state.draft_high_water = max(state.draft_high_water, before + k + 1)  # the d_K step wrote one more
-    state.committed += committed
-    state.generated += committed
     keep = len(state.committed) - 1
-    if len(committed) != n_acc + 1:  # cut at EOS or the budget: the last cycle, fix the position on the host
+    if num_committed != n_acc + 1:  # cut at EOS or the budget: the last cycle, fix the position on the host
         for cache in (state.target_cache, state.draft_cache):
             roll_back_static(cache, keep)
     for cache, hw in ((state.target_cache, state.target_high_water), (state.draft_cache, state.draft_high_water)):
@@ -459,46 +253,78 @@ def settle_on_host(state: FastState, committed: list[int], n_acc: int, before: i
                                          "after_rollback": static_state(keep, state.draft_high_water, capacity)}}
 
 
-@torch.inference_mode()
+@dataclass
+class FastDetail:
+    """What the host holds of a fast cycle after its one copy."""
+
+    host: dict  # the copied tensors as Python numbers (trace_tensors' names)
+    before: int  # committed length - 1 before the cycle: both caches' length
+    catch_up_s: float  # the d_K step's time
+
+
+@dataclass
+class FastChainCycle:
+    """The chain's cycle kept on the device: device work, one copy, then the host's bookkeeping.
+    `models` from an earlier run are reused when they fit (same K, enough capacity)."""
+
+    pair: Pair
+    settings: SpecSettings
+    capture: str = "none"
+    models: FastModels | None = None
+
+    def check(self) -> None:
+        if self.pair.draft is None or type(self.pair.drafter) is not ModelDrafter:
+            raise ValueError(f"the fast path drafts with a draft model only; the "
+                             f"{self.pair.drafter.settings().get('kind')!r} drafter runs on the normal path (drop --fast)")
+
+    def start(self, prompt_ids: list[int]) -> FastState:
+        return start_fast_state(self.pair, prompt_ids, self.settings, self.capture, self.models)
+
+    @torch.inference_mode()
+    def step(self, state: FastState, gen: torch.Generator, record: bool) -> CycleStep:
+        s, k, before = self.settings, self.settings.k, len(state.committed) - 1
+        capacity = state.target_cache.capacity
+        if before + k + 1 > capacity:
+            raise RuntimeError(f"static cache full: {before + k + 1} positions needed, {capacity} preallocated")
+        clock = Clock(self.pair.target.device)
+        host = copy_to_host(trace_tensors(device_cycle(state, s, clock), s, record))  # the one sync of the cycle
+        proposed, n_acc = host["proposed"], host["num_accepted"]  # proposed: d1..dK, then the next token
+        steps = clock.intervals()  # K draft steps, the d_K step, the verify
+        return CycleStep(proposed[:n_acc], proposed[k], proposed[:k], k + 1, steps[:k], steps[k + 1], None,
+                         FastDetail(host, before, steps[k]))
+
+    @torch.inference_mode()
+    def settle(self, state: FastState, step: CycleStep) -> Settled:
+        d: FastDetail = step.detail
+        k, n_acc, before = self.settings.k, len(step.accepted_token_ids), d.before
+        layout_fields = settle_on_host(state, len(state.committed) - 1 - before, n_acc, before, k)
+        keep = len(state.committed) - 1
+        return Settled(CacheLengths(before=before, after_append=before + k + 1, after_rollback=keep),
+                       CacheLengths(before=before, after_append=before + k, after_rollback=keep),
+                       layout_fields, n_acc == k, d.catch_up_s)
+
+    def describe(self, state: FastState, step: CycleStep, committed: list[int], texts: TokenTexts) -> dict:
+        host, k, n_acc = step.detail.host, self.settings.k, len(step.accepted_token_ids)
+        return describe_cycle(host, step.draft_token_ids, n_acc, step.next_token_id, host["accept_prob"],
+                              host["u"][: min(n_acc + 1, k)], committed, texts)
+
+
+def start_fast_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, capture: str = "none",
+                   models: FastModels | None = None) -> FastState:
+    """A fast run's state, prefilled, for callers that run cycles one by one."""
+    return driver.start(FastChainCycle(pair, s, capture, models), prompt_ids)
+
+
 def run_fast_cycle(pair: Pair, state: FastState, s: SpecSettings, cycle: int, texts: TokenTexts,
                    record: bool = True) -> dict:
-    """One cycle: device work, one copy, then the host builds the same record as engine.cycle.reference.run_cycle."""
-    k, before = s.k, len(state.committed) - 1
-    capacity = state.target_cache.capacity
-    if before + k + 1 > capacity:
-        raise RuntimeError(f"static cache full: {before + k + 1} positions needed, {capacity} preallocated")
-    clock = Clock(pair.target.device)
-    start = time.perf_counter()
-    out = device_cycle(state, s, clock)
-    host = copy_to_host(trace_tensors(out, s, record))  # the one sync of the cycle
-    cycle_time = time.perf_counter() - start
-    proposed, n_acc = host["proposed"], host["num_accepted"]  # proposed: d1..dK, then the next token
-    budget = s.max_new_tokens - len(state.generated)
-    committed, state.finished = final_tokens(proposed[:n_acc] + proposed[-1:], budget, pair.eos_ids)
-    layout_fields = settle_on_host(state, committed, n_acc, before, k)
-    keep = len(state.committed) - 1
-    steps = clock.intervals()  # K draft steps, the d_K step, the verify
-    description = None
-    if record:
-        description = describe_cycle(host, proposed[:k], n_acc, proposed[k], host["accept_prob"],
-                                     host["u"][: min(n_acc + 1, k)], committed, texts)
-    return cycle_record(
-        cycle, before + 1, proposed[:k], n_acc, committed, state.finished,
-        CacheLengths(before=before, after_append=before + k + 1, after_rollback=keep),
-        CacheLengths(before=before, after_append=before + k, after_rollback=keep),
-        layout_fields, n_acc == k, CycleTimes(steps[:k], steps[k + 1], steps[k], cycle_time), None, description)
+    """One fast cycle through the driver (its draws come from the run's own stream, not a generator)."""
+    return driver.run_one_cycle(FastChainCycle(pair, s), state, None, cycle, texts, record)
 
 
 def fast_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings, record: bool = True,
                   capture: str = "none", models: FastModels | None = None) -> Iterator[dict]:
     """Yield one record per cycle until EOS or max_new_tokens, like engine.cycle.reference.speculative_generate."""
-    s = check_fast_settings(s, pair=pair)
-    texts = TokenTexts(pair.target.tokenizer)
-    state = start_fast_run(pair, prompt_ids, s, capture, models)
-    cycle = 0
-    while not state.finished:
-        yield run_fast_cycle(pair, state, s, cycle, texts, record)
-        cycle += 1
+    return driver.generate(FastChainCycle(pair, static_settings(s), capture, models), prompt_ids, record)
 
 
 # ---------------------------------------------------------------- plain decoding on the same path

@@ -1,31 +1,23 @@
-"""A cycle's trace record (engine.trace.format.CycleRecord), built in one place for both paths.
+"""A cycle's trace record (engine.trace.format.CycleRecord), built in one place for every cycle kind.
 
-The reference path (reference.py) and the fast path (fast.py) run a cycle differently but
-must write the same record, key for key and value for value, so both go through here:
+The reference path (reference.py), the fast path (fast.py) and the tree (engine/tree/cycle.py)
+run a cycle differently but write their records here (the chain paths key for key and value
+for value the same; a tree's adds its `tree` entry):
 - `shown_tensors`: what the trace shows of the cycle's distributions, picked out by tensor
   ops on whatever device they live on (no host read: the fast path copies the result once);
 - `describe_cycle`: those numbers, as plain Python data, turned into the description fields
   (the `record=True` part);
-- `cycle_record`: the whole record, from what the host knows after the cycle.
+- `cycle_record`: the whole record, from the kind's CycleStep and Settled (engine/cycle/step.py),
+  called by the driver (engine/cycle/driver.py) after every cycle.
 """
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from engine.trace.format import CacheLengths, CycleRecord
+from engine.cycle.step import CycleStep, Settled
+from engine.trace.format import CycleRecord
 
 Texts = Callable[[int], str]  # token id -> its decoded text (engine.cycle.reference.TokenTexts)
-
-
-@dataclass(frozen=True)
-class CycleTimes:
-    """Seconds a cycle spent, as the trace records them."""
-
-    draft_steps_s: list[float]  # each drafting step
-    verify_s: float
-    catch_up_s: float
-    cycle_s: float
 
 
 def shown_tensors(draft_tokens: list[int] | torch.Tensor, p_draft: torch.Tensor, p_target: torch.Tensor,
@@ -97,22 +89,22 @@ def describe_cycle(shown: dict[str, list], draft_tokens: list[int], num_accepted
     }
 
 
-def cycle_record(cycle: int, committed_len_before: int, draft_tokens: list[int], num_accepted: int,
-                 committed: list[int], finished: bool, target_cache_len: CacheLengths,
-                 draft_cache_len: CacheLengths | None, layout_fields: dict, catch_up: bool,
-                 times: CycleTimes, drafter_state: dict | None = None,
-                 description: dict | None = None) -> CycleRecord:
-    """A cycle's record. `layout_fields` are the cache layouts' states (none for a dynamic cache);
-    without a `description` (an untraced run) the record lacks the description fields."""
-    rec = {
-        "type": "cycle", "cycle": cycle, "committed_len_before": committed_len_before,
-        "draft_token_ids": draft_tokens, "num_accepted": num_accepted,
-        "committed_token_ids": committed, "finished": finished,
-        "target_cache_len": target_cache_len, "draft_cache_len": draft_cache_len, **layout_fields,
-        "draft_catch_up": catch_up, "verify_positions": len(draft_tokens) + 1,
-        "draft_time_s": sum(times.draft_steps_s), "draft_step_times_s": times.draft_steps_s,
-        "verify_time_s": times.verify_s, "catch_up_time_s": times.catch_up_s, "cycle_time_s": times.cycle_s,
+def cycle_record(cycle: int, committed_len_before: int, step: CycleStep, committed: list[int], finished: bool,
+                 settled: Settled, cycle_s: float, description: dict | None = None) -> CycleRecord:
+    """A cycle's record, for every cycle kind. A chain's lists its proposals (`draft_token_ids`); a tree's
+    nodes are in its description's `tree` entry. Without a `description` (an untraced run) the record
+    lacks the description fields."""
+    rec = {"type": "cycle", "cycle": cycle, "committed_len_before": committed_len_before}
+    if step.draft_token_ids is not None:
+        rec["draft_token_ids"] = step.draft_token_ids
+    rec |= {
+        "num_accepted": len(step.accepted_token_ids), "committed_token_ids": committed, "finished": finished,
+        "target_cache_len": settled.target_cache_len, "draft_cache_len": settled.draft_cache_len,
+        **settled.layout_fields,
+        "draft_catch_up": settled.draft_catch_up, "verify_positions": step.verify_positions,
+        "draft_time_s": sum(step.draft_step_times_s), "draft_step_times_s": step.draft_step_times_s,
+        "verify_time_s": step.verify_time_s, "catch_up_time_s": settled.catch_up_time_s, "cycle_time_s": cycle_s,
     }
-    if drafter_state is not None:  # the model drafter adds nothing: its records stay as they were
-        rec["drafter_state"] = drafter_state
+    if step.drafter_state is not None:  # the model drafter adds nothing: its records stay as they were
+        rec["drafter_state"] = step.drafter_state
     return rec | (description or {})

@@ -4,7 +4,6 @@ Cache convention (stated in every trace): after each cycle, the target's and the
 draft's caches hold K/V for every committed token except the last one. The last
 committed token is the first input of the next cycle, for both models.
 """
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol, TypeVar
 
@@ -12,9 +11,11 @@ import torch
 from transformers import DynamicCache
 
 from engine.config import SpecSettings
-from engine.cycle.record import CycleTimes, cycle_record, describe_cycle, shown_tensors
-from engine.drafters.base import Drafter
-from engine.drafters.model import ModelDrafter
+from engine.cycle import driver
+from engine.cycle.pair import Pair, TokenTexts
+from engine.cycle.record import describe_cycle, shown_tensors
+from engine.cycle.step import CycleStep, Settled
+from engine.drafters.base import Drafter, Proposal
 from engine.kv.layouts import cycle_layout_state, layout_for_run, layout_name, layout_state, new_cache
 from engine.kv.ops import cache_len, crop, prefill
 from engine.models.device import timed
@@ -32,23 +33,6 @@ class Decision:
     rejected_position: int | None  # 1-based, None when all n passed
     next_token_id: int  # the resampled or bonus token
     residual_probs: torch.Tensor | None  # (V,) at the rejection, None for a bonus
-
-
-@dataclass
-class Pair:
-    """A target and what drafts for it. `draft` is the draft model, if the drafter has one
-    that shares the target's token space; `drafter` defaults to drafting with it."""
-
-    target: LoadedModel
-    draft: LoadedModel | None
-    eos_ids: set[int]
-    drafter: Drafter | None = None
-
-    def __post_init__(self) -> None:
-        if self.drafter is None:
-            if self.draft is None:
-                raise ValueError("a pair needs a draft model or a drafter")
-            self.drafter = ModelDrafter(self.draft)
 
 
 @dataclass
@@ -110,8 +94,9 @@ def accept_reject(draft_tokens: list[int], p_draft: torch.Tensor, p_target: torc
 
 
 class CycleRule(Protocol):
-    """How a cycle decides and rolls back. The engine runs RATIO_TEST; only the teaching
-    code (engine/teaching/faults.py) passes deliberately broken rules."""
+    """How a cycle decides and rolls back, for every cycle kind (the fast path runs RATIO_TEST only).
+    The engine runs RATIO_TEST; only the teaching code (engine/teaching/faults.py) passes
+    deliberately broken rules, through the run mode (engine/mode.py)."""
 
     def decide(self, draft_tokens: list[int], p_draft: torch.Tensor, p_target: torch.Tensor,
                gen: torch.Generator) -> Decision: ...
@@ -120,9 +105,18 @@ class CycleRule(Protocol):
 
     def drafter(self, drafter: Drafter) -> Drafter: ...
 
+    # A tree's rollback: (cache, start, kept_slots) -> moves (engine/tree/compact.py's Rollback);
+    # None means the correct compaction.
+    tree_rollback: Callable | None
+    for_chains: bool  # the cycle kinds this rule can run in
+    for_trees: bool
+
 
 class RatioTest:
-    """The correct rule: the ratio test, rejected K/V cropped, the drafter as it is."""
+    """The correct rule: the ratio test, rejected K/V cropped (a tree's compacted), the drafter as it is."""
+
+    tree_rollback = None
+    for_chains, for_trees = True, True  # the cycle kinds a rule applies to (engine/mode.py refuses the others)
 
     def decide(self, draft_tokens, p_draft, p_target, gen) -> Decision:
         return accept_reject(draft_tokens, p_draft, p_target, gen)
@@ -144,22 +138,6 @@ def commit_tokens(draft_tokens: list[int], d: Decision, budget: int,
     return final_tokens(draft_tokens[: d.num_accepted] + [d.next_token_id], budget, eos_ids)
 
 
-class TokenTexts:
-    """Decoded text of single token ids, remembered across a run."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.known: dict[int, str] = {}
-
-    def __call__(self, token_id: int) -> str:
-        if token_id not in self.known:
-            self.known[token_id] = self.tokenizer.decode([token_id])
-        return self.known[token_id]
-
-    def many(self, token_ids: list[int]) -> list[str]:
-        return [self(t) for t in token_ids]
-
-
 def layout_states(target_cache, draft_cache) -> tuple[dict | None, dict | None]:
     """The layout facts of the target's and (if the drafter keeps one) the draft's cache."""
     return (None if target_cache is None else layout_state(target_cache),
@@ -177,79 +155,106 @@ def cycle_layout_fields(target_cache, draft_cache, before: tuple, after_append: 
     return fields
 
 
-def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator,
-              cycle: int, texts: TokenTexts, rule: CycleRule = RATIO_TEST,
-              record: bool = True) -> dict:
-    """Draft up to K, verify once, test, commit, roll back. Returns the cycle's trace record."""
-    drafter = rule.drafter(pair.drafter)
-    before = {"committed_len": len(state.committed), "target": cache_len(state.target_cache),
-              "draft": drafter.cache_len(state.draft_state)}
-    draft_cache = state.draft_cache if before["draft"] is not None else None  # one over the target's positions
-    layout_before = layout_states(state.target_cache, draft_cache)
-    cycle_start = time.perf_counter()
-    proposal = drafter.propose(state.draft_state, state.committed, s.k, s, gen)
-    draft_tokens = proposal.token_ids
-    draft_cache_appended = drafter.cache_len(state.draft_state)
-    draft_layout_appended = layout_states(None, draft_cache)[1]
-    reads = reads_target_features(drafter)
-    p_target, verify_time = timed(lambda: verify(pair.target, state, draft_tokens, s, reads), pair.target.device)
-    target_cache_appended = cache_len(state.target_cache)
-    target_layout_appended = layout_states(state.target_cache, None)[0]
-    decision = rule.decide(draft_tokens, proposal.p_draft, p_target, gen)
-    budget = s.max_new_tokens - len(state.generated)
-    committed, state.finished = commit_tokens(draft_tokens, decision, budget, pair.eos_ids)
-    state.committed += committed
-    state.generated += committed
-    rule.roll_back(state.target_cache, len(state.committed) - 1)
-    if reads:
-        drafter.take_target_features(state.draft_state, state.verify_features)
-    catch_up = drafter.roll_back(state.draft_state, state.committed)
-    cycle_time = time.perf_counter() - cycle_start
-    draft_after = drafter.cache_len(state.draft_state)
-    description = None
-    if record:  # the distributions are on the CPU already: the shown numbers become lists at once
-        shown = shown_tensors(draft_tokens, proposal.p_draft, p_target, decision.residual_probs,
-                              decision.num_accepted, decision.next_token_id, s.trace_top_k)
-        description = describe_cycle({name: t.tolist() for name, t in shown.items()}, draft_tokens,
-                                     decision.num_accepted, decision.next_token_id, decision.accept_prob,
-                                     decision.u, committed, texts)
-    return cycle_record(
-        cycle, before["committed_len"], draft_tokens, decision.num_accepted, committed, state.finished,
-        CacheLengths(before=before["target"], after_append=target_cache_appended,
-                     after_rollback=cache_len(state.target_cache)),
-        None if draft_after is None else CacheLengths(before=before["draft"], after_append=draft_cache_appended,
-                                                      after_rollback=draft_after),
-        cycle_layout_fields(state.target_cache, draft_cache, layout_before, (target_layout_appended, draft_layout_appended)),
-        catch_up.happened, CycleTimes(proposal.step_times_s, verify_time, catch_up.time_s, cycle_time),
-        proposal.state, description)
+@dataclass
+class ChainDetail:
+    """What a chain cycle's settle and describe need of its step."""
+
+    drafter: Drafter  # the pair's drafter as the rule hands it (a teaching fault may alter it)
+    proposal: Proposal
+    p_target: torch.Tensor  # (n+1, V) warped, on the CPU
+    decision: Decision
+    target_before: int
+    draft_before: int | None
+    target_appended: int
+    draft_appended: int | None
+    draft_cache: Any  # the draft model's cache, when the drafter keeps one over the target's positions
+    layout_before: tuple
+    layout_appended: tuple
+
+
+@dataclass
+class ChainCycle:
+    """The chain's cycle on the reference path: draft up to K, verify once, the rule decides, roll back.
+    `rule` is the ratio test; only the teaching code passes a broken one (engine/teaching/faults.py)."""
+
+    pair: Pair
+    settings: SpecSettings
+    rule: CycleRule = RATIO_TEST
+
+    def check(self) -> None:
+        self.pair.drafter.check_settings(self.settings)
+
+    def start(self, prompt_ids: list[int]) -> RunState:
+        """Prefill the target's cache and start the drafter, in the layout `settings.cache_layout`;
+        a rule that never rolls back needs room for every cycle."""
+        pair = self.pair
+        layout = layout_for_run(self.settings, len(prompt_ids), getattr(self.rule, "keep_rejected_kv", False))
+        target_cache = new_cache(layout, pair.target.model.config)
+        if reads_target_features(pair.drafter):  # the prefill's features fill the head: no second pass
+            features = pair.target.fill_with_features(prompt_ids[:-1], target_cache) if len(prompt_ids) > 1 else None
+            return RunState(list(prompt_ids), target_cache, pair.drafter.start(prompt_ids, layout, features))
+        target_cache = prefill(pair.target, prompt_ids, target_cache)
+        return RunState(list(prompt_ids), target_cache, pair.drafter.start(prompt_ids, layout))
+
+    def step(self, state: RunState, gen: torch.Generator, record: bool) -> CycleStep:
+        s, drafter = self.settings, self.rule.drafter(self.pair.drafter)
+        target_before, draft_before = cache_len(state.target_cache), drafter.cache_len(state.draft_state)
+        draft_cache = state.draft_cache if draft_before is not None else None  # one over the target's positions
+        layout_before = layout_states(state.target_cache, draft_cache)
+        proposal = drafter.propose(state.draft_state, state.committed, s.k, s, gen)
+        draft_tokens = proposal.token_ids
+        draft_appended, draft_layout_appended = drafter.cache_len(state.draft_state), layout_states(None, draft_cache)[1]
+        reads = reads_target_features(drafter)
+        p_target, verify_s = timed(lambda: verify(self.pair.target, state, draft_tokens, s, reads), self.pair.target.device)
+        target_appended = cache_len(state.target_cache)
+        target_layout_appended = layout_states(state.target_cache, None)[0]
+        decision = self.rule.decide(draft_tokens, proposal.p_draft, p_target, gen)
+        detail = ChainDetail(drafter, proposal, p_target, decision, target_before, draft_before, target_appended,
+                             draft_appended, draft_cache, layout_before, (target_layout_appended, draft_layout_appended))
+        return CycleStep(draft_tokens[: decision.num_accepted], decision.next_token_id, draft_tokens,
+                         len(draft_tokens) + 1, proposal.step_times_s, verify_s, proposal.state, detail)
+
+    def settle(self, state: RunState, step: CycleStep) -> Settled:
+        d: ChainDetail = step.detail
+        self.rule.roll_back(state.target_cache, len(state.committed) - 1)
+        if reads_target_features(d.drafter):
+            d.drafter.take_target_features(state.draft_state, state.verify_features)
+        catch_up = d.drafter.roll_back(state.draft_state, state.committed)
+        draft_after = d.drafter.cache_len(state.draft_state)
+        return Settled(
+            CacheLengths(before=d.target_before, after_append=d.target_appended,
+                         after_rollback=cache_len(state.target_cache)),
+            None if draft_after is None else CacheLengths(before=d.draft_before, after_append=d.draft_appended,
+                                                          after_rollback=draft_after),
+            cycle_layout_fields(state.target_cache, d.draft_cache, d.layout_before, d.layout_appended),
+            catch_up.happened, catch_up.time_s)
+
+    def describe(self, state: RunState, step: CycleStep, committed: list[int], texts: TokenTexts) -> dict:
+        """The distributions are on the CPU already: the shown numbers become lists at once."""
+        d: ChainDetail = step.detail
+        decision, draft_tokens = d.decision, step.draft_token_ids
+        shown = shown_tensors(draft_tokens, d.proposal.p_draft, d.p_target, decision.residual_probs,
+                              decision.num_accepted, decision.next_token_id, self.settings.trace_top_k)
+        return describe_cycle({name: t.tolist() for name, t in shown.items()}, draft_tokens, decision.num_accepted,
+                              decision.next_token_id, decision.accept_prob, decision.u, committed, texts)
 
 
 def start_run(pair: Pair, prompt_ids: list[int], s: SpecSettings | None = None,
               rule: CycleRule = RATIO_TEST) -> RunState:
-    """Prefill the target's cache and start the drafter, in the layout `s.cache_layout`
-    (dynamic without settings); a rule that never rolls back needs room for every cycle."""
-    if not prompt_ids:
-        raise ValueError("the prompt is empty: at least one token is needed to start decoding")
-    layout = layout_for_run(s or SpecSettings(), len(prompt_ids), getattr(rule, "keep_rejected_kv", False))
-    target_cache = new_cache(layout, pair.target.model.config)
-    if reads_target_features(pair.drafter):  # the prefill's features fill the head: no second pass
-        features = pair.target.fill_with_features(prompt_ids[:-1], target_cache) if len(prompt_ids) > 1 else None
-        return RunState(list(prompt_ids), target_cache, pair.drafter.start(prompt_ids, layout, features))
-    target_cache = prefill(pair.target, prompt_ids, target_cache)
-    return RunState(list(prompt_ids), target_cache, pair.drafter.start(prompt_ids, layout))
+    """A chain run's state, prefilled (dynamic layout without settings), for callers that run cycles one by one."""
+    return driver.start(ChainCycle(pair, s or SpecSettings(), rule), prompt_ids)
+
+
+def run_cycle(pair: Pair, state: RunState, s: SpecSettings, gen: torch.Generator,
+              cycle: int, texts: TokenTexts, rule: CycleRule = RATIO_TEST, record: bool = True) -> dict:
+    """One chain cycle through the driver; returns its trace record."""
+    return driver.run_one_cycle(ChainCycle(pair, s, rule), state, gen, cycle, texts, record)
 
 
 def speculative_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings,
                          rule: CycleRule = RATIO_TEST, record: bool = True) -> Iterator[dict]:
-    """Yield one record per cycle until EOS or max_new_tokens."""
-    pair.drafter.check_settings(s)
-    gen = torch.Generator().manual_seed(s.seed)
-    texts = TokenTexts(pair.target.tokenizer)
-    state = start_run(pair, prompt_ids, s, rule)
-    cycle = 0
-    while not state.finished:
-        yield run_cycle(pair, state, s, gen, cycle, texts, rule, record)
-        cycle += 1
+    """Yield one chain record per cycle until EOS or max_new_tokens."""
+    return driver.generate(ChainCycle(pair, s, rule), prompt_ids, record)
 
 
 Token = TypeVar("Token")  # an int on the host, or a device scalar on the fast path
@@ -281,13 +286,3 @@ def target_generate(target: LoadedModel, prompt_ids: list[int], s: SpecSettings,
     """Plain autoregressive decoding of the target alone, one token per forward."""
     step = target_step(target, prefill(target, prompt_ids), s)
     return decode_plain(step, prompt_ids[-1], s.max_new_tokens, lambda t: t in eos_ids)
-
-
-def eos_ids_of(model: LoadedModel) -> set[int]:
-    ids = set()
-    for source in (model.tokenizer.eos_token_id, getattr(model.model.generation_config, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(int(i) for i in source)
-    return ids

@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair, RunState, TokenTexts, run_cycle, start_run
+from engine.cycle.driver import run_cycles
+from engine.cycle.reference import ChainCycle, Pair, RunState, start_run
 from engine.kv.ops import crop
 from engine.models.sampling import residual, sample, warp_probs
 from engine.teaching.faults import Faults
@@ -117,7 +118,7 @@ def speculative_samples(pair: Pair, prompt_ids: list[int], s: SpecSettings, faul
     the share of runs whose first draft token was accepted."""
     run = SpecSettings(**{**s.to_dict(), "max_new_tokens": position})
     gen = torch.Generator().manual_seed(s.seed)
-    texts = TokenTexts(pair.target.tokenizer)
+    kind = ChainCycle(pair, run, faults)
     state = start_run(pair, prompt_ids)  # prefilled once; every sample starts from it
     counts = torch.zeros(pair.target.full_vocab_size, dtype=torch.long)
     first_accepted = 0
@@ -126,11 +127,8 @@ def speculative_samples(pair: Pair, prompt_ids: list[int], s: SpecSettings, faul
         if on_progress and i % every == 0:
             on_progress(i / n)
         _reset(pair, state, prompt_ids)
-        cycle = 0
-        while not state.finished:
-            rec = run_cycle(pair, state, run, gen, cycle, texts, faults, record=False)
-            first_accepted += cycle == 0 and rec["num_accepted"] > 0
-            cycle += 1
+        for rec in run_cycles(kind, state, record=False, gen=gen):  # one generator over all samples
+            first_accepted += rec["cycle"] == 0 and rec["num_accepted"] > 0
         counts[state.generated[position - 1]] += 1
     return counts, first_accepted / max(n, 1)
 

@@ -1,10 +1,11 @@
 """Deliberately broken acceptance rules and rollbacks, for the teaching pages only.
 
-The engine's cycle (engine/cycle/reference.py) runs one rule, the ratio test; it takes a
-`CycleRule` so the teaching code can pass in a broken one and show what goes wrong.
-A `Faults` is such a rule. A tree cycle (engine/tree/cycle.py) takes its rollback the same
-way, and a `TreeFaults` can hand it a broken one. Nothing on the command line reaches
-either, and a run made with faults is marked in its trace header.
+Every cycle kind runs one rule, the ratio test (engine/cycle/reference.py RATIO_TEST); it takes
+a `CycleRule`, through the run mode (engine/mode.py), so the teaching code can pass in a
+broken one and show what goes wrong. A `Faults` breaks the chain's test, rollback or draft; a
+`TreeFaults` breaks a tree's compaction (its `tree_rollback`) and is the ratio test otherwise.
+Nothing on the command line reaches either, and a run made with faults is marked in its
+trace header.
 """
 from dataclasses import dataclass, replace
 
@@ -12,7 +13,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
-from engine.cycle.reference import Decision
+from engine.cycle.reference import Decision, RatioTest
 from engine.drafters.base import Drafter
 from engine.drafters.model import ModelDrafter
 from engine.kv.layouts import roll_back_cache
@@ -58,6 +59,9 @@ class Faults:
         if not self.keep_rejected_kv:
             crop(cache, keep)
 
+    tree_rollback = None
+    for_chains, for_trees = True, False  # chain faults only: a tree run refuses them (engine/mode.py)
+
     def drafter(self, drafter: Drafter) -> Drafter:
         """The model drafter with this fault's draft-side bugs; other drafters as they are."""
         if not isinstance(drafter, ModelDrafter):
@@ -81,13 +85,15 @@ NO_FAULTS = Faults()
 
 
 @dataclass(frozen=True)
-class TreeFaults:
-    """Deliberate bugs of a tree run's rollback, for the teaching pages only; normal runs never set them."""
+class TreeFaults(RatioTest):
+    """Deliberate bugs of a tree run's rollback, for the teaching pages only; normal runs never set them.
+    The ratio test decides as in a correct run; only the compaction is broken."""
 
     crop_instead_of_compact: bool = False  # roll both caches back the chain's way, keeping the wrong slots
+    for_chains, for_trees = False, True  # (class attributes, not fields) a chain run refuses them
 
     @property
-    def rollback(self) -> Rollback:
+    def tree_rollback(self) -> Rollback:
         """What the tree cycle rolls its caches back with (engine/tree/compact.py's compact when correct)."""
         return crop_to_length if self.crop_instead_of_compact else compact
 

@@ -17,7 +17,8 @@ from typing import Callable
 import torch
 
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair, RunState, TokenTexts, run_cycle, start_run, target_generate
+from engine.cycle.driver import run_cycles
+from engine.cycle.reference import ChainCycle, Pair, RunState, TokenTexts, start_run, target_generate
 from engine.kv.ops import cache_len, crop, prefill
 from engine.models.loading import LoadedModel
 from engine.stats.repeats import Repeated, repeat_timed
@@ -230,19 +231,17 @@ def traced_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, mode: str,
                on_progress: Callable[[float], None] | None = None) -> RunLog:
     """Run the engine in `mode` (see MODES) and probe both caches after every cycle;
     `on_progress` hears the share of the new tokens generated so far."""
-    gen = torch.Generator().manual_seed(s.seed)
-    texts = TokenTexts(pair.target.tokenizer)
     state = start_run(pair, prompt_ids)
     target_cells = [Cell(t, p) for p, t in enumerate(prompt_ids[:-1])]
     draft_cells = list(target_cells)
     probes: list[CycleProbe] = []
-    while not state.finished:
-        before = list(state.committed)
-        rec = run_cycle(pair, state, s, gen, len(probes), texts, MODES[mode], record=False)
+    before = list(state.committed)
+    for rec in run_cycles(ChainCycle(pair, s, MODES[mode]), state, record=False):
         target_cells, draft_cells = mirror_cycle(target_cells, draft_cells, rec, before, state.committed)
         probes.append(probe_cycle(pair, state, rec, target_cells, draft_cells))
         if on_progress:
             on_progress(min(1.0, len(state.generated) / max(s.max_new_tokens, 1)))
+        before = list(state.committed)
     m = acceptance_metrics([p.num_accepted for p in probes], s.k)
     return RunLog(mode, list(state.generated), probes, m["acceptance_rate"], m["mean_acceptance_length"])
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair, TokenTexts, run_cycle, start_run
+from engine.cycle.driver import run_cycles
+from engine.cycle.reference import ChainCycle, Pair, start_run
 from engine.kv.layouts import roll_back_static
 from engine.models.loading import LoadedModel
 from engine.teaching.runs import eager_attention
@@ -52,11 +53,9 @@ def attention_over_buffer(m: LoadedModel, cache, token_id: int) -> torch.Tensor:
 def static_run(pair: Pair, prompt_ids: list[int], s: SpecSettings) -> StaticRun:
     """The correct engine on a static cache, with the attention its stale slots get after every cycle."""
     s = SpecSettings(**{**s.to_dict(), "cache_layout": "static"})
-    gen, texts = torch.Generator().manual_seed(s.seed), TokenTexts(pair.target.tokenizer)
     state = start_run(pair, prompt_ids, s)
     cycles: list[StaticCycle] = []
-    while not state.finished:
-        rec = run_cycle(pair, state, s, gen, len(cycles), texts, record=False)
+    for rec in run_cycles(ChainCycle(pair, s), state, record=False):
         cache = state.target_cache
         stale = cache.stale_slots()
         weights = attention_over_buffer(pair.target, cache, state.committed[-1])

@@ -20,13 +20,14 @@ from typing import Callable
 import torch
 
 from engine.config import SpecSettings, TreeSpec
+from engine.cycle.driver import run_cycles, start
 from engine.cycle.reference import Pair, TokenTexts, target_generate
 from engine.kv.layouts import attended_kv
 from engine.kv.ops import cache_len, prefill
 from engine.models.loading import LoadedModel
 from engine.teaching.faults import NO_TREE_FAULTS, TreeFaults
 from engine.teaching.runs import first_divergence
-from engine.tree.cycle import check_tree_run, run_tree_step, start_tree_run
+from engine.tree.cycle import TreeCycle
 
 CORRECT, CROP = "correct", "crop_instead_of_compact"
 TREE_MODES: dict[str, TreeFaults] = {CORRECT: NO_TREE_FAULTS, CROP: TreeFaults(crop_instead_of_compact=True)}
@@ -130,22 +131,18 @@ def tree_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, spec: TreeSpec,
              on_progress: Callable[[float], None] | None = None) -> TreeRunLog:
     """The tree engine in `mode` (TREE_MODES), both caches checked after every cycle; `on_progress`
     hears the share of the new tokens generated so far."""
-    check_tree_run(pair, spec)
-    s = replace(s, k=spec.max_depth)
-    rollback = TREE_MODES[mode].rollback
-    gen = torch.Generator().manual_seed(s.seed)
-    state = start_tree_run(pair, prompt_ids, s, spec)
+    kind = TreeCycle(pair, replace(s, k=spec.max_depth), spec, TREE_MODES[mode])
+    kind.check()
+    state = start(kind, prompt_ids)
     cycles: list[TreeCycleCheck] = []
-    while not state.finished:
-        step = run_tree_step(pair, state, s, spec, gen, rollback)
-        path = list(step.decision.path)
+    for rec in run_cycles(kind, state):
+        path, committed = list(rec["tree"]["path"]), list(rec["committed_token_ids"])
         cycles.append(TreeCycleCheck(
-            len(cycles), path, list(step.committed), len(state.committed),
-            left_first_branch(path, len(step.committed)),
+            len(cycles), path, committed, len(state.committed), left_first_branch(path, len(committed)),
             check_against_fresh_prefill(pair.target, state.target_cache, state.committed),
             check_against_fresh_prefill(pair.draft, state.draft_cache, state.committed)))
         if on_progress:
-            on_progress(min(1.0, len(state.generated) / max(s.max_new_tokens, 1)))
+            on_progress(min(1.0, len(state.generated) / max(kind.settings.max_new_tokens, 1)))
     return TreeRunLog(mode, list(state.generated), cycles)
 
 

@@ -13,8 +13,9 @@
   draft model's proposer.
 - eagle.py: the EAGLE head's proposer: levels fed with predicted features under a tree mask on the
   head's cache, then cropped to the root and re-fed with the verify's true features.
-- cycle.py: one tree cycle (draft, verify, accept, commit, compact) and its trace record; it picks the
-  proposer from the pair's drafter kind.
+- cycle.py: the tree's cycle kind (`TreeCycle`) for the one driver (engine/cycle/driver.py): draft,
+  verify, accept, compact, and its record's `tree` entry; it picks the proposer from the pair's
+  drafter kind.
 
 May import: engine.config, engine.trace, engine.models, engine.kv, engine.drafters, engine.cycle.
 """

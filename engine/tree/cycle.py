@@ -1,26 +1,28 @@
-"""One tree cycle: draft a tree, verify every node in one target pass, walk it, commit, compact.
+"""The tree's cycle kind: draft a tree, verify every node in one target pass, walk it, compact.
 
-The chain's cycle (engine/cycle/reference.py) is untouched; a run with a tree spec runs
-these cycles instead and writes tree cycle records (the `tree` entry below). The cache
+`TreeCycle` plugs into the one driver (engine/cycle/driver.py), which commits and builds the
+record (engine/cycle/record.py) as for a chain; its description adds the `tree` entry built
+here. Teaching faults reach it as they reach the chain: a CycleRule, whose `tree_rollback`
+replaces the compaction (engine/teaching/faults.py TreeFaults). The cache
 convention is the chain's: after each cycle both caches hold the committed sequence but
 its last token, which is the next cycle's root. What drafts the trees is the pair's
 drafter kind's TreeProposer (engine/tree/draft.py): the draft model, or the EAGLE head
 (engine/tree/eagle.py), whose verify pass also yields the target's features. Records are
 the same for both.
 """
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from engine.config import SettingsError, SpecSettings, TreeSpec
-from engine.cycle.reference import Pair, RunState, TokenTexts, cycle_layout_fields, layout_states
+from engine.cycle import driver
+from engine.cycle.reference import RATIO_TEST, CycleRule, Pair, RunState, TokenTexts, cycle_layout_fields, layout_states
+from engine.cycle.step import CycleStep, Settled
 from engine.kv.layouts import CacheLayout, new_cache
 from engine.kv.ops import cache_len, prefill
 from engine.models.device import timed
 from engine.models.sampling import warp_probs
-from engine.trace.commit import final_tokens
 from engine.trace.schema import DRAFT_MODEL, EAGLE, ROOT
 from engine.tree.accept import TreeDecision, accept_tree
 from engine.tree.attention import verify_tree, verify_tree_with_features
@@ -52,20 +54,6 @@ def tree_layout(s: SpecSettings, spec: TreeSpec, prompt_len: int) -> CacheLayout
     return CacheLayout(s.cache_layout, prompt_len + s.max_new_tokens + spec.max_nodes + 1, s.block_size)
 
 
-def start_tree_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, spec: TreeSpec) -> RunState:
-    if not prompt_ids:
-        raise ValueError("the prompt is empty: at least one token is needed to start decoding")
-    proposer = tree_proposer(pair)
-    layout = tree_layout(s, spec, len(prompt_ids))
-    target_cache = new_cache(layout, pair.target.model.config)
-    features = None  # the prefill's top features (len(prompt) - 1, H), for a proposer that reads them
-    if proposer.reads_target_features and len(prompt_ids) > 1:
-        features = pair.target.fill_with_features(prompt_ids[:-1], target_cache)
-    else:
-        prefill(pair.target, prompt_ids, target_cache)
-    return RunState(list(prompt_ids), target_cache, proposer.start(prompt_ids, layout, features))
-
-
 def verify_pass(pair: Pair, proposer: TreeProposer, root: int, tree: DraftTree,
                 cache) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The target's one tree pass: (N+1, V) logits, and its top features (N+1, H) when the proposer reads them."""
@@ -81,51 +69,92 @@ def path_slots(start: int, path: list[int], keep: int) -> list[int]:
 
 @dataclass
 class TreeStep:
-    """What one cycle did, before it is written down."""
+    """What one tree cycle drafted and decided, for its settle and its record."""
 
     draft: TreeDraft
     p_target: torch.Tensor  # (N+1, V) warped: row 0 after the root, row 1+i after node i
     decision: TreeDecision
-    committed: list[int]
-    lengths: dict  # target and draft cache lengths before / after append / after compaction
-    compaction: dict
-    times: dict
-    layout_fields: dict  # the static and paged layouts' states (none for a dynamic cache)
+    features: torch.Tensor | None  # (N+1, H) the verify's top features, for a proposer that reads them
+    before: int  # the target cache's length before the cycle (the root's slot)
+    draft_before: int
+    draft_appended: int
+    target_appended: int
+    layout_before: tuple
+    layout_appended: tuple
+    compaction: dict | None = None  # filled by settle: both caches' kept slots and moves
 
 
-def run_tree_step(pair: Pair, state: RunState, s: SpecSettings, spec: TreeSpec, gen: torch.Generator,
-                  rollback: Rollback = compact) -> TreeStep:
-    start_time = time.perf_counter()
-    proposer = tree_proposer(pair)
-    draft_cache = proposer.cache(state.draft_state)
-    root, before = state.committed[-1], len(state.committed) - 1
-    draft_before = cache_len(draft_cache)
-    layout_before = layout_states(state.target_cache, draft_cache)
-    draft = proposer.draft(state.draft_state, root, spec, s)
-    draft_appended, draft_layout_appended = cache_len(draft_cache), layout_states(None, draft_cache)[1]
-    (logits, features), verify_s = timed(lambda: verify_pass(pair, proposer, root, draft.tree, state.target_cache),
-                                         pair.target.device)
-    p_target = warp_probs(logits, s).cpu()
-    target_appended, target_layout_appended = cache_len(state.target_cache), layout_states(state.target_cache, None)[0]
-    decision = accept_tree(draft.tree, p_target, gen)
-    path_tokens = [draft.tree.token_ids[i] for i in decision.path]
-    committed, state.finished = final_tokens(path_tokens + [decision.next_token_id],
-                                             s.max_new_tokens - len(state.generated), pair.eos_ids)
-    state.committed += committed
-    state.generated += committed
-    kept = path_slots(before, decision.path, len(committed))
-    moves = rollback(state.target_cache, before, kept)
-    draft_compaction, catch_up_s = proposer.roll_back(state.draft_state, draft, decision.path, state.committed,
-                                                      features, rollback)
-    lengths = {"target": {"before": before, "after_append": target_appended, "after_rollback": cache_len(state.target_cache)},
-               "draft": {"before": draft_before, "after_append": draft_appended,
-                         "after_rollback": cache_len(draft_cache)}}
-    compaction = {"target": {"kept_slots": slots_held(before, len(kept), moves), "moves": [list(m) for m in moves]},
-                  "draft": draft_compaction}
-    times = {"verify_s": verify_s, "catch_up_s": catch_up_s, "cycle_s": time.perf_counter() - start_time}
-    layout_fields = cycle_layout_fields(state.target_cache, draft_cache, layout_before,
-                                        (target_layout_appended, draft_layout_appended))
-    return TreeStep(draft, p_target, decision, committed, lengths, compaction, times, layout_fields)
+@dataclass
+class TreeCycle:
+    """The tree's cycle: draft a tree, verify every node in one target pass, walk it, compact both caches.
+    `rule` is the ratio test; a teaching fault's `tree_rollback` replaces the compaction."""
+
+    pair: Pair
+    settings: SpecSettings
+    spec: TreeSpec
+    rule: CycleRule = RATIO_TEST
+
+    @property
+    def proposer(self) -> TreeProposer:
+        return tree_proposer(self.pair)
+
+    @property
+    def rollback(self) -> Rollback:
+        return self.rule.tree_rollback or compact
+
+    def check(self) -> None:
+        check_tree_run(self.pair, self.spec)
+
+    def start(self, prompt_ids: list[int]) -> RunState:
+        pair, proposer = self.pair, self.proposer
+        layout = tree_layout(self.settings, self.spec, len(prompt_ids))
+        target_cache = new_cache(layout, pair.target.model.config)
+        features = None  # the prefill's top features (len(prompt) - 1, H), for a proposer that reads them
+        if proposer.reads_target_features and len(prompt_ids) > 1:
+            features = pair.target.fill_with_features(prompt_ids[:-1], target_cache)
+        else:
+            prefill(pair.target, prompt_ids, target_cache)
+        return RunState(list(prompt_ids), target_cache, proposer.start(prompt_ids, layout, features))
+
+    def step(self, state: RunState, gen: torch.Generator, record: bool) -> CycleStep:
+        proposer, s = self.proposer, self.settings
+        draft_cache = proposer.cache(state.draft_state)
+        root, before = state.committed[-1], len(state.committed) - 1
+        draft_before = cache_len(draft_cache)
+        layout_before = layout_states(state.target_cache, draft_cache)
+        draft = proposer.draft(state.draft_state, root, self.spec, s)
+        draft_appended, draft_layout_appended = cache_len(draft_cache), layout_states(None, draft_cache)[1]
+        (logits, features), verify_s = timed(
+            lambda: verify_pass(self.pair, proposer, root, draft.tree, state.target_cache), self.pair.target.device)
+        p_target = warp_probs(logits, s).cpu()
+        target_appended = cache_len(state.target_cache)
+        target_layout_appended = layout_states(state.target_cache, None)[0]
+        decision = accept_tree(draft.tree, p_target, gen)
+        detail = TreeStep(draft, p_target, decision, features, before, draft_before, draft_appended, target_appended,
+                          layout_before, (target_layout_appended, draft_layout_appended))
+        path_tokens = [draft.tree.token_ids[i] for i in decision.path]
+        return CycleStep(path_tokens, decision.next_token_id, None, len(draft.tree) + 1, draft.step_times_s,
+                         verify_s, None, detail)
+
+    def settle(self, state: RunState, step: CycleStep) -> Settled:
+        t: TreeStep = step.detail
+        proposer, before = self.proposer, t.before
+        draft_cache = proposer.cache(state.draft_state)
+        kept = path_slots(before, t.decision.path, len(state.committed) - 1 - before)
+        moves = self.rollback(state.target_cache, before, kept)
+        draft_compaction, catch_up_s = proposer.roll_back(state.draft_state, t.draft, t.decision.path,
+                                                          state.committed, t.features, self.rollback)
+        t.compaction = {"target": {"kept_slots": slots_held(before, len(kept), moves), "moves": [list(m) for m in moves]},
+                        "draft": draft_compaction}
+        return Settled(
+            {"before": before, "after_append": t.target_appended, "after_rollback": cache_len(state.target_cache)},
+            {"before": t.draft_before, "after_append": t.draft_appended, "after_rollback": cache_len(draft_cache)},
+            cycle_layout_fields(state.target_cache, draft_cache, t.layout_before, t.layout_appended),
+            catch_up_s > 0, catch_up_s)
+
+    def describe(self, state: RunState, step: CycleStep, committed: list[int], texts: TokenTexts) -> dict:
+        return {"committed_token_texts": texts.many(committed), "next_token_text": texts(step.next_token_id),
+                "tree": tree_entry(step.detail, self.settings, texts)}
 
 
 def top_entries(row: torch.Tensor, n: int, texts: TokenTexts) -> list[dict]:
@@ -164,37 +193,19 @@ def tree_entry(step: TreeStep, s: SpecSettings, texts: TokenTexts) -> dict:
     }
 
 
-def tree_record(cycle: int, step: TreeStep, state: RunState, s: SpecSettings, texts: TokenTexts) -> dict:
-    """A tree cycle's trace record: the chain's shared fields, and `tree`."""
-    n = len(step.draft.tree)
-    return {
-        "type": "cycle", "cycle": cycle, "committed_len_before": len(state.committed) - len(step.committed),
-        "num_accepted": len(step.decision.path), "committed_token_ids": step.committed,
-        "committed_token_texts": texts.many(step.committed), "finished": state.finished,
-        "next_token_text": texts(step.decision.next_token_id),
-        "target_cache_len": step.lengths["target"], "draft_cache_len": step.lengths["draft"], **step.layout_fields,
-        "draft_catch_up": step.times["catch_up_s"] > 0, "verify_positions": n + 1,
-        "draft_time_s": sum(step.draft.step_times_s), "draft_step_times_s": step.draft.step_times_s,
-        "verify_time_s": step.times["verify_s"], "catch_up_time_s": step.times["catch_up_s"],
-        "cycle_time_s": step.times["cycle_s"], "tree": tree_entry(step, s, texts),
-    }
+def start_tree_run(pair: Pair, prompt_ids: list[int], s: SpecSettings, spec: TreeSpec,
+                   rule: CycleRule = RATIO_TEST) -> RunState:
+    """A tree run's state, prefilled, for callers that run cycles one by one."""
+    return driver.start(TreeCycle(pair, s, spec, rule), prompt_ids)
 
 
 def run_tree_cycle(pair: Pair, state: RunState, s: SpecSettings, spec: TreeSpec, gen: torch.Generator,
-                   cycle: int, texts: TokenTexts, rollback: Rollback = compact) -> dict:
-    """Run one tree cycle; return its trace record."""
-    return tree_record(cycle, run_tree_step(pair, state, s, spec, gen, rollback), state, s, texts)
+                   cycle: int, texts: TokenTexts, rule: CycleRule = RATIO_TEST, record: bool = True) -> dict:
+    """One tree cycle through the driver; returns its trace record."""
+    return driver.run_one_cycle(TreeCycle(pair, s, spec, rule), state, gen, cycle, texts, record)
 
 
 def tree_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings, spec: TreeSpec,
-                  rollback: Rollback = compact) -> Iterator[dict]:
-    """Yield one tree cycle record per cycle until EOS or max_new_tokens. `rollback` is the
-    compaction; the teaching code alone passes a broken one (engine/teaching/faults.py)."""
-    check_tree_run(pair, spec)
-    gen = torch.Generator().manual_seed(s.seed)
-    texts = TokenTexts(pair.target.tokenizer)
-    state = start_tree_run(pair, prompt_ids, s, spec)
-    cycle = 0
-    while not state.finished:
-        yield run_tree_cycle(pair, state, s, spec, gen, cycle, texts, rollback)
-        cycle += 1
+                  rule: CycleRule = RATIO_TEST, record: bool = True) -> Iterator[dict]:
+    """Yield one tree cycle record per cycle until EOS or max_new_tokens."""
+    return driver.generate(TreeCycle(pair, s, spec, rule), prompt_ids, record)

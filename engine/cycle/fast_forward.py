@@ -1,0 +1,124 @@
+"""The fast path's fixed-shape forwards over static caches, and its timing without a sync.
+
+- `new_fast_cache`: a static cache whose layers never read their position back to the host;
+- `FixedForward`: one model's forward at one width, eager, captured as a CUDA graph, or compiled;
+- `Clock`: marks inside a cycle, CUDA events on a GPU, read after the cycle's one copy.
+"""
+import time
+from typing import Callable
+
+import torch
+
+from engine.kv.layouts import CacheLayout, StaticKVCache, StaticKVLayer, new_cache
+from engine.models.loading import LoadedModel
+
+# ---------------------------------------------------------------- fixed-shape forwards
+
+class FastStaticLayer(StaticKVLayer):
+    """The static layer without its eager capacity check, which reads the position back to the
+    host; the fast path checks capacity on the host from lengths it already knows."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return super(StaticKVLayer, self).update(key_states, value_states, *args, **kwargs)
+
+
+def new_fast_cache(model: LoadedModel, capacity: int) -> StaticKVCache:
+    cache = new_cache(CacheLayout("static", capacity), model.model.config)
+    for layer in cache.layers:
+        layer.__class__ = FastStaticLayer
+        layer.cumulative_length = layer.cumulative_length.to(model.device)  # the mask reads it before the first write
+    return cache
+
+
+def causal_mask(cache: StaticKVCache, width: int) -> torch.Tensor:
+    """(1, 1, T, capacity) bool, True where query t may attend: slots up to its own position.
+
+    Built from the write position on the device. Given a ready 4-D mask, transformers skips its
+    own mask building, whose static-cache branch reads the position back to the host
+    (`q_offset == 0`), which a CUDA graph cannot capture. The logits are bit-identical.
+    """
+    layer = cache.layers[0]
+    query_positions = layer.cumulative_length + torch.arange(width, device=layer.cumulative_length.device)  # (T,)
+    slots = torch.arange(cache.capacity, device=query_positions.device)  # (capacity,)
+    return (slots[None, :] <= query_positions[:, None])[None, None]
+
+
+def logits_of(model: LoadedModel, ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+    """ids (T,) full-vocabulary ids -> full-vocabulary float32 logits (T, V), appending T K/V entries."""
+    rows = ids if model.full_to_row is None else model.full_to_row[ids]
+    out = model.runner_for(ids.shape[0])(input_ids=rows.reshape(1, -1), attention_mask=causal_mask(cache, ids.shape[0]),
+                                         use_cache=True, **{model.cache_arg: cache})
+    return model.full_vocab_logits(out.logits[0])
+
+
+class FixedForward:
+    """One model's forward at one width over its static cache: eager, a CUDA graph, or compiled.
+
+    A graph replays the kernels recorded at capture, reading its input from `self.ids` and the
+    write position from the cache's own device tensors, so one capture serves every cycle.
+    """
+
+    def __init__(self, model: LoadedModel, cache: StaticKVCache, width: int, capture: str) -> None:
+        self.model, self.cache, self.width, self.capture = model, cache, width, capture
+        self.fn: Callable[[torch.Tensor], torch.Tensor] = lambda ids: logits_of(model, ids, cache)
+        if capture == "compile":
+            self.fn = torch.compile(self.fn, mode="reduce-overhead", fullgraph=False, dynamic=False)
+        if capture == "graph":
+            self._capture_graph()
+
+    def _positions(self) -> list[torch.Tensor]:
+        return [layer.cumulative_length.clone() for layer in self.cache.layers]
+
+    def _restore(self, saved: list[torch.Tensor]) -> None:
+        for layer, length in zip(self.cache.layers, saved):
+            layer.cumulative_length.copy_(length)
+
+    def _capture_graph(self) -> None:
+        """Warm up on a side stream, then capture; the cache position is restored after each
+        (the slots written meanwhile lie after it: stale, masked, overwritten by the next append)."""
+        saved = self._positions()
+        self.ids = torch.zeros(self.width, dtype=torch.long, device=self.model.device)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.fn(self.ids)
+                self._restore(saved)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self.fn(self.ids)  # (width, V), rewritten by every replay
+        self._restore(saved)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.capture == "compile":
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the previous outputs may be overwritten
+        if self.capture != "graph":
+            return self.fn(ids)
+        self.ids.copy_(ids)
+        self.graph.replay()
+        return self.out
+
+
+# ---------------------------------------------------------------- timing without a sync
+
+class Clock:
+    """Marks inside a cycle: CUDA events on a GPU (read after the cycle's one copy), perf_counter elsewhere."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def intervals(self) -> list[float]:
+        """Seconds between consecutive marks; call after the host copy (the events have completed)."""
+        if self.cuda:
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]

@@ -1,0 +1,120 @@
+"""The run mode: one validated value for how a run's cycles are made, built once from the CLI, the app or the API.
+
+It says what the cycles are (a chain or a tree, on the reference path or the device-resident
+fast path), which teaching faults break them, and over how many tensor-parallel ranks the
+target runs. Impossible combinations are refused here and nowhere else, each with one
+wording, as soon as the mode is built (the CLI builds it before any model loads); what
+depends on the loaded pair (the drafter kind) is refused by `check_pair` before anything is
+written. The mode also writes its own trace header fields.
+
+Importing this module loads no torch: the CLI builds a mode before it loads anything. The
+cycle kinds it picks are imported when a run starts.
+"""
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from engine.config import SettingsError, SpecSettings, TreeSpec, check_capture
+from engine.trace.schema import DRAFT_MODEL, EAGLE, WEIGHTS_FLOAT32
+
+
+def refuse(asked: bool, message: str) -> None:
+    if asked:
+        raise SettingsError(message)
+
+
+@dataclass(frozen=True)
+class RunMode:
+    """How a run's cycles are made; the default is the chain on the reference path, correct, one process."""
+
+    tree: TreeSpec | None = None  # draft token trees of this shape (engine/tree/) instead of chains
+    fast: str | None = None  # a capture mode (engine.config.CAPTURE_MODES): the device-resident path; None: the reference path
+    faults: Any = None  # a teaching CycleRule (engine/teaching/faults.py); None: the ratio test
+    tp_size: int = 1  # tensor-parallel ranks the target is sharded over (engine/parallel_run.py)
+    tensor_parallel: dict | None = None  # rank 0's record of the group, for the header
+    calibrate: bool = False  # also time both models' steps (engine/stats/calibrate.py)
+    calibration: dict | None = None  # a calibration already measured for this pair and prompt, recorded as it is
+
+    def __post_init__(self) -> None:
+        tree, faults = self.tree is not None, self.faults is not None
+        check_capture(self.fast)
+        for asked, what in ((self.fast is not None, "--fast"), (faults and not self.faults.for_trees, "a teaching fault"),
+                            (self.calibrate or self.calibration is not None, "calibration"), (self.tp_size > 1, "--tp")):
+            refuse(tree and asked, f"--tree does not run with {what} yet; drop one of the two")
+        refuse(faults and not tree and not self.faults.for_chains,
+               "tree faults break a tree's rollback: they need a tree spec")
+        refuse(self.fast is not None and faults,
+               "the fast path runs the correct algorithm only: teaching faults need the reference path")
+        refuse(self.fast is not None and self.tp_size > 1,
+               "--fast keeps the cycle on one device (CUDA graphs over static caches); under --tp use the normal "
+               "path (drop --fast)")
+
+    def check_drafter(self, kind: str, target_weights: str = WEIGHTS_FLOAT32) -> None:
+        """What this mode cannot run with a drafter kind or the target's weights, refused before anything loads."""
+        refuse(self.tp_size > 1 and kind == EAGLE,
+               "the EAGLE head drafts through the target's output layer, which --tp shards over the ranks: use a "
+               "draft model, prompt lookup or the other-tokenizer draft")
+        refuse(self.tp_size > 1 and target_weights != WEIGHTS_FLOAT32,
+               "--target-weights int4 runs on one CPU process: drop --tp")
+
+    def with_ranks(self, tensor_parallel: dict) -> "RunMode":
+        """The same mode with rank 0's record of the group (engine/parallel_run.py), once the ranks have joined."""
+        return replace(self, tp_size=tensor_parallel["tp_size"], tensor_parallel=tensor_parallel)
+
+    def settings_for(self, s: SpecSettings) -> SpecSettings:
+        """The settings the cycles run and the header records: K is a tree's depth; the fast path's caches are static."""
+        if self.tree is not None:
+            s = replace(s, k=self.tree.max_depth)
+        if self.fast is not None and s.cache_layout != "static":
+            s = replace(s, cache_layout="static")
+        return s
+
+    def cycle_kind(self, pair, s: SpecSettings):
+        """The cycle kind that runs these cycles (engine/cycle/driver.py CycleKind), for a loaded pair."""
+        from engine.cycle.reference import RATIO_TEST, ChainCycle
+        if self.tree is not None:
+            from engine.tree.cycle import TreeCycle
+            return TreeCycle(pair, s, self.tree, self.faults or RATIO_TEST)
+        if self.fast is not None:
+            from engine.cycle.fast import FastChainCycle
+            return FastChainCycle(pair, s, self.fast)
+        return ChainCycle(pair, s, self.faults or RATIO_TEST)
+
+    def check_pair(self, pair, s: SpecSettings) -> SpecSettings:
+        """Refuse what the loaded pair cannot run in this mode (before anything is written); the settings to run."""
+        self.check_drafter(pair.drafter.kind)
+        pair.drafter.check_settings(s)
+        s = self.settings_for(s)
+        self.cycle_kind(pair, s).check()
+        return s
+
+    def cache_layout(self, pair, s: SpecSettings, prompt_len: int) -> dict:
+        """The header's "cache_layout": what the cycle kind allocates for this prompt."""
+        if self.tree is not None:
+            from engine.tree.cycle import tree_layout
+            return tree_layout(s, self.tree, prompt_len).describe()
+        from engine.kv.layouts import layout_for_run
+        return layout_for_run(s, prompt_len, getattr(self.faults, "keep_rejected_kv", False)).describe()
+
+    def header_fields(self, measured: dict) -> dict:
+        """The header's optional fields this mode adds, in the header's order; `measured` (the linear
+        paths and the calibration, when asked for) goes between the ranks and the fast path."""
+        fields: dict = {}
+        if self.faults is not None:  # marks a deliberately broken teaching run
+            fields["faults"] = asdict(self.faults)
+        if self.tensor_parallel is not None:  # the ranks the target was sharded over
+            fields["tensor_parallel"] = self.tensor_parallel
+        fields |= measured
+        if self.fast is not None:  # which path made the cycles
+            fields["fast_path"] = {"capture": self.fast}
+        return fields
+
+
+def refuse_tree_auto(drafter_kind: str, fast: bool, calibrate: bool) -> None:
+    """`--tree auto` (the tree advisor chooses the run, engine/run.py run_tree_advised): what it cannot do."""
+    refuse(drafter_kind != DRAFT_MODEL,
+           f"--tree auto sizes trees from the draft model's costs and ranks; with --drafter {drafter_kind} name the "
+           "tree (static:3,2,1 or dynamic:top_k=3,depth=4,nodes=12)")
+    refuse(fast or calibrate, "--tree auto measures on its own and runs the reference cycle: drop --fast and --calibrate")
+
+
+DEFAULT_MODE = RunMode()  # the chain on the reference path, correct, one process
