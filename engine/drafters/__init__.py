@@ -5,6 +5,7 @@
   other_tokenizer.py: a draft with its own tokenizer (greedy only); eagle.py: an EAGLE-style
   head over the target's features.
 - registry.py: each kind's class, options, command-line flags and builder (`DRAFTERS`).
+- refusals.py: what a kind says when it refuses a setting (a leaf: its drafter and the registry read it).
 
 Nothing is imported here, so that registry.py loads without torch (the CLI's parser reads it).
 May import: engine.config, engine.trace, engine.models and engine.kv; never engine.cycle,

@@ -29,7 +29,7 @@ from transformers import DynamicCache
 
 from engine.config import SettingsError, SpecSettings
 from engine.drafters.base import CatchUp, Proposal, one_hot_rows
-from engine.drafters.registry import DRAFTERS
+from engine.drafters.refusals import OTHER_TOKENIZER_GREEDY_ONLY
 from engine.kv.ops import cache_len, crop
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
@@ -76,7 +76,7 @@ class OtherTokenizerDrafter:
 
     def check_settings(self, s: SpecSettings) -> None:
         if s.temperature != 0:
-            raise SettingsError(DRAFTERS[OTHER_TOKENIZER].refusal)
+            raise SettingsError(OTHER_TOKENIZER_GREEDY_ONLY)
 
     # ------------------------------------------------------------ text in both token spaces
 

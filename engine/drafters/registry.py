@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from engine.config import SettingsError, SpecSettings
+from engine.drafters.refusals import OTHER_TOKENIZER_GREEDY_ONLY
 from engine.trace.schema import DRAFT_MODEL, EAGLE, MAX_K, MAX_NGRAM, OTHER_TOKENIZER, PROMPT_LOOKUP
 
 if TYPE_CHECKING:
@@ -218,9 +219,7 @@ DRAFTERS = {spec.kind: spec for spec in (
         flags=(Flag("--draft-steps", "max_draft_steps", "other tokenizer: draft tokens per cycle at most (default 0: K)",
                     0, MAX_K),),
         samples=False,
-        refusal="the other-tokenizer drafter runs only greedy (temperature 0): the ratio test needs the "
-                "draft's probability of each target token, which exists only for strings both vocabularies "
-                "share (Timor et al., ICML 2025); use --temperature 0, or a drafter that shares the target's tokenizer",
+        refusal=OTHER_TOKENIZER_GREEDY_ONLY,
         not_shipped="ships no draft with another tokenizer: name one with --draft, or use --preset tiny-shakespeare",
         checked_early=True),
     DrafterKind(

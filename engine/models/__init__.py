@@ -2,6 +2,7 @@
 layers, and turning its logits into the distributions both models are tested with.
 
 - loading.py: `load_model`, `LoadedModel` (one forward against a cache), tokenizer checks.
+- errors.py: `ModelLoadError` and `TokenizerMismatchError` (a leaf: the GGUF modules raise them too).
 - presets.py: the offline model pairs shipped under assets/models.
 - device.py: device and dtype choice, and `timed`, the one way the project times work.
 - cpu_linear.py: pre-packed oneDNN linear layers for few-row CPU forwards.

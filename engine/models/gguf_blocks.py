@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.models.loading import ModelLoadError
+from engine.models.errors import ModelLoadError
 from engine.trace.schema import GGUF_BLOCK_TYPES
 
 BLOCK_WEIGHTS = 32

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
+from engine.models.errors import ModelLoadError
 from engine.models.gguf_blocks import BLOCK_BYTES
-from engine.models.loading import ModelLoadError
 from engine.models.machine import cpu_features, cpu_model
 from engine.models.presets import cache_root
 

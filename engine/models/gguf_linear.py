@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from engine.models import gguf_kernel
+from engine.models.errors import ModelLoadError
 from engine.models.gguf_blocks import (
     BlockTensor,
     GGUFFile,
@@ -38,7 +39,6 @@ from engine.models.gguf_blocks import (
     dequantize,
     read_gguf,
 )
-from engine.models.loading import ModelLoadError
 
 TIED_OUTPUT = "token_embd.weight"  # a GGUF without output.weight ties the output layer to the embedding
 CHECKED_ROWS = 64  # rows per layer compared bit for bit at load (every_row=True compares all)

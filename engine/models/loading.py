@@ -10,18 +10,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.distributed import DistributedConfig
 
 from engine.models import cpu_linear
+from engine.models.errors import ModelLoadError, TokenizerMismatchError
 from engine.trace.schema import AS_LOADED, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"  # a draft's kept token ids (a draft model's or an EAGLE head's)
 DRAFT_VOCAB_FORMAT = "speclab-draft-vocab"
-
-
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer could not be loaded; the message says which and why."""
-
-
-class TokenizerMismatchError(ValueError):
-    """Draft and target do not share one token space."""
 
 
 @dataclass

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from engine.models.loading import ModelLoadError
+from engine.models.errors import ModelLoadError
 from engine.trace.schema import DRAFT_MODEL, DRAFTER_KINDS, EAGLE, OTHER_TOKENIZER
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from engine.models.loading import ModelLoadError
+from engine.models.errors import ModelLoadError
 
 
 def text_config(config):

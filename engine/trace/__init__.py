@@ -1,9 +1,18 @@
 """The trace format: what a run writes, and what `load_trace` checks before anyone reads it.
 
 - schema.py: the constants that traces, settings and the checks share (imports nothing).
-- format.py: the record types, the reader (`load_trace`, `loads_trace`) and the writer.
-- checks.py: what a trace's numbers must mean (the invariants), after the field types.
-- tree_checks.py: the same for a tree trace's cycles (the tree, the walk, the compaction).
+- format.py: the reader (`load_trace`, `loads_trace`); it re-exports the names below that its
+  importers have always read from it (Trace, TraceError, CycleRecord, TraceWriter, ...).
+- records.py: `Trace`, the record types (TypedDicts) and the field tables derived from them.
+- errors.py: TraceError and BrokenInvariant (imports nothing).
+- json_lines.py: splitting a trace into lines and parsing one, refusing what a trace may not hold.
+- field_checks.py: each record's fields present with the right JSON type.
+- writer.py: `TraceWriter` (streams into a .partial file) and `make_summary`.
+- checks.py: what a trace's numbers must mean (the invariants), after the field types; its
+  parts: check_basics.py (fail, tolerances, the replayed run), shared_checks.py,
+  header_checks.py, chain_checks.py (one chain cycle) and drafter_checks.py.
+- tree_checks.py: the same for a tree trace's cycles; its parts: tree_shape_checks.py (the
+  tree), tree_walk_checks.py (the walk) and tree_cache_checks.py (the commit, the compaction).
 - commit.py: the commit rule (cut at EOS and at the budget), shared with engine/cycle/.
 - layout_checks.py: the same for a cache layout's fields.
 - metrics.py: the acceptance counts a summary carries, under vLLM's names.

@@ -1,0 +1,225 @@
+"""What a trace's header must mean: the settings, the drafter, the declared faults, and the
+optional calibration, linear paths, tensor-parallel layout and target weights. `check_header`
+returns the RunFacts every cycle is then checked against (a tree run's through
+tree_checks.check_tree_header).
+"""
+import math
+
+from engine.trace.check_basics import RunFacts, fail, is_int, is_num
+from engine.trace.schema import (
+    ACCEPTANCE_RULES,
+    CACHE_CONVENTION,
+    DRAFT_MODEL,
+    DRAFTER_KINDS,
+    GGUF_BLOCK_TYPES,
+    LINEAR_PATHS,
+    MAX_K,
+    MAX_NGRAM,
+    OTHER_TOKENIZER,
+    PROMPT_LOOKUP,
+    TARGET_WEIGHTS,
+    WEIGHTS_INT4,
+)
+from engine.trace.shared_checks import check_texts, check_token_ids
+from engine.trace.tree_checks import check_tree_header
+
+# The deliberate bugs a teaching run may declare (mirror of teaching_faults.Faults; a test keeps them equal).
+FAULT_FIELDS = {"keep_rejected_kv": bool, "skip_draft_catch_up": bool, "acceptance_rule": str, "greedy_draft": bool}
+# ... and those of a tree run's rollback (mirror of teaching_faults.TreeFaults), declared by tree traces only.
+TREE_FAULT_FIELDS = {"crop_instead_of_compact": bool}
+MAX_VERIFY_WIDTH = 1024  # calibrated verify widths beyond this are not a real measurement
+MAX_RANKS = 65536  # ranks of a tensor-parallel run: far beyond any real job
+MAX_RANK_TEXT = 255  # a host name (at most 253 characters in DNS), a device or backend name
+
+
+def check_drafter(h: dict, temperature: float, where: str) -> dict:
+    """The header's drafter entry and its settings; traces from before drafters had names used a draft model."""
+    d = h.get("drafter", {"kind": DRAFT_MODEL})
+    if not isinstance(d, dict) or d.get("kind") not in DRAFTER_KINDS:
+        fail(where, "drafter", f"must be an object whose kind is one of {', '.join(DRAFTER_KINDS)}")
+    if d["kind"] == PROMPT_LOOKUP:
+        lo, hi = d.get("min_ngram"), d.get("max_ngram")
+        if not (is_int(lo) and is_int(hi) and 1 <= lo <= hi <= MAX_NGRAM):
+            fail(where, "drafter.min_ngram", f"prompt lookup needs 1 <= min_ngram <= max_ngram <= {MAX_NGRAM}")
+    if d["kind"] == OTHER_TOKENIZER:
+        if temperature != 0:
+            fail(where, "settings.temperature", "the other-tokenizer drafter runs greedy only (temperature 0): "
+                                                "a ratio test needs the draft's probability of each target token")
+        steps = d.get("max_draft_steps", 0)
+        if not is_int(steps) or not 0 <= steps <= MAX_K:
+            fail(where, "drafter.max_draft_steps", f"must be an integer in 0 (K)..{MAX_K}")
+        vocab = d.get("draft_vocab_size")
+        if vocab is not None and (not is_int(vocab) or vocab < 1):
+            fail(where, "drafter.draft_vocab_size", "must be a positive integer")
+    return d
+
+
+def check_settings(settings: dict, where: str) -> None:
+    # Imported here: engine.config imports engine.trace.schema, which loads this package first.
+    from engine.config import SettingsError, SpecSettings
+
+    known = {name: settings[name] for name in SpecSettings.__dataclass_fields__ if name in settings}
+    for name, v in known.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            fail(where, f"settings.{name}", "must be a finite number")
+    try:
+        SpecSettings(**known)
+    except SettingsError as err:
+        fail(where, "settings", f"out of range: {err}")
+
+
+def check_faults(faults, where: str, tree: bool = False) -> dict:
+    """The declared faults: a chain run's (FAULT_FIELDS) in a chain trace, a tree rollback's in a tree trace."""
+    if faults is None:
+        return {}
+    if not isinstance(faults, dict):
+        fail(where, "faults", "must be an object naming the deliberate bugs of a teaching run")
+    known = TREE_FAULT_FIELDS if tree else FAULT_FIELDS
+    for name, value in faults.items():
+        if name not in known:
+            other = " (a tree run's fault, and this is a chain trace)" if name in TREE_FAULT_FIELDS else ""
+            fail(where, f"faults.{name}", f"unknown fault{other}; known: {', '.join(known)}")
+        if type(value) is not known[name]:
+            fail(where, f"faults.{name}", f"must be {known[name].__name__}")
+    if faults.get("acceptance_rule", "ratio") not in ACCEPTANCE_RULES:
+        fail(where, "faults.acceptance_rule", f"unknown rule; known: {', '.join(ACCEPTANCE_RULES)}")
+    return faults
+
+
+def check_calibration(cal, where: str) -> None:
+    """The optional step-time calibration (engine/stats/calibrate.py): positive finite times, distinct widths."""
+    if cal is None:
+        return
+    if not isinstance(cal, dict):
+        fail(where, "calibration", "must be an object")
+    for name in ("target_step_s", "draft_step_s"):
+        if not is_num(cal.get(name)) or cal[name] <= 0:
+            fail(where, f"calibration.{name}", "must be a positive finite number of seconds")
+    if not is_int(cal.get("cache_len")) or cal["cache_len"] < 0:
+        fail(where, "calibration.cache_len", "must be a non-negative integer")
+    widths, times = cal.get("verify_positions"), cal.get("verify_s")
+    if not isinstance(widths, list) or not isinstance(times, list) or not widths or len(widths) != len(times):
+        fail(where, "calibration.verify_positions", "must be a non-empty list as long as verify_s")
+    if not all(is_int(n) and 1 <= n <= MAX_VERIFY_WIDTH for n in widths) or widths != sorted(set(widths)):
+        fail(where, "calibration.verify_positions", f"must be distinct increasing integers in 1..{MAX_VERIFY_WIDTH}")
+    if not all(is_num(t) and t > 0 for t in times):
+        fail(where, "calibration.verify_s", "must be positive finite numbers of seconds")
+
+
+def check_linear_path_curve(curve, where: str, name: str) -> None:
+    """One model's measured linear paths (engine/models/linear_paths.py): a time per path and width,
+    and a choice per width that is the faster path there (a tie: the model as loaded)."""
+    if not isinstance(curve, dict):
+        fail(where, name, "must be an object")
+    widths, seconds, chosen = curve.get("widths"), curve.get("seconds"), curve.get("chosen")
+    if (not isinstance(widths, list) or not widths or len(widths) > MAX_VERIFY_WIDTH
+            or widths != list(range(1, len(widths) + 1)) or not all(is_int(w) for w in widths)):
+        fail(where, f"{name}.widths", "must be the widths 1, 2, ..., n")
+    if not isinstance(seconds, dict) or sorted(seconds) != sorted(LINEAR_PATHS) or not all(
+            isinstance(v, list) and len(v) == len(widths) and all(is_num(t) and t > 0 for t in v)
+            for v in seconds.values()):
+        fail(where, f"{name}.seconds", f"must give {', '.join(LINEAR_PATHS)} a positive time at every width")
+    if not isinstance(chosen, dict) or sorted(chosen) != sorted(str(w) for w in widths):
+        fail(where, f"{name}.chosen", "must name one path for every width")
+    for i, w in enumerate(widths):
+        fastest = min(LINEAR_PATHS, key=lambda p: (seconds[p][i], p != LINEAR_PATHS[0]))
+        if chosen[str(w)] != fastest:
+            fail(where, f"{name}.chosen.{w}", f"must be the faster path at that width ({fastest})")
+    if "spread" in curve and not (is_num(curve["spread"]) and curve["spread"] >= 0):
+        fail(where, f"{name}.spread", "must be a non-negative number")
+    if "kept" in curve and not isinstance(curve["kept"], bool):
+        fail(where, f"{name}.kept", "must be true or false")
+    machine = curve.get("machine")
+    if not isinstance(machine, dict) or not all(isinstance(machine.get(k), str) and len(machine[k]) <= 200
+                                                for k in ("cpu", "torch")):
+        fail(where, f"{name}.machine", "must name the CPU and the torch version")
+
+
+def check_linear_paths(paths, where: str) -> None:
+    """The optional per-machine linear paths of a calibrated CPU run, for the target and a draft model."""
+    if paths is None:
+        return
+    if not isinstance(paths, dict) or not set(paths) <= {"target", "draft"}:
+        fail(where, "linear_paths", "must be an object with a curve for the target and/or the draft")
+    for role, curve in paths.items():
+        check_linear_path_curve(curve, where, f"linear_paths.{role}")
+
+
+def check_tensor_parallel(tp, where: str) -> None:
+    """The optional rank layout of a tensor-parallel run (engine/parallel_run.py): sizes that fit
+    together and one entry per rank, in order. Host and device names are shown, so they are short text."""
+    if tp is None:
+        return
+    if not isinstance(tp, dict):
+        fail(where, "tensor_parallel", "must be an object")
+    world, size, lead = tp.get("world_size"), tp.get("tp_size"), tp.get("drafter_rank", 0)
+    if not (is_int(world) and 1 <= world <= MAX_RANKS):
+        fail(where, "tensor_parallel.world_size", f"must be an integer in 1..{MAX_RANKS}")
+    if not (is_int(size) and 1 <= size <= world and world % size == 0):
+        fail(where, "tensor_parallel.tp_size", f"must be a positive integer dividing world_size ({world})")
+    if not (isinstance(tp.get("backend"), str) and 0 < len(tp["backend"]) <= MAX_RANK_TEXT):
+        fail(where, "tensor_parallel.backend", f"must be a name of 1..{MAX_RANK_TEXT} characters")
+    if not (is_int(lead) and 0 <= lead < world):
+        fail(where, "tensor_parallel.drafter_rank", f"must be a rank in 0..{world - 1}")
+    ranks = tp.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) != world:
+        fail(where, "tensor_parallel.ranks", f"must list all {world} ranks")
+    for i, r in enumerate(ranks):
+        if not isinstance(r, dict) or not is_int(r.get("rank")) or r["rank"] != i:
+            fail(where, f"tensor_parallel.ranks[{i}].rank", f"must be {i}: every rank once, in order")
+        if not is_int(r.get("local_rank")) or not 0 <= r["local_rank"] < world:
+            fail(where, f"tensor_parallel.ranks[{i}].local_rank", f"must be an integer in 0..{world - 1}")
+        for name in ("host", "device"):
+            if not isinstance(r.get(name), str) or not 0 < len(r[name]) <= MAX_RANK_TEXT:
+                fail(where, f"tensor_parallel.ranks[{i}].{name}", f"must be a name of 1..{MAX_RANK_TEXT} characters")
+
+
+def check_target_weights(weights, where: str) -> None:
+    """The optional weights path of the target (engine/models/gguf_linear.py); absent in older traces,
+    which ran the model as loaded."""
+    if weights is None:
+        return
+    if not isinstance(weights, dict) or weights.get("path") not in TARGET_WEIGHTS:
+        fail(where, "target_weights.path", f"must be one of {', '.join(TARGET_WEIGHTS)}")
+    if weights["path"] != WEIGHTS_INT4:
+        return
+    name = weights.get("file")
+    if not isinstance(name, str) or not 0 < len(name) <= 200:
+        fail(where, "target_weights.file", "must name the GGUF file in at most 200 characters")
+    types = weights.get("tensor_types")
+    if not isinstance(types, dict) or not types or not all(
+            t in GGUF_BLOCK_TYPES and is_int(n) and 0 < n <= 10**6 for t, n in types.items()):
+        fail(where, "target_weights.tensor_types", f"must count layers per block type ({', '.join(GGUF_BLOCK_TYPES)})")
+    for key in ("float_layers", "weight_bytes"):
+        if not is_int(weights.get(key)) or weights[key] < 0:
+            fail(where, f"target_weights.{key}", "must be a non-negative integer")
+
+
+def check_header(h: dict, where: str) -> RunFacts:
+    check_settings(h["settings"], where)
+    s = h["settings"]
+    for role in ("target", "draft"):
+        if "name" in h[role] and not isinstance(h[role]["name"], str):
+            fail(where, f"{role}.name", "must be a string")
+    vocab = h["target"].get("vocab_size")
+    if vocab is not None and (not is_int(vocab) or vocab < 1):
+        fail(where, "target.vocab_size", "must be a positive integer")
+    if h["cache_convention"].get("name") != CACHE_CONVENTION:
+        fail(where, "cache_convention.name", f"this engine reads the '{CACHE_CONVENTION}' convention only")
+    prompt = h["prompt_token_ids"]
+    if not prompt:
+        fail(where, "prompt_token_ids", "a run starts from at least one prompt token")
+    check_token_ids(prompt, vocab, where, "prompt_token_ids")
+    check_texts(h["prompt_token_texts"], len(prompt), where, "prompt_token_texts")
+    check_token_ids(h["eos_token_ids"], vocab, where, "eos_token_ids")
+    faults = check_faults(h.get("faults"), where, "tree" in s)
+    check_calibration(h.get("calibration"), where)
+    check_linear_paths(h.get("linear_paths"), where)
+    check_tensor_parallel(h.get("tensor_parallel"), where)
+    check_target_weights(h.get("target_weights"), where)
+    drafter = check_drafter(h, float(s["temperature"]), where)
+    tree = None
+    if "tree" in s:
+        tree = check_tree_header(h, where)
+    return RunFacts(s["k"], float(s["temperature"]), s["max_new_tokens"], s["trace_top_k"], list(prompt),
+                    frozenset(h["eos_token_ids"]), vocab, faults, drafter, isinstance(h.get("fast_path"), dict), tree)
