@@ -34,16 +34,16 @@ import streamlit.testing.v1.app_test as app_test
 from streamlit.runtime.scriptrunner.script_cache import ScriptCache
 from streamlit.testing.v1 import AppTest
 
-from app.figures import cycle as figures
-from app.figures import layouts
+from app.figures import acceptance, caches, cycle, layouts, overview
 from app.ui import timing
 from bench.common import RESULTS, machine_info, machine_words, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN = str(ROOT / "app" / "main.py")
 CLICKS = 15
-BUILDERS = [(figures, name) for name in ("cycle_figure", "acceptance_figure", "resample_figure", "cache_figure",
-                                         "cycle_time_figure", "text_figure", "overview_figure")] + [(layouts, "layout_figures")]
+BUILDERS = [(cycle, "cycle_figure"), (acceptance, "acceptance_figure"), (acceptance, "resample_figure"),
+            (caches, "cache_figure"), (overview, "cycle_time_figure"), (cycle, "text_figure"),
+            (overview, "overview_figure"), (layouts, "layout_figures")]
 PARTS = {"build": "building the figures", "prepare": "preparing them for the cache (once per figure)",
          "to_dict": "figure.to_dict()", "to_json": "the figure's JSON",
          "element_id": "element id (hashes the JSON)"}

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from app.figures.cycle import STAGE_CHART_KEY, TEST_TABLE_WIDTHS
+from app.figures.acceptance import TEST_TABLE_WIDTHS
+from app.figures.style import STAGE_CHART_KEY
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, TIMEOUT_MS, settled, streamlit_server
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright python package is not installed")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from app.ui import state
-from app.ui.tree_stats_view import tree_stats_of
+from app.views.sections.statistics_tree import tree_stats_of
 
 PARSED_PER_BYTE = 8  # Python objects per byte of trace JSON, with headroom over the 4.4-5.6x measured
 SMALL_STATE = 2 * 2**20  # the statistics cached per trace (2 KB each) and the visitors' own few entries

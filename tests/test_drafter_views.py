@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.figures import acceptance, caches, derive, explain, overview
 from app.figures import cycle as figures
-from app.figures import derive, explain
-from app.ui import drafter_view
+from app.views.sections import stepper_drafter
 from engine.config import SpecSettings
 from engine.run import run_to_trace
 from engine.stats.analysis import trace_stats
@@ -55,7 +55,7 @@ def test_lookup_view_marks_the_matched_ngram_and_the_copied_tokens(drafter_trace
             copied = [i + first for i, r in enumerate(roles) if r == derive.LOOKUP_COPIED]
             # the copied tokens are the proposal (those of them that are not also the looked-up tail)
             assert [committed[p] for p in copied] == c["draft_token_ids"][:len(copied)]
-            page = drafter_view.lookup_html(view)
+            page = stepper_drafter.lookup_html(view)
             assert "<b>" not in page  # token texts are escaped
         committed += c["committed_token_ids"]
 
@@ -75,19 +75,19 @@ def test_every_stage_figure_and_caption_draws_for_both_drafters(drafter_traces):
     for name in ("lookup", "other"):
         trace = drafter_traces[name]
         ov = derive.overview(trace)
-        figures.overview_figure(ov, len(trace.cycles), 0)
+        overview.overview_figure(ov, len(trace.cycles), 0)
         for c in trace.cycles:
             k = derive.proposals(c)
             for stage in range(1, 6):
                 caption = explain.stage_caption(c, k, stage)
                 assert "draft model proposes" not in caption or name == "other"
                 figures.cycle_figure(c, k, stage)
-                figures.cache_figure(c, stage, committed_texts(trace, c) + list(c["draft_token_texts"]))
+                caches.cache_figure(c, stage, committed_texts(trace, c) + list(c["draft_token_texts"]))
                 assert derive.sequence_texts(trace, c) == committed_texts(trace, c) + list(c["draft_token_texts"])
                 if stage >= 2:
-                    figures.acceptance_figure(c, k, stage)
+                    acceptance.acceptance_figure(c, k, stage)
                 if stage >= 4:
-                    figures.resample_figure(c, k)
+                    acceptance.resample_figure(c, k)
                 # both traces are greedy: the pages draw the greedy explanation and argmax marks
                 greedy_caption = explain.stage_caption(c, k, stage, greedy=True)
                 if stage == 3:
@@ -96,7 +96,7 @@ def test_every_stage_figure_and_caption_draws_for_both_drafters(drafter_traces):
                         assert explain.quoted(c["next_token_text"]) in greedy_caption
                 figures.cycle_figure(c, k, stage, greedy=True)
                 if stage >= 2:
-                    figures.acceptance_figure(c, k, stage, greedy=True)
+                    acceptance.acceptance_figure(c, k, stage, greedy=True)
         # bonus markers sit right after each cycle's own proposals
         bonus_cycles, bonus_positions = ov.points[derive.BONUS]
         for cyc, pos in zip(bonus_cycles, bonus_positions):

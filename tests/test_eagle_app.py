@@ -10,9 +10,8 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from app.figures import cycle as figures
-from app.figures import derive, explain
-from app.ui import drafter_view
+from app.figures import acceptance, caches, derive, explain
+from app.views.sections import stepper_drafter
 from engine.cycle.reference import TokenTexts, run_cycle, start_run
 from engine.trace import load_trace
 from tests.eagle_tiny import EAGLE_SETTINGS, eagle_trace, random_eagle_pair
@@ -55,13 +54,13 @@ def test_the_head_is_its_own_row_and_its_rollback_draws_what_the_engine_did(engi
         seq = texts_before(prompt_texts, cycles, i) + c["draft_token_texts"]
         d = c["draft_cache_len"]
         for stage in range(1, 6):
-            fig = figures.cache_figure(c, stage, seq, "eagle")
+            fig = caches.cache_figure(c, stage, seq, "eagle")
             rows = {y for bar in fig.data if bar.type == "bar" for y in bar.y}
             assert rows == {"EAGLE head", "target"}  # never "draft"
             assert list(fig.layout.yaxis.categoryarray) == ["EAGLE head", "target"]
             assert "EAGLE head" in fig.layout.title.text and "draft" not in fig.layout.title.text
-        cells = cache_positions(figures.cache_figure(c, 5, seq, "eagle"))
-        catch_up = cells.get((figures.HEAD_CATCH_UP, "EAGLE head"), [])
+        cells = cache_positions(caches.cache_figure(c, 5, seq, "eagle"))
+        catch_up = cells.get((caches.HEAD_CATCH_UP, "EAGLE head"), [])
         assert catch_up == fed  # exactly the positions the engine fed again with the target's features
         assert cells.get(("rolled back", "EAGLE head"), []) == list(range(d["after_rollback"], d["after_append"]))
         kept = cells[("committed", "EAGLE head")]
@@ -75,7 +74,7 @@ def test_stage_one_hover_says_which_feature_built_each_head_entry(engine_run):
     c = cycles[1]
     seq = texts_before(prompt_texts, cycles, 1) + c["draft_token_texts"]
     hovers = {}
-    for bar in figures.cache_figure(c, 1, seq, "eagle").data:
+    for bar in caches.cache_figure(c, 1, seq, "eagle").data:
         if bar.type == "bar":
             for y, base, h in zip(bar.y, bar.base, bar.hovertext):
                 hovers[(y, round(base + 0.45))] = h
@@ -89,7 +88,7 @@ def test_a_model_trace_keeps_its_draft_row(engine_run):
     cycles, _, prompt_texts, _ = engine_run
     c = copy.deepcopy(cycles[1])
     c.pop("drafter_state")  # as a draft model's cycle records it
-    fig = figures.cache_figure(c, 5, texts_before(prompt_texts, cycles, 1) + c["draft_token_texts"])
+    fig = caches.cache_figure(c, 5, texts_before(prompt_texts, cycles, 1) + c["draft_token_texts"])
     assert {y for bar in fig.data if bar.type == "bar" for y in bar.y} == {"draft", "target"}
 
 
@@ -105,7 +104,7 @@ def test_head_steps_say_what_each_step_read(engine_run):
         assert [s.feature_position for s in steps] == [s.position - 1 for s in steps]
         assert [s.proposed_text for s in steps] == c["draft_token_texts"]
         assert [s.outcome for s in steps].count(derive.ACCEPTED) == c["num_accepted"]
-        page = drafter_view.head_steps_html(steps)
+        page = stepper_drafter.head_steps_html(steps)
         assert page.count("the target's true feature") == 1 and page.count("the head's own predicted feature") == k - 1
     older = copy.deepcopy(cycles[0])
     older.pop("drafter_state")  # an eagle trace without the feature record: said, not guessed
@@ -116,7 +115,7 @@ def test_head_steps_escape_token_text(engine_run):
     cycles, _, prompt_texts, _ = engine_run
     c = copy.deepcopy(cycles[0])
     c["draft_token_texts"] = ["<b>bold</b>", "<script>x</script>", "&amp;"][: len(c["draft_token_texts"])]
-    page = drafter_view.head_steps_html(derive.head_steps(prompt_texts[:-1] + ["<img src=x>"], c))
+    page = stepper_drafter.head_steps_html(derive.head_steps(prompt_texts[:-1] + ["<img src=x>"], c))
     assert "<b>" not in page and "<script>" not in page and "<img" not in page
     assert "&lt;script&gt;" in page and "&amp;amp;" in page
 
@@ -139,7 +138,7 @@ def test_stage_captions_describe_the_head(engine_run):
 
 def test_acceptance_bars_name_the_head(engine_run):
     c = engine_run[0][0]
-    names = [t.name for t in figures.acceptance_figure(c, len(c["draft_token_ids"]), 3).data]
+    names = [t.name for t in acceptance.acceptance_figure(c, len(c["draft_token_ids"]), 3).data]
     assert "p_draft (EAGLE head)" in names
 
 

@@ -10,8 +10,8 @@ import plotly.io as pio
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.figures import acceptance, caches, derive, overview
 from app.figures import cycle as figures
-from app.figures import derive
 from app.ui import widgets
 from app.ui.figure_cache import FIGURE_OVERHEAD_BYTES, FigureCache, PreparedFigure
 from engine.stats.quiet import loud_cycles, median_cycle_s
@@ -27,11 +27,11 @@ def stepper_figures(trace, cycle: int, stage: int) -> list:
     """The figures the stepper draws at a step, built fresh (as app/views/stepper.py calls them)."""
     c, tokens, ov = trace.cycles[cycle], derive.token_table(trace), derive.overview(trace)
     k, greedy, texts = derive.proposals(c), trace.header["settings"]["temperature"] == 0, derive.sequence_texts(trace, c)
-    return [figures.cycle_figure(c, k, stage, greedy), figures.acceptance_figure(c, k, stage, greedy),
-            figures.resample_figure(c, k), figures.cache_figure(c, stage, texts, trace.drafter_kind),
-            figures.cycle_time_figure(c, median_cycle_s(trace), cycle in loud_cycles(trace)),
+    return [figures.cycle_figure(c, k, stage, greedy), acceptance.acceptance_figure(c, k, stage, greedy),
+            acceptance.resample_figure(c, k), caches.cache_figure(c, stage, texts, trace.drafter_kind),
+            overview.cycle_time_figure(c, median_cycle_s(trace), cycle in loud_cycles(trace)),
             figures.text_figure(tokens[:c["committed_len_before"]]),
-            figures.overview_figure(ov, len(trace.cycles), cycle, loud_cycles(trace))]
+            overview.overview_figure(ov, len(trace.cycles), cycle, loud_cycles(trace))]
 
 
 def sent(fig) -> str:
@@ -47,7 +47,7 @@ def default_trace():
 # ---------------------------------------------------------------- the cache alone
 
 def one_figure(trace, i: int = 0):
-    return [figures.cycle_time_figure(trace.cycles[i % len(trace.cycles)])]
+    return [overview.cycle_time_figure(trace.cycles[i % len(trace.cycles)])]
 
 
 def test_the_oldest_entries_go_first_beyond_the_entry_limit(default_trace):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from app.figures import acceptance, caches, derive, explain, overview, style
 from app.figures import cycle as figures
-from app.figures import derive, explain
 from app.figures import stats as stats_figures
 from app.ui.safe import md
 from engine.stats.analysis import trace_stats
@@ -98,7 +98,7 @@ def test_text_figure_tokens_in_order_coloured_by_origin(name, request):
     tokens = derive.token_table(trace)
     fig = figures.text_figure(tokens, highlight_cycle=cycle)
     (labels,) = text_traces(fig)
-    assert list(labels.text) == [figures.esc(derive.visible_text(t)) for t in all_texts(trace)]
+    assert list(labels.text) == [style.esc(derive.visible_text(t)) for t in all_texts(trace)]
     where = {(float(x), int(y)): i for i, (x, y) in enumerate(zip(labels.x, labels.y))}
     seen = {}
     for bar in (t for t in fig.data if t.type == "bar"):
@@ -107,7 +107,7 @@ def test_text_figure_tokens_in_order_coloured_by_origin(name, request):
     origins = expected_origins(trace)
     assert len(seen) == len(origins)
     for i, origin in enumerate(origins):
-        assert seen[i][0] == figures.tint(figures.STYLES[origin].colour), f"token {i} ({origin})"
+        assert seen[i][0] == style.tint(style.STYLES[origin].colour), f"token {i} ({origin})"
     ends = derive.tokens_through(trace)
     this_cycle = range(ends[cycle - 1], ends[cycle])
     assert [i for i in seen if seen[i][1] == 2.5] == list(this_cycle)
@@ -124,31 +124,31 @@ def test_text_hover_shows_the_tokens_numbers(sampled):
                 for c in sampled.cycles for i in range(min(c["num_accepted"], len(c["committed_token_ids"])))]
     assert len(hovers) == len(expected)
     for hover, (pt, pd, a, u) in zip(hovers, expected):
-        assert f"p_target {figures.fmt_p(pt)}" in hover and f"p_draft {figures.fmt_p(pd)}" in hover
-        assert f"p_draft) {figures.fmt_p(a)}" in hover and f"u {figures.fmt_p(u)}" in hover
+        assert f"p_target {style.fmt_p(pt)}" in hover and f"p_draft {style.fmt_p(pd)}" in hover
+        assert f"p_draft) {style.fmt_p(a)}" in hover and f"u {style.fmt_p(u)}" in hover
         assert u < a  # an accepted token passed the test it shows
     (resampled,) = by_name(fig, "resampled")
     c = first_cycle(sampled, rejected=True)
     entry = next(e for e in c["residual_top"] if e["token_id"] == c["resampled_token_id"])
-    assert f"drawn from the residual: {figures.fmt_p(entry['residual'])}" in resampled.hovertext[0]
+    assert f"drawn from the residual: {style.fmt_p(entry['residual'])}" in resampled.hovertext[0]
 
 
 def test_origins_differ_by_more_than_colour():
     origins = [derive.PROMPT, derive.ACCEPTED, derive.RESAMPLED, derive.BONUS]
     outcomes = [derive.ACCEPTED, derive.REJECTED, derive.DISCARDED, derive.BONUS]
     for group in (origins, outcomes):
-        styles = [figures.STYLES[g] for g in group]
+        styles = [style.STYLES[g] for g in group]
         assert len({s.mark for s in styles}) == len({s.label for s in styles}) == len(group)
-        assert all(s.colour in figures.OKABE_ITO.values() for s in styles)
-    assert len({figures.STYLES[o].colour for o in origins}) == 4  # and the colours differ too
-    assert len({figures.STYLES[o].symbol for o in outcomes}) == 4  # overview markers differ in shape
-    assert figures.tint("#0072B2", 0.6) == "#99C7E0"
+        assert all(s.colour in style.OKABE_ITO.values() for s in styles)
+    assert len({style.STYLES[o].colour for o in origins}) == 4  # and the colours differ too
+    assert len({style.STYLES[o].symbol for o in outcomes}) == 4  # overview markers differ in shape
+    assert style.tint("#0072B2", 0.6) == "#99C7E0"
 
 
 def test_visible_whitespace():
     assert derive.visible_text(" a\n\tb\x00") == "·a↵→b\\x00"
     assert derive.visible_text("") == "∅"
-    assert figures.shown("abcdefghij", 6) == "abcde…" and figures.shown(XSS, 6) == "&lt;img·…"
+    assert style.shown("abcdefghij", 6) == "abcde…" and style.shown(XSS, 6) == "&lt;img·…"
     placed = derive.place_tokens([derive.TokenInfo(t, derive.PROMPT, None) for t in ["ab", "c\n", "d"]], wrap=10)
     assert [(t.row, t.col) for t in placed] == [(0, 0), (0, 2), (1, 0)]
 
@@ -157,7 +157,7 @@ def test_visible_whitespace():
 
 def test_acceptance_figure_numbers(sampled):
     c, k = partial_rejection(sampled), sampled.k
-    fig = figures.acceptance_figure(c, k, stage=3)
+    fig = acceptance.acceptance_figure(c, k, stage=3)
     (pt,) = by_name(fig, "(target model)")
     (pd,) = by_name(fig, "(draft model)")
     (acc,) = by_name(fig, "min(1, p_target/p_draft)")
@@ -171,7 +171,7 @@ def test_acceptance_figure_numbers(sampled):
     ticks = list(pt.x)
     assert all("accepted" in t for t in ticks[: j - 1]) and "rejected" in ticks[j - 1]
     assert all("discarded" in t for t in ticks[j:])
-    early = figures.acceptance_figure(c, k, stage=2)
+    early = acceptance.acceptance_figure(c, k, stage=2)
     assert len(early.data) == 2 and not any("rejected" in t for t in early.data[0].x)
 
 
@@ -179,21 +179,21 @@ def test_acceptance_figure_numbers(sampled):
 
 def test_resample_figure_numbers(sampled):
     c = first_cycle(sampled, rejected=True)
-    fig = figures.resample_figure(c, sampled.k)
-    entries = {figures.shown(e["text"]): e for e in c["residual_top"]}
+    fig = acceptance.resample_figure(c, sampled.k)
+    entries = {style.shown(e["text"]): e for e in c["residual_top"]}
     for e in c["residual_top"]:  # residual = normalised max(0, p_target - p_draft): proportional to the difference
         assert e["residual"] == pytest.approx(0.0, abs=1e-6) or e["p_target"] > e["p_draft"]
     for i in range(1, len(fig.data[0].x)):  # every bar after the rejected one is a residual entry, numbers as traced
         e = entries[fig.data[0].customdata[i]]
         assert [fig.data[f].y[i] for f in range(3)] == [e["p_target"], e["p_draft"], e["residual"]]
     chosen = list(fig.data[2].marker.line.width).index(3)
-    assert figures.esc(derive.visible_text(c["next_token_text"])) in fig.data[0].x[chosen]
+    assert style.esc(derive.visible_text(c["next_token_text"])) in fig.data[0].x[chosen]
     assert "resampled" in fig.data[0].x[chosen]
 
 
 def test_bonus_figure_numbers(same_model):
     c, k = same_model.cycles[0], same_model.k
-    fig = figures.resample_figure(c, k)
+    fig = acceptance.resample_figure(c, k)
     entries = c["target_top"][k]
     assert list(fig.data[0].y) == [e["p"] for e in entries]
     ids = [e["token_id"] for e in entries]
@@ -216,29 +216,29 @@ def test_cache_figure_matches_recorded_lengths(sampled):
     c = partial_rejection(sampled)
     t, d = c["target_cache_len"], c["draft_cache_len"]
     texts = all_texts(sampled)[: c["committed_len_before"]] + c["draft_token_texts"]
-    first = max(0, min(t["before"], d["before"]) - figures.CACHE_CONTEXT)
-    draft_stage = cache_positions(figures.cache_figure(c, 1, texts))
+    first = max(0, min(t["before"], d["before"]) - caches.CACHE_CONTEXT)
+    draft_stage = cache_positions(caches.cache_figure(c, 1, texts))
     assert ("provisional", "target") not in draft_stage
     assert draft_stage[("provisional", "draft")] == list(range(d["before"], d["after_append"]))
-    verify = cache_positions(figures.cache_figure(c, 2, texts))
+    verify = cache_positions(caches.cache_figure(c, 2, texts))
     assert verify[("provisional", "target")] == list(range(t["before"], t["after_append"]))
     assert t["after_append"] - t["before"] == sampled.k + 1  # the target scored K+1 positions
     assert verify[("committed", "target")] == list(range(first, t["before"]))
-    rollback_fig = figures.cache_figure(c, 5, texts)
+    rollback_fig = caches.cache_figure(c, 5, texts)
     rollback = cache_positions(rollback_fig)
     assert rollback[("rolled back", "target")] == list(range(t["after_rollback"], t["after_append"]))
     assert rollback[("rolled back", "draft")] == list(range(d["after_rollback"], d["after_append"]))
     assert rollback[("committed", "target")] == list(range(first, t["after_rollback"]))
     assert f"target {t['after_append']} → {t['after_rollback']}" in rollback_fig.layout.title.text
     cells = {(float(x), y): s for tr in text_traces(rollback_fig) for x, y, s in zip(tr.x, tr.y, tr.text)}
-    assert cells[(float(t["after_append"] - 1), "target")] == "✗" + figures.shown(texts[t["after_append"] - 1], 6)
+    assert cells[(float(t["after_append"] - 1), "target")] == "✗" + style.shown(texts[t["after_append"] - 1], 6)
 
 
 def test_cache_figure_shows_draft_catch_up(same_model):
     c = next(c for c in same_model.cycles if c["draft_catch_up"])
     d = c["draft_cache_len"]
     texts = all_texts(same_model)[: c["committed_len_before"]] + c["draft_token_texts"]
-    rollback = cache_positions(figures.cache_figure(c, 5, texts))
+    rollback = cache_positions(caches.cache_figure(c, 5, texts))
     assert rollback[("draft catch-up (d_K fed)", "draft")] == list(range(d["after_append"], d["after_rollback"]))
     assert d["after_rollback"] - d["after_append"] == 1
     # All K accepted: the target keeps all K+1 entries (the bonus token has no K/V yet), nothing is rolled back.
@@ -260,7 +260,7 @@ def test_cycle_figure_stages(sampled):
     assert bars.get("– discarded (never tested)", 0) == k - c["num_accepted"] - 1
     stage4 = figures.cycle_figure(c, k, 4)
     committed = [s for tr in text_traces(stage4) for y, s in zip(tr.y, tr.text) if y == figures.COMMITTED_ROW]
-    shown = [figures.shown(t, figures.cell_chars(k)) for t in c["committed_token_texts"]]
+    shown = [style.shown(t, figures.cell_chars(k)) for t in c["committed_token_texts"]]
     assert [s.rsplit(" ", 1)[0] for s in committed] == shown
     assert committed[-1].endswith("↻")
 
@@ -269,7 +269,7 @@ def test_cycle_figure_stages(sampled):
 
 def test_overview_points(sampled):
     ov = derive.overview(sampled)
-    fig = figures.overview_figure(ov, len(sampled.cycles), current=3)
+    fig = overview.overview_figure(ov, len(sampled.cycles), current=3)
     points = {t.name.split(" ", 1)[1]: list(zip(t.x.tolist(), t.y.tolist())) for t in fig.data}
     k = sampled.k
     assert points["accepted draft"] == [(c["cycle"], i + 1) for c in sampled.cycles for i in range(c["num_accepted"])]
@@ -278,7 +278,7 @@ def test_overview_points(sampled):
                                                           if c["rejected_position"])
     assert points["bonus"] == [(c["cycle"], k + 1) for c in sampled.cycles if c["bonus_token_id"] is not None]
     assert fig.layout.shapes[0].x0 == 2.5 and fig.layout.shapes[0].x1 == 3.5
-    assert figures.SLOW_CYCLE not in [t.name for t in fig.data]  # no outlier named, none drawn
+    assert overview.SLOW_CYCLE not in [t.name for t in fig.data]  # no outlier named, none drawn
 
 
 def test_a_stalled_cycle_is_marked_in_the_cycle_map_and_its_time_bar(sampled):
@@ -289,14 +289,14 @@ def test_a_stalled_cycle_is_marked_in_the_cycle_map_and_its_time_bar(sampled):
     stalled["cycle_time_s"] = 0.05  # 5x the median: another process took the core
     slow = loud_cycles(trace)
     assert slow == [stalled["cycle"]]
-    fig = figures.overview_figure(derive.overview(trace), len(trace.cycles), 0, slow)
-    marks = next(t for t in fig.data if t.name == figures.SLOW_CYCLE)
+    fig = overview.overview_figure(derive.overview(trace), len(trace.cycles), 0, slow)
+    marks = next(t for t in fig.data if t.name == overview.SLOW_CYCLE)
     assert marks.x.tolist() == [stalled["cycle"]] and marks.y.tolist() == [trace.k + 2]
     assert list(fig.layout.yaxis.ticktext)[-1] == "slow"
-    bar = figures.cycle_time_figure(stalled, median_cycle_s(trace), True)
+    bar = overview.cycle_time_figure(stalled, median_cycle_s(trace), True)
     assert "5.0x this trace's median 10.0 ms: an outlier" in bar.layout.title.text
     assert all(t.marker.line.width == 3 for t in bar.data)
-    calm = figures.cycle_time_figure(trace.cycles[0], median_cycle_s(trace), False)
+    calm = overview.cycle_time_figure(trace.cycles[0], median_cycle_s(trace), False)
     assert "outlier" not in calm.layout.title.text and all(t.marker.line.width == 0 for t in calm.data)
 
 
@@ -322,17 +322,17 @@ def every_figure(trace: Trace):
         texts = [t.text for t in tokens[: c["committed_len_before"]]] + c["draft_token_texts"]
         for stage in range(1, 6):
             yield figures.cycle_figure(c, trace.k, stage)
-            yield figures.acceptance_figure(c, trace.k, stage)
-            yield figures.cache_figure(c, stage, texts)
-        yield figures.resample_figure(c, trace.k)
+            yield acceptance.acceptance_figure(c, trace.k, stage)
+            yield caches.cache_figure(c, stage, texts)
+        yield acceptance.resample_figure(c, trace.k)
     yield figures.text_figure(tokens, 1)
-    yield figures.overview_figure(ov, len(trace.cycles), 1)
+    yield overview.overview_figure(ov, len(trace.cycles), 1)
 
 
 @pytest.mark.parametrize("name", ["sampled", "same_model"])
 def test_figures_are_valid_plotly(name, request):
     for fig in every_figure(request.getfixturevalue(name)):
-        figures.validated(fig)  # raises on an invalid property
+        style.validated(fig)  # raises on an invalid property
 
 
 def test_token_text_is_escaped_everywhere(sampled, same_model):
@@ -371,4 +371,4 @@ def test_reference_lines_of_bar_charts_are_named_in_the_legend_not_over_the_bars
         assert not fig.layout.annotations, [a.text for a in fig.layout.annotations]
         (line,) = [s for s in fig.layout.shapes if s.y0 == 1.0 == s.y1]
         assert line.showlegend and line.name == name
-        figures.validated(fig)
+        style.validated(fig)

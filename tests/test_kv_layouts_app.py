@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from app.figures import layouts as fl
-from app.figures.cycle import validated
+from app.figures.style import validated
 from engine.config import SpecSettings
 from engine.run import run_to_trace
 from engine.stats.layouts import layout_stats

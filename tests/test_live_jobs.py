@@ -11,8 +11,8 @@ import threading
 import pytest
 
 import app.runs.live
-from app.figures.cycle import legend_name
 from app.figures.derive import PROMPT
+from app.figures.style import legend_name
 from app.ui.jobs import BUSY
 from app.ui.safe import md
 from engine.teaching.runs import CORRECT, first_divergence

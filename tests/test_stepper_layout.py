@@ -2,7 +2,7 @@
 whole token, the residual chart shows what it is about, greedy cycles show no u.
 
 Geometry is checked from the figures themselves: each label's drawn width (monospace,
-figures.text_px) against the room its column or bar has at the projector's plot width.
+style.text_px) against the room its column or bar has at the projector's plot width.
 """
 import copy
 import json
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.figures import acceptance, derive, explain, overview, style
 from app.figures import cycle as figures
-from app.figures import derive, explain
 from engine.config import SpecSettings
 from engine.run import run_to_trace
 from engine.trace import Trace, load_trace
@@ -56,7 +56,7 @@ def assert_row_fits(xs, texts, size: int, px_per_unit: float) -> None:
     placed = sorted(zip(xs, texts))
     for (x1, t1), (x2, t2) in zip(placed, placed[1:]):
         room = (x2 - x1) * px_per_unit
-        need = (figures.text_px(t1, size) + figures.text_px(t2, size)) / 2
+        need = (style.text_px(t1, size) + style.text_px(t2, size)) / 2
         assert need <= room, f"labels {t1!r} and {t2!r} overlap: need {need:.0f} px, have {room:.0f}"
 
 
@@ -67,7 +67,7 @@ def test_cycle_figure_labels_fit_at_every_k(traces_by_k, k):
         for stage in range(1, 6):
             fig = figures.cycle_figure(c, k, stage)
             lo, hi = fig.layout.xaxis.range
-            px_per_unit = figures.PROJECTOR_WIDTH_PX / (hi - lo)
+            px_per_unit = style.PROJECTOR_WIDTH_PX / (hi - lo)
             for row in text_rows(fig):
                 for y in set(row.y):
                     on_row = [(x, t) for x, yy, t in zip(row.x, row.y, row.text) if yy == y]
@@ -75,22 +75,22 @@ def test_cycle_figure_labels_fit_at_every_k(traces_by_k, k):
             # the whole token is in the hover of every draft cell, however short its label
             hovers = [h for t in fig.data if t.type == "bar" for h in t.hovertext if h.startswith("position")]
             if c["draft_token_texts"][0] == LONG:
-                assert len(hovers) == k and all(figures.shown(LONG) in h for h in hovers)
+                assert len(hovers) == k and all(style.shown(LONG) in h for h in hovers)
 
 
 @pytest.mark.parametrize("k", KS)
 def test_acceptance_figure_labels_fit_at_every_k(traces_by_k, k):
     c = traces_by_k[k].cycles[0]
-    fig = figures.acceptance_figure(long_tokens(c), k, 3)
-    slot_px = figures.HALF_WIDTH_PX / k
+    fig = acceptance.acceptance_figure(long_tokens(c), k, 3)
+    slot_px = style.HALF_WIDTH_PX / k
     bars = [t for t in fig.data if t.type == "bar"]
     for bar in bars:
         # no values on the bars: neighbours' values ran together ("1.0001.000"); the hover has them
         assert bar.text is None and "%{y:.4f}" in bar.hovertemplate
-        assert list(bar.customdata) == [figures.shown(LONG)] * k  # full token in the hover
+        assert list(bar.customdata) == [style.shown(LONG)] * k  # full token in the hover
     for tick in bars[0].x:
-        assert figures.text_px(tick, 12) <= slot_px, f"tick {tick!r} wider than its slot at K={k}"
-    assert figures.text_px(fig.layout.title.text, 14) <= figures.HALF_WIDTH_PX  # the title is not cut off
+        assert style.text_px(tick, 12) <= slot_px, f"tick {tick!r} wider than its slot at K={k}"
+    assert style.text_px(fig.layout.title.text, 14) <= style.HALF_WIDTH_PX  # the title is not cut off
     (u,) = [t for t in fig.data if t.name == "u (uniform draw)"]
     assert u.text is None and u.mode == "markers"  # u values go in the hover and table, not on the bars
 
@@ -103,14 +103,14 @@ def test_residual_chart_shows_the_rejected_and_the_sampled_token(traces_by_k):
             if j is None:
                 continue
             seen += 1
-            fig = figures.resample_figure(c, trace.k)
+            fig = acceptance.resample_figure(c, trace.k)
             pt, pd, res = fig.data
             labels = list(pt.x)
-            assert len(labels) <= figures.RESIDUAL_BARS
+            assert len(labels) <= acceptance.RESIDUAL_BARS
             # first bar: the rejected draft token, with its own numbers from the trace
-            assert "rejected" in labels[0] and figures.shown(c["draft_token_texts"][j - 1], 8) in labels[0]
-            slot_px = figures.HALF_WIDTH_PX / len(labels)
-            assert all(figures.text_px(t, 12) <= slot_px for t in labels), labels  # tick labels fit their slots
+            assert "rejected" in labels[0] and style.shown(c["draft_token_texts"][j - 1], 8) in labels[0]
+            slot_px = style.HALF_WIDTH_PX / len(labels)
+            assert all(style.text_px(t, 12) <= slot_px for t in labels), labels  # tick labels fit their slots
             assert pt.y[0] == pytest.approx(c["p_target"][j - 1]) and pd.y[0] == pytest.approx(c["p_draft"][j - 1])
             # the resampled token: labelled, outlined, with the trace's residual value
             chosen = [i for i, w in enumerate(res.marker.line.width) if w == 3]
@@ -128,7 +128,7 @@ def test_greedy_cycles_explain_the_argmax_check(traces_by_k):
     trace = traces_by_k[0]
     assert trace.header["settings"]["temperature"] == 0
     c = next(c for c in trace.cycles if c["rejected_position"] is not None)
-    fig = figures.acceptance_figure(c, trace.k, 3, greedy=True)
+    fig = acceptance.acceptance_figure(c, trace.k, 3, greedy=True)
     names = [t.name for t in fig.data]
     assert "u (uniform draw)" not in names and "target's most likely token (argmax)" in names
     assert "argmax" in fig.layout.title.text
@@ -173,13 +173,13 @@ def test_stepper_table_says_not_drawn_and_shows_argmax_when_greedy(traces_by_k, 
 
 def test_cycle_time_bar_adds_up_to_the_recorded_cycle_time(traces_by_k):
     for c in traces_by_k[4].cycles[:5]:
-        fig = figures.cycle_time_figure(c)
+        fig = overview.cycle_time_figure(c)
         ms = {t.name: t.x[0] for t in fig.data}
         assert ms["draft: K steps"] == pytest.approx(c["draft_time_s"] * 1000)
         assert ms["verify: one target pass"] == pytest.approx(c["verify_time_s"] * 1000)
         assert ms["draft catch-up"] == pytest.approx(c["catch_up_time_s"] * 1000)
         assert sum(ms.values()) == pytest.approx(c["cycle_time_s"] * 1000)
-        figures.validated(fig)
+        style.validated(fig)
 
 
 def test_walkthrough_on_a_greedy_trace_explains_the_argmax_check(traces_by_k, layout_folder, monkeypatch):

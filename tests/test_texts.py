@@ -17,7 +17,7 @@ def test_the_positions_after_a_rejection_are_counted_right(rejected, k, words):
 
 def test_the_probability_chart_is_titled_by_what_its_stage_shows():
     """Stage 2 (Verify) shows both models' probabilities; the test and its rule appear at stage 3."""
-    from app.figures.cycle import acceptance_figure
+    from app.figures.acceptance import acceptance_figure
     from engine.trace import load_trace
 
     c = load_trace(Path(__file__).resolve().parent.parent / "assets" / "traces" / "default.jsonl").cycles[0]

@@ -11,10 +11,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.figures import cycle as figures
-from app.figures import derive
+from app.figures import derive, overview, style, tree_captions, tree_compaction, tree_mask
 from app.figures import tree as tf
 from app.ui import state
 from app.ui.safe import md
+from engine.mode import RunMode
 from engine.trace import loads_trace
 from engine.trace.schema import ROOT
 from tests.tree_records import (
@@ -131,17 +132,17 @@ def test_layout_places_children_right_of_parents_without_overlap(name):
 def test_tree_colours_follow_the_walk(make):
     c = make()
     fig = tf.tree_figure(c, "cat", 5)
-    figures.validated(fig)
+    style.validated(fig)
     cells = node_cells(fig)
     assert sorted(cells) == list(range(len(c["tree"]["nodes"])))
-    colours = {"accepted": figures.STYLES["accepted"].colour, "rejected": figures.STYLES["rejected"].colour,
-               "untried": figures.OKABE_ITO["grey"]}
+    colours = {"accepted": style.STYLES["accepted"].colour, "rejected": style.STYLES["rejected"].colour,
+               "untried": style.OKABE_ITO["grey"]}
     for i, outcome in enumerate(expected_outcomes(c)):
-        assert cells[i]["colour"] == figures.tint(colours[outcome]), f"node {i} should be {outcome}"
+        assert cells[i]["colour"] == style.tint(colours[outcome]), f"node {i} should be {outcome}"
     kind = c["tree"]["next_token_kind"]
     name = "next token: bonus" if kind == "bonus" else "next token: from the residual"
     (next_bar,) = [t for t in fig.data if t.type == "bar" and t.name.endswith(name)]
-    assert next_bar.marker.color == figures.tint(figures.STYLES["bonus" if kind == "bonus" else "resampled"].colour)
+    assert next_bar.marker.color == style.tint(style.STYLES["bonus" if kind == "bonus" else "resampled"].colour)
     last = c["tree"]["path"][-1]
     assert next_bar.base[0] + next_bar.x[0] / 2 == pytest.approx(cells[last]["x"] + 1)  # drawn after the path's end
     assert kind in next_bar.hovertext[0] or "residual" in next_bar.hovertext[0]
@@ -150,7 +151,7 @@ def test_tree_colours_follow_the_walk(make):
 def test_tree_stages_reveal_the_walk_step_by_step():
     c = small()
     proposed = node_cells(tf.tree_figure(c, "cat", 1))
-    assert {v["colour"] for v in proposed.values()} == {figures.tint(figures.OKABE_ITO["sky_blue"])}
+    assert {v["colour"] for v in proposed.values()} == {style.tint(style.OKABE_ITO["sky_blue"])}
     hovers = [h for t in tf.tree_figure(c, "cat", 1).data if t.type == "bar" for h in t.hovertext]
     assert not any("p (target)" in h for h in hovers) and not any("tried" in h for h in hovers)
     stage2 = [h for t in tf.tree_figure(c, "cat", 2).data if t.type == "bar" for h in t.hovertext]
@@ -166,18 +167,18 @@ def test_tree_stages_reveal_the_walk_step_by_step():
 @pytest.mark.parametrize("n", [32, 64])
 def test_tree_labels_fit_a_projector(n):
     """Up to 32 nodes: 16 px token labels and a p/q line inside each box; beyond, 11 px labels. Every label
-    fits its box at the projector's plot width (figures.text_px, as the chain figures' layout tests do)."""
+    fits its box at the projector's plot width (style.text_px, as the chain figures' layout tests do)."""
     c = wide(n)
     fig = tf.tree_figure(c, "cat", 5)
-    figures.validated(fig)
+    style.validated(fig)
     lo, hi = fig.layout.xaxis.range
-    box_px = tf.NODE_W * figures.PROJECTOR_WIDTH_PX / (hi - lo)
+    box_px = tf.NODE_W * style.PROJECTOR_WIDTH_PX / (hi - lo)
     text_rows = [t for t in fig.data if t.type == "scatter" and t.mode == "text"]
     sizes = sorted({t.textfont.size for t in text_rows})
     assert sizes == ([tf.NUMBER_PX, tf.LABEL_PX] if n <= tf.READABLE_NODES else [tf.SMALL_PX])
     for row in text_rows:
         for text in row.text:
-            assert figures.text_px(text, row.textfont.size) <= box_px, f"{text!r} is wider than its box"
+            assert style.text_px(text, row.textfont.size) <= box_px, f"{text!r} is wider than its box"
     if n <= tf.READABLE_NODES:
         rows = len({round(y, 3) for y in (v["y"] for v in node_cells(fig).values())})
         assert fig.layout.height / max(rows, 1) >= 2 * tf.LABEL_PX  # a row is tall enough for the token and its p/q
@@ -196,8 +197,8 @@ def ancestors_or_self(parents: list[int], i: int) -> set[int]:
 @pytest.mark.parametrize("make", [small, bonus, wide])
 def test_mask_cells_are_ancestors_or_self(make):
     c = make()
-    fig = tf.tree_mask_figure(c, "cat")
-    figures.validated(fig)
+    fig = tree_mask.tree_mask_figure(c, "cat")
+    style.validated(fig)
     (heat,) = fig.data
     z = [list(row) for row in heat.z]
     parents = [nd["parent"] for nd in c["tree"]["nodes"]]
@@ -220,8 +221,8 @@ def test_mask_cells_are_ancestors_or_self(make):
 @pytest.mark.parametrize("make", [small, bonus, wide])
 def test_compaction_arrows_are_the_moves_and_cells_the_kept_slots(make):
     c = make()
-    fig = tf.tree_compaction_figure(c, "cat")
-    figures.validated(fig)
+    fig = tree_compaction.tree_compaction_figure(c, "cat")
+    style.validated(fig)
     comp = c["tree"]["compaction"]
     for model in ("target", "draft"):
         arrows = [(a.ax, a.x) for a in fig.layout.annotations if a.name == f"{model} move"]
@@ -238,8 +239,8 @@ def test_compaction_arrows_are_the_moves_and_cells_the_kept_slots(make):
                 compacted.append(slot)
     assert sorted(appended) == list(range(t["before"], t["after_append"]))  # every node's slot, and the root's
     for slot, colour in appended.items():
-        want = figures.STYLES["accepted"].colour if slot in kept else figures.STYLES["rejected"].colour
-        assert colour == figures.tint(want), f"slot {slot}"
+        want = style.STYLES["accepted"].colour if slot in kept else style.STYLES["rejected"].colour
+        assert colour == style.tint(want), f"slot {slot}"
     assert sorted(compacted) == list(range(t["before"], t["after_rollback"]))  # the kept ones, moved left
 
 
@@ -248,7 +249,7 @@ def test_compaction_draws_the_drafts_catch_up():
     d = c["draft_cache_len"]
     fed = d["before"] + len(c["tree"]["compaction"]["draft"]["kept_slots"])
     assert fed < d["after_rollback"]
-    fig = tf.tree_compaction_figure(c, "cat")
+    fig = tree_compaction.tree_compaction_figure(c, "cat")
     hovers = [h for b in fig.data if b.type == "bar" for h in b.hovertext if "catch-up" in h]
     assert [int(re.match(r"draft slot (\d+)", h).group(1)) for h in hovers] == list(range(fed, d["after_rollback"]))
 
@@ -256,13 +257,13 @@ def test_compaction_draws_the_drafts_catch_up():
 # ---------------------------------------------------------------- words
 
 def test_summary_names_the_path_and_the_next_token():
-    assert tf.tree_summary(small(), "cat") == ("accepted 2 of 6 nodes (4 tried) along 'sat' → 'on'; every child of "
+    assert tree_captions.tree_summary(small(), "cat") == ("accepted 2 of 6 nodes (4 tried) along 'sat' → 'on'; every child of "
                                                "'on' was rejected, so 'mat' came from the residual")
-    hostile = tf.tree_summary(bonus())
+    hostile = tree_captions.tree_summary(bonus())
     assert hostile.startswith("accepted 2 of 2 nodes (2 tried) along '<script>") and hostile.endswith(", then a bonus 'far'")
     assert "<script>" not in md(hostile)  # the pages show it through app.ui.safe.md
     none = tree_cycle(0, 3, [Node("dog", ROOT, 0.5, 0.1)], [0.9], "cat")
-    assert tf.tree_summary(none, "the") == ("accepted 0 of 1 nodes (1 tried); every child of the root 'the' was "
+    assert tree_captions.tree_summary(none, "the") == ("accepted 0 of 1 nodes (1 tried); every child of the root 'the' was "
                                             "rejected, so 'cat' came from the residual")
 
 
@@ -271,7 +272,7 @@ def test_summary_names_the_path_and_the_next_token():
 def test_token_text_is_escaped_in_every_figure():
     c = bonus()  # node texts '<script>…' and '<img …>', and a hostile root
     figs = [tf.tree_figure(c, HOSTILE_ROOT, stage) for stage in range(1, 6)]
-    figs += [tf.tree_mask_figure(c, HOSTILE_ROOT), tf.tree_compaction_figure(c, HOSTILE_ROOT)]
+    figs += [tree_mask.tree_mask_figure(c, HOSTILE_ROOT), tree_compaction.tree_compaction_figure(c, HOSTILE_ROOT)]
     trace = tree_trace()
     figs.append(figures.text_figure(derive.token_table(trace), 1))
     for fig in figs:
@@ -300,7 +301,7 @@ def test_token_table_and_overview_of_a_tree_trace():
     for c in trace.cycles:
         accepted = [p for cyc, p in zip(*ov.points["accepted"]) if cyc == c["cycle"]]
         assert accepted == list(range(1, len(c["tree"]["path"]) + 1))
-    assert figures.validated(figures.overview_figure(ov, len(trace.cycles), 0))
+    assert style.validated(overview.overview_figure(ov, len(trace.cycles), 0))
 
 
 # ---------------------------------------------------------------- the pages (AppTest)
@@ -392,7 +393,7 @@ def test_stepper_opens_a_tree_trace_file(tmp_path, monkeypatch):
 
     path = tmp_path / "tree.jsonl"
     run_to_trace(noisy_pair(2, noise=0.1), "the cat sat on", SpecSettings(k=3, temperature=1.0, max_new_tokens=24),
-                 path, tree=parse_tree("static:3,2,1"))
+                 path, RunMode(tree=parse_tree("static:3,2,1")))
     loads_trace(path.read_bytes(), "tree.jsonl")  # what the app will open
     monkeypatch.setenv("SPECLAB_TRACE", str(path))
     monkeypatch.setenv("SPECLAB_TRACES_DIR", str(tmp_path / "none"))

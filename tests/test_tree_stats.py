@@ -15,9 +15,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.figures import tree_stats as figs
-from app.ui import state, tree_stats_view
+from app.ui import state
 from app.ui.safe import md
+from app.views.sections import statistics_tree
 from engine.config import SpecSettings, parse_tree
+from engine.mode import RunMode
 from engine.run import run_to_trace
 from engine.stats.report import format_stats
 from engine.stats.trees import compare_chain_tree, pair_differences, tree_stats
@@ -43,9 +45,10 @@ def runs(tmp_path_factory) -> dict:
     greedy = SpecSettings(k=3, temperature=0.0, max_new_tokens=40)
     sampled = SpecSettings(k=3, temperature=1.0, seed=5, max_new_tokens=40)
     out = {"root": root}
-    out["static"] = run_to_trace(pair, PROMPT, greedy, root / "trees" / "static.jsonl", tree=parse_tree("static:3,2,1"))
+    out["static"] = run_to_trace(pair, PROMPT, greedy, root / "trees" / "static.jsonl",
+                                 RunMode(tree=parse_tree("static:3,2,1")))
     out["dynamic"] = run_to_trace(pair, PROMPT, sampled, root / "trees" / "dynamic.jsonl",
-                                  tree=parse_tree("dynamic:top_k=3,depth=3,nodes=8"))
+                                  RunMode(tree=parse_tree("dynamic:top_k=3,depth=3,nodes=8")))
     out["chain3"] = run_to_trace(pair, PROMPT, greedy, root / "traces" / "chain-k3.jsonl")
     out["chain2"] = run_to_trace(pair, PROMPT, SpecSettings(k=2, temperature=0.0, max_new_tokens=40),
                                  root / "traces" / "chain-k2.jsonl")
@@ -283,7 +286,7 @@ def open_tree(runs, monkeypatch, traces: Path, name: str = "static", tab: str | 
     for key, value in opened.items():
         at.session_state[key] = value
     if tab:
-        at.session_state[tree_stats_view.TAB] = tab
+        at.session_state[statistics_tree.TAB] = tab
     at.run()
     at.switch_page(PAGE).run()
     assert not at.exception, [e.value for e in at.exception]
@@ -307,7 +310,7 @@ def test_page_shows_a_tree_traces_statistics(runs, monkeypatch):
     assert m["Tokens per cycle"] == f"{ts.tokens_per_cycle:.3f}"
     assert m["Cycles saved by a later sibling"] == f"{ts.saved_cycles} of {ts.num_cycles}"
     assert {"tree_fig_depth", "tree_fig_tokens", "tree_fig_ranks"} <= set(chart_ids(at))
-    at.session_state[tree_stats_view.TAB] = "Cost"
+    at.session_state[statistics_tree.TAB] = "Cost"
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert metrics(at)["Tokens/s (decoding)"] == f"{ts.tokens_per_s:.1f}"
@@ -353,12 +356,12 @@ def test_an_uploaded_chain_is_checked_against_the_trees_pair(runs, monkeypatch, 
     monkeypatch.setenv("SPECLAB_UPLOADS_DIR", str(tmp_path / "uploads"))
     tree = runs["static"]
     good = (runs["root"] / "traces" / "chain-k3.jsonl").read_bytes()
-    ref, why = tree_stats_view.check_upload(tree, "mine.jsonl", good, "abc123")
+    ref, why = statistics_tree.check_upload(tree, "mine.jsonl", good, "abc123")
     assert why is None and ref == state.TraceRef("upload", "abc123.jsonl") and ref.path.read_bytes() == good
     bad = (runs["root"] / "other" / "other-pair.jsonl").read_bytes()
-    ref, why = tree_stats_view.check_upload(tree, "theirs.jsonl", bad, "def456")
+    ref, why = statistics_tree.check_upload(tree, "theirs.jsonl", bad, "def456")
     assert ref is None and "draft models differ" in why and not (tmp_path / "uploads" / "def456.jsonl").exists()
-    ref, why = tree_stats_view.check_upload(tree, "junk.jsonl", b'{"type": "cycle"}\n{}\n', "0")
+    ref, why = statistics_tree.check_upload(tree, "junk.jsonl", b'{"type": "cycle"}\n{}\n', "0")
     assert ref is None and why == "junk.jsonl line 1: the first record must be the header"  # the loader's words
 
 

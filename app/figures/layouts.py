@@ -13,19 +13,8 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from app.figures.cycle import (
-    CACHE_CONTEXT,
-    COMMITTED,
-    OKABE_ITO,
-    PROVISIONAL,
-    ROLLED_BACK,
-    STYLES,
-    Style,
-    cells,
-    figure,
-    labels,
-    shown,
-)
+from app.figures.caches import CACHE_CONTEXT
+from app.figures.style import COMMITTED, OKABE_ITO, PROVISIONAL, ROLLED_BACK, STYLES, Style, cells, figure, labels, shown
 from engine.stats.layouts import LayoutStats
 from engine.trace.layout_checks import layout_of
 

@@ -1,7 +1,7 @@
 """Plotly figures of the statistics page: engine analysis in, figure out, no Streamlit.
 
 Numbers come from engine/stats/analysis.py and engine/stats/sweep.py; these functions only draw
-them. Same conventions as app/figures/cycle.py: Okabe-Ito colours, and every series also
+them. Same conventions as app/figures/style.py: Okabe-Ito colours, and every series also
 differs by marker symbol, dash or pattern, so colour is never the only cue.
 """
 from typing import Sequence
@@ -9,7 +9,7 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.figures.cycle import OKABE_ITO, esc
+from app.figures.style import OKABE_ITO, esc
 from engine.stats.analysis import Calibration, CycleTimes, KAdvice, SpeedReport, TraceStats, best_k, predicted_per_position
 from engine.stats.sweep import SweepResult
 from engine.trace.metrics import predicted_speedup

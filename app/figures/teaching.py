@@ -12,8 +12,8 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.figures.cycle import GRID, MONO, OKABE_ITO
 from app.figures.derive import VISIBLE_WHITESPACE
+from app.figures.style import GRID, MONO, OKABE_ITO
 from engine.stats.repeats import Repeated
 from engine.teaching.exactness import LabResult
 from engine.teaching.runs import (

@@ -8,8 +8,8 @@ import html
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.figures.cycle import GRID, INK, MONO, OKABE_ITO
 from app.figures.derive import visible_text
+from app.figures.style import GRID, INK, MONO, OKABE_ITO
 from app.figures.teaching import layout, rgba
 from engine.teaching.tree_rollback import CORRECT, CROP, TREE_MODE_LABELS, TreeComparison
 

@@ -7,8 +7,8 @@ an uploaded trace's name reaches them.
 """
 import plotly.graph_objects as go
 
-from app.figures.cycle import OKABE_ITO, esc
 from app.figures.stats import COMPARE_COLOURS, COMPARE_PATTERNS, _hatch, _layout, _ms
+from app.figures.style import OKABE_ITO, esc
 from engine.stats.trees import ChainTreeComparison, RunSide, TreeStats
 
 TREE_COLOUR, CHAIN_COLOUR = COMPARE_COLOURS  # the tree first: it is the open trace

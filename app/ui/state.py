@@ -115,6 +115,15 @@ def bundled_traces() -> list[str]:
     return sorted(p.name for p in folder.glob("*.jsonl")) if folder.is_dir() else []
 
 
+def saved_refs() -> list[TraceRef]:
+    """The traces this server keeps, to compare the open one with: the bundled examples, then the live runs."""
+    refs = [TraceRef("bundled", n) for n in bundled_traces()]
+    runs = runs_dir()
+    if runs.is_dir():
+        refs += [TraceRef("run", p.name) for p in sorted(runs.glob("*.jsonl"))]
+    return refs
+
+
 def default_ref() -> TraceRef | None:
     """SPECLAB_TRACE if set, else assets/traces/default.jsonl, else the first bundled trace by name."""
     if os.environ.get("SPECLAB_TRACE"):
@@ -134,7 +143,7 @@ def _load_path(path: str, mtime_ns: int, source: str) -> Trace:
     A resource cache, not st.cache_data: every session that opens the same file holds the one
     parsed object instead of a copy of its own (a bundled trace parses to 0.4-1.6 MiB; a class
     of 30 on one trace would hold 30 copies). So no page may change a trace it is given; pages
-    that need another one build a new Trace (statistics.with_calibration does)."""
+    that need another one build a new Trace (app/views/sections/statistics_speed.py with_calibration does)."""
     return load_trace(path, allow_incomplete=True, source=source)
 
 

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from app.figures import tree as tree_figures
+from app.figures.tree import root_text, tree_figure
+from app.figures.tree_compaction import tree_compaction_figure
+from app.figures.tree_mask import tree_mask_figure
+from app.figures.tree_record import is_tree_header
 from app.ui import state
 from app.ui.pages import STEPPER
 from app.ui.safe import md
@@ -29,7 +32,7 @@ class TreeSource:
 def teaching_tree_trace() -> TreeSource:
     """The open trace if it is a tree trace with cycles, else the bundled tree trace, else a note."""
     open_trace = state.current_trace()
-    if open_trace is not None and tree_figures.is_tree_header(open_trace.header) and open_trace.cycles:
+    if open_trace is not None and is_tree_header(open_trace.header) and open_trace.cycles:
         return TreeSource(open_trace, "the open trace", False)
     ref = state.TraceRef("bundled", BUNDLED_TREE_TRACE)
     if not ref.path.is_file():
@@ -39,17 +42,17 @@ def teaching_tree_trace() -> TreeSource:
         trace, _ = state.load_ref(ref)
     except (TraceError, OSError) as err:
         return TreeSource(None, f"The bundled tree trace could not be read: {state.shown_paths(str(err))}", False)
-    if not tree_figures.is_tree_header(trace.header) or not trace.cycles:
+    if not is_tree_header(trace.header) or not trace.cycles:
         return TreeSource(None, f"The bundled file {BUNDLED_TREE_TRACE} is not a tree trace with cycles.", False)
     return TreeSource(trace, f"the bundled tree trace {BUNDLED_TREE_TRACE}", True)
 
 
 def show_tree_figures(source: TreeSource, c: dict, key: str, which: tuple[str, ...] = ("tree", "mask", "compaction")) -> None:
     """The chosen figures of one tree cycle of `source`, keyed `{key}_tree`, `{key}_mask`, `{key}_compaction`."""
-    root = tree_figures.root_text(source.trace, c)
+    root = root_text(source.trace, c)
     layout = layout_of(source.trace.header)["name"]
-    makers = {"tree": lambda: tree_figures.tree_figure(c, root, 5), "mask": lambda: tree_figures.tree_mask_figure(c, root),
-              "compaction": lambda: tree_figures.tree_compaction_figure(c, root, layout)}
+    makers = {"tree": lambda: tree_figure(c, root, 5), "mask": lambda: tree_mask_figure(c, root),
+              "compaction": lambda: tree_compaction_figure(c, root, layout)}
     for name in which:
         chart(makers[name](), key=f"{key}_{name}")
 

@@ -1,6 +1,5 @@
 """Exactness lab: sample the next token many times and compare with the target distribution."""
 import streamlit as st
-import torch
 
 from app.figures.teaching import histogram_entries, lab_histogram_figure
 from app.runs import precomputed, teaching_pair
@@ -13,14 +12,18 @@ from app.ui.widgets import chart
 from engine.config import SettingsError, SpecSettings
 from engine.teaching.exactness import MAX_VOCAB_FOR_SECOND_TOKEN, LabResult, run_lab
 from engine.teaching.faults import Faults
-from engine.teaching.power import DEFAULT_SAMPLES, LAB_POWER, SAMPLE_COUNTS, SIGNIFICANCE, approximate_power, default_samples
+from engine.teaching.power import (
+    DEFAULT_SAMPLES,
+    LAB_POWER,
+    SAMPLE_COUNTS,
+    SIGNIFICANCE,
+    catch_chance,
+    rule_distance,
+    samples_for_result,
+)
 from engine.trace.schema import ACCEPTANCE_RULE_TEXT
 
 TOP_TOKENS = 20  # bars in the histogram; the rest is one "other" bar
-# Total variation from the target below which a rule counts as correct: the correct rule's
-# worked-out distribution equals the target's up to float32 rounding (about 1e-7 per token,
-# summed over the vocabulary), and a rule 1e-4 off would take some 10^8 samples to catch.
-RIGHT = 1e-4
 LIVE = "lab_live"  # session_state: {stored-result key: (LabResult, texts, seconds)} run live in this session
 PAGE = precomputed.EXACTNESS
 RULE_NAMES = {
@@ -122,17 +125,7 @@ def stored_distributions(choice: teaching_pair.PairChoice, rule: str, greedy: bo
 def rule_samples(choice: teaching_pair.PairChoice) -> None:
     """When the rule changes: the sample count whose test catches it with LAB_POWER on this pair."""
     found = stored_distributions(choice, st.session_state["lab_rule"], st.session_state["lab_greedy"])
-    st.session_state["lab_n"] = (DEFAULT_SAMPLES if found is None or found.predicted is None else
-                                 default_samples(torch.tensor(found.predicted), torch.tensor(found.exact)))
-
-
-def catch_chance(res: LabResult) -> float | None:
-    """How often the test catches this broken rule at this sample count; None for a correct rule
-    or for the token after next (whose rule distribution is not worked out)."""
-    gap = rule_distance(res)
-    if gap is None or gap <= RIGHT:
-        return None
-    return approximate_power(torch.tensor(res.predicted), torch.tensor(res.exact), res.samples, SIGNIFICANCE)
+    st.session_state["lab_n"] = samples_for_result(found)
 
 
 def controls(choice: teaching_pair.PairChoice) -> tuple | None:
@@ -175,13 +168,6 @@ def verdict(name: str, p_value: float) -> str:
     if p_value >= SIGNIFICANCE:
         return f"{name}: consistent with the target (p = {p_value:.3g} ≥ {SIGNIFICANCE})"
     return f"{name}: **not** the target's distribution (p = {p_value:.2g} < {SIGNIFICANCE})"
-
-
-def rule_distance(res: LabResult) -> float | None:
-    """Total variation between the rule's worked-out distribution and the target's (next token only)."""
-    if res.predicted is None:
-        return None
-    return 0.5 * sum(abs(a - b) for a, b in zip(res.predicted, res.exact))
 
 
 def in_brief(res: LabResult, rule: str, greedy: bool) -> str:

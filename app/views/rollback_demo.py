@@ -14,6 +14,7 @@ from app.ui.pages import WALKTHROUGH
 from app.ui.safe import md
 from app.ui.widgets import chart
 from engine.config import SettingsError, SpecSettings, TreeSpec, parse_tree
+from engine.teaching.rollback_facts import largest_target_drift, stale_cycle_to_show, wrong_cache_cycles
 from engine.teaching.runs import CORRECT, KEEP_REJECTED, MODE_LABELS, SKIP_CATCH_UP, Comparison, compare_runs, first_divergence
 from engine.teaching.stale_slots import StaticRun, static_run
 from engine.teaching.tree_rollback import CORRECT as TREE_CORRECT
@@ -126,7 +127,7 @@ def in_brief(cmp: Comparison) -> str:
         first = first_divergence(run.generated, correct.generated)
         output = "the same output" if first is None else f"output that differs from token **{first}** on"
         parts.append(f"*{md(MODE_LABELS[mode])}* gives {output}, acceptance **{run.acceptance_rate:.2f}**, "
-                     f"target drift up to {max(c.target_tv for c in run.cycles):.2g} (total variation)")
+                     f"target drift up to {largest_target_drift(run):.2g} (total variation)")
     return "**Result for the settings below:** " + "; ".join(parts) + "."
 
 
@@ -138,7 +139,7 @@ def run_metrics(cmp: Comparison) -> None:
             st.markdown(f"**{md(MODE_LABELS[mode])}**")
             first = first_divergence(run.generated, correct.generated)
             st.metric("First token that differs from the correct run", "none" if first is None else str(first))
-            st.metric("Largest target drift (total variation)", f"{max(c.target_tv for c in run.cycles):.2g}")
+            st.metric("Largest target drift (total variation)", f"{largest_target_drift(run):.2g}")
             change = run.acceptance_rate - correct.acceptance_rate
             st.metric("Draft acceptance rate", f"{run.acceptance_rate:.2f}",
                       delta=None if mode == CORRECT or abs(change) < 0.005 else f"{change:+.2f}")
@@ -200,9 +201,7 @@ def stale_section(cmp: Comparison, static: StaticRun) -> None:
         "measured on the real models: the attention the next position gives to the stale entries.")
     bug_run = cmp.runs[KEEP_REJECTED]
     last = min(len(bug_run.cycles), len(static.cycles)) - 1
-    telling = [i for i in range(last + 1)
-               if static.cycles[i].stale_slots >= 2 and bug_run.cycles[i].target_cache.num_stale > 0]
-    start = telling[0] if telling else min(2, last)  # a cycle where both kinds of leftovers exist
+    start = stale_cycle_to_show(bug_run, static)  # a cycle where both kinds of leftovers exist
     cycle = st.slider("After cycle", 0, last, start, key="rb_stale_cycle") if last > 0 else 0
     bug, sc = bug_run.cycles[cycle], static.cycles[cycle]
     cols = st.columns(3)
@@ -315,7 +314,7 @@ def tree_metrics(cmp: TreeComparison) -> None:
     first = broken.first_target_mismatch
     cols[1].metric("Broken cache wrong from", "never" if first is None else f"cycle {first}",
                    help="The first cycle after which the cropping run's target cache differs from a fresh prefill.")
-    wrong = sum(not c.target.matches or not c.draft.matches for c in correct.cycles)
+    wrong = wrong_cache_cycles(correct)
     cols[2].metric("Correct engine: wrong caches", str(wrong),
                    help="Cycles after which either cache of the compacting run differs from a fresh prefill.")
     divergence = cmp.first_divergence

@@ -1,16 +1,30 @@
 """Step through a trace: one cycle at a time, each cycle in five stages."""
 import streamlit as st
 
-from app.figures import cycle as figures
 from app.figures import derive
 from app.figures import layouts as figures_layouts
-from app.figures import tree as tree_figures
+from app.figures.acceptance import (
+    STEPPER_COLUMNS,
+    STEPPER_GREEDY_COLUMNS,
+    TEST_TABLE_WIDTHS,
+    acceptance_figure,
+    position_rows,
+    resample_figure,
+)
+from app.figures.caches import cache_figure
+from app.figures.cycle import cycle_figure, text_figure
 from app.figures.explain import STAGES, stage_caption
-from app.ui import drafter_view, state
+from app.figures.overview import cycle_time_figure, overview_figure
+from app.figures.style import STAGE_CHART_KEY, STYLES
+from app.figures.tree import TREE_CHART_KEYS, root_text, stage_figures, stage_order
+from app.figures.tree_captions import tree_stage_caption, tree_summary, tried_rows
+from app.figures.tree_record import is_tree_header, tree_words
+from app.ui import state
 from app.ui.first_result import first_result
 from app.ui.pages import TRACE_SOURCE
 from app.ui.safe import markdown_table, md
 from app.ui.widgets import chart, plot, shared_chart, shared_figures
+from app.views.sections import stepper_drafter
 from engine.stats.analysis import TraceStats
 from engine.stats.quiet import loud_cycles, median_cycle_s, quiet_words
 from engine.trace import Trace, model_name
@@ -183,8 +197,8 @@ def header(trace: Trace) -> None:
     done = "" if trace.complete else " · incomplete run (no summary)"
     drafter = trace.drafter_kind
     via = "" if drafter == DRAFT_MODEL else f" ({md(drafter)})"
-    tree = tree_figures.is_tree_header(h)
-    shape = f"{md(tree_figures.tree_words(s['tree']))}, max depth {s['k']}" if tree else f"K={s['k']}"
+    tree = is_tree_header(h)
+    shape = f"{md(tree_words(s['tree']))}, max depth {s['k']}" if tree else f"K={s['k']}"
     st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}**{via} · {shape} · "
                f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
                f"{len(trace.cycles)} cycles{done}")
@@ -202,28 +216,9 @@ def header(trace: Trace) -> None:
         why.popover("Why?", width="stretch").markdown(slower_why(stats))
 
 
-def test_table(c: dict, k: int, greedy: bool = False) -> list[dict]:
-    """One row per draft position. Numbers as text, so an undrawn u reads "not drawn" (never None);
-    greedy cycles show the target's argmax instead of u and the ratio."""
-    outcomes = derive.position_outcomes(c, k)
-    rows = []
-    for i in range(k):
-        row = {"pos": i + 1, "draft token": derive.visible_text(c["draft_token_texts"][i]),
-               "p_target": f"{c['p_target'][i]:.4f}", "p_draft": f"{c['p_draft'][i]:.4f}"}
-        if greedy:
-            top = figures.target_argmax(c, i)
-            row["target's argmax"] = derive.visible_text(top["text"]) if top and i <= c["num_accepted"] else figures.NOT_DRAWN
-        else:
-            row["min(1, ratio)"] = f"{c['accept_prob'][i]:.4f}"
-            row["u"] = f"{c['u'][i]:.4f}" if i < len(c["u"]) else figures.NOT_DRAWN
-        row["result"] = f"{figures.STYLES[outcomes[i]].mark} {outcomes[i].split(' ')[0]}"
-        rows.append(row)
-    return rows
-
-
-# Widths that fit every header and value in the right column at 1366x768 (app/figures/cycle.py says how).
+# Widths that fit every header and value in the right column at 1366x768 (app/figures/acceptance.py says how).
 TABLE_COLUMNS = {name: (st.column_config.NumberColumn if name == "pos" else st.column_config.TextColumn)(name, width=width)
-                 for name, width in figures.TEST_TABLE_WIDTHS.items()}
+                 for name, width in TEST_TABLE_WIDTHS.items()}
 
 
 def token_strip(c: dict, k: int, stage: int) -> str:
@@ -234,13 +229,13 @@ def token_strip(c: dict, k: int, stage: int) -> str:
     cells = []
     for i in range(k):
         numbers = f"p_draft {c['p_draft'][i]:.3f}" + (f", p_target {c['p_target'][i]:.3f}" if stage >= 2 else "")
-        mark = f" {figures.STYLES[outcomes[i]].mark}" if stage >= 3 else ""
+        mark = f" {STYLES[outcomes[i]].mark}" if stage >= 3 else ""
         cells.append(f"{i + 1} **{md(derive.visible_text(c['draft_token_texts'][i]))}**{mark} ({numbers})")
     line = "**Drafted:** " + (" · ".join(cells) if cells else "nothing (no proposal this cycle)")
     if stage >= 4:  # the trace's committed texts: the accepted drafts, then the resampled or bonus token
         *kept, last = [f"**{md(derive.visible_text(t))}**" for t in c["committed_token_texts"]]
         bonus = c["bonus_token_id"] is not None
-        mark = figures.STYLES[derive.BONUS if bonus else derive.RESAMPLED].mark
+        mark = STYLES[derive.BONUS if bonus else derive.RESAMPLED].mark
         how = "bonus" if bonus else f"at position {c['rejected_position']}"
         line += f" → **committed ({len(c['committed_token_texts'])}):** " + " ".join(kept + [f"{mark} {last} ({how})"])
     return line
@@ -250,12 +245,12 @@ def stage_chart(trace: Trace, c: dict, k: int, stage: int, greedy: bool):
     """The figure a stage is about: the draft (1), the test's probabilities (2, 3), the resample or
     bonus (4), the caches after the rollback (5)."""
     if stage == 1:
-        return figures.cycle_figure(c, k, stage, greedy)
+        return cycle_figure(c, k, stage, greedy)
     if stage <= 3:
-        return figures.acceptance_figure(c, k, stage, greedy)
+        return acceptance_figure(c, k, stage, greedy)
     if stage == 4:
-        return figures.resample_figure(c, k)
-    return figures.cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind)
+        return resample_figure(c, k)
+    return cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind)
 
 
 def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
@@ -272,30 +267,31 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     if stage in (1, 5):  # the cycle figure and the caches need the page's width
         st.info(words, icon=":material/lightbulb:")
         shared_chart((trace_key, "stage", cycle, stage), lambda: stage_chart(trace, c, k, stage, greedy),
-                     key=figures.STAGE_CHART_KEY)
+                     key=STAGE_CHART_KEY)
     else:
         explain, shown = st.columns([0.4, 0.6])
         explain.info(words, icon=":material/lightbulb:")
         with shown:
             shared_chart((trace_key, "stage", cycle, stage), lambda: stage_chart(trace, c, k, stage, greedy),
-                         key=figures.STAGE_CHART_KEY)
+                         key=STAGE_CHART_KEY)
     if stage == 1:  # prompt lookup / other tokenizer / EAGLE head: where the proposal came from
-        drafter_view.show_provenance([t.text for t in tokens[: c["committed_len_before"]]], c, trace.drafter_kind)
+        stepper_drafter.show_provenance([t.text for t in tokens[: c["committed_len_before"]]], c, trace.drafter_kind)
     else:
-        shared_chart((trace_key, "cycle", cycle, stage), lambda: figures.cycle_figure(c, k, stage, greedy))
+        shared_chart((trace_key, "cycle", cycle, stage), lambda: cycle_figure(c, k, stage, greedy))
     if stage == 3:  # the test table: every header and value fits its column
         st.caption("The test, position by position (the target's argmax, compared with each draft token):"
                    if greedy else "The test, position by position (u is drawn only up to the first rejection):")
         table_col, _ = st.columns([1.16, 0.84])
-        table_col.dataframe(test_table(c, k, greedy), hide_index=True, column_config=TABLE_COLUMNS, key="test_table")
+        table_col.dataframe(position_rows(c, k, STEPPER_GREEDY_COLUMNS if greedy else STEPPER_COLUMNS), hide_index=True,
+                            column_config=TABLE_COLUMNS, key="test_table")
     if stage >= 4:  # the test that led to the resample or bonus
         left, _ = st.columns([0.6, 0.4])
         with left:
-            shared_chart((trace_key, "test", cycle, stage), lambda: figures.acceptance_figure(c, k, stage, greedy))
+            shared_chart((trace_key, "test", cycle, stage), lambda: acceptance_figure(c, k, stage, greedy))
     if stage != 5:
         shared_chart((trace_key, "caches", cycle, stage),
-                     lambda: figures.cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind))
-    shared_chart((trace_key, "cycle_time", cycle), lambda: figures.cycle_time_figure(
+                     lambda: cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind))
+    shared_chart((trace_key, "cycle_time", cycle), lambda: cycle_time_figure(
         c, median_cycle_s(trace), c["cycle"] in loud_cycles(trace)), key="cycle_time")
     if stage in (2, 5):  # the verify appends to the target's cache, the rollback trims it: in the trace's layout
         for i, fig in enumerate(shared_figures((trace_key, "layouts", cycle, stage), lambda: figures_layouts.layout_figures(
@@ -303,7 +299,7 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
             chart(fig, key=f"layout_{i}")
     shown_until = ends[cycle] if stage >= 4 else c["committed_len_before"]
     shared_chart((trace_key, "text", cycle, stage >= 4),
-                 lambda: figures.text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
+                 lambda: text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
 
 
 def tree_cycle_view(trace: Trace, cycle: int, stage: int) -> None:
@@ -311,31 +307,31 @@ def tree_cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     chain's per-position charts, the stage's figure first; the time bar and the text as for a chain."""
     tokens, ends, _ = derived(state.current_key(), trace)
     c = trace.cycles[cycle]
-    root = tree_figures.root_text(trace, c)
+    root = root_text(trace, c)
     layout = layout_of(trace.header)["name"]
     st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
-    first_result().caption("**Tree:** " + md(tree_figures.tree_summary(c, root)))
-    st.info(md(tree_figures.tree_stage_caption(c, stage, root, layout)), icon=":material/lightbulb:")
+    first_result().caption("**Tree:** " + md(tree_summary(c, root)))
+    st.info(md(tree_stage_caption(c, stage, root, layout)), icon=":material/lightbulb:")
     figs = shared_figures((state.current_key(), "tree", cycle, stage, layout),
-                          lambda: [f for _, f in tree_figures.stage_figures(c, root, stage, layout)])
-    for name, fig in zip(tree_figures.stage_order(stage), figs, strict=True):
-        plot(fig, key=tree_figures.TREE_CHART_KEYS[name])
+                          lambda: [f for _, f in stage_figures(c, root, stage, layout)])
+    for name, fig in zip(stage_order(stage), figs, strict=True):
+        plot(fig, key=TREE_CHART_KEYS[name])
         if name == "tree" and stage == 3:  # the walk's numbers, try by try
             st.caption("The walk, in the order tried (r[t]: the token's probability in the residual when it was tried):")
-            st.markdown(markdown_table(tree_figures.tried_rows(c)))
-    chart(figures.cycle_time_figure(c, median_cycle_s(trace), c["cycle"] in loud_cycles(trace)), key="cycle_time")
+            st.markdown(markdown_table(tried_rows(c)))
+    chart(cycle_time_figure(c, median_cycle_s(trace), c["cycle"] in loud_cycles(trace)), key="cycle_time")
     if stage in (2, 5) and layout != "dynamic":  # where the static buffer's write position or the block table went
         texts = derive.sequence_texts(trace, c, compacted=stage == 5)
         for i, fig in enumerate(figures_layouts.layout_figures(trace.header, c, stage, texts)):
             chart(fig, key=f"layout_{i}")
     shown_until = ends[cycle] if stage >= 4 else c["committed_len_before"]
-    chart(figures.text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
+    chart(text_figure(tokens[:shown_until], cycle if stage >= 4 else None))
 
 
 def overview(trace: Trace, cycle: int) -> None:
     trace_key = state.current_key()
     _, _, ov = derived(trace_key, trace)
-    shared_chart((trace_key, "overview", cycle), lambda: figures.overview_figure(
+    shared_chart((trace_key, "overview", cycle), lambda: overview_figure(
         ov, len(trace.cycles), cycle, loud_cycles(trace)), key="overview", on_select=from_overview, selection_mode="points")
 
 
@@ -361,7 +357,7 @@ def main() -> None:
     seconds = play_controls([toggle_col, speed_col, stage_controls(state.step()[1])])
     cycle, stage = state.step()
     state.write_url()
-    if tree_figures.is_tree_header(trace.header):
+    if is_tree_header(trace.header):
         tree_cycle_view(trace, cycle, stage)
     else:
         cycle_view(trace, cycle, stage)

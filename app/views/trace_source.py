@@ -1,7 +1,7 @@
 """Choose a trace: a bundled example, a live run, or an uploaded JSONL file."""
 import streamlit as st
 
-from app.figures.tree import is_tree_header, tree_words
+from app.figures.tree_record import is_tree_header, tree_words
 from app.runs import live
 from app.ui import state
 from app.ui.pages import STEPPER

@@ -1,14 +1,16 @@
 """Concept walkthrough: one cycle of a real trace, stage by stage, with the formulas."""
-from statistics import median
-
 import streamlit as st
 
-from app.figures import cycle as figures
 from app.figures import derive
 from app.figures import layouts as figures_layouts
-from app.figures import tree as tree_figures
+from app.figures.acceptance import WALKTHROUGH_COLUMNS, acceptance_figure, position_rows, resample_figure
+from app.figures.caches import cache_figure
+from app.figures.cycle import cycle_figure
 from app.figures.derive import visible_text
 from app.figures.explain import stage_caption
+from app.figures.tree import root_text
+from app.figures.tree_captions import teaching_tree_cycle, tree_summary, tried_rows
+from app.figures.tree_record import is_tree_header
 from app.runs import live, teaching_pair
 from app.ui import jobs, operator, state, tree_trace
 from app.ui.first_result import first_result
@@ -16,7 +18,13 @@ from app.ui.pages import EXACTNESS_LAB, ROLLBACK_DEMO
 from app.ui.safe import markdown_table, md, table
 from app.ui.widgets import chart, open_in_stepper
 from engine.config import SpecSettings
-from engine.stats.analysis import Calibration, verify_in_steps
+from engine.stats.analysis import (
+    Calibration,
+    drafted_positions,
+    extra_position_in_steps,
+    median_draft_step_s,
+    verify_in_steps,
+)
 from engine.trace import Trace, model_name
 from engine.trace.schema import DRAFT_MODEL, EAGLE
 
@@ -101,7 +109,7 @@ def stage_draft(trace: Trace, c: dict) -> None:
     if trace.drafter_kind != DRAFT_MODEL:  # prompt lookup / other tokenizer / EAGLE head: how the proposals were made
         st.info(md(stage_caption(c, k, 1, drafter=trace.drafter_kind)), icon=":material/lightbulb:")
     st.latex(r"d_i \sim p_\text{draft}(\,\cdot \mid x_{1..n},\, d_1, \dots, d_{i-1}), \qquad i = 1, \dots, K")
-    chart(figures.cycle_figure(c, k, 1), key="wt_cycle_1")
+    chart(cycle_figure(c, k, 1), key="wt_cycle_1")
     open_in_stepper(c["cycle"], 1, key="wt_link_1")
 
 
@@ -123,12 +131,12 @@ def stage_verify(trace: Trace, c: dict) -> None:
         "K+1 times. Until K+1 approaches the hardware's ratio of arithmetic speed to memory bandwidth "
         "(hundreds of operations per byte on current GPUs), the pass takes roughly as long as one token.")
     verify = c["verify_time_s"]
-    step = (f"one draft step {median(c['draft_step_times_s']) * 1000:.2f} ms (median)" if c["draft_step_times_s"]
-            else "no draft step")
+    draft_step = median_draft_step_s(c)
+    step = f"one draft step {draft_step * 1000:.2f} ms (median)" if draft_step is not None else "no draft step"
     st.caption(f"Recorded in this trace for cycle {c['cycle']}: {step}, "
                f"the target's pass over {k + 1} positions {verify * 1000:.2f} ms. "
                + verify_cost_words(state.current_stats().calibration, k + 1))
-    chart(figures.cycle_figure(c, k, 2), key="wt_cycle_2")
+    chart(cycle_figure(c, k, 2), key="wt_cycle_2")
     open_in_stepper(c["cycle"], 2, key="wt_link_2")
 
 
@@ -138,25 +146,13 @@ def verify_cost_words(cal: Calibration | None, positions: int) -> str:
     if cal is None:
         return "This trace has no step-time calibration, so its verify cost cannot be put in target steps."
     here, widest = verify_in_steps(cal, positions), max(cal.verify_positions)
-    per_position = cal.fit()[1] / cal.target_step_s
+    per_position = extra_position_in_steps(cal)
     verdict = ("about one step, as the argument above says" if here <= 1.2 else
                "more than one step: on this machine the extra positions are not free")
     return (f"On the machine that recorded it, one target step took {cal.target_step_s * 1000:.2f} ms and a pass "
             f"over {positions} positions {here:.2f} steps, {verdict}; over {widest} positions it took "
             f"{verify_in_steps(cal, widest):.2f} steps, each extra position adding about {per_position:.2f} of a "
             "step (Statistics and speed, Cost tab, draws the whole curve).")
-
-
-def test_rows(c: dict, k: int) -> list[dict]:
-    rows = []
-    for i in range(k):
-        tested = i < len(c["u"])
-        result = ("accepted" if i < c["num_accepted"] else "rejected") if tested else "discarded (not tested)"
-        rows.append({"position": i + 1, "draft token": visible_text(c["draft_token_texts"][i]),
-                     "p_target": round(c["p_target"][i], 4), "p_draft": round(c["p_draft"][i], 4),
-                     "min(1, p_target/p_draft)": round(c["accept_prob"][i], 4),
-                     "u": f"{c['u'][i]:.4f}" if tested else "not drawn", "result": result})
-    return rows
 
 
 def stage_test(trace: Trace, c: dict) -> None:
@@ -176,8 +172,8 @@ def stage_test(trace: Trace, c: dict) -> None:
                 "is 1 when the draft token is the target's argmax and 0 otherwise: the test is an argmax check. "
                 "Open a sampled trace to see u at work.", icon=":material/info:")
     else:
-        table(test_rows(c, k))
-    chart(figures.acceptance_figure(c, k, 3, greedy), key="wt_accept")
+        table(position_rows(c, k, WALKTHROUGH_COLUMNS))
+    chart(acceptance_figure(c, k, 3, greedy), key="wt_accept")
     open_in_stepper(c["cycle"], 3, key="wt_link_3")
 
 
@@ -206,7 +202,7 @@ def stage_resample(trace: Trace, c: dict) -> None:
     what = (f"resampled {q(c['next_token_text'])} at position {c['rejected_position']}"
             if c["rejected_position"] else f"added the bonus token {q(c['next_token_text'])}")
     st.markdown(f"Cycle {c['cycle']} {what}, committing {len(c['committed_token_ids'])} token(s).")
-    chart(figures.resample_figure(c, k), key="wt_resample")
+    chart(resample_figure(c, k), key="wt_resample")
     open_in_stepper(c["cycle"], 4, key="wt_link_4")
     other = other_kind(trace, c)
     if other is not None:
@@ -238,7 +234,7 @@ def stage_rollback(trace: Trace, c: dict) -> None:
         "adding yours. Leaving them in would put words in the letter you never said, and every later guess "
         "would be made from that garbled letter. The KV cache is the assistant's memory of the letter so far.",
         icon=":material/keyboard:")
-    chart(figures.cache_figure(c, 5, derive.sequence_texts(trace, c), trace.drafter_kind), key="wt_cache")
+    chart(cache_figure(c, 5, derive.sequence_texts(trace, c), trace.drafter_kind), key="wt_cache")
     name = figures_layouts.layout_of(trace.header)["name"]
     st.markdown(f"**How this run's cache layout does it: {figures_layouts.LAYOUT_WORDS[name]}.** "
                 + figures_layouts.ROLLBACK_WORDS[name])
@@ -256,7 +252,7 @@ def payoff(trace: Trace) -> None:
         "relative to a target step, the expected speedup over plain decoding follows.")
     st.latex(r"\mathbb{E}[\text{tokens per cycle}] = \frac{1-\alpha^{K+1}}{1-\alpha}, \qquad"
              r"\text{speedup} = \frac{1-\alpha^{K+1}}{(1-\alpha)(Kc+1)}, \qquad \alpha = \mathbb{E}[\beta]")
-    drafted = sum(len(c["beta"]) for c in trace.cycles)
+    drafted = drafted_positions(trace.cycles)
     stats = state.current_stats()
     if drafted:
         text = f"This trace: α ≈ mean β = {stats.alpha:.3f} over {drafted} drafted positions, K={trace.k}"
@@ -276,8 +272,8 @@ def tree_cycle_choice(trace: Trace) -> dict:
     """The tree cycle to show: the most instructive one preselected, any other on request."""
     cycles = trace.cycles
     index = st.selectbox("Tree cycle to walk through", list(range(len(cycles))), key="wt_tree_cycle",
-                         index=tree_figures.teaching_tree_cycle(cycles),
-                         format_func=lambda i: f"cycle {i}: {tree_figures.tree_summary(cycles[i])}")
+                         index=teaching_tree_cycle(cycles),
+                         format_func=lambda i: f"cycle {i}: {tree_summary(cycles[i])}")
     return cycles[index]
 
 
@@ -296,8 +292,8 @@ def tree_section() -> None:
         st.markdown("**Sources.**  \n" + TREE_CITATIONS)
         return
     c = tree_cycle_choice(source.trace)
-    root = tree_figures.root_text(source.trace, c)
-    st.markdown(f"From {md(source.note)}, cycle {c['cycle']}: {md(tree_figures.tree_summary(c, root))}.")
+    root = root_text(source.trace, c)
+    st.markdown(f"From {md(source.note)}, cycle {c['cycle']}: {md(tree_summary(c, root))}.")
     st.markdown(
         "**The walk.** Start at the root with r, the target's distribution after the root. Try its children in "
         "order: accept a child t when u < r[t] for a fresh uniform u. On a rejection set r[t] to 0, renormalise "
@@ -308,7 +304,7 @@ def tree_section() -> None:
         "reaches a node without children, from the target's full distribution there (the bonus).")
     tree_trace.show_tree_figures(source, c, "wt_tree", ("tree",))
     st.caption("The walk, try by try:")
-    st.markdown(markdown_table(tree_figures.tried_rows(c)))
+    st.markdown(markdown_table(tried_rows(c)))
     st.markdown(
         "**The attention mask.** The verify pass reads the root and all nodes as one flat sequence, so a mask "
         "must stop a node from seeing the nodes of other branches: node i attends to the prefix, its ancestors "
@@ -368,7 +364,7 @@ def main() -> None:
     if trace is None or not trace.cycles:
         make_trace()
         return
-    if tree_figures.is_tree_header(trace.header):  # the five stages below are a chain's: show the tree cycle
+    if is_tree_header(trace.header):  # the five stages below are a chain's: show the tree cycle
         st.info("The open trace drafts a **tree**, not a chain: its cycles are walked through below. Open a "
                 "chain trace on **Choose a trace** for the five stages of a chain cycle.", icon=":material/account_tree:")
         tree_section()

@@ -1,8 +1,9 @@
 """What a trace says about speed and acceptance, and the measurements behind it.
 
 - analysis.py: acceptance, cost and speed computed from a trace (the statistics page and
-  `python -m engine stats` both read it); report.py prints it.
-- calibrate.py: one target step, one draft step and one verify pass, timed.
+  `python -m engine stats` both read it); report.py prints it. timings.py: the header's calibration
+  and where a typical cycle's time goes, which analysis.py builds on.
+- calibrate.py: one target step, one draft step and one verify pass, timed; several calibrations as one.
 - sweep.py: one prompt at several K, measured. repeats.py: warm up, repeat, report the spread.
 - layouts.py: slots held, stale slots and blocks, per cache layout.
 - quiet.py: whether a trace's own timings say it was recorded on a quiet machine.

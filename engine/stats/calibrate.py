@@ -24,6 +24,8 @@ advisor (engine/stats/tree_plan.py) interpolates between the measured widths.
 
 Each is the median of `repeats` timings taken after a warm-up. The result is plain
 data (JSON-ready) so it can ride in a trace header as the optional "calibration" field.
+`calibrate_repeated` takes several whole calibrations and keeps each quantity's median and
+spread: the statistics page measures that way, on a machine that may be busy.
 """
 import statistics
 from functools import partial
@@ -38,6 +40,7 @@ from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.sampling import draw as draw_token
 from engine.models.sampling import warp_probs
+from engine.stats.repeats import Repeated, repeated_values
 from engine.trace.schema import DRAFT_MODEL
 
 DEFAULT_MAX_POSITIONS = 9  # verify widths 1..9 cover K = 1..8 without extrapolating
@@ -187,3 +190,33 @@ def calibrate_widths(pair: Pair, prompt_ids: list[int], s: SpecSettings, widths:
     if draft_widths is not None:
         out |= {"draft_positions": list(draft_widths), "draft_s": [draft[w] for w in draft_widths]}
     return out
+
+
+def median_calibration(rounds: list[dict]) -> tuple[dict, dict[str, Repeated]]:
+    """Several whole calibrations of one pair as one: each quantity's median over the rounds, and
+    each quantity's repeats, whose spread says whether the machine was quiet enough to trust it.
+
+    The first round gives the fields that do not vary (cache length, widths, threads); its repeats
+    count every round's."""
+    spread = {"target step": repeated_values([r["target_step_s"] for r in rounds]),
+              "draft step": repeated_values([r["draft_step_s"] for r in rounds])}
+    widths = rounds[0]["verify_positions"]
+    for i, w in enumerate(widths):
+        spread[f"verify over {w}"] = repeated_values([r["verify_s"][i] for r in rounds])
+    median = {**rounds[0], "repeats": rounds[0]["repeats"] * len(rounds),
+              "target_step_s": spread["target step"].median_s, "draft_step_s": spread["draft step"].median_s,
+              "verify_s": [spread[f"verify over {w}"].median_s for w in widths]}
+    return median, spread
+
+
+def calibrate_repeated(pair: Pair, prompt_ids: list[int], s: SpecSettings, rounds: int,
+                       on_round: Callable[[int], None] | None = None) -> tuple[dict, dict[str, Repeated]]:
+    """`calibrate` `rounds` times, then median_calibration: one calibration is a single sample of a
+    possibly busy machine; several say how much to trust it. `on_round` hears each round's index
+    (0-based) before the round runs."""
+    results = []
+    for i in range(rounds):
+        if on_round:
+            on_round(i)
+        results.append(calibrate(pair, prompt_ids, s))
+    return median_calibration(results)

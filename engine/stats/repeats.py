@@ -86,3 +86,24 @@ def disagreement_words(name: str, predicted: float, measured: float, noise: floa
     return (f"{name}: the prediction ({predicted:.2f}) is {gap:.0%} {direction} the measurement ({measured:.2f}), "
             f"more than the measurement's noise ({allowed:.0%}). Something the prediction leaves out matters "
             "on this machine (overheads outside the draft steps and the verify pass, or a busy CPU).")
+
+
+def disagreeing(measured: dict[str, Repeated], limit: float = MAX_SPREAD) -> dict[str, Repeated]:
+    """The named measurements whose repeats disagree by more than `limit`: too noisy to show."""
+    return {name: r for name, r in measured.items() if r.spread > limit}
+
+
+def widest_spread(measured: dict[str, Repeated]) -> tuple[str, float]:
+    """The measurement whose repeats disagree most (the first such, in order), and its spread."""
+    name = max(measured, key=lambda n: measured[n].spread)
+    return name, measured[name].spread
+
+
+def untrustworthy_widths(times: list[Repeated]) -> list[int]:
+    """The widths (1, 2, ...: times[n - 1] timed a pass over n positions) whose repeats are not trustworthy."""
+    return [n for n, t in enumerate(times, start=1) if not t.trustworthy]
+
+
+def width_cost_ratio(times: list[Repeated], positions: int) -> float:
+    """A pass over `positions` positions in passes over one, from the medians (times[n - 1]: n positions)."""
+    return times[positions - 1].median_s / times[0].median_s

@@ -130,6 +130,14 @@ def tokens_counts(accepted: list[int], depth: int) -> list[int]:
     return counts
 
 
+def committed_and_nodes_per_cycle(cycles: list[dict]) -> tuple[float, float]:
+    """Tokens a tree cycle committed and nodes it verified (the root not counted), each averaged over
+    the cycles (at least one): what a tree trace measured, as the teaching pages quote it."""
+    per_cycle = sum(len(c["committed_token_ids"]) for c in cycles) / len(cycles)
+    nodes = sum(len(c["tree"]["nodes"]) for c in cycles) / len(cycles)
+    return per_cycle, nodes
+
+
 def tree_stats(trace: Trace) -> TreeStats:
     """Every number the pages and the CLI show about one tree trace."""
     if not is_tree_trace(trace):

@@ -14,13 +14,16 @@ Two ways to get it, which the tests check against each other:
 - `simulated_power`: many seeded runs of exactly the lab's test on multinomial draws
   from p1. Exact up to its sampling noise, so it checks the approximation.
 
+The lab's verdict on one result is here too: how far the rule's distribution is from the
+target's (`rule_distance`) and how often its test would catch it (`catch_chance`).
+
 Imports torch and engine.teaching.exactness only.
 """
 import math
 
 import torch
 
-from engine.teaching.exactness import MIN_EXPECTED, chi2_survival
+from engine.teaching.exactness import MIN_EXPECTED, LabResult, chi2_survival
 
 
 def pooled(probs: torch.Tensor, n: int) -> torch.Tensor:
@@ -128,3 +131,35 @@ def default_samples(p_rule: torch.Tensor, p_target: torch.Tensor) -> int:
     if needed is None and approximate_power(p_rule, p_target, SAMPLE_COUNTS[-1], SIGNIFICANCE) <= 2 * SIGNIFICANCE:
         return DEFAULT_SAMPLES  # nothing to catch: the correct rule (or one indistinguishable from it)
     return next((n for n in SAMPLE_COUNTS if needed is not None and n >= needed), SAMPLE_COUNTS[-1])
+
+
+# ---------------------------------------------------------------- the lab's verdict on one result
+
+# Total variation from the target below which a rule counts as correct: the correct rule's
+# worked-out distribution equals the target's up to float32 rounding (about 1e-7 per token,
+# summed over the vocabulary), and a rule 1e-4 off would take some 10^8 samples to catch.
+CORRECT_WITHIN_TV = 1e-4
+
+
+def rule_distance(res: LabResult) -> float | None:
+    """Total variation between the rule's worked-out distribution and the target's (next token only)."""
+    if res.predicted is None:
+        return None
+    return 0.5 * sum(abs(a - b) for a, b in zip(res.predicted, res.exact))
+
+
+def catch_chance(res: LabResult) -> float | None:
+    """How often the test catches this broken rule at this sample count; None for a correct rule
+    or for the token after next (whose rule distribution is not worked out)."""
+    gap = rule_distance(res)
+    if gap is None or gap <= CORRECT_WITHIN_TV:
+        return None
+    return approximate_power(torch.tensor(res.predicted), torch.tensor(res.exact), res.samples, SIGNIFICANCE)
+
+
+def samples_for_result(found: LabResult | None) -> int:
+    """The sample count for the rule a stored result sampled (default_samples on its worked-out
+    distribution); DEFAULT_SAMPLES with no result, or one for the token after next."""
+    if found is None or found.predicted is None:
+        return DEFAULT_SAMPLES
+    return default_samples(torch.tensor(found.predicted), torch.tensor(found.exact))

@@ -12,7 +12,7 @@ import html
 import streamlit as st
 
 from app.figures import derive
-from app.figures.cycle import INK, OKABE_ITO
+from app.figures.style import INK, OKABE_ITO
 from app.ui.safe import md
 from engine.trace.schema import EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP
 

@@ -1,5 +1,5 @@
 """The statistics page for a tree trace (draft trees, #23): its tree statistics, and a chain trace of
-the same pair beside it.
+the same pair beside it (the chain page's Compare tab shows the same comparison from the chain's side).
 
 Numbers: engine/stats/trees.py (the same code as `python -m engine stats`), computed once per
 trace (st.cache_data, keyed by the traces' content keys); figures: app/figures/tree_stats.py.
@@ -12,11 +12,12 @@ import hashlib
 import streamlit as st
 
 from app.figures import tree_stats as figs
-from app.figures.tree import tree_words
+from app.figures.tree_record import tree_words
 from app.ui import state
 from app.ui.first_result import first_result
 from app.ui.safe import md
 from app.ui.widgets import chart
+from app.views.sections.statistics_widgets import chart_pair, keep_tab_widgets, metric_row, numbered_line
 from engine.stats.trees import (
     TREE_DEFINITIONS,
     ChainTreeComparison,
@@ -51,10 +52,7 @@ def comparison_of(chain_key: str, tree_key: str, _chain: Trace, _tree: Trace) ->
 
 def chain_refs() -> list[state.TraceRef]:
     """Where a chain trace to compare with may come from: bundled traces, live runs, this session's upload."""
-    refs = [state.TraceRef("bundled", n) for n in state.bundled_traces()]
-    runs = state.runs_dir()
-    if runs.is_dir():
-        refs += [state.TraceRef("run", p.name) for p in sorted(runs.glob("*.jsonl"))]
+    refs = state.saved_refs()
     uploaded = st.session_state.get(UPLOADED)
     if uploaded and uploaded[1] is not None:
         refs.append(uploaded[1])
@@ -84,38 +82,27 @@ def sort_candidates(tree: Trace, refs: list[state.TraceRef]) -> tuple[list[state
 # ---------------------------------------------------------------- sections
 
 def acceptance_section(ts: TreeStats) -> None:
-    cols = st.columns(4)
-    cols[0].metric("Tokens per cycle", f"{ts.tokens_per_cycle:.3f}")
-    cols[0].caption(TREE_DEFINITIONS["tokens_per_cycle"])
-    cols[1].metric("Accepted / drafted nodes", f"{ts.acceptance_rate:.3f}")
-    cols[1].caption(TREE_DEFINITIONS["acceptance_rate"])
-    cols[2].metric("Cycles saved by a later sibling", f"{ts.saved_cycles} of {ts.num_cycles}")
-    cols[2].caption(TREE_DEFINITIONS["saved_cycles"])
-    cols[3].metric("Next token a bonus", f"{ts.bonus_cycles} of {ts.num_cycles}")
-    cols[3].caption(TREE_DEFINITIONS["next_token"])
-    st.markdown("**Acceptance by depth**: " + " · ".join(
-        f"{d}: {p:.3f}" for d, p in enumerate(ts.acceptance_by_depth, start=1)))
+    metric_row([("Tokens per cycle", f"{ts.tokens_per_cycle:.3f}", TREE_DEFINITIONS["tokens_per_cycle"]),
+                ("Accepted / drafted nodes", f"{ts.acceptance_rate:.3f}", TREE_DEFINITIONS["acceptance_rate"]),
+                ("Cycles saved by a later sibling", f"{ts.saved_cycles} of {ts.num_cycles}",
+                 TREE_DEFINITIONS["saved_cycles"]),
+                ("Next token a bonus", f"{ts.bonus_cycles} of {ts.num_cycles}", TREE_DEFINITIONS["next_token"])])
+    numbered_line("Acceptance by depth", ts.acceptance_by_depth)
     st.caption(TREE_DEFINITIONS["acceptance_by_depth"])
-    left, right = st.columns(2)
-    with left:
-        chart(figs.acceptance_depth_figure(ts), key="tree_fig_depth")
-    with right:
-        chart(figs.tokens_distribution_figure(ts), key="tree_fig_tokens")
+    chart_pair((figs.acceptance_depth_figure(ts), "tree_fig_depth"), (figs.tokens_distribution_figure(ts), "tree_fig_tokens"))
     chart(figs.sibling_rank_figure(ts), key="tree_fig_ranks")
     st.caption(TREE_DEFINITIONS["sibling_rank"])
 
 
 def cost_section(ts: TreeStats) -> None:
-    cols = st.columns(4)
-    cols[0].metric("Draft forwards per cycle", f"{ts.draft_forwards:.2f}")
-    cols[0].caption(TREE_DEFINITIONS["draft_forwards"] + f" Catch-up in {ts.catch_up_share:.0%} of cycles.")
-    cols[1].metric("Verify pass (median)", f"{ts.verify_s.median * 1000:.2f} ms")
-    cols[1].caption(f"Nodes per cycle: mean {ts.nodes_mean:.1f}, min {ts.nodes_min}, max {ts.nodes_max}; "
-                    "the pass covers them and the root.")
-    cols[2].metric("Cycle (median)", f"{ts.cycle_s.median * 1000:.2f} ms")
-    cols[2].caption(f"middle half {ts.cycle_s.low * 1000:.2f}–{ts.cycle_s.high * 1000:.2f} ms")
-    cols[3].metric("Tokens/s (decoding)", f"{ts.tokens_per_s:.1f}")
-    cols[3].caption(TOKENS_PER_S[0].upper() + TOKENS_PER_S[1:] + ".")
+    metric_row([("Draft forwards per cycle", f"{ts.draft_forwards:.2f}",
+                 TREE_DEFINITIONS["draft_forwards"] + f" Catch-up in {ts.catch_up_share:.0%} of cycles."),
+                ("Verify pass (median)", f"{ts.verify_s.median * 1000:.2f} ms",
+                 f"Nodes per cycle: mean {ts.nodes_mean:.1f}, min {ts.nodes_min}, max {ts.nodes_max}; "
+                 "the pass covers them and the root."),
+                ("Cycle (median)", f"{ts.cycle_s.median * 1000:.2f} ms",
+                 f"middle half {ts.cycle_s.low * 1000:.2f}–{ts.cycle_s.high * 1000:.2f} ms"),
+                ("Tokens/s (decoding)", f"{ts.tokens_per_s:.1f}", TOKENS_PER_S[0].upper() + TOKENS_PER_S[1:] + ".")])
     chart(figs.verify_width_figure(ts), key="tree_fig_verify")
     st.dataframe([{"verify width (positions)": w.width, "cycles": w.cycles,
                    "median ms": round(w.verify_s.median * 1000, 3), "25% ms": round(w.verify_s.low * 1000, 3),
@@ -144,23 +131,18 @@ def comparison_rows(cmp: ChainTreeComparison) -> list[dict]:
 
 
 def comparison_section(cmp: ChainTreeComparison, ts: TreeStats, chain_label: str) -> None:
-    cols = st.columns(2)
-    cols[0].metric("Measured speedup of the tree over the chain",
-                   "–" if cmp.speedup is None else f"{cmp.speedup:.2f}×")
-    cols[0].caption("The tree's tokens/s over the chain's, both decoding only: " + TOKENS_PER_S + ".")
-    cols[1].metric("Tokens per cycle, tree / chain", f"{cmp.tokens_ratio:.2f}×")
-    cols[1].caption("What the tree's extra branches bought per cycle; the speedup is what is left after the "
-                    "wider verify pass paid for them.")
+    metric_row([("Measured speedup of the tree over the chain", "–" if cmp.speedup is None else f"{cmp.speedup:.2f}×",
+                 "The tree's tokens/s over the chain's, both decoding only: " + TOKENS_PER_S + "."),
+                ("Tokens per cycle, tree / chain", f"{cmp.tokens_ratio:.2f}×",
+                 "What the tree's extra branches bought per cycle; the speedup is what is left after the "
+                 "wider verify pass paid for them.")])
     (st.success if cmp.fair else st.warning)(md(cmp.fairness), icon=":material/balance:")
     for note in cmp.notes:
         st.warning(md(note), icon=":material/tune:")
     st.dataframe(comparison_rows(cmp), hide_index=True, height="content", key="tree_compare_table")
     st.caption(f"Chain: {md(chain_label)}. Target **{md(cmp.target)}**, draft **{md(cmp.draft)}**, the same prompt.")
-    left, right = st.columns(2)
-    with left:
-        chart(figs.acceptance_depth_figure(ts, cmp), key="tree_fig_compare_depth")
-    with right:
-        chart(figs.tokens_distribution_figure(ts, cmp), key="tree_fig_compare_tokens")
+    chart_pair((figs.acceptance_depth_figure(ts, cmp), "tree_fig_compare_depth"),
+               (figs.tokens_distribution_figure(ts, cmp), "tree_fig_compare_tokens"))
     chart(figs.verify_width_figure(ts, cmp), key="tree_fig_compare_verify")
 
 
@@ -247,15 +229,9 @@ def headline(ts: TreeStats) -> str:
     return "This tree run: " + " · ".join(parts)
 
 
-def keep_tab_widgets() -> None:
-    """Keep the comparison's choice while another tab is open (see statistics.keep_tab_widgets)."""
-    if COMPARE_WITH in st.session_state:
-        st.session_state[COMPARE_WITH] = st.session_state[COMPARE_WITH]
-
-
 def draw(trace: Trace) -> None:
     """The statistics page for the open tree trace."""
-    keep_tab_widgets()
+    keep_tab_widgets((COMPARE_WITH,))  # the comparison's choice, kept while another tab is open
     h = trace.header
     st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}** · "
                f"{md(tree_words(h['settings']['tree']))}, max depth {trace.k} · temperature "

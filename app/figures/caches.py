@@ -1,0 +1,131 @@
+"""The KV caches of target and draft at a stage of the cycle: one strip per model, a cell per cache
+position, coloured by whether it is committed, provisional, rolled back or fed in the catch-up.
+
+An EAGLE head's cache is a row of its own, with the head's own rollback rule (cache_cells).
+Plain functions, no Streamlit: a cycle record in, a figure out.
+"""
+from typing import Sequence
+
+import plotly.graph_objects as go
+
+from app.figures.derive import FEATURE_HEAD, FEATURE_TARGET, HEAD_ROW, cycle_drafter, draft_cache_name
+from app.figures.style import (
+    CATCH_UP,
+    COMMITTED,
+    PROVISIONAL,
+    ROLLED_BACK,
+    STYLES,
+    cells,
+    esc,
+    figure,
+    labels,
+    legend_name,
+    shown,
+)
+from engine.trace.schema import EAGLE
+
+CACHE_CONTEXT = 6  # committed cells shown before the ones this cycle touches
+MAX_CACHE_CELLS = 512  # a strip never draws more cells than this, whatever lengths a trace records
+
+
+HEAD_CATCH_UP = "head catch-up (accepted tokens re-fed with the target's features)"
+
+
+def cache_cells(lengths: dict, stage: int, model: str, head: bool = False) -> dict[str, tuple[int, int]]:
+    """Cell ranges [start, end) per state for one model's cache at a stage of the cycle.
+
+    before: committed; after_append: provisional entries added (the draft's in stage 1,
+    the target's in stage 2); at the rollback stage the entries past after_rollback are
+    removed, and a draft that never ran on d_K gains one entry (catch-up), so
+    after_rollback can exceed after_append.
+
+    An EAGLE head (`head`) keeps only entries built on the target's true features: its first
+    draft step's entry (position `before`) survives, the later ones (built on its own
+    predicted features) are dropped, and the accepted tokens are fed again with the target's
+    features: those positions are drawn as catch-up, the rest of the dropped ones as rolled back.
+    """
+    before, appended, after = lengths["before"], lengths["after_append"], lengths["after_rollback"]
+    if model == "target" and stage == 1:
+        return {COMMITTED: (0, before)}
+    if stage < 5:
+        return {COMMITTED: (0, before), PROVISIONAL: (before, appended)}
+    if head:
+        kept = min(before + 1, after)
+        return {COMMITTED: (0, kept), ROLLED_BACK: (max(after, kept), appended), CATCH_UP: (kept, after)}
+    return {COMMITTED: (0, min(appended, after)), ROLLED_BACK: (after, appended), CATCH_UP: (appended, after)}
+
+
+def cache_figure(c: dict, stage: int, sequence_texts: Sequence[str], drafter: str | None = None) -> go.Figure:
+    """The KV-cache strip of target and draft at a stage, with the recorded lengths.
+
+    sequence_texts[p] is the token at sequence position p: the committed tokens
+    followed by this cycle's drafts (so a cell can show whose K/V it holds). `drafter` is
+    the trace header's drafter kind: an EAGLE head's cache is its own row, named so.
+    """
+    drafter = cycle_drafter(c, drafter)
+    row = draft_cache_name(drafter)
+    t_len, d_len = c["target_cache_len"], c["draft_cache_len"]
+    lengths = {"target": t_len} if d_len is None else {"target": t_len, row: d_len}  # prompt lookup: no draft cache
+    head = drafter == EAGLE
+    per_model = {model: cache_cells(v, stage, model, head and model == row) for model, v in lengths.items()}
+    first = max(0, min(v["before"] for v in lengths.values()) - CACHE_CONTEXT)
+    notes = head_cell_notes(c, stage) if head and d_len is not None else {}
+    traces = [t for state in (COMMITTED, PROVISIONAL, ROLLED_BACK, CATCH_UP)
+              for t in _cache_state(state, per_model, first, sequence_texts, notes.get(state, {}),
+                                    HEAD_CATCH_UP if head and state == CATCH_UP else None)]
+    end = min(max(max(v["after_append"], v["after_rollback"]) for v in lengths.values()), first + MAX_CACHE_CELLS)
+    note = f" (positions 0–{first - 1}: committed, not drawn)" if first else ""
+    return figure(traces, cache_title(c, stage, drafter), 240, barmode="overlay",
+                  yaxis=dict(categoryorder="array", categoryarray=[row, "target"], fixedrange=True),
+                  xaxis=dict(title=dict(text="cache position" + note), range=[first - 0.5, end + 0.5], fixedrange=True))
+
+
+def head_cell_notes(c: dict, stage: int) -> dict[str, dict[int, str]]:
+    """Hover notes on the EAGLE head's cells: which feature each draft step's entry was built on,
+    and, after the rollback, which entries were rebuilt from the target's features."""
+    d = c["draft_cache_len"]
+    sources = (c.get("drafter_state") or {}).get("feature_sources") or []
+    words = {FEATURE_TARGET: "built on the target's true feature", FEATURE_HEAD: "built on the head's predicted feature"}
+    if stage < 5:
+        return {PROVISIONAL: {d["before"] + i: words.get(src, "") for i, src in enumerate(sources)}}
+    kept = min(d["before"] + 1, d["after_rollback"])
+    return {CATCH_UP: {p: "dropped, then fed again with the target's true feature" for p in range(kept, d["after_rollback"])},
+            ROLLED_BACK: {p: "built on a predicted feature or a rejected token: dropped" for p in range(kept, d["after_append"])}}
+
+
+def _cache_state(state: str, per_model: dict, first: int, texts: Sequence[str],
+                 notes: dict[int, str] | None = None, legend: str | None = None) -> list[dict]:
+    """The cells of one state in every row; `notes` add a line to the hover of the EAGLE head's cells."""
+    ys, xs, hover, names = [], [], [], []
+    for model, ranges in per_model.items():
+        start, end = ranges.get(state, (0, 0))
+        for p in range(max(start, first), min(end, first + MAX_CACHE_CELLS)):
+            text = texts[p] if p < len(texts) else "?"
+            ys.append(model), xs.append(p)
+            names.append(("✗" if state == ROLLED_BACK else "") + shown(text, 6))
+            note = (notes or {}).get(p) if model == HEAD_ROW else None
+            hover.append(f"{model} cache position {p}: K/V of <b>{shown(text)}</b> · {STYLES[state].label}"
+                         + (f"<br>{esc(note)}" if note else ""))
+    if not xs:
+        return []
+    name = f"{STYLES[state].mark} {legend}" if legend else legend_name(state)
+    return [cells(name, STYLES[state], ys, [x - 0.45 for x in xs], [0.9] * len(xs), hover),
+            labels(xs, ys, names, size=10)]
+
+
+def cache_title(c: dict, stage: int, drafter: str | None = None) -> str:
+    t, d = c["target_cache_len"], c["draft_cache_len"]
+    row = draft_cache_name(cycle_drafter(c, drafter))
+    if d is None:  # a drafter without a cache over the target's positions
+        if stage < 2:
+            return f"KV cache: target {t['before']} (this drafter keeps no cache over the target's positions)"
+        if stage < 5:
+            return f"KV cache: target {t['before']} → {t['after_append']} (provisional entries dotted)"
+        return f"KV cache after rollback: target {t['after_append']} → {t['after_rollback']}"
+    if stage == 1:
+        return f"KV caches: {row} {d['before']} → {d['after_append']} (provisional); target still {t['before']}"
+    if stage < 5:
+        return (f"KV caches: target {t['before']} → {t['after_append']}, "
+                f"{row} {d['before']} → {d['after_append']} (provisional entries dotted)")
+    return (f"KV caches after rollback: target {t['after_append']} → {t['after_rollback']}, "
+            f"{row} {d['after_append']} → {d['after_rollback']}")
