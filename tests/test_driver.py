@@ -12,6 +12,7 @@ import pytest
 from engine.config import EMPTY_PROMPT, SettingsError, SpecSettings, parse_tree, refuse_empty_prompt
 from engine.cycle import driver
 from engine.cycle.fast import FastChainCycle, static_settings
+from engine.cycle.record import TREE_HEAD
 from engine.cycle.reference import ChainCycle
 from engine.mode import RunMode, refuse_tree_auto
 from engine.teaching.faults import Faults, TreeFaults
@@ -51,6 +52,7 @@ def test_a_tree_record_is_the_chain_record_with_its_tree():
     assert shared <= set(chain) and shared <= set(CYCLE_FIELDS)
     assert set(tree) == shared | {"tree"}
     assert tree["verify_positions"] == len(tree["tree"]["nodes"]) + 1
+    assert list(tree)[:len(TREE_HEAD)] == list(TREE_HEAD)  # the key order tree traces have always had
 
 
 def test_the_empty_prompt_is_refused_one_way_by_every_kind():

@@ -107,4 +107,16 @@ def cycle_record(cycle: int, committed_len_before: int, step: CycleStep, committ
     }
     if step.drafter_state is not None:  # the model drafter adds nothing: its records stay as they were
         rec["drafter_state"] = step.drafter_state
-    return rec | (description or {})
+    rec |= description or {}
+    return rec if step.draft_token_ids is not None else tree_key_order(rec)
+
+
+# A tree record lists its texts beside its ids, as tree traces (the bundled ones too) always have.
+TREE_HEAD = ("type", "cycle", "committed_len_before", "num_accepted", "committed_token_ids", "committed_token_texts",
+             "finished", "next_token_text")
+
+
+def tree_key_order(rec: dict) -> dict:
+    """The same record with TREE_HEAD's keys first: the key order of every tree trace written so far."""
+    head = {key: rec[key] for key in TREE_HEAD if key in rec}
+    return head | {key: value for key, value in rec.items() if key not in head}
