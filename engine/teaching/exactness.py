@@ -3,7 +3,7 @@
 For a fixed prefix we draw the next token (or the token after it) many times in two
 ways, and compare both histograms with the exact target distribution:
 
-- speculative: every sample is a complete engine cycle (`run_cycle`: the draft
+- speculative: every sample is a complete engine cycle (the driver's `run_cycles` over a `ChainCycle`: the draft
   proposes, the target verifies, the acceptance rule decides), started from the same
   prefilled caches, which are rolled back to the prefix after each sample;
 - plain: the target's own warped distribution at that position, drawn with the same
