@@ -49,8 +49,13 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> list[tuple[int, str]]:
-    """(line, absolute module) of every import in the file."""
+def is_submodule(module: str, name: str, modules: set[str] | None) -> bool:
+    return f"{module}.{name}" in modules if modules is not None else module in ("engine", "app")
+
+
+def imports_of(path: Path, modules: set[str] | None = None) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in the file. `from x import y` names the submodule x.y
+    where y is one: one of `modules` when given, else any name imported from engine or app."""
     tree = ast.parse(path.read_text(), filename=str(path))
     here = module_name(path).split(".")
     package = here if path.name == "__init__.py" else here[:-1]
@@ -62,7 +67,7 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
             base = package[:len(package) - node.level + 1] if node.level else []
             module = ".".join(base + ([node.module] if node.module else []))
             # `from engine import trace` imports the submodule engine.trace
-            found += [(node.lineno, f"{module}.{a.name}" if module in ("engine", "app") else module)
+            found += [(node.lineno, f"{module}.{a.name}" if is_submodule(module, a.name, modules) else module)
                       for a in node.names]
     return found
 
@@ -133,19 +138,7 @@ def known_modules() -> set[str]:
 def edges_of(path: Path, modules: set[str]) -> list[tuple[int, str]]:
     """(line, module) of every import in the file that lands in engine/ or app/, naming the
     submodule where a `from x import y` imports one."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    here = module_name(path).split(".")
-    package = here if path.name == "__init__.py" else here[:-1]
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
-            module = ".".join(base + ([node.module] if node.module else []))
-            found += [(node.lineno, f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module)
-                      for a in node.names]
-    return [(line, module) for line, module in found if module in modules]
+    return [(line, module) for line, module in imports_of(path, modules) if module in modules]
 
 
 def import_graph() -> dict[str, dict[str, str]]:

@@ -3,10 +3,10 @@ the top lists and the residual, the greedy rule, and both caches by the conventi
 fault the header declares). `check_cycle` checks one cycle and advances the replayed run.
 """
 from engine.trace.check_basics import ABS_TOL, CacheChain, Progress, RunFacts, close, fail, is_int, is_num
-from engine.trace.commit import final_tokens
 from engine.trace.drafter_checks import check_drafter_state
 from engine.trace.schema import EAGLE
 from engine.trace.shared_checks import (
+    check_commit,
     check_lengths,
     check_text_map,
     check_texts,
@@ -193,14 +193,8 @@ def check_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where: str
     nxt = c["resampled_token_id"] if c["resampled_token_id"] is not None else c["bonus_token_id"]
     next_field = "resampled_token_id" if c["resampled_token_id"] is not None else "bonus_token_id"
     check_token_ids([nxt], facts.vocab_size, where, next_field)
-    budget = facts.max_new_tokens - len(run.generated)
-    want, finished = final_tokens(drafts[:n] + [nxt], budget, facts.eos_ids)
-    if c["committed_token_ids"] != want:
-        fail(where, "committed_token_ids", f"must be the {n} accepted drafts plus the "
-             f"{'resampled' if n < n_prop else 'bonus'} token, cut at EOS and at the budget of {budget}: {want}")
-    check_texts(c["committed_token_texts"], len(want), where, "committed_token_texts")
-    if c["finished"] != finished:
-        fail(where, "finished", f"must be {str(finished).lower()}: a run ends at EOS or at max_new_tokens")
+    what = f"the {n} accepted drafts plus the {'resampled' if n < n_prop else 'bonus'} token"
+    want, finished = check_commit(c, drafts[:n], nxt, what, facts, run, where)
     check_top(c["target_top"], n_prop + 1, facts, where, "target_top", drafts, c["p_target"])
     check_top(c["draft_top"], n_prop, facts, where, "draft_top", drafts, c["p_draft"])
     check_residual(c, facts, where)

@@ -1,7 +1,8 @@
 """The checks a chain cycle, a tree cycle and the header share: token ids in range, one text
-per id, top-N lists, cache lengths and times. Each raises BrokenInvariant through `fail`.
+per id, the commit rule, top-N lists, cache lengths and times. Each raises BrokenInvariant through `fail`.
 """
-from engine.trace.check_basics import ABS_TOL, MAX_TOKEN_ID, RunFacts, close, fail, is_int, is_num
+from engine.trace.check_basics import ABS_TOL, MAX_TOKEN_ID, Progress, RunFacts, close, fail, is_int, is_num
+from engine.trace.commit import final_tokens
 
 
 def check_token_ids(ids: list, vocab: int | None, where: str, field: str) -> None:
@@ -14,6 +15,20 @@ def check_token_ids(ids: list, vocab: int | None, where: str, field: str) -> Non
 def check_texts(texts: list, n: int, where: str, field: str) -> None:
     if len(texts) != n or not all(isinstance(t, str) for t in texts):
         fail(where, field, f"must be {n} strings, one per token id")
+
+
+def check_commit(c: dict, accepted: list[int], next_token: int, what: str, facts: RunFacts, run: Progress,
+                 where: str) -> tuple[list[int], bool]:
+    """committed = final_tokens(accepted + [next token]) (engine/trace/commit.py, the rule every cycle
+    kind commits by); `what` names those tokens in the refusal. Returns the committed tokens and finished."""
+    budget = facts.max_new_tokens - len(run.generated)
+    want, finished = final_tokens(accepted + [next_token], budget, facts.eos_ids)
+    if c["committed_token_ids"] != want:
+        fail(where, "committed_token_ids", f"must be {what}, cut at EOS and at the budget of {budget}: {want}")
+    check_texts(c["committed_token_texts"], len(want), where, "committed_token_texts")
+    if c["finished"] != finished:
+        fail(where, "finished", f"must be {str(finished).lower()}: a run ends at EOS or at max_new_tokens")
+    return want, finished
 
 
 def check_text_map(known: dict, ids: list[int], texts: list[str], where: str, field: str) -> None:

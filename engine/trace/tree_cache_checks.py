@@ -5,28 +5,13 @@ declared teaching fault crop_instead_of_compact, the crop that bug makes instead
 """
 from typing import TYPE_CHECKING
 
-from engine.trace.check_basics import CacheChain, Progress, RunFacts, fail, is_int
-from engine.trace.commit import final_tokens
+from engine.trace.check_basics import CacheChain, fail, is_int
 from engine.trace.schema import DRAFT_MODEL, EAGLE, ROOT, STATIC_TREE
-from engine.trace.shared_checks import check_lengths, check_texts
+from engine.trace.shared_checks import check_lengths
 from engine.trace.tree_shape_checks import Shape
 
 if TYPE_CHECKING:
     from engine.config import TreeSpec
-
-
-def check_commit(c: dict, path_tokens: list[int], facts: RunFacts, run: Progress, where: str) -> tuple[list[int], bool]:
-    """committed = final_tokens(path tokens + [next token]), the chain's commit rule."""
-    tree = c["tree"]
-    budget = facts.max_new_tokens - len(run.generated)
-    want, finished = final_tokens(path_tokens + [tree["next_token_id"]], budget, facts.eos_ids)
-    if c["committed_token_ids"] != want:
-        fail(where, "committed_token_ids", f"must be the {len(path_tokens)} tokens of the accepted path plus the "
-             f"{tree['next_token_kind']} token, cut at EOS and at the budget of {budget}: {want}")
-    check_texts(c["committed_token_texts"], len(want), where, "committed_token_texts")
-    if c["finished"] != finished:
-        fail(where, "finished", f"must be {str(finished).lower()}: a run ends at EOS or at max_new_tokens")
-    return want, finished
 
 
 def check_moves(comp: dict, base: int, where: str, field: str) -> None:

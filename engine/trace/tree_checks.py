@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from engine.trace.check_basics import CacheChain, Progress, RunFacts, fail
 from engine.trace.schema import DRAFT_MODEL, EAGLE
-from engine.trace.shared_checks import check_text_map, check_times
-from engine.trace.tree_cache_checks import check_commit, check_draft_cache, check_target_cache
+from engine.trace.shared_checks import check_commit, check_text_map, check_times
+from engine.trace.tree_cache_checks import check_draft_cache, check_target_cache
 from engine.trace.tree_shape_checks import check_frontier, check_nodes, check_siblings, check_tree_top
 from engine.trace.tree_walk_checks import check_greedy_tree, check_next, check_path, replay_walk
 
@@ -85,7 +85,8 @@ def check_tree_cycle(c: dict, facts: RunFacts, run: Progress, texts: dict, where
     check_next(tree, shape, end, kind, facts, where)
     if facts.temperature == 0:
         check_greedy_tree(tree, shape, end, where)
-    want, finished = check_commit(c, [shape.tokens[p] for p in path], facts, run, where)
+    what = f"the {len(path)} tokens of the accepted path plus the {tree['next_token_kind']} token"
+    want, finished = check_commit(c, [shape.tokens[p] for p in path], tree["next_token_id"], what, facts, run, where)
     for name, ids, strings in tree_texts(c):
         check_text_map(texts, ids, strings, where, name)
     crop = facts.faults.get("crop_instead_of_compact", False)  # a declared teaching fault (header)
