@@ -4,7 +4,7 @@ It says what the cycles are (a chain or a tree, on the reference path or the dev
 fast path), which teaching faults break them, and over how many tensor-parallel ranks the
 target runs. Impossible combinations are refused here and nowhere else, each with one
 wording, as soon as the mode is built (the CLI builds it before any model loads); what
-depends on the loaded pair (the drafter kind) is refused by `check_pair` before anything is
+depends on the loaded pair (the drafter kind) is refused by `prepare` before anything is
 written. The mode also writes its own trace header fields.
 
 Importing this module loads no torch: the CLI builds a mode before it loads anything. The
@@ -79,13 +79,14 @@ class RunMode:
             return FastChainCycle(pair, s, self.fast)
         return ChainCycle(pair, s, self.faults or RATIO_TEST)
 
-    def check_pair(self, pair, s: SpecSettings) -> SpecSettings:
-        """Refuse what the loaded pair cannot run in this mode (before anything is written); the settings to run."""
+    def prepare(self, pair, s: SpecSettings):
+        """Refuse what the loaded pair cannot run in this mode (before anything is written); the cycle kind
+        that runs, whose `settings` are the ones to record."""
         self.check_drafter(pair.drafter.kind)
         pair.drafter.check_settings(s)
-        s = self.settings_for(s)
-        self.cycle_kind(pair, s).check()
-        return s
+        kind = self.cycle_kind(pair, self.settings_for(s))
+        kind.check()
+        return kind
 
     def cache_layout(self, pair, s: SpecSettings, prompt_len: int) -> dict:
         """The header's "cache_layout": what the cycle kind allocates for this prompt."""

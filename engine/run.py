@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.config import SpecSettings, refuse_empty_prompt
-from engine.cycle.driver import generate
+from engine.cycle.driver import run_cycles, start
 from engine.cycle.pair import Pair, eos_ids_of
 from engine.cycle.reference import target_generate
 from engine.drafters.registry import DRAFTERS, DrafterOptions, build_drafter, with_shipped_draft
@@ -171,7 +171,8 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode
     pair cannot run is refused before anything is written.
     """
     refuse_empty_prompt(prompt)
-    s = mode.check_pair(pair, s)
+    kind = mode.prepare(pair, s)
+    s = kind.settings
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
     check_prompt_fits(pair, len(prompt_ids), s)
@@ -180,13 +181,13 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode
     cycles: list[dict] = []
     with TraceWriter(out) as writer:
         writer.write(header)
-        start = time.perf_counter()
-        for rec in generate(mode.cycle_kind(pair, s), prompt_ids):
+        started = time.perf_counter()  # the wall time includes the prefill, as it always has
+        for rec in run_cycles(kind, start(kind, prompt_ids)):  # prepare has checked the kind
             writer.write(rec)
             cycles.append(rec)
             if on_cycle:
                 on_cycle(rec)
-        wall = time.perf_counter() - start
+        wall = time.perf_counter() - started
         generated = [t for c in cycles for t in c["committed_token_ids"]]
         stop = "eos" if generated and generated[-1] in pair.eos_ids else "max_new_tokens"
         text = pair.target.tokenizer.decode(generated)

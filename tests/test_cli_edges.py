@@ -88,7 +88,7 @@ def test_a_prompt_longer_than_the_context_allows_is_refused_and_the_old_trace_su
 
 
 def failing_after(cycles: int, error: BaseException):
-    real = engine.run.generate
+    real = engine.run.run_cycles
 
     def generate(*args, **kwargs):
         for i, rec in enumerate(real(*args, **kwargs)):
@@ -104,7 +104,7 @@ def test_a_run_stopped_mid_way_keeps_its_cycles_in_the_partial_file_and_the_old_
         tmp_path, capsys, folders, monkeypatch, error, code, first_word):
     out = tmp_path / "run.jsonl"
     out.write_text("an earlier trace")
-    monkeypatch.setattr(engine.run, "generate", failing_after(2, error))
+    monkeypatch.setattr(engine.run, "run_cycles", failing_after(2, error))
     got, err = run_cli(capsys, "--target", folders[0], "--draft", folders[1], "--prompt", "the cat sat",
                        "--max-new-tokens", "30", "--out", str(out))
     assert got == code and err.startswith(first_word) and str(partial_path(out)) in err

@@ -12,6 +12,7 @@ the same for both.
 """
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -94,9 +95,9 @@ class TreeCycle:
     spec: TreeSpec
     rule: CycleRule = RATIO_TEST
 
-    @property
+    @cached_property
     def proposer(self) -> TreeProposer:
-        return tree_proposer(self.pair)
+        return tree_proposer(self.pair)  # once per kind: a run's cycles share it
 
     @property
     def rollback(self) -> Rollback:
