@@ -88,7 +88,7 @@ class RunMode:
         kind.check()
         return kind
 
-    def cache_layout(self, pair, s: SpecSettings, prompt_len: int) -> dict:
+    def cache_layout(self, s: SpecSettings, prompt_len: int) -> dict:
         """The header's "cache_layout": what the cycle kind allocates for this prompt."""
         if self.tree is not None:
             from engine.tree.cycle import tree_layout
