@@ -7,6 +7,7 @@ The trace streams into `OUT.partial` and becomes OUT only when the run ends, so 
 killed run never destroys an earlier OUT and leaves its finished cycles under a clearly named file.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -25,7 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="Speculative decoding with per-cycle traces.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="generate text speculatively and write a trace")
-    run.add_argument("--prompt", required=True)
+    request = run.add_mutually_exclusive_group(required=True)
+    request.add_argument("--prompt")
+    request.add_argument("--prompts", metavar="FILE",
+                         help="run a workload: every request of FILE (JSON Lines of {\"prompt\"} or {\"messages\"} "
+                              "with optional \"id\" and \"category\", or plain text, one prompt a line), one trace "
+                              "each, into the folder --out names, with a manifest (docs/workloads.md)")
     run.add_argument("--preset", choices=sorted(PRESETS), default=None,
                      help=f"offline model pair (default {DEFAULT_PRESET} when no models are named)")
     run.add_argument("--target", help="target model: hub id, local folder, or folder with a .gguf file")
@@ -63,7 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--block-size", type=int, default=16, help="slots per block of the paged layout")
     run.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
-    run.add_argument("--out", required=True, help="trace file to write (.jsonl)")
+    run.add_argument("--out", required=True, help="trace file to write (.jsonl); with --prompts, the workload's folder")
+    run.add_argument("--resume", action="store_true",
+                     help="with --prompts: continue the workload in --out, running only the requests not yet done")
+    run.add_argument("--skip-too-long", action="store_true",
+                     help="with --prompts: skip (and list in the manifest) requests too long for the models' context "
+                          "instead of refusing the file")
     run.add_argument("--fast", action="store_true",
                      help="fast path (engine/cycle/fast.py): static caches, the cycle kept on the device, CUDA graphs "
                           "on CUDA; elsewhere the same cycle runs eagerly (the reason is printed)")
@@ -75,8 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tp-timeout", type=float, default=DEFAULT_TP_TIMEOUT_S,
                      help="under --tp: seconds a rank waits for the others before the run ends with an error "
                           "(a rank that died or hangs); it must cover rank 0 loading the draft")
-    stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file")
-    stats.add_argument("trace")
+    stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file, or of a "
+                                         "workload (its folder or a zip of it)")
+    stats.add_argument("trace", help="a trace (.jsonl), a workload folder, or a zip of one")
+    stats.add_argument("--json", action="store_true",
+                       help="print a workload's statistics as one JSON object (docs/workloads.md has its shape)")
     stats.add_argument("--prometheus", action="store_true",
                        help="print the trace's acceptance as vLLM's Prometheus counters instead")
     metrics = sub.add_parser("metrics", help="explain a server's speculative-decoding metrics (vLLM, SGLang, "
@@ -98,6 +112,10 @@ def drafters_in_words() -> str:
 
 
 def cmd_stats(args) -> int:
+    if is_workload(args.trace):
+        return cmd_workload_stats(args)
+    if args.json:
+        raise SettingsError("--json reads a workload (a folder or a zip of one); for a trace use the text report")
     trace = load_trace(args.trace, allow_incomplete=True)
     if args.prometheus:
         from engine.servers.export import prometheus_text
@@ -105,6 +123,23 @@ def cmd_stats(args) -> int:
         return 0
     from engine.stats.report import format_stats
     print(format_stats(trace))
+    return 0
+
+
+def is_workload(path: str) -> bool:
+    return os.path.isdir(path) or path.endswith(".zip")
+
+
+def cmd_workload_stats(args) -> int:
+    from engine.workload.folder import open_workload
+    from engine.workload.report import format_workload_stats
+    from engine.workload.stats import workload_stats
+
+    if args.prometheus:
+        raise SettingsError("--prometheus reads one trace, not a workload")
+    workload = open_workload(args.trace)
+    stats = workload_stats(workload.runs())
+    print(json.dumps(stats, ensure_ascii=False) if args.json else format_workload_stats(stats))
     return 0
 
 
@@ -141,7 +176,15 @@ def cmd_metrics(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "stats": cmd_stats, "metrics": cmd_metrics}
+def cmd_run_or_workload(args) -> int:
+    """`run --prompt` writes a trace (engine/cli_run.py), `run --prompts` a workload (engine/cli_workload.py)."""
+    if args.prompts:
+        from engine.cli_workload import cmd_workload
+        return cmd_workload(args)
+    return cmd_run(args)
+
+
+COMMANDS = {"run": cmd_run_or_workload, "stats": cmd_stats, "metrics": cmd_metrics}
 
 
 def one_line(text: str) -> str:
@@ -152,6 +195,10 @@ def kept_cycles(args) -> str:
     """Where a stopped run's finished cycles are, if it wrote any."""
     if args.command != "run" or os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 writes a trace
         return ""
+    if args.prompts:
+        from engine.workload.manifest import MANIFEST
+        held = os.path.isfile(os.path.join(args.out, MANIFEST))
+        return f" (the finished requests are kept in {args.out}: the same command with --resume continues)" if held else ""
     partial = partial_path(args.out)
     return f" (the cycles it finished are in {partial})" if partial.is_file() else ""
 

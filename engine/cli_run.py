@@ -146,8 +146,10 @@ def run_mode_from_args(args) -> RunMode:
 
 def cmd_run(args) -> int:
     from engine.parallel.world import check_launch, launched_rank
-    from engine.run import load_preset, load_with_drafter, run_to_trace
+    from engine.run import run_to_trace
 
+    if args.resume or args.skip_too_long:
+        raise SettingsError("--resume and --skip-too-long go with --prompts (a workload)")
     args.drafter = chosen_drafter(args)
     settings = settings_from_args(args)
     mode = run_mode_from_args(args)
@@ -163,6 +165,18 @@ def cmd_run(args) -> int:
         return cmd_run_parallel(args, settings, mode, options, target, draft, preset)
     check_device(args.device, args.dtype)
     check_target_weights(args)
+    pair, mode = load_for_run(args, options, mode, target, draft, preset)
+    if args.tree == TREE_AUTO:
+        return run_tree_auto(args, pair, settings, preset)
+    return generate_and_report(args, settings, lambda progress: run_to_trace(
+        pair, args.prompt, settings, args.out, mode, preset=preset, chat_template=not args.no_chat_template,
+        on_cycle=progress))
+
+
+def load_for_run(args, options, mode: RunMode, target: str, draft: str | None, preset: str | None) -> tuple:
+    """(the pair, the run mode with --fast's capture settled for the target's device), saying what loads."""
+    from engine.run import load_preset, load_with_drafter
+
     print(f"loading target {target}\ndrafter: {options.kind}" + (f", draft {draft}" if draft else ""), file=sys.stderr)
     if preset:
         pair = load_preset(preset, args.device, args.dtype, options, args.target_weights)
@@ -174,11 +188,7 @@ def cmd_run(args) -> int:
         plan = plan_fast_path(pair.target.device)
         print(plan.message, file=sys.stderr)
         mode = replace(mode, fast=plan.capture)
-    if args.tree == TREE_AUTO:
-        return run_tree_auto(args, pair, settings, preset)
-    return generate_and_report(args, settings, lambda progress: run_to_trace(
-        pair, args.prompt, settings, args.out, mode, preset=preset, chat_template=not args.no_chat_template,
-        on_cycle=progress))
+    return pair, mode
 
 
 def run_tree_auto(args, pair, settings: SpecSettings, preset: str | None) -> int:

@@ -22,6 +22,8 @@ from engine.stats.tree_plan import TreePlan, plan_tree
 from engine.trace.format import Trace, TraceWriter, make_summary
 from engine.trace.schema import CACHE_CONVENTION, CACHE_CONVENTION_TEXT, FORMAT, VERSION, WEIGHTS_FLOAT32
 
+Messages = tuple[tuple[str, str], ...]  # a conversation's (role, content) turns
+
 
 def library_versions() -> dict:
     """The versions a trace's header records; torch is imported here, never by engine/trace."""
@@ -97,11 +99,13 @@ def settle_linear_paths(pair: Pair) -> dict:
     return {role: curve for role, curve in curves.items() if curve is not None}
 
 
-def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
-    """Token ids of the prompt; wrapped in the chat template when asked and available."""
+def encode_prompt(tokenizer, prompt: str, chat: bool, messages: Messages | None = None) -> list[int]:
+    """Token ids of the prompt, or of a conversation (`messages`, whose last turn is the user's);
+    wrapped in the chat template when asked and available. Without the template a conversation
+    is read as `prompt`, the text its caller made of it (engine/workload/prompts.py Request.text)."""
     if chat and getattr(tokenizer, "chat_template", None):
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                               tokenize=False, add_generation_prompt=True)
+        turns = [{"role": r, "content": c} for r, c in messages] if messages else [{"role": "user", "content": prompt}]
+        prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     refuse_empty_prompt(ids)
     return list(ids)
@@ -165,18 +169,25 @@ def measured_fields(pair: Pair, prompt_ids: list[int], s: SpecSettings, mode: Ru
 
 def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode: RunMode = DEFAULT_MODE, *,
                  preset: str | None = None, chat_template: bool = True,
-                 on_cycle: Callable[[dict], None] | None = None) -> Trace:
+                 on_cycle: Callable[[dict], None] | None = None, messages: Messages | None = None,
+                 request: dict | None = None) -> Trace:
     """Run speculative decoding on `prompt` in `mode` (engine/mode.py: chain or tree, reference or fast,
     faults, ranks, calibration), writing the trace to `out` as it goes. Everything the mode or the
-    pair cannot run is refused before anything is written.
+    pair cannot run is refused before anything is written. A workload's request passes its
+    conversation (`messages`, with `prompt` its text without a template) and its id and category
+    (`request`), which the header keeps.
     """
     refuse_empty_prompt(prompt)
     kind = mode.prepare(pair, s)
     s = kind.settings
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
-    prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat)
+    prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat, messages)
     check_prompt_fits(pair, len(prompt_ids), s)
     header = make_header(pair, s, prompt, prompt_ids, preset, use_chat, mode)
+    if messages:
+        header["messages"] = [{"role": r, "content": c} for r, c in messages]
+    if request:
+        header["request"] = request
     header |= mode.header_fields(measured_fields(pair, prompt_ids, s, mode))
     cycles: list[dict] = []
     with TraceWriter(out) as writer:

@@ -1,4 +1,7 @@
-"""The record a server's metrics become, and the checks every reader applies to untrusted input.
+"""The records a server's metrics become, and the checks every reader applies to untrusted input.
+
+ServerMetrics holds one server's counts over a stretch of time; ServerRequest one request's, as
+the per-request outputs give them (engine/servers/per_request.py reads those).
 
 Every count a reader takes passes `count`, every rate `fraction`: a metrics file pasted into
 the app is untrusted, so a negative counter, a NaN, 1e400 or a count beyond what a float holds
@@ -47,6 +50,38 @@ class ServerMetrics:
     tokens_per_s: float | None = None  # generated (or, for a vLLM log, accepted) tokens per second
     draft_overhead: float | None = None  # TensorRT-LLM: the share of iteration time spent drafting
     notes: list[str] = field(default_factory=list)  # how a number was obtained, where it is not read directly
+
+
+@dataclass(frozen=True)
+class ServerRequest:
+    """One request's speculative-decoding counts as its server reported them; None where it gave none.
+
+    steps are verify steps (cycles); drafted and accepted count draft tokens, never the bonus one;
+    acceptance_rate and mean_acceptance_length are the server's own figures (SGLang's length is
+    completion tokens / verify passes). accepted_histogram[j] = steps that accepted exactly j.
+    """
+
+    id: str
+    category: str | None
+    steps: int | None
+    drafted: int | None
+    accepted: int | None
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    accepted_histogram: list[int] | None
+    accepted_per_step: list[int] | None
+    source: str  # "vLLM" or "SGLang"
+    drafted_per_step: list[int] | None = None  # vLLM detailed: each step's proposed length
+    histogram_by_draft_length: dict[int, list[int]] | None = None  # vLLM: proposed length -> histogram
+    k: int | None = None  # the most draft tokens a step may propose
+
+
+@dataclass(frozen=True)
+class ServerRequests:
+    requests: list[ServerRequest]
+    source: str  # which server and which of its outputs, in words
+    k: int | None = None  # when every request has the same K
+    notes: list[str] = field(default_factory=list)
 
 
 def method_name(raw) -> str | None:

@@ -195,8 +195,22 @@ def check_target_weights(weights, where: str) -> None:
             fail(where, f"target_weights.{key}", "must be a non-negative integer")
 
 
+def check_request(h: dict, where: str) -> None:
+    """A workload's request (engine/workload/): its conversation and its id and category, shown as text."""
+    messages = h.get("messages")
+    if messages is not None and not (isinstance(messages, list) and messages and all(
+            isinstance(m, dict) and set(m) == {"role", "content"} and all(isinstance(v, str) for v in m.values())
+            for m in messages)):
+        fail(where, "messages", "must be a list of {role, content} turns of text")
+    request = h.get("request")
+    if request is not None and not (isinstance(request, dict) and set(request) == {"id", "category"}
+                                    and all(isinstance(v, str) and 0 < len(v) <= 100 for v in request.values())):
+        fail(where, "request", "must be {id, category}, each text of 1 to 100 characters")
+
+
 def check_header(h: dict, where: str) -> RunFacts:
     check_settings(h["settings"], where)
+    check_request(h, where)
     s = h["settings"]
     for role in ("target", "draft"):
         if "name" in h[role] and not isinstance(h[role]["name"], str):

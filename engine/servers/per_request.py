@@ -1,0 +1,240 @@
+"""Per-request speculative-decoding metrics of production servers: one record per request.
+
+vLLM, confirmed from its documentation (docs/features/speculative_decoding/acceptance_metrics.md)
+and the PR that added it (#48915, https://github.com/vllm-project/vllm/pull/48915; marked
+experimental there, its shape may change): `vllm serve ... --per-request-spec-decode-metrics
+summary|detailed` puts `metrics.speculative_decoding` in each OpenAI-compatible response (when
+streaming: in the final usage chunk; PR #43310 adds the same object to /inference/v1/generate):
+  mean_acceptance_length = 1 + accepted / steps, draft_acceptance_rate = accepted / drafted,
+  acceptance_histogram (num_spec_tokens + 1 counts: [j] = verify steps that accepted exactly j
+  draft tokens, the bonus token excluded), num_spec_steps (the histogram's sum),
+  num_accepted_draft_tokens, num_draft_tokens, num_spec_tokens (K);
+  later versions add acceptance_histogram_by_draft_length ({"k": k + 1 counts} per proposed
+  length); `detailed` adds per_step_accepted and per_step_drafted, one entry per verify step.
+It is null for n > 1 or without speculative decoding: such responses are skipped, and counted.
+Assumed, not confirmed: an offline dump holds the same object under "spec_decode_metrics" (the
+engine's field name) or bare.
+
+SGLang, from its pull requests: a /generate response's meta_info has spec_verify_ct (#3152),
+spec_accept_rate and spec_accept_length (#11441; the length is completion tokens / verify passes),
+spec_accept_token_num and spec_draft_token_num (v0.5, seen in #13754) or spec_num_correct_drafts
+and spec_num_proposed_drafts, and the histogram spec_accept_histogram (#18332) or
+spec_correct_drafts_histogram (#33518, whose length is K + 1). The OpenAI-compatible endpoints
+put the same fields in sglext.spec_tokens_details with return_spec_tokens_details (#33518; a
+list of them for n > 1). SGLang writes no K: it is the histogram's length - 1.
+
+Input: one response, a JSON list of them, or JSON Lines; a user may add "category" to each.
+"""
+from engine.servers.record import (
+    MAX_POSITIONS,
+    MAX_RECORDS,
+    ServerMetricsError,
+    ServerRequest,
+    ServerRequests,
+    count,
+    fraction,
+    short,
+)
+from engine.servers.request_checks import (
+    agree,
+    check_request,
+    count_list,
+    histogram_of,
+    k_of,
+    length_of,
+    name_of,
+    optional,
+)
+from engine.servers.sglang import ACCEPTED_KEYS, DRAFTED_KEYS, HISTOGRAM_KEYS, first_key
+
+__all__ = ["ServerRequest", "ServerRequests", "kind", "read_requests"]  # the records live in record.py
+
+MAX_REQUESTS = MAX_RECORDS  # requests (responses) in one input
+MISSING = object()  # no per-request block in an item (as opposed to a block that is null)
+VLLM_NAMES = {"steps": "num_spec_steps", "drafted": "num_draft_tokens", "accepted": "num_accepted_draft_tokens",
+              "histogram": "acceptance_histogram", "k": "num_spec_tokens"}
+VLLM_BARE = {"num_spec_steps", "acceptance_histogram", "num_accepted_draft_tokens", "num_spec_tokens"}
+
+
+def kind(data) -> str | None:
+    """"vLLM" or "SGLang" when the JSON's first item carries per-request metrics, else None."""
+    first = data[0] if isinstance(data, list) and data else data
+    if vllm_block(first) is not MISSING:
+        return "vLLM"
+    return "SGLang" if sglang_blocks(first) is not MISSING else None
+
+
+def read_requests(data) -> ServerRequests:
+    """The per-request records of parsed JSON (one response, a list, or JSON Lines' list)."""
+    items = data if isinstance(data, list) else [data]
+    if len(items) > MAX_REQUESTS:
+        raise ServerMetricsError(f"{len(items):,} responses; at most {MAX_REQUESTS:,} requests are read")
+    server = kind(data)
+    if server is None:
+        raise ServerMetricsError("no per-request speculative-decoding metrics (vLLM's metrics.speculative_decoding, "
+                                 "SGLang's meta_info or sglext.spec_tokens_details)")
+    return (vllm_requests if server == "vLLM" else sglang_requests)(items)
+
+
+def identity(item: dict, n: int, w: str) -> tuple[str, str | None]:
+    """A request's id (the response's, else its place in the input) and the user's category."""
+    rid = name_of(item.get("id", item.get("request_id")), f"{w} id")
+    return rid or f"#{n}", name_of(item.get("category"), f"{w} category")
+
+
+def finish(requests: list[ServerRequest], source: str, notes: list[str]) -> ServerRequests:
+    ks = {r.k for r in requests}
+    if len(ks) > 1:
+        notes.append(f"the requests differ in K ({', '.join(str(k) for k in sorted(k for k in ks if k))}): "
+                     "histograms of different K are not added up")
+    s = "s" * (len(requests) > 1)
+    return ServerRequests(requests, f"{source} ({len(requests)} request{s})", ks.pop() if len(ks) == 1 else None, notes)
+
+
+# ---------------------------------------------------------------- vLLM
+
+def vllm_block(item):
+    """An item's metrics.speculative_decoding (None when the server wrote null), else MISSING."""
+    if not isinstance(item, dict):
+        return MISSING
+    metrics = item.get("metrics")
+    if isinstance(metrics, dict) and "speculative_decoding" in metrics:
+        return metrics["speculative_decoding"]
+    for key in ("speculative_decoding", "spec_decode_metrics"):
+        if key in item:
+            return item[key]
+    return item if VLLM_BARE & set(item) else MISSING
+
+
+def vllm_requests(items: list) -> ServerRequests:
+    requests, skipped = [], 0
+    for n, item in enumerate(items, start=1):
+        block = vllm_block(item)
+        if block is MISSING:
+            raise ServerMetricsError(f"request {n} has no metrics.speculative_decoding (of a stream, keep its final "
+                                     f"usage chunk): {short(item)}")
+        if block is None:
+            skipped += 1  # n > 1, or speculative decoding off: vLLM's documented null
+            continue
+        if not isinstance(block, dict):
+            raise ServerMetricsError(f"request {n} metrics.speculative_decoding is {short(block)}, not an object")
+        requests.append(vllm_request(block, item, n))
+    if not requests:
+        raise ServerMetricsError("every response's metrics.speculative_decoding is null "
+                                 "(vLLM writes null for n > 1 or without speculative decoding)")
+    notes = [f"{skipped} response{'s' * (skipped > 1)} with metrics.speculative_decoding null (n > 1, or "
+             "speculative decoding off) left out"] if skipped else []
+    return finish(requests, "vLLM per-request metrics (metrics.speculative_decoding)", notes)
+
+
+def vllm_request(block: dict, item: dict, n: int) -> ServerRequest:
+    w = f"request {n}"
+    k = k_of(block.get("num_spec_tokens"), f"{w} num_spec_tokens")
+    hist = histogram_of(block.get("acceptance_histogram"), f"{w} acceptance_histogram", k)
+    steps, accepted = optional(block, "num_spec_steps", w), optional(block, "num_accepted_draft_tokens", w)
+    if hist is not None:  # the documented identities give what the block leaves out
+        k = len(hist) - 1 if k is None else k
+        steps = sum(hist) if steps is None else steps
+        accepted = sum(j * c for j, c in enumerate(hist)) if accepted is None else accepted
+    longest = MAX_RECORDS * 10  # steps of one request; the 4 MiB input limit binds first
+    r = ServerRequest(*identity(item, n, w), steps, optional(block, "num_draft_tokens", w), accepted,
+                      optional(block, "draft_acceptance_rate", w, fraction),
+                      length_of(block, "mean_acceptance_length", w), hist,
+                      count_list(block.get("per_step_accepted"), f"{w} per_step_accepted", longest), "vLLM",
+                      count_list(block.get("per_step_drafted"), f"{w} per_step_drafted", longest),
+                      by_length_of(block.get("acceptance_histogram_by_draft_length"), w, k), k)
+    check_request(r, w, VLLM_NAMES)
+    if k is not None and r.steps is not None and r.drafted is not None and r.drafted > r.steps * k:
+        raise ServerMetricsError(f"{w} num_draft_tokens is {r.drafted} in {r.steps} steps of K={k}: more than K per step")
+    agree(r.acceptance_rate, r.accepted, r.drafted, f"{w} draft_acceptance_rate",
+          "num_accepted_draft_tokens / num_draft_tokens")
+    agree(r.mean_acceptance_length, r.accepted, r.steps, f"{w} mean_acceptance_length",
+          "1 + num_accepted_draft_tokens / num_spec_steps", 1.0)
+    check_by_length(r, w)
+    return r
+
+
+def by_length_of(value, w: str, k: int | None) -> dict[int, list[int]] | None:
+    """acceptance_histogram_by_draft_length: {"d": d + 1 counts} for each proposed length d seen."""
+    what = f"{w} acceptance_histogram_by_draft_length"
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_POSITIONS + 1:
+        raise ServerMetricsError(f"{what} is {short(value)}, not an object of at most {MAX_POSITIONS + 1} rows")
+    rows = {}
+    for key, counts in value.items():
+        d = int(key) if isinstance(key, str) and key.isdigit() and len(key) <= 3 else -1
+        if not 0 <= d <= (MAX_POSITIONS if k is None else k):
+            raise ServerMetricsError(f"{what} has the key {short(key)}: a draft length from 0 to K")
+        row = count_list(counts, f"{what}[{key}]", MAX_POSITIONS + 1)
+        if len(row) != d + 1:
+            raise ServerMetricsError(f"{what}[{key}] has {len(row)} entries: a draft of {d} needs {d + 1}")
+        rows[d] = row
+    return rows
+
+
+def check_by_length(r: ServerRequest, w: str) -> None:
+    """The rows, added up position by position, are the plain histogram."""
+    if r.histogram_by_draft_length is None or r.accepted_histogram is None:
+        return
+    total = [0] * len(r.accepted_histogram)
+    for row in r.histogram_by_draft_length.values():
+        for j, c in enumerate(row):
+            total[j] += c
+    if total != r.accepted_histogram:
+        raise ServerMetricsError(f"{w} acceptance_histogram_by_draft_length does not add up to acceptance_histogram")
+
+
+# ---------------------------------------------------------------- SGLang
+
+def sglang_blocks(item):
+    """An item's meta_info, or its sglext.spec_tokens_details (a list for n > 1), as a list; else MISSING."""
+    if not isinstance(item, dict):
+        return MISSING
+    if isinstance(item.get("meta_info"), dict):
+        return [item["meta_info"]]
+    ext = item.get("sglext")
+    if isinstance(ext, dict) and "spec_tokens_details" in ext:
+        details = ext["spec_tokens_details"]
+        return details if isinstance(details, list) else [details]
+    return [item] if "spec_verify_ct" in item else MISSING
+
+
+def sglang_requests(items: list) -> ServerRequests:
+    requests = []
+    for n, item in enumerate(items, start=1):
+        blocks = sglang_blocks(item)
+        if blocks is MISSING:
+            raise ServerMetricsError(f"request {n} has no meta_info or sglext.spec_tokens_details: {short(item)}")
+        for c, meta in enumerate(blocks):
+            w = f"request {n}" + (f" choice {c}" if len(blocks) > 1 else "")
+            requests.append(sglang_request(meta, item, n, w, f"/{c}" if len(blocks) > 1 else ""))
+        if len(requests) > MAX_REQUESTS:
+            raise ServerMetricsError(f"more than {MAX_REQUESTS:,} requests; at most {MAX_REQUESTS:,} are read")
+    where = "sglext.spec_tokens_details" if "sglext" in items[0] else "meta_info"
+    return finish(requests, f"SGLang per-request {where}", [])
+
+
+def sglang_request(meta, item: dict, n: int, w: str, suffix: str) -> ServerRequest:
+    if not isinstance(meta, dict) or "spec_verify_ct" not in meta:
+        raise ServerMetricsError(f"{w} has no spec_verify_ct: was speculative decoding on? {short(meta)}")
+    names = {"steps": "spec_verify_ct", "k": "K",
+             "accepted": next((k for k in ACCEPTED_KEYS if meta.get(k) is not None), "accepted"),
+             "drafted": next((k for k in DRAFTED_KEYS if meta.get(k) is not None), "drafted"),
+             "histogram": next((k for k in HISTOGRAM_KEYS if meta.get(k) is not None), "histogram")}
+    steps = count(meta["spec_verify_ct"], f"{w} spec_verify_ct")
+    hist = histogram_of(first_key(meta, HISTOGRAM_KEYS), f"{w} {names['histogram']}", None)
+    if hist is not None and len(hist) < 2:
+        raise ServerMetricsError(f"{w} {names['histogram']} has 1 entry: it has K + 1, and K is at least 1")
+    length = length_of(meta, "spec_accept_length", w)
+    if length is None and steps and meta.get("completion_tokens") is not None:  # SGLang's definition, #3152
+        length = fraction(count(meta["completion_tokens"], f"{w} completion_tokens") / steps,
+                          f"{w} completion_tokens / spec_verify_ct", MAX_POSITIONS + 1)
+    rid, category = identity(meta if "id" in meta else item, n, w)
+    r = ServerRequest(rid + suffix, category if category is not None else identity(item, n, w)[1], steps,
+                      optional(meta, names["drafted"], w), optional(meta, names["accepted"], w),
+                      optional(meta, "spec_accept_rate", w, fraction), length, hist, None, "SGLang",
+                      k=None if hist is None else len(hist) - 1)
+    check_request(r, w, names)
+    agree(r.acceptance_rate, r.accepted, r.drafted, f"{w} spec_accept_rate", f"{names['accepted']} / {names['drafted']}")
+    return r

@@ -1,0 +1,143 @@
+"""A workload, opened from its folder or from a zip of it (an upload, a bundled example).
+
+Only `manifest.json` and the request files it lists (request-NNNN.jsonl, checked by the
+manifest) are ever read: a zip member or a folder's file is looked up by that exact name.
+Each trace is checked as any trace is (engine/trace), then against its manifest entry: the
+same settings, the same request, the same summary. A zip's sizes are checked before reading.
+"""
+import io
+import json
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from engine.trace.format import MAX_TRACE_BYTES, loads_trace
+from engine.trace.records import Trace
+from engine.workload.manifest import DONE, MANIFEST, MAX_MANIFEST_BYTES, Entry, WorkloadError, loads_manifest
+from engine.workload.requests import RequestRun
+
+MAX_WORKLOAD_BYTES = 512 * 2**20  # unpacked: 2000 requests of a quarter MB; a zip claiming more is refused
+
+
+@dataclass
+class Workload:
+    """A workload's manifest, its requests, and the traces of those that are done (read on demand)."""
+
+    source: str
+    manifest: dict
+    entries: list[Entry]
+    read: Callable[[str], bytes]  # a listed file's bytes
+    _traces: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def done(self) -> list[Entry]:
+        return [e for e in self.entries if e.status == DONE]
+
+    def entry(self, request_id: str) -> Entry:
+        for e in self.entries:
+            if e.id == request_id:
+                return e
+        raise WorkloadError(f"{self.source}: no request {request_id!r}")
+
+    def trace(self, e: Entry) -> Trace:
+        if e.status != DONE:
+            raise WorkloadError(f"{self.source}: request {e.id!r} is {e.status}, it has no trace")
+        if e.file not in self._traces:
+            where = f"{self.source}/{e.file}"
+            trace = loads_trace(self.read(e.file), source=where)
+            check_against_entry(trace, e, self.manifest, where)
+            self._traces[e.file] = trace
+        return self._traces[e.file]
+
+    def runs(self) -> list[RequestRun]:
+        """Every finished request with its trace, in the prompt file's order (what statistics read)."""
+        return [RequestRun(e.id, e.category, e.file, self.trace(e)) for e in self.done]
+
+
+def check_against_entry(trace: Trace, e: Entry, manifest: dict, where: str) -> None:
+    """A trace belongs to its entry: the manifest's settings, its request, its summary."""
+    if not trace.complete:
+        raise WorkloadError(f"{where}: the manifest says done but the trace has no summary line")
+    if trace.header["settings"] != manifest["settings"]:
+        raise WorkloadError(f"{where}: its settings differ from the manifest's")
+    request = trace.header.get("request")
+    if request != {"id": e.id, "category": e.category}:
+        raise WorkloadError(f"{where}: the trace is of request {request!r}, the manifest says {e.id!r}")
+    s = trace.summary
+    if (s["num_generated"], len(trace.cycles), len(trace.header["prompt_token_ids"])) != (
+            e.summary["num_generated"], e.summary["num_cycles"], e.summary["prompt_tokens"]):
+        raise WorkloadError(f"{where}: its tokens and cycles differ from the manifest's summary")
+
+
+def open_workload(path: str | Path) -> Workload:
+    """A workload folder (with manifest.json) or a .zip of one."""
+    path = Path(path)
+    if path.is_dir():
+        return open_folder(path)
+    if path.is_file() and zipfile.is_zipfile(path):
+        return open_zip(path.read_bytes(), path.name)
+    raise WorkloadError(f"{path}: neither a workload folder (with {MANIFEST}) nor a zip of one")
+
+
+def open_folder(folder: Path) -> Workload:
+    def read(name: str) -> bytes:
+        path = folder / name  # a name the manifest check allowed: request-NNNN.jsonl or manifest.json
+        if not path.is_file():
+            raise WorkloadError(f"{folder}: {name} is missing")
+        size = path.stat().st_size
+        if size > (MAX_MANIFEST_BYTES if name == MANIFEST else MAX_TRACE_BYTES):
+            raise WorkloadError(f"{folder}/{name}: {size:,} bytes is too large")
+        return path.read_bytes()
+
+    manifest, entries = loads_manifest(read(MANIFEST), str(folder))
+    return Workload(str(folder), manifest, entries, read)
+
+
+def open_zip(data: bytes, source: str) -> Workload:
+    """A zip of a workload folder: its files at the top or inside one folder (as zipping a folder makes)."""
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile:
+        raise WorkloadError(f"{source}: not a zip file") from None
+    members = {info.filename: info for info in archive.infolist() if not info.is_dir()}
+    if sum(info.file_size for info in members.values()) > MAX_WORKLOAD_BYTES:
+        raise WorkloadError(f"{source}: unpacks to more than {MAX_WORKLOAD_BYTES:,} bytes")
+    prefix = zip_prefix(members, source)
+
+    def read(name: str) -> bytes:
+        info = members.get(prefix + name)
+        if info is None:
+            raise WorkloadError(f"{source}: {name} is missing")
+        limit = MAX_MANIFEST_BYTES if name == MANIFEST else MAX_TRACE_BYTES
+        with archive.open(info) as f:
+            data = f.read(limit + 1)  # never trust the size the zip declares
+        if len(data) > limit:
+            raise WorkloadError(f"{source}: {name} is larger than {limit:,} bytes")
+        return data
+
+    try:
+        manifest, entries = loads_manifest(read(MANIFEST), source)
+    except (zipfile.BadZipFile, OSError, RuntimeError) as err:  # a damaged or encrypted member
+        raise WorkloadError(f"{source}: {MANIFEST} cannot be read ({err})") from None
+    return Workload(source, manifest, entries, read)
+
+
+def zip_prefix(members: dict, source: str) -> str:
+    """"" when manifest.json is at the zip's top, "NAME/" when the zip holds one folder with it."""
+    places = [name[: -len(MANIFEST)] for name in members if name == MANIFEST or name.endswith("/" + MANIFEST)]
+    places = [p for p in places if p.count("/") <= 1]
+    if len(places) != 1:
+        raise WorkloadError(f"{source}: a workload zip holds exactly one {MANIFEST}, at its top or in one folder")
+    return places[0]
+
+
+def zip_folder(folder: str | Path) -> bytes:
+    """The zip of a workload folder, as the app offers it for download and the bundled examples ship."""
+    workload = open_folder(Path(folder))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+        z.writestr(MANIFEST, json.dumps(workload.manifest, ensure_ascii=False, indent=1))
+        for e in workload.done:
+            z.writestr(e.file, workload.read(e.file))
+    return buffer.getvalue()

@@ -1,0 +1,139 @@
+"""Run a workload: every request of a prompt file through one loaded pair, one trace each.
+
+Each request is an ordinary run (engine/run.py run_to_trace) with the workload's settings and
+seed, so its trace is the one a single `engine run` of that prompt writes. The manifest is
+rewritten (atomically) after each request: a killed workload keeps its finished requests, and
+`resume=True` runs only those still pending, after checking that the pair, the settings and the
+requests are the ones the folder was started with.
+"""
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from engine.config import SpecSettings
+from engine.cycle.pair import Pair
+from engine.mode import DEFAULT_MODE, RunMode
+from engine.models.machine import cpu_features, cpu_model
+from engine.run import check_prompt_fits, describe_model, encode_prompt, run_to_trace
+from engine.stats.calibrate import calibrate as measure_step_times
+from engine.workload import manifest as mf
+from engine.workload.folder import Workload, open_folder
+from engine.workload.manifest import MANIFEST, WorkloadError
+from engine.workload.prompts import PromptFileError, Request
+
+
+def machine_fields(pair: Pair) -> dict:
+    import torch
+    return {"cpu": cpu_model(), "features": cpu_features(), "threads": torch.get_num_threads(),
+            "device": str(pair.target.device), "dtype": str(pair.target.dtype).removeprefix("torch.")}
+
+
+def new_manifest(pair: Pair, s: SpecSettings, mode: RunMode, preset: str | None, chat: bool,
+                 requests: list[Request], prompts_name: str) -> dict:
+    """The manifest of a workload about to start: every request pending."""
+    settings = mode.prepare(pair, s).settings.to_dict() | ({} if mode.tree is None else {"tree": mode.tree.describe()})
+    entries = [mf.Entry(i, r.line, r.id, r.category, r.fingerprint(), mf.request_file(i), mf.PENDING, None, None)
+               for i, r in enumerate(requests)]
+    return {"type": "manifest", "format": mf.FORMAT, "version": mf.VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "prompts": {"file": prompts_name, "requests": len(requests)},
+            "settings": settings, "chat_template": chat,
+            "pair": {"preset": preset, "target": describe_model(pair.target), "draft": pair.drafter.describe(),
+                     "drafter": pair.drafter.settings()},
+            "machine": machine_fields(pair), "requests": [mf.as_dict(e) for e in entries]}
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    """Replace the manifest in one step: a kill leaves the old one or the new one, never half."""
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, ensure_ascii=False, indent=1), encoding="utf-8")
+    os.replace(tmp, folder / MANIFEST)
+
+
+def same_run(old: dict, new: dict) -> str | None:
+    """What differs between the manifest a folder holds and the one this command would write, if anything."""
+    for key in ("settings", "chat_template"):
+        if old.get(key) != new[key]:
+            return key
+    for role in ("target", "draft", "drafter"):
+        if old["pair"].get(role) != new["pair"][role]:
+            return f"pair.{role}"
+    if [r["fingerprint"] for r in old["requests"]] != [r["fingerprint"] for r in new["requests"]]:
+        return "the requests (the prompt file changed)"
+    return None
+
+
+def start_folder(folder: Path, manifest: dict, resume: bool) -> dict:
+    """The manifest to continue from: the new one, or with --resume the folder's, checked against it."""
+    held = folder / MANIFEST
+    if not resume:
+        if folder.exists() and any(folder.iterdir()):
+            what = "holds a workload: add --resume to continue it" if held.exists() else "is not empty"
+            raise WorkloadError(f"--out {folder} {what}, or name a new folder")
+        folder.mkdir(parents=True, exist_ok=True)
+        write_manifest(folder, manifest)
+        return manifest
+    if not held.is_file():
+        raise WorkloadError(f"--resume: {folder} holds no {MANIFEST} to continue")
+    old = open_folder(folder).manifest
+    differs = same_run(old, manifest)
+    if differs:
+        raise WorkloadError(f"--resume: {folder} was started with other {differs}; run it in a new folder")
+    return old
+
+
+def encode_requests(pair: Pair, requests: list[Request], s: SpecSettings, chat: bool, source: str,
+                    skip_too_long: bool) -> list[list[int] | str]:
+    """Each request's prompt ids, or (skip_too_long) why it cannot run; a request too long for the
+    models is refused by line before anything runs."""
+    encoded: list[list[int] | str] = []
+    for r in requests:
+        ids = encode_prompt(pair.target.tokenizer, r.text, chat, r.messages)
+        try:
+            check_prompt_fits(pair, len(ids), s)
+        except ValueError as err:
+            if not skip_too_long:
+                raise PromptFileError(f"{source} line {r.line}: request {r.id!r}: {err} (or add --skip-too-long)") from None
+            encoded.append(str(err))
+            continue
+        encoded.append(ids)
+    return encoded
+
+
+def calibrated(pair: Pair, mode: RunMode, s: SpecSettings, prompt_ids: list[list[int] | str]) -> RunMode:
+    """Time the models once, on the first request that runs, and record that calibration in every trace."""
+    if not mode.calibrate or mode.calibration is not None:
+        return mode
+    first = next((ids for ids in prompt_ids if isinstance(ids, list)), None)
+    return mode if first is None else replace(mode, calibration=measure_step_times(pair, first, s))
+
+
+def run_workload(pair: Pair, requests: list[Request], s: SpecSettings, folder: str | Path,
+                 mode: RunMode = DEFAULT_MODE, *, preset: str | None = None, chat_template: bool = True,
+                 prompts_name: str = "prompts", resume: bool = False, skip_too_long: bool = False,
+                 on_request: Callable[[mf.Entry], None] | None = None,
+                 on_cycle: Callable[[dict], None] | None = None) -> Workload:
+    """Run every pending request of `folder`, writing its trace and then the manifest."""
+    folder = Path(folder)
+    chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
+    manifest = new_manifest(pair, s, mode, preset, chat, requests, prompts_name)
+    prompt_ids = encode_requests(pair, requests, mode.prepare(pair, s).settings, chat, prompts_name, skip_too_long)
+    manifest = start_folder(folder, manifest, resume)
+    mode = calibrated(pair, mode, s, prompt_ids)
+    for r, entry, ids in zip(requests, manifest["requests"], prompt_ids):
+        if entry["status"] != mf.PENDING:
+            continue
+        if isinstance(ids, str):
+            entry |= {"status": mf.SKIPPED, "reason": ids}
+        else:
+            trace = run_to_trace(pair, r.text, s, folder / entry["file"], mode, preset=preset,
+                                 chat_template=chat_template, on_cycle=on_cycle, messages=r.messages,
+                                 request={"id": r.id, "category": r.category})
+            entry |= {"status": mf.DONE, "summary": mf.summary_of(trace.summary, len(ids))}
+        write_manifest(folder, manifest)
+        if on_request:
+            on_request(mf.entry_of(entry))
+    return open_folder(folder)
