@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--prometheus", action="store_true",
                        help="print the trace's acceptance as vLLM's Prometheus counters instead")
     metrics = sub.add_parser("metrics", help="explain a server's speculative-decoding metrics (vLLM, SGLang, "
-                                             "TensorRT-LLM); two vLLM /metrics scrapes give the time between")
+                                             "TensorRT-LLM); two vLLM /metrics scrapes give the time between; "
+                                             "per-request output (responses) is also shown request by request")
     metrics.add_argument("files", nargs="+", help="one metrics file, or two Prometheus scrapes, earlier first")
     metrics.add_argument("--k", type=int, default=None, help="draft tokens per cycle, where the input gives none")
     metrics.add_argument("--c", type=float, default=None, help="cost ratio: one draft step / one target step")
@@ -158,13 +159,16 @@ def read_metrics_files(files: list[str]) -> list[str]:
 
 def cmd_metrics(args) -> int:
     from engine.servers.explain import calibrated_costs, entered_costs, explain
-    from engine.servers.read import read_texts
-    from engine.servers.report import format_report
+    from engine.servers.read import read_requests_text, read_texts
+    from engine.servers.report import format_report, format_requests
+    from engine.servers.request_stats import requests_stats
     from engine.stats.analysis import trace_stats
 
     if args.k is not None and not 1 <= args.k <= MAX_K:
         raise SettingsError(f"--k {args.k}: K must be 1 to {MAX_K}")
-    record = read_texts(read_metrics_files(args.files))
+    texts = read_metrics_files(args.files)
+    requests = read_requests_text(texts[0]) if len(texts) == 1 else None  # per-request output: shown one by one
+    record = read_texts(texts)
     trace = trace_stats(load_trace(args.trace, allow_incomplete=True)) if args.trace else None
     k = args.k or record.k
     costs = None
@@ -172,6 +176,9 @@ def cmd_metrics(args) -> int:
         costs = entered_costs(args.c, args.verify_steps)
     elif trace is not None and trace.calibration is not None and k:
         costs = calibrated_costs(trace.calibration, k)
+    if requests is not None:
+        print(format_requests(requests_stats(requests)))
+        print("\n" + "=" * 8 + " THE REQUESTS ADDED UP, EXPLAINED AS ONE SERVER'S COUNTS " + "=" * 8 + "\n")
     print(format_report(explain(record, args.k, costs, args.verify_steps), trace))
     return 0
 

@@ -163,16 +163,21 @@ def test_rejected_tokens_are_aggregated_by_text_and_class():
     runs = [request("a", "c", [0, 1, 1, 3], texts=texts), request("b", "c", [1, 4], texts=texts)]
     rejected = workload_stats(runs, bootstrap_samples=0)["loss"]["rejected_tokens"]
     assert rejected["rejections"] == 5
-    assert rejected["top_tokens"] == [{"text": ",", "count": 3, "class": "punctuation"},  # ties: by text
-                                      {"text": "\n", "count": 1, "class": "whitespace"},
-                                      {"text": " the", "count": 1, "class": "word"}]
+    top = [{k: t[k] for k in ("text", "count", "class")} for t in rejected["top_tokens"]]
+    assert top == [{"text": ",", "count": 3, "class": "punctuation"},  # ties: by text
+                   {"text": "\n", "count": 1, "class": "whitespace"},
+                   {"text": " the", "count": 1, "class": "word"}]
+    # each text links to where it was rejected (request, its file, the cycle the stepper opens)
+    assert rejected["top_tokens"][0]["examples"] == [{"request": "a", "file": "a.jsonl", "cycle": 1},
+                                                     {"request": "a", "file": "a.jsonl", "cycle": 2},
+                                                     {"request": "b", "file": "b.jsonl", "cycle": 0}]
     classes = rejected["classes"]  # tested: the positions up to and including the rejected one
     assert classes["punctuation"] == {"rejected": 3, "tested": 5, "rate": 0.6}
     assert classes["word"] == {"rejected": 1, "tested": 6, "rate": 1 / 6}
     assert classes["digits"] == {"rejected": 0, "tested": 2, "rate": 0.0}
     assert classes["other"] == {"rejected": 0, "tested": 0, "rate": None}
     assert rejected["mean_p_draft"] == pytest.approx(0.9) and rejected["mean_p_target"] == pytest.approx(0.5)
-    assert rejected["points"][0] == {"p_draft": 0.9, "p_target": 0.5, "request": "a", "cycle": 0}
+    assert rejected["points"][0] == {"p_draft": 0.9, "p_target": 0.5, "request": "a", "file": "a.jsonl", "cycle": 0}
     points = [{"i": i} for i in range(5000)]
     assert len(spread_points(points, 2000)) == 2000 and spread_points(points, 2000)[-1]["i"] > 4990
 

@@ -24,6 +24,7 @@ ROLLBACK_DEMO = "views/rollback_demo.py"
 EXACTNESS_LAB = "views/exactness_lab.py"
 INTERVIEW = "views/interview.py"
 STATISTICS = "views/statistics.py"
+WORKLOAD = "views/workload.py"
 
 PAGES = (
     PageSpec(STEPPER, "Step through cycles", ":material/play_circle:", ""),
@@ -33,6 +34,7 @@ PAGES = (
     PageSpec(EXACTNESS_LAB, "Exactness lab", ":material/science:", "exactness"),
     PageSpec(INTERVIEW, "Interview practice", ":material/quiz:", "interview"),
     PageSpec(STATISTICS, "Statistics and speed", ":material/monitoring:", "statistics"),
+    PageSpec(WORKLOAD, "Workload", ":material/stacked_bar_chart:", "workload"),
 )
 
 

@@ -26,13 +26,17 @@ def table(rows: list[dict], **kwargs):
                     hide_index=True, **kwargs)
 
 
-def markdown_table(rows: list[dict]) -> str:
+def markdown_table(rows: list[dict], raw: tuple[str, ...] = ()) -> str:
     """A small table as Markdown text, every cell escaped with md(): st.markdown draws it with the
     page's text, needing neither the data grid's nor st.table's formatting script (0.7 MB).
-    A cell's line breaks become spaces (a table row is one line); md() escapes its | too."""
+    A cell's line breaks become spaces (a table row is one line); md() escapes its | too.
+    Cells of the `raw` columns go in as they are: Markdown the caller built from escaped parts
+    (a link whose text went through md() and whose URL was urlencoded)."""
     columns = list(dict.fromkeys(k for row in rows for k in row))
 
-    def cell(value) -> str:
+    def cell(value, column: str = "") -> str:
+        if column in raw:
+            return str(value)
         return md(" ".join(str("" if value is None else value).split()))
 
     def numeric(column: str) -> bool:  # right-aligned, as st.table does
@@ -40,5 +44,5 @@ def markdown_table(rows: list[dict]) -> str:
 
     lines = ["| " + " | ".join(cell(c) for c in columns) + " |",
              "|" + "".join("---:|" if numeric(c) else "---|" for c in columns)]
-    lines += ["| " + " | ".join(cell(row.get(c)) for c in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(cell(row.get(c), c) for c in columns) + " |" for row in rows]
     return "\n".join(lines)

@@ -20,9 +20,13 @@ import streamlit as st
 
 from engine.stats.analysis import TraceStats, trace_stats
 from engine.trace import Trace, TraceError, load_trace, loads_trace
+from engine.workload.folder import Workload, open_workload
+from engine.workload.manifest import REQUEST_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = ("bundled", "run", "upload", "env")
+KINDS = ("bundled", "run", "upload", "env", "workload")  # workload: one request's trace inside a workload
+WORKLOAD_KINDS = ("bundled", "upload", "run")  # where a workload is kept: assets, this server's uploads, live runs
+WORKLOAD_SEP = "~"  # a request's name: KIND~WORKLOAD~request-NNNN.jsonl
 MAX_UPLOAD_BYTES = 64 * 2**20  # a long chat run with K=8 and top-10 lists is a few MB
 MAX_UPLOADS = 64  # kept per server; the oldest go first
 # What the server keeps for every visitor at once (Streamlit's caches): at most so many entries
@@ -87,13 +91,20 @@ class TraceRef:
 
     @property
     def path(self) -> Path:
+        """The file, or for a workload's request the workload (its zip or folder)."""
         if self.kind == "env":
             return Path(os.environ.get("SPECLAB_TRACE", ""))
+        if self.kind == "workload":
+            kind, workload, _ = self.name.split(WORKLOAD_SEP)
+            return workload_path(kind, workload)
         folder = {"bundled": traces_dir(), "run": runs_dir(), "upload": uploads_dir()}[self.kind]
         return folder / self.name
 
     @property
     def label(self) -> str:
+        if self.kind == "workload":
+            kind, workload, file = self.name.split(WORKLOAD_SEP)
+            return f"workload {workload}: {file}"
         what = {"bundled": "example", "run": "live run", "upload": "upload", "env": "SPECLAB_TRACE"}[self.kind]
         return f"{what}: {self.name or self.path.name}"
 
@@ -107,7 +118,56 @@ def parse_token(token: str | None) -> TraceRef | None:
         return None
     if name and (Path(name).name != name or name.startswith(".")):
         return None  # a bare file name only: no folders, no '..'
+    if kind == "workload" and parse_request_name(name) is None:
+        return None
     return TraceRef(kind, name)
+
+
+def is_bare(name: str) -> bool:
+    return bool(name) and Path(name).name == name and not name.startswith(".") and WORKLOAD_SEP not in name
+
+
+def parse_request_name(name: str) -> tuple[str, str, str] | None:
+    """(where the workload is kept, its bare name, the request's file) from KIND~WORKLOAD~FILE, or None."""
+    parts = name.split(WORKLOAD_SEP)
+    if len(parts) != 3 or parts[0] not in WORKLOAD_KINDS or not is_bare(parts[1]):
+        return None
+    return (parts[0], parts[1], parts[2]) if REQUEST_FILE.fullmatch(parts[2]) else None
+
+
+def request_ref(kind: str, workload: str, file: str) -> TraceRef:
+    return TraceRef("workload", WORKLOAD_SEP.join((kind, workload, file)))
+
+
+def workloads_dir(kind: str) -> Path:
+    """Bundled workloads are zips in assets/workloads/; uploads are zips named by their hash; live
+    runs are folders under the live runs' folder."""
+    if kind == "bundled":
+        return Path(os.environ.get("SPECLAB_WORKLOADS_DIR", ROOT / "assets" / "workloads"))
+    return (uploads_dir() if kind == "upload" else runs_dir()) / "workloads"
+
+
+def workload_path(kind: str, name: str) -> Path:
+    if kind not in WORKLOAD_KINDS or not is_bare(name):
+        raise TraceError(f"no such workload: {name!r}")
+    return workloads_dir(kind) / name
+
+
+@st.cache_resource(max_entries=8, ttl=CACHE_TTL_S, show_spinner="Reading workload…")
+def _open_workload(path: str, mtime_ns: int, source: str) -> Workload:
+    """Keyed by path and modification time (a live run's folder changes as its requests finish).
+    One object per workload for every session: its traces are parsed once, as they are asked for."""
+    workload = open_workload(path)
+    workload.source = source  # messages name the workload, never the server's folders
+    return workload
+
+
+def load_workload(kind: str, name: str) -> Workload:
+    path = workload_path(kind, name)
+    if not path.exists():
+        raise TraceError(f"workload not found: {name}")
+    mtime = (path / "manifest.json").stat().st_mtime_ns if path.is_dir() else path.stat().st_mtime_ns
+    return _open_workload(str(path), mtime, name)
 
 
 def bundled_traces() -> list[str]:
@@ -149,6 +209,13 @@ def _load_path(path: str, mtime_ns: int, source: str) -> Trace:
 
 def load_ref(ref: TraceRef) -> tuple[Trace, str]:
     """The trace a ref names and a key that changes whenever its content can have changed."""
+    if ref.kind == "workload":
+        kind, name, file = parse_request_name(ref.name)
+        workload = load_workload(kind, name)
+        entry = next((e for e in workload.entries if e.file == file), None)
+        if entry is None:
+            raise TraceError(f"{name} has no {file}")
+        return workload.trace(entry), content_key(ref)
     path = ref.path
     if not path.is_file():
         raise TraceError(f"trace file not found: {ref.label}")
@@ -257,8 +324,10 @@ def store_upload(path: Path, data: bytes) -> None:
 
 
 def prune_uploads(folder: Path, keep: int = MAX_UPLOADS) -> None:
-    """Delete the oldest uploads beyond `keep` (links and folders are left alone)."""
-    files = [p for p in folder.glob("*.jsonl") if p.is_file() and not p.is_symlink()]
+    """Delete the oldest uploads beyond `keep` (links and folders are left alone): traces, and
+    workload zips in their own folder."""
+    files = [p for p in folder.glob("*.jsonl" if folder.name != "workloads" else "*.zip")
+             if p.is_file() and not p.is_symlink()]
     for old in sorted(files, key=lambda p: p.stat().st_mtime_ns)[:-keep]:
         old.unlink(missing_ok=True)
 

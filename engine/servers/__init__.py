@@ -1,17 +1,26 @@
 """Speculative-decoding metrics of production servers, read and explained in this project's terms.
 
-- record.py: ServerMetrics, the one record every reader yields, and the checks and limits on
-  untrusted input that all readers share.
+- record.py: ServerMetrics, the one record every server-wide reader yields; ServerRequest and
+  ServerRequests, one request's counts and a file of them; the checks and limits on untrusted
+  input that all readers share.
 - prometheus.py: Prometheus text (vLLM's counters, SGLang's gauges), parsed with
   prometheus_client's parser; two scrapes of one server give the counts of the time between.
 - vllm.py: vLLM's counters, its offline `llm.get_metrics()` dump as JSON, and its log lines.
 - sglang.py: SGLang's /server_info JSON and its per-request meta_info.
 - tensorrt.py: TensorRT-LLM's /metrics JSON (iteration stats with specDecodingStats).
+- per_request.py: per-request metrics in each response: vLLM's metrics.speculative_decoding
+  (--per-request-spec-decode-metrics summary|detailed), SGLang's meta_info and
+  sglext.spec_tokens_details; one ServerRequest per request, a user's "category" kept.
+- request_checks.py: the checks a per-request record passes (types, counts, histogram length
+  against K, sums against the counts, rates against the counts), each refusal one line.
+- request_stats.py: per-request records in a workload's statistics shape (per request, per
+  category, overall: rates, histogram, conditional acceptance by position), what a trace of
+  ours would add, and the requests added up as one ServerMetrics for explain.py.
 - read.py: which reader an input needs, told from its content.
 - explain.py: a record in our terms (alpha, predicted tokens per cycle, speedups, the K advisor,
   what limits the server), computed with engine/stats/analysis.py's functions.
 - export.py: the other direction, a trace's acceptance under vLLM's Prometheus names.
-- report.py: the explanation as plain text, for `python -m engine metrics`.
+- report.py: the explanation, and the per-request report, as plain text for `python -m engine metrics`.
 
 May import: engine.stats, engine.trace, prometheus_client and the standard library. Never
 torch or streamlit: the app's page and the command line both read these modules.

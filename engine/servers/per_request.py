@@ -16,10 +16,10 @@ Assumed, not confirmed: an offline dump holds the same object under "spec_decode
 engine's field name) or bare.
 
 SGLang, from its pull requests: a /generate response's meta_info has spec_verify_ct (#3152),
-spec_accept_rate and spec_accept_length (#11441; the length is completion tokens / verify passes),
-spec_accept_token_num and spec_draft_token_num (v0.5, seen in #13754) or spec_num_correct_drafts
-and spec_num_proposed_drafts, and the histogram spec_accept_histogram (#18332) or
-spec_correct_drafts_histogram (#33518, whose length is K + 1). The OpenAI-compatible endpoints
+spec_accept_rate and spec_accept_length (#11441; the length equals completion tokens / verify
+passes, an identity checked in #33518's thread), spec_accept_token_num and spec_draft_token_num
+(v0.5, seen in #13754) or spec_num_correct_drafts and spec_num_proposed_drafts, and the
+histogram spec_accept_histogram (#18332) or spec_correct_drafts_histogram (#33518, K + 1 long). The OpenAI-compatible endpoints
 put the same fields in sglext.spec_tokens_details with return_spec_tokens_details (#33518; a
 list of them for n > 1). SGLang writes no K: it is the histogram's length - 1.
 
@@ -45,9 +45,7 @@ from engine.servers.request_checks import (
     name_of,
     optional,
 )
-from engine.servers.sglang import ACCEPTED_KEYS, DRAFTED_KEYS, HISTOGRAM_KEYS, first_key
-
-__all__ = ["ServerRequest", "ServerRequests", "kind", "read_requests"]  # the records live in record.py
+from engine.servers.sglang import ACCEPTED_KEYS, DRAFTED_KEYS, HISTOGRAM_KEYS
 
 MAX_REQUESTS = MAX_RECORDS  # requests (responses) in one input
 MISSING = object()  # no per-request block in an item (as opposed to a block that is null)
@@ -57,7 +55,7 @@ VLLM_BARE = {"num_spec_steps", "acceptance_histogram", "num_accepted_draft_token
 
 
 def kind(data) -> str | None:
-    """"vLLM" or "SGLang" when the JSON's first item carries per-request metrics, else None."""
+    """The server whose per-request metrics the JSON's first item carries ("vLLM", "SGLang"), else None."""
     first = data[0] if isinstance(data, list) and data else data
     if vllm_block(first) is not MISSING:
         return "vLLM"
@@ -84,11 +82,13 @@ def identity(item: dict, n: int, w: str) -> tuple[str, str | None]:
 
 def finish(requests: list[ServerRequest], source: str, notes: list[str]) -> ServerRequests:
     ks = {r.k for r in requests}
-    if len(ks) > 1:
-        notes.append(f"the requests differ in K ({', '.join(str(k) for k in sorted(k for k in ks if k))}): "
-                     "histograms of different K are not added up")
+    known = sorted(k for k in ks if k is not None)
+    if len(known) > 1:
+        notes.append(f"the requests differ in K ({', '.join(map(str, known))}): "
+                     "a position's conditional acceptance counts only the steps that drafted it")
     s = "s" * (len(requests) > 1)
-    return ServerRequests(requests, f"{source} ({len(requests)} request{s})", ks.pop() if len(ks) == 1 else None, notes)
+    k = known[0] if len(ks) == 1 and known else None  # one K for the input only when every request has it
+    return ServerRequests(requests, f"{source} ({len(requests)} request{s})", k, notes)
 
 
 # ---------------------------------------------------------------- vLLM
@@ -124,7 +124,7 @@ def vllm_requests(items: list) -> ServerRequests:
                                  "(vLLM writes null for n > 1 or without speculative decoding)")
     notes = [f"{skipped} response{'s' * (skipped > 1)} with metrics.speculative_decoding null (n > 1, or "
              "speculative decoding off) left out"] if skipped else []
-    return finish(requests, "vLLM per-request metrics (metrics.speculative_decoding)", notes)
+    return finish(requests, "vLLM per-request metrics.speculative_decoding", notes)
 
 
 def vllm_request(block: dict, item: dict, n: int) -> ServerRequest:
@@ -223,15 +223,15 @@ def sglang_request(meta, item: dict, n: int, w: str, suffix: str) -> ServerReque
              "drafted": next((k for k in DRAFTED_KEYS if meta.get(k) is not None), "drafted"),
              "histogram": next((k for k in HISTOGRAM_KEYS if meta.get(k) is not None), "histogram")}
     steps = count(meta["spec_verify_ct"], f"{w} spec_verify_ct")
-    hist = histogram_of(first_key(meta, HISTOGRAM_KEYS), f"{w} {names['histogram']}", None)
-    if hist is not None and len(hist) < 2:
-        raise ServerMetricsError(f"{w} {names['histogram']} has 1 entry: it has K + 1, and K is at least 1")
+    raw = meta.get(names["histogram"])  # sglext writes [] for a histogram the server did not keep
+    hist = histogram_of(raw, f"{w} {names['histogram']}", None) if raw != [] else None
     length = length_of(meta, "spec_accept_length", w)
     if length is None and steps and meta.get("completion_tokens") is not None:  # SGLang's definition, #3152
         length = fraction(count(meta["completion_tokens"], f"{w} completion_tokens") / steps,
                           f"{w} completion_tokens / spec_verify_ct", MAX_POSITIONS + 1)
-    rid, category = identity(meta if "id" in meta else item, n, w)
-    r = ServerRequest(rid + suffix, category if category is not None else identity(item, n, w)[1], steps,
+    rid = name_of(meta.get("id", item.get("id")), f"{w} id") or f"#{n}"  # /generate keeps it in meta_info
+    category = name_of(item.get("category", meta.get("category")), f"{w} category")
+    r = ServerRequest(rid + suffix, category, steps,
                       optional(meta, names["drafted"], w), optional(meta, names["accepted"], w),
                       optional(meta, "spec_accept_rate", w, fraction), length, hist, None, "SGLang",
                       k=None if hist is None else len(hist) - 1)

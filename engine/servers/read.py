@@ -1,20 +1,29 @@
 """Which server wrote an input, told from its content, and the record its reader yields.
 
-JSON (one document, or one per line) is vLLM's get_metrics() dump, SGLang's /server_info or
-meta_info, or TensorRT-LLM's iteration stats, told apart by their keys; text with a
+JSON (one document, or one per line) is vLLM's get_metrics() dump, vLLM's or SGLang's per-request
+metrics (responses: per_request.py), SGLang's /server_info, or TensorRT-LLM's iteration stats,
+told apart by their keys; per-request input also gives its requests one by one (read_requests_text); text with a
 'SpecDecoding metrics:' line is a vLLM log; anything else must be Prometheus text naming vLLM's
 counters or SGLang's gauges. Nothing here evaluates or unpickles anything: json and
 prometheus_client's text parser only.
 """
 import json
 
-from engine.servers import sglang, tensorrt, vllm
+from engine.servers import per_request, sglang, tensorrt, vllm
 from engine.servers.prometheus import parse_scrape
-from engine.servers.record import MAX_RECORDS, ServerMetrics, ServerMetricsError, check_text_size, short
+from engine.servers.record import (
+    MAX_RECORDS,
+    ServerMetrics,
+    ServerMetricsError,
+    ServerRequests,
+    check_text_size,
+    short,
+)
+from engine.servers.request_stats import to_server_metrics
 
-KNOWN = ("vLLM's /metrics (vllm:spec_decode_* counters), llm.get_metrics() as JSON or its 'SpecDecoding "
-         "metrics' log lines; SGLang's /server_info, /metrics gauges or a /generate response; "
-         "TensorRT-LLM's /metrics JSON")
+KNOWN = ("vLLM's /metrics (vllm:spec_decode_* counters), llm.get_metrics() as JSON, its 'SpecDecoding "
+         "metrics' log lines or responses with metrics.speculative_decoding; SGLang's /server_info, /metrics "
+         "gauges, /generate responses (meta_info) or sglext.spec_tokens_details; TensorRT-LLM's /metrics JSON")
 
 
 def decode(data: bytes, name: str = "the input") -> str:
@@ -52,8 +61,16 @@ def from_json(data) -> ServerMetrics:
         return tensorrt.from_iterations(data)
     if isinstance(data, dict) and tensorrt.SPEC in data:
         return tensorrt.from_iterations(data)
-    if isinstance(first, dict) and ("meta_info" in first or "spec_verify_ct" in first):
-        return sglang.from_requests(data)
+    server = per_request.kind(data)
+    if server == "vLLM":
+        return to_server_metrics(per_request.read_requests(data))
+    if server == "SGLang":
+        requests = per_request.read_requests(data)
+        if "sglext" not in first and any(r.accepted is None for r in requests.requests):
+            return sglang.from_requests(data)  # older SGLang: accepted tokens derived from completion tokens
+        return to_server_metrics(requests)
+    if isinstance(first, dict) and "meta_info" in first:
+        return sglang.from_requests(data)  # refuses it, naming spec_verify_ct
     if isinstance(data, dict) and ({"internal_states", "avg_spec_accept_length", "speculative_algorithm"} & set(data)):
         return sglang.from_server_info(data)
     raise ServerMetricsError(f"JSON, but not a speculative-decoding metrics file this reads ({KNOWN})")
@@ -71,6 +88,28 @@ def from_prometheus(texts: list[str]) -> ServerMetrics:
     raise ServerMetricsError(f"no speculative-decoding metrics found; this reads {KNOWN}")
 
 
+def json_of(text: str):
+    """The JSON of a text that opens like JSON (refused when it is not JSON); None for any other text."""
+    if text.lstrip()[:1] not in ("{", "["):
+        return None
+    data = load_json(text)
+    if data is None:  # a brace opens no Prometheus text or log: say what is wrong with the JSON
+        try:
+            json.loads(text)
+        except ValueError as err:
+            raise ServerMetricsError(f"the input opens like JSON but is not JSON: {short(str(err))}") from None
+    return data
+
+
+def read_requests_text(text: str) -> ServerRequests | None:
+    """The requests one by one when the text is vLLM's or SGLang's per-request output, else None."""
+    check_text_size(text)
+    data = json_of(text)
+    if data is None or per_request.kind(data) is None:
+        return None
+    return per_request.read_requests(data)
+
+
 def read_text(text: str) -> ServerMetrics:
     """The record of one input, whatever server wrote it."""
     return read_texts([text])
@@ -86,7 +125,7 @@ def read_texts(texts: list[str]) -> ServerMetrics:
         raise ServerMetricsError("the input is empty")
     if len(texts) == 1:
         text = texts[0]
-        data = load_json(text) if text.lstrip()[:1] in "{[" else None
+        data = json_of(text)
         if data is not None:
             return from_json(data)
         if vllm.LOG_MARK in text:

@@ -56,8 +56,8 @@ def histogram_of(value, what: str, k: int | None) -> list[int] | None:
     counts = count_list(value, what, MAX_POSITIONS + 1)
     if counts is None:
         return None
-    if not counts:
-        raise ServerMetricsError(f"{what} is empty: it has K + 1 entries (0 to K accepted)")
+    if len(counts) < 2:
+        raise ServerMetricsError(f"{what} is {short(value)}: it needs K + 1 entries (0 to K accepted), K at least 1")
     if k is not None and len(counts) != k + 1:
         raise ServerMetricsError(f"{what} has {len(counts)} entries but K is {k}: it must have K + 1 = {k + 1}")
     return counts
@@ -97,22 +97,24 @@ def check_request(r: ServerRequest, w: str, names: dict[str, str]) -> None:
         if r.accepted is not None and sum(j * n for j, n in enumerate(h)) != r.accepted:
             raise ServerMetricsError(f"{w} {hist} gives {sum(j * n for j, n in enumerate(h))} accepted tokens "
                                      f"but {acc} is {r.accepted}")
-    if r.accepted_per_step is not None:
+    if r.accepted_per_step is not None or r.drafted_per_step is not None:
         check_steps(r, w, names)
 
 
 def check_steps(r: ServerRequest, w: str, names: dict[str, str]) -> None:
-    """vLLM's detailed arrays: one entry per step, adding up to the request's counts."""
-    a = r.accepted_per_step
+    """vLLM's detailed arrays: one entry per step, adding up to the request's counts, none beyond K
+    (a drafted length beyond it would also make every per-position loop run that far)."""
+    a, d, most = r.accepted_per_step, r.drafted_per_step, MAX_POSITIONS if r.k is None else r.k
+    if a is None:
+        raise ServerMetricsError(f"{w} has per_step_drafted without per_step_accepted: vLLM writes both")
+    if any(x > most for x in [*a, *(d or [])]):
+        raise ServerMetricsError(f"{w} per_step_accepted or per_step_drafted has a step beyond K={most}")
     if r.steps is not None and len(a) != r.steps:
         raise ServerMetricsError(f"{w} per_step_accepted has {len(a)} entries but {names['steps']} is {r.steps}")
     if r.accepted is not None and sum(a) != r.accepted:
         raise ServerMetricsError(f"{w} per_step_accepted sums to {sum(a)} but {names['accepted']} is {r.accepted}")
-    if r.k is not None and any(x > r.k for x in a):
-        raise ServerMetricsError(f"{w} per_step_accepted has a step accepting {max(a)} of at most K={r.k}")
     if r.accepted_histogram is not None and [a.count(j) for j in range(len(r.accepted_histogram))] != r.accepted_histogram:
         raise ServerMetricsError(f"{w} per_step_accepted does not match {names['histogram']}")
-    d = r.drafted_per_step
     if d is None:
         return
     if len(d) != len(a) or any(x > y for x, y in zip(a, d)):

@@ -9,7 +9,9 @@ Names as SGLang writes them (python/sglang/srt, v0.4.x to v0.5.x):
 - the Prometheus gauges sglang:spec_accept_length and sglang:spec_accept_rate;
 - a /generate response's meta_info: spec_verify_ct (verify passes, i.e. cycles) and
   completion_tokens; newer versions add spec_accept_token_num and spec_draft_token_num (v0.5)
-  or spec_num_correct_drafts and spec_num_proposed_drafts.
+  or spec_num_correct_drafts and spec_num_proposed_drafts, and a histogram of accepted drafts per
+  verify pass (spec_accept_histogram, later spec_correct_drafts_histogram); per_request.py reads
+  these request by request, and read.py sends responses that carry the counts there.
 SGLang's accept length is completion tokens / verify passes: tokens per cycle, bonus included.
 """
 from statistics import fmean
@@ -31,6 +33,7 @@ from engine.servers.record import (
 LENGTH_GAUGE, RATE_GAUGE = "sglang:spec_accept_length", "sglang:spec_accept_rate"
 ACCEPTED_KEYS = ("spec_accept_token_num", "spec_num_correct_drafts", "spec_accepted_drafts")
 DRAFTED_KEYS = ("spec_draft_token_num", "spec_num_proposed_drafts", "spec_proposed_drafts")
+HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")  # [j] = verify passes accepting j
 
 
 def from_gauges(scrape: Scrape) -> ServerMetrics:

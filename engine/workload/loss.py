@@ -18,6 +18,7 @@ from engine.workload.requests import UNCATEGORISED, RequestRun
 WORST = 10  # rows in each worst-of list
 TOP_TOKENS = 20  # most often rejected texts listed
 MAX_POINTS = 2000  # (p_draft, p_target) points kept for a scatter chart: more draws nothing new
+EXAMPLES = 3  # places each often-rejected text is linked from
 TOKEN_CLASSES = ("whitespace", "punctuation", "digits", "word", "special", "other")
 # Unicode categories counted as punctuation: P* and the math, currency and modifier symbols.
 # Not So (emoji, and U+FFFD, which a byte-level tokenizer shows for part of a character): "other".
@@ -108,6 +109,7 @@ def class_table(rejected: Counter, tested: Counter) -> dict:
 def rejected_tokens(runs: list[RequestRun]) -> dict:
     """Every rejected draft position of the chain requests, aggregated."""
     texts, rejected_classes, tested_classes, points = Counter(), Counter(), Counter(), []
+    examples: dict[str, list[dict]] = {}  # a few places each text was rejected, for links into the stepper
     chain = [r for r in runs if not r.trace.is_tree]
     for run in chain:
         for c in run.trace.cycles:
@@ -116,14 +118,17 @@ def rejected_tokens(runs: list[RequestRun]) -> dict:
             if found is None:
                 continue
             texts[found["text"]] += 1
+            where = {"request": run.id, "file": run.file, "cycle": c["cycle"]}
+            if len(examples.setdefault(found["text"], [])) < EXAMPLES:
+                examples[found["text"]].append(where)
             rejected_classes[token_class(found["text"])] += 1
-            points.append({"p_draft": found["p_draft"], "p_target": found["p_target"],
-                           "request": run.id, "cycle": c["cycle"]})
+            points.append({"p_draft": found["p_draft"], "p_target": found["p_target"]} | where)
     top = sorted(texts.items(), key=lambda item: (-item[1], item[0]))[:TOP_TOKENS]
     n = len(points)
     return {
         "rejections": n, "skipped_tree_requests": len(runs) - len(chain),
-        "top_tokens": [{"text": text, "count": count, "class": token_class(text)} for text, count in top],
+        "top_tokens": [{"text": text, "count": count, "class": token_class(text), "examples": examples[text]}
+                       for text, count in top],
         "classes": class_table(rejected_classes, tested_classes),
         "mean_p_draft": sum(p["p_draft"] for p in points) / n if n else None,
         "mean_p_target": sum(p["p_target"] for p in points) / n if n else None,

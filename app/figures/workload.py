@@ -1,0 +1,145 @@
+"""The Workload page's charts: a workload's statistics (engine/workload/stats.py's dict) in, a figure out.
+
+- category_figure: acceptance per category with its 95% interval over requests (two workloads side by side);
+- conditional_figure: P(position i accepted | all before it accepted), one line per category;
+- histogram_figure: the share of cycles that accepted 0..K draft tokens;
+- context_figure: acceptance against the tokens before a cycle's first draft position;
+- rejection_figure: p_target against p_draft at every rejected draft token.
+
+Plain functions, no Streamlit. Category names and token texts come from untrusted files: they
+reach Plotly through esc().
+"""
+import numpy as np
+import plotly.graph_objects as go
+
+from app.figures.style import GRID, OKABE_ITO, esc, figure, probability_axis
+
+METRICS = {"acceptance_rate": "acceptance rate (accepted / drafted)",
+           "mean_acceptance_length": "mean acceptance length (1 + accepted / cycles)"}
+SIDES = (OKABE_ITO["blue"], OKABE_ITO["orange"])  # workload A, workload B
+LINES = [OKABE_ITO[c] for c in ("blue", "orange", "bluish_green", "vermillion", "reddish_purple", "sky_blue",
+                                "yellow", "grey")]
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+OVERALL = "all requests"
+
+
+def groups(stats: dict) -> dict[str, dict]:
+    """The categories in name order, then the whole workload."""
+    return {**{name: stats["categories"][name] for name in sorted(stats["categories"])}, OVERALL: stats["overall"]}
+
+
+def error_bars(values: list, intervals: list) -> dict:
+    """Asymmetric error bars from [low, high] intervals (none where a group has no interval)."""
+    up = [None if iv is None or v is None else iv[1] - v for v, iv in zip(values, intervals)]
+    down = [None if iv is None or v is None else v - iv[0] for v, iv in zip(values, intervals)]
+    return dict(type="data", symmetric=False, array=np.array(up, dtype=float),
+                arrayminus=np.array(down, dtype=float), color=GRID, thickness=1.5)
+
+
+def category_bars(stats: dict, metric: str, label: str, colour: str) -> dict:
+    named = groups(stats)
+    values = [g[metric] for g in named.values()]
+    intervals = [(g.get("intervals") or {}).get(metric) for g in named.values()]
+    hover = [f"<b>{esc(n)}</b> · {label}<br>{metric.replace('_', ' ')} {'–' if v is None else f'{v:.3f}'}"
+             f"<br>95% interval over requests: {'–' if iv is None else f'{iv[0]:.3f} to {iv[1]:.3f}'}"
+             f"<br>{g['requests']} requests · {g['cycles']} cycles"
+             for (n, g), v, iv in zip(named.items(), values, intervals)]
+    return dict(type="bar", name=esc(label), x=[esc(n) for n in named], y=np.array(values, dtype=float),
+                error_y=error_bars(values, intervals), marker=dict(color=colour),
+                hovertext=hover, hoverinfo="text")
+
+
+def category_figure(stats: dict, metric: str = "acceptance_rate", other: dict | None = None,
+                    labels: tuple[str, str] = ("this workload", "other workload")) -> go.Figure:
+    """Each category's acceptance with its interval; with `other`, the two workloads bar by bar
+    (categories only one of them has get an empty slot in the other)."""
+    bars = [category_bars(stats, metric, labels[0], SIDES[0])]
+    if other is not None:
+        bars.append(category_bars(other, metric, labels[1], SIDES[1]))
+    axis = dict(title=METRICS[metric], rangemode="tozero")
+    if metric == "acceptance_rate":
+        axis = probability_axis() | dict(title=METRICS[metric])
+    return figure(bars, f"By category: {METRICS[metric]}, with 95% intervals that resample requests",
+                  380, barmode="group", yaxis=axis, xaxis=dict(title="category"))
+
+
+def conditional_figure(stats: dict) -> go.Figure:
+    """One line per category: the rate at each position among cycles that reached it."""
+    lines = []
+    for i, (name, g) in enumerate(groups(stats).items()):
+        rows = g["conditional_acceptance"]
+        overall = name == OVERALL
+        lines.append(dict(
+            type="scatter", mode="lines+markers", name=esc(name),
+            x=[r["position"] for r in rows], y=np.array([r["rate"] for r in rows], dtype=float),
+            line=dict(color="#444444" if overall else LINES[i % len(LINES)], width=3.5 if overall else 1.8,
+                      dash="solid" if overall else DASHES[i % len(DASHES)]),
+            hovertext=[f"<b>{esc(name)}</b> · position {r['position']}<br>accepted {r['accepted']} of "
+                       f"{r['reached']} cycles that reached it" for r in rows], hoverinfo="text"))
+    return figure(lines, "Conditional acceptance by draft position: P(i accepted | 1..i-1 accepted)", 400,
+                  yaxis=probability_axis() | dict(title="rate among cycles that reached the position"),
+                  xaxis=dict(title="draft position", dtick=1))
+
+
+def histogram_figure(stats: dict, other: dict | None = None,
+                     labels: tuple[str, str] = ("this workload", "other workload")) -> go.Figure:
+    """The share of cycles that accepted exactly j draft tokens, j = 0..K."""
+    bars = []
+    for side, (s, label) in enumerate(zip((stats, other), labels)):
+        if s is None:
+            continue
+        counts = s["overall"]["accepted_histogram"]
+        total = max(1, sum(counts))
+        bars.append(dict(type="bar", name=esc(label), x=list(range(len(counts))),
+                         y=np.array([c / total for c in counts]), marker=dict(color=SIDES[side]),
+                         hovertext=[f"{c} of {total} cycles accepted {j}" for j, c in enumerate(counts)],
+                         hoverinfo="text"))
+    return figure(bars, "Draft tokens accepted per cycle (all requests)", 330, barmode="group",
+                  yaxis=probability_axis() | dict(title="share of cycles"),
+                  xaxis=dict(title="accepted draft tokens in the cycle", dtick=1))
+
+
+def context_figure(stats: dict, other: dict | None = None,
+                   labels: tuple[str, str] = ("this workload", "other workload")) -> go.Figure:
+    """Acceptance rate by bins of the context before the cycle (prompt and everything committed)."""
+    bars = []
+    for side, (s, label) in enumerate(zip((stats, other), labels)):
+        if s is None:
+            continue
+        bins = s["context_length"]
+        names = [bin_name(b) for b in bins]
+        bars.append(dict(type="bar", name=esc(label), x=names, y=np.array([b["acceptance_rate"] for b in bins],
+                                                                            dtype=float),
+                         marker=dict(color=SIDES[side]), hoverinfo="text",
+                         hovertext=[f"context {n} tokens<br>acceptance rate {fmt(b['acceptance_rate'])} · "
+                                    f"length {fmt(b['mean_acceptance_length'], 2)}<br>{b['cycles']} cycles of "
+                                    f"{b['requests']} requests" for n, b in zip(names, bins)]))
+    return figure(bars, "Acceptance against context length (tokens before the cycle's first draft position)", 340,
+                  barmode="group", yaxis=probability_axis() | dict(title="acceptance rate"),
+                  xaxis=dict(title="context length (tokens)", type="category"))
+
+
+def rejection_figure(stats: dict) -> go.Figure:
+    """p_target against p_draft at each rejected draft token: far below the diagonal, the draft was
+    confident where the target was not."""
+    rejected = stats["loss"]["rejected_tokens"]
+    points = rejected["points"]
+    dots = dict(type="scattergl", mode="markers", name="rejected draft token",
+                x=np.array([p["p_draft"] for p in points], dtype=float),
+                y=np.array([p["p_target"] for p in points], dtype=float),
+                marker=dict(color=OKABE_ITO["vermillion"], symbol="x", size=6, opacity=0.6),
+                hovertext=[f"request {esc(p['request'])} · cycle {p['cycle']}<br>p_draft {p['p_draft']:.3f} · "
+                           f"p_target {p['p_target']:.3f}" for p in points], hoverinfo="text")
+    diagonal = dict(type="scatter", mode="lines", name="p_target = p_draft", x=[0, 1], y=[0, 1],
+                    line=dict(color=GRID, dash="dot"), hoverinfo="skip")
+    return figure([diagonal, dots], f"At each rejection: p_target against p_draft ({len(points)} shown)", 380,
+                  xaxis=probability_axis() | dict(title="p_draft of the rejected token"),
+                  yaxis=probability_axis() | dict(title="p_target of the same token"))
+
+
+def bin_name(b: dict) -> str:
+    return f"{b['low']}+" if b.get("high") is None else f"{b['low']}-{b['high'] - 1}"
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"

@@ -1,0 +1,102 @@
+"""Workload: many requests read as a whole, by category, draft position, context length and request,
+with a path from every number down to the cycles behind it (links into the stepper).
+
+Sources: app/views/sections/workload_source.py; views: app/views/sections/workload_views.py;
+a server's per-request metrics: app/views/sections/workload_server.py. Only the open tab runs.
+"""
+import streamlit as st
+
+from app.ui import workloads
+from app.ui.first_result import first_result
+from app.ui.safe import md
+from app.views.sections import workload_source, workload_views
+from engine.trace import TraceError
+
+TAB = "workload_tab"
+TABS = ["Categories", "Positions and cycles", "Context length", "Where the loss is", "Requests",
+        "Compare two workloads", "Your server's requests"]
+
+
+def describe(choice: tuple[str, str], manifest: dict) -> str:
+    pair, s = manifest["pair"], manifest["settings"]
+    names = pair.get("preset") or pair["target"].get("name", "?")
+    drafter = pair.get("drafter", {}).get("kind", "model")
+    shape = f"tree {s['tree']}" if s.get("tree") else f"K={s['k']}"
+    machine = manifest.get("machine", {})
+    return (f"{md(workloads.words(choice))} · pair **{md(str(names))}** · drafter **{md(str(drafter))}** · {md(shape)}"
+            f" · temperature {s['temperature']} · recorded on {md(str(machine.get('cpu', '?')))} "
+            f"({md(str(machine.get('device', '?')))})")
+
+
+def other_workload(choice: tuple[str, str]) -> tuple[tuple[str, str] | None, dict | None]:
+    """The workload to compare with (another drafter, K, chain against tree, temperature)."""
+    others = [c for c in workloads.listed() if c != choice]
+    if not others:
+        st.info("Only one workload is here: upload or run another to compare.")
+        return None, None
+    current = st.session_state.get(workloads.OTHER)
+    picked = st.selectbox("Compare with", others, index=others.index(current) if current in others else 0,
+                          format_func=workloads.words, key="workload_other_pick")
+    st.session_state[workloads.OTHER] = picked
+    try:
+        return picked, workloads.stats_of(picked)
+    except TraceError as err:
+        st.error(f"Could not read {md(workloads.words(picked))}: {md(str(err))}", icon=":material/error:")
+        return None, None
+
+
+def draw_tab(name: str, choice: tuple[str, str], stats: dict) -> None:
+    labels = (workloads.words(choice), "")
+    if name == "Categories":
+        workload_views.categories_tab(stats, None, labels)
+    elif name == "Positions and cycles":
+        workload_views.positions_tab(stats, None, labels)
+    elif name == "Context length":
+        workload_views.context_tab(stats, None, labels)
+    elif name == "Where the loss is":
+        workload_views.loss_tab(choice, stats)
+    elif name == "Requests":
+        workload_views.requests_tab(choice, stats)
+    elif name == "Compare two workloads":
+        other, other_stats = other_workload(choice)
+        if other_stats is not None:
+            both = (workloads.words(choice), workloads.words(other))
+            workload_views.categories_tab(stats, other_stats, both)
+            workload_views.positions_tab(stats, other_stats, both)
+            workload_views.context_tab(stats, other_stats, both)
+    elif name == "Your server's requests":
+        from app.views.sections import workload_server  # loaded only when the tab opens
+        workload_server.draw()
+
+
+def main() -> None:
+    st.title("Acceptance across a workload")
+    slot = first_result()
+    choice = workload_source.choose()
+    with st.expander("Upload a workload, or run a small one live"):
+        workload_source.upload()
+        workload_source.live_form()
+    if choice is None:
+        return
+    try:
+        workload = workloads.load(choice)
+        stats = workloads.stats_of(choice)
+    except TraceError as err:
+        st.error(f"Could not read this workload: {md(str(err))}", icon=":material/error:")
+        return
+    if not stats["requests"]:
+        st.warning("This workload has no finished request yet.")
+        return
+    slot.markdown(workload_views.headline(stats))
+    st.caption(describe(choice, workload.manifest))
+    skipped = [e for e in workload.entries if e.status == "skipped"]
+    if skipped:
+        st.caption(f"{len(skipped)} requests were skipped as too long for the pair: "
+                   + md(", ".join(e.id for e in skipped)))
+    for name, tab in zip(TABS, st.tabs(TABS, key=TAB, on_change="rerun")):
+        if tab.open:
+            with tab:
+                draw_tab(name, choice, stats)
+
+
+main()

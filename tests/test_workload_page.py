@@ -1,0 +1,214 @@
+"""The Workload page in the real app (AppTest) on tiny-model workloads.
+
+Every number it shows is compared with engine/workload/stats.py's computation on the same
+folder, read independently of the app; every link into the stepper names the right request
+and cycle; uploads are checked whole; a live workload runs on the job queue.
+"""
+import io
+import json
+import re
+import shutil
+import zipfile
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.ui.state import parse_request_name, parse_token
+from engine.config import SpecSettings
+from engine.run import run_to_trace
+from engine.workload.folder import open_workload, zip_folder
+from engine.workload.prompts import parse_prompts
+from engine.workload.run import run_workload
+from engine.workload.stats import workload_stats
+from tests.app_jobs import finish_job
+from tests.tiny import noisy_pair
+
+MAIN = Path(__file__).resolve().parent.parent / "app" / "main.py"
+PAGE = "views/workload.py"
+PROMPTS = [{"id": f"{c}-{i}", "category": c, "prompt": p}
+           for c, texts in {"pets": ["the cat sat on a mat", "a dog ran far away", "the cat slept"],
+                            "logs": ["the log and then it", "a log on a mat"]}.items()
+           for i, p in enumerate(texts)]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """Two workloads (K=2 greedy, K=3 sampled) zipped as bundled ones, and a default trace."""
+    root = tmp_path_factory.mktemp("workload_page")
+    pair = noisy_pair(0, noise=0.3)
+    requests = parse_prompts("\n".join(json.dumps(p) for p in PROMPTS).encode(), "p.jsonl")
+    (root / "workloads").mkdir()
+    for name, s in (("greedy-k2", SpecSettings(k=2, temperature=0.0, max_new_tokens=16)),
+                    ("sampled-k3", SpecSettings(k=3, temperature=1.0, max_new_tokens=16, seed=3))):
+        run_workload(pair, requests, s, root / "folders" / name)
+        (root / "workloads" / f"{name}.zip").write_bytes(zip_folder(root / "folders" / name))
+    run_to_trace(pair, "the dog ran", SpecSettings(k=2, temperature=0.0, max_new_tokens=8),
+                 root / "traces" / "default.jsonl")
+    return root
+
+
+def open_page(folder: Path, monkeypatch) -> AppTest:
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(folder / "traces"))
+    monkeypatch.setenv("SPECLAB_WORKLOADS_DIR", str(folder / "workloads"))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(folder / "runs"))
+    monkeypatch.setenv("SPECLAB_UPLOADS_DIR", str(folder / "uploads"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    at = AppTest.from_file(str(MAIN), default_timeout=120)
+    at.run()
+    at.switch_page(PAGE).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def open_tab(at: AppTest, name: str) -> AppTest:
+    at.session_state["workload_tab"] = name
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def texts(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def figure(at: AppTest, key: str) -> dict:
+    found = [e for e in at.get("plotly_chart") if e.proto.id.endswith(f"-{key}")]
+    assert len(found) == 1, f"figure {key} not shown"
+    return json.loads(found[0].proto.spec)
+
+
+def links(at: AppTest) -> list[tuple[str, dict]]:
+    """Every link into the stepper on the page: (its text, its query parameters)."""
+    found = re.findall(r"\[([^\]]*)\]\((\./\?[^)]*)\)", texts(at))
+    return [(text, {k: v[0] for k, v in parse_qs(urlparse(url).query).items()}) for text, url in found]
+
+
+def expected(folder: Path, name: str) -> dict:
+    return workload_stats(open_workload(folder / "folders" / name).runs())
+
+
+def test_the_headline_and_categories_are_the_engine_numbers(folder, monkeypatch):
+    at = open_page(folder, monkeypatch)
+    want = expected(folder, "greedy-k2")
+    head = texts(at)
+    o = want["overall"]
+    assert f"**{want['requests']}** requests, **{o['cycles']}** cycles" in head
+    assert f"draft acceptance rate **{o['acceptance_rate']:.3f}**" in head
+    iv = o["intervals"]["acceptance_rate"]
+    assert f"95% interval over requests {iv[0]:.3f}–{iv[1]:.3f}" in head
+    bars = figure(at, "wl_categories_chart")["data"][0]
+    assert bars["x"] == ["logs", "pets", "all requests"]
+    assert [round(v, 9) for v in _values(bars["y"])] == [round(want["categories"]["logs"]["acceptance_rate"], 9),
+                                                   round(want["categories"]["pets"]["acceptance_rate"], 9),
+                                                   round(o["acceptance_rate"], 9)]
+
+
+def _values(y) -> list[float]:
+    """A figure's y values (Plotly sends arrays as typed buffers or lists)."""
+    if isinstance(y, dict):
+        import base64
+
+        import numpy as np
+        return list(np.frombuffer(base64.b64decode(y["bdata"]), dtype=y["dtype"]))
+    return list(y)
+
+
+def test_every_tab_draws_and_every_link_opens_the_right_request_and_cycle(folder, monkeypatch):
+    at = open_page(folder, monkeypatch)
+    want = expected(folder, "greedy-k2")
+    files = {r["id"]: r["file"] for r in want["per_request"]}
+    counted = {}
+    for tab in ("Positions and cycles", "Context length", "Where the loss is", "Requests"):
+        open_tab(at, tab)
+        counted[tab] = len(links(at))
+        for text, query in links(at):
+            ref = parse_token(query["trace"])
+            assert ref is not None and ref.kind == "workload"
+            kind, workload, file = parse_request_name(ref.name)
+            assert (kind, workload) == ("bundled", "greedy-k2.zip")
+            request = text.split(" ")[0].split("·")[0].replace("\\", "")
+            assert files[request] == file
+    assert counted["Requests"] == len(PROMPTS)  # one link per request
+    assert counted["Where the loss is"] >= len(want["loss"]["worst_cycles"]) + len(want["loss"]["worst_requests"])
+    open_tab(at, "Where the loss is")
+    cycles = [(c["request"], c["cycle"]) for c in want["loss"]["worst_cycles"]]
+    shown = [(t.split(" · cycle ")[0].replace("\\", ""), int(q["cycle"])) for t, q in links(at) if " · cycle " in t]
+    assert shown == cycles and cycles
+
+
+def test_open_in_the_stepper_opens_that_request_at_that_cycle(folder, monkeypatch):
+    at = open_page(folder, monkeypatch)
+    open_tab(at, "Requests")
+    at.selectbox(key="wl_open_request").set_value("logs-1").run()
+    at.number_input(key="wl_open_cycle_4").set_value(2).run()
+    at.button(key="wl_open").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["trace_ref"].name == "bundled~greedy-k2.zip~request-0005.jsonl"
+    assert at.session_state["cycle"] == 2
+    trace = at.session_state["trace"]
+    assert trace.header["request"] == {"id": "logs-1", "category": "logs"}
+
+
+def test_two_workloads_side_by_side(folder, monkeypatch):
+    at = open_page(folder, monkeypatch)
+    open_tab(at, "Compare two workloads")
+    bars = figure(at, "wl_categories_chart")["data"]
+    other = expected(folder, "sampled-k3")
+    assert len(bars) == 2 and "sampled-k3" in bars[1]["name"]
+    assert round(_values(bars[1]["y"])[-1], 9) == round(other["overall"]["acceptance_rate"], 9)
+
+
+def zipped(files: dict) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def test_an_uploaded_zip_is_checked_whole_before_it_opens(folder, monkeypatch, tmp_path):
+    from app.ui import workloads
+    monkeypatch.setenv("SPECLAB_UPLOADS_DIR", str(tmp_path / "uploads"))
+    good = (folder / "workloads" / "sampled-k3.zip").read_bytes()
+    bad_folder = tmp_path / "bad"
+    shutil.copytree(folder / "folders" / "sampled-k3", bad_folder)
+    manifest = json.loads((bad_folder / "manifest.json").read_text())
+    manifest["requests"][1]["category"] = "<b>other</b>"  # the trace says otherwise
+    (bad_folder / "manifest.json").write_text(json.dumps(manifest))
+    bad = zipped({p.name: p.read_bytes() for p in bad_folder.iterdir()})
+    with monkeypatch.context():
+        import streamlit as st
+        monkeypatch.setattr(st, "session_state", {})
+        choice, error = workloads.open_upload("bad.zip", bad)
+        assert choice is None and "the trace is of request" in error
+        assert not (tmp_path / "uploads" / "workloads").exists() or not any((tmp_path / "uploads" / "workloads").iterdir())
+        choice, error = workloads.open_upload("good.zip", good)
+        assert error is None and choice[0] == "upload" and (tmp_path / "uploads" / "workloads" / choice[1]).is_file()
+
+
+def test_a_live_workload_runs_on_the_queue_and_opens(folder, monkeypatch):
+    at = open_page(folder, monkeypatch)
+    at.selectbox(key="wl_preset").set_value("tiny-shakespeare")
+    at.multiselect(key="wl_categories").set_value(["coding", "math"])
+    at.number_input(key="wl_tokens").set_value(4)
+    at.button[[b.label for b in at.button].index("Run this workload live")].click().run()
+    finish_job(at, 300)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    kind, name = at.session_state["workload_open"]
+    assert kind == "run" and name.startswith("live-tiny-shakespeare-")
+    workload = open_workload(folder / "runs" / "workloads" / name)
+    assert [(e.category, e.status) for e in workload.entries] == [("coding", "done"), ("math", "done")]
+    assert "**2** requests" in texts(at)
+
+
+def test_every_workload_figure_is_valid_plotly(folder):
+    from app.figures import workload as figs
+    from app.figures.style import validated
+    one, other = expected(folder, "greedy-k2"), expected(folder, "sampled-k3")
+    for fig in (figs.category_figure(one), figs.category_figure(one, "mean_acceptance_length", other),
+                figs.conditional_figure(one), figs.histogram_figure(one, other), figs.context_figure(one, other),
+                figs.rejection_figure(one)):
+        validated(fig)
