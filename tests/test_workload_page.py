@@ -17,6 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.ui.state import parse_request_name, parse_token
 from engine.config import SpecSettings
+from engine.mode import RunMode
 from engine.run import run_to_trace
 from engine.workload.folder import open_workload, zip_folder
 from engine.workload.prompts import parse_prompts
@@ -40,9 +41,9 @@ def folder(tmp_path_factory) -> Path:
     pair = noisy_pair(0, noise=0.3)
     requests = parse_prompts("\n".join(json.dumps(p) for p in PROMPTS).encode(), "p.jsonl")
     (root / "workloads").mkdir()
-    for name, s in (("greedy-k2", SpecSettings(k=2, temperature=0.0, max_new_tokens=16)),
-                    ("sampled-k3", SpecSettings(k=3, temperature=1.0, max_new_tokens=16, seed=3))):
-        run_workload(pair, requests, s, root / "folders" / name)
+    for name, s, mode in (("greedy-k2", SpecSettings(k=2, temperature=0.0, max_new_tokens=16), RunMode(calibrate=True)),
+                          ("sampled-k3", SpecSettings(k=3, temperature=1.0, max_new_tokens=16, seed=3), RunMode())):
+        run_workload(pair, requests, s, root / "folders" / name, mode)
         (root / "workloads" / f"{name}.zip").write_bytes(zip_folder(root / "folders" / name))
     run_to_trace(pair, "the dog ran", SpecSettings(k=2, temperature=0.0, max_new_tokens=8),
                  root / "traces" / "default.jsonl")
@@ -70,7 +71,8 @@ def open_tab(at: AppTest, name: str) -> AppTest:
 
 
 def texts(at: AppTest) -> str:
-    return "\n".join(m.value for m in at.markdown)
+    """The page's Markdown, with md()'s escapes taken out (a "0\\.35" reads "0.35")."""
+    return "\n".join(m.value for m in at.markdown).replace("\\", "")
 
 
 def figure(at: AppTest, key: str) -> dict:
@@ -98,6 +100,10 @@ def test_the_headline_and_categories_are_the_engine_numbers(folder, monkeypatch)
     assert f"draft acceptance rate **{o['acceptance_rate']:.3f}**" in head
     iv = o["intervals"]["acceptance_rate"]
     assert f"95% interval over requests {iv[0]:.3f}–{iv[1]:.3f}" in head
+    assert f"measured speedup **{o['speedup']['measured']:.2f}×**" in head  # the workload was calibrated
+    for name, g in want["categories"].items():  # the table under the chart: each category's speedup and best K
+        assert f"| {name} | {g['requests']} | {g['cycles']} |" in head
+        assert f"| {g['speedup']['measured']:.2f}× | {g['best_k']} |" in head
     bars = figure(at, "wl_categories_chart")["data"][0]
     assert bars["x"] == ["logs", "pets", "all requests"]
     assert [round(v, 9) for v in _values(bars["y"])] == [round(want["categories"]["logs"]["acceptance_rate"], 9),
@@ -212,3 +218,34 @@ def test_every_workload_figure_is_valid_plotly(folder):
                 figs.conditional_figure(one), figs.histogram_figure(one, other), figs.context_figure(one, other),
                 figs.rejection_figure(one)):
         validated(fig)
+
+
+SAMPLES = Path(__file__).resolve().parent / "server_samples"
+
+
+@pytest.mark.parametrize("sample", ["vllm_requests.jsonl", "sglang_requests.jsonl"])
+def test_a_servers_per_request_file_shows_what_it_carries(folder, monkeypatch, sample):
+    from engine.servers.read import read_requests_text
+    from engine.servers.request_stats import requests_stats
+    text = (SAMPLES / sample).read_text()
+    want = requests_stats(read_requests_text(text))
+    at = open_tab(open_page(folder, monkeypatch), "Your server's requests")
+    at.text_area(key="wl_server_paste").input(text).run()
+    assert not at.exception and not at.error, [e.value for e in at.exception] + [e.value for e in at.error]
+    shown = texts(at)
+    assert f"**{want['requests']}** requests" in shown
+    assert f"draft acceptance rate **{want['overall']['acceptance_rate']:.3f}**" in shown
+    assert "What a trace of these requests would add" in shown
+    bars = figure(at, "wl_server_categories")["data"][0]
+    assert round(_values(bars["y"])[-1], 9) == round(want["overall"]["acceptance_rate"], 9)
+    if want["overall"]["accepted_histogram"] is not None:
+        figure(at, "wl_server_histogram")
+
+
+def test_a_hostile_server_file_is_one_escaped_line(folder, monkeypatch):
+    at = open_tab(open_page(folder, monkeypatch), "Your server's requests")
+    at.text_area(key="wl_server_paste").input('{"metrics": {"speculative_decoding": {"num_spec_steps": -3}}}').run()
+    assert not at.exception
+    assert len(at.error) == 1 and "\n" not in at.error[0].value
+    at.text_area(key="wl_server_paste").input("<b>hello</b>").run()
+    assert len(at.error) == 1 and "<b>" not in at.error[0].value

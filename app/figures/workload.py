@@ -68,6 +68,8 @@ def conditional_figure(stats: dict) -> go.Figure:
     lines = []
     for i, (name, g) in enumerate(groups(stats).items()):
         rows = g["conditional_acceptance"]
+        if rows is None:  # a server's group that carries no per-step counts
+            continue
         overall = name == OVERALL
         lines.append(dict(
             type="scatter", mode="lines+markers", name=esc(name),
@@ -89,6 +91,8 @@ def histogram_figure(stats: dict, other: dict | None = None,
         if s is None:
             continue
         counts = s["overall"]["accepted_histogram"]
+        if counts is None:
+            continue
         total = max(1, sum(counts))
         bars.append(dict(type="bar", name=esc(label), x=list(range(len(counts))),
                          y=np.array([c / total for c in counts]), marker=dict(color=SIDES[side]),
@@ -106,7 +110,7 @@ def context_figure(stats: dict, other: dict | None = None,
     for side, (s, label) in enumerate(zip((stats, other), labels)):
         if s is None:
             continue
-        bins = s["context_length"]
+        bins = s.get("context_length") or []
         names = [bin_name(b) for b in bins]
         bars.append(dict(type="bar", name=esc(label), x=names, y=np.array([b["acceptance_rate"] for b in bins],
                                                                             dtype=float),

@@ -2,6 +2,7 @@
 import streamlit as st
 
 from app.ui import jobs, operator, state
+from app.ui.pages import WORKLOAD
 from app.ui.safe import md
 from engine.trace import model_name
 
@@ -16,6 +17,10 @@ def render(slot=None) -> None:
             st.caption(f"Open trace: **{md(ref.label)}**  \n"
                        f"{md(model_name(trace.header, 'target'))} ← {md(model_name(trace.header, 'draft'))}, "
                        f"K={trace.k}, {len(trace.cycles)} cycles")
+            request = trace.header.get("request")
+            if request and ref.kind == "workload":  # a workload's request: say which, and the way back
+                st.caption(f"Request **{md(request['id'])}** ({md(request['category'])}) of this workload")
+                st.page_link(WORKLOAD, label="Back to the workload", icon=":material/stacked_bar_chart:")
         if state.link_error():
             st.error(md(state.link_error()), icon=":material/error:")
         job = jobs.current()

@@ -26,6 +26,9 @@ def choose() -> tuple[str, str] | None:
     """The workload the page shows: picked from the list, opened from an upload, or a finished live run."""
     found = workloads.listed()
     current = st.session_state.get(workloads.OPEN)
+    ref = state.current_ref()
+    if current is None and ref is not None and ref.kind == "workload":  # came from a request's trace
+        current = state.parse_request_name(ref.name)[:2]
     if current not in found:
         current = found[0] if found else None
     if not found:
