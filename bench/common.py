@@ -134,6 +134,17 @@ def machine_words(m: dict) -> str:
     return f"{m['cpu']} ({features}), {m['cores']} cores{threads}; {load_words}"
 
 
+def cpu_tag(m: dict) -> str:
+    """A short name of the CPU for result files: its vendor and family, and its widest vector feature
+    (the same model name covers Xeons with and without AMX, and the kernels differ)."""
+    name = m["cpu"].lower()
+    family = next((f for f in ("epyc", "xeon", "ryzen", "core") if f in name), "cpu")
+    vendor = "amd" if "amd" in name else "intel" if "intel" in name else ""
+    features = m.get("cpu_features") or []
+    widest = next((f.split("_")[0] for f in ("amx_tile", "avx512f", "avx2") if f in features), "")
+    return "-".join(p for p in (vendor, family, widest.removesuffix("f")) if p)
+
+
 def write_results(folder: Path, stem: str, result: dict, text: str, indent: int = 1, json_end: str = "") -> None:
     """FOLDER/STEM.json (the result) and FOLDER/STEM.md (`text`), the folder made if missing."""
     folder.mkdir(parents=True, exist_ok=True)

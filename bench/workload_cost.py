@@ -11,18 +11,16 @@ is checked equal between the two, and (on the first --exact requests) to plain g
 Writes bench/results/workload-cost-PRESET-CPU.json and .md.
 """
 import argparse
-import re
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, machine_info, machine_words, write_results
+from bench.common import RESULTS, cpu_tag, machine_info, machine_words, write_results
 from engine.config import SpecSettings
 from engine.cycle.reference import target_generate
 from engine.run import encode_prompt, load_preset, run_to_trace
-from engine.trace.format import load_trace
 from engine.workload.prompts import read_prompts
 from engine.workload.run import run_workload
 
@@ -103,8 +101,7 @@ def main(argv=None) -> int:
         *[f"| {i + 1} | {r['workload_s']:.2f} | {r['one_by_one_s']:.2f} | {r['ratio']:.3f} |" for i, r in enumerate(rounds)],
         "", f"Median ratio {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}); goal <= 1.05. "
         f"Every request's output was equal in both; {result['exact_vs_plain']} checked equal to plain greedy decoding."])
-    cpu = re.sub(r"[^a-z0-9]+", "-", machine.get("cpu", "cpu").lower()).strip("-")[:40]
-    write_results(Path(args.out), f"workload-cost-{args.preset}-{cpu}", result, text)
+    write_results(Path(args.out), f"workload-cost-{args.preset}-{cpu_tag(machine)}", result, text)
     print(text)
     return 0
 

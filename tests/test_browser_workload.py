@@ -9,7 +9,12 @@ import pytest
 from app.ui.state import parse_request_name, parse_token
 from engine.workload.folder import open_workload
 from engine.workload.stats import workload_stats
-from tests.test_browser import SHOTS, open_page, streamlit_server
+from tests.test_browser import (  # noqa: F401 (browser: a fixture)
+    SHOTS,
+    browser,
+    open_page,
+    streamlit_server,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "assets" / "workloads" / "tiny-shakespeare-greedy-k4.zip"
@@ -28,15 +33,6 @@ def served(example_traces, tmp_path_factory):
         mp.setenv("SPECLAB_WORKLOADS_DIR", str(tmp / "workloads"))  # streamlit_server passes os.environ on
         with streamlit_server(tmp / "traces", tmp, "light") as url:
             yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, sync_api
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 def stepper_links(page) -> list[tuple[str, dict]]:

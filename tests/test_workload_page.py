@@ -4,11 +4,9 @@ Every number it shows is compared with engine/workload/stats.py's computation on
 folder, read independently of the app; every link into the stepper names the right request
 and cycle; uploads are checked whole; a live workload runs on the job queue.
 """
-import io
 import json
 import re
 import shutil
-import zipfile
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -24,6 +22,7 @@ from engine.workload.prompts import parse_prompts
 from engine.workload.run import run_workload
 from engine.workload.stats import workload_stats
 from tests.app_jobs import finish_job
+from tests.test_workload_run import zipped
 from tests.tiny import noisy_pair
 
 MAIN = Path(__file__).resolve().parent.parent / "app" / "main.py"
@@ -166,14 +165,6 @@ def test_two_workloads_side_by_side(folder, monkeypatch):
     assert round(_values(bars[1]["y"])[-1], 9) == round(other["overall"]["acceptance_rate"], 9)
 
 
-def zipped(files: dict) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        for name, data in files.items():
-            z.writestr(name, data)
-    return buf.getvalue()
-
-
 def test_an_uploaded_zip_is_checked_whole_before_it_opens(folder, monkeypatch, tmp_path):
     from app.ui import workloads
     monkeypatch.setenv("SPECLAB_UPLOADS_DIR", str(tmp_path / "uploads"))
@@ -195,7 +186,7 @@ def test_an_uploaded_zip_is_checked_whole_before_it_opens(folder, monkeypatch, t
 
 
 def test_a_live_workload_runs_on_the_queue_and_opens(folder, monkeypatch):
-    at = open_page(folder, monkeypatch)
+    at = open_tab(open_page(folder, monkeypatch), "Upload or run live")
     at.selectbox(key="wl_preset").set_value("tiny-shakespeare")
     at.multiselect(key="wl_categories").set_value(["coding", "math"])
     at.number_input(key="wl_tokens").set_value(4)
@@ -208,6 +199,13 @@ def test_a_live_workload_runs_on_the_queue_and_opens(folder, monkeypatch):
     workload = open_workload(folder / "runs" / "workloads" / name)
     assert [(e.category, e.status) for e in workload.entries] == [("coding", "done"), ("math", "done")]
     assert "**2** requests" in texts(at)
+
+
+def test_a_page_load_draws_no_upload_or_live_form(folder, monkeypatch):
+    """They wait in their own tab: their widgets' code must not hold up the first chart."""
+    at = open_page(folder, monkeypatch)
+    assert not [s for s in at.selectbox if s.key == "wl_preset"] and not at.get("file_uploader")
+    figure(at, "wl_categories_chart")
 
 
 def test_every_workload_figure_is_valid_plotly(folder):

@@ -1,10 +1,12 @@
 """Workload runs on tiny real models: one trace per request, the manifest, exactness, resume, refusals."""
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -182,18 +184,17 @@ def test_a_trace_that_does_not_belong_to_its_entry_is_refused(tmp_path, change, 
         open_workload(tamper(tmp_path, change)).runs()
 
 
+def zipped(files: dict) -> bytes:
+    """A zip holding these names and contents, as a stranger could make one."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
 def test_hostile_zips_are_refused(tmp_path):
-    import io
-    import zipfile
-
     from engine.workload.folder import open_zip
-
-    def zipped(files: dict) -> bytes:
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w") as z:
-            for name, data in files.items():
-                z.writestr(name, data)
-        return buf.getvalue()
 
     with pytest.raises(WorkloadError, match="not a zip"):
         open_zip(b"PK not really", "x.zip")

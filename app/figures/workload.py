@@ -83,42 +83,46 @@ def conditional_figure(stats: dict) -> go.Figure:
                   xaxis=dict(title="draft position", dtick=1))
 
 
+def side_by_side(stats: dict, other: dict | None, labels: tuple[str, str], bars_of) -> list[dict]:
+    """One bar trace per workload that has what `bars_of(stats, label, colour)` draws (it returns None if not)."""
+    drawn = (bars_of(s, label, SIDES[side]) for side, (s, label) in enumerate(zip((stats, other), labels))
+             if s is not None)
+    return [bars for bars in drawn if bars is not None]
+
+
+def histogram_bars(s: dict, label: str, colour: str) -> dict | None:
+    counts = s["overall"]["accepted_histogram"]
+    if counts is None:  # a server's file without a histogram
+        return None
+    total = max(1, sum(counts))
+    return dict(type="bar", name=esc(label), x=list(range(len(counts))), y=np.array([c / total for c in counts]),
+                marker=dict(color=colour), hoverinfo="text",
+                hovertext=[f"{c} of {total} cycles accepted {j}" for j, c in enumerate(counts)])
+
+
 def histogram_figure(stats: dict, other: dict | None = None,
                      labels: tuple[str, str] = ("this workload", "other workload")) -> go.Figure:
     """The share of cycles that accepted exactly j draft tokens, j = 0..K."""
-    bars = []
-    for side, (s, label) in enumerate(zip((stats, other), labels)):
-        if s is None:
-            continue
-        counts = s["overall"]["accepted_histogram"]
-        if counts is None:
-            continue
-        total = max(1, sum(counts))
-        bars.append(dict(type="bar", name=esc(label), x=list(range(len(counts))),
-                         y=np.array([c / total for c in counts]), marker=dict(color=SIDES[side]),
-                         hovertext=[f"{c} of {total} cycles accepted {j}" for j, c in enumerate(counts)],
-                         hoverinfo="text"))
-    return figure(bars, "Draft tokens accepted per cycle (all requests)", 330, barmode="group",
-                  yaxis=probability_axis() | dict(title="share of cycles"),
+    return figure(side_by_side(stats, other, labels, histogram_bars), "Draft tokens accepted per cycle (all requests)",
+                  330, barmode="group", yaxis=probability_axis() | dict(title="share of cycles"),
                   xaxis=dict(title="accepted draft tokens in the cycle", dtick=1))
+
+
+def context_bars(s: dict, label: str, colour: str) -> dict:
+    bins = s.get("context_length") or []
+    names = [bin_name(b) for b in bins]
+    return dict(type="bar", name=esc(label), x=names, y=np.array([b["acceptance_rate"] for b in bins], dtype=float),
+                marker=dict(color=colour), hoverinfo="text",
+                hovertext=[f"context {n} tokens<br>acceptance rate {fmt(b['acceptance_rate'])} · length "
+                           f"{fmt(b['mean_acceptance_length'], 2)}<br>{b['cycles']} cycles of {b['requests']} requests"
+                           for n, b in zip(names, bins)])
 
 
 def context_figure(stats: dict, other: dict | None = None,
                    labels: tuple[str, str] = ("this workload", "other workload")) -> go.Figure:
     """Acceptance rate by bins of the context before the cycle (prompt and everything committed)."""
-    bars = []
-    for side, (s, label) in enumerate(zip((stats, other), labels)):
-        if s is None:
-            continue
-        bins = s.get("context_length") or []
-        names = [bin_name(b) for b in bins]
-        bars.append(dict(type="bar", name=esc(label), x=names, y=np.array([b["acceptance_rate"] for b in bins],
-                                                                            dtype=float),
-                         marker=dict(color=SIDES[side]), hoverinfo="text",
-                         hovertext=[f"context {n} tokens<br>acceptance rate {fmt(b['acceptance_rate'])} · "
-                                    f"length {fmt(b['mean_acceptance_length'], 2)}<br>{b['cycles']} cycles of "
-                                    f"{b['requests']} requests" for n, b in zip(names, bins)]))
-    return figure(bars, "Acceptance against context length (tokens before the cycle's first draft position)", 340,
+    return figure(side_by_side(stats, other, labels, context_bars),
+                  "Acceptance against context length (tokens before the cycle's first draft position)", 340,
                   barmode="group", yaxis=probability_axis() | dict(title="acceptance rate"),
                   xaxis=dict(title="context length (tokens)", type="category"))
 

@@ -51,8 +51,10 @@ def load(choice: tuple[str, str]) -> Workload:
     return state.load_workload(*choice)
 
 
-@st.cache_data(max_entries=8, ttl=state.CACHE_TTL_S, show_spinner="Computing the workload's statistics…")
+@st.cache_resource(max_entries=8, ttl=state.CACHE_TTL_S, show_spinner="Computing the workload's statistics…")
 def _stats(key: str, _workload: Workload) -> dict:
+    """A resource, not st.cache_data: every session reads the one dict (no page may change it) instead
+    of unpickling its own copy on every rerun (a 100-request workload's loss points and per-request rows)."""
     return workload_stats(_workload.runs())
 
 

@@ -4,7 +4,7 @@ import streamlit as st
 from app.figures.tree_record import is_tree_header, tree_words
 from app.runs import live
 from app.ui import state
-from app.ui.pages import STEPPER
+from app.ui.pages import STEPPER, WORKLOAD
 from app.ui.safe import markdown_table, md
 from engine.stats.analysis import trace_stats
 from engine.trace import TraceError, model_name
@@ -83,6 +83,8 @@ def upload() -> None:
 
 def main() -> None:
     st.title("Choose a trace")
+    st.page_link(WORKLOAD, label="Many requests at once: the Workload page (each request opens in the stepper from there)",
+                 icon=":material/stacked_bar_chart:")
     tab_bundled, tab_live, tab_upload = st.tabs(["Bundled examples", "Live run", "Upload"])
     with tab_bundled:
         bundled()

@@ -13,8 +13,9 @@ from app.views.sections import workload_source, workload_views
 from engine.trace import TraceError
 
 TAB = "workload_tab"
+SOURCES = "Upload or run live"
 TABS = ["Categories", "Positions and cycles", "Context length", "Where the loss is", "Requests",
-        "Compare two workloads", "Your server's requests"]
+        "Compare two workloads", "Your server's requests", SOURCES]
 
 
 def describe(choice: tuple[str, str], manifest: dict) -> str:
@@ -67,17 +68,28 @@ def draw_tab(name: str, choice: tuple[str, str], stats: dict) -> None:
     elif name == "Your server's requests":
         from app.views.sections import workload_server  # loaded only when the tab opens
         workload_server.draw()
+    elif name == SOURCES:
+        sources()
+
+
+def sources() -> None:
+    """An upload and the live form: in a tab of their own, so a page load draws neither (their widgets'
+    code would arrive before the first chart)."""
+    workload_source.upload()
+    workload_source.live_form()
 
 
 def main() -> None:
     st.title("Acceptance across a workload")
     slot = first_result()
     choice = workload_source.choose()
-    with st.expander("Upload a workload, or run a small one live"):
-        workload_source.upload()
-        workload_source.live_form()
     if choice is None:
-        return
+        sources()
+    else:
+        show(slot, choice)
+
+
+def show(slot, choice: tuple[str, str]) -> None:
     try:
         workload = workloads.load(choice)
         stats = workloads.stats_of(choice)

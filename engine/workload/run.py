@@ -33,8 +33,9 @@ def machine_fields(pair: Pair) -> dict:
 
 def new_manifest(pair: Pair, s: SpecSettings, mode: RunMode, preset: str | None, chat: bool,
                  requests: list[Request], prompts_name: str) -> dict:
-    """The manifest of a workload about to start: every request pending."""
-    settings = mode.prepare(pair, s).settings.to_dict() | ({} if mode.tree is None else {"tree": mode.tree.describe()})
+    """The manifest of a workload about to start: every request pending. `s`: the settings the mode's
+    cycle kind runs with (mode.prepare), as each trace's header records them."""
+    settings = s.to_dict() | ({} if mode.tree is None else {"tree": mode.tree.describe()})
     entries = [mf.Entry(i, r.line, r.id, r.category, r.fingerprint(), mf.request_file(i), mf.PENDING, None, None)
                for i, r in enumerate(requests)]
     return {"type": "manifest", "format": mf.FORMAT, "version": mf.VERSION,
@@ -119,8 +120,9 @@ def run_workload(pair: Pair, requests: list[Request], s: SpecSettings, folder: s
     """Run every pending request of `folder`, writing its trace and then the manifest."""
     folder = Path(folder)
     chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
-    manifest = new_manifest(pair, s, mode, preset, chat, requests, prompts_name)
-    prompt_ids = encode_requests(pair, requests, mode.prepare(pair, s).settings, chat, prompts_name, skip_too_long)
+    prepared = mode.prepare(pair, s).settings  # refuses what the mode or the pair cannot run, before anything is written
+    manifest = new_manifest(pair, prepared, mode, preset, chat, requests, prompts_name)
+    prompt_ids = encode_requests(pair, requests, prepared, chat, prompts_name, skip_too_long)
     manifest = start_folder(folder, manifest, resume)
     mode = calibrated(pair, mode, s, prompt_ids)
     for r, entry, ids in zip(requests, manifest["requests"], prompt_ids):

@@ -32,7 +32,7 @@ def choose() -> tuple[str, str] | None:
     if current not in found:
         current = found[0] if found else None
     if not found:
-        st.info("No workload here yet: upload one, or run a small one live below.")
+        st.info("No workload here yet: upload one, or run a small one live, below.")
         return None
     picked = st.selectbox("Workload", found, index=found.index(current), format_func=workloads.words,
                           key="workload_pick")
