@@ -32,6 +32,59 @@ def build_parser() -> argparse.ArgumentParser:
                          help="run a workload: every request of FILE (JSON Lines of {\"prompt\"} or {\"messages\"} "
                               "with optional \"id\" and \"category\", or plain text, one prompt a line), one trace "
                               "each, into the folder --out names, with a manifest (docs/workloads.md)")
+    add_pair_and_sampling(run)
+    run.add_argument("--out", required=True, help="trace file to write (.jsonl); with --prompts, the workload's folder")
+    run.add_argument("--resume", action="store_true",
+                     help="with --prompts: continue the workload in --out, running only the requests not yet done")
+    run.add_argument("--skip-too-long", action="store_true",
+                     help="with --prompts: skip (and list in the manifest) requests too long for the models' context "
+                          "instead of refusing the file")
+    run.add_argument("--fast", action="store_true",
+                     help="fast path (engine/cycle/fast.py): static caches, the cycle kept on the device, CUDA graphs "
+                          "on CUDA; elsewhere the same cycle runs eagerly (the reason is printed)")
+    run.add_argument("--calibrate", action="store_true",
+                     help="also time single steps and verify widths of both models (needed for c and speedups in stats)")
+    run.add_argument("--tp", type=int, default=1,
+                     help="shard the target over this many ranks with transformers' tensor-parallel plan; start one "
+                          "process per rank with torchrun --nproc-per-node N -m engine run --tp N (docs/tensor-parallel.md)")
+    run.add_argument("--tp-timeout", type=float, default=DEFAULT_TP_TIMEOUT_S,
+                     help="under --tp: seconds a rank waits for the others before the run ends with an error "
+                          "(a rank that died or hangs); it must cover rank 0 loading the draft")
+    diagnose = sub.add_parser("diagnose", help="find why acceptance is low: paired runs of the same requests, each "
+                                                "changing one thing (docs/diagnose.md)")
+    add_pair_and_sampling(diagnose)
+    diagnose.add_argument("--prompts", metavar="FILE", default=None,
+                          help="the requests (a prompt file, as `run --prompts`; default: the bundled prompt set)")
+    diagnose.add_argument("--per-category", type=int, default=None,
+                          help="only the first N requests of each category (a quicker diagnosis)")
+    diagnose.add_argument("--out", required=True, help="folder for the runs: one workload folder per arm")
+    diagnose.add_argument("--resume", action="store_true", help="continue a diagnosis in --out")
+    diagnose.add_argument("--only", default=None,
+                          help="comma-separated experiments to run (names as the report prints them; "
+                               "'probe' for the agreement probe)")
+    diagnose.add_argument("--json", action="store_true", help="print the findings as one JSON object")
+    stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file, or of a "
+                                         "workload (its folder or a zip of it)")
+    stats.add_argument("trace", help="a trace (.jsonl), a workload folder, or a zip of one")
+    stats.add_argument("--json", action="store_true",
+                       help="print a workload's statistics as one JSON object (docs/workloads.md has its shape)")
+    stats.add_argument("--prometheus", action="store_true",
+                       help="print the trace's acceptance as vLLM's Prometheus counters instead")
+    metrics = sub.add_parser("metrics", help="explain a server's speculative-decoding metrics (vLLM, SGLang, "
+                                             "TensorRT-LLM); two vLLM /metrics scrapes give the time between; "
+                                             "per-request output (responses) is also shown request by request")
+    metrics.add_argument("files", nargs="+", help="one metrics file, or two Prometheus scrapes, earlier first")
+    metrics.add_argument("--k", type=int, default=None, help="draft tokens per cycle, where the input gives none")
+    metrics.add_argument("--c", type=float, default=None, help="cost ratio: one draft step / one target step")
+    metrics.add_argument("--verify-steps", type=float, default=1.0,
+                         help="one verify pass over K+1 positions, in target steps (default 1, Leviathan's assumption)")
+    metrics.add_argument("--trace", default=None,
+                         help="a trace to compare with; its calibration gives c and the verify cost unless --c is given")
+    return parser
+
+
+def add_pair_and_sampling(run: argparse.ArgumentParser) -> None:
+    """The pair, drafter, sampling and cache options `run` and `diagnose` share."""
     run.add_argument("--preset", choices=sorted(PRESETS), default=None,
                      help=f"offline model pair (default {DEFAULT_PRESET} when no models are named)")
     run.add_argument("--target", help="target model: hub id, local folder, or folder with a .gguf file")
@@ -41,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="what proposes tokens (default: the preset's default drafter; a draft model when "
                           f"--target names the models): {drafters_in_words()}")
     for flag in all_flags():  # each drafter kind's own options (engine/drafters/registry.py)
-        run.add_argument(flag.name, type=int, default=flag.default, help=flag.help)
+        run.add_argument(flag.name, type=flag.type, choices=flag.choices or None, default=flag.default, help=flag.help)
     run.add_argument("--k", type=int, default=4, help="draft tokens per cycle")
     run.add_argument("--tree", default=None,
                      help="draft a token tree instead of a chain (with the draft model, or the EAGLE head under "
@@ -69,41 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--block-size", type=int, default=16, help="slots per block of the paged layout")
     run.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
-    run.add_argument("--out", required=True, help="trace file to write (.jsonl); with --prompts, the workload's folder")
-    run.add_argument("--resume", action="store_true",
-                     help="with --prompts: continue the workload in --out, running only the requests not yet done")
-    run.add_argument("--skip-too-long", action="store_true",
-                     help="with --prompts: skip (and list in the manifest) requests too long for the models' context "
-                          "instead of refusing the file")
-    run.add_argument("--fast", action="store_true",
-                     help="fast path (engine/cycle/fast.py): static caches, the cycle kept on the device, CUDA graphs "
-                          "on CUDA; elsewhere the same cycle runs eagerly (the reason is printed)")
-    run.add_argument("--calibrate", action="store_true",
-                     help="also time single steps and verify widths of both models (needed for c and speedups in stats)")
-    run.add_argument("--tp", type=int, default=1,
-                     help="shard the target over this many ranks with transformers' tensor-parallel plan; start one "
-                          "process per rank with torchrun --nproc-per-node N -m engine run --tp N (docs/tensor-parallel.md)")
-    run.add_argument("--tp-timeout", type=float, default=DEFAULT_TP_TIMEOUT_S,
-                     help="under --tp: seconds a rank waits for the others before the run ends with an error "
-                          "(a rank that died or hangs); it must cover rank 0 loading the draft")
-    stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file, or of a "
-                                         "workload (its folder or a zip of it)")
-    stats.add_argument("trace", help="a trace (.jsonl), a workload folder, or a zip of one")
-    stats.add_argument("--json", action="store_true",
-                       help="print a workload's statistics as one JSON object (docs/workloads.md has its shape)")
-    stats.add_argument("--prometheus", action="store_true",
-                       help="print the trace's acceptance as vLLM's Prometheus counters instead")
-    metrics = sub.add_parser("metrics", help="explain a server's speculative-decoding metrics (vLLM, SGLang, "
-                                             "TensorRT-LLM); two vLLM /metrics scrapes give the time between; "
-                                             "per-request output (responses) is also shown request by request")
-    metrics.add_argument("files", nargs="+", help="one metrics file, or two Prometheus scrapes, earlier first")
-    metrics.add_argument("--k", type=int, default=None, help="draft tokens per cycle, where the input gives none")
-    metrics.add_argument("--c", type=float, default=None, help="cost ratio: one draft step / one target step")
-    metrics.add_argument("--verify-steps", type=float, default=1.0,
-                         help="one verify pass over K+1 positions, in target steps (default 1, Leviathan's assumption)")
-    metrics.add_argument("--trace", default=None,
-                         help="a trace to compare with; its calibration gives c and the verify cost unless --c is given")
-    return parser
 
 
 def drafters_in_words() -> str:
@@ -191,7 +209,12 @@ def cmd_run_or_workload(args) -> int:
     return cmd_run(args)
 
 
-COMMANDS = {"run": cmd_run_or_workload, "stats": cmd_stats, "metrics": cmd_metrics}
+def cmd_diagnose(args) -> int:
+    from engine.cli_diagnose import cmd_diagnose as run_diagnosis
+    return run_diagnosis(args)
+
+
+COMMANDS = {"run": cmd_run_or_workload, "diagnose": cmd_diagnose, "stats": cmd_stats, "metrics": cmd_metrics}
 
 
 def one_line(text: str) -> str:

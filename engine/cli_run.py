@@ -140,7 +140,7 @@ def run_mode_from_args(args) -> RunMode:
     --fast, the capture mode is settled once the target's device is known (cmd_run)."""
     tree = None if args.tree in (None, TREE_AUTO) else parse_tree(args.tree)
     if args.tree == TREE_AUTO:
-        refuse_tree_auto(args.drafter, args.fast, args.calibrate)
+        refuse_tree_auto(args.drafter, args.fast, args.calibrate, options_from_args(args).mis_set)
     return RunMode(tree=tree, fast="none" if args.fast else None, tp_size=args.tp, calibrate=args.calibrate)
 
 
@@ -160,7 +160,7 @@ def cmd_run(args) -> int:
     if launched_rank() in (None, 0):  # only rank 0 writes the trace
         check_out(args.out)
     check_before_loading(options, settings, PRESETS[preset] if preset else None, draft)
-    mode.check_drafter(options.kind, args.target_weights)
+    mode.check_drafter(options.kind, args.target_weights, options.mis_set)
     if args.tp > 1:
         return cmd_run_parallel(args, settings, mode, options, target, draft, preset)
     check_device(args.device, args.dtype)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from engine.config import SettingsError, SpecSettings, TreeSpec, check_capture
+from engine.drafters.refusals import MIS_SET_CHAIN_ONLY
 from engine.trace.schema import DRAFT_MODEL, EAGLE, WEIGHTS_FLOAT32
 
 
@@ -48,8 +49,11 @@ class RunMode:
                "--fast keeps the cycle on one device (CUDA graphs over static caches); under --tp use the normal "
                "path (drop --fast)")
 
-    def check_drafter(self, kind: str, target_weights: str = WEIGHTS_FLOAT32) -> None:
-        """What this mode cannot run with a drafter kind or the target's weights, refused before anything loads."""
+    def check_drafter(self, kind: str, target_weights: str = WEIGHTS_FLOAT32, mis_set: bool = False) -> None:
+        """What this mode cannot run with a drafter kind, a deliberately mis-set draft model (`mis_set`,
+        engine/drafters/model.py) or the target's weights, refused before anything loads."""
+        # The tree and the fast path draft with the draft model directly, not through the drafter's variants.
+        refuse(mis_set and (self.tree is not None or self.fast is not None), MIS_SET_CHAIN_ONLY)
         refuse(self.tp_size > 1 and kind == EAGLE,
                "the EAGLE head drafts through the target's output layer, which --tp shards over the ranks: use a "
                "draft model, prompt lookup or the other-tokenizer draft")
@@ -82,7 +86,7 @@ class RunMode:
     def prepare(self, pair, s: SpecSettings):
         """Refuse what the loaded pair cannot run in this mode (before anything is written); the cycle kind
         that runs, whose `settings` are the ones to record."""
-        self.check_drafter(pair.drafter.kind)
+        self.check_drafter(pair.drafter.kind, mis_set=getattr(pair.drafter, "mis_set", False))
         pair.drafter.check_settings(s)
         kind = self.cycle_kind(pair, self.settings_for(s))
         kind.check()
@@ -110,8 +114,9 @@ class RunMode:
         return fields
 
 
-def refuse_tree_auto(drafter_kind: str, fast: bool, calibrate: bool) -> None:
+def refuse_tree_auto(drafter_kind: str, fast: bool, calibrate: bool, mis_set: bool = False) -> None:
     """`--tree auto` (the tree advisor chooses the run, engine/run.py run_tree_advised): what it cannot do."""
+    refuse(mis_set, MIS_SET_CHAIN_ONLY)
     refuse(drafter_kind != DRAFT_MODEL,
            f"--tree auto sizes trees from the draft model's costs and ranks; with --drafter {drafter_kind} name the "
            "tree (static:3,2,1 or dynamic:top_k=3,depth=4,nodes=12)")

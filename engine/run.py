@@ -20,7 +20,15 @@ from engine.stats.calibrate import calibrate as measure_step_times
 from engine.stats.plan import KPlan, plan_k
 from engine.stats.tree_plan import TreePlan, plan_tree
 from engine.trace.format import Trace, TraceWriter, make_summary
-from engine.trace.schema import CACHE_CONVENTION, CACHE_CONVENTION_TEXT, FORMAT, VERSION, WEIGHTS_FLOAT32
+from engine.trace.schema import (
+    CACHE_CONVENTION,
+    CACHE_CONVENTION_TEXT,
+    DRAFT_PROMPT_AS_TARGET,
+    DRAFT_PROMPT_RAW,
+    FORMAT,
+    VERSION,
+    WEIGHTS_FLOAT32,
+)
 
 Messages = tuple[tuple[str, str], ...]  # a conversation's (role, content) turns
 
@@ -111,6 +119,17 @@ def encode_prompt(tokenizer, prompt: str, chat: bool, messages: Messages | None 
     return list(ids)
 
 
+def pair_for_prompt(pair: Pair, prompt: str, prompt_ids: list[int], messages: Messages | None = None) -> Pair:
+    """The pair as it runs this prompt. A draft model set to read the prompt without the chat template
+    (draft_prompt "raw", a mis-setting planted on purpose: engine/drafters/model.py) is handed that
+    rendering, encoded with the draft's own tokenizer; `prompt_ids` are the target's."""
+    drafter = pair.drafter
+    if getattr(drafter, "draft_prompt", DRAFT_PROMPT_AS_TARGET) != DRAFT_PROMPT_RAW:
+        return pair
+    own = encode_prompt(drafter.model.tokenizer, prompt, False, messages)  # a conversation without a template: its text
+    return replace(pair, drafter=drafter.reading(prompt_ids, own))
+
+
 def context_length(pair: Pair) -> int | None:
     """Positions the target and a same-tokenizer draft can attend to (max_position_embeddings), if known.
 
@@ -178,10 +197,11 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode
     (`request`), which the header keeps.
     """
     refuse_empty_prompt(prompt)
-    kind = mode.prepare(pair, s)
-    s = kind.settings
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat, messages)
+    pair = pair_for_prompt(pair, prompt, prompt_ids, messages)
+    kind = mode.prepare(pair, s)
+    s = kind.settings
     check_prompt_fits(pair, len(prompt_ids), s)
     header = make_header(pair, s, prompt, prompt_ids, preset, use_chat, mode)
     if messages:
@@ -236,6 +256,7 @@ def run_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, prese
     says (engine/stats/plan.py): speculation at its K, traced to `out`, or plain decoding when no K
     beats it here, in which case nothing is written."""
     prompt_ids = prepare_advised_run(pair, prompt, s, chat_template)
+    pair = pair_for_prompt(pair, prompt, prompt_ids)  # the K advisor's pilot drafts as the run will
     calibration = measure_step_times(pair, prompt_ids, s)
     plan = plan_k(pair, prompt_ids, s, calibration)
     if plan.plain:
@@ -268,6 +289,7 @@ def run_tree_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, 
     pilot how often the draft's top-B tokens hold the target's choice, and run what the tree advisor
     (engine/stats/tree_plan.py) predicts fastest: a static tree, a chain, or plain decoding."""
     prompt_ids = prepare_advised_run(pair, prompt, s, chat_template)
+    pair = pair_for_prompt(pair, prompt, prompt_ids)  # the tree advisor's pilot drafts as the run would
     calibration = calibrate_widths(pair, prompt_ids, s, TREE_WIDTHS, draft_widths=TREE_DRAFT_WIDTHS)
     plan = plan_tree(pair, prompt_ids, s, calibration)
     if plan.plain:

@@ -46,6 +46,7 @@ from engine.cycle.record import describe_cycle, shown_tensors
 from engine.cycle.reference import decode_plain
 from engine.cycle.step import CycleStep, Settled
 from engine.drafters.model import ModelDrafter
+from engine.drafters.refusals import MIS_SET_CHAIN_ONLY
 from engine.kv.layouts import StaticKVCache, layout_for_run, roll_back_static
 from engine.kv.ops import prefill
 from engine.models.loading import LoadedModel
@@ -276,6 +277,8 @@ class FastChainCycle:
         if self.pair.draft is None or type(self.pair.drafter) is not ModelDrafter:
             raise ValueError(f"the fast path drafts with a draft model only; the "
                              f"{self.pair.drafter.settings().get('kind')!r} drafter runs on the normal path (drop --fast)")
+        if self.pair.drafter.mis_set:  # its device cycle drafts with the draft model as the request warps it
+            raise ValueError(MIS_SET_CHAIN_ONLY)
 
     def start(self, prompt_ids: list[int]) -> FastState:
         return start_fast_state(self.pair, prompt_ids, self.settings, self.capture, self.models)

@@ -1,31 +1,66 @@
-"""The classic drafter: a small model sharing the target's tokenizer, K autoregressive steps."""
-from dataclasses import dataclass
+"""The classic drafter: a small model sharing the target's tokenizer, K autoregressive steps.
+
+It can also run deliberately mis-set, the two ways real deployments get a draft model wrong
+(issue #39's diagnosis plants them and measures what they cost); both stay exact, because
+p_draft is always the distribution the draft really sampled from:
+- `draft_prompt="raw"`: the draft reads its own rendering of the prompt (without the chat
+  template, EAGLE issue #196) while the target reads the templated one. After the prompt both
+  see the same committed tokens, so the draft's cache is offset from the target's by the
+  difference in prompt lengths; everything here runs in the draft's own coordinates.
+- `draft_filters="temperature only"`: the draft samples after the request's temperature but
+  ignores its top-k/top-p (vLLM issue #56724), proposing tokens the target's filters reject.
+"""
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
 from transformers import DynamicCache
 
-from engine.config import SpecSettings
+from engine.config import SettingsError, SpecSettings
 from engine.drafters.base import CatchUp, Proposal
 from engine.kv.layouts import CacheLayout, new_cache
 from engine.kv.ops import cache_len, crop, prefill
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.sampling import draw, warp_probs
-from engine.trace.schema import DRAFT_MODEL
+from engine.trace.schema import (
+    DRAFT_FILTERS_REQUEST,
+    DRAFT_FILTERS_TEMPERATURE,
+    DRAFT_MODEL,
+    DRAFT_PROMPT_AS_TARGET,
+    DRAFT_PROMPT_RAW,
+)
+
+
+@dataclass(frozen=True)
+class DraftPrompt:
+    """One run's prompt as the draft reads it (draft_prompt "raw"), tied to the target's rendering of it."""
+
+    target_ids: tuple[int, ...]  # the target's prompt ids this rendering belongs to
+    ids: tuple[int, ...]  # the draft's own prompt ids
 
 
 @dataclass
 class ModelDraftState:
-    cache: DynamicCache  # committed length - 1 positions between cycles
+    cache: DynamicCache  # its own prompt + the committed tokens after the prompt - 1 positions between cycles
+    own_prompt: list[int] | None = None  # the draft's prompt when it is not the target's (draft_prompt "raw")
+    target_prompt_len: int = 0  # where the committed tokens after the target's prompt start
+
+    def own_sequence(self, committed: list[int]) -> list[int]:
+        """The sequence in the draft's own coordinates: its prompt, then what was committed after the target's."""
+        if self.own_prompt is None:
+            return committed
+        return self.own_prompt + committed[self.target_prompt_len:]
 
 
 @dataclass(frozen=True)
 class ModelDrafter:
     """K draft steps, each drawn from the draft's warped distribution (same warping as the target).
 
-    The three switches below exist only so the teaching code can break the drafter on
-    purpose (engine/teaching/faults.py); normal runs leave them at their defaults.
+    The three switches after `model` exist only so the teaching code can break the drafter on
+    purpose (engine/teaching/faults.py); normal runs leave them at their defaults. `draft_prompt`
+    and `draft_filters` plant the mis-settings of the module docstring; `prompt` is this run's
+    rendering for draft_prompt "raw", bound by engine/run.py (`reading`).
     """
 
     model: LoadedModel
@@ -33,6 +68,17 @@ class ModelDrafter:
     crop_rejected: bool = True  # roll the draft cache back after a rejection
     catch_up: bool = True  # after a full accept, feed d_K, which the draft never ran on
     kind: str = DRAFT_MODEL
+    draft_prompt: str = DRAFT_PROMPT_AS_TARGET  # engine.trace.schema.DRAFT_PROMPTS
+    draft_filters: str = DRAFT_FILTERS_REQUEST  # engine.trace.schema.DRAFT_FILTERS
+    prompt: DraftPrompt | None = None
+
+    @property
+    def mis_set(self) -> bool:
+        return (self.draft_prompt, self.draft_filters) != (DRAFT_PROMPT_AS_TARGET, DRAFT_FILTERS_REQUEST)
+
+    def reading(self, target_ids: list[int], own_ids: list[int]) -> "ModelDrafter":
+        """This drafter for one run whose prompt the draft reads as `own_ids` (the target's: `target_ids`)."""
+        return replace(self, prompt=DraftPrompt(tuple(target_ids), tuple(own_ids)))
 
     def describe(self) -> dict:
         m = self.model
@@ -42,29 +88,61 @@ class ModelDrafter:
                 "kept_vocab": None if m.kept_token_ids is None else int(m.kept_token_ids.numel())}
 
     def settings(self) -> dict:
-        return {"kind": self.kind}
+        """{"kind": "model"}, plus what is mis-set when something is (so correct runs' headers stay as they were)."""
+        out: dict = {"kind": self.kind}
+        if self.draft_prompt != DRAFT_PROMPT_AS_TARGET:
+            out["draft_prompt"] = self.draft_prompt
+            if self.prompt is not None:  # a run's header; a workload's manifest describes the drafter unbound
+                out["draft_prompt_token_ids"] = list(self.prompt.ids)
+        if self.draft_filters != DRAFT_FILTERS_REQUEST:
+            out["draft_filters"] = self.draft_filters
+        return out
 
     def check_settings(self, s: SpecSettings) -> None:
         pass
 
+    def own_prompt_ids(self, prompt_ids: list[int]) -> list[int]:
+        """The prompt as the draft reads it; a raw reading must have been bound for this very prompt."""
+        if self.draft_prompt == DRAFT_PROMPT_AS_TARGET:
+            return prompt_ids
+        if self.prompt is None or list(self.prompt.target_ids) != list(prompt_ids):
+            raise SettingsError("the draft reads its own rendering of the prompt (draft_prompt 'raw'), which a run "
+                                "binds to its prompt (engine.run.run_to_trace); none is bound for this prompt")
+        return list(self.prompt.ids)
+
     def start(self, prompt_ids: list[int], layout: CacheLayout | None = None) -> ModelDraftState:
+        own = self.own_prompt_ids(prompt_ids)
+        if layout is not None and layout.name != "dynamic" and len(own) > len(prompt_ids):
+            # The layout (and the header's cache_layout) is sized for the target's prompt.
+            raise SettingsError(f"the draft's own prompt ({len(own)} tokens) is longer than the target's "
+                                f"({len(prompt_ids)}): its {layout.name} cache is sized for the target's; use --cache dynamic")
         cache = None if layout is None else new_cache(layout, self.model.model.config)  # the target's layout
-        return ModelDraftState(prefill(self.model, prompt_ids, cache))
+        state = ModelDraftState(prefill(self.model, own, cache))
+        if self.draft_prompt == DRAFT_PROMPT_RAW:
+            state.own_prompt, state.target_prompt_len = own, len(prompt_ids)
+        return state
+
+    def draft_settings(self, s: SpecSettings) -> SpecSettings:
+        """The warping the draft samples after: the request's, or its temperature alone."""
+        if self.draft_filters == DRAFT_FILTERS_TEMPERATURE:
+            return replace(s, top_k=0, top_p=1.0)
+        return s
 
     def propose(self, state: ModelDraftState, committed: list[int], k: int, s: SpecSettings,
                 gen: torch.Generator) -> Proposal:
         tokens: list[int] = []
         dists, step_times = [], []
-        feed = committed[-1]
+        feed = state.own_sequence(committed)[-1]  # the draft's own last token (its prompt's, in a first cycle)
+        warp = self.draft_settings(s)
         for _ in range(k):
-            (feed, probs), elapsed = timed(partial(self.step, state, feed, s, gen), self.model.device)
+            (feed, probs), elapsed = timed(partial(self.step, state, feed, warp, gen), self.model.device)
             step_times.append(elapsed)
             tokens.append(feed)
             dists.append(probs)
         return Proposal(tokens, torch.stack(dists).cpu(), step_times)
 
     def step(self, state: ModelDraftState, feed: int, s: SpecSettings, gen: torch.Generator) -> tuple[int, torch.Tensor]:
-        """One draft step: the next token and the (V,) distribution it was drawn from."""
+        """One draft step: the next token and the (V,) distribution it was drawn from (warped by `s`)."""
         logits = self.model.forward([feed], state.cache)  # (1, V)
         probs = warp_probs(logits[-1], s)  # (V,)
         return (int(probs.argmax()) if self.greedy_proposals else draw(probs, s, gen)), probs
@@ -73,10 +151,11 @@ class ModelDrafter:
         return cache_len(state.cache)
 
     def roll_back(self, state: ModelDraftState, committed: list[int]) -> CatchUp:
-        keep = len(committed) - 1
+        own = state.own_sequence(committed)  # the draft's coordinates: its cache indexes its own sequence
+        keep = len(own) - 1
         if self.crop_rejected:
             crop(state.cache, keep)
-        missing = committed[cache_len(state.cache):keep]
+        missing = own[cache_len(state.cache):keep]
         if not missing or not self.catch_up:
             return CatchUp()
         _, elapsed = timed(lambda: self.model.forward(missing, state.cache), self.model.device)  # after a full accept: only d_K

@@ -6,3 +6,12 @@ OTHER_TOKENIZER_GREEDY_ONLY = (
     "the other-tokenizer drafter runs only greedy (temperature 0): the ratio test needs the "
     "draft's probability of each target token, which exists only for strings both vocabularies "
     "share (Timor et al., ICML 2025); use --temperature 0, or a drafter that shares the target's tokenizer")
+
+# A mis-set draft model (--draft-prompt raw, --draft-filters "temperature only") runs in the chain's
+# reference cycle: the tree and the fast path draft with the draft model directly, not through it.
+MIS_SET_CHAIN_ONLY = (
+    "--draft-prompt and --draft-filters plant a mis-set draft model, which runs on the reference chain "
+    "only: drop --tree and --fast")
+MIS_SET_MODEL_ONLY = (
+    "--draft-prompt and --draft-filters set how a draft model reads the prompt and filters its "
+    "distribution: they apply to --drafter model only")

@@ -17,8 +17,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from engine.config import SettingsError, SpecSettings
-from engine.drafters.refusals import OTHER_TOKENIZER_GREEDY_ONLY
-from engine.trace.schema import DRAFT_MODEL, EAGLE, MAX_K, MAX_NGRAM, OTHER_TOKENIZER, PROMPT_LOOKUP
+from engine.drafters.refusals import MIS_SET_MODEL_ONLY, OTHER_TOKENIZER_GREEDY_ONLY
+from engine.trace.schema import (
+    DRAFT_FILTERS,
+    DRAFT_FILTERS_REQUEST,
+    DRAFT_MODEL,
+    DRAFT_PROMPT_AS_TARGET,
+    DRAFT_PROMPTS,
+    EAGLE,
+    MAX_K,
+    MAX_NGRAM,
+    OTHER_TOKENIZER,
+    PROMPT_LOOKUP,
+)
 
 if TYPE_CHECKING:
     from engine.drafters.base import Drafter
@@ -35,6 +46,14 @@ class DrafterOptions:
     min_ngram: int = 1  # prompt lookup: shortest n-gram tried
     draft_model: str | None = None  # the folder of its draft: a draft model, one with its own tokenizer, an EAGLE head
     max_draft_steps: int = 0  # other tokenizer: draft tokens per cycle at most (0: K)
+    # A draft model mis-set on purpose (engine/drafters/model.py; issue #39's diagnosis plants them):
+    draft_prompt: str = DRAFT_PROMPT_AS_TARGET  # "raw": the draft reads the prompt without the chat template
+    draft_filters: str = DRAFT_FILTERS_REQUEST  # "temperature only": the draft ignores the request's top-k/top-p
+
+    @property
+    def mis_set(self) -> bool:
+        """The draft model runs one of the deliberately mis-set ways (still exact, lower acceptance)."""
+        return (self.draft_prompt, self.draft_filters) != (DRAFT_PROMPT_AS_TARGET, DRAFT_FILTERS_REQUEST)
 
     def __post_init__(self) -> None:
         if self.kind not in DRAFTERS:
@@ -48,6 +67,12 @@ class DrafterOptions:
                                 f"({self.max_ngram}) <= {MAX_NGRAM}")
         if not 0 <= self.max_draft_steps <= MAX_K:
             raise SettingsError(f"--draft-steps must be between 0 (K) and {MAX_K}, got {self.max_draft_steps}")
+        for name, allowed in (("draft_prompt", DRAFT_PROMPTS), ("draft_filters", DRAFT_FILTERS)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in allowed:
+                raise SettingsError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+        if self.mis_set and self.kind != DRAFT_MODEL:
+            raise SettingsError(f"{MIS_SET_MODEL_ONLY}, not to --drafter {self.kind}")
 
 
 OPTION_DEFAULTS = {f.name: f.default for f in fields(DrafterOptions)}
@@ -61,9 +86,10 @@ class Flag:
     name: str  # "--max-ngram"
     field: str  # "max_ngram"
     help: str
-    low: int  # the range DrafterOptions accepts, offered by the app's input
-    high: int
+    low: int = 0  # an integer flag: the range DrafterOptions accepts, offered by the app's input
+    high: int = 0
     label: str | None = None  # the app's live-run input; None: the app leaves it at its default
+    choices: tuple[str, ...] = ()  # a flag naming one of these words instead of an integer
 
     @property
     def dest(self) -> str:
@@ -71,8 +97,13 @@ class Flag:
         return self.name.removeprefix("--").replace("-", "_")
 
     @property
-    def default(self) -> int:
+    def default(self) -> int | str:
         return OPTION_DEFAULTS[self.field]
+
+    @property
+    def type(self) -> type:
+        """What its value is (argparse's `type`, and how a header's value is read back)."""
+        return str if self.choices else int
 
 
 @dataclass(frozen=True)
@@ -151,7 +182,7 @@ def build_model(target: "LoadedModel", options: DrafterOptions, load: Load) -> "
 
     draft = load(options.draft_model)
     check_same_token_space(target, draft)
-    return ModelDrafter(draft)
+    return ModelDrafter(draft, draft_prompt=options.draft_prompt, draft_filters=options.draft_filters)
 
 
 def build_prompt_lookup(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
@@ -199,7 +230,11 @@ DRAFTERS = {spec.kind: spec for spec in (
         description="a draft model sharing the target's tokenizer",
         label="draft model (shares the target's tokenizer)",
         needs=Needs("a draft model", model=True, same_tokens=True),
-        build=build_model, shipped=pair_draft),
+        build=build_model, shipped=pair_draft,
+        flags=(Flag("--draft-prompt", "draft_prompt", "draft model, mis-set on purpose: 'raw' reads the prompt "
+                    "without the chat template the target reads (exact, lower acceptance)", choices=DRAFT_PROMPTS),
+               Flag("--draft-filters", "draft_filters", "draft model, mis-set on purpose: 'temperature only' "
+                    "ignores the request's top-k/top-p (exact, lower acceptance)", choices=DRAFT_FILTERS))),
     DrafterKind(
         PROMPT_LOOKUP, "engine.drafters.prompt_lookup:PromptLookupDrafter", title="prompt lookup",
         description="prompt lookup (copies the tokens that followed the last n-gram earlier in the text)",
@@ -251,7 +286,7 @@ def options_from_header(header: dict) -> DrafterOptions:
     """The drafter a trace was written with, from its header (a draft model for older traces)."""
     d = header.get("drafter") or {}
     spec = DRAFTERS.get(d.get("kind", DRAFT_MODEL), DRAFTERS[DRAFT_MODEL])
-    return DrafterOptions(spec.kind, **{flag.field: int(d.get(flag.field, flag.default)) for flag in spec.flags})
+    return DrafterOptions(spec.kind, **{flag.field: flag.type(d.get(flag.field, flag.default)) for flag in spec.flags})
 
 
 def with_shipped_draft(preset: "Preset", options: DrafterOptions) -> tuple[DrafterOptions, Shipped | None]:

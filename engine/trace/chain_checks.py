@@ -135,21 +135,24 @@ def check_caches(c: dict, n_prop: int, committed_after: int, chain: CacheChain, 
         return CacheChain(t["after_rollback"], None)
     check_lengths(d, where, "draft_cache_len")
     if d["before"] != chain.draft:
-        fail(where, "draft_cache_len.before", f"must continue the previous cycle's length {chain.draft}")
+        own = f" (the draft read its own {len(facts.prompt_ids) + facts.draft_offset}-token prompt)" if facts.draft_offset else ""
+        fail(where, "draft_cache_len.before", f"must continue the previous cycle's length {chain.draft}{own}")
     if not facts.drafts_k_with_cache:
         return CacheChain(t["after_rollback"], d["after_rollback"])
     if d["after_append"] != d["before"] + n_prop:
         fail(where, "draft_cache_len.after_append", f"K = {n_prop} draft steps append {n_prop} positions to {d['before']}")
     if facts.drafter_kind == EAGLE:
         return check_eagle_cache(c, d, keep, where, t["after_rollback"])
-    cropped = d["after_append"] if keep_rejected else min(d["after_append"], keep)
-    catch_up = cropped < keep and not facts.faults.get("skip_draft_catch_up", False)
+    draft_keep = keep + facts.draft_offset  # in the draft's own coordinates (its own prompt length)
+    cropped = d["after_append"] if keep_rejected else min(d["after_append"], draft_keep)
+    catch_up = cropped < draft_keep and not facts.faults.get("skip_draft_catch_up", False)
     if c["draft_catch_up"] != catch_up:
         fail(where, "draft_catch_up", f"must be {str(catch_up).lower()}: the draft is fed the committed tokens "
                                       "it never saw (d_K after a full accept)")
-    if d["after_rollback"] != (keep if catch_up else cropped):
-        fail(where, "draft_cache_len.after_rollback", f"must be {keep if catch_up else cropped} by the convention"
-             + (" and the declared fault" if facts.faults else ""))
+    if d["after_rollback"] != (draft_keep if catch_up else cropped):
+        offset = f", offset by the draft's own prompt ({facts.draft_offset:+d})" if facts.draft_offset else ""
+        fail(where, "draft_cache_len.after_rollback", f"must be {draft_keep if catch_up else cropped} by the convention"
+             + offset + (" and the declared fault" if facts.faults else ""))
     if not catch_up and c["catch_up_time_s"] != 0 and not facts.fast_path:
         fail(where, "catch_up_time_s", "no catch-up ran, so its time is 0")
     return CacheChain(t["after_rollback"], d["after_rollback"])

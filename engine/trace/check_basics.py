@@ -44,6 +44,13 @@ class RunFacts:
         return self.drafter["kind"]
 
     @property
+    def draft_offset(self) -> int:
+        """Positions the draft's cache holds beyond the target's (negative: fewer): a draft model that read its
+        own rendering of the prompt (the header's drafter.draft_prompt_token_ids) has its own prompt length."""
+        own = self.drafter.get("draft_prompt_token_ids")
+        return 0 if own is None else len(own) - len(self.prompt_ids)
+
+    @property
     def drafts_k_with_cache(self) -> bool:
         """A draft model or an EAGLE head: K proposals every cycle and a cache over the target's positions."""
         return self.drafter_kind in (DRAFT_MODEL, EAGLE)

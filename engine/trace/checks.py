@@ -97,7 +97,7 @@ def check_trace(header: dict, cycles: list[dict], summary: dict | None, header_l
     """Raise BrokenInvariant on the first invariant the trace breaks (fields already type-checked)."""
     facts = check_header(header, f"line {header_line} (header)")
     start = len(facts.prompt_ids) - 1  # prefill caches every prompt token but the last
-    run = Progress([], CacheChain(start, start))
+    run = Progress([], CacheChain(start, start + facts.draft_offset))  # the draft's own prompt may differ
     texts: dict[int, str] = {}
     check_text_map(texts, facts.prompt_ids, header["prompt_token_texts"], f"line {header_line} (header)", "prompt_token_texts")
     check_one = check_cycle

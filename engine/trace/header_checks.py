@@ -9,7 +9,11 @@ from engine.trace.check_basics import RunFacts, fail, is_int, is_num
 from engine.trace.schema import (
     ACCEPTANCE_RULES,
     CACHE_CONVENTION,
+    DRAFT_FILTERS,
+    DRAFT_FILTERS_REQUEST,
     DRAFT_MODEL,
+    DRAFT_PROMPT_AS_TARGET,
+    DRAFT_PROMPTS,
     DRAFTER_KINDS,
     GGUF_BLOCK_TYPES,
     LINEAR_PATHS,
@@ -51,7 +55,36 @@ def check_drafter(h: dict, temperature: float, where: str) -> dict:
         vocab = d.get("draft_vocab_size")
         if vocab is not None and (not is_int(vocab) or vocab < 1):
             fail(where, "drafter.draft_vocab_size", "must be a positive integer")
+    check_mis_set_draft(d, h, where)
     return d
+
+
+def check_mis_set_draft(d: dict, h: dict, where: str) -> None:
+    """A draft model mis-set on purpose (engine/drafters/model.py): what it read as the prompt and how it
+    filtered its distribution. Absent fields mean the correct run: the target's prompt, the request's filters."""
+    prompt, filters = d.get("draft_prompt", DRAFT_PROMPT_AS_TARGET), d.get("draft_filters", DRAFT_FILTERS_REQUEST)
+    for name, value, allowed in (("draft_prompt", prompt, DRAFT_PROMPTS), ("draft_filters", filters, DRAFT_FILTERS)):
+        if not isinstance(value, str) or value not in allowed:
+            fail(where, f"drafter.{name}", f"must be one of {', '.join(map(repr, allowed))}")
+        if value != allowed[0] and d["kind"] != DRAFT_MODEL:
+            fail(where, f"drafter.{name}", "only a draft model runs mis-set this way")
+        if value != allowed[0] and ("tree" in h["settings"] or h.get("fast_path") is not None):
+            fail(where, f"drafter.{name}", "a mis-set draft model runs on the reference chain only (no tree, no fast path)")
+    own = d.get("draft_prompt_token_ids")
+    if prompt == DRAFT_PROMPT_AS_TARGET:
+        if own is not None:
+            fail(where, "drafter.draft_prompt_token_ids", "only a draft that reads its own rendering of the prompt "
+                                                          "(draft_prompt 'raw') records one")
+        return
+    if not isinstance(own, list) or not own:
+        fail(where, "drafter.draft_prompt_token_ids", "the prompt the draft read: a non-empty list of token ids")
+    check_token_ids(own, h["target"].get("vocab_size"), where, "drafter.draft_prompt_token_ids")
+    if not h.get("chat_template") and own != h["prompt_token_ids"]:
+        fail(where, "drafter.draft_prompt_token_ids", "without a chat template the target read the raw prompt too, "
+                                                      "so the draft's ids are the target's prompt_token_ids")
+    if h.get("cache_layout", {}).get("name", "dynamic") != "dynamic" and len(own) > len(h["prompt_token_ids"]):
+        fail(where, "drafter.draft_prompt_token_ids", "a draft prompt longer than the target's runs with a dynamic "
+                                                      "cache only (the layout is sized for the target's prompt)")
 
 
 def check_settings(settings: dict, where: str) -> None:

@@ -20,6 +20,7 @@ from engine.config import SettingsError, SpecSettings, TreeSpec
 from engine.cycle import driver
 from engine.cycle.reference import RATIO_TEST, CycleRule, Pair, RunState, TokenTexts, cycle_layout_fields, layout_states
 from engine.cycle.step import CycleStep, Settled
+from engine.drafters.refusals import MIS_SET_CHAIN_ONLY
 from engine.kv.layouts import CacheLayout, new_cache
 from engine.kv.ops import cache_len, prefill
 from engine.models.device import timed
@@ -37,6 +38,8 @@ def tree_proposer(pair: Pair) -> TreeProposer:
     """What drafts this pair's trees: a drafter with a distribution over the target's tokens to rank
     children by, and a cache over the target's positions to put a tree mask on."""
     kind = pair.drafter.kind
+    if getattr(pair.drafter, "mis_set", False):  # the tree drafts with the draft model, not through its variants
+        raise SettingsError(MIS_SET_CHAIN_ONLY)
     if kind == DRAFT_MODEL and pair.draft is not None:
         return ModelTreeProposer(pair.draft)
     if kind == EAGLE:

@@ -1,0 +1,110 @@
+"""`diagnose`: the baseline, the experiments it leads to, the probe, and the ranked findings.
+
+The baseline runs calibrated (the K advisor needs this machine's step times), so the draft-depth
+experiment knows which K to try. Everything else runs with the baseline's settings and seed,
+changing one thing (engine/diagnose/experiments.py).
+"""
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from engine.config import SpecSettings
+from engine.diagnose import experiments as ex
+from engine.diagnose.paired import acceptance_rate, tokens_per_s
+from engine.diagnose.probe import workload_probe
+from engine.diagnose.report import Finding, as_dict, finding, format_findings, ranked
+from engine.diagnose.run import ArmResult, LoadPair, run_arm, run_experiments
+from engine.mode import RunMode
+from engine.run import run_to_trace
+from engine.trace.schema import DRAFT_MODEL
+from engine.workload.prompts import Request
+from engine.workload.stats import workload_stats
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    baseline: ArmResult
+    findings: list[Finding]
+    probe: dict | None
+
+    def as_dict(self) -> dict:
+        counts = self.baseline.counts
+        return {"baseline": {"arm": "baseline", "folder": str(self.baseline.folder), "requests": len(counts),
+                             "acceptance_rate": acceptance_rate(counts), "tokens_per_s": tokens_per_s(counts)},
+                "findings": [as_dict(f) for f in self.findings], "probe": self.probe}
+
+
+def advice(baseline: ArmResult) -> tuple[int | None, bool]:
+    """The K advisor's best K (1 and more) for the baseline's pooled acceptance on its calibration, if it
+    has one, and whether it says plain decoding would beat every K."""
+    runs = baseline.workload.runs() if baseline.workload else []
+    if not runs:
+        return None, False
+    overall = workload_stats(runs, bootstrap_samples=0)["overall"]
+    return overall["best_k"], overall["advised_k"] == 0
+
+
+def warm_up(pair, request: Request, s: SpecSettings, folder: Path) -> None:
+    """One short untimed run first: the first calls into each model pay one-off costs (kernels chosen,
+    memory mapped) that would otherwise fall on the baseline's first requests and on its tokens/s alone."""
+    out = folder / ".warm-up.jsonl"
+    run_to_trace(pair, request.text, replace(s, max_new_tokens=min(8, s.max_new_tokens)), out,
+                 messages=request.messages)
+    out.unlink(missing_ok=True)
+
+
+def diagnose(load: LoadPair, base: ex.Arm, requests: list[Request], folder: str | Path, *, has_template: bool,
+             has_eagle: bool, context_prefix: str, chat_template: bool = True, preset: str | None = None,
+             resume: bool = False, only: set[str] | None = None,
+             on_request: Callable[[str], None] | None = None,
+             on_cycle: Callable[[dict], None] | None = None, arm_prefix: str = "") -> Diagnosis:
+    """Run the baseline and every experiment (those named in `only`, if given) on `requests`, each arm
+    a workload folder FOLDER/<arm_prefix><arm name> (the app keeps its arms beside its other workloads)."""
+    folder = Path(folder)
+    warm_up(load(base.drafter), requests[0], base.settings, folder)
+    baseline = run_arm(load, base, requests, folder, RunMode(calibrate=True), chat_template=chat_template,
+                       preset=preset, resume=resume, on_request=on_request, on_cycle=on_cycle, arm_prefix=arm_prefix)
+    if baseline.error:
+        raise ValueError(f"the baseline could not run: {baseline.error}")
+    best_k, plain_better = advice(baseline)
+    planned = ex.plan(base, has_template=has_template, has_eagle=has_eagle, prefix=context_prefix,
+                      best_k=best_k, plain_better=plain_better)
+    planned = [e for e in planned if only is None or e.name in only]
+    results = run_experiments(load, planned, requests, folder, chat_template=chat_template, preset=preset,
+                              resume=resume, on_request=on_request, on_cycle=on_cycle, arm_prefix=arm_prefix)
+    findings = ranked([finding(e, baseline.counts, results.get(e.name)) for e in planned])
+    probe = None
+    if base.drafter.kind == DRAFT_MODEL and (only is None or "probe" in only):
+        greedy = baseline if base.settings.temperature == 0 else next(
+            (results[e.name] for e in planned if e.name == "temperature 0.0" and not results[e.name].error), None)
+        probe = workload_probe(load(base.drafter), baseline.workload.runs(), base.settings,
+                               greedy.workload.runs() if greedy is not None else None)
+    return Diagnosis(baseline, findings, probe)
+
+
+def greedy_measured(d: Diagnosis) -> float | None:
+    """A greedy run's acceptance rate on the probe's requests: the baseline's if greedy, else the
+    temperature-0 experiment's (what the probe's prediction is to be read against)."""
+    if d.baseline.arm.settings.temperature == 0:
+        return acceptance_rate(d.baseline.counts)
+    greedy = next((f for f in d.findings if f.experiment.name == "temperature 0.0" and f.acceptance), None)
+    return None if greedy is None else greedy.acceptance.variant
+
+
+def format_diagnosis(d: Diagnosis) -> str:
+    b = d.as_dict()["baseline"]
+    lines = [f"BASELINE: {b['requests']} requests, acceptance rate {b['acceptance_rate']:.3f}, "
+             f"{b['tokens_per_s']:.1f} tokens/s; traces: {b['folder']}", "", format_findings(d.findings)]
+    if d.probe:
+        o = d.probe["overall"]
+        lines += ["", "DRAFT AGREEMENT, measured without speculating (one teacher-forced forward of each model "
+                      "over the target's greedy continuation)",
+                  f"  overall: top-1 agreement {o['top1_agreement']:.3f}, sum min(p, q) {o['mean_overlap']:.3f}, "
+                  f"predicted greedy acceptance rate {o['predicted_greedy_acceptance_rate']:.3f} "
+                  f"({d.probe['seconds']:.1f} s)"]
+        lines += [f"  {name:<16} top-1 {g['top1_agreement']:.3f}  overlap {g['mean_overlap']:.3f}  "
+                  f"predicted {g['predicted_greedy_acceptance_rate']:.3f}" for name, g in d.probe["categories"].items()]
+        measured = greedy_measured(d)
+        if measured is not None:
+            lines.append(f"  measured greedy acceptance rate of the same requests: {measured:.3f}")
+    return "\n".join(lines)

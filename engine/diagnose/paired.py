@@ -1,0 +1,97 @@
+"""Paired comparisons of two runs of the same requests: the effect of one change, with a 95% interval
+that treats the request as the independent unit.
+
+Both arms ran the same requests with the same seeds, so request i of one arm and request i of the
+other differ only by the change. A bootstrap draws requests with replacement, the same draw for both
+arms, and recomputes each arm's ratio of sums on it; the effect's interval is the 2.5th to 97.5th
+percentile of the differences. Pairing removes what the requests themselves contribute (a hard
+prompt is hard in both arms), so a small effect shows where two unpaired intervals would overlap.
+"""
+import random
+from dataclasses import dataclass
+
+from engine.trace.metrics import drafted
+from engine.workload.requests import RequestRun
+
+CONFIDENCE = 0.95
+SAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """What one request's trace gives an arm's totals."""
+
+    id: str
+    category: str
+    file: str
+    drafted: int
+    accepted: int
+    cycles: int
+    generated: int
+    seconds: float  # the run's wall time (prefill included), from its summary
+
+
+def counts_of(run: RequestRun) -> RequestCounts:
+    cycles = run.trace.cycles
+    summary = run.trace.summary or {}
+    return RequestCounts(run.id, run.category, run.file, sum(drafted(c) for c in cycles),
+                         sum(c["num_accepted"] for c in cycles), len(cycles), summary.get("num_generated", 0),
+                         summary.get("wall_time_s", 0.0))
+
+
+def acceptance_rate(rows: list[RequestCounts]) -> float | None:
+    drafted_tokens = sum(r.drafted for r in rows)
+    return sum(r.accepted for r in rows) / drafted_tokens if drafted_tokens else None
+
+
+def tokens_per_s(rows: list[RequestCounts]) -> float | None:
+    seconds = sum(r.seconds for r in rows)
+    return sum(r.generated for r in rows) / seconds if seconds > 0 else None
+
+
+MEASURES = {"acceptance_rate": acceptance_rate, "tokens_per_s": tokens_per_s}
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One measure in both arms, their difference (variant - baseline) and its interval."""
+
+    measure: str
+    baseline: float | None
+    variant: float | None
+    difference: float | None
+    interval: tuple[float, float] | None
+
+    @property
+    def found(self) -> bool:
+        """The interval excludes zero: the change made a difference these requests can tell."""
+        return self.interval is not None and (self.interval[0] > 0 or self.interval[1] < 0)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between order statistics (what numpy's default does)."""
+    ordered = sorted(values)
+    at = q * (len(ordered) - 1)
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def paired_effect(measure: str, baseline: list[RequestCounts], variant: list[RequestCounts],
+                  samples: int = SAMPLES, seed: int = 0) -> Effect:
+    """The effect of the change on `measure`, the requests matched by id (both arms must hold the same)."""
+    if [r.id for r in baseline] != [r.id for r in variant]:
+        raise ValueError("a paired comparison needs the same requests, in the same order, in both arms")
+    f = MEASURES[measure]
+    a, b = f(baseline), f(variant)
+    if a is None or b is None:
+        return Effect(measure, a, b, None, None)
+    draws, rng, n = [], random.Random(seed), len(baseline)
+    for _ in range(samples):
+        picked = [rng.randrange(n) for _ in range(n)]
+        x, y = f([baseline[i] for i in picked]), f([variant[i] for i in picked])
+        if x is not None and y is not None:
+            draws.append(y - x)
+    tail = (1 - CONFIDENCE) / 2
+    interval = (percentile(draws, tail), percentile(draws, 1 - tail)) if draws else None
+    return Effect(measure, a, b, b - a, interval)

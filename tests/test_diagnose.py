@@ -1,0 +1,134 @@
+"""`engine diagnose`: paired effects with known answers, the experiment plan, and a planted cause found
+on tiny real models (first in the ranking, its interval excluding zero)."""
+import json
+
+import pytest
+
+from engine.cli import main
+from engine.config import SpecSettings
+from engine.diagnose.experiments import ALTERNATIVE, CAUSE, PROPERTY, Arm, Experiment, plan
+from engine.diagnose.paired import RequestCounts, paired_effect, percentile
+from engine.diagnose.report import Finding, ranked
+from engine.drafters.registry import DrafterOptions
+from tests.tiny import noisy_pair, save_tiny
+
+
+def counts(rates: list[float], drafted: int = 100, prefix: str = "r") -> list[RequestCounts]:
+    return [RequestCounts(f"{prefix}{i}", "c", f"{i}.jsonl", drafted, round(rate * drafted), 10, 20, 1.0)
+            for i, rate in enumerate(rates)]
+
+
+def test_a_shift_shared_by_every_request_is_found_with_a_tight_interval():
+    base = counts([0.2, 0.5, 0.8, 0.3])
+    better = [RequestCounts(r.id, r.category, r.file, r.drafted, r.accepted + 10, r.cycles, r.generated, r.seconds)
+              for r in base]
+    e = paired_effect("acceptance_rate", base, better)
+    assert e.difference == pytest.approx(0.1) and e.interval == pytest.approx((0.1, 0.1)) and e.found
+
+
+def test_changes_that_cancel_out_are_no_effect():
+    base = counts([0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    mixed = counts([0.7, 0.3, 0.7, 0.3, 0.7, 0.3])
+    e = paired_effect("acceptance_rate", base, mixed)
+    assert e.difference == pytest.approx(0.0) and e.interval[0] < 0 < e.interval[1] and not e.found
+
+
+def test_pairing_needs_the_same_requests_and_percentiles_interpolate():
+    with pytest.raises(ValueError, match="same requests"):
+        paired_effect("acceptance_rate", counts([0.5]), counts([0.5], prefix="q"))
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5 and percentile([5.0], 0.975) == 5.0
+
+
+def base_arm(**settings) -> Arm:
+    return Arm("baseline", DrafterOptions(), SpecSettings(**({"k": 4, "temperature": 0.0} | settings)))
+
+
+def names(experiments: list[Experiment]) -> dict[str, str]:
+    return {e.name: e.skipped for e in experiments}
+
+
+def test_the_plan_runs_what_applies_and_says_why_the_rest_does_not():
+    greedy = names(plan(base_arm(), has_template=False, has_eagle=False, prefix="x", best_k=None))
+    assert greedy["chat template"] == "the target's tokenizer has no chat template"
+    assert "no top-k or top-p" in greedy["sampling filters"]
+    assert "no calibration" in greedy["draft depth"]
+    assert greedy["drafter prompt-lookup"] == "" and "drafter eagle" not in greedy
+    assert {"temperature 0.7", "temperature 1.0", "context length"} <= set(greedy)
+    sampled = plan(base_arm(temperature=1.0, top_p=0.9, k=12), has_template=True, has_eagle=True, prefix="x",
+                   best_k=5, plain_better=True)
+    by_name = {e.name: e for e in sampled}
+    assert by_name["sampling filters"].arm.drafter.draft_filters == "temperature only"
+    assert by_name["chat template"].arm.drafter.draft_prompt == "raw"
+    assert by_name["draft depth"].arm.settings.k == 5 and by_name["drafter eagle"].arm is not None
+    assert by_name["context length"].arm.prefix == "x"
+    assert "plain decoding beats every K" in by_name["draft depth"].change
+
+
+def test_causes_rank_by_acceptance_alternatives_by_speed_and_properties_come_last():
+    def found(name: str, diff: float, kind: str = CAUSE, faster: float = 0.0) -> Finding:
+        e = paired_effect("acceptance_rate", counts([0.3, 0.4]), counts([0.3 + diff, 0.4 + diff]))
+        slow = counts([0.3, 0.4])
+        quick = [RequestCounts(r.id, r.category, r.file, r.drafted, r.accepted, r.cycles, r.generated,
+                               r.seconds / (1 + faster)) for r in slow]
+        return Finding(Experiment(name, kind, "now", "changed", None), "f", e,
+                       paired_effect("tokens_per_s", slow, quick), 2)
+
+    order = [f.experiment.name for f in ranked([
+        found("small", 0.05), found("temp", 0.4, PROPERTY), found("worse", -0.1), found("big", 0.2),
+        found("lookup", 0.5, ALTERNATIVE, faster=0.1), found("eagle", -0.2, ALTERNATIVE, faster=0.5)])]
+    assert order == ["big", "small", "worse", "eagle", "lookup", "temp"]  # eagle: slower to accept, faster
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return save_tiny(noisy_pair(2, noise=0.05), tmp_path_factory.mktemp("diagnose-models"))
+
+
+def prompts(tmp_path) -> str:
+    path = tmp_path / "p.jsonl"
+    texts = ["the cat sat on a mat", "a dog ran far away", "the log and then it slept", "it sat on a log",
+             "the dog slept on the mat", "a cat ran and then"]
+    path.write_text("\n".join(json.dumps({"id": f"q{i}", "category": "ab"[i % 2], "prompt": t})
+                              for i, t in enumerate(texts)))
+    return str(path)
+
+
+def test_a_draft_ignoring_top_k_is_found_first(folders, tmp_path, capsys):
+    """Planted: the draft samples outside the request's top-k=1, which the target then rejects."""
+    target, draft = folders
+    code = main(["diagnose", "--target", target, "--draft", draft, "--prompts", prompts(tmp_path),
+                 "--out", str(tmp_path / "d"), "--temperature", "1", "--top-k", "1", "--k", "3",
+                 "--max-new-tokens", "16", "--draft-filters", "temperature only",
+                 "--only", "sampling filters,drafter prompt-lookup", "--json"])
+    assert code == 0
+    found = json.loads(capsys.readouterr().out)
+    first = found["findings"][0]
+    assert first["experiment"] == "sampling filters" and first["acceptance_rate"]["found"]
+    assert first["acceptance_rate"]["difference"] > 0 and first["requests"] == 6
+    assert first["verdict"].startswith("sampling filters: the draft ignores the request's top-k/top-p: acceptance")
+    assert (tmp_path / "d" / "baseline" / "manifest.json").is_file()  # the traces behind every figure
+    assert json.loads((tmp_path / "d" / "diagnosis.json").read_text())["findings"][0] == first
+
+
+def test_an_experiment_that_cannot_run_says_why_and_the_others_still_run(folders, tmp_path, capsys):
+    target, draft = folders
+    code = main(["diagnose", "--target", target, "--draft", draft, "--prompts", prompts(tmp_path),
+                 "--out", str(tmp_path / "d"), "--temperature", "0", "--max-new-tokens", "8",
+                 "--only", "chat template,drafter prompt-lookup,temperature 1.0"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "chat template: not run here (the target's tokenizer has no chat template)" in out
+    assert "drafter prompt-lookup:" in out and "temperature 1.0:" in out
+
+
+def test_the_probe_predicts_a_greedy_baseline(folders, tmp_path, capsys):
+    """From the baseline's own greedy outputs; the last cycle of each request may draft past its
+    output, which the probe cannot see, hence a tolerance rather than equality."""
+    target, draft = folders
+    assert main(["diagnose", "--target", target, "--draft", draft, "--prompts", prompts(tmp_path),
+                 "--out", str(tmp_path / "d"), "--temperature", "0", "--k", "3", "--max-new-tokens", "24",
+                 "--only", "probe", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    predicted = found["probe"]["overall"]["predicted_greedy_acceptance_rate"]
+    assert abs(predicted - found["baseline"]["acceptance_rate"]) <= 0.05
+    assert set(found["probe"]["categories"]) == {"a", "b"}
