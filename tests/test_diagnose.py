@@ -132,3 +132,26 @@ def test_the_probe_predicts_a_greedy_baseline(folders, tmp_path, capsys):
     predicted = found["probe"]["overall"]["predicted_greedy_acceptance_rate"]
     assert abs(predicted - found["baseline"]["acceptance_rate"]) <= 0.05
     assert set(found["probe"]["categories"]) == {"a", "b"}
+
+
+def test_an_arm_whose_drafter_cannot_load_is_reported_and_the_rest_still_run(folders, tmp_path):
+    from engine.diagnose.diagnosis import diagnose
+    from engine.models.errors import ModelLoadError
+    from engine.run import load_with_drafter
+    from engine.workload.prompts import read_prompts
+
+    target, draft = folders
+
+    def load(options: DrafterOptions):
+        if options.kind == "prompt-lookup":
+            raise ModelLoadError("no such drafter here (a test)")
+        return load_with_drafter(target, DrafterOptions(draft_model=draft, **{
+            f: getattr(options, f) for f in ("draft_prompt", "draft_filters")}))
+
+    base = Arm("baseline", DrafterOptions(draft_model=draft), SpecSettings(k=2, temperature=0.0, max_new_tokens=6))
+    result = diagnose(load, base, read_prompts(prompts(tmp_path)), tmp_path / "d", has_template=False,
+                      has_eagle=False, context_prefix="the cat ", only={"drafter prompt-lookup", "context length"})
+    by_name = {f.experiment.name: f for f in result.findings}
+    assert by_name["drafter prompt-lookup"].error == "no such drafter here (a test)"
+    assert "could not run (no such drafter here (a test))" in by_name["drafter prompt-lookup"].verdict()
+    assert by_name["context length"].acceptance is not None and by_name["context length"].requests == 6

@@ -16,6 +16,7 @@ import torch
 
 from engine.config import SpecSettings
 from engine.cycle.reference import target_generate
+from engine.kv.ops import prefill
 from engine.models.loading import LoadedModel
 from engine.models.sampling import warp_probs
 
@@ -38,19 +39,20 @@ class Agreement:
         return sum(self.overlap) / len(self.overlap) if self.overlap else 0.0
 
 
-@torch.inference_mode()
-def next_token_logits(model: LoadedModel, ids: list[int], first: int) -> torch.Tensor:
-    """(T - first, V) logits of the tokens at positions first..T-1, from one forward over `ids`."""
-    logits = model.forward(ids, model.new_cache())  # (T, V): row t predicts token t + 1
-    return logits[first - 1: len(ids) - 1]
+def continuation_logits(model: LoadedModel, prompt_ids: list[int], continuation: list[int],
+                        cache=None) -> torch.Tensor:
+    """(T, V) logits predicting each token of `continuation`: the prompt's prefill (`prefill`, the
+    engine's own; pass `cache` already filled to reuse one), then one forward over the prompt's last
+    token and the continuation but its last, as a verify pass reads its positions."""
+    cache = prefill(model, prompt_ids) if cache is None else cache
+    return model.forward([prompt_ids[-1]] + continuation[:-1], cache)  # row j predicts continuation[j]
 
 
 def agreement(target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], continuation: list[int],
               s: SpecSettings) -> Agreement:
     """The draft against the target at every position of `continuation` (which follows `prompt_ids`)."""
-    ids = prompt_ids + continuation
-    target_logits = next_token_logits(target, ids, len(prompt_ids))  # (T, V)
-    draft_logits = next_token_logits(draft, ids, len(prompt_ids))  # (T, V)
+    target_logits = continuation_logits(target, prompt_ids, continuation)  # (T, V)
+    draft_logits = continuation_logits(draft, prompt_ids, continuation)  # (T, V)
     p, q = warp_probs(target_logits, s), warp_probs(draft_logits, s)  # as the run tests them
     top2 = torch.softmax(target_logits, -1).topk(2, dim=-1).values  # (T, 2), unwarped: how close a tie is
     return Agreement(continuation, (draft_logits.argmax(-1) == target_logits.argmax(-1)).tolist(),
