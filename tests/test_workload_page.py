@@ -216,6 +216,9 @@ def test_every_workload_figure_is_valid_plotly(folder):
                 figs.conditional_figure(one), figs.histogram_figure(one, other), figs.context_figure(one, other),
                 figs.rejection_figure(one)):
         validated(fig)
+        for axis in ("xaxis", "yaxis"):  # plotly.js reads title.text: a bare string shows no title
+            title = fig.to_dict()["layout"][axis]["title"]
+            assert isinstance(title, dict) and title["text"], (axis, title)
 
 
 SAMPLES = Path(__file__).resolve().parent / "server_samples"

@@ -56,11 +56,11 @@ def category_figure(stats: dict, metric: str = "acceptance_rate", other: dict | 
     bars = [category_bars(stats, metric, labels[0], SIDES[0])]
     if other is not None:
         bars.append(category_bars(other, metric, labels[1], SIDES[1]))
-    axis = dict(title=METRICS[metric], rangemode="tozero")
+    axis = dict(title=dict(text=METRICS[metric]), rangemode="tozero")
     if metric == "acceptance_rate":
-        axis = probability_axis() | dict(title=METRICS[metric])
+        axis = probability_axis() | dict(title=dict(text=METRICS[metric]))
     return figure(bars, f"By category: {METRICS[metric]}, with 95% intervals that resample requests",
-                  380, barmode="group", yaxis=axis, xaxis=dict(title="category"))
+                  380, barmode="group", yaxis=axis, xaxis=dict(title=dict(text="category")))
 
 
 def conditional_figure(stats: dict) -> go.Figure:
@@ -79,8 +79,8 @@ def conditional_figure(stats: dict) -> go.Figure:
             hovertext=[f"<b>{esc(name)}</b> · position {r['position']}<br>accepted {r['accepted']} of "
                        f"{r['reached']} cycles that reached it" for r in rows], hoverinfo="text"))
     return figure(lines, "Conditional acceptance by draft position: P(i accepted | 1..i-1 accepted)", 400,
-                  yaxis=probability_axis() | dict(title="rate among cycles that reached the position"),
-                  xaxis=dict(title="draft position", dtick=1))
+                  yaxis=probability_axis() | dict(title=dict(text="rate among cycles that reached the position")),
+                  xaxis=dict(title=dict(text="draft position"), dtick=1))
 
 
 def side_by_side(stats: dict, other: dict | None, labels: tuple[str, str], bars_of) -> list[dict]:
@@ -104,8 +104,8 @@ def histogram_figure(stats: dict, other: dict | None = None,
                      labels: tuple[str, str] = ("this workload", "other workload")) -> go.Figure:
     """The share of cycles that accepted exactly j draft tokens, j = 0..K."""
     return figure(side_by_side(stats, other, labels, histogram_bars), "Draft tokens accepted per cycle (all requests)",
-                  330, barmode="group", yaxis=probability_axis() | dict(title="share of cycles"),
-                  xaxis=dict(title="accepted draft tokens in the cycle", dtick=1))
+                  330, barmode="group", yaxis=probability_axis() | dict(title=dict(text="share of cycles")),
+                  xaxis=dict(title=dict(text="accepted draft tokens in the cycle"), dtick=1))
 
 
 def context_bars(s: dict, label: str, colour: str) -> dict:
@@ -123,8 +123,8 @@ def context_figure(stats: dict, other: dict | None = None,
     """Acceptance rate by bins of the context before the cycle (prompt and everything committed)."""
     return figure(side_by_side(stats, other, labels, context_bars),
                   "Acceptance against context length (tokens before the cycle's first draft position)", 340,
-                  barmode="group", yaxis=probability_axis() | dict(title="acceptance rate"),
-                  xaxis=dict(title="context length (tokens)", type="category"))
+                  barmode="group", yaxis=probability_axis() | dict(title=dict(text="acceptance rate")),
+                  xaxis=dict(title=dict(text="context length (tokens)"), type="category"))
 
 
 def rejection_figure(stats: dict) -> go.Figure:
@@ -141,8 +141,8 @@ def rejection_figure(stats: dict) -> go.Figure:
     diagonal = dict(type="scatter", mode="lines", name="p_target = p_draft", x=[0, 1], y=[0, 1],
                     line=dict(color=GRID, dash="dot"), hoverinfo="skip")
     return figure([diagonal, dots], f"At each rejection: p_target against p_draft ({len(points)} shown)", 380,
-                  xaxis=probability_axis() | dict(title="p_draft of the rejected token"),
-                  yaxis=probability_axis() | dict(title="p_target of the same token"))
+                  xaxis=probability_axis() | dict(title=dict(text="p_draft of the rejected token")),
+                  yaxis=probability_axis() | dict(title=dict(text="p_target of the same token")))
 
 
 def bin_name(b: dict) -> str:

@@ -25,6 +25,7 @@ EXACTNESS_LAB = "views/exactness_lab.py"
 INTERVIEW = "views/interview.py"
 STATISTICS = "views/statistics.py"
 WORKLOAD = "views/workload.py"
+DIAGNOSE = "views/diagnose.py"
 
 PAGES = (
     PageSpec(STEPPER, "Step through cycles", ":material/play_circle:", ""),
@@ -35,6 +36,7 @@ PAGES = (
     PageSpec(INTERVIEW, "Interview practice", ":material/quiz:", "interview"),
     PageSpec(STATISTICS, "Statistics and speed", ":material/monitoring:", "statistics"),
     PageSpec(WORKLOAD, "Workload", ":material/stacked_bar_chart:", "workload"),
+    PageSpec(DIAGNOSE, "Why is acceptance low?", ":material/troubleshoot:", "diagnose"),
 )
 
 

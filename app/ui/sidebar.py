@@ -2,7 +2,7 @@
 import streamlit as st
 
 from app.ui import jobs, operator, state
-from app.ui.pages import WORKLOAD
+from app.ui.pages import DIAGNOSE, WORKLOAD
 from app.ui.safe import md
 from engine.trace import model_name
 
@@ -19,8 +19,12 @@ def render(slot=None) -> None:
                        f"K={trace.k}, {len(trace.cycles)} cycles")
             request = trace.header.get("request")
             if request and ref.kind == "workload":  # a workload's request: say which, and the way back
-                st.caption(f"Request **{md(request['id'])}** ({md(request['category'])}) of this workload")
-                st.page_link(WORKLOAD, label="Back to the workload", icon=":material/stacked_bar_chart:")
+                if state.parse_request_name(ref.name)[0] == "diagnosis":  # an arm of a bundled diagnosis
+                    st.caption(f"Request **{md(request['id'])}** ({md(request['category'])}) of this diagnosis arm")
+                    st.page_link(DIAGNOSE, label="Back to the diagnosis", icon=":material/troubleshoot:")
+                else:
+                    st.caption(f"Request **{md(request['id'])}** ({md(request['category'])}) of this workload")
+                    st.page_link(WORKLOAD, label="Back to the workload", icon=":material/stacked_bar_chart:")
         if state.link_error():
             st.error(md(state.link_error()), icon=":material/error:")
         job = jobs.current()

@@ -25,7 +25,9 @@ from engine.workload.manifest import REQUEST_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("bundled", "run", "upload", "env", "workload")  # workload: one request's trace inside a workload
-WORKLOAD_KINDS = ("bundled", "upload", "run")  # where a workload is kept: assets, this server's uploads, live runs
+# Where a workload is kept: assets, this server's uploads, live runs, and the arms of the bundled
+# diagnoses (assets/diagnoses/<case>--<arm>.zip: app/ui/diagnoses.py; not on the Workload page's list).
+WORKLOAD_KINDS = ("bundled", "upload", "run", "diagnosis")
 WORKLOAD_SEP = "~"  # a request's name: KIND~WORKLOAD~request-NNNN.jsonl
 MAX_UPLOAD_BYTES = 64 * 2**20  # a long chat run with K=8 and top-10 lists is a few MB
 MAX_UPLOADS = 64  # kept per server; the oldest go first
@@ -139,16 +141,23 @@ def request_ref(kind: str, workload: str, file: str) -> TraceRef:
     return TraceRef("workload", WORKLOAD_SEP.join((kind, workload, file)))
 
 
+def diagnoses_dir() -> Path:
+    """The bundled diagnoses: <case>.json beside one workload zip per arm, <case>--<arm>.zip."""
+    return Path(os.environ.get("SPECLAB_DIAGNOSES_DIR", ROOT / "assets" / "diagnoses"))
+
+
 def workloads_dir(kind: str) -> Path:
     """Bundled workloads are zips in assets/workloads/; uploads are zips named by their hash; live
-    runs are folders under the live runs' folder."""
+    runs are folders under the live runs' folder; a bundled diagnosis's arms are zips beside it."""
     if kind == "bundled":
         return Path(os.environ.get("SPECLAB_WORKLOADS_DIR", ROOT / "assets" / "workloads"))
+    if kind == "diagnosis":
+        return diagnoses_dir()
     return (uploads_dir() if kind == "upload" else runs_dir()) / "workloads"
 
 
 def workload_path(kind: str, name: str) -> Path:
-    if kind not in WORKLOAD_KINDS or not is_bare(name):
+    if kind not in WORKLOAD_KINDS or not is_bare(name) or (kind == "diagnosis" and not name.endswith(".zip")):
         raise TraceError(f"no such workload: {name!r}")
     return workloads_dir(kind) / name
 

@@ -19,13 +19,15 @@ from engine.workload.stats import workload_stats
 OPEN = "workload_open"  # session_state: the (kind, name) the Workload page shows
 OTHER = "workload_other"  # session_state: the (kind, name) it compares with
 REFUSED = "workload_refused"  # session_state: (hash of refused bytes, why), not parsed again on a rerun
-KIND_WORDS = {"bundled": "example", "run": "live run", "upload": "upload"}
+KIND_WORDS = {"bundled": "example", "run": "live run", "upload": "upload", "diagnosis": "arm of a bundled diagnosis"}
+LISTED_KINDS = ("bundled", "upload", "run")  # the bundled diagnoses' arms open from the Diagnose page only
 
 
 def listed() -> list[tuple[str, str]]:
-    """The bundled workloads, then this server's live workload runs, then the uploads, by name."""
+    """The bundled workloads, then the uploads, then this server's live workload runs, by name (a live
+    diagnosis's arms are live workload runs too; a bundled diagnosis's arms are not listed)."""
     found = []
-    for kind in state.WORKLOAD_KINDS:
+    for kind in LISTED_KINDS:
         folder = state.workloads_dir(kind)
         if not folder.is_dir():
             continue

@@ -1,7 +1,8 @@
 """Interview practice: questions with hidden answers, each tied to live data.
 
 The questions are drawn in order from their section modules (app/views/sections/interview_*.py):
-the cycle, the two models, speed, then draft trees; the red flags close the page.
+the cycle, the two models, speed, low acceptance from a mis-set draft, then draft trees; the red flags
+close the page.
 """
 
 import streamlit as st
@@ -10,6 +11,7 @@ from app.figures.tree_record import is_tree_header
 from app.ui import state, tree_trace
 from app.ui.pages import EXACTNESS_LAB
 from app.views.sections.interview_cycle import q_catch_up, q_exactness, q_k_plus_one, q_paged, q_rejected_cache
+from app.views.sections.interview_diagnose import q_chat_template, q_deep_k, q_draft_filters
 from app.views.sections.interview_models import q_greedy_numerics, q_tokenizers
 from app.views.sections.interview_speed import q_acceptance_length, q_payoff, q_pick_k
 from app.views.sections.interview_trees import q_tree_mask, q_tree_rollback, q_why_tree
@@ -56,6 +58,9 @@ def main() -> None:
     q_payoff(trace)
     q_acceptance_length(trace)
     q_catch_up(trace)
+    q_chat_template()
+    q_draft_filters()
+    q_deep_k()
     source = tree_trace.teaching_tree_trace()
     q_why_tree(source)
     q_tree_mask(source)

@@ -7,6 +7,7 @@ and every text from it reaches the page through md() or markdown_table().
 """
 import streamlit as st
 
+from app.ui.pages import DIAGNOSE
 from app.ui.safe import markdown_table, md
 from engine.servers.explain import ServerReport, advice_words, calibrated_costs, comparison_rows, entered_costs, explain
 from engine.servers.read import decode, read_texts
@@ -15,6 +16,7 @@ from engine.stats.analysis import DEFINITIONS, TraceStats
 
 PASTE, FILES = "server_paste", "server_files"  # widget keys
 FROM_TRACE, ENTERED = "the open trace's calibration", "values I enter"
+LOW_ACCEPTANCE = 0.5  # a server that accepts under half its draft tokens is pointed at the Diagnose page
 
 
 def inputs() -> list[str]:
@@ -87,6 +89,13 @@ def show(r: ServerReport, trace: TraceStats) -> None:
         st.markdown(f"Predicted speedup: Leviathan et al. **{r.leviathan:.2f}×**, refined **{r.refined:.2f}×** "
                     f"({md(r.costs.source)}).")
         st.markdown(md(advice_words(r) or ""))
+    if r.acceptance_rate is not None and r.acceptance_rate < LOW_ACCEPTANCE:
+        st.markdown(f"**Low acceptance**: this server accepts {r.acceptance_rate:.3f} of its draft tokens, under "
+                    f"{LOW_ACCEPTANCE:g}. A mis-set draft (another chat rendering, top-k/top-p ignored, K far too "
+                    "deep) or a pair that simply disagrees can cause it; paired runs that each change one "
+                    "thing tell them apart.")
+        st.page_link(DIAGNOSE, label="Why is acceptance low? Diagnose a pair by experiment",
+                     icon=":material/troubleshoot:")
     st.markdown("**What limits this server**")
     for text in r.limits:
         st.markdown("- " + md(text))

@@ -1,0 +1,189 @@
+"""The Diagnose page's views of one diagnosis: the ranked report with each experiment's effect and its
+interval, each experiment's requests side by side with links into the stepper, and the probe's
+draft agreement per category.
+
+Numbers: the diagnosis's own dict (engine/diagnose, checked by app/ui/diagnoses.py) and the arms'
+traces (the per-request rates); figures: app/figures/diagnose.py.
+"""
+import streamlit as st
+
+from app.figures import diagnose as figs
+from app.figures.workload import fmt
+from app.ui import diagnoses, workloads
+from app.ui.safe import markdown_table, md
+from app.ui.widgets import chart
+from engine.trace import TraceError
+
+TEST_STAGE = 3  # the stepper's stage that shows each position's acceptance test
+SECTIONS = {figs.CAUSE: ("Causes", "Settings of this drafter that can be wrong, the largest gain in acceptance "
+                                   "first."),
+            figs.ALTERNATIVE: ("Other drafters", "The largest gain in tokens/s first: their acceptance rates do not "
+                                                 "compare (prompt lookup drafts fewer tokens)."),
+            figs.PROPERTY: ("What the pair does", "Not settings to change: how acceptance moves with the request.")}
+
+
+def effect_words(e: dict) -> str:
+    iv = e["interval"]
+    return (f"{e['baseline']:.3f} → {e['variant']:.3f} ({e['difference']:+.3f}, 95% interval "
+            + ("–" if iv is None else f"{iv[0]:+.3f} to {iv[1]:+.3f}") + ")")
+
+
+def headline(d: dict) -> str:
+    """The page's first result: the cause ranked first, or that none was found."""
+    b = d["baseline"]
+    base = (f"Baseline: **{b['requests']}** requests, draft acceptance rate **{fmt(b['acceptance_rate'])}**"
+            + (f", **{b['tokens_per_s']:.1f}** tokens/s" if b["tokens_per_s"] is not None else ""))
+    top = diagnoses.top_cause(d)
+    if top is None:
+        ran = sum(diagnoses.ran(f) for f in d["findings"] if f["kind"] == figs.CAUSE)
+        return (f"{base}. **No setting tried raised acceptance** ({ran} cause{'s' if ran != 1 else ''} tested): "
+                "the pair itself, not a setting, is what limits it here; see what the pair does below.")
+    e = top["acceptance_rate"]
+    return (f"{base}. Ranked first: **{md(top['experiment'])}**: {md(top['now'])}; acceptance "
+            f"{md(effect_words(e))} {md(top['change'])}, over {top['requests']} requests.")
+
+
+def describe(choice: tuple[str, str], manifest: dict | None) -> str:
+    """The baseline's pair and settings, from its workload's manifest."""
+    if manifest is None:
+        return "The baseline's traces are not here, so its pair and settings cannot be shown."
+    pair, s = manifest.get("pair", {}), manifest.get("settings", {})
+    drafter = pair.get("drafter", {}) if isinstance(pair.get("drafter"), dict) else {}
+    names = pair.get("preset") or (pair.get("target") or {}).get("name", "?")
+    filters = [f"top-k {s['top_k']}" if s.get("top_k") else "", f"top-p {s['top_p']}" if s.get("top_p", 1) < 1 else ""]
+    mis = [f"{k.replace('_', ' ')}: {drafter[k]}" for k in ("draft_prompt", "draft_filters")
+           if drafter.get(k) not in (None, "as target", "request")]
+    return (f"{md(diagnoses.words(choice))} · pair **{md(str(names))}** · drafter **{md(str(drafter.get('kind', 'model')))}**"
+            + (f" ({md(', '.join(mis))})" if mis else "") + f" · K={md(str(s.get('k', '?')))} · temperature "
+            f"{md(str(s.get('temperature', '?')))}" + "".join(f" · {md(f)}" for f in filters if f))
+
+
+def finding_line(f: dict, i: int | None) -> str:
+    return (f"{i}. " if i is not None else "- ") + md(f["verdict"])
+
+
+def report_tab(choice: tuple[str, str], d: dict) -> None:
+    """The findings by kind in the report's order: the cause ranked first highlighted, those with no effect
+    found muted; then what could not run; then the chart of every effect on acceptance."""
+    top = diagnoses.top_cause(d)
+    for kind, (title, what) in SECTIONS.items():
+        these = [f for f in d["findings"] if f["kind"] == kind and diagnoses.ran(f)]
+        if not these and kind != figs.CAUSE:
+            continue
+        st.subheader(title)
+        st.caption(what)
+        if not these:
+            st.caption("None ran.")
+        for i, f in enumerate(these, 1):
+            e = f["acceptance_rate"]
+            if f is top:
+                st.success(f"**Ranked first.** {finding_line(f, i)}", icon=":material/target:")
+            elif e is None or e["difference"] is None or not e["found"]:
+                st.caption(finding_line(f, i))  # no effect found: muted
+            else:
+                st.markdown(finding_line(f, i))
+    rest = [f for f in d["findings"] if not diagnoses.ran(f)]
+    if rest:
+        st.subheader("Not run")
+        for f in rest:
+            st.caption(finding_line(f, None))
+    chart(figs.effects_figure(d), key="dg_effects_chart")
+    st.caption("Each arm ran the same requests with the same seed as the baseline, changing one thing. The "
+               "interval is a paired bootstrap over requests (the same draw for both arms): where it includes 0 "
+               "these requests cannot tell the arms apart, which is not proof of no effect. The **Per request** "
+               "tab opens every request of every arm in the stepper.")
+
+
+def per_request_table(choice: tuple[str, str], arm: str, pairs: list[dict]) -> str:
+    base_w, arm_w = diagnoses.arm_workload(choice, diagnoses.BASELINE), diagnoses.arm_workload(choice, arm)
+
+    def rejection(w: tuple[str, str], row: dict) -> str:
+        c = row["first_rejection"]
+        return "none" if c is None else workloads.link(f"cycle {c}", w, row["file"], c, TEST_STAGE)
+
+    rows = []
+    for p in pairs:
+        b, a = p["base"], p["arm"]
+        diff = None if a["acceptance_rate"] is None or b["acceptance_rate"] is None else \
+            a["acceptance_rate"] - b["acceptance_rate"]
+        rows.append({"request": workloads.link(b["id"], base_w, b["file"]), "category": b["category"],
+                     "baseline accepted / drafted": f"{b['accepted']}/{b['drafted']} = {fmt(b['acceptance_rate'])}",
+                     "baseline's first rejection": rejection(base_w, b),
+                     "in the arm": workloads.link(f"{a['id']} in {arm}", arm_w, a["file"]),
+                     "arm accepted / drafted": f"{a['accepted']}/{a['drafted']} = {fmt(a['acceptance_rate'])}",
+                     "arm's first rejection": rejection(arm_w, a),
+                     "difference": "–" if diff is None else f"{diff:+.3f}"})
+    # fixed column names: an arm's name never becomes a column, so never a raw one
+    return markdown_table(rows, raw=("request", "baseline's first rejection", "in the arm", "arm's first rejection"))
+
+
+def requests_tab(choice: tuple[str, str], d: dict) -> None:
+    """One experiment's requests in both arms, each linked into the stepper (the request, and the first
+    cycle that rejected a draft token, at the test stage)."""
+    with_arms = [f for f in d["findings"] if diagnoses.has_arm(choice, f["arm"])]
+    if not diagnoses.has_arm(choice, diagnoses.BASELINE) or not with_arms:
+        st.info("The traces of this diagnosis's arms are not here, so its requests cannot be shown one by one.")
+        return
+    names = [f["experiment"] for f in with_arms]
+    picked = st.selectbox("Experiment", names, key="dg_experiment")
+    f = with_arms[names.index(picked)]
+    try:
+        base = diagnoses.request_rows(diagnoses.arm_workload(choice, diagnoses.BASELINE))
+        arm = diagnoses.request_rows(diagnoses.arm_workload(choice, f["arm"]))
+    except TraceError as err:
+        st.error(f"Could not read this arm's traces: {md(str(err))}", icon=":material/error:")
+        return
+    pairs = diagnoses.paired_rows(base, arm)
+    st.markdown(f"**{md(f['experiment'])}**: baseline ({md(f['now'])}) against arm **{md(f['arm'])}** "
+                f"({md(f['change'])}), on the {len(pairs)} requests both finished.")
+    chart(figs.paired_figure(pairs, f["arm"]), key="dg_paired_chart")
+    st.markdown(per_request_table(choice, f["arm"], pairs))
+    st.caption("A request's link opens it in the stepper at its first cycle; a rejection's link opens the first "
+               "cycle that rejected a draft token, at the test (stage 3), in that arm.")
+
+
+def greedy_rows(choice: tuple[str, str], d: dict, manifest: dict | None) -> tuple[str, list[dict]] | None:
+    """The greedy run of the probe's requests (the baseline if greedy, else the temperature-0 arm), per request."""
+    if manifest is not None and manifest.get("settings", {}).get("temperature") == 0:
+        arm = diagnoses.BASELINE
+    else:
+        arm = next((f["arm"] for f in d["findings"] if f["experiment"] == "temperature 0.0" and diagnoses.ran(f)), None)
+    if arm is None or not diagnoses.has_arm(choice, arm):
+        return None
+    try:
+        return arm, diagnoses.request_rows(diagnoses.arm_workload(choice, arm))
+    except TraceError:
+        return None
+
+
+def measured_rate(rows: list[dict]) -> float | None:
+    n = sum(r["drafted"] for r in rows)
+    return sum(r["accepted"] for r in rows) / n if n else None
+
+
+def probe_tab(choice: tuple[str, str], d: dict, manifest: dict | None) -> None:
+    probe = d["probe"]
+    if probe is None:
+        st.info("This diagnosis has no agreement probe: it runs for a draft model only (not prompt lookup or "
+                "an EAGLE head), and not when the diagnosis was limited to other experiments.")
+        return
+    st.markdown("One teacher-forced forward of each model over the target's own greedy continuation of every "
+                "request, without speculating: how often the draft's top token is the target's (**top-1 "
+                "agreement**), the mean of sum min(p, q) under the run's sampling (**overlap**, the chance the "
+                "ratio test accepts there), and the greedy acceptance rate the agreement predicts, walking it K "
+                "positions at a time.")
+    greedy = greedy_rows(choice, d, manifest)
+    rows = []
+    for name, g in [*probe["categories"].items(), ("all requests", probe["overall"])]:
+        row = {"category": name, "requests": g["requests"], "top-1 agreement": fmt(g["top1_agreement"]),
+               "overlap sum min(p, q)": fmt(g["mean_overlap"]),
+               "predicted greedy acceptance rate": fmt(g["predicted_greedy_acceptance_rate"])}
+        if greedy is not None:
+            these = greedy[1] if name == "all requests" else [r for r in greedy[1] if r["category"] == name]
+            row["measured greedy acceptance rate"] = fmt(measured_rate(these))
+        rows.append(row)
+    st.markdown(markdown_table(rows))
+    where = ("" if greedy is None else f" The measured rate is the greedy arm's (**{md(greedy[0])}**) on the same "
+             "requests; the last cycle of a request may draft past its output, which the probe cannot see.")
+    seconds = probe["seconds"]
+    st.caption(("" if seconds is None else f"The probe took {seconds:.1f} s.") + where)

@@ -1,0 +1,361 @@
+"""The Diagnose page ("Why is acceptance low?") in the real app (AppTest), on a diagnosis of tiny models.
+
+A real `engine diagnose` run (a draft planted to ignore top-k=1, as in tests/test_diagnose.py) is
+bundled the way assets/diagnoses/ ships one: <case>.json beside <case>--<arm>.zip. Every verdict and
+number the page shows is the diagnosis dict's; every link names the right arm, request and cycle,
+read independently from the zips; a hostile case file is one escaped line; a live diagnosis runs on
+the queue; the Statistics page's server tab and the interview page point here.
+"""
+import base64
+import html
+import json
+import re
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.ui.state import parse_request_name, parse_token
+from engine.config import SpecSettings
+from engine.diagnose.diagnosis import diagnose
+from engine.diagnose.experiments import Arm
+from engine.drafters.registry import DrafterOptions
+from engine.run import load_with_drafter, run_to_trace
+from engine.trace.metrics import drafted
+from engine.workload.folder import open_workload, zip_folder
+from engine.workload.prompts import parse_prompts
+from tests.app_jobs import finish_job
+from tests.tiny import noisy_pair, save_tiny
+
+MAIN = Path(__file__).resolve().parent.parent / "app" / "main.py"
+PAGE = "views/diagnose.py"
+CASE = "planted-filters"
+TEXTS = ["the cat sat on a mat", "a dog ran far away", "the log and then it slept", "it sat on a log"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """A diagnosis of a draft that ignores top-k=1 (sampling filters, prompt lookup, the probe), its arms
+    zipped into a diagnoses folder as the bundled cases are, and a default trace."""
+    root = tmp_path_factory.mktemp("diagnose_page")
+    target, draft = save_tiny(noisy_pair(2, noise=0.05), root / "models")
+    requests = parse_prompts("\n".join(json.dumps({"id": f"q{i}", "category": "ab"[i % 2], "prompt": t})
+                                       for i, t in enumerate(TEXTS)).encode(), "p.jsonl")
+    pairs = {}
+
+    def load(options: DrafterOptions):
+        if options not in pairs:
+            pairs[options] = load_with_drafter(target, options)
+        return pairs[options]
+
+    base = Arm("baseline", DrafterOptions(draft_model=draft, draft_filters="temperature only"),
+               SpecSettings(k=3, temperature=1.0, top_k=1, max_new_tokens=12))
+    found = diagnose(load, base, requests, root / "arms", has_template=False, has_eagle=False,
+                     context_prefix="the cat ", only={"sampling filters", "drafter prompt-lookup", "probe"}).as_dict()
+    (root / "diagnoses").mkdir()
+    for arm in ["baseline"] + [f["arm"] for f in found["findings"] if f["arm"]]:
+        (root / "diagnoses" / f"{CASE}--{arm}.zip").write_bytes(zip_folder(root / "arms" / arm))
+    (root / "diagnoses" / f"{CASE}.json").write_text(json.dumps(found))
+    run_to_trace(load(base.drafter), "the dog ran", SpecSettings(k=2, temperature=0.0, max_new_tokens=8),
+                 root / "traces" / "default.jsonl")
+    (root / "workloads").mkdir()
+    return root
+
+
+def found(folder: Path) -> dict:
+    return json.loads((folder / "diagnoses" / f"{CASE}.json").read_text())
+
+
+def app(folder: Path, monkeypatch, diagnoses: Path | None = None, runs: Path | None = None) -> AppTest:
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(folder / "traces"))
+    monkeypatch.setenv("SPECLAB_WORKLOADS_DIR", str(folder / "workloads"))
+    monkeypatch.setenv("SPECLAB_DIAGNOSES_DIR", str(diagnoses or folder / "diagnoses"))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(runs or folder / "runs"))
+    monkeypatch.setenv("SPECLAB_UPLOADS_DIR", str(folder / "uploads"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    return AppTest.from_file(str(MAIN), default_timeout=120)
+
+
+def open_page(folder: Path, monkeypatch, **dirs) -> AppTest:
+    at = app(folder, monkeypatch, **dirs)
+    at.run()
+    at.switch_page(PAGE).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def open_tab(at: AppTest, name: str) -> AppTest:
+    at.session_state["diagnose_tab"] = name
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def texts(at: AppTest) -> str:
+    """What the page says, with md()'s escapes taken out ("0\\.35" reads "0.35", "&gt;" reads ">")."""
+    parts = [m.value for m in [*at.markdown, *at.caption, *at.success, *at.info]]
+    return html.unescape("\n".join(parts).replace("\\", ""))
+
+
+def figure(at: AppTest, key: str) -> dict:
+    shown = [e for e in at.get("plotly_chart") if e.proto.id.endswith(f"-{key}")]
+    assert len(shown) == 1, f"figure {key} not shown"
+    return json.loads(shown[0].proto.spec)
+
+
+def values(a) -> list[float]:
+    if isinstance(a, dict):
+        return list(np.frombuffer(base64.b64decode(a["bdata"]), dtype=a["dtype"]))
+    return list(a)
+
+
+def links(at: AppTest) -> list[tuple[str, dict]]:
+    found_links = re.findall(r"\[([^\]]*)\]\((\./\?[^)]*)\)", "\n".join(m.value for m in at.markdown))
+    return [(text.replace("\\", ""), {k: v[0] for k, v in parse_qs(urlparse(url).query).items()})
+            for text, url in found_links]
+
+
+def first_rejections(folder: Path, arm: str) -> dict[str, tuple[str, int | None]]:
+    """Per request id: its file and the first cycle that rejected a draft token, read from the zip."""
+    runs = open_workload(folder / "diagnoses" / f"{CASE}--{arm}.zip").runs()
+    return {r.id: (r.file, next((i for i, c in enumerate(r.trace.cycles) if c["num_accepted"] < drafted(c)), None))
+            for r in runs}
+
+
+def test_the_report_shows_every_verdict_and_the_diagnosis_numbers(folder, monkeypatch):
+    want = found(folder)
+    at = open_page(folder, monkeypatch)
+    shown = texts(at)
+    for f in want["findings"]:
+        assert f["verdict"] in shown
+    b = want["baseline"]
+    assert f"Baseline: **{b['requests']}** requests, draft acceptance rate **{b['acceptance_rate']:.3f}**" in shown
+    first = want["findings"][0]
+    assert first["experiment"] == "sampling filters" and first["acceptance_rate"]["found"]  # the planted cause
+    assert len(at.success) == 1 and "Ranked first" in at.success[0].value
+    assert first["verdict"] in html.unescape(at.success[0].value.replace("\\", ""))
+    e = first["acceptance_rate"]
+    assert (f"Ranked first: **sampling filters**: the draft ignores the request's top-k/top-p; acceptance "
+            f"{e['baseline']:.3f} → {e['variant']:.3f} ({e['difference']:+.3f}, 95% interval "
+            f"{e['interval'][0]:+.3f} to {e['interval'][1]:+.3f})") in shown
+    chart = figure(at, "dg_effects_chart")
+    points = {y: (x, plus, minus) for trace in chart["data"]
+              for y, x, plus, minus in zip(trace["y"], values(trace["x"]), values(trace["error_x"]["array"]),
+                                           values(trace["error_x"]["arrayminus"]))}
+    measured = [f for f in want["findings"] if f["acceptance_rate"] and f["acceptance_rate"]["difference"] is not None]
+    assert set(points) == {f["experiment"] for f in measured}
+    for f in measured:
+        x, plus, minus = points[f["experiment"]]
+        e = f["acceptance_rate"]
+        assert x == pytest.approx(e["difference"])
+        assert (x - minus, x + plus) == pytest.approx(tuple(e["interval"]))
+    assert chart["layout"]["shapes"][0]["x0"] == 0  # the zero line
+    assert not at.error
+
+
+def test_every_request_of_every_arm_links_to_its_request_and_first_rejection(folder, monkeypatch):
+    want = found(folder)
+    at = open_tab(open_page(folder, monkeypatch), "Per request")
+    arms = [f for f in want["findings"] if f["arm"]]
+    seen = set()
+    for f in arms:
+        at.selectbox(key="dg_experiment").set_value(f["experiment"]).run()
+        assert not at.exception
+        expected = {"baseline": first_rejections(folder, "baseline"), f["arm"]: first_rejections(folder, f["arm"])}
+        for text, query in links(at):
+            kind, workload, file = parse_request_name(parse_token(query["trace"]).name)
+            assert kind == "diagnosis" and workload.startswith(f"{CASE}--")
+            arm = workload.removeprefix(f"{CASE}--").removesuffix(".zip")
+            assert arm in expected
+            if text.startswith("cycle "):  # a request's first rejection, at the test stage
+                cycle = int(text.removeprefix("cycle "))
+                assert any(v == (file, cycle) for v in expected[arm].values()) and query["stage"] == "3"
+                assert query["cycle"] == str(cycle)
+            else:
+                request = text.split(" in ")[0]
+                assert expected[arm][request][0] == file and query["cycle"] == "0"
+                seen.add((arm, request))
+        rows = [r for r in texts(at).splitlines() if r.startswith("| [q")]
+        assert len(rows) == f["requests"] == len(TEXTS)
+        figure(at, "dg_paired_chart")
+    assert seen == {(a, f"q{i}") for a in ["baseline", *(f["arm"] for f in arms)] for i in range(len(TEXTS))}
+
+
+def test_a_link_opens_the_arm_in_the_stepper_and_the_sidebar_leads_back(folder, monkeypatch):
+    at = app(folder, monkeypatch)
+    at.query_params.update({"trace": f"workload:diagnosis~{CASE}--draft-filters-request.zip~request-0002.jsonl",
+                            "cycle": "1", "stage": "3"})
+    at.run()
+    assert not at.exception and at.session_state["cycle"] == 1
+    assert at.session_state["trace"].header["request"] == {"id": "q1", "category": "b"}
+    assert [p.proto.page for p in at.sidebar.get("page_link")] == ["diagnose"]
+    at.switch_page(PAGE).run()
+    assert at.session_state["diagnose_open"] == ("bundled", CASE)
+
+
+def test_the_probe_table_is_the_diagnosis_probe(folder, monkeypatch):
+    probe = found(folder)["probe"]
+    at = open_tab(open_page(folder, monkeypatch), "Draft agreement")
+    shown = texts(at)
+    for name, g in [*probe["categories"].items(), ("all requests", probe["overall"])]:
+        assert (f"| {name} | {g['requests']} | {g['top1_agreement']:.3f} | {g['mean_overlap']:.3f} | "
+                f"{g['predicted_greedy_acceptance_rate']:.3f} |") in shown
+
+
+def test_the_bundled_arms_stay_off_the_workload_page(folder, monkeypatch):
+    at = app(folder, monkeypatch)
+    at.run()
+    from app.ui import workloads
+    assert not [c for c in workloads.listed() if c[0] == "diagnosis"]
+    assert (folder / "diagnoses" / f"{CASE}--baseline.zip").is_file()
+
+
+def test_the_figures_are_valid_plotly(folder):
+    from app.figures import diagnose as figs
+    from app.figures.style import validated
+    from app.ui import diagnoses
+    from engine.diagnose import experiments
+    d = diagnoses.check(found(folder), CASE)
+    validated(figs.effects_figure(d))
+    validated(figs.effects_figure({"findings": []}))
+    rows = [{"base": r, "arm": r} for r in [{"id": "<b>x</b>", "category": "c", "accepted": 1, "drafted": 2,
+                                              "acceptance_rate": 0.5}]]
+    validated(figs.paired_figure(rows, "k-2"))
+    assert (figs.CAUSE, figs.ALTERNATIVE, figs.PROPERTY) == (experiments.CAUSE, experiments.ALTERNATIVE,
+                                                             experiments.PROPERTY)
+
+
+def hostile(good: dict, change) -> dict:
+    d = json.loads(json.dumps(good))
+    change(d)
+    return d
+
+
+CHANGES = {
+    "a path for an arm": lambda d: d["findings"][0].update(arm="../../<b>etc</b>"),
+    "a number as text": lambda d: d["findings"][0]["acceptance_rate"].update(difference="<b>0.2</b>"),
+    "a count that is a bool": lambda d: d["baseline"].update(requests=True),
+    "findings not a list": lambda d: d.update(findings={"x": 1}),
+    "an interval upside down": lambda d: d["findings"][0]["acceptance_rate"].update(interval=[0.3, -0.1]),
+    "a probe group not an object": lambda d: d["probe"]["categories"].update({"<i>a</i>": 3}),
+    "an unknown kind": lambda d: d["findings"][0].update(kind="<script>x</script>"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_hostile_case_file_is_refused_in_one_escaped_line(folder, monkeypatch, tmp_path, change):
+    (tmp_path / "diagnoses").mkdir()
+    (tmp_path / "diagnoses" / f"{CASE}.json").write_text(json.dumps(hostile(found(folder), CHANGES[change])))
+    at = open_page(folder, monkeypatch, diagnoses=tmp_path / "diagnoses")
+    assert len(at.error) == 1, [e.value for e in at.error]
+    line = at.error[0].value
+    assert "\n" not in line and "<b>" not in line and "<script>" not in line and "<i>" not in line
+    assert not at.get("plotly_chart")
+
+
+def test_not_json_and_a_hostile_verdict_are_shown_as_text(folder, monkeypatch, tmp_path):
+    (tmp_path / "diagnoses").mkdir()
+    (tmp_path / "diagnoses" / "a-broken.json").write_text("{not json <b>")
+    at = open_page(folder, monkeypatch, diagnoses=tmp_path / "diagnoses")
+    assert len(at.error) == 1 and "not JSON" in at.error[0].value and "<b>" not in at.error[0].value
+    (tmp_path / "diagnoses" / "a-broken.json").write_text("[" * 100_000)
+    at = open_page(folder, monkeypatch, diagnoses=tmp_path / "diagnoses")
+    assert len(at.error) == 1 and "nested too deep" in at.error[0].value
+    (tmp_path / "diagnoses" / "a-broken.json").write_text(json.dumps(hostile(
+        found(folder), lambda d: d["findings"][0].update(verdict="<b>bold</b> [x](javascript:alert(1)) $x$"))))
+    at = open_page(folder, monkeypatch, diagnoses=tmp_path / "diagnoses")
+    assert not at.error and "<b>" not in at.success[0].value and "](javascript" not in at.success[0].value
+
+
+def test_a_live_diagnosis_runs_on_the_queue_and_opens(folder, monkeypatch, tmp_path):
+    at = open_tab(open_page(folder, monkeypatch, runs=tmp_path / "runs"), "Run one live")
+    at.selectbox(key="dg_preset").set_value("tiny-shakespeare")
+    at.multiselect(key="dg_categories").set_value(["coding", "math"])
+    at.number_input(key="dg_tokens").set_value(4)
+    at.button[[b.label for b in at.button].index("Run this diagnosis live")].click().run()
+    assert not at.error, [e.value for e in at.error]
+    finish_job(at, 600)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    kind, name = at.session_state["diagnose_open"]
+    assert kind == "run" and name.startswith("diagnose-tiny-shakespeare-")
+    want = json.loads((tmp_path / "runs" / "diagnoses" / f"{name}.json").read_text())
+    baseline = open_workload(tmp_path / "runs" / "workloads" / f"{name}-baseline")
+    assert [(e.category, e.status) for e in baseline.entries] == [("coding", "done"), ("math", "done")]
+    shown = texts(at)
+    assert f"Baseline: **2** requests, draft acceptance rate **{want['baseline']['acceptance_rate']:.3f}**" in shown
+    for f in want["findings"]:
+        assert f["verdict"] in shown
+    from app.ui import workloads  # each arm is an ordinary live workload too
+    assert ("run", f"{name}-baseline") in workloads.listed()
+
+
+def test_a_planted_mis_setting_that_cannot_show_is_refused_before_anything_runs(folder, monkeypatch, tmp_path):
+    at = open_tab(open_page(folder, monkeypatch, runs=tmp_path / "runs"), "Run one live")
+    at.selectbox(key="dg_preset").set_value("tiny-shakespeare")
+    at.selectbox(key="dg_plant").set_value("raw")
+    at.button[[b.label for b in at.button].index("Run this diagnosis live")].click().run()
+    assert len(at.error) == 1 and "chat template" in at.error[0].value
+    assert "background_job" not in at.session_state
+
+
+LOW = ("vllm:spec_decode_num_drafts_total 100\nvllm:spec_decode_num_draft_tokens_total 300\n"
+       "vllm:spec_decode_num_accepted_tokens_total {}\n")
+
+
+@pytest.mark.parametrize("accepted, linked", [(60, True), (270, False)])
+def test_a_server_with_low_acceptance_is_pointed_here(folder, monkeypatch, accepted, linked):
+    at = app(folder, monkeypatch)
+    at.run()
+    at.switch_page("views/statistics.py").run()
+    at.session_state["stats_tab"] = "Your server"
+    at.run()
+    at.text_area(key="server_paste").input(LOW.format(accepted)).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    pages = [p.proto.page for p in at.main.get("page_link")]
+    assert ("diagnose" in pages) == linked
+    if linked:
+        label = next(p.proto.label for p in at.main.get("page_link") if p.proto.page == "diagnose")
+        assert label == "Why is acceptance low? Diagnose a pair by experiment"
+        assert "under 0.5" in texts(at)
+
+
+def test_the_interview_asks_about_each_planted_cause_and_points_here(folder, monkeypatch):
+    at = open_page(folder, monkeypatch)
+    at.switch_page("views/interview.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    labels = [e.label for e in at.expander]
+    for words in ("without the chat template", "ignores top-p/top-k", "K is far too deep"):
+        (question,) = [e for e in at.expander if words in e.label]
+        answer = " ".join(m.value for m in question.markdown)
+        assert "**The cause.**" in answer and "**Why the output stays exact.**" in answer
+        assert "**How the diagnosis finds it.**" in answer
+        assert [p.proto.page for p in question.get("page_link")] == ["diagnose"]
+    assert len(labels) >= 16
+    filters = next(e for e in at.expander if "ignores top-p/top-k" in e.label)
+    verdict = found(folder)["findings"][0]["verdict"]  # the bundled case's measurement of it
+    assert verdict in html.unescape(" ".join(c.value for c in filters.caption).replace("\\", ""))
+
+
+def test_no_diagnosis_offers_a_live_one(folder, monkeypatch, tmp_path):
+    at = open_page(folder, monkeypatch, diagnoses=tmp_path / "none", runs=tmp_path / "runs")
+    assert any("No diagnosis here yet" in i.value for i in at.info)
+    assert [b for b in at.button if b.label == "Run this diagnosis live"]
+
+
+def test_the_page_opens_without_loading_a_model(folder):
+    """A fresh process: the report, the requests and the probe need no torch (the live form may)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, SPECLAB_TRACES_DIR=str(folder / "traces"), SPECLAB_DIAGNOSES_DIR=str(folder / "diagnoses"),
+               SPECLAB_WORKLOADS_DIR=str(folder / "workloads"), SPECLAB_RUNS_DIR=str(folder / "runs"))
+    code = (f"import sys; from streamlit.testing.v1 import AppTest; at = AppTest.from_file({str(MAIN)!r}, "
+            "default_timeout=60).run(); at.switch_page('views/diagnose.py').run()\n"
+            "for tab in ('Per request', 'Draft agreement'):\n    at.session_state['diagnose_tab'] = tab; at.run()\n"
+            "print(len(at.exception), len(at.markdown) > 2, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=MAIN.parent.parent)
+    assert out.stdout.split("\n")[-2] == "0 True False False", out.stderr[-2000:]
