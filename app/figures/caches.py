@@ -8,7 +8,7 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from app.figures.derive import FEATURE_HEAD, FEATURE_TARGET, HEAD_ROW, cycle_drafter, draft_cache_name
+from app.figures.derive import FEATURE_HEAD, FEATURE_TARGET, OwnPrompt, cycle_drafter, draft_cache_name
 from app.figures.style import (
     CATCH_UP,
     COMMITTED,
@@ -22,7 +22,7 @@ from app.figures.style import (
     legend_name,
     shown,
 )
-from engine.trace.schema import EAGLE
+from engine.trace.schema import DRAFT_MODEL, EAGLE
 
 CACHE_CONTEXT = 6  # committed cells shown before the ones this cycle touches
 MAX_CACHE_CELLS = 512  # a strip never draws more cells than this, whatever lengths a trace records
@@ -55,29 +55,53 @@ def cache_cells(lengths: dict, stage: int, model: str, head: bool = False) -> di
     return {COMMITTED: (0, min(appended, after)), ROLLED_BACK: (after, appended), CATCH_UP: (appended, after)}
 
 
-def cache_figure(c: dict, stage: int, sequence_texts: Sequence[str], drafter: str | None = None) -> go.Figure:
+def cache_figure(c: dict, stage: int, sequence_texts: Sequence[str], drafter: str | None = None,
+                 own: OwnPrompt | None = None) -> go.Figure:
     """The KV-cache strip of target and draft at a stage, with the recorded lengths.
 
     sequence_texts[p] is the token at sequence position p: the committed tokens
     followed by this cycle's drafts (so a cell can show whose K/V it holds). `drafter` is
-    the trace header's drafter kind: an EAGLE head's cache is its own row, named so.
+    the trace header's drafter kind: an EAGLE head's cache is its own row, named so. `own`: the
+    draft read its own rendering of the prompt (derive.own_prompt), so its row is drawn at its own
+    positions, labelled with its own prompt's tokens and then the tokens committed after the target's prompt.
     """
     drafter = cycle_drafter(c, drafter)
     row = draft_cache_name(drafter)
     t_len, d_len = c["target_cache_len"], c["draft_cache_len"]
     lengths = {"target": t_len} if d_len is None else {"target": t_len, row: d_len}  # prompt lookup: no draft cache
+    own = own if d_len is not None and drafter == DRAFT_MODEL else None
+    texts = {"target": sequence_texts, row: own.cache_texts(list(sequence_texts)) if own else sequence_texts}
     head = drafter == EAGLE
     per_model = {model: cache_cells(v, stage, model, head and model == row) for model, v in lengths.items()}
     first = max(0, min(v["before"] for v in lengths.values()) - CACHE_CONTEXT)
-    notes = head_cell_notes(c, stage) if head and d_len is not None else {}
+    notes = head_cell_notes(c, stage) if head and d_len is not None else {}  # per state
+    prompt_notes = own_prompt_notes(own) if own else {}  # every state: the draft's own prompt cells
     traces = [t for state in (COMMITTED, PROVISIONAL, ROLLED_BACK, CATCH_UP)
-              for t in _cache_state(state, per_model, first, sequence_texts, notes.get(state, {}),
+              for t in _cache_state(state, per_model, first, texts, {row: prompt_notes or notes.get(state, {})},
                                     HEAD_CATCH_UP if head and state == CATCH_UP else None)]
     end = min(max(max(v["after_append"], v["after_rollback"]) for v in lengths.values()), first + MAX_CACHE_CELLS)
     note = f" (positions 0–{first - 1}: committed, not drawn)" if first else ""
     return figure(traces, cache_title(c, stage, drafter), 240, barmode="overlay",
                   yaxis=dict(categoryorder="array", categoryarray=[row, "target"], fixedrange=True),
-                  xaxis=dict(title=dict(text="cache position" + note), range=[first - 0.5, end + 0.5], fixedrange=True))
+                  xaxis=dict(title=dict(text="cache position" + note + (own_axis_note(own) if own else "")),
+                             range=[first - 0.5, end + 0.5], fixedrange=True))
+
+
+def own_axis_note(own: OwnPrompt) -> str:
+    """Under the strip: why the draft's row does not line up with the target's."""
+    gap = abs(own.offset)
+    where = (f"its cells sit {gap} position{'' if gap == 1 else 's'} {'behind' if own.offset < 0 else 'ahead of'} "
+             f"the target's" if gap else "its cells line up with the target's but hold other prompt tokens")
+    return (f" · draft row: its own {len(own.token_ids)}-token prompt (no chat template; the target's has "
+            f"{own.target_len}), so {where}")
+
+
+def own_prompt_notes(own: OwnPrompt) -> dict[int, str]:
+    """Hover notes on the draft's own prompt cells: which token of that prompt each holds."""
+    n = len(own.token_ids)
+    return {i: f"the draft's own prompt (without the chat template), token {i + 1} of {n}"
+               + ("" if own.texts[i] is not None else f": id {own.token_ids[i]}, which the trace writes no text for")
+            for i in range(n)}
 
 
 def head_cell_notes(c: dict, stage: int) -> dict[str, dict[int, str]]:
@@ -93,17 +117,19 @@ def head_cell_notes(c: dict, stage: int) -> dict[str, dict[int, str]]:
             ROLLED_BACK: {p: "built on a predicted feature or a rejected token: dropped" for p in range(kept, d["after_append"])}}
 
 
-def _cache_state(state: str, per_model: dict, first: int, texts: Sequence[str],
-                 notes: dict[int, str] | None = None, legend: str | None = None) -> list[dict]:
-    """The cells of one state in every row; `notes` add a line to the hover of the EAGLE head's cells."""
+def _cache_state(state: str, per_model: dict, first: int, texts: dict[str, Sequence[str]],
+                 notes: dict[str, dict[int, str]] | None = None, legend: str | None = None) -> list[dict]:
+    """The cells of one state in every row, each row labelled with its own `texts[row]`; `notes[row]`
+    add a line to the hover of that row's cells (the EAGLE head's, or a draft's own prompt)."""
     ys, xs, hover, names = [], [], [], []
     for model, ranges in per_model.items():
         start, end = ranges.get(state, (0, 0))
+        row_texts = texts[model]
         for p in range(max(start, first), min(end, first + MAX_CACHE_CELLS)):
-            text = texts[p] if p < len(texts) else "?"
+            text = row_texts[p] if p < len(row_texts) else "?"
             ys.append(model), xs.append(p)
             names.append(("✗" if state == ROLLED_BACK else "") + shown(text, 6))
-            note = (notes or {}).get(p) if model == HEAD_ROW else None
+            note = (notes or {}).get(model, {}).get(p)
             hover.append(f"{model} cache position {p}: K/V of <b>{shown(text)}</b> · {STYLES[state].label}"
                          + (f"<br>{esc(note)}" if note else ""))
     if not xs:

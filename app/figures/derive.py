@@ -207,6 +207,58 @@ def sequence_texts(trace, c: dict, compacted: bool = False) -> list[str]:
     return texts + list(c["committed_token_texts"][:held]) + nodes[held:]
 
 
+
+@dataclass(frozen=True)
+class OwnPrompt:
+    """The prompt as a draft model read it when that was not the target's rendering (draft_prompt "raw",
+    docs/drafters.md "A draft model mis-set on purpose"): the draft's cache holds these tokens, then every token
+    committed after the target's prompt, so each of its positions is `offset` off the target's."""
+
+    token_ids: tuple[int, ...]
+    texts: tuple[str | None, ...]  # each token's text where the trace writes that id out elsewhere, else None
+    target_len: int  # the target's prompt length (with the chat template)
+
+    @property
+    def offset(self) -> int:
+        """Positions the draft's cache holds beyond the target's (negative: fewer)."""
+        return len(self.token_ids) - self.target_len
+
+    def label(self, i: int) -> str:
+        """Token i of the draft's prompt as a cell shows it: its text, or its id when the trace has no text for it."""
+        text = self.texts[i]
+        return f"#{self.token_ids[i]}" if text is None else text
+
+    def cache_texts(self, sequence_texts: list[str]) -> list[str]:
+        """Token text at each of the draft's cache positions, from the target's `sequence_texts`: its own
+        prompt, then the committed tokens after the target's prompt and this cycle's drafts."""
+        return [self.label(i) for i in range(len(self.token_ids))] + list(sequence_texts[self.target_len:])
+
+
+def own_prompt(trace) -> OwnPrompt | None:
+    """The draft's own prompt when it read another rendering than the target (header drafter entry
+    draft_prompt_token_ids), else None (its cache lines up with the target's).
+
+    The header has no texts for those ids, and the format gains none: a draft model shares the target's
+    tokenizer, and the loader checks that an id is written with one text everywhere in a trace, so a token
+    takes the text the trace gives its id elsewhere (the target's prompt, a committed or drafted token, a
+    top-N entry); an id the trace never writes out stays an id."""
+    header = trace.header
+    ids = (header.get("drafter") or {}).get("draft_prompt_token_ids")
+    if ids is None or list(ids) == list(header["prompt_token_ids"]):
+        return None
+    wanted = set(ids)
+    known = {t: x for t, x in zip(header["prompt_token_ids"], header["prompt_token_texts"]) if t in wanted}
+    for c in trace.cycles:
+        if wanted <= known.keys():
+            break
+        pairs = list(zip(c["committed_token_ids"], c["committed_token_texts"]))
+        if not is_tree_cycle(c):  # (the tree refuses a draft reading its own prompt: chains only)
+            pairs += zip(c["draft_token_ids"], c["draft_token_texts"])
+            pairs += [(e["token_id"], e["text"]) for rows in (c["target_top"], c["draft_top"]) for row in rows for e in row]
+        known.update((t, x) for t, x in pairs if t in wanted and t not in known)
+    return OwnPrompt(tuple(ids), tuple(known.get(t) for t in ids), len(header["prompt_token_ids"]))
+
+
 # ---------------------------------------------------------------- where a proposal came from
 
 # Roles of a token in the prompt-lookup view.

@@ -3,8 +3,8 @@
 Plain text (the pages show it with st.text-like elements that never interpret HTML
 or Markdown), so token texts appear quoted, not escaped.
 """
-from app.figures.derive import HEAD_ROW, cycle_drafter, visible_text
-from engine.trace.schema import EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP
+from app.figures.derive import HEAD_ROW, OwnPrompt, cycle_drafter, visible_text
+from engine.trace.schema import DRAFT_MODEL, EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP
 
 STAGES = {
     1: "1 Draft",
@@ -29,12 +29,13 @@ def quoted(text: str) -> str:
 
 
 def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None, greedy: bool = False,
-                  drafter: str | None = None) -> str:
+                  drafter: str | None = None, own: OwnPrompt | None = None) -> str:
     """What happens at this stage of cycle c, and why, in one line.
 
     `faults` is the trace header's "faults" entry: a run recorded with a deliberate bug
     (teaching pages) gets its rollback described as it really happened. `drafter` is the
-    header's drafter kind (without it, the cycle's own drafter_state says).
+    header's drafter kind (without it, the cycle's own drafter_state says). `own`: a draft model
+    that read its own rendering of the prompt (derive.own_prompt), whose cache is offset from the target's.
     """
     if stage == 5 and faults and faults.get("keep_rejected_kv"):
         return _skipped_rollback(c, k)
@@ -42,7 +43,36 @@ def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None, greed
         return (_greedy_test if stage == 3 else _greedy_resample)(c, k)
     if cycle_drafter(c, drafter) == EAGLE and stage in (1, 5):
         return (_head_draft if stage == 1 else _head_rollback)(c, k)
+    if own is not None and stage in (1, 5) and cycle_drafter(c, drafter) == DRAFT_MODEL \
+            and c["draft_cache_len"] is not None:
+        return (_draft(c, k) + " " + own_prompt_words(own)) if stage == 1 else _own_rollback(c, own)
     return {1: _draft, 2: _verify, 3: _test, 4: _resample, 5: _rollback}[stage](c, k)
+
+
+def own_prompt_words(own: OwnPrompt) -> str:
+    """What the draft read, said where it drafts: not the target's prompt."""
+    return (f"It read the prompt without the chat template ({len(own.token_ids)} tokens of its own; the target read "
+            f"{own.target_len}), so it guesses the continuation of another text than the target's.")
+
+
+def own_cache_words(own: OwnPrompt) -> str:
+    """What the offset draft's cache holds after a rollback, and how that compares with the target's."""
+    gap = abs(own.offset)
+    than = (f"{gap} position{'' if gap == 1 else 's'} {'fewer' if own.offset < 0 else 'more'} than the target's"
+            if gap else "as many positions as the target's, with other prompt tokens")
+    return (f"the draft holds its own prompt ({len(own.token_ids)} tokens, without the chat template) and every "
+            f"committed token after the target's prompt but the last: {than}")
+
+
+def _own_rollback(c: dict, own: OwnPrompt) -> str:
+    t, d = c["target_cache_len"], c["draft_cache_len"]
+    text = (f"Cache entries past the committed prefix are removed: target {t['after_append']} → {t['after_rollback']}, "
+            f"draft {d['after_append']} → {d['after_rollback']}. The target holds every committed token but the last "
+            f"(its prompt, with the chat template, is {own.target_len} tokens); {own_cache_words(own)}. The last "
+            f"committed token opens the next cycle in both.")
+    if c["draft_catch_up"]:
+        text += " The draft never ran on its own last token, so it is fed now (catch-up)."
+    return text
 
 
 def _greedy_test(c: dict, k: int) -> str:

@@ -250,7 +250,7 @@ def stage_chart(trace: Trace, c: dict, k: int, stage: int, greedy: bool):
         return acceptance_figure(c, k, stage, greedy)
     if stage == 4:
         return resample_figure(c, k)
-    return cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind)
+    return cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind, derive.own_prompt(trace))
 
 
 def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
@@ -263,7 +263,7 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     greedy = trace.header["settings"]["temperature"] == 0
     st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
     first_result().caption(token_strip(c, k, stage))  # caption-sized: it leaves the stage's chart on screen
-    words = md(stage_caption(c, k, stage, trace.header.get("faults"), greedy, trace.drafter_kind))
+    words = md(stage_caption(c, k, stage, trace.header.get("faults"), greedy, trace.drafter_kind, derive.own_prompt(trace)))
     if stage in (1, 5):  # the cycle figure and the caches need the page's width
         st.info(words, icon=":material/lightbulb:")
         shared_chart((trace_key, "stage", cycle, stage), lambda: stage_chart(trace, c, k, stage, greedy),
@@ -290,7 +290,8 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
             shared_chart((trace_key, "test", cycle, stage), lambda: acceptance_figure(c, k, stage, greedy))
     if stage != 5:
         shared_chart((trace_key, "caches", cycle, stage),
-                     lambda: cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind))
+                     lambda: cache_figure(c, stage, derive.sequence_texts(trace, c), trace.drafter_kind,
+                                          derive.own_prompt(trace)))
     shared_chart((trace_key, "cycle_time", cycle), lambda: cycle_time_figure(
         c, median_cycle_s(trace), c["cycle"] in loud_cycles(trace)), key="cycle_time")
     if stage in (2, 5):  # the verify appends to the target's cache, the rollback trims it: in the trace's layout

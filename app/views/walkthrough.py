@@ -106,8 +106,9 @@ def stage_draft(trace: Trace, c: dict) -> None:
         "the draft found the token it drew, $p_\\text{draft}$. Nothing is final yet: these are proposals.")
     tokens = ", ".join(f"{q(t)} ({p:.3f})" for t, p in zip(c["draft_token_texts"], c["p_draft"]))
     st.markdown(f"In **cycle {c['cycle']}** the draft proposed K={k} tokens (with $p_\\text{{draft}}$): {tokens}.")
-    if trace.drafter_kind != DRAFT_MODEL:  # prompt lookup / other tokenizer / EAGLE head: how the proposals were made
-        st.info(md(stage_caption(c, k, 1, drafter=trace.drafter_kind)), icon=":material/lightbulb:")
+    own = derive.own_prompt(trace)  # a draft model that read the prompt without the chat template
+    if trace.drafter_kind != DRAFT_MODEL or own is not None:  # prompt lookup / other tokenizer / EAGLE head / own prompt
+        st.info(md(stage_caption(c, k, 1, drafter=trace.drafter_kind, own=own)), icon=":material/lightbulb:")
     st.latex(r"d_i \sim p_\text{draft}(\,\cdot \mid x_{1..n},\, d_1, \dots, d_{i-1}), \qquad i = 1, \dots, K")
     chart(cycle_figure(c, k, 1), key="wt_cycle_1")
     open_in_stepper(c["cycle"], 1, key="wt_link_1")
@@ -214,13 +215,17 @@ def stage_resample(trace: Trace, c: dict) -> None:
 def stage_rollback(trace: Trace, c: dict) -> None:
     st.header("5 · Roll back: forget what was not kept")
     t, d = c["target_cache_len"], c["draft_cache_len"]
+    own = derive.own_prompt(trace)  # a draft model that read the prompt without the chat template
     st.markdown(
         "While drafting and verifying, both models stored keys and values (K/V) for every position they "
         "read, including guesses that were just rejected or discarded. The engine now trims both caches "
         "back to the committed text. This project's convention: after each cycle a cache holds every "
-        "committed token except the last, which is fed in at the start of the next cycle.")
-    if d is None or trace.drafter_kind == EAGLE:  # no draft cache, or the head's own rollback rule
-        st.markdown(md(stage_caption(c, derive.proposals(c), 5, drafter=trace.drafter_kind)))
+        "committed token except the last, which is fed in at the start of the next cycle."
+        + (f" In this run the draft read its own rendering of the prompt, without the chat template, so its cache "
+           f"holds that prompt ({len(own.token_ids)} tokens) in place of the target's ({own.target_len} tokens)."
+           if own is not None else ""))
+    if d is None or trace.drafter_kind == EAGLE or own is not None:  # no draft cache, the head's rule, or an offset
+        st.markdown(md(stage_caption(c, derive.proposals(c), 5, drafter=trace.drafter_kind, own=own)))
     else:
         st.markdown(
             f"Cycle {c['cycle']}: the target cache goes {t['after_append']} → {t['after_rollback']} entries, "
@@ -234,7 +239,7 @@ def stage_rollback(trace: Trace, c: dict) -> None:
         "adding yours. Leaving them in would put words in the letter you never said, and every later guess "
         "would be made from that garbled letter. The KV cache is the assistant's memory of the letter so far.",
         icon=":material/keyboard:")
-    chart(cache_figure(c, 5, derive.sequence_texts(trace, c), trace.drafter_kind), key="wt_cache")
+    chart(cache_figure(c, 5, derive.sequence_texts(trace, c), trace.drafter_kind, own), key="wt_cache")
     name = figures_layouts.layout_of(trace.header)["name"]
     st.markdown(f"**How this run's cache layout does it: {figures_layouts.LAYOUT_WORDS[name]}.** "
                 + figures_layouts.ROLLBACK_WORDS[name])

@@ -55,7 +55,8 @@ def q_rejected_cache(trace: Trace | None) -> None:
         if c is None:
             needs_trace()
             return
-        chart(cache_figure(c, 5, derive.sequence_texts(trace, c), trace.drafter_kind), key="iv_cache")
+        chart(cache_figure(c, 5, derive.sequence_texts(trace, c), trace.drafter_kind, derive.own_prompt(trace)),
+              key="iv_cache")
         open_in_stepper(c["cycle"], 5, key="iv_link_cache")
         st.page_link(ROLLBACK_DEMO, label="Watch what goes wrong if they stay", icon=":material/bug_report:")
 
@@ -124,7 +125,8 @@ def q_catch_up(trace: Trace | None) -> None:
                        "entries built on the target's true features, so after any accepted token it drops the "
                        "entries its later draft steps built on its own predicted features and feeds the accepted "
                        "tokens again with the target's features from the verify pass.")
-        chart(cache_figure(c, 5, derive.sequence_texts(trace, c), trace.drafter_kind), key="iv_catch_up")
+        chart(cache_figure(c, 5, derive.sequence_texts(trace, c), trace.drafter_kind, derive.own_prompt(trace)),
+              key="iv_catch_up")
         open_in_stepper(c["cycle"], 5, key="iv_link_catch_up")
 
 
