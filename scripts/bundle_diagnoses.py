@@ -28,7 +28,9 @@ CASES = {  # name: (arguments, planted cause or None, repeat of)
     "tiny-shakespeare-set-correctly": (SHAKESPEARE, None, None),
     "tiny-shakespeare-set-correctly-seed-1": (SHAKESPEARE + ["--seed", "1"], None, "tiny-shakespeare-set-correctly"),
     "chat-draft-without-chat-template": (CHAT + ["--draft-prompt", "raw", "--only", RANKED], "chat template", None),
-    "chat-draft-ignores-top-k": (["--preset", "chat", "--temperature", "0.7", "--top-k", "3", "--k", "4",
+    # top-k 1, as in vLLM #56724: the target keeps only its top token, the draft proposes from all of its own
+    # (top-k 3 planted too little here: the chat draft puts most of its mass on its top 3 anyway)
+    "chat-draft-ignores-top-k": (["--preset", "chat", "--temperature", "0.7", "--top-k", "1", "--k", "4",
                                   "--draft-filters", "temperature only", "--only", RANKED], "sampling filters", None),
     "chat-k-far-too-deep": (["--preset", "chat", "--temperature", "0.7", "--top-p", "0.9", "--k", "12",
                              "--only", RANKED], "draft depth", None),
@@ -40,6 +42,24 @@ def portable(found: dict) -> dict:
     found["baseline"]["folder"] = "baseline"
     for f in found["findings"]:
         f["folder"] = f["arm"]
+    return found
+
+
+def refreshed(found: dict) -> dict:
+    """The findings with each verdict written again by today's engine/diagnose/report.py from the stored
+    numbers (the wording may change; the measurements do not)."""
+    from engine.diagnose.experiments import Experiment
+    from engine.diagnose.paired import Effect
+    from engine.diagnose.report import Finding
+
+    def effect(d: dict | None) -> Effect | None:
+        return None if d is None else Effect(d["measure"], d["baseline"], d["variant"], d["difference"],
+                                              None if d["interval"] is None else tuple(d["interval"]))
+
+    for f in found["findings"]:
+        x = Experiment(f["experiment"], f["kind"], f["now"], f["change"], None, f["skipped"] or "")
+        f["verdict"] = Finding(x, f["folder"], effect(f["acceptance_rate"]), effect(f["tokens_per_s"]),
+                               f["requests"], f["error"]).verdict()
     return found
 
 
@@ -68,7 +88,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", choices=sorted(CASES), action="append")
     parser.add_argument("--work", default="/tmp/speclab-diagnoses")
+    parser.add_argument("--refresh-verdicts", action="store_true", help="rewrite the bundled cases' verdicts only")
     args = parser.parse_args()
+    if args.refresh_verdicts:
+        for path in sorted(OUT.glob("*.json")):
+            path.write_text(json.dumps(refreshed(json.loads(path.read_text())), indent=1, ensure_ascii=False))
+        return
     for case in args.only or CASES:
         record(case, Path(args.work))
 

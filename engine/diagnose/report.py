@@ -39,12 +39,18 @@ class Finding:
         e, s = self.acceptance, self.speed
         if e is None or e.difference is None:
             return f"{x.name}: nothing to compare (no drafted tokens in one of the arms)"
-        rates = f"acceptance {e.baseline:.2f} -> {e.variant:.2f} {x.change}"
-        interval = f"{e.difference:+.2f}, 95% interval {e.interval[0]:+.2f} to {e.interval[1]:+.2f}"
-        speed = f"; tokens/s {s.baseline:.1f} -> {s.variant:.1f}" if s and s.difference is not None else ""
-        if not e.found:
-            return f"{x.name}: no effect found ({x.now}: {rates}, {interval}: includes 0){speed}"
-        return f"{x.name}: {x.now}: {rates} ({interval}){speed}"
+        if x.kind == ALTERNATIVE and s is not None and s.difference is not None:  # judged by speed
+            main = f"tokens/s {s.baseline:.1f} -> {s.variant:.1f} {x.change}"
+            interval = f"{s.difference:+.1f}, 95% interval {s.interval[0]:+.1f} to {s.interval[1]:+.1f}"
+            other, found = f"; acceptance {e.baseline:.2f} -> {e.variant:.2f}", s.found
+        else:
+            main = f"acceptance {e.baseline:.2f} -> {e.variant:.2f} {x.change}"
+            interval = f"{e.difference:+.2f}, 95% interval {e.interval[0]:+.2f} to {e.interval[1]:+.2f}"
+            other = f"; tokens/s {s.baseline:.1f} -> {s.variant:.1f}" if s and s.difference is not None else ""
+            found = e.found
+        if not found:
+            return f"{x.name}: no effect found ({x.now}: {main}, {interval}: includes 0){other}"
+        return f"{x.name}: {x.now}: {main} ({interval}){other}"
 
 
 def common(a: list[RequestCounts], b: list[RequestCounts]) -> tuple[list[RequestCounts], list[RequestCounts]]:
