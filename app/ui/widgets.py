@@ -72,3 +72,21 @@ def open_in_stepper(cycle: int, stage: int, key: str, label: str | None = None) 
         state.set_step(cycle, stage)
         st.switch_page(STEPPER, query_params=query)
     cols[1].markdown(f"[or in a new tab](./?{urlencode(query)})", help="A link that reopens this exact view.")
+
+
+def remembered_pick(label: str, found: list, *, remember: str, key: str, words: Callable[[object], str],
+                    came_from: object = None, empty: str = "") -> object | None:
+    """A selectbox over `found` that keeps its choice in session_state[remember] across pages: the
+    remembered one, else `came_from` (what the open trace belongs to), else the first. With nothing to
+    pick, `empty` is shown and None returned."""
+    current = st.session_state.get(remember)
+    if current is None:
+        current = came_from
+    if not found:
+        st.info(empty)
+        return None
+    if current not in found:
+        current = found[0]
+    picked = st.selectbox(label, found, index=found.index(current), format_func=words, key=key)
+    st.session_state[remember] = picked
+    return picked

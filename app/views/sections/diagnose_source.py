@@ -12,6 +12,7 @@ import streamlit as st
 
 from app.ui import diagnoses, jobs, state
 from app.ui.safe import md
+from app.ui.widgets import remembered_pick
 from engine.config import SettingsError, SpecSettings
 from engine.drafters.registry import DRAFTERS, DrafterOptions, check_before_loading
 from engine.trace.schema import DRAFT_FILTERS_TEMPERATURE, DRAFT_MODEL, DRAFT_PROMPT_RAW, EAGLE, MAX_K, PROMPT_LOOKUP
@@ -34,20 +35,11 @@ LIVE_DRAFTERS = (DRAFT_MODEL, PROMPT_LOOKUP, EAGLE)  # those that sample: the ex
 def choose() -> tuple[str, str] | None:
     """The diagnosis the page shows: picked from the list (a request of a bundled arm opened in the
     stepper brings its case), or a finished live one."""
-    found = diagnoses.listed()
-    current = st.session_state.get(diagnoses.OPEN)
     ref = state.current_ref()
-    if current is None and ref is not None and ref.kind == "workload":  # came back from a request's trace
-        current = diagnoses.case_of(state.parse_request_name(ref.name)[:2])
-    if current not in found:
-        current = found[0] if found else None
-    if not found:
-        st.info("No diagnosis here yet: run one live, below.")
-        return None
-    picked = st.selectbox("Diagnosis", found, index=found.index(current), format_func=diagnoses.words,
-                          key="diagnose_pick")
-    st.session_state[diagnoses.OPEN] = picked
-    return picked
+    came_from = (diagnoses.case_of(state.parse_request_name(ref.name)[:2])  # back from a request's trace
+                 if ref is not None and ref.kind == "workload" else None)
+    return remembered_pick("Diagnosis", diagnoses.listed(), remember=diagnoses.OPEN, key="diagnose_pick",
+                           words=diagnoses.words, came_from=came_from, empty="No diagnosis here yet: run one live, below.")
 
 
 def live_form() -> None:

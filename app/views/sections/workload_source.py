@@ -12,6 +12,7 @@ import streamlit as st
 
 from app.ui import jobs, state, workloads
 from app.ui.safe import md
+from app.ui.widgets import remembered_pick
 from engine.config import SettingsError, SpecSettings
 from engine.models.presets import PRESETS
 from engine.workload.prompts import read_prompts
@@ -24,20 +25,11 @@ MAX_LIVE_TOKENS = 32
 
 def choose() -> tuple[str, str] | None:
     """The workload the page shows: picked from the list, opened from an upload, or a finished live run."""
-    found = workloads.listed()
-    current = st.session_state.get(workloads.OPEN)
     ref = state.current_ref()
-    if current is None and ref is not None and ref.kind == "workload":  # came from a request's trace
-        current = state.parse_request_name(ref.name)[:2]
-    if current not in found:
-        current = found[0] if found else None
-    if not found:
-        st.info("No workload here yet: upload one, or run a small one live, below.")
-        return None
-    picked = st.selectbox("Workload", found, index=found.index(current), format_func=workloads.words,
-                          key="workload_pick")
-    st.session_state[workloads.OPEN] = picked
-    return picked
+    came_from = state.parse_request_name(ref.name)[:2] if ref is not None and ref.kind == "workload" else None
+    return remembered_pick("Workload", workloads.listed(), remember=workloads.OPEN, key="workload_pick",
+                           words=workloads.words, came_from=came_from,
+                           empty="No workload here yet: upload one, or run a small one live, below.")
 
 
 def upload() -> None:
