@@ -59,7 +59,7 @@ def refreshed(found: dict) -> dict:
     for f in found["findings"]:
         x = Experiment(f["experiment"], f["kind"], f["now"], f["change"], None, f["skipped"] or "")
         f["verdict"] = Finding(x, f["folder"], effect(f["acceptance_rate"]), effect(f["tokens_per_s"]),
-                               f["requests"], f["error"]).verdict()
+                               f["requests"], f["error"], effect(f.get("step_tokens_per_s"))).verdict()
     return found
 
 

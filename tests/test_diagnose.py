@@ -1,14 +1,16 @@
 """`engine diagnose`: paired effects with known answers, the experiment plan, and a planted cause found
 on tiny real models (first in the ranking, its interval excluding zero)."""
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from engine.cli import main
 from engine.config import SpecSettings
-from engine.diagnose.experiments import ALTERNATIVE, CAUSE, PROPERTY, Arm, Experiment, plan
+from engine.diagnose.experiments import ALTERNATIVE, CAUSE, PROPERTY, TUNING, Arm, Experiment, plan
 from engine.diagnose.paired import RequestCounts, paired_effect, percentile
-from engine.diagnose.report import Finding, ranked
+from engine.diagnose.report import Finding, first_fix, format_findings, ranked
 from engine.drafters.registry import DrafterOptions
 from tests.tiny import noisy_pair, save_tiny
 
@@ -64,19 +66,37 @@ def test_the_plan_runs_what_applies_and_says_why_the_rest_does_not():
     assert "plain decoding beats every K" in by_name["draft depth"].change
 
 
-def test_causes_rank_by_acceptance_alternatives_by_speed_and_properties_come_last():
-    def found(name: str, diff: float, kind: str = CAUSE, faster: float = 0.0) -> Finding:
-        e = paired_effect("acceptance_rate", counts([0.3, 0.4]), counts([0.3 + diff, 0.4 + diff]))
-        slow = counts([0.3, 0.4])
-        quick = [RequestCounts(r.id, r.category, r.file, r.drafted, r.accepted, r.cycles, r.generated,
-                               r.seconds / (1 + faster)) for r in slow]
-        return Finding(Experiment(name, kind, "now", "changed", None), "f", e,
-                       paired_effect("tokens_per_s", slow, quick), 2)
+def found(name: str, diff: float, kind: str = CAUSE, faster: float = 0.0, step_faster: float | None = None) -> Finding:
+    """A finding whose arm shifts every request's acceptance by `diff`, whose wall clock is `faster`
+    (0.1: 10% more tokens/s) and whose cycles on the step times are `step_faster` (None: no step times)."""
+    e = paired_effect("acceptance_rate", counts([0.3, 0.4]), counts([0.3 + diff, 0.4 + diff]))
+    slow = [replace(r, committed=r.accepted, step_seconds=None if step_faster is None else 1.0 + i / 10)
+            for i, r in enumerate(counts([0.3, 0.4]))]
+    quick = [replace(r, seconds=r.seconds / (1 + faster),
+                     step_seconds=None if step_faster is None else r.step_seconds / (1 + step_faster)) for r in slow]
+    return Finding(Experiment(name, kind, "now", "changed", None), "f", e, paired_effect("tokens_per_s", slow, quick),
+                   2, step_speed=paired_effect("step_tokens_per_s", slow, quick))
 
+
+def test_causes_rank_by_acceptance_then_k_by_step_times_alternatives_by_speed_and_properties_last():
     order = [f.experiment.name for f in ranked([
         found("small", 0.05), found("temp", 0.4, PROPERTY), found("worse", -0.1), found("big", 0.2),
+        found("none", 0.0), found("depth", 0.3, TUNING, faster=-0.5, step_faster=0.2),
         found("lookup", 0.5, ALTERNATIVE, faster=0.1), found("eagle", -0.2, ALTERNATIVE, faster=0.5)])]
-    assert order == ["big", "small", "worse", "eagle", "lookup", "temp"]  # eagle: slower to accept, faster
+    # gains first, then no effect, then what is set right already; K after every cause, however large
+    # its acceptance gain (a shorter K gains by arithmetic); eagle: slower to accept, faster
+    assert order == ["big", "small", "none", "worse", "depth", "eagle", "lookup", "temp"]
+
+
+def test_what_to_change_first_is_a_cause_that_helps_else_a_faster_k():
+    depth = found("draft depth", 0.3, TUNING, faster=-0.2, step_faster=0.25)
+    assert first_fix([found("worse", -0.1), depth, found("big", 0.2)]).experiment.name == "big"
+    assert first_fix([found("worse", -0.1), depth, found("none", 0.0)]) is depth
+    assert "tokens/s on this machine's step times" in depth.verdict() and "+0.3" not in depth.verdict().split(";")[0]
+    slower_k = found("draft depth", 0.3, TUNING, faster=0.5, step_faster=-0.2)  # wall clock is not what judges K
+    assert first_fix([slower_k, found("worse", -0.1)]) is None
+    assert "set right already" in found("worse", -0.1).verdict() and "set right" in slower_k.verdict()
+    assert format_findings([slower_k]).startswith("FIRST TO CHANGE: nothing tried here helped")
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +175,28 @@ def test_an_arm_whose_drafter_cannot_load_is_reported_and_the_rest_still_run(fol
     assert by_name["drafter prompt-lookup"].error == "no such drafter here (a test)"
     assert "could not run (no such drafter here (a test))" in by_name["drafter prompt-lookup"].verdict()
     assert by_name["context length"].acceptance is not None and by_name["context length"].requests == 6
+
+
+def test_arms_run_request_by_request_and_k_is_timed_on_the_baselines_step_times(folders, tmp_path, monkeypatch):
+    """Interleaved, so a busy moment of the machine slows every arm alike; the depth arm comes after the
+    baseline (its K comes from the baseline's acceptance) and records the baseline's calibration."""
+    from engine.diagnose import diagnosis
+    from engine.run import load_with_drafter
+    from engine.workload.folder import open_folder
+    from engine.workload.prompts import read_prompts
+
+    target, draft = folders
+    monkeypatch.setattr(diagnosis, "advice", lambda baseline: (1, False))  # whatever the tiny pair's timings say
+    load = lambda options: load_with_drafter(target, DrafterOptions(  # noqa: E731
+        kind=options.kind, draft_model=draft if options.kind == "model" else None))
+    seen: list[str] = []
+    base = Arm("baseline", DrafterOptions(draft_model=draft), SpecSettings(k=3, temperature=0.0, max_new_tokens=8))
+    result = diagnosis.diagnose(load, base, read_prompts(prompts(tmp_path))[:3], tmp_path / "d", has_template=False,
+                                has_eagle=False, context_prefix="", on_request=seen.append,
+                                only={"drafter prompt-lookup", "draft depth"})
+    assert seen == ["baseline", "drafter-prompt-lookup"] * 3 + ["k-1"] * 3
+    depth = next(f for f in result.findings if f.experiment.name == "draft depth")
+    calibration = result.baseline.workload.runs()[0].trace.header["calibration"]
+    assert all(r.trace.header["calibration"] == calibration for r in open_folder(Path(depth.folder)).runs())
+    assert depth.step_speed.difference is not None and depth.step_speed.baseline > 0
+    assert [f.experiment.kind for f in result.findings] == [TUNING, ALTERNATIVE]

@@ -13,11 +13,13 @@ import plotly.graph_objects as go
 
 from app.figures.style import GRID, OKABE_ITO, esc, figure, probability_axis
 
-CAUSE, ALTERNATIVE, PROPERTY = "cause", "alternative", "property"  # engine/diagnose/experiments.py's kinds
-KIND_LEGEND = {CAUSE: "a setting of this drafter (cause)", ALTERNATIVE: "another drafter",
-               PROPERTY: "what the pair does (not a setting)"}
-KIND_COLOURS = {CAUSE: OKABE_ITO["blue"], ALTERNATIVE: OKABE_ITO["orange"], PROPERTY: OKABE_ITO["grey"]}
-KIND_SYMBOLS = {CAUSE: "circle", ALTERNATIVE: "diamond", PROPERTY: "square"}
+# engine/diagnose/experiments.py's kinds
+CAUSE, TUNING, ALTERNATIVE, PROPERTY = "cause", "tuning", "alternative", "property"
+KIND_LEGEND = {CAUSE: "a setting of this drafter (cause)", TUNING: "K (judged by tokens/s, not by this)",
+               ALTERNATIVE: "another drafter", PROPERTY: "what the pair does (not a setting)"}
+KIND_COLOURS = {CAUSE: OKABE_ITO["blue"], TUNING: OKABE_ITO["sky_blue"], ALTERNATIVE: OKABE_ITO["orange"],
+                PROPERTY: OKABE_ITO["grey"]}
+KIND_SYMBOLS = {CAUSE: "circle", TUNING: "triangle-up", ALTERNATIVE: "diamond", PROPERTY: "square"}
 ROW_PX = 34
 MARGIN = dict(l=10, r=10, t=72, b=48)  # room under the plot for the x axis's title
 

@@ -21,13 +21,13 @@ from pathlib import Path
 import streamlit as st
 
 from app.ui import state, workloads
-from engine.diagnose.experiments import ALTERNATIVE, CAUSE, PROPERTY
+from engine.diagnose.experiments import ALTERNATIVE, CAUSE, PROPERTY, TUNING
 from engine.trace import TraceError
 from engine.trace.metrics import drafted
 
 OPEN = "diagnose_open"  # session_state: the (kind, name) the Diagnose page shows
 KIND_WORDS = {"bundled": "example", "run": "live run"}
-KINDS = (CAUSE, ALTERNATIVE, PROPERTY)
+KINDS = (CAUSE, TUNING, ALTERNATIVE, PROPERTY)
 BASELINE = "baseline"
 SEP = "--"  # a bundled arm's zip: <case>--<arm>.zip
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,119}")  # a case's, a live diagnosis's or an arm's name
@@ -198,6 +198,7 @@ def check_finding(value, where: str) -> dict:
             "requests": _count(f.get("requests", 0), f"{where}.requests"),
             "acceptance_rate": check_effect(f.get("acceptance_rate"), f"{where}.acceptance_rate"),
             "tokens_per_s": check_effect(f.get("tokens_per_s"), f"{where}.tokens_per_s"),
+            "step_tokens_per_s": check_effect(f.get("step_tokens_per_s"), f"{where}.step_tokens_per_s"),
             "verdict": _text(f.get("verdict"), f"{where}.verdict")}
 
 
@@ -258,11 +259,24 @@ def measured(finding: dict) -> bool:
     return ran(finding) and e is not None and e["difference"] is not None
 
 
+JUDGED_BY = {CAUSE: "acceptance_rate", TUNING: "step_tokens_per_s", ALTERNATIVE: "tokens_per_s",
+             PROPERTY: "acceptance_rate"}  # engine/diagnose/report.py Finding.judged_by
+
+
+def judged(finding: dict) -> dict | None:
+    """The effect a finding of its kind is ranked and worded by."""
+    return finding[JUDGED_BY[finding["kind"]]]
+
+
+def helps(finding: dict) -> bool:
+    e = judged(finding)
+    return ran(finding) and e is not None and e["found"] and e["difference"] is not None and e["difference"] > 0
+
+
 def top_cause(d: dict) -> dict | None:
-    """The cause ranked first, if the diagnosis found one that raises acceptance (its interval above 0)."""
-    first = next((f for f in d["findings"] if f["kind"] == CAUSE and measured(f)), None)
-    e = first["acceptance_rate"] if first else None
-    return first if e is not None and e["found"] and e["difference"] > 0 else None
+    """What to change first (engine/diagnose/report.py first_fix): the first cause, in the report's
+    order, whose change raised acceptance, else K where another K was faster; None if neither."""
+    return next((f for f in d["findings"] if f["kind"] in (CAUSE, TUNING) and helps(f)), None)
 
 
 def arms(choice: tuple[str, str], d: dict) -> list[str]:

@@ -1,8 +1,9 @@
 """`diagnose`: the baseline, the experiments it leads to, the probe, and the ranked findings.
 
-The baseline runs calibrated (the K advisor needs this machine's step times), so the draft-depth
-experiment knows which K to try. Everything else runs with the baseline's settings and seed,
-changing one thing (engine/diagnose/experiments.py).
+The baseline runs calibrated (the K advisor needs this machine's step times), interleaved request by
+request with every experiment that does not depend on it; then the draft-depth experiment, at the K
+the advisor picks from the baseline's acceptance. Every arm runs with the baseline's settings and
+seed, changing one thing (engine/diagnose/experiments.py).
 """
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,7 +14,7 @@ from engine.diagnose import experiments as ex
 from engine.diagnose.paired import acceptance_rate, tokens_per_s
 from engine.diagnose.probe import workload_probe
 from engine.diagnose.report import Finding, as_dict, finding, format_findings, ranked
-from engine.diagnose.run import ArmResult, LoadPair, run_arm, run_experiments
+from engine.diagnose.run import ArmResult, ArmRun, LoadPair, run_interleaved
 from engine.mode import RunMode
 from engine.run import run_to_trace
 from engine.trace.schema import DRAFT_MODEL
@@ -44,6 +45,11 @@ def advice(baseline: ArmResult) -> tuple[int | None, bool]:
     return overall["best_k"], overall["advised_k"] == 0
 
 
+def calibration(baseline: ArmResult) -> dict | None:
+    runs = baseline.workload.runs() if baseline.workload else []
+    return runs[0].trace.header.get("calibration") if runs else None
+
+
 def warm_up(pair, request: Request, s: SpecSettings, folder: Path) -> None:
     """One short untimed run first: the first calls into each model pay one-off costs (kernels chosen,
     memory mapped) that would otherwise fall on the baseline's first requests and on its tokens/s alone."""
@@ -62,21 +68,29 @@ def diagnose(load: LoadPair, base: ex.Arm, requests: list[Request], folder: str 
     a workload folder FOLDER/<arm_prefix><arm name> (the app keeps its arms beside its other workloads)."""
     folder = Path(folder)
     warm_up(load(base.drafter), requests[0], base.settings, folder)
-    baseline = run_arm(load, base, requests, folder, RunMode(calibrate=True), chat_template=chat_template,
-                       preset=preset, resume=resume, on_request=on_request, on_cycle=on_cycle, arm_prefix=arm_prefix)
+    wanted = [e for e in ex.plan(base, has_template=has_template, has_eagle=has_eagle, prefix=context_prefix,
+                                 best_k=None) if e.name != ex.DEPTH and (only is None or e.name in only)]
+    first = [ArmRun(base, RunMode(calibrate=True))] + [ArmRun(e.arm, RunMode()) for e in wanted if e.arm]
+    common = dict(chat_template=chat_template, preset=preset, resume=resume, on_request=on_request,
+                  on_cycle=on_cycle, arm_prefix=arm_prefix)
+    results = run_interleaved(load, first, requests, folder, **common)
+    baseline = results.pop(base.name)
     if baseline.error:
         raise ValueError(f"the baseline could not run: {baseline.error}")
     best_k, plain_better = advice(baseline)
-    planned = ex.plan(base, has_template=has_template, has_eagle=has_eagle, prefix=context_prefix,
-                      best_k=best_k, plain_better=plain_better)
-    planned = [e for e in planned if only is None or e.name in only]
-    results = run_experiments(load, planned, requests, folder, chat_template=chat_template, preset=preset,
-                              resume=resume, on_request=on_request, on_cycle=on_cycle, arm_prefix=arm_prefix)
-    findings = ranked([finding(e, baseline.counts, results.get(e.name)) for e in planned])
+    depth = ex.depth_experiment(base, best_k, plain_better)
+    if depth.arm is not None and (only is None or depth.name in only):
+        # K is known only now, from the baseline's acceptance; the depth arm records the baseline's
+        # calibration so both arms' cycles are timed on the same step times
+        mode = RunMode(calibration=calibration(baseline))
+        results |= run_interleaved(load, [ArmRun(depth.arm, mode)], requests, folder, **common)
+    planned = [e for e in ex.plan(base, has_template=has_template, has_eagle=has_eagle, prefix=context_prefix,
+                                  best_k=best_k, plain_better=plain_better) if only is None or e.name in only]
+    findings = ranked([finding(e, baseline.counts, results.get(e.arm.name) if e.arm else None) for e in planned])
     probe = None
     if base.drafter.kind == DRAFT_MODEL and (only is None or "probe" in only):
         greedy = baseline if base.settings.temperature == 0 else next(
-            (results[e.name] for e in planned if e.name == "temperature 0.0" and not results[e.name].error), None)
+            (results[e.arm.name] for e in planned if e.name == "temperature 0.0" and not results[e.arm.name].error), None)
         probe = workload_probe(load(base.drafter), baseline.workload.runs(), base.settings,
                                greedy.workload.runs() if greedy is not None else None)
     return Diagnosis(baseline, findings, probe)

@@ -2,8 +2,11 @@
 
 The baseline arm is the user's own settings and drafter. Each experiment names the one change and says
 in words what the user's run does and what the change does. Its kind says how the report reads it:
-a CAUSE is a setting of this drafter that can be wrong (the chat template, the sampling filters, K),
-ranked by the acceptance it gains; an ALTERNATIVE is another drafter, ranked by tokens/s (acceptance
+a CAUSE is a setting of this drafter that can be wrong (the chat template, the sampling filters),
+ranked by the acceptance it gains; TUNING is K, judged by tokens/s on the calibrated step times and
+ranked after the causes (a shorter K raises accepted/drafted by arithmetic alone, since its later,
+weaker positions drop out of the count, and the best K depends on the acceptance the causes change,
+so K is tuned once they are fixed); an ALTERNATIVE is another drafter, ranked by tokens/s (acceptance
 rates of different drafters do not compare: prompt lookup drafts fewer tokens); a PROPERTY describes
 the pair (temperature, context length), shown, not ranked. An experiment that cannot run on this pair
 says why and is skipped.
@@ -21,7 +24,8 @@ from engine.trace.schema import DRAFT_PROMPT_AS_TARGET as AS_TARGET
 # does not ask about (public domain, Lewis Carroll's Alice, as in assets/prompts/long-context.jsonl).
 CONTEXT_TOKENS = 600  # about; fits the shipped pairs' 2,048 positions with the prompt set's requests
 TEMPERATURES = (0.0, 0.7, 1.0)
-CAUSE, ALTERNATIVE, PROPERTY = "cause", "alternative", "property"
+CAUSE, TUNING, ALTERNATIVE, PROPERTY = "cause", "tuning", "alternative", "property"
+DEPTH = "draft depth"
 
 
 @dataclass(frozen=True)
@@ -96,11 +100,11 @@ def depth_experiment(base: Arm, best_k: int | None, plain_better: bool = False) 
     K of 1 and more, even where it says plain decoding would beat them all: the report says so)."""
     k = base.settings.k
     if best_k is None:
-        return Experiment("draft depth", CAUSE, "", "", None, "no calibration to advise a K from (a tree, or no step times)")
+        return Experiment(DEPTH, TUNING, "", "", None, "no calibration to advise a K from (a tree, or no step times)")
     if best_k == k:
-        return Experiment("draft depth", CAUSE, f"K={k}", "", None, f"K={k} is already the advisor's pick on this machine")
+        return Experiment(DEPTH, TUNING, f"K={k}", "", None, f"K={k} is already the advisor's pick on this machine")
     plain = " (the advisor says plain decoding beats every K on this machine)" if plain_better else ""
-    return Experiment("draft depth", CAUSE, f"K={k}", f"at the advisor's K={best_k}{plain}",
+    return Experiment(DEPTH, TUNING, f"K={k}", f"at the advisor's K={best_k}{plain}",
                       Arm(arm_name("k", str(best_k)), base.drafter, replace(base.settings, k=best_k), base.prefix))
 
 

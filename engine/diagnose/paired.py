@@ -10,6 +10,7 @@ prompt is hard in both arms), so a small effect shows where two unpaired interva
 import random
 from dataclasses import dataclass
 
+from engine.stats.timings import calibration_of, cycle_times
 from engine.trace.metrics import drafted
 from engine.workload.requests import RequestRun
 
@@ -29,6 +30,26 @@ class RequestCounts:
     cycles: int
     generated: int
     seconds: float  # the run's wall time (prefill included), from its summary
+    committed: int = 0  # tokens the cycles committed
+    step_seconds: float | None = None  # the cycles' time on the calibrated step times (`step_seconds`)
+
+
+def step_seconds(trace) -> float | None:
+    """The cycles' time rebuilt from the header's calibration: per cycle, its draft steps, a verify
+    of its width, the catch-up step after a full accept, and the run's median per-cycle overhead.
+    Step times measured once, in a short quiet burst, do not carry the load the machine had while
+    this run went on, so two arms with different K compare on them where wall clocks may not.
+    None without a calibration."""
+    cal = calibration_of(trace.header)
+    times = cycle_times(trace.cycles)
+    if cal is None or times is None:
+        return None
+    total = 0.0
+    for c in trace.cycles:
+        n = drafted(c)
+        catch_up = cal.draft_step_s if n and c["num_accepted"] == n else 0.0
+        total += n * cal.draft_step_s + cal.verify_time(n + 1) + catch_up + times.other_s
+    return total
 
 
 def counts_of(run: RequestRun) -> RequestCounts:
@@ -36,7 +57,8 @@ def counts_of(run: RequestRun) -> RequestCounts:
     summary = run.trace.summary or {}
     return RequestCounts(run.id, run.category, run.file, sum(drafted(c) for c in cycles),
                          sum(c["num_accepted"] for c in cycles), len(cycles), summary.get("num_generated", 0),
-                         summary.get("wall_time_s", 0.0))
+                         summary.get("wall_time_s", 0.0), sum(len(c["committed_token_ids"]) for c in cycles),
+                         step_seconds(run.trace))
 
 
 def acceptance_rate(rows: list[RequestCounts]) -> float | None:
@@ -49,7 +71,15 @@ def tokens_per_s(rows: list[RequestCounts]) -> float | None:
     return sum(r.generated for r in rows) / seconds if seconds > 0 else None
 
 
-MEASURES = {"acceptance_rate": acceptance_rate, "tokens_per_s": tokens_per_s}
+def step_tokens_per_s(rows: list[RequestCounts]) -> float | None:
+    """Committed tokens per second of the cycles on the calibrated step times (None if any lacks them)."""
+    if any(r.step_seconds is None for r in rows):
+        return None
+    seconds = sum(r.step_seconds for r in rows)
+    return sum(r.committed for r in rows) / seconds if seconds > 0 else None
+
+
+MEASURES = {"acceptance_rate": acceptance_rate, "tokens_per_s": tokens_per_s, "step_tokens_per_s": step_tokens_per_s}
 
 
 @dataclass(frozen=True)

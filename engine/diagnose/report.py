@@ -1,17 +1,29 @@
 """A diagnosis's findings: each experiment's effect against the baseline, ranked, in plain words.
 
-Ranked: the causes (a setting of this drafter: the chat template, the sampling filters, K), the
-largest gain in acceptance first; an effect whose interval includes zero says "no effect found".
-Then the alternatives (another drafter), the largest gain in tokens/s first; then what describes
-the pair rather than a setting (temperature, context length); then what could not run and why.
+Ranked: first the causes (a setting of this drafter: the chat template, the sampling filters): those
+that raise acceptance, the largest gain first; then those with no effect found (the interval includes
+zero); then those set right already (changing them lowered acceptance). Then K, judged by tokens/s on
+the calibrated step times: it is tuned once the causes are fixed, since the best K depends on the
+acceptance they change. Then the alternatives (another drafter), the largest gain in tokens/s first;
+then what describes the pair rather than a setting (temperature, context length); then what could
+not run and why. The first thing to change (`first_fix`) is the first cause that raises acceptance,
+or else K where another K is faster.
 """
 from dataclasses import asdict, dataclass
 
-from engine.diagnose.experiments import ALTERNATIVE, CAUSE, PROPERTY, Experiment
+from engine.diagnose.experiments import ALTERNATIVE, CAUSE, PROPERTY, TUNING, Experiment
 from engine.diagnose.paired import Effect, RequestCounts, paired_effect
 from engine.diagnose.run import ArmResult
 
-KINDS = (CAUSE, ALTERNATIVE, PROPERTY)
+KINDS = (CAUSE, TUNING, ALTERNATIVE, PROPERTY)
+GAIN, NO_EFFECT, LOSS = 0, 1, 2  # how a measured effect stands, in the order the report lists them
+
+
+def standing(e: Effect | None) -> int | None:
+    """GAIN, NO_EFFECT or LOSS for a measured effect (the change helps, cannot be told, hurts); None if unmeasured."""
+    if e is None or e.difference is None:
+        return None
+    return NO_EFFECT if not e.found else GAIN if e.difference > 0 else LOSS
 
 
 @dataclass(frozen=True)
@@ -19,16 +31,21 @@ class Finding:
     experiment: Experiment
     folder: str | None = None  # the arm's workload folder: the traces behind the figures
     acceptance: Effect | None = None
-    speed: Effect | None = None
+    speed: Effect | None = None  # wall-clock tokens/s (the arms ran interleaved, request by request)
     requests: int = 0  # compared: finished in both arms
     error: str | None = None
+    step_speed: Effect | None = None  # tokens/s of the cycles on the calibrated step times
+
+    @property
+    def judged_by(self) -> Effect | None:
+        """The effect an experiment of its kind is ranked and worded by."""
+        kind = self.experiment.kind
+        return self.step_speed if kind == TUNING else self.speed if kind == ALTERNATIVE else self.acceptance
 
     @property
     def rank_key(self) -> tuple:
-        kind = self.experiment.kind
-        e = self.speed if kind == ALTERNATIVE else self.acceptance  # what an experiment of its kind is ranked by
-        measured = e is not None and e.difference is not None
-        return (KINDS.index(kind), not measured, not (measured and e.found), -(e.difference if measured else 0.0))
+        e, stand = self.judged_by, standing(self.judged_by)
+        return (KINDS.index(self.experiment.kind), stand is None, stand or 0, -(e.difference if stand is not None else 0.0))
 
     def verdict(self) -> str:
         x = self.experiment
@@ -39,18 +56,24 @@ class Finding:
         e, s = self.acceptance, self.speed
         if e is None or e.difference is None:
             return f"{x.name}: nothing to compare (no drafted tokens in one of the arms)"
-        if x.kind == ALTERNATIVE and s is not None and s.difference is not None:  # judged by speed
-            main = f"tokens/s {s.baseline:.1f} -> {s.variant:.1f} {x.change}"
-            interval = f"{s.difference:+.1f}, 95% interval {s.interval[0]:+.1f} to {s.interval[1]:+.1f}"
-            other, found = f"; acceptance {e.baseline:.2f} -> {e.variant:.2f}", s.found
-        else:
+        judged, stand = self.judged_by, standing(self.judged_by)
+        if judged is None or stand is None:
+            return f"{x.name}: nothing to compare (no step times in one of the arms)"
+        if judged is e:
             main = f"acceptance {e.baseline:.2f} -> {e.variant:.2f} {x.change}"
             interval = f"{e.difference:+.2f}, 95% interval {e.interval[0]:+.2f} to {e.interval[1]:+.2f}"
             other = f"; tokens/s {s.baseline:.1f} -> {s.variant:.1f}" if s and s.difference is not None else ""
-            found = e.found
-        if not found:
+        else:
+            what = "tokens/s on this machine's step times" if judged is self.step_speed else "tokens/s"
+            main = f"{what} {judged.baseline:.1f} -> {judged.variant:.1f} {x.change}"
+            interval = f"{judged.difference:+.1f}, 95% interval {judged.interval[0]:+.1f} to {judged.interval[1]:+.1f}"
+            other = f"; acceptance {e.baseline:.2f} -> {e.variant:.2f}"
+            if judged is self.step_speed and s is not None and s.difference is not None:
+                other += f"; wall-clock tokens/s {s.baseline:.1f} -> {s.variant:.1f}"
+        if stand == NO_EFFECT:
             return f"{x.name}: no effect found ({x.now}: {main}, {interval}: includes 0){other}"
-        return f"{x.name}: {x.now}: {main} ({interval}){other}"
+        right = "set right already: " if stand == LOSS and x.kind in (CAUSE, TUNING) else ""
+        return f"{x.name}: {right}{x.now}: {main} ({interval}){other}"
 
 
 def common(a: list[RequestCounts], b: list[RequestCounts]) -> tuple[list[RequestCounts], list[RequestCounts]]:
@@ -68,12 +91,19 @@ def finding(experiment: Experiment, baseline: list[RequestCounts], result: ArmRe
     if not a:
         return Finding(experiment, str(result.folder), error="no request finished in both arms")
     return Finding(experiment, str(result.folder), paired_effect("acceptance_rate", a, b, seed=seed),
-                   paired_effect("tokens_per_s", a, b, seed=seed), len(a))
+                   paired_effect("tokens_per_s", a, b, seed=seed), len(a),
+                   step_speed=paired_effect("step_tokens_per_s", a, b, seed=seed))
 
 
 def ranked(findings: list[Finding]) -> list[Finding]:
-    """Causes first, measured before not, found before not, the largest gain first."""
+    """Causes, K, other drafters, properties; in each, gains (the largest first), no effect, losses."""
     return sorted(findings, key=lambda f: f.rank_key)
+
+
+def first_fix(findings: list[Finding]) -> Finding | None:
+    """What to change first: the first cause or K (in ranked order) whose change helps."""
+    return next((f for f in ranked(findings) if f.experiment.kind in (CAUSE, TUNING)
+                 and not f.error and standing(f.judged_by) == GAIN), None)
 
 
 def as_dict(f: Finding) -> dict:
@@ -83,21 +113,25 @@ def as_dict(f: Finding) -> dict:
             "error": f.error, "folder": f.folder, "requests": f.requests,
             "acceptance_rate": None if f.acceptance is None else asdict(f.acceptance) | {"found": f.acceptance.found},
             "tokens_per_s": None if f.speed is None else asdict(f.speed) | {"found": f.speed.found},
+            "step_tokens_per_s": None if f.step_speed is None else asdict(f.step_speed) | {"found": f.step_speed.found},
             "verdict": f.verdict()}
 
 
 SECTIONS = {CAUSE: "CAUSES, LARGEST GAIN IN ACCEPTANCE FIRST (each a paired run of the same requests and seeds)",
+            TUNING: "DRAFT DEPTH, BY TOKENS/S ON THIS MACHINE'S STEP TIMES (tune K once the causes above are fixed)",
             ALTERNATIVE: "OTHER DRAFTERS, LARGEST GAIN IN TOKENS/S FIRST",
             PROPERTY: "WHAT THE PAIR DOES (not settings to change)"}
 
 
 def format_findings(findings: list[Finding]) -> str:
     ran = [f for f in findings if not f.experiment.skipped and not f.error]
-    lines = []
+    first = first_fix(findings)
+    lines = [f"FIRST TO CHANGE: {first.verdict()}" if first else
+             "FIRST TO CHANGE: nothing tried here helped; what limits acceptance is the pair itself (below)", ""]
     for kind, title in SECTIONS.items():
         these = [f for f in ran if f.experiment.kind == kind]
         if these or kind == CAUSE:
-            lines += ([""] if lines else []) + [title]
+            lines += ([""] if lines[-1] else []) + [title]
             lines += [f"  {i}. {f.verdict()}" + (f"\n     traces: {f.folder}" if f.folder else "")
                       for i, f in enumerate(these, 1)] or ["  (none ran)"]
     rest = [f for f in findings if f.experiment.skipped or f.error]

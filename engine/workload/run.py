@@ -9,7 +9,7 @@ requests are the ones the folder was started with.
 import json
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -112,30 +112,66 @@ def calibrated(pair: Pair, mode: RunMode, s: SpecSettings, prompt_ids: list[list
     return mode if first is None else replace(mode, calibration=measure_step_times(pair, first, s))
 
 
-def run_workload(pair: Pair, requests: list[Request], s: SpecSettings, folder: str | Path,
-                 mode: RunMode = DEFAULT_MODE, *, preset: str | None = None, chat_template: bool = True,
-                 prompts_name: str = "prompts", resume: bool = False, skip_too_long: bool = False,
-                 on_request: Callable[[mf.Entry], None] | None = None,
-                 on_cycle: Callable[[dict], None] | None = None) -> Workload:
-    """Run every pending request of `folder`, writing its trace and then the manifest."""
+@dataclass
+class StartedWorkload:
+    """A workload folder ready to run: its manifest, each request's prompt ids (or why it is skipped),
+    and what every request's run needs. `run_request(i)` runs one pending request, so a caller can
+    interleave several workloads request by request (a diagnosis does: its arms then share the
+    machine's quiet and busy moments alike)."""
+
+    pair: Pair
+    requests: list[Request]
+    s: SpecSettings
+    folder: Path
+    mode: RunMode
+    manifest: dict
+    prompt_ids: list[list[int] | str]
+    preset: str | None
+    chat_template: bool
+    on_request: Callable[[mf.Entry], None] | None
+    on_cycle: Callable[[dict], None] | None
+
+    def run_request(self, i: int) -> None:
+        entry, r, ids = self.manifest["requests"][i], self.requests[i], self.prompt_ids[i]
+        if entry["status"] != mf.PENDING:
+            return
+        if isinstance(ids, str):
+            entry |= {"status": mf.SKIPPED, "reason": ids}
+        else:
+            trace = run_to_trace(self.pair, r.text, self.s, self.folder / entry["file"], self.mode,
+                                 preset=self.preset, chat_template=self.chat_template, on_cycle=self.on_cycle,
+                                 messages=r.messages, request={"id": r.id, "category": r.category})
+            entry |= {"status": mf.DONE, "summary": mf.summary_of(trace.summary, len(ids))}
+        write_manifest(self.folder, self.manifest)
+        if self.on_request:
+            self.on_request(mf.entry_of(entry))
+
+
+def start_workload(pair: Pair, requests: list[Request], s: SpecSettings, folder: str | Path,
+                   mode: RunMode = DEFAULT_MODE, *, preset: str | None = None, chat_template: bool = True,
+                   prompts_name: str = "prompts", resume: bool = False, skip_too_long: bool = False,
+                   on_request: Callable[[mf.Entry], None] | None = None,
+                   on_cycle: Callable[[dict], None] | None = None) -> StartedWorkload:
+    """Check everything, write (or, resuming, check) the manifest and calibrate: nothing runs yet."""
     folder = Path(folder)
     chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prepared = mode.prepare(pair, s).settings  # refuses what the mode or the pair cannot run, before anything is written
     manifest = new_manifest(pair, prepared, mode, preset, chat, requests, prompts_name)
     prompt_ids = encode_requests(pair, requests, prepared, chat, prompts_name, skip_too_long)
     manifest = start_folder(folder, manifest, resume)
-    mode = calibrated(pair, mode, s, prompt_ids)
-    for r, entry, ids in zip(requests, manifest["requests"], prompt_ids):
-        if entry["status"] != mf.PENDING:
-            continue
-        if isinstance(ids, str):
-            entry |= {"status": mf.SKIPPED, "reason": ids}
-        else:
-            trace = run_to_trace(pair, r.text, s, folder / entry["file"], mode, preset=preset,
-                                 chat_template=chat_template, on_cycle=on_cycle, messages=r.messages,
-                                 request={"id": r.id, "category": r.category})
-            entry |= {"status": mf.DONE, "summary": mf.summary_of(trace.summary, len(ids))}
-        write_manifest(folder, manifest)
-        if on_request:
-            on_request(mf.entry_of(entry))
-    return open_folder(folder)
+    return StartedWorkload(pair, requests, s, folder, calibrated(pair, mode, s, prompt_ids), manifest, prompt_ids,
+                           preset, chat_template, on_request, on_cycle)
+
+
+def run_workload(pair: Pair, requests: list[Request], s: SpecSettings, folder: str | Path,
+                 mode: RunMode = DEFAULT_MODE, *, preset: str | None = None, chat_template: bool = True,
+                 prompts_name: str = "prompts", resume: bool = False, skip_too_long: bool = False,
+                 on_request: Callable[[mf.Entry], None] | None = None,
+                 on_cycle: Callable[[dict], None] | None = None) -> Workload:
+    """Run every pending request of `folder`, writing its trace and then the manifest."""
+    started = start_workload(pair, requests, s, folder, mode, preset=preset, chat_template=chat_template,
+                             prompts_name=prompts_name, resume=resume, skip_too_long=skip_too_long,
+                             on_request=on_request, on_cycle=on_cycle)
+    for i in range(len(requests)):
+        started.run_request(i)
+    return open_folder(started.folder)

@@ -15,17 +15,23 @@ from app.ui.widgets import chart
 from engine.trace import TraceError
 
 TEST_STAGE = 3  # the stepper's stage that shows each position's acceptance test
-SECTIONS = {figs.CAUSE: ("Causes", "Settings of this drafter that can be wrong, the largest gain in acceptance "
-                                   "first."),
+SECTIONS = {figs.CAUSE: ("Causes", "Settings of this drafter that can be wrong: those that raise acceptance first, "
+                                   "the largest gain first; then those with no effect found; then those set right "
+                                   "already (changing them lowered acceptance)."),
+            figs.TUNING: ("Draft depth", "K, judged by tokens/s of the cycles on this machine's calibrated step times "
+                                         "(a shorter K raises accepted / drafted by arithmetic alone, so acceptance "
+                                         "cannot judge it). Tune it after fixing the causes above: the best K depends "
+                                         "on the acceptance they change."),
             figs.ALTERNATIVE: ("Other drafters", "The largest gain in tokens/s first: their acceptance rates do not "
                                                  "compare (prompt lookup drafts fewer tokens)."),
             figs.PROPERTY: ("What the pair does", "Not settings to change: how acceptance moves with the request.")}
 
 
 def effect_words(e: dict) -> str:
-    iv = e["interval"]
-    return (f"{e['baseline']:.3f} → {e['variant']:.3f} ({e['difference']:+.3f}, 95% interval "
-            + ("–" if iv is None else f"{iv[0]:+.3f} to {iv[1]:+.3f}") + ")")
+    """`a → b (+d, 95% interval lo to hi)`: rates to 3 decimals, tokens/s to 1."""
+    iv, n = e["interval"], 1 if e["measure"].endswith("tokens_per_s") else 3
+    return (f"{e['baseline']:.{n}f} → {e['variant']:.{n}f} ({e['difference']:+.{n}f}, 95% interval "
+            + ("–" if iv is None else f"{iv[0]:+.{n}f} to {iv[1]:+.{n}f}") + ")")
 
 
 def headline(d: dict) -> str:
@@ -35,11 +41,12 @@ def headline(d: dict) -> str:
             + (f", **{b['tokens_per_s']:.1f}** tokens/s" if b["tokens_per_s"] is not None else ""))
     top = diagnoses.top_cause(d)
     if top is None:
-        ran = sum(diagnoses.ran(f) for f in d["findings"] if f["kind"] == figs.CAUSE)
-        return (f"{base}. **No setting tried raised acceptance** ({ran} cause{'s' if ran != 1 else ''} tested): "
+        ran = sum(diagnoses.ran(f) for f in d["findings"] if f["kind"] in (figs.CAUSE, figs.TUNING))
+        return (f"{base}. **No setting tried helped** ({ran} setting{'s' if ran != 1 else ''} tested): "
                 "the pair itself, not a setting, is what limits it here; see what the pair does below.")
-    e = top["acceptance_rate"]
-    return (f"{base}. Ranked first: **{md(top['experiment'])}**: {md(top['now'])}; acceptance "
+    e = diagnoses.judged(top)
+    what = "acceptance" if top["kind"] == figs.CAUSE else "tokens/s on this machine's step times"
+    return (f"{base}. Change first: **{md(top['experiment'])}**: {md(top['now'])}; {what} "
             f"{md(effect_words(e))} {md(top['change'])}, over {top['requests']} requests.")
 
 
@@ -75,9 +82,9 @@ def report_tab(choice: tuple[str, str], d: dict) -> None:
         if not these:
             st.caption("None ran.")
         for i, f in enumerate(these, 1):
-            e = f["acceptance_rate"]
+            e = diagnoses.judged(f)
             if f is top:
-                st.success(f"**Ranked first.** {finding_line(f, i)}", icon=":material/target:")
+                st.success(f"**Change first.** {finding_line(f, i)}", icon=":material/target:")
             elif e is None or e["difference"] is None or not e["found"]:
                 st.caption(finding_line(f, i))  # no effect found: muted
             else:
