@@ -35,6 +35,17 @@ def test_changes_that_cancel_out_are_no_effect():
     assert e.difference == pytest.approx(0.0) and e.interval[0] < 0 < e.interval[1] and not e.found
 
 
+def test_a_joint_interval_is_wider_so_a_small_effect_among_many_experiments_is_not_called_found():
+    """Bonferroni: each of 8 comparisons at 1 - 0.05/8, so that all 8 intervals hold together at 95%."""
+    base = counts([0.3, 0.5, 0.4, 0.6, 0.2, 0.5, 0.4, 0.3, 0.5, 0.4])
+    nudged = counts([0.36, 0.48, 0.47, 0.62, 0.27, 0.49, 0.46, 0.31, 0.55, 0.37])
+    alone, among_eight = paired_effect("acceptance_rate", base, nudged), paired_effect("acceptance_rate", base, nudged, joint=8)
+    assert among_eight.difference == alone.difference
+    assert among_eight.interval[0] < alone.interval[0] and among_eight.interval[1] > alone.interval[1]
+    assert alone.found and not among_eight.found  # +0.028: up in 7 requests, down in 3
+    assert alone.interval_words(2).startswith("95% interval") and among_eight.interval_words(2).startswith("95% joint")
+
+
 def test_pairing_needs_the_same_requests_and_percentiles_interpolate():
     with pytest.raises(ValueError, match="same requests"):
         paired_effect("acceptance_rate", counts([0.5]), counts([0.5], prefix="q"))

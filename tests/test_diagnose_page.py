@@ -138,7 +138,7 @@ def test_the_report_shows_every_verdict_and_the_diagnosis_numbers(folder, monkey
     assert first["verdict"] in html.unescape(at.success[0].value.replace("\\", ""))
     e = first["acceptance_rate"]
     assert (f"Change first: **sampling filters**: the draft ignores the request's top-k/top-p; acceptance "
-            f"{e['baseline']:.3f} → {e['variant']:.3f} ({e['difference']:+.3f}, 95% interval "
+            f"{e['baseline']:.3f} → {e['variant']:.3f} ({e['difference']:+.3f}, 95% joint interval "
             f"{e['interval'][0]:+.3f} to {e['interval'][1]:+.3f})") in shown
     chart = figure(at, "dg_effects_chart")
     points = {y: (x, plus, minus) for trace in chart["data"]

@@ -35,7 +35,8 @@ def effect_hover(f: dict) -> str:
     iv = e["interval"]
     found = "found" if e["found"] else "no effect found (the interval includes 0)"
     return (f"<b>{esc(f['experiment'])}</b>: {found}<br>{esc(f['now'])}: acceptance {e['baseline']:.3f}<br>"
-            f"{esc(f['change'])}: {e['variant']:.3f}<br>difference {e['difference']:+.3f}, 95% interval "
+            f"{esc(f['change'])}: {e['variant']:.3f}<br>difference {e['difference']:+.3f}, "
+            + ("95% joint interval " if e.get("joint", 1) > 1 else "95% interval ")
             + ("–" if iv is None else f"{iv[0]:+.3f} to {iv[1]:+.3f}") + f"<br>{f['requests']} requests in both arms")
 
 

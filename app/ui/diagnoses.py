@@ -173,7 +173,7 @@ def check_effect(value, where: str) -> dict | None:
         _fail(f"{where}.found", "expected true or false")
     out = {"measure": _text(e.get("measure"), f"{where}.measure"),
            **{k: _number(e.get(k), f"{where}.{k}") for k in ("baseline", "variant", "difference")},
-           "interval": interval, "found": found}
+           "interval": interval, "found": found, "joint": max(1, _count(e.get("joint", 1), f"{where}.joint"))}
     if found and interval is None:
         _fail(f"{where}.found", "an effect found needs an interval")
     return out
@@ -315,3 +315,8 @@ def manifest_of(workload: tuple[str, str]) -> dict | None:
         return workloads.load(workload).manifest
     except (TraceError, OSError):
         return None
+
+
+def interval_name(e: dict) -> str:
+    """engine/diagnose/paired.py Effect.interval_words's name for it."""
+    return "95% joint interval" if e.get("joint", 1) > 1 else "95% interval"

@@ -86,7 +86,10 @@ def diagnose(load: LoadPair, base: ex.Arm, requests: list[Request], folder: str 
         results |= run_interleaved(load, [ArmRun(depth.arm, mode)], requests, folder, **common)
     planned = [e for e in ex.plan(base, has_template=has_template, has_eagle=has_eagle, prefix=context_prefix,
                                   best_k=best_k, plain_better=plain_better) if only is None or e.name in only]
-    findings = ranked([finding(e, baseline.counts, results.get(e.arm.name) if e.arm else None) for e in planned])
+    # one family of comparisons: every experiment that ran, so its intervals hold together at 95%
+    joint = max(1, sum(e.arm is not None and not results[e.arm.name].error for e in planned))
+    findings = ranked([finding(e, baseline.counts, results.get(e.arm.name) if e.arm else None, joint=joint)
+                       for e in planned])
     probe = None
     if base.drafter.kind == DRAFT_MODEL and (only is None or "probe" in only):
         greedy = baseline if base.settings.temperature == 0 else next(

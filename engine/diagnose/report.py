@@ -61,12 +61,12 @@ class Finding:
             return f"{x.name}: nothing to compare (no step times in one of the arms)"
         if judged is e:
             main = f"acceptance {e.baseline:.2f} -> {e.variant:.2f} {x.change}"
-            interval = f"{e.difference:+.2f}, 95% interval {e.interval[0]:+.2f} to {e.interval[1]:+.2f}"
+            interval = f"{e.difference:+.2f}, {e.interval_words(2)}"
             other = f"; tokens/s {s.baseline:.1f} -> {s.variant:.1f}" if s and s.difference is not None else ""
         else:
             what = "tokens/s on this machine's step times" if judged is self.step_speed else "tokens/s"
             main = f"{what} {judged.baseline:.1f} -> {judged.variant:.1f} {x.change}"
-            interval = f"{judged.difference:+.1f}, 95% interval {judged.interval[0]:+.1f} to {judged.interval[1]:+.1f}"
+            interval = f"{judged.difference:+.1f}, {judged.interval_words(1)}"
             other = f"; acceptance {e.baseline:.2f} -> {e.variant:.2f}"
             if judged is self.step_speed and s is not None and s.difference is not None:
                 other += f"; wall-clock tokens/s {s.baseline:.1f} -> {s.variant:.1f}"
@@ -82,7 +82,8 @@ def common(a: list[RequestCounts], b: list[RequestCounts]) -> tuple[list[Request
     return [r for r in a if r.id in ids], [r for r in b if r.id in ids]
 
 
-def finding(experiment: Experiment, baseline: list[RequestCounts], result: ArmResult | None, seed: int = 0) -> Finding:
+def finding(experiment: Experiment, baseline: list[RequestCounts], result: ArmResult | None, seed: int = 0,
+            joint: int = 1) -> Finding:
     if result is None:
         return Finding(experiment)
     if result.error:
@@ -90,9 +91,10 @@ def finding(experiment: Experiment, baseline: list[RequestCounts], result: ArmRe
     a, b = common(baseline, result.counts)
     if not a:
         return Finding(experiment, str(result.folder), error="no request finished in both arms")
-    return Finding(experiment, str(result.folder), paired_effect("acceptance_rate", a, b, seed=seed),
-                   paired_effect("tokens_per_s", a, b, seed=seed), len(a),
-                   step_speed=paired_effect("step_tokens_per_s", a, b, seed=seed))
+    effect = {m: paired_effect(m, a, b, seed=seed, joint=joint) for m in ("acceptance_rate", "tokens_per_s",
+                                                                          "step_tokens_per_s")}
+    return Finding(experiment, str(result.folder), effect["acceptance_rate"], effect["tokens_per_s"], len(a),
+                   step_speed=effect["step_tokens_per_s"])
 
 
 def ranked(findings: list[Finding]) -> list[Finding]:

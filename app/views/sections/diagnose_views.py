@@ -30,7 +30,7 @@ SECTIONS = {figs.CAUSE: ("Causes", "Settings of this drafter that can be wrong: 
 def effect_words(e: dict) -> str:
     """`a → b (+d, 95% interval lo to hi)`: rates to 3 decimals, tokens/s to 1."""
     iv, n = e["interval"], 1 if e["measure"].endswith("tokens_per_s") else 3
-    return (f"{e['baseline']:.{n}f} → {e['variant']:.{n}f} ({e['difference']:+.{n}f}, 95% interval "
+    return (f"{e['baseline']:.{n}f} → {e['variant']:.{n}f} ({e['difference']:+.{n}f}, {diagnoses.interval_name(e)} "
             + ("–" if iv is None else f"{iv[0]:+.{n}f} to {iv[1]:+.{n}f}") + ")")
 
 
@@ -95,10 +95,13 @@ def report_tab(choice: tuple[str, str], d: dict) -> None:
         for f in rest:
             st.caption(finding_line(f, None))
     chart(figs.effects_figure(d), key="dg_effects_chart")
-    st.caption("Each arm ran the same requests with the same seed as the baseline, changing one thing. The "
-               "interval is a paired bootstrap over requests (the same draw for both arms): where it includes 0 "
-               "these requests cannot tell the arms apart, which is not proof of no effect. The **Per request** "
-               "tab opens every request of every arm in the stepper.")
+    st.caption("Each arm ran the same requests with the same seed as the baseline, changing one thing, "
+               "interleaved with it request by request. The interval is a paired bootstrap over requests (the "
+               "same draw for both arms); a joint interval is wider, so that all the experiments' intervals hold "
+               "together 95% of the time (with eight experiments, eight separate 95% intervals would show an "
+               "effect that is not there about one time in three). Where it includes 0 these requests cannot "
+               "tell the arms apart, which is not proof of no effect. The **Per request** tab opens every "
+               "request of every arm in the stepper.")
 
 
 def per_request_table(choice: tuple[str, str], arm: str, pairs: list[dict]) -> str:
