@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="comma-separated experiments to run (names as the report prints them; "
                                "'probe' for the agreement probe)")
     diagnose.add_argument("--json", action="store_true", help="print the findings as one JSON object")
+    # the intervals are over requests: many short requests tell more than a few long ones, for the same time
+    diagnose.set_defaults(max_new_tokens=16)
     stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file, or of a "
                                          "workload (its folder or a zip of it)")
     stats.add_argument("trace", help="a trace (.jsonl), a workload folder, or a zip of one")

@@ -1,39 +1,51 @@
-"""Record the bundled diagnoses (assets/diagnoses/): both presets set correctly, each repeated with
-another seed, and three chat runs mis-set on purpose, whose planted cause the diagnosis must rank first.
+"""Record the diagnoses: the bundled cases (assets/diagnoses/) and the measurements behind the goals.
 
     python -m scripts.bundle_diagnoses [--only CASE] [--work FOLDER]
 
-Each is `python -m engine diagnose` on two requests per category of the bundled prompt set, 24 new
-tokens. A case keeps its findings as CASE.json and each arm's workload as CASE--ARM.zip (the app opens
-their requests in the stepper). The repeats keep only their findings, in bench/results/, to check
-that what a correct case finds, another seed finds too.
+Bundled (each `python -m engine diagnose` on three requests per category of the bundled prompt set,
+16 new tokens, distributions kept to their top 3): both presets set correctly, and three chat runs
+mis-set on purpose, whose planted cause the diagnosis must put first. A case keeps its findings as
+CASE.json and each arm's workload as CASE--ARM.zip (the app opens their requests in the stepper).
+
+Measured only (findings in bench/results/diagnose-CASE.json, no traces): both presets set correctly
+on the whole prompt set, each with another seed too, to check that what a correct case finds another
+seed finds too, and how long a diagnosis of the whole set takes on this machine.
 """
 import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from engine.models.machine import cpu_model
 from engine.workload.folder import zip_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "assets" / "diagnoses"
-COMMON = ["--per-category", "2", "--max-new-tokens", "24"]
+RESULTS = ROOT / "bench" / "results"
+BUNDLED = ["--per-category", "3", "--max-new-tokens", "16", "--trace-top-k", "3"]
+WHOLE_SET = ["--max-new-tokens", "16"]  # the defaults: every request of the bundled set
 CHAT = ["--preset", "chat", "--temperature", "0.7", "--top-p", "0.9", "--k", "4"]
 SHAKESPEARE = ["--preset", "tiny-shakespeare", "--temperature", "0.8", "--top-k", "20", "--k", "4"]
 RANKED = "chat template,sampling filters,draft depth,drafter prompt-lookup,drafter eagle,probe"
-CASES = {  # name: (arguments, planted cause or None, repeat of)
-    "chat-set-correctly": (CHAT, None, None),
-    "chat-set-correctly-seed-1": (CHAT + ["--seed", "1"], None, "chat-set-correctly"),
-    "tiny-shakespeare-set-correctly": (SHAKESPEARE, None, None),
-    "tiny-shakespeare-set-correctly-seed-1": (SHAKESPEARE + ["--seed", "1"], None, "tiny-shakespeare-set-correctly"),
-    "chat-draft-without-chat-template": (CHAT + ["--draft-prompt", "raw", "--only", RANKED], "chat template", None),
+CASES = {  # name: (arguments, planted cause or None, repeat of, bundled with its traces)
+    "chat-draft-without-chat-template": (CHAT + ["--draft-prompt", "raw", "--only", RANKED] + BUNDLED,
+                                         "chat template", None, True),
     # top-k 1, as in vLLM #56724: the target keeps only its top token, the draft proposes from all of its own
     # (top-k 3 planted too little here: the chat draft puts most of its mass on its top 3 anyway)
     "chat-draft-ignores-top-k": (["--preset", "chat", "--temperature", "0.7", "--top-k", "1", "--k", "4",
-                                  "--draft-filters", "temperature only", "--only", RANKED], "sampling filters", None),
+                                  "--draft-filters", "temperature only", "--only", RANKED] + BUNDLED,
+                                 "sampling filters", None, True),
     "chat-k-far-too-deep": (["--preset", "chat", "--temperature", "0.7", "--top-p", "0.9", "--k", "12",
-                             "--only", RANKED], "draft depth", None),
+                             "--only", RANKED] + BUNDLED, "draft depth", None, True),
+    "chat-set-correctly": (CHAT + BUNDLED, None, None, True),
+    "tiny-shakespeare-set-correctly": (SHAKESPEARE + BUNDLED, None, None, True),
+    "whole-set-tiny-shakespeare": (SHAKESPEARE + WHOLE_SET, None, None, False),
+    "whole-set-tiny-shakespeare-seed-1": (SHAKESPEARE + WHOLE_SET + ["--seed", "1"], None,
+                                          "whole-set-tiny-shakespeare", False),
+    "whole-set-chat": (CHAT + WHOLE_SET, None, None, False),
+    "whole-set-chat-seed-1": (CHAT + WHOLE_SET + ["--seed", "1"], None, "whole-set-chat", False),
 }
 
 
@@ -63,31 +75,42 @@ def refreshed(found: dict) -> dict:
     return found
 
 
+def first_fix(found: dict) -> dict | None:
+    """engine/diagnose/report.py first_fix, read from the findings' dicts."""
+    judged = {"cause": "acceptance_rate", "tuning": "step_tokens_per_s"}
+    return next((f for f in found["findings"] if f["kind"] in judged and f[judged[f["kind"]]]
+                 and f[judged[f["kind"]]]["found"] and f[judged[f["kind"]]]["difference"] > 0), None)
+
+
 def record(case: str, work: Path) -> dict:
-    args, planted, repeat_of = CASES[case]
+    args, planted, repeat_of, bundled = CASES[case]
     folder = work / case
-    command = [sys.executable, "-m", "engine", "diagnose", *args, *COMMON, "--out", str(folder), "--json"]
+    command = [sys.executable, "-m", "engine", "diagnose", *args, "--out", str(folder), "--json"]
     if (folder / "baseline" / "manifest.json").is_file():
         command.append("--resume")
     print(" ".join(command), flush=True)
-    found = portable(json.loads(subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True).stdout))
-    found["case"] = {"name": case, "arguments": args + COMMON, "planted": planted, "repeat_of": repeat_of}
-    if repeat_of:
-        (ROOT / "bench" / "results" / f"diagnose-repeat-{case}.json").write_text(json.dumps(found, indent=1))
+    started = time.perf_counter()
+    out = subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    found = portable(json.loads(out))
+    found["case"] = {"name": case, "arguments": args, "planted": planted, "repeat_of": repeat_of,
+                     "seconds": round(time.perf_counter() - started, 1), "cpu": cpu_model()}
+    first = first_fix(found)
+    print(f"{case}: {found['case']['seconds']} s; change first: {first and first['experiment']}; planted {planted}",
+          flush=True)
+    if not bundled:
+        (RESULTS / f"diagnose-{case}.json").write_text(json.dumps(found, indent=1, ensure_ascii=False))
         return found
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{case}.json").write_text(json.dumps(found, indent=1, ensure_ascii=False))
     for arm in ["baseline"] + [f["arm"] for f in found["findings"] if f["arm"] and not f["error"]]:
         (OUT / f"{case}--{arm}.zip").write_bytes(zip_folder(folder / arm))
-    first = next((f for f in found["findings"] if f["kind"] == "cause"), None)
-    print(f"{case}: first cause {first and first['experiment']}; planted {planted}", flush=True)
     return found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", choices=sorted(CASES), action="append")
-    parser.add_argument("--work", default="/tmp/speclab-diagnoses")
+    parser.add_argument("--work", default="/tmp/speclab-diagnoses-2")
     parser.add_argument("--refresh-verdicts", action="store_true", help="rewrite the bundled cases' verdicts only")
     args = parser.parse_args()
     if args.refresh_verdicts:
