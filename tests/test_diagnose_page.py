@@ -333,7 +333,11 @@ def test_the_interview_asks_about_each_planted_cause_and_points_here(folder, mon
         assert "**The cause.**" in answer and "**Why the output stays exact.**" in answer
         assert "**How the diagnosis finds it.**" in answer
         assert [p.proto.page for p in question.get("page_link")] == ["diagnose"]
-    assert len(labels) >= 16
+    assert len(labels) >= 18
+    (rate,) = [e for e in at.expander if "Did the draft get better?" in e.label]
+    assert "by arithmetic alone" in " ".join(m.value for m in rate.markdown)
+    (joint,) = [e for e in at.expander if "eight experiments" in e.label]
+    assert "34%" in " ".join(m.value for m in joint.markdown) and round(1 - 0.95 ** 8, 2) == 0.34
     filters = next(e for e in at.expander if "ignores top-p/top-k" in e.label)
     verdict = found(folder)["findings"][0]["verdict"]  # the bundled case's measurement of it
     assert verdict in html.unescape(" ".join(c.value for c in filters.caption).replace("\\", ""))

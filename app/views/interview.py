@@ -11,7 +11,13 @@ from app.figures.tree_record import is_tree_header
 from app.ui import state, tree_trace
 from app.ui.pages import EXACTNESS_LAB
 from app.views.sections.interview_cycle import q_catch_up, q_exactness, q_k_plus_one, q_paged, q_rejected_cache
-from app.views.sections.interview_diagnose import q_chat_template, q_deep_k, q_draft_filters
+from app.views.sections.interview_diagnose import (
+    q_chat_template,
+    q_deep_k,
+    q_draft_filters,
+    q_joint_intervals,
+    q_shorter_k_rate,
+)
 from app.views.sections.interview_models import q_greedy_numerics, q_tokenizers
 from app.views.sections.interview_speed import q_acceptance_length, q_payoff, q_pick_k
 from app.views.sections.interview_trees import q_tree_mask, q_tree_rollback, q_why_tree
@@ -61,6 +67,8 @@ def main() -> None:
     q_chat_template()
     q_draft_filters()
     q_deep_k()
+    q_shorter_k_rate()
+    q_joint_intervals()
     source = tree_trace.teaching_tree_trace()
     q_why_tree(source)
     q_tree_mask(source)

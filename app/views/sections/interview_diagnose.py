@@ -1,7 +1,8 @@
 """Interview questions on low acceptance from a mis-set draft: a draft fed the prompt without the chat
 template, a draft that ignores top-p/top-k, and K far too deep. Each answer says the cause, why the output
 stays exactly the target's, and how a diagnosis finds it; each points at the Diagnose page, and at what a
-bundled diagnosis measured for that experiment where one did.
+bundled diagnosis measured for that experiment where one did. Then two on reading a diagnosis: why a
+shorter K's higher acceptance rate proves nothing, and why eight experiments need wider intervals.
 """
 import streamlit as st
 
@@ -23,9 +24,9 @@ def measured_in_a_case(experiment: str) -> None:
         except (diagnoses.DiagnosisError, OSError):
             continue  # the Diagnose page says what is wrong with it
         for f in d["findings"]:
-            e = f["acceptance_rate"]
-            if f["experiment"] == experiment and diagnoses.measured(f) and e["found"] and \
-                    (best is None or abs(e["difference"]) > abs(best[1]["acceptance_rate"]["difference"])):
+            e = diagnoses.judged(f)  # what an experiment of its kind is judged by (K: tokens/s)
+            if f["experiment"] == experiment and diagnoses.ran(f) and e is not None and e["found"] and \
+                    (best is None or abs(e["difference"]) > abs(diagnoses.judged(best[1])["difference"])):
                 best = (choice[1], f)
     if best is not None:
         st.caption(f"Measured in the bundled diagnosis **{md(best[0])}**: {md(best[1]['verdict'])}.")
@@ -47,8 +48,9 @@ def q_chat_template() -> None:
             "text.\n\n"
             "**How the diagnosis finds it.** It reruns the same requests with the same seeds, changing only "
             "how the draft reads the prompt, and compares acceptance request by request (a paired bootstrap "
-            "over requests gives the interval). A large gain with an interval above zero ranks the chat template "
-            "first; the probe's low top-1 agreement says the same without speculating.")
+            "over requests gives the interval). A gain whose interval lies above zero puts the chat template "
+            "first among the things to change; the probe's low top-1 agreement says the same without "
+            "speculating.")
         measured_in_a_case("chat template")
         st.page_link(DIAGNOSE, label=LINK, icon=":material/troubleshoot:")
 
@@ -87,8 +89,43 @@ def q_deep_k() -> None:
             "are distributed as the target's for every K.\n\n"
             "**How the diagnosis finds it.** The baseline runs calibrated (both models' step times on this "
             "machine), so the K advisor picks the K that maximises the expected speedup for the measured "
-            "acceptance. The diagnosis reruns the same requests at that K and reports the paired change in "
-            "acceptance rate and tokens/s; conditional acceptance by position (the Workload page on the "
-            "baseline's arm) shows where guesses stop paying.")
+            "acceptance. The diagnosis reruns the same requests at that K and judges it by tokens/s: both arms' "
+            "cycles timed on the same calibrated step times, with a paired interval over requests. Not by the "
+            "acceptance rate, which a shorter K raises by arithmetic alone (next question). K comes after the "
+            "causes in the report, because the best K depends on the acceptance they change. Conditional "
+            "acceptance by position (the Workload page on the baseline's arm) shows where guesses stop paying.")
         measured_in_a_case("draft depth")
+        st.page_link(DIAGNOSE, label=LINK, icon=":material/troubleshoot:")
+
+
+def q_shorter_k_rate() -> None:
+    with st.expander("At K=2 instead of 12 the acceptance rate rose from 0.05 to 0.20. Did the draft get better?"):
+        st.markdown(
+            "**No: the draft is the same model on the same requests.** The acceptance rate is accepted / "
+            "drafted. A cycle's accepted tokens stop at its first rejection, so a deep K adds drafted tokens "
+            "at late positions that are rarely even tested: they sit behind a rejection. Cutting K removes "
+            "them from the denominator and hardly changes the numerator, so the rate rises by arithmetic "
+            "alone. Compare like with like instead: conditional acceptance at each position (accepted at i "
+            "given i was reached), which does not depend on K, and tokens/s, which is what K is for.\n\n"
+            "**What the diagnosis does with it.** It judges K by tokens/s on the machine's calibrated step "
+            "times, never by the acceptance rate, and ranks it after the settings that change what the draft "
+            "sees (the chat template, the sampling filters): those move the per-position acceptance the "
+            "best K is chosen from.")
+        st.page_link(DIAGNOSE, label=LINK, icon=":material/troubleshoot:")
+
+
+def q_joint_intervals() -> None:
+    with st.expander("A diagnosis runs eight experiments, each with a 95% interval. Why are its intervals wider "
+                     "than one experiment's would be?"):
+        st.markdown(
+            "**Because eight 95% intervals are wrong somewhere more often than one is.** If no change had any "
+            "effect, each interval would still exclude zero 5% of the time, and at least one of eight would "
+            "do so about 1 − 0.95^8 ≈ 34% of the time: a correctly set pair would often be told it has a "
+            "cause it does not have, and another seed would not find it again. The report makes the eight "
+            "intervals hold *together* 95% of the time (Bonferroni): each at 1 − 0.05/8 ≈ 99.4%, so a "
+            "little wider.\n\n"
+            "**What stays the same.** Each interval is still a paired bootstrap over requests (the same draw "
+            "of requests in both arms), so a request's own difficulty cancels. A real effect the size of the "
+            "planted causes still clears zero; an effect that does not is reported as \"no effect found\", "
+            "which says these requests cannot tell, not that there is none.")
         st.page_link(DIAGNOSE, label=LINK, icon=":material/troubleshoot:")
