@@ -1,0 +1,115 @@
+"""A KV cache for B ragged rows: one preallocated buffer per layer, one length per row.
+
+The engine's static layout (engine/kv/layouts.py, `StaticKVCache`) for one row, widened to B:
+each layer holds K and V as (B, H_kv, capacity, D). Row r's valid K/V are slots
+0..lengths[r]-1. A forward over T new positions per row writes row r at slots
+lengths[r]..lengths[r]+T-1 (its own offset, set by `begin_append` from the forward's
+position_ids) and `end_append` then advances each row by the positions it really appended
+(a padded prefill row or an idle row appends fewer than T, or none). A row's rollback lowers
+its length only: the rejected K/V stay in their slots, hidden by the mask (a query at
+position p sees slots 0..p only) and overwritten by that row's next append.
+
+`update` returns the whole buffers, as HF's StaticLayer does, so attention always sees
+`capacity` slots; `get_mask_sizes` says so. Position == slot in this layout: a row's token at
+position p is cached in slot p.
+"""
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from engine.kv.layouts import CacheFullError
+
+
+class RowsKVLayer(CacheLayerMixin):
+    """One layer's (B, H_kv, capacity, D) keys and values; where to write comes from the cache."""
+
+    is_compileable = False
+    is_croppable = False
+    is_sliding = False
+
+    def __init__(self, cache: "RowsKVCache") -> None:
+        super().__init__()
+        self.cache = cache
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, heads = key_states.shape[:2]
+        if b != self.cache.num_rows:
+            raise ValueError(f"a forward of {b} rows over a cache of {self.cache.num_rows} rows")
+        self.device = key_states.device
+        self.keys = key_states.new_zeros(b, heads, self.cache.capacity, key_states.shape[-1])
+        self.values = value_states.new_zeros(b, heads, self.cache.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write (B, H, T, D) at each row's slots (B, T); return the full buffers (B, H, capacity, D)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        slots = self.cache.pending_slots  # (B, T)
+        rows = torch.arange(slots.shape[0], device=slots.device)[:, None]  # (B, 1)
+        self.keys[rows, :, slots] = key_states.transpose(1, 2)  # indexed view is (B, T, H, D)
+        self.values[rows, :, slots] = value_states.transpose(1, 2)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cache.capacity, 0
+
+    def get_seq_length(self) -> int:
+        return max(self.cache.lengths)  # the longest row; the cycle reads each row's own length
+
+    def get_max_length(self) -> int:
+        return self.cache.capacity
+
+
+class RowsKVCache(Cache):
+    """B rows over preallocated per-layer buffers; `lengths[r]` is the positions row r attends to."""
+
+    layout = "rows"
+
+    def __init__(self, num_layers: int, batch_size: int, capacity: int) -> None:
+        super().__init__(layers=[RowsKVLayer(self) for _ in range(num_layers)])
+        self.num_rows, self.capacity = batch_size, capacity
+        self.lengths = [0] * batch_size  # host-side: the cycle's bookkeeping reads them every cycle
+        self.pending_slots: torch.Tensor | None = None  # (B, T) slots the running forward writes
+
+    def positions(self, width: int, device: torch.device) -> torch.Tensor:
+        """(B, width) positions (= slots) of the next forward's inputs: each row from its own length."""
+        end = max(self.lengths) + width
+        if end > self.capacity:
+            raise CacheFullError(f"batched cache full: {end} positions needed, {self.capacity} preallocated")
+        start = torch.tensor(self.lengths, dtype=torch.long, device=device)[:, None]
+        return start + torch.arange(width, device=device)[None, :]
+
+    def begin_append(self, slots: torch.Tensor) -> None:
+        self.pending_slots = slots
+
+    def end_append(self, appended: list[int]) -> None:
+        """Each row now attends to `appended[r]` more positions (0 for an idle row)."""
+        self.pending_slots = None
+        self.lengths = [n + a for n, a in zip(self.lengths, appended, strict=True)]
+
+
+def num_layers_of(config) -> int:
+    """Decoder layers of a model that the batched cache can serve: full attention in every layer."""
+    text = config.get_text_config(decoder=True)
+    types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    if any(t != "full_attention" for t in types):
+        raise ValueError(f"batched speculation supports full-attention models only (this one has {sorted(set(types))})")
+    return len(types)
+
+
+def new_rows_cache(config, batch_size: int, capacity: int) -> RowsKVCache:
+    return RowsKVCache(num_layers_of(config), batch_size, capacity)
+
+
+def roll_back_row(cache: RowsKVCache, row: int, keep: int) -> None:
+    """Row `row` attends to its first `keep` positions from now on; never moves forward
+    (a slot the model has not written for this row must not become attended)."""
+    if not 0 <= keep <= cache.lengths[row]:
+        raise ValueError(f"row {row}: rollback to {keep} positions, but it holds {cache.lengths[row]}")
+    cache.lengths[row] = keep
+
+
+def row_kv(cache: RowsKVCache, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, row `row`'s valid K/V in order: (1, H, lengths[row], D) each."""
+    n = cache.lengths[row]
+    return [(layer.keys[row:row + 1, :, :n], layer.values[row:row + 1, :, :n])
+            for layer in cache.layers if layer.is_initialized]

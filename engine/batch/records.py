@@ -1,0 +1,59 @@
+"""What one batched cycle reports: a `RowCycle` per row, a `BatchCycle` per cycle.
+
+Plain data, no tensors. An idle row (one that finished in an earlier cycle: its token budget or
+an EOS) still has its `RowCycle`, with `idle` set and nothing drafted: it still occupies its
+slot in every batched forward, so the cycle counts it (`BatchCycle.idle_rows`) rather than
+leaving it out. The trace file format for batches is not defined yet (issue #40).
+"""
+from dataclasses import dataclass, field
+
+from engine.trace.format import CacheLengths
+
+
+@dataclass
+class RowCycle:
+    row: int
+    idle: bool  # finished before this cycle: fed a filler token, appended nothing, decided nothing
+    draft_token_ids: list[int] = field(default_factory=list)  # (K,) d1..dK
+    p_draft: list[float] = field(default_factory=list)  # (K,) p_draft(d_i), the draft's warped distribution
+    p_target: list[float] = field(default_factory=list)  # (K,) p_target(d_i) from the verify pass
+    accept_prob: list[float] = field(default_factory=list)  # (K,) min(1, p_target/p_draft)
+    u: list[float] = field(default_factory=list)  # one draw per tested position
+    num_accepted: int = 0
+    next_token_id: int | None = None  # the resampled (at a rejection) or bonus token; None when idle
+    committed: list[int] = field(default_factory=list)  # what this cycle made final (cut at EOS / budget)
+    finished: bool = False  # this row is done after this cycle
+    target_cache_len: CacheLengths | None = None  # before, after the verify's append, after rollback
+    draft_cache_len: CacheLengths | None = None  # before, after the K+1 draft steps, after rollback
+
+
+@dataclass
+class BatchCycle:
+    cycle: int
+    rows: list[RowCycle]
+    draft_s: float  # the K+1 batched draft forwards and each row's draws
+    verify_s: float  # the one batched target forward and its warping
+    bookkeeping_s: float  # the rest of the cycle: ratio tests, commits, rollbacks, these records
+
+    @property
+    def idle_rows(self) -> int:
+        return sum(r.idle for r in self.rows)
+
+    @property
+    def active_rows(self) -> int:
+        return len(self.rows) - self.idle_rows
+
+    @property
+    def cycle_s(self) -> float:
+        return self.draft_s + self.verify_s + self.bookkeeping_s
+
+
+def row_outputs(cycles: list[BatchCycle]) -> list[list[int]]:
+    """Each row's generated tokens: its committed tokens, cycle after cycle."""
+    if not cycles:
+        return []
+    outputs: list[list[int]] = [[] for _ in cycles[0].rows]
+    for c in cycles:
+        for r in c.rows:
+            outputs[r.row] += r.committed
+    return outputs
