@@ -4,8 +4,9 @@ that treats the request as the independent unit.
 Both arms ran the same requests with the same seeds, so request i of one arm and request i of the
 other differ only by the change. A bootstrap draws requests with replacement, the same draw for both
 arms, and recomputes each arm's ratio of sums on it; the effect's interval is the 2.5th to 97.5th
-percentile of the differences (further out for a joint interval: `paired_effect`). Pairing removes what the requests themselves contribute (a hard
-prompt is hard in both arms), so a small effect shows where two unpaired intervals would overlap.
+percentile of the differences (further out for a joint interval: `paired_effect`). Pairing removes
+what the requests themselves contribute (a hard prompt is hard in both arms), so a small effect shows
+where two unpaired intervals would overlap.
 """
 from dataclasses import dataclass
 

@@ -12,7 +12,7 @@ from typing import Callable
 
 from engine.config import SettingsError
 from engine.cycle.pair import Pair
-from engine.diagnose.experiments import Arm, Experiment
+from engine.diagnose.experiments import Arm
 from engine.diagnose.paired import RequestCounts, counts_of
 from engine.drafters.registry import DrafterOptions
 from engine.mode import RunMode
