@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -71,14 +72,46 @@ def test_each_request_is_an_ordinary_trace_and_greedy_equals_plain_decoding(tmp_
     assert runs[2].trace.header["messages"] == [{"role": "user", "content": "the log and then"}]
 
 
-def test_a_workload_request_equals_the_same_prompt_run_alone(tmp_path):
-    """Same settings and seed: request i's trace is the trace of a single run of its prompt."""
+def test_a_workload_request_equals_the_same_prompt_run_alone_with_its_own_seed(tmp_path):
+    """Same settings, and request i's own seed (seed * SEED_STRIDE + i): its trace is the trace of a single
+    run of its prompt with that seed."""
     from engine.run import run_to_trace
+    from engine.workload.manifest import SEED_STRIDE
     pair = tiny_pair(4)
     s = SpecSettings(k=2, temperature=1.0, max_new_tokens=10, seed=9)
     run_workload(pair, requests_of(), s, tmp_path / "w")
-    run_to_trace(pair, REQUESTS[1]["prompt"], s, tmp_path / "alone.jsonl", request={"id": "r2", "category": "pets"})
+    own = replace(s, seed=9 * SEED_STRIDE + 1)
+    run_to_trace(pair, REQUESTS[1]["prompt"], own, tmp_path / "alone.jsonl", request={"id": "r2", "category": "pets"})
     assert without_times(tmp_path / "w" / "request-0002.jsonl") == without_times(tmp_path / "alone.jsonl")
+    seeds = [load_trace(tmp_path / "w" / f"request-000{i}.jsonl").header["settings"]["seed"] for i in range(1, 5)]
+    assert seeds == [9 * SEED_STRIDE + i for i in range(4)]  # each request its own random stream
+    assert json.loads((tmp_path / "w" / MANIFEST).read_text())["settings"]["seed"] == 9
+
+
+def test_a_manifest_from_before_per_request_seeds_still_opens(tmp_path):
+    """Without "seed_stride", every request ran on the manifest's seed: such a folder (the bundled greedy
+    workloads were recorded so) still opens, and a request whose seed is not the one its manifest implies is refused."""
+    pair = tiny_pair(4)
+    s = SpecSettings(k=2, temperature=1.0, max_new_tokens=6, seed=3)
+    run_workload(pair, requests_of(), s, tmp_path / "w")
+    path = tmp_path / "w" / MANIFEST
+    manifest = json.loads(path.read_text())
+    del manifest["seed_stride"]
+    for entry in manifest["requests"]:  # as an old run wrote them: one seed for all
+        trace_path = tmp_path / "w" / entry["file"]
+        lines = [json.loads(x) for x in trace_path.read_text().splitlines()]
+        lines[0]["settings"]["seed"] = 3
+        trace_path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    path.write_text(json.dumps(manifest))
+    assert len(open_workload(tmp_path / "w").runs()) == 4
+    manifest["seed_stride"] = 100_000
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(WorkloadError, match="request 0 runs with 300000"):
+        open_workload(tmp_path / "w").runs()
+    manifest["seed_stride"] = 7
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(WorkloadError, match="seed_stride"):
+        open_workload(tmp_path / "w").runs()
 
 
 def test_an_interrupted_workload_keeps_its_requests_and_resume_finishes_it_identically(tmp_path):

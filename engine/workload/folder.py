@@ -14,7 +14,15 @@ from typing import Callable
 
 from engine.trace.format import MAX_TRACE_BYTES, loads_trace
 from engine.trace.records import Trace
-from engine.workload.manifest import DONE, MANIFEST, MAX_MANIFEST_BYTES, Entry, WorkloadError, loads_manifest
+from engine.workload.manifest import (
+    DONE,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    Entry,
+    WorkloadError,
+    loads_manifest,
+    request_seed,
+)
 from engine.workload.requests import RequestRun
 
 MAX_WORKLOAD_BYTES = 512 * 2**20  # unpacked: 2000 requests of a quarter MB; a zip claiming more is refused
@@ -59,11 +67,15 @@ def check_against_entry(trace: Trace, e: Entry, manifest: dict, where: str) -> N
     """A trace belongs to its entry: the manifest's settings, its request, its summary."""
     if not trace.complete:
         raise WorkloadError(f"{where}: the manifest says done but the trace has no summary line")
-    if trace.header["settings"] != manifest["settings"]:
-        raise WorkloadError(f"{where}: its settings differ from the manifest's")
     request = trace.header.get("request")
     if request != {"id": e.id, "category": e.category}:
         raise WorkloadError(f"{where}: the trace is of request {request!r}, the manifest says {e.id!r}")
+    settings = dict(manifest["settings"])
+    if isinstance(settings.get("seed"), int):  # its own seed (manifest.py SEED_STRIDE); the rest as the manifest's
+        settings["seed"] = request_seed(settings["seed"], e.index, manifest.get("seed_stride"))
+    if trace.header["settings"] != settings:
+        raise WorkloadError(f"{where}: its settings differ from the manifest's (the seed: request {e.index} runs "
+                            f"with {settings.get('seed')!r})")
     s = trace.summary
     if (s["num_generated"], len(trace.cycles), len(trace.header["prompt_token_ids"])) != (
             e.summary["num_generated"], e.summary["num_cycles"], e.summary["prompt_tokens"]):

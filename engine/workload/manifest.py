@@ -21,6 +21,13 @@ from engine.workload.prompts import MAX_NAME_CHARS, MAX_REQUESTS
 
 FORMAT = "speclab-workload"
 VERSION = 1
+# Request i (from 0, in the prompt file's order) runs with seed * SEED_STRIDE + i: each request its own
+# random stream, so the requests of a workload are independent samples (with one seed for all, every
+# request would draw the same uniforms, and a lucky stream would lift all of them at once), the same
+# stream in every arm of a diagnosis, and no stream shared between two seeds (a file holds at most
+# MAX_REQUESTS requests). A manifest without "seed_stride" (written before) ran every request on the seed.
+SEED_STRIDE = 100_000
+SEED_LIMIT = 2**63  # the engine's seeds are below this
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 8 * 2**20  # 2000 requests of a few hundred bytes each
 PENDING, DONE, SKIPPED = "pending", "done", "skipped"
@@ -87,6 +94,11 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+def request_seed(seed: int, index: int, stride: int | None = SEED_STRIDE) -> int:
+    """The seed request `index` runs with (SEED_STRIDE); stride None: a manifest from before, one seed for all."""
+    return seed if stride is None else (seed * stride + index) % SEED_LIMIT
+
+
 def fail(source: str, field: str, why: str):
     raise WorkloadError(f"{source}: manifest field {field!r} {why}")
 
@@ -103,6 +115,8 @@ def check_manifest(m, source: str) -> list[Entry]:
     k = m["settings"].get("k")
     if not _is_int(k) or not 1 <= k <= MAX_K:
         fail(source, "settings.k", f"must be an integer from 1 to {MAX_K}")
+    if m.get("seed_stride", SEED_STRIDE) != SEED_STRIDE:
+        fail(source, "seed_stride", f"must be {SEED_STRIDE} (request i runs with seed * {SEED_STRIDE} + i)")
     if not 1 <= len(m["requests"]) <= MAX_REQUESTS:
         fail(source, "requests", f"must list 1 to {MAX_REQUESTS} requests")
     entries = [check_entry(d, i, k, source) for i, d in enumerate(m["requests"])]

@@ -1,7 +1,8 @@
 """Run a workload: every request of a prompt file through one loaded pair, one trace each.
 
-Each request is an ordinary run (engine/run.py run_to_trace) with the workload's settings and
-seed, so its trace is the one a single `engine run` of that prompt writes. The manifest is
+Each request is an ordinary run (engine/run.py run_to_trace) with the workload's settings and its
+own seed (request i: seed * SEED_STRIDE + i, engine/workload/manifest.py), so its trace is the one a
+single `engine run --seed` of that prompt with that seed writes. The manifest is
 rewritten (atomically) after each request: a killed workload keeps its finished requests, and
 `resume=True` runs only those still pending, after checking that the pair, the settings and the
 requests are the ones the folder was started with.
@@ -41,7 +42,7 @@ def new_manifest(pair: Pair, s: SpecSettings, mode: RunMode, preset: str | None,
     return {"type": "manifest", "format": mf.FORMAT, "version": mf.VERSION,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "prompts": {"file": prompts_name, "requests": len(requests)},
-            "settings": settings, "chat_template": chat,
+            "settings": settings, "seed_stride": mf.SEED_STRIDE, "chat_template": chat,
             "pair": {"preset": preset, "target": describe_model(pair.target), "draft": pair.drafter.describe(),
                      "drafter": pair.drafter.settings()},
             "machine": machine_fields(pair), "requests": [mf.as_dict(e) for e in entries]}
@@ -138,7 +139,8 @@ class StartedWorkload:
         if isinstance(ids, str):
             entry |= {"status": mf.SKIPPED, "reason": ids}
         else:
-            trace = run_to_trace(self.pair, r.text, self.s, self.folder / entry["file"], self.mode,
+            s = replace(self.s, seed=mf.request_seed(self.s.seed, i, self.manifest.get("seed_stride")))
+            trace = run_to_trace(self.pair, r.text, s, self.folder / entry["file"], self.mode,
                                  preset=self.preset, chat_template=self.chat_template, on_cycle=self.on_cycle,
                                  messages=r.messages, request={"id": r.id, "category": r.category})
             entry |= {"status": mf.DONE, "summary": mf.summary_of(trace.summary, len(ids))}
