@@ -17,7 +17,7 @@ from engine.drafters.registry import DRAFTERS, all_flags
 from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS
 from engine.trace.format import TraceError, load_trace, partial_path
-from engine.trace.schema import LAYOUTS, MAX_K, TARGET_WEIGHTS, WEIGHTS_FLOAT32
+from engine.trace.schema import DECODER_HF, DECODERS, LAYOUTS, MAX_K, TARGET_WEIGHTS, WEIGHTS_FLOAT32
 
 DEFAULT_TP_TIMEOUT_S = 600  # engine/parallel/world.py DEFAULT_TIMEOUT_S (not imported: the parser loads no torch)
 
@@ -118,6 +118,11 @@ def add_pair_and_sampling(run: argparse.ArgumentParser) -> None:
                      help="what the target's linear layers run on: float32 (the model as loaded) or int4 (its GGUF "
                           "file's Q4_1 blocks, a Q8_0 output layer, as stored; CPU, float32 activations; a C "
                           "compiler builds the kernel once). Each is its own target distribution")
+    run.add_argument("--decoder", choices=DECODERS, default=DECODER_HF,
+                     help="the code the target and a draft model run on: hf (Hugging Face's modules) or own (the "
+                          "engine's own Llama-family decoder on the same weights, engine/models/llama.py; a model it "
+                          "does not implement runs on hf and the trace says why). The EAGLE head keeps its own "
+                          "module; not with --target-weights int4 or --tp")
     run.add_argument("--cache", choices=LAYOUTS, default="dynamic",
                      help="KV-cache layout of both models: dynamic (HF DynamicCache, crop the tail), static "
                           "(preallocated buffer, move the write position) or paged (vLLM-style blocks, free whole blocks)")

@@ -13,7 +13,7 @@ from engine.config import SettingsError
 from engine.diagnose.experiments import CONTEXT_TOKENS, Arm, plan
 from engine.drafters.registry import DrafterOptions, check_before_loading, options_from_args
 from engine.models.presets import PRESETS
-from engine.trace.schema import EAGLE
+from engine.trace.schema import DECODER_HF, EAGLE
 from engine.workload.prompts import Request, read_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,9 +57,11 @@ class PairLoader:
     def first(self, options: DrafterOptions):
         from engine.run import load_preset, load_with_drafter
         a = self.args
+        decoder = getattr(a, "decoder", DECODER_HF)  # the app's live diagnosis names no decoder
         if self.preset:
-            return load_preset(self.preset, a.device, a.dtype, options, a.target_weights)
-        return load_with_drafter(self.target, options, a.device, a.trust_remote_code, a.dtype, a.target_weights)
+            return load_preset(self.preset, a.device, a.dtype, options, a.target_weights, decoder)
+        return load_with_drafter(self.target, options, a.device, a.trust_remote_code, a.dtype, a.target_weights,
+                                 decoder)
 
     def around(self, options: DrafterOptions):
         from engine.run import name_preset_models, pair_for_target, preset_drafter

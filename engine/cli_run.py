@@ -18,7 +18,7 @@ from engine.drafters.registry import DRAFTERS, check_before_loading, options_fro
 from engine.mode import RunMode, refuse_tree_auto
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
 from engine.trace.format import Trace, drafted
-from engine.trace.schema import DRAFT_MODEL, WEIGHTS_INT4
+from engine.trace.schema import DECODER_HF, DECODER_OWN, DRAFT_MODEL, WEIGHTS_INT4
 
 MAX_PROMPT_CHARS = 1_000_000  # far beyond any model's context; the token limit is checked after tokenizing
 TREE_AUTO = "auto"  # --tree auto: the tree advisor chooses a static tree, a chain or plain decoding
@@ -160,7 +160,7 @@ def cmd_run(args) -> int:
     if launched_rank() in (None, 0):  # only rank 0 writes the trace
         check_out(args.out)
     check_before_loading(options, settings, PRESETS[preset] if preset else None, draft)
-    mode.check_drafter(options.kind, args.target_weights, options.mis_set)
+    mode.check_drafter(options.kind, args.target_weights, options.mis_set, args.decoder)
     if args.tp > 1:
         return cmd_run_parallel(args, settings, mode, options, target, draft, preset)
     check_device(args.device, args.dtype)
@@ -179,16 +179,32 @@ def load_for_run(args, options, mode: RunMode, target: str, draft: str | None, p
 
     print(f"loading target {target}\ndrafter: {options.kind}" + (f", draft {draft}" if draft else ""), file=sys.stderr)
     if preset:
-        pair = load_preset(preset, args.device, args.dtype, options, args.target_weights)
+        pair = load_preset(preset, args.device, args.dtype, options, args.target_weights, args.decoder)
     else:
         pair = load_with_drafter(target, options, args.device, args.trust_remote_code, args.dtype,
-                                 args.target_weights)
+                                 args.target_weights, args.decoder)
+    say_decoders(pair)
     if args.fast:
         from engine.cycle.fast import plan_fast_path
         plan = plan_fast_path(pair.target.device)
         print(plan.message, file=sys.stderr)
         mode = replace(mode, fast=plan.capture)
     return pair, mode
+
+
+def say_decoders(pair) -> None:
+    """Under --decoder own: which code each model runs on, and why a model the own decoder refuses
+    does not (the trace header records the same)."""
+    from engine.run import decoder_models
+
+    for role, m in decoder_models(pair).items():
+        if m.decoder_asked == DECODER_HF:
+            continue
+        if m.decoder == DECODER_OWN:
+            print(f"decoder: {role} on the engine's own decoder", file=sys.stderr)
+        else:
+            print(f"decoder: {role} on Hugging Face's modules (the own decoder does not apply: {m.decoder_fallback})",
+                  file=sys.stderr)
 
 
 def run_tree_auto(args, pair, settings: SpecSettings, preset: str | None) -> int:

@@ -42,7 +42,7 @@ def cmd_workload(args) -> int:
     requests = read_prompts(args.prompts)
     check_folder(args.out)
     check_before_loading(options, settings, PRESETS[preset] if preset else None, draft)
-    mode.check_drafter(options.kind, args.target_weights, options.mis_set)
+    mode.check_drafter(options.kind, args.target_weights, options.mis_set, args.decoder)
     cli_run.check_device(args.device, args.dtype)
     cli_run.check_target_weights(args)
     pair, mode = cli_run.load_for_run(args, options, mode, target, draft, preset)

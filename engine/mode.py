@@ -15,7 +15,8 @@ from typing import Any
 
 from engine.config import SettingsError, SpecSettings, TreeSpec, check_capture
 from engine.drafters.refusals import MIS_SET_CHAIN_ONLY
-from engine.trace.schema import DRAFT_MODEL, EAGLE, WEIGHTS_FLOAT32
+from engine.models.errors import OWN_DECODER_INT4, OWN_DECODER_TP
+from engine.trace.schema import DECODER_HF, DECODER_OWN, DRAFT_MODEL, EAGLE, WEIGHTS_FLOAT32
 
 
 def refuse(asked: bool, message: str) -> None:
@@ -49,9 +50,10 @@ class RunMode:
                "--fast keeps the cycle on one device (CUDA graphs over static caches); under --tp use the normal "
                "path (drop --fast)")
 
-    def check_drafter(self, kind: str, target_weights: str = WEIGHTS_FLOAT32, mis_set: bool = False) -> None:
+    def check_drafter(self, kind: str, target_weights: str = WEIGHTS_FLOAT32, mis_set: bool = False,
+                      decoder: str = DECODER_HF) -> None:
         """What this mode cannot run with a drafter kind, a deliberately mis-set draft model (`mis_set`,
-        engine/drafters/model.py) or the target's weights, refused before anything loads."""
+        engine/drafters/model.py), the target's weights or the decoder (--decoder), refused before anything loads."""
         # The tree and the fast path draft with the draft model directly, not through the drafter's variants.
         refuse(mis_set and (self.tree is not None or self.fast is not None), MIS_SET_CHAIN_ONLY)
         refuse(self.tp_size > 1 and kind == EAGLE,
@@ -59,6 +61,8 @@ class RunMode:
                "draft model, prompt lookup or the other-tokenizer draft")
         refuse(self.tp_size > 1 and target_weights != WEIGHTS_FLOAT32,
                "--target-weights int4 runs on one CPU process: drop --tp")
+        refuse(decoder == DECODER_OWN and target_weights != WEIGHTS_FLOAT32, OWN_DECODER_INT4)
+        refuse(decoder == DECODER_OWN and self.tp_size > 1, OWN_DECODER_TP)
 
     def with_ranks(self, tensor_parallel: dict) -> "RunMode":
         """The same mode with rank 0's record of the group (engine/parallel_run.py), once the ranks have joined."""
@@ -86,7 +90,8 @@ class RunMode:
     def prepare(self, pair, s: SpecSettings):
         """Refuse what the loaded pair cannot run in this mode (before anything is written); the cycle kind
         that runs, whose `settings` are the ones to record."""
-        self.check_drafter(pair.drafter.kind, mis_set=getattr(pair.drafter, "mis_set", False))
+        self.check_drafter(pair.drafter.kind, pair.target.weights, getattr(pair.drafter, "mis_set", False),
+                           pair.target.decoder_asked)
         pair.drafter.check_settings(s)
         kind = self.cycle_kind(pair, self.settings_for(s))
         kind.check()

@@ -23,6 +23,7 @@ from engine.trace.format import Trace, TraceWriter, make_summary
 from engine.trace.schema import (
     CACHE_CONVENTION,
     CACHE_CONVENTION_TEXT,
+    DECODER_HF,
     DRAFT_PROMPT_AS_TARGET,
     DRAFT_PROMPT_RAW,
     FORMAT,
@@ -43,19 +44,21 @@ def library_versions() -> dict:
 
 def load_pair(target: str, draft: str, device: str | None = None,
               trust_remote_code: bool = False, dtype_name: str | None = None,
-              target_weights: str = WEIGHTS_FLOAT32) -> Pair:
+              target_weights: str = WEIGHTS_FLOAT32, decoder: str = DECODER_HF) -> Pair:
     """A target and a draft model sharing its tokenizer."""
     return load_with_drafter(target, DrafterOptions(draft_model=draft), device, trust_remote_code, dtype_name,
-                             target_weights)
+                             target_weights, decoder)
 
 
 def load_preset(name: str, device: str | None = None, dtype_name: str | None = None,
-                drafter: DrafterOptions | None = None, target_weights: str = WEIGHTS_FLOAT32) -> Pair:
+                drafter: DrafterOptions | None = None, target_weights: str = WEIGHTS_FLOAT32,
+                decoder: str = DECODER_HF) -> Pair:
     """The preset's target with `drafter` (its own draft model by default), using the draft the
     preset ships for that kind unless the options name one. `target_weights` (engine/trace/schema.py
-    TARGET_WEIGHTS) picks what the target's linear layers run on; int4 needs the preset's GGUF file."""
+    TARGET_WEIGHTS) picks what the target's linear layers run on; int4 needs the preset's GGUF file.
+    `decoder` (schema.DECODERS) picks the code the target and a draft model run on (LoadedModel.use_decoder)."""
     preset, options, shipped = preset_drafter(name, drafter)
-    pair = load_with_drafter(str(preset.target_folder()), options, device, dtype_name=dtype_name)
+    pair = load_with_drafter(str(preset.target_folder()), options, device, dtype_name=dtype_name, decoder=decoder)
     pair.target.gguf_file = preset.target_gguf()  # the file its float32 copy was made from
     pair.target.use_weights(target_weights)
     return name_preset_models(pair, preset, options, shipped)
@@ -80,20 +83,29 @@ def name_preset_models(pair: Pair, preset, options: DrafterOptions, shipped) -> 
 
 def load_with_drafter(target: str, options: DrafterOptions, device: str | None = None,
                       trust_remote_code: bool = False, dtype_name: str | None = None,
-                      target_weights: str = WEIGHTS_FLOAT32) -> Pair:
-    """A target and the drafter `options` name (engine/drafters/registry.py builds it)."""
+                      target_weights: str = WEIGHTS_FLOAT32, decoder: str = DECODER_HF) -> Pair:
+    """A target and the drafter `options` name (engine/drafters/registry.py builds it), the target and a
+    draft model running on `decoder` (LoadedModel.use_decoder: a model the own decoder refuses falls back)."""
     dev = pick_device(device)
     dtype = pick_dtype(dev, dtype_name)
     target_model = load_model(target, dev, dtype, trust_remote_code)
     target_model.use_weights(target_weights)
+    target_model.use_decoder(decoder)
     return pair_for_target(target_model, options, trust_remote_code)
 
 
 def pair_for_target(target_model: LoadedModel, options: DrafterOptions, trust_remote_code: bool = False) -> Pair:
     """The drafter `options` name for a loaded target; a draft model loads on the target's device and dtype
-    (under tensor parallelism: rank 0's device, unsharded)."""
-    dev, dtype = target_model.device, target_model.dtype
-    drafter = build_drafter(target_model, options, lambda folder: load_model(folder, dev, dtype, trust_remote_code))
+    (under tensor parallelism: rank 0's device, unsharded) and runs on the decoder asked of the target
+    (an EAGLE head is its own module: it keeps it)."""
+    dev, dtype, decoder = target_model.device, target_model.dtype, target_model.decoder_asked
+
+    def load(folder: str) -> LoadedModel:
+        draft = load_model(folder, dev, dtype, trust_remote_code)
+        draft.use_decoder(decoder)
+        return draft
+
+    drafter = build_drafter(target_model, options, load)
     # Pair.draft is a draft model over the target's tokens only (calibration times its steps).
     draft = drafter.model if DRAFTERS[options.kind].needs.same_tokens else None
     return Pair(target_model, draft, eos_ids_of(target_model), drafter)
@@ -157,6 +169,23 @@ def describe_model(m: LoadedModel) -> dict:
             "kept_vocab": None if m.kept_token_ids is None else int(m.kept_token_ids.numel())}
 
 
+def decoder_models(pair: Pair) -> dict[str, LoadedModel]:
+    """The models whose code --decoder picks: the target, and the drafter's model when it drafts with one
+    (a draft model, or one with its own tokenizer; not prompt lookup, not an EAGLE head)."""
+    draft = getattr(pair.drafter, "model", None) if DRAFTERS[pair.drafter.kind].needs.model else None
+    return {"target": pair.target} | ({} if draft is None else {"draft": draft})
+
+
+def describe_decoders(pair: Pair) -> dict:
+    """The header's optional "decoder" field: which decoder made each model's distributions, and why a
+    model asked to run on the own decoder did not. Only a run that asked for the own decoder writes it:
+    without it a trace's models ran on Hugging Face's modules, as every trace before the field did."""
+    models = decoder_models(pair)
+    if all(m.decoder_asked == DECODER_HF for m in models.values()):
+        return {}
+    return {"decoder": {role: m.describe_decoder() for role, m in models.items()}}
+
+
 def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
                 preset: str | None, chat_template: bool, mode: RunMode) -> dict:
     tok = pair.target.tokenizer
@@ -166,7 +195,7 @@ def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
         "target": describe_model(pair.target), "draft": pair.drafter.describe(),
         "drafter": pair.drafter.settings(),
         "tokenizer": type(tok).__name__, "preset": preset, "chat_template": chat_template,
-        "target_weights": pair.target.describe_weights(),
+        "target_weights": pair.target.describe_weights(), **describe_decoders(pair),
         "settings": settings, "prompt": prompt, "prompt_token_ids": prompt_ids,
         "prompt_token_texts": [tok.decode([t]) for t in prompt_ids],
         "cache_convention": {"name": CACHE_CONVENTION, "text": CACHE_CONVENTION_TEXT},

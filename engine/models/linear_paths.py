@@ -13,9 +13,10 @@ each width on the faster: no width is slower than the model as loaded (up to tim
 The measurement is kept on disk (`SPECLAB_LINEAR_PATHS`, else linear-paths.json in the engine's cache
 folder, ~/.cache/speclab or `SPECLAB_CACHE`) under a key of the
 machine (engine/models/machine.py: CPU model, vector features, threads, torch version) and the
-model's shapes, so the next run on the same machine and model reuses it. A damaged cache file is
-measured over, never trusted; so is a noisy measurement (QUIET_SPREAD): it chooses the paths of the
-run that took it, and the next run measures again.
+shapes of the module that runs (the model as loaded, or the engine's own decoder on its weights under
+--decoder own: another type and fused shapes, so its own entry), so the next run on the same machine
+and model reuses it. A damaged cache file is measured over, never trusted; so is a noisy measurement
+(QUIET_SPREAD): it chooses the paths of the run that took it, and the next run measures again.
 """
 import hashlib
 import json
@@ -82,7 +83,7 @@ def applies(loaded: LoadedModel) -> bool:
     """There is a choice to make: a float32 CPU model whose packed twin can be built, running its
     float weights. A model on int4 weights has one path (engine/models/gguf_linear.py): the paths
     here give the same distribution and may be swapped per width; int4 is another distribution."""
-    return loaded.weights == WEIGHTS_FLOAT32 and loaded.fast_linear and cpu_linear.available(loaded.model)
+    return loaded.weights == WEIGHTS_FLOAT32 and loaded.fast_linear and cpu_linear.available(loaded.base)
 
 
 def spread_of(times: list[float]) -> float:
@@ -121,7 +122,7 @@ def measure(loaded: LoadedModel, repeats: int = REPEATS) -> PathCurve:
     times = time_paths(loaded, widths, repeats)
     seconds = {p: [statistics.median(t) for t in times[p]] for p in PATHS}
     spread = max(spread_of(t) for p in PATHS for t in times[p])
-    return PathCurve(machine_key(), model_fingerprint(loaded.model), widths, seconds,
+    return PathCurve(machine_key(), model_fingerprint(loaded.base), widths, seconds,
                      time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), round(spread, 4), load)
 
 
@@ -174,7 +175,7 @@ def write_cache(entries: dict) -> None:
 
 def curve_for(loaded: LoadedModel) -> PathCurve:
     """This machine's curve for the model: from the disk cache, or measured now and stored."""
-    key = entry_key(machine_key(), model_fingerprint(loaded.model))
+    key = entry_key(machine_key(), model_fingerprint(loaded.base))
     entries = read_cache()
     curve = curve_from_dict(entries.get(key))
     if curve is None:

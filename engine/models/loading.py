@@ -10,8 +10,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.distributed import DistributedConfig
 
 from engine.models import cpu_linear
-from engine.models.errors import ModelLoadError, TokenizerMismatchError
-from engine.trace.schema import AS_LOADED, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
+from engine.models.errors import OWN_DECODER_INT4, ModelLoadError, TokenizerMismatchError
+from engine.trace.schema import (
+    AS_LOADED,
+    DECODER_HF,
+    DECODER_OWN,
+    DECODERS,
+    MAX_DECODER_FALLBACK_TEXT,
+    TARGET_WEIGHTS,
+    WEIGHTS_FLOAT32,
+    WEIGHTS_INT4,
+)
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"  # a draft's kept token ids (a draft model's or an EAGLE head's)
 DRAFT_VOCAB_FORMAT = "speclab-draft-vocab"
@@ -45,7 +54,13 @@ class LoadedModel:
     # WEIGHTS_FLOAT32 (the model as loaded) or WEIGHTS_INT4 (engine/models/gguf_linear.py): set by use_weights()
     weights: str = WEIGHTS_FLOAT32
     gguf_weights: object | None = None  # gguf_linear.GGUFWeights of the int4 twin
+    # DECODER_HF or DECODER_OWN (engine/trace/schema.py): which code computes the engine's forwards, set by
+    # use_decoder(); what was asked, and why own did not apply to this model when it was asked and refused
+    decoder: str = DECODER_HF
+    decoder_asked: str = DECODER_HF
+    decoder_fallback: str | None = None
     _twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
+    _own: torch.nn.Module | None = field(default=None, repr=False, compare=False)  # engine/models/llama.py's decoder
     _int4_twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -63,6 +78,8 @@ class LoadedModel:
         reason, a model that has no GGUF file or one of another block type."""
         if weights not in TARGET_WEIGHTS:
             raise ValueError(f"unknown target weights {weights!r}; choose one of {', '.join(TARGET_WEIGHTS)}")
+        if weights == WEIGHTS_INT4 and self.decoder_asked == DECODER_OWN:
+            raise ModelLoadError(OWN_DECODER_INT4)
         if weights == WEIGHTS_INT4 and self._int4_twin is None:
             if self.gguf_file is None:
                 raise ModelLoadError(f"int4 target weights come from a GGUF file, and {self.name} was not loaded "
@@ -70,6 +87,39 @@ class LoadedModel:
             from engine.models.gguf_linear import gguf_twin
             self._int4_twin, self.gguf_weights = gguf_twin(self.model, self.gguf_file)
         self.weights = weights
+
+    def use_decoder(self, decoder: str) -> None:
+        """Run the engine's forwards on `decoder`: DECODER_OWN builds engine/models/llama.py's decoder on this
+        model's weights; a model it refuses (UnsupportedArchitecture: another model type, rope scaling, a
+        tensor-parallel shard...) keeps Hugging Face's modules, and `decoder_fallback` says why.
+        `self.model` stays the Hugging Face model: the tokenizer's config, the teaching pages and
+        `generate` keep using it."""
+        if decoder not in DECODERS:
+            raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
+        if decoder == DECODER_OWN and self.weights == WEIGHTS_INT4:
+            raise ModelLoadError(OWN_DECODER_INT4)
+        self.decoder_asked, self.decoder, self.decoder_fallback = decoder, DECODER_HF, None
+        self._own = self._twin = None  # a packed twin wraps the module that runs: built again on first use
+        if decoder == DECODER_HF:
+            return
+        from engine.models.llama import UnsupportedArchitecture, from_hf
+        try:
+            self._own = from_hf(self.model)
+        except UnsupportedArchitecture as err:
+            reason = " ".join(str(err).split()) or type(err).__name__  # one line, as the header keeps it
+            cut = MAX_DECODER_FALLBACK_TEXT
+            self.decoder_fallback = reason if len(reason) <= cut else reason[:cut - 3].rstrip() + "..."
+            return
+        self.decoder = DECODER_OWN
+
+    def describe_decoder(self) -> dict:
+        """This model's entry in a trace header's "decoder" (engine/trace/header_checks.py checks it)."""
+        return {"ran": self.decoder} | ({} if self.decoder_fallback is None else {"fallback": self.decoder_fallback})
+
+    @property
+    def base(self) -> torch.nn.Module:
+        """The module the float path runs: the engine's own decoder when it is on, else the model as loaded."""
+        return self._own if self._own is not None else self.model
 
     def describe_weights(self) -> dict:
         """What a trace header records as "target_weights" (engine/trace/checks.py checks it)."""
@@ -82,14 +132,16 @@ class LoadedModel:
         """What the engine's forwards call: with int4 weights, the twin on the GGUF blocks; on a
         float32 CPU model, a twin whose linear layers run oneDNN with pre-packed weights
         (engine/models/cpu_linear.py: a verify over K+1 positions then costs about one step);
-        otherwise the model itself. `self.model` stays untouched, so Hugging Face's `generate` on
-        it is what a user would run. Built on first use."""
+        otherwise `base` itself (the model, or the engine's own decoder under use_decoder(DECODER_OWN),
+        whose packed twin is built the same way). `self.model` stays untouched, so Hugging Face's
+        `generate` on it is what a user would run. Built on first use."""
         if self.weights == WEIGHTS_INT4:
             return self._int4_twin
-        if not self.fast_linear or not cpu_linear.available(self.model):
-            return self.model
+        base = self.base
+        if not self.fast_linear or not cpu_linear.available(base):
+            return base
         if self._twin is None:
-            self._twin = cpu_linear.packed_twin(self.model)
+            self._twin = cpu_linear.packed_twin(base)
         return self._twin
 
     def runner_for(self, width: int) -> torch.nn.Module:
@@ -99,7 +151,7 @@ class LoadedModel:
         if self.weights == WEIGHTS_INT4:
             return self._int4_twin
         if self.linear_paths and self.linear_paths.get(width) == AS_LOADED:
-            return self.model
+            return self.base
         return self.runner
 
     def new_cache(self) -> DynamicCache:

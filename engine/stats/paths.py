@@ -1,9 +1,10 @@
 """Which linear path ran each forward width, as a calibrated CPU trace's header records it
 (engine/models/linear_paths.py measured it on the machine of the run), and which weights the
-target ran on (engine/models/gguf_linear.py)."""
+target ran on (engine/models/gguf_linear.py), and which decoder made each model's distributions
+(engine/models/llama.py, --decoder own)."""
 from dataclasses import dataclass
 
-from engine.trace.schema import AS_LOADED, PACKED, WEIGHTS_FLOAT32, WEIGHTS_INT4
+from engine.trace.schema import AS_LOADED, DECODER_OWN, PACKED, WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 
 def target_weights(header: dict) -> str:
@@ -22,6 +23,20 @@ def weights_words(header: dict) -> str:
     floats = f", {w['float_layers']} kept in float" if w["float_layers"] else ""
     return (f"{WEIGHTS_INT4}: the blocks of {w['file']} as stored ({layers} linear layers{floats}; "
             f"{w['weight_bytes'] / 1e6:.1f} MB read per forward), float32 activations")
+
+
+def decoder_words(header: dict) -> str | None:
+    """Which code made each model's distributions, in words; None for a trace without the field
+    (its models ran on Hugging Face's modules)."""
+    decoder = header.get("decoder")
+    if not decoder:
+        return None
+
+    def words(entry: dict) -> str:
+        if entry["ran"] == DECODER_OWN:
+            return "the engine's own decoder"
+        return "Hugging Face's modules" + (f" ({entry['fallback']})" if "fallback" in entry else "")
+    return "; ".join(f"{role} on {words(entry)}" for role, entry in decoder.items())
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """What a trace's header must mean: the settings, the drafter, the declared faults, and the
-optional calibration, linear paths, tensor-parallel layout and target weights. `check_header`
+optional calibration, linear paths, tensor-parallel layout, target weights and decoders. `check_header`
 returns the RunFacts every cycle is then checked against (a tree run's through
 tree_checks.check_tree_header).
 """
@@ -9,6 +9,9 @@ from engine.trace.check_basics import RunFacts, fail, is_int, is_num
 from engine.trace.schema import (
     ACCEPTANCE_RULES,
     CACHE_CONVENTION,
+    DECODER_HF,
+    DECODER_OWN,
+    DECODERS,
     DRAFT_FILTERS,
     DRAFT_FILTERS_REQUEST,
     DRAFT_MODEL,
@@ -17,6 +20,7 @@ from engine.trace.schema import (
     DRAFTER_KINDS,
     GGUF_BLOCK_TYPES,
     LINEAR_PATHS,
+    MAX_DECODER_FALLBACK_TEXT,
     MAX_K,
     MAX_NGRAM,
     OTHER_TOKENIZER,
@@ -34,6 +38,10 @@ TREE_FAULT_FIELDS = {"crop_instead_of_compact": bool}
 MAX_VERIFY_WIDTH = 1024  # calibrated verify widths beyond this are not a real measurement
 MAX_RANKS = 65536  # ranks of a tensor-parallel run: far beyond any real job
 MAX_RANK_TEXT = 255  # a host name (at most 253 characters in DNS), a device or backend name
+# The drafter kinds that draft with a model of their own, whose code --decoder picks (mirror of the registry's
+# Needs.model, engine/drafters/registry.py; tests/test_own_decoder_run.py keeps them equal). Prompt lookup has
+# no model and an EAGLE head is its own module: their headers' "decoder" names the target only.
+DRAFTERS_WITH_MODEL = (DRAFT_MODEL, OTHER_TOKENIZER)
 
 
 def check_drafter(h: dict, temperature: float, where: str) -> dict:
@@ -228,6 +236,43 @@ def check_target_weights(weights, where: str) -> None:
             fail(where, f"target_weights.{key}", "must be a non-negative integer")
 
 
+def check_decoder(h: dict, drafter_kind: str, where: str) -> None:
+    """The optional "decoder" (engine/run.py describe_decoders): which code made each model's distributions,
+    {"target": {"ran": "own"}, "draft": {"ran": "hf", "fallback": "<why the own decoder did not apply>"}}.
+    Absent in traces of runs that did not ask for the own decoder: every model ran on Hugging Face's modules."""
+    decoder = h.get("decoder")
+    if decoder is None:
+        return
+    roles = ("target", "draft") if drafter_kind in DRAFTERS_WITH_MODEL else ("target",)
+    if not isinstance(decoder, dict) or sorted(decoder) != sorted(roles):
+        has = "a draft model" if len(roles) == 2 else f"no draft model (drafter {drafter_kind})"
+        fail(where, "decoder", f"must be an object with one entry for each of {', '.join(roles)} (this run has {has})")
+    for role in roles:
+        entry, name = decoder[role], f"decoder.{role}"
+        if not isinstance(entry, dict) or entry.get("ran") not in DECODERS:
+            fail(where, f"{name}.ran", f"must be one of {', '.join(DECODERS)}")
+        extra = sorted(set(entry) - {"ran", "fallback"})
+        if extra:
+            fail(where, name, f"unknown field {extra[0]!r}; an entry has 'ran' and, for a model the own decoder "
+                              "refused, 'fallback'")
+        if "fallback" not in entry:
+            continue
+        if entry["ran"] != DECODER_HF:
+            fail(where, f"{name}.fallback", "only a model that fell back to Hugging Face's modules ('ran': 'hf') "
+                                            "says why")
+        reason = entry["fallback"]
+        if (not isinstance(reason, str) or not 0 < len(reason) <= MAX_DECODER_FALLBACK_TEXT
+                or reason != " ".join(reason.split())):
+            fail(where, f"{name}.fallback", f"must say why in one line of 1..{MAX_DECODER_FALLBACK_TEXT} characters")
+    if decoder["target"]["ran"] == DECODER_OWN:
+        if (h.get("target_weights") or {}).get("path", "float32") == WEIGHTS_INT4:
+            fail(where, "decoder.target.ran", "an int4 target runs its GGUF blocks through Hugging Face's modules, "
+                                              "not the own decoder")
+        if h.get("tensor_parallel") is not None:
+            fail(where, "decoder.target.ran", "a target sharded over ranks (tensor_parallel) runs Hugging Face's "
+                                              "modules, not the own decoder")
+
+
 def check_request(h: dict, where: str) -> None:
     """A workload's request (engine/workload/): its conversation and its id and category, shown as text."""
     messages = h.get("messages")
@@ -265,6 +310,7 @@ def check_header(h: dict, where: str) -> RunFacts:
     check_tensor_parallel(h.get("tensor_parallel"), where)
     check_target_weights(h.get("target_weights"), where)
     drafter = check_drafter(h, float(s["temperature"]), where)
+    check_decoder(h, drafter["kind"], where)
     tree = None
     if "tree" in s:
         tree = check_tree_header(h, where)

@@ -42,6 +42,16 @@ WEIGHTS_INT4 = "int4"  # the GGUF file's blocks as stored: Q4_1 layers (a Q8_0 o
 TARGET_WEIGHTS = (WEIGHTS_FLOAT32, WEIGHTS_INT4)
 GGUF_BLOCK_TYPES = ("Q4_1", "Q8_0")  # the block types the int4 path's kernel runs
 
+# ---------------------------------------------------------------- decoders (engine/models/llama.py)
+
+# Which code computed a model's distributions (the CLI's --decoder): Hugging Face's modules, or the
+# engine's own Llama-family decoder on the same weights. A header's optional "decoder" records it per
+# model, {"target": {"ran": "own"}, "draft": {"ran": "hf", "fallback": "<why own did not apply>"}};
+# traces without it (and a model it does not name) ran on Hugging Face's modules.
+DECODER_HF, DECODER_OWN = "hf", "own"
+DECODERS = (DECODER_HF, DECODER_OWN)
+MAX_DECODER_FALLBACK_TEXT = 300  # the one-line reason own did not apply to a model
+
 # ---------------------------------------------------------------- drafters
 
 # A trace header's drafter "kind" and the CLI's --drafter names. What each kind is, needs and
