@@ -112,10 +112,7 @@ def test_sampled_own_decoder_run_equals_hf_with_the_same_seed(folders, tmp_path,
 
 
 def test_own_decoder_on_static_and_paged_caches_and_the_fast_path(folders, tmp_path, own_calls):
-    """The decoder writes K/V through each layout's own `update`; --fast hands it a 4-D bool mask.
-    (This run's last cycle has a rejection: a --fast trace whose last cycle accepts every draft and is cut
-    by --max-new-tokens is refused by load_trace, draft_catch_up, with either decoder; found here, not
-    this issue's.)"""
+    """The decoder writes K/V through each layout's own `update`; --fast hands it a 4-D bool mask."""
     hf = run(*folders, tmp_path / "hf.jsonl", "hf", "--temperature", "0")
     for extra in (["--cache", "static"], ["--cache", "paged", "--block-size", "4"], ["--fast"]):
         own = run(*folders, tmp_path / "own.jsonl", "own", "--temperature", "0", *extra)

@@ -20,7 +20,9 @@ What differs from engine/cycle/reference.py (the reference path), and why:
 - The draft is fed d_K in every cycle (gpt-fast's "fill last token into draft model"),
   one fixed-shape step instead of a data-dependent catch-up: when a token is rejected
   the extra K/V entry is rolled back with the rest. `draft_catch_up` in the trace still
-  says whether the draft needed d_K (all K accepted); `catch_up_time_s` is that step's
+  says whether the draft needed d_K, as the reference path's catch-up would: all K accepted
+  and all K+1 tokens committed (not when EOS or the token budget cut the last cycle: then
+  the draft's K steps already cover the committed tokens); `catch_up_time_s` is that step's
   time, spent in every cycle.
 
 What the two paths share: the driver's loop, commit and record (engine/cycle/driver.py,
@@ -302,9 +304,13 @@ class FastChainCycle:
         k, n_acc, before = self.settings.k, len(step.accepted_token_ids), d.before
         layout_fields = settle_on_host(state, len(state.committed) - 1 - before, n_acc, before, k)
         keep = len(state.committed) - 1
+        # The draft needed d_K exactly when its K steps (up to before + K) fall short of the committed
+        # length - 1: all K accepted and the bonus committed too. A cycle cut at EOS or the budget
+        # commits fewer, so no catch-up, as on the reference path (ModelDrafter.roll_back).
+        needed_d_k = keep > before + k
         return Settled(CacheLengths(before=before, after_append=before + k + 1, after_rollback=keep),
                        CacheLengths(before=before, after_append=before + k, after_rollback=keep),
-                       layout_fields, n_acc == k, d.catch_up_s)
+                       layout_fields, needed_d_k, d.catch_up_s)
 
     def describe(self, state: FastState, step: CycleStep, committed: list[int], texts: TokenTexts) -> dict:
         host, k, n_acc = step.detail.host, self.settings.k, len(step.accepted_token_ids)
