@@ -39,21 +39,3 @@ def test_simulated_cycles_on_hand_built_agreements():
     assert simulate_greedy_cycles([t, t, f, t, t, t, t, t, f], 3, 9) == [2, 3, 1]
     assert simulate_greedy_cycles([f, f, f], 2, 3) == [0, 0, 0]
     assert simulate_greedy_cycles([t] * 10, 4, 10) == [4, 4]  # each commits 4 and a bonus: the budget is spent
-
-
-def test_batched_logits_equal_each_requests_own_cached_forward():
-    """Right-padded rows of different lengths, more rows than one forward takes: each request's logits
-    match its own prefill-then-forward. Tolerance: the same float32 sums blocked differently by shape
-    (a (B, T) forward against a cached (1, T) one), about 1e-6 here against logits of size ~1-10; a wrong
-    offset or a pad token attended would move them by far more."""
-    from engine.diagnose.agreement import ROWS_PER_FORWARD, batched_continuation_logits, continuation_logits
-    pair = noisy_pair(4, noise=0.1)
-    texts = ["the cat", "a dog ran far away and then", "it sat", "the log and the mat", "a cat ran"] * 2
-    prompts = [encode_prompt(pair.target.tokenizer, t, False) for t in texts[:ROWS_PER_FORWARD + 2]]
-    continuations = [[3 + i % 5, 4, 5 + i % 3, 6][: 1 + i % 4] for i in range(len(prompts))]
-    for model in (pair.target, pair.draft):
-        batched = batched_continuation_logits(model, prompts, continuations)
-        for prompt, continuation, got in zip(prompts, continuations, batched):
-            want = continuation_logits(model, prompt, continuation)
-            assert got.shape == want.shape
-            assert (got - want).abs().max().item() < 1e-4

@@ -48,47 +48,15 @@ def continuation_logits(model: LoadedModel, prompt_ids: list[int], continuation:
     return model.forward([prompt_ids[-1]] + continuation[:-1], cache)  # row j predicts continuation[j]
 
 
-ROWS_PER_FORWARD = 8  # requests in one batched forward: (8, T, V) float32 logits stay within a few hundred MB
-
-
-@torch.inference_mode()
-def batched_continuation_logits(model: LoadedModel, prompts: list[list[int]],
-                                continuations: list[list[int]]) -> list[torch.Tensor]:
-    """Per request, the (T, V) logits predicting its continuation, as `continuation_logits` gives them,
-    from cache-free forwards over up to ROWS_PER_FORWARD requests' prompt and continuation at once
-    (right-padded, the padding masked). A small model's forward costs mostly its fixed per-call work,
-    so one call over eight requests costs little more than a call over one."""
-    out = []
-    for start in range(0, len(prompts), ROWS_PER_FORWARD):
-        chunk = list(zip(prompts[start:start + ROWS_PER_FORWARD], continuations[start:start + ROWS_PER_FORWARD]))
-        rows = [prompt + continuation[:-1] for prompt, continuation in chunk]
-        width = max(len(r) for r in rows)
-        ids = torch.zeros((len(rows), width), dtype=torch.long, device=model.device)  # (B, T); 0: padding
-        mask = torch.zeros_like(ids)
-        for i, row in enumerate(rows):
-            ids[i, :len(row)], mask[i, :len(row)] = model.model_input(row)[0], 1
-        logits = model.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V_model)
-        for i, (prompt, continuation) in enumerate(chunk):
-            first = len(prompt) - 1  # the position that predicts continuation[0]
-            out.append(model.full_vocab_logits(logits[i, first:first + len(continuation)]))
-    return out
-
-
-def agreement_of(target_logits: torch.Tensor, draft_logits: torch.Tensor, continuation: list[int],
-                 s: SpecSettings) -> Agreement:
-    """The agreement from both models' (T, V) logits over `continuation`, under the run's warping `s`."""
-    p, q = warp_probs(target_logits, s), warp_probs(draft_logits, s)  # as the run tests them
-    top2 = torch.softmax(target_logits, -1).topk(2, dim=-1).values  # (T, 2), unwarped: how close a tie is
-    return Agreement(continuation, (draft_logits.argmax(-1) == target_logits.argmax(-1)).tolist(),
-                     torch.minimum(p, q).sum(-1).tolist(), (top2[:, 0] - top2[:, 1]).tolist())
-
-
 def agreement(target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], continuation: list[int],
               s: SpecSettings) -> Agreement:
     """The draft against the target at every position of `continuation` (which follows `prompt_ids`)."""
     target_logits = continuation_logits(target, prompt_ids, continuation)  # (T, V)
     draft_logits = continuation_logits(draft, prompt_ids, continuation)  # (T, V)
-    return agreement_of(target_logits, draft_logits, continuation, s)
+    p, q = warp_probs(target_logits, s), warp_probs(draft_logits, s)  # as the run tests them
+    top2 = torch.softmax(target_logits, -1).topk(2, dim=-1).values  # (T, 2), unwarped: how close a tie is
+    return Agreement(continuation, (draft_logits.argmax(-1) == target_logits.argmax(-1)).tolist(),
+                     torch.minimum(p, q).sum(-1).tolist(), (top2[:, 0] - top2[:, 1]).tolist())
 
 
 def greedy_agreement(target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], s: SpecSettings,
