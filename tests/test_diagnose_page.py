@@ -32,7 +32,10 @@ from tests.tiny import noisy_pair, save_tiny
 MAIN = Path(__file__).resolve().parent.parent / "app" / "main.py"
 PAGE = "views/diagnose.py"
 CASE = "planted-filters"
-TEXTS = ["the cat sat on a mat", "a dog ran far away", "the log and then it slept", "it sat on a log"]
+# eight requests: enough for the planted cause's joint interval to clear zero (four were not, once each request
+# drew its own random stream)
+TEXTS = ["the cat sat on a mat", "a dog ran far away", "the log and then it slept", "it sat on a log",
+         "a cat ran and then", "the dog slept on the mat", "it ran far and then it sat", "a log on the mat"]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,7 @@ def folder(tmp_path_factory) -> Path:
         return pairs[options]
 
     base = Arm("baseline", DrafterOptions(draft_model=draft, draft_filters="temperature only"),
-               SpecSettings(k=3, temperature=1.0, top_k=1, max_new_tokens=12))
+               SpecSettings(k=3, temperature=1.0, top_k=1, max_new_tokens=16))
     found = diagnose(load, base, requests, root / "arms", has_template=False, has_eagle=False,
                      context_prefix="the cat ", only={"sampling filters", "drafter prompt-lookup", "probe"}).as_dict()
     (root / "diagnoses").mkdir()
