@@ -81,9 +81,9 @@ def refreshed(found: dict) -> dict:
 
 def first_fix(found: dict) -> dict | None:
     """engine/diagnose/report.py first_fix, read from the findings' dicts."""
-    judged = {"cause": "acceptance_rate", "tuning": "step_tokens_per_s"}
-    return next((f for f in found["findings"] if f["kind"] in judged and f[judged[f["kind"]]]
-                 and f[judged[f["kind"]]]["found"] and f[judged[f["kind"]]]["difference"] > 0), None)
+    from engine.diagnose.experiments import CAUSE, JUDGED_BY, TUNING
+    return next((f for f in found["findings"] if f["kind"] in (CAUSE, TUNING) and f[JUDGED_BY[f["kind"]]]
+                 and f[JUDGED_BY[f["kind"]]]["found"] and f[JUDGED_BY[f["kind"]]]["difference"] > 0), None)
 
 
 def record(case: str, work: Path) -> dict:

@@ -21,7 +21,7 @@ from pathlib import Path
 import streamlit as st
 
 from app.ui import state, workloads
-from engine.diagnose.experiments import ALTERNATIVE, CAUSE, PROPERTY, TUNING
+from engine.diagnose.experiments import ALTERNATIVE, CAUSE, JUDGED_BY, PROPERTY, TUNING
 from engine.trace import TraceError
 from engine.trace.metrics import drafted
 
@@ -257,10 +257,6 @@ def ran(finding: dict) -> bool:
 def measured(finding: dict) -> bool:
     e = finding["acceptance_rate"]
     return ran(finding) and e is not None and e["difference"] is not None
-
-
-JUDGED_BY = {CAUSE: "acceptance_rate", TUNING: "step_tokens_per_s", ALTERNATIVE: "tokens_per_s",
-             PROPERTY: "acceptance_rate"}  # engine/diagnose/report.py Finding.judged_by
 
 
 def judged(finding: dict) -> dict | None:

@@ -26,6 +26,9 @@ CONTEXT_TOKENS = 600  # about; fits the shipped pairs' 2,048 positions with the 
 TEMPERATURES = (0.0, 0.7, 1.0)
 CAUSE, TUNING, ALTERNATIVE, PROPERTY = "cause", "tuning", "alternative", "property"
 DEPTH = "draft depth"
+# The measure each kind is ranked and worded by, as a finding's dict names it (report.py Finding.judged_by)
+JUDGED_BY = {CAUSE: "acceptance_rate", TUNING: "step_tokens_per_s", ALTERNATIVE: "tokens_per_s",
+             PROPERTY: "acceptance_rate"}
 
 
 @dataclass(frozen=True)
