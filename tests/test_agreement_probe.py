@@ -5,6 +5,7 @@ import pytest
 
 from engine.config import SpecSettings
 from engine.cycle.pair import Pair
+from engine.cycle.reference import target_generate
 from engine.diagnose.agreement import agreement, greedy_agreement, simulate_greedy_cycles
 from engine.models.loading import wrap_model
 from engine.run import encode_prompt, run_to_trace
@@ -39,3 +40,34 @@ def test_simulated_cycles_on_hand_built_agreements():
     assert simulate_greedy_cycles([t, t, f, t, t, t, t, t, f], 3, 9) == [2, 3, 1]
     assert simulate_greedy_cycles([f, f, f], 2, 3) == [0, 0, 0]
     assert simulate_greedy_cycles([t] * 10, 4, 10) == [4, 4]  # each commits 4 and a bonus: the budget is spent
+
+
+def test_batched_agreements_equal_one_request_at_a_time(monkeypatch):
+    """Ragged prompts and continuations, two rows per forward (so chunks and their sorting are used):
+    each request's figures equal its own unbatched forward's."""
+    import engine.diagnose.agreement as agreement_module
+    monkeypatch.setattr(agreement_module, "ROWS_PER_FORWARD", 2)
+    pair = noisy_pair(4, noise=0.1)
+    s = SpecSettings(k=3, temperature=0.9, top_k=5, max_new_tokens=12)
+    texts = ["a dog ran", "the cat sat on a mat and then it", "once", "we went to the sea and the sky was"]
+    prompts = [encode_prompt(pair.target.tokenizer, t, False) for t in texts]
+    continuations = [target_generate(pair.target, p, SpecSettings(k=3, temperature=0.0, max_new_tokens=n), set())
+                     for p, n in zip(prompts, [12, 5, 9, 1])]
+    assert agreement_module.can_batch(pair.target) and agreement_module.can_batch(pair.draft)
+    batched = agreement_module.agreements(pair.target, pair.draft, prompts, continuations, s)
+    for p, c, got in zip(prompts, continuations, batched):
+        alone = agreement(pair.target, pair.draft, p, c, s)
+        assert got.continuation == c and len(got.top1) == len(c)
+        # batched kernels round float32 differently from a single row's: 1e-5 on probabilities in [0, 1]
+        assert got.overlap == pytest.approx(alone.overlap, abs=1e-5)
+        assert got.target_margin == pytest.approx(alone.target_margin, abs=1e-5)
+        assert [a == b or m < NEAR_TIE for a, b, m in zip(got.top1, alone.top1, alone.target_margin)] == [True] * len(c)
+
+
+def test_chunks_group_similar_lengths_and_bound_the_padding():
+    from engine.diagnose.agreement import chunks
+    lengths = [100, 10, 12, 11, 400, 95, 13]
+    assert chunks(lengths, rows=3) == [[1, 3, 2], [6], [5, 0], [4]]
+    for group in chunks(lengths, rows=16):
+        assert max(lengths[i] for i in group) * len(group) <= 1.25 * sum(lengths[i] for i in group)
+    assert sorted(i for g in chunks(lengths) for i in g) == list(range(len(lengths)))

@@ -64,3 +64,28 @@ def test_greedy_draw_takes_argmax_without_spending_a_draw():
     gen = torch.Generator().manual_seed(0)
     assert draw(probs, SpecSettings(k=1, temperature=0.0), gen) == 1
     assert uniform(gen) == uniform(torch.Generator().manual_seed(0))
+
+
+def nucleus_by_full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The rule ranked over every token, as the definition reads."""
+    ranked, order = torch.sort(probs, dim=-1, descending=True)
+    keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, torch.cumsum(ranked, -1) - ranked < top_p)
+    return probs * keep / (probs * keep).sum(-1, keepdim=True)
+
+
+def test_top_p_on_a_large_vocabulary_ranks_only_the_candidates_it_needs(monkeypatch):
+    """Peaked rows (their nucleus inside the first candidates) and flat rows (it is not: every token is
+    ranked) keep exactly the tokens the full ranking keeps; distinct random logits have no ties."""
+    gen = torch.Generator().manual_seed(0)
+    peaked = torch.randn(4, 5000, generator=gen) * 4
+    flat = torch.randn(3, 5000, generator=gen) * 0.1
+    fully_ranked = []
+    monkeypatch.setattr(torch, "sort", lambda *a, **kw: fully_ranked.append(1) or torch.Tensor.sort(*a, **kw))
+    for logits, sorts in ((peaked, 0), (flat, 1), (torch.cat([peaked, flat]), 1)):
+        probs = torch.softmax(logits, -1)
+        for top_p in (0.5, 0.9):
+            fully_ranked.clear()
+            got = sampling._nucleus(probs, top_p)
+            assert len(fully_ranked) == sorts
+            assert ((got > 0) == (nucleus_by_full_sort(probs, top_p) > 0)).all()
+            torch.testing.assert_close(got, nucleus_by_full_sort(probs, top_p))

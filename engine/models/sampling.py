@@ -27,12 +27,24 @@ def warp_probs(logits: torch.Tensor, s: SpecSettings) -> torch.Tensor:
     return probs
 
 
+# Candidates `_nucleus` ranks first: a full sort of 49,152 probabilities costs about 8 ms for a
+# verify's 5 rows on a 2-core Xeon, the top 256 about 0.4 ms; most nuclei are far smaller.
+NUCLEUS_CANDIDATES = 256
+
+
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    # Keep a token while the mass before it is under top_p: the top token always survives.
-    keep_sorted = mass_before < top_p
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    """Keep, in descending order, each token while the mass before it is under top_p (the top token
+    always survives), then renormalise. The top NUCLEUS_CANDIDATES decide it whenever they hold at
+    least top_p in every row: every token after them has that much mass before it and is dropped.
+    Else every token is ranked."""
+    k = min(NUCLEUS_CANDIDATES, probs.shape[-1])
+    ranked, order = torch.topk(probs, k, dim=-1)  # (..., k), descending
+    mass = torch.cumsum(ranked, dim=-1)
+    if not bool((mass[..., -1] >= top_p).all()):
+        ranked, order = torch.sort(probs, dim=-1, descending=True)
+        mass = torch.cumsum(ranked, dim=-1)
+    mass_before = mass - ranked
+    keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, mass_before < top_p)
     probs = probs * keep
     return probs / probs.sum(-1, keepdim=True)
 
