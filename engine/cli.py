@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="trace file to write (.jsonl); with --prompts, the workload's folder")
     run.add_argument("--resume", action="store_true",
                      help="with --prompts: continue the workload in --out, running only the requests not yet done")
+    run.add_argument("--batch", type=int, default=None, metavar="B",
+                     help="run B requests at a time through the batched cycle (engine/batch/, chains of the draft "
+                          "model); a row whose request finishes takes the next (continuous batching). --out is then a "
+                          "workload folder, plus batch.jsonl (docs/batching.md); with --prompt, the prompt runs B "
+                          "times, each with its own seed")
     run.add_argument("--skip-too-long", action="store_true",
                      help="with --prompts: skip (and list in the manifest) requests too long for the models' context "
                           "instead of refusing the file")
@@ -209,8 +214,9 @@ def cmd_metrics(args) -> int:
 
 
 def cmd_run_or_workload(args) -> int:
-    """`run --prompt` writes a trace (engine/cli_run.py), `run --prompts` a workload (engine/cli_workload.py)."""
-    if args.prompts:
+    """`run --prompt` writes a trace (engine/cli_run.py), `run --prompts` a workload (engine/cli_workload.py),
+    and so does `run --prompt --batch B` (the prompt B times, each with its own seed)."""
+    if args.prompts or args.batch is not None:
         from engine.cli_workload import cmd_workload
         return cmd_workload(args)
     return cmd_run(args)
@@ -232,7 +238,7 @@ def kept_cycles(args) -> str:
     """Where a stopped run's finished cycles are, if it wrote any."""
     if args.command != "run" or os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 writes a trace
         return ""
-    if args.prompts:
+    if args.prompts or getattr(args, "batch", None) is not None:
         from engine.workload.manifest import MANIFEST
         held = os.path.isfile(os.path.join(args.out, MANIFEST))
         return f" (the finished requests are kept in {args.out}: the same command with --resume continues)" if held else ""

@@ -113,3 +113,21 @@ def row_kv(cache: RowsKVCache, row: int) -> list[tuple[torch.Tensor, torch.Tenso
     n = cache.lengths[row]
     return [(layer.keys[row:row + 1, :, :n], layer.values[row:row + 1, :, :n])
             for layer in cache.layers if layer.is_initialized]
+
+
+@torch.inference_mode()  # the buffers were made by inference-mode forwards
+def write_row(cache: RowsKVCache, row: int, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Row `row` now holds `kv` (per layer (1, H, T, D) keys and values: another cache's prefill) in
+    slots 0..T-1 and attends to those T positions: how a request joins a batch already running
+    (continuous batching), its prompt read alone. The row's older slots past T stay stale."""
+    if len(kv) != len(cache.layers):
+        raise ValueError(f"{len(kv)} layers of K/V for a cache of {len(cache.layers)} layers")
+    n = kv[0][0].shape[2] if kv else 0
+    if n > cache.capacity:
+        raise CacheFullError(f"a {n}-position row in a batched cache of {cache.capacity} slots")
+    for layer, (k, v) in zip(cache.layers, kv):
+        if not layer.is_initialized:
+            layer.lazy_initialization(k.expand(cache.num_rows, -1, -1, -1), v.expand(cache.num_rows, -1, -1, -1))
+        layer.keys[row, :, :n] = k[0]
+        layer.values[row, :, :n] = v[0]
+    cache.lengths[row] = n

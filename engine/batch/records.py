@@ -3,7 +3,7 @@
 Plain data, no tensors. An idle row (one that finished in an earlier cycle: its token budget or
 an EOS) still has its `RowCycle`, with `idle` set and nothing drafted: it still occupies its
 slot in every batched forward, so the cycle counts it (`BatchCycle.idle_rows`) rather than
-leaving it out. The trace file format for batches is not defined yet (issue #40).
+leaving it out. engine/workload/batched.py turns each request's rows into an ordinary trace.
 """
 from dataclasses import dataclass, field
 
@@ -25,6 +25,8 @@ class RowCycle:
     finished: bool = False  # this row is done after this cycle
     target_cache_len: CacheLengths | None = None  # before, after the verify's append, after rollback
     draft_cache_len: CacheLengths | None = None  # before, after the K+1 draft steps, after rollback
+    committed_len_before: int = 0  # the row's prompt and committed tokens when the cycle began
+    description: dict | None = None  # the single-run trace's description fields (engine/cycle/record.py), when recorded
 
 
 @dataclass
@@ -34,6 +36,8 @@ class BatchCycle:
     draft_s: float  # the K+1 batched draft forwards and each row's draws
     verify_s: float  # the one batched target forward and its warping
     bookkeeping_s: float  # the rest of the cycle: ratio tests, commits, rollbacks, these records
+    draft_step_s: list[float] = field(default_factory=list)  # (K,) each batched draft step (part of draft_s)
+    draft_feed_s: float = 0.0  # the d_K forward (part of draft_s)
 
     @property
     def idle_rows(self) -> int:

@@ -32,7 +32,7 @@ class RunFacts:
     vocab_size: int | None
     faults: dict
     drafter: dict  # the header's drafter entry ({"kind": "model"} for traces without one)
-    fast_path: bool = False  # engine/cycle/fast.py feeds d_K in every cycle, so catch-up time is spent in each
+    fast_path: bool = False  # the fast path and a batch feed d_K in every cycle, so catch-up time is spent in each
     tree: "TreeSpec | None" = None  # settings.tree of a tree trace: its cycles are tree cycle records
 
     @property

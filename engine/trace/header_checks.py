@@ -5,6 +5,7 @@ tree_checks.check_tree_header).
 """
 import math
 
+from engine.trace.batch import MAX_BATCH
 from engine.trace.check_basics import RunFacts, fail, is_int, is_num
 from engine.trace.schema import (
     ACCEPTANCE_RULES,
@@ -76,8 +77,10 @@ def check_mis_set_draft(d: dict, h: dict, where: str) -> None:
             fail(where, f"drafter.{name}", f"must be one of {', '.join(map(repr, allowed))}")
         if value != allowed[0] and d["kind"] != DRAFT_MODEL:
             fail(where, f"drafter.{name}", "only a draft model runs mis-set this way")
-        if value != allowed[0] and ("tree" in h["settings"] or h.get("fast_path") is not None):
-            fail(where, f"drafter.{name}", "a mis-set draft model runs on the reference chain only (no tree, no fast path)")
+        if value != allowed[0] and ("tree" in h["settings"] or h.get("fast_path") is not None
+                                    or h.get("batch") is not None):
+            fail(where, f"drafter.{name}", "a mis-set draft model runs on the reference chain only "
+                                           "(no tree, no fast path, no batch)")
     own = d.get("draft_prompt_token_ids")
     if prompt == DRAFT_PROMPT_AS_TARGET:
         if own is not None:
@@ -286,6 +289,22 @@ def check_request(h: dict, where: str) -> None:
         fail(where, "request", "must be {id, category}, each text of 1 to 100 characters")
 
 
+def check_batch(h: dict, where: str) -> bool:
+    """A request run in a batch (engine/workload/batched.py): the batch's rows and the row it ran in. Its
+    cycles feed the draft d_K every time, as the fast path does; a chain of the draft model only."""
+    batch = h.get("batch")
+    if batch is None:
+        return False
+    if not (isinstance(batch, dict) and set(batch) == {"rows", "row"} and is_int(batch["rows"])
+            and 1 <= batch["rows"] <= MAX_BATCH and is_int(batch["row"]) and 0 <= batch["row"] < batch["rows"]):
+        fail(where, "batch", f"must be {{rows, row}}: 1..{MAX_BATCH} rows and a row among them")
+    if "tree" in h["settings"] or h.get("fast_path") is not None or h.get("drafter", {}).get("kind") != DRAFT_MODEL:
+        fail(where, "batch", "a batch runs chains of the draft model, on the batched cycle (no tree, no fast path)")
+    if h.get("cache_layout", {}).get("name") != "static":
+        fail(where, "batch", "each row of a batch is a static buffer (cache_layout static)")
+    return True
+
+
 def check_header(h: dict, where: str) -> RunFacts:
     check_settings(h["settings"], where)
     check_request(h, where)
@@ -311,8 +330,10 @@ def check_header(h: dict, where: str) -> RunFacts:
     check_target_weights(h.get("target_weights"), where)
     drafter = check_drafter(h, float(s["temperature"]), where)
     check_decoder(h, drafter["kind"], where)
+    batched = check_batch(h, where)
     tree = None
     if "tree" in s:
         tree = check_tree_header(h, where)
     return RunFacts(s["k"], float(s["temperature"]), s["max_new_tokens"], s["trace_top_k"], list(prompt),
-                    frozenset(h["eos_token_ids"]), vocab, faults, drafter, isinstance(h.get("fast_path"), dict), tree)
+                    frozenset(h["eos_token_ids"]), vocab, faults, drafter,
+                    isinstance(h.get("fast_path"), dict) or batched, tree)
