@@ -35,6 +35,9 @@ class RunMode:
     tensor_parallel: dict | None = None  # rank 0's record of the group, for the header
     calibrate: bool = False  # also time both models' steps (engine/stats/calibrate.py)
     calibration: dict | None = None  # a calibration already measured for this pair and prompt, recorded as it is
+    # reuse the K/V of the start a request shares with the previous one (engine/kv/prefix.py), one store per
+    # model kept across the requests that share this mode; a chain of the draft model on a dynamic cache only
+    prefix_reuse: Any = None
 
     def __post_init__(self) -> None:
         tree, faults = self.tree is not None, self.faults is not None

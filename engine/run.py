@@ -1,6 +1,7 @@
 """From settings to a finished trace file: load a pair, encode the prompt, run, record."""
 import platform
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -24,6 +25,7 @@ from engine.trace.schema import (
     CACHE_CONVENTION,
     CACHE_CONVENTION_TEXT,
     DECODER_HF,
+    DRAFT_MODEL,
     DRAFT_PROMPT_AS_TARGET,
     DRAFT_PROMPT_RAW,
     FORMAT,
@@ -215,6 +217,31 @@ def measured_fields(pair: Pair, prompt_ids: list[int], s: SpecSettings, mode: Ru
         "calibration": mode.calibration or measure_step_times(pair, prompt_ids, s)}
 
 
+def prefix_models(pair: Pair, mode: RunMode, s: SpecSettings) -> dict[str, LoadedModel]:
+    """The models whose prefill reuses a shared prompt start in this run (engine/kv/prefix.py): with
+    mode.prefix_reuse, a chain of the draft model on the reference path over dynamic caches; else none."""
+    if (mode.prefix_reuse is None or pair.drafter.kind != DRAFT_MODEL or mode.tree is not None or mode.fast is not None
+            or mode.tp_size > 1 or s.cache_layout != "dynamic"):
+        return {}
+    return {"target": pair.target, "draft": pair.drafter.model}
+
+
+@contextmanager
+def reusing_prefixes(pair: Pair, mode: RunMode, s: SpecSettings, prompt_ids: list[int]):
+    """Hand each model its store for the run, and yield the header's "prefix_reuse": how many prompt
+    tokens each model takes from its store (the rule engine.kv.ops.prefill then follows)."""
+    models = prefix_models(pair, mode, s)
+    reads = {"target": prompt_ids, "draft": getattr(pair.drafter, "own_prompt_ids", lambda p: p)(prompt_ids)}
+    for role, model in models.items():
+        model.prefix_store = mode.prefix_reuse.store(role)
+    try:
+        yield {role: model.prefix_store.reusable(reads[role][:-1]) if len(reads[role]) > 1 else 0
+               for role, model in models.items()}
+    finally:
+        for model in models.values():
+            model.prefix_store = None
+
+
 def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode: RunMode = DEFAULT_MODE, *,
                  preset: str | None = None, chat_template: bool = True,
                  on_cycle: Callable[[dict], None] | None = None, messages: Messages | None = None,
@@ -239,7 +266,9 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode
         header["request"] = request
     header |= mode.header_fields(measured_fields(pair, prompt_ids, s, mode))
     cycles: list[dict] = []
-    with TraceWriter(out) as writer:
+    with reusing_prefixes(pair, mode, s, prompt_ids) as reused, TraceWriter(out) as writer:
+        if reused:
+            header["prefix_reuse"] = reused
         writer.write(header)
         started = time.perf_counter()  # the wall time includes the prefill, as it always has
         for rec in run_cycles(kind, start(kind, prompt_ids)):  # prepare has checked the kind

@@ -15,6 +15,7 @@ from engine.diagnose.paired import acceptance_rate, tokens_per_s
 from engine.diagnose.probe import workload_probe
 from engine.diagnose.report import Finding, as_dict, finding, format_findings, ranked
 from engine.diagnose.run import ArmResult, ArmRun, LoadPair, run_interleaved
+from engine.kv.prefix import PrefixReuse
 from engine.mode import RunMode
 from engine.run import run_to_trace
 from engine.trace.schema import DRAFT_MODEL
@@ -59,6 +60,13 @@ def warm_up(pair, request: Request, s: SpecSettings, folder: Path) -> None:
     out.unlink(missing_ok=True)
 
 
+def arm_mode(e: ex.Experiment) -> RunMode:
+    """How an experiment's arm runs. The context experiment's requests all begin with the same passage,
+    so each request reuses the K/V of that start from the previous one (engine/kv/prefix.py), as a
+    server with prefix caching would: its prefill would otherwise be most of the diagnosis's time."""
+    return RunMode(prefix_reuse=PrefixReuse()) if e.name == ex.CONTEXT else RunMode()
+
+
 def diagnose(load: LoadPair, base: ex.Arm, requests: list[Request], folder: str | Path, *, has_template: bool,
              has_eagle: bool, context_prefix: str, chat_template: bool = True, preset: str | None = None,
              resume: bool = False, only: set[str] | None = None,
@@ -70,7 +78,7 @@ def diagnose(load: LoadPair, base: ex.Arm, requests: list[Request], folder: str 
     warm_up(load(base.drafter), requests[0], base.settings, folder)
     wanted = [e for e in ex.plan(base, has_template=has_template, has_eagle=has_eagle, prefix=context_prefix,
                                  best_k=None) if e.name != ex.DEPTH and (only is None or e.name in only)]
-    first = [ArmRun(base, RunMode(calibrate=True))] + [ArmRun(e.arm, RunMode()) for e in wanted if e.arm]
+    first = [ArmRun(base, RunMode(calibrate=True))] + [ArmRun(e.arm, arm_mode(e)) for e in wanted if e.arm]
     common = dict(chat_template=chat_template, preset=preset, resume=resume, on_request=on_request,
                   on_cycle=on_cycle, arm_prefix=arm_prefix)
     results = run_interleaved(load, first, requests, folder, **common)

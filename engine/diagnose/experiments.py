@@ -26,6 +26,7 @@ CONTEXT_TOKENS = 600  # about; fits the shipped pairs' 2,048 positions with the 
 TEMPERATURES = (0.0, 0.7, 1.0)
 CAUSE, TUNING, ALTERNATIVE, PROPERTY = "cause", "tuning", "alternative", "property"
 DEPTH = "draft depth"
+CONTEXT = "context length"
 # The measure each kind is ranked and worded by, as a finding's dict names it (report.py Finding.judged_by)
 JUDGED_BY = {CAUSE: "acceptance_rate", TUNING: "step_tokens_per_s", ALTERNATIVE: "tokens_per_s",
              PROPERTY: "acceptance_rate"}
@@ -93,7 +94,7 @@ def temperature_experiments(base: Arm) -> list[Experiment]:
 
 
 def context_experiment(base: Arm, prefix: str) -> Experiment:
-    return Experiment("context length", PROPERTY, "with the requests as they are",
+    return Experiment(CONTEXT, PROPERTY, "with the requests as they are",
                       f"with about {CONTEXT_TOKENS} tokens of unrelated text before each",
                       Arm("longer-context", base.drafter, base.settings, prefix + base.prefix))
 

@@ -59,6 +59,8 @@ class LoadedModel:
     decoder: str = DECODER_HF
     decoder_asked: str = DECODER_HF
     decoder_fallback: str | None = None
+    # engine/kv/prefix.py's PrefixStore while a run that reuses prompt starts has it on (engine.kv.ops.prefill reads it)
+    prefix_store: object | None = field(default=None, repr=False, compare=False)
     _twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
     _own: torch.nn.Module | None = field(default=None, repr=False, compare=False)  # engine/models/llama.py's decoder
     _int4_twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)

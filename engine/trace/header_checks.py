@@ -305,6 +305,22 @@ def check_batch(h: dict, where: str) -> bool:
     return True
 
 
+def check_prefix_reuse(h: dict, where: str) -> None:
+    """How many prompt tokens each model took from the previous request's K/V (engine/kv/prefix.py):
+    fewer than it prefilled, so every run still reads at least its last prompt token itself."""
+    reuse = h.get("prefix_reuse")
+    if reuse is None:
+        return
+    prefilled = len(h["prompt_token_ids"]) - 1  # the target's; a draft reading its own rendering may differ
+    if not (isinstance(reuse, dict) and reuse and set(reuse) <= {"target", "draft"}
+            and all(is_int(n) and 0 <= n < 10**7 for n in reuse.values())
+            and (reuse.get("target", 0) == 0 or reuse["target"] < prefilled)):
+        fail(where, "prefix_reuse", "must give target and draft a number of reused prompt tokens, "
+                                    "fewer than the prompt's prefilled ones")
+    if h.get("cache_layout", {}).get("name", "dynamic") != "dynamic" or "tree" in h["settings"]:
+        fail(where, "prefix_reuse", "a reused prompt start is copied into dynamic caches of a chain only")
+
+
 def check_header(h: dict, where: str) -> RunFacts:
     check_settings(h["settings"], where)
     check_request(h, where)
@@ -331,6 +347,7 @@ def check_header(h: dict, where: str) -> RunFacts:
     drafter = check_drafter(h, float(s["temperature"]), where)
     check_decoder(h, drafter["kind"], where)
     batched = check_batch(h, where)
+    check_prefix_reuse(h, where)
     tree = None
     if "tree" in s:
         tree = check_tree_header(h, where)

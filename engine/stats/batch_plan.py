@@ -1,0 +1,90 @@
+"""The K advisor per batch size: which K to speculate with at batch B on this machine, or none.
+
+At batch B a cycle costs K batched draft steps, the d_K forward (the batched cycle feeds it every
+time), and one verify of B x (K+1) positions; it commits E[tokens per cycle] tokens in every row.
+Plain batched decoding commits one token per row per batched step. So, per second over all rows:
+
+    speculating:  B x E[tokens | alpha, K] / ((K + 1) t_draft(B) + t_verify(B, K+1) + t_other(B))
+    plain:        B / t_step(B)
+
+with E[tokens | alpha, K] = (1 - alpha^(K+1)) / (1 - alpha) (Leviathan et al. 2023). At B = 1 a
+verify of K+1 positions costs about one step (the weights are read once either way), so speculation
+pays. As B grows the verify's B x (K+1) rows make it compute-bound, while the plain step's B rows
+still ride on one read of the weights: t_verify(B, K+1) grows towards (K+1) t_step(B) and the gain
+goes (vLLM #26504: acceptance flat from batch 1 to 32, speculation +23% at 1 and -16% at 32).
+Every time here is measured on this machine (`measure_batch_costs`), per batch size and width.
+"""
+import time
+from dataclasses import dataclass
+from statistics import median
+
+import torch
+
+from engine.batch.cache import new_rows_cache
+from engine.batch.cycle import prefill_rows
+from engine.batch.forward import forward_rows
+from engine.cycle.pair import Pair
+from engine.trace.metrics import expected_tokens_per_cycle
+
+PLAIN_K = 0  # the advice "do not speculate at this batch size"
+
+
+@dataclass(frozen=True)
+class BatchCosts:
+    """One batch size's forwards on this machine (medians of repeated timings, seconds)."""
+
+    batch: int
+    target_step_s: float  # a plain batched step: B rows of one position
+    draft_step_s: float  # one batched draft step: B rows of one position
+    verify_s: dict[int, float]  # width -> a target forward of B rows x width positions
+    other_s: float = 0.0  # per cycle beyond the forwards (ratio tests, commits, rollbacks), measured by a run
+
+    def plain_goodput(self) -> float:
+        return self.batch / self.target_step_s
+
+    def cycle_s(self, k: int) -> float:
+        return (k + 1) * self.draft_step_s + self.verify_s[k + 1] + self.other_s
+
+    def goodput(self, alpha: float, k: int) -> float:
+        """Committed tokens per second over all rows, speculating with K at acceptance alpha."""
+        return self.batch * expected_tokens_per_cycle(alpha, k) / self.cycle_s(k)
+
+
+def advise_batch_k(alpha: float, costs: BatchCosts) -> int:
+    """The K (1.. the widest width measured - 1) with the highest predicted goodput; PLAIN_K when plain
+    batched decoding is predicted faster than every K (ties: the smaller K, then plain)."""
+    ks = sorted(w - 1 for w in costs.verify_s if w >= 2)
+    best = max(ks, key=lambda k: (costs.goodput(alpha, k), -k))
+    return best if costs.goodput(alpha, best) > costs.plain_goodput() else PLAIN_K
+
+
+def _median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
+@torch.inference_mode()
+def time_rows(model, prompts_ids: list[list[int]], width: int, repeats: int) -> float:
+    """One forward of every row's `width` next positions after its prompt, rolled back after each timing."""
+    cache = new_rows_cache(model.model.config, len(prompts_ids), max(len(p) for p in prompts_ids) + width + 1)
+    prefill_rows(model, cache, prompts_ids)
+    held = list(cache.lengths)
+    ids = [[p[-1]] * width for p in prompts_ids]
+
+    def once() -> None:
+        forward_rows(model, cache, ids, [width] * len(ids))
+        cache.lengths = list(held)
+
+    once()  # one-off costs (kernels chosen for this shape)
+    return _median_time(once, repeats)
+
+
+def measure_batch_costs(pair: Pair, prompts_ids: list[list[int]], widths: list[int], repeats: int = 5) -> BatchCosts:
+    """This machine's forwards at batch len(prompts_ids): a plain step, a draft step, and a verify per width."""
+    return BatchCosts(len(prompts_ids), time_rows(pair.target, prompts_ids, 1, repeats),
+                      time_rows(pair.draft, prompts_ids, 1, repeats),
+                      {w: time_rows(pair.target, prompts_ids, w, repeats) for w in widths})

@@ -1,0 +1,45 @@
+"""Plain batched decoding (engine/batch/plain.py) and the K advisor per batch size (engine/stats/batch_plan.py)."""
+import pytest
+
+from engine.batch.plain import batched_plain_generate
+from engine.config import SpecSettings
+from engine.cycle.reference import target_generate
+from engine.stats.batch_plan import PLAIN_K, BatchCosts, advise_batch_k, measure_batch_costs
+from engine.trace.metrics import expected_tokens_per_cycle
+from tests.test_batch_cycle import BUDGETS, PROMPTS
+from tests.tiny import noisy_pair
+
+
+def test_plain_batched_decoding_is_each_rows_greedy_decoding():
+    pair = noisy_pair(2, noise=0.02)
+    s = SpecSettings(temperature=0)
+    out = batched_plain_generate(pair.target, PROMPTS, s, list(range(8)), pair.eos_ids, BUDGETS)
+    for prompt, budget, got in zip(PROMPTS, BUDGETS, out.outputs):
+        assert got == target_generate(pair.target, prompt, SpecSettings(temperature=0, max_new_tokens=budget),
+                                      pair.eos_ids)
+    assert out.steps == max(BUDGETS)
+    assert out.idle_row_steps == sum(max(BUDGETS) - b for b in BUDGETS)  # finished rows stay, counted
+
+
+def costs(batch: int, step: float, verify_per_extra: float, draft: float = 0.0) -> BatchCosts:
+    """A verify of width w costs one step plus (w - 1) x verify_per_extra: flat when memory-bound, steep when not."""
+    return BatchCosts(batch, step, draft, {w: step + (w - 1) * verify_per_extra for w in range(2, 8)})
+
+
+def test_the_advisor_speculates_while_a_verify_is_nearly_free_and_stops_when_it_is_not():
+    alpha = 0.7
+    cheap = costs(1, 0.010, 0.0002, 0.001)  # batch 1: verify of K+1 costs about one step
+    k = advise_batch_k(alpha, cheap)
+    assert k >= 3 and cheap.goodput(alpha, k) > cheap.plain_goodput()
+    # by hand, K=3: 1 row x E[tokens] / (4 draft steps + a verify of 4)
+    assert cheap.goodput(alpha, 3) == pytest.approx(expected_tokens_per_cycle(alpha, 3) / (4 * 0.001 + 0.0106))
+    busy = costs(16, 0.040, 0.040, 0.004)  # batch 16: every extra position costs a whole step
+    assert advise_batch_k(alpha, busy) == PLAIN_K
+    assert all(busy.goodput(alpha, k) < busy.plain_goodput() for k in range(1, 7))
+
+
+def test_measured_costs_time_every_width_asked_for():
+    pair = noisy_pair(2, noise=0.02)
+    c = measure_batch_costs(pair, PROMPTS[:3], [2, 5], repeats=3)
+    assert c.batch == 3 and set(c.verify_s) == {2, 5}
+    assert min(c.target_step_s, c.draft_step_s, *c.verify_s.values()) > 0
