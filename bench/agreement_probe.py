@@ -9,8 +9,9 @@ continuations. The runs read their prompts too (the same prefill), so the cost o
 tokens is the continuation forwards against the runs' cycles (the sum of their records'
 cycle_time_s; goal: under 0.1). The whole probe, prompts included, is set against the whole runs
 beside it, and so is the probe one request at a time (its continuation forward only, given the
-prompt's cache: how this bench measured before the probe was batched). Reported per preset: the measured acceptance rate (accepted / drafted over all
-requests), the probe's prediction of it and their difference (goal: within 0.05). Writes
+prompt's cache: how this bench measured before the probe was batched). Reported per preset: the
+measured acceptance rate (accepted / drafted over all requests), the probe's prediction of it and their
+difference (goal: within 0.05). Writes
 bench/results/agreement-probe-CPU.json and .md.
 """
 import argparse

@@ -120,8 +120,8 @@ def test_a_batch_trace_that_disagrees_with_the_requests_traces_is_refused(pair, 
 
 
 def test_a_request_traced_in_a_batch_says_so_and_a_bad_batch_header_is_refused(pair, tmp_path):
-    from engine.trace.format import loads_trace
     from engine.trace.errors import TraceError
+    from engine.trace.format import loads_trace
     run_batched_workload(pair, requests_of(MORE[:2]), SpecSettings(k=2, max_new_tokens=4), tmp_path / "b", batch=2,
                          chat_template=False)
     text = (tmp_path / "b" / "request-0002.jsonl").read_text()

@@ -48,7 +48,6 @@ def test_short_shared_starts_and_whole_prompts_are_not_taken():
 
 def run_two(tmp_path, mode: RunMode, layout: str = "dynamic") -> list:
     pair = noisy_pair(1)
-    tok = pair.target.tokenizer
     words = "the cat sat on a mat and then the dog ran far away while it slept "
     s = SpecSettings(k=3, temperature=0.0, max_new_tokens=8, cache_layout=layout)
     return [run_to_trace(pair, words * 4 + tail, s, tmp_path / f"{i}.jsonl", mode, chat_template=False)

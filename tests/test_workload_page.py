@@ -17,6 +17,7 @@ from app.ui.state import parse_request_name, parse_token
 from engine.config import SpecSettings
 from engine.mode import RunMode
 from engine.run import run_to_trace
+from engine.workload.batched import run_batched_workload
 from engine.workload.folder import open_workload, zip_folder
 from engine.workload.prompts import parse_prompts
 from engine.workload.run import run_workload
@@ -27,6 +28,7 @@ from tests.tiny import noisy_pair
 
 MAIN = Path(__file__).resolve().parent.parent / "app" / "main.py"
 PAGE = "views/workload.py"
+BATCHED = "zz-batched-k2"
 PROMPTS = [{"id": f"{c}-{i}", "category": c, "prompt": p}
            for c, texts in {"pets": ["the cat sat on a mat", "a dog ran far away", "the cat slept"],
                             "logs": ["the log and then it", "a log on a mat"]}.items()
@@ -44,6 +46,10 @@ def folder(tmp_path_factory) -> Path:
                           ("sampled-k3", SpecSettings(k=3, temperature=1.0, max_new_tokens=16, seed=3), RunMode())):
         run_workload(pair, requests, s, root / "folders" / name, mode)
         (root / "workloads" / f"{name}.zip").write_bytes(zip_folder(root / "folders" / name))
+    # batched (issue #40), named to sort last: the page opens the first bundled workload by default
+    run_batched_workload(pair, requests, SpecSettings(k=2, temperature=0.0, max_new_tokens=8), root / "folders" / BATCHED,
+                         batch=2)
+    (root / "workloads" / f"{BATCHED}.zip").write_bytes(zip_folder(root / "folders" / BATCHED))
     run_to_trace(pair, "the dog ran", SpecSettings(k=2, temperature=0.0, max_new_tokens=8),
                  root / "traces" / "default.jsonl")
     return root
@@ -250,3 +256,54 @@ def test_a_hostile_server_file_is_one_escaped_line(folder, monkeypatch):
     assert len(at.error) == 1 and "\n" not in at.error[0].value
     at.text_area(key="wl_server_paste").input("<b>hello</b>").run()
     assert len(at.error) == 1 and "<b>" not in at.error[0].value
+
+
+def test_the_batch_lanes_show_the_batch_trace_and_link_each_lane_to_its_requests_cycle(folder, monkeypatch):
+    at = open_page(folder, monkeypatch)
+    open_tab(at, "Batch lanes")
+    assert any("ran one request at a time" in i.value for i in at.info)  # the default workload was not batched
+    at.selectbox(key="workload_pick").set_value(("bundled", f"{BATCHED}.zip")).run()
+    open_tab(at, "Batch lanes")
+    workload = open_workload(folder / "folders" / BATCHED)
+    batch = workload.batch_trace()
+    for cycle in (0, len(batch["cycles"]) - 1):
+        at.slider(key="wl_batch_cycle").set_value(cycle).run()
+        bars = [t for t in figure(at, "wl_batch_lanes")["data"] if t["type"] == "bar"]
+        assert sum(len(t["y"]) for t in bars) == 2 * 3  # two rows, K=2 positions and the target's token
+        running = [r for r in batch["cycles"][cycle]["rows"] if not r["idle"]]
+        shown = links(at)
+        assert len(shown) == len(running)
+        for row, (text, query) in zip(running, shown):
+            entry = workload.entries[row["request"]]
+            assert text.replace("\\", "") == entry.id
+            assert parse_request_name(parse_token(query["trace"]).name)[2] == entry.file
+            assert int(query["cycle"]) == sum(1 for c in batch["cycles"][:cycle] for r in c["rows"]
+                                              if not r["idle"] and r["request"] == row["request"])
+
+
+def test_the_interview_answers_batching_with_the_bundled_batch_and_the_measured_goodput(folder, monkeypatch, tmp_path):
+    from app.views.sections import interview_batch
+    result = {"machine": {"cpu": "Test CPU <x>"}, "presets": [{"preset": "chat", "crossover_batch": 4, "rows": [
+        {"batch": 1, "best_k": 3, "best_speedup": 1.31, "advised_k": 3, "acceptance_rate": {"4": 0.41}},
+        {"batch": 4, "best_k": 1, "best_speedup": 0.93, "advised_k": 0, "acceptance_rate": {"4": 0.40}}]}]}
+    (tmp_path / "batch-test.json").write_text(json.dumps(result))
+    monkeypatch.setattr(interview_batch, "BENCH_RESULTS", tmp_path)
+    at = open_page(folder, monkeypatch)
+    at.switch_page("views/interview.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    (shrinks,) = [e for e in at.expander if "help less at high batch sizes" in e.label]
+    said = " ".join(m.value for m in shrinks.markdown).replace("\\", "")
+    assert "Measured on Test CPU" in said and "<x>" not in said  # a file's text is escaped, never raw HTML
+    assert "stops paying at batch 4" in said and "| 1 | 3 | 1.31× | 3 | 0.41 |" in said and "| plain |" in said
+    (ragged,) = [e for e in at.expander if "accept different numbers of tokens" in e.label]
+    said = " ".join(m.value for m in ragged.markdown).replace("\\", "")
+    workload = open_workload(folder / "folders" / BATCHED)
+    batch = workload.batch_trace()
+    n = next(i for i, c in enumerate(batch["cycles"])
+             if len({r["num_accepted"] for r in c["rows"] if not r["idle"]}) > 1)
+    assert f"batched cycle {n}:" in said
+    for r in batch["cycles"][n]["rows"]:
+        t = r["target_cache_len"]
+        assert (f"| {r['row']} | {workload.entries[r['request']].id} | {r['num_accepted']} | "
+                f"{t['before']} → {t['after_append']} → {t['after_rollback']} |") in said
+    assert [p.proto.page for p in ragged.get("page_link")] == ["workload"]

@@ -1,8 +1,8 @@
 """Interview practice: questions with hidden answers, each tied to live data.
 
 The questions are drawn in order from their section modules (app/views/sections/interview_*.py):
-the cycle, the two models, speed, low acceptance from a mis-set draft, then draft trees; the red flags
-close the page.
+the cycle, the two models, speed, low acceptance from a mis-set draft, batching, then draft trees; the red
+flags close the page.
 """
 
 import streamlit as st
@@ -10,6 +10,7 @@ import streamlit as st
 from app.figures.tree_record import is_tree_header
 from app.ui import state, tree_trace
 from app.ui.pages import EXACTNESS_LAB
+from app.views.sections.interview_batch import q_batch_shrinks, q_ragged_rollback
 from app.views.sections.interview_cycle import q_catch_up, q_exactness, q_k_plus_one, q_paged, q_rejected_cache
 from app.views.sections.interview_diagnose import (
     q_chat_template,
@@ -69,6 +70,8 @@ def main() -> None:
     q_deep_k()
     q_shorter_k_rate()
     q_joint_intervals()
+    q_batch_shrinks()
+    q_ragged_rollback()
     source = tree_trace.teaching_tree_trace()
     q_why_tree(source)
     q_tree_mask(source)

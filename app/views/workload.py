@@ -14,7 +14,7 @@ from engine.trace import TraceError
 
 TAB = "workload_tab"
 SOURCES = "Upload or run live"
-TABS = ["Categories", "Positions and cycles", "Context length", "Where the loss is", "Requests",
+TABS = ["Categories", "Positions and cycles", "Context length", "Where the loss is", "Requests", "Batch lanes",
         "Compare two workloads", "Your server's requests", SOURCES]
 
 
@@ -58,6 +58,8 @@ def draw_tab(name: str, choice: tuple[str, str], stats: dict) -> None:
         workload_views.loss_tab(choice, stats)
     elif name == "Requests":
         workload_views.requests_tab(choice, stats)
+    elif name == "Batch lanes":
+        workload_views.batch_tab(choice)
     elif name == "Compare two workloads":
         other, other_stats = other_workload(choice)
         if other_stats is not None:

@@ -190,7 +190,7 @@ def draft_rows(state: BatchState) -> Drafted:
     s, draft, cache = state.settings, state.pair.draft, state.draft_cache
     feed, fillers, tokens, dists, times = last_tokens(state), last_tokens(state), [], [], []
     for _ in range(s.k):
-        (probs, feed), seconds = timed(lambda: draft_step(state, feed, fillers), draft.device)
+        (probs, feed), seconds = timed(lambda fed=feed: draft_step(state, fed, fillers), draft.device)
         tokens.append(feed)
         dists.append(probs)
         times.append(seconds)

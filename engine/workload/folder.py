@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from engine.trace.batch import BATCH_TRACE, MAX_BATCH_TRACE_BYTES, check_against_workload, loads_batch_trace
 from engine.trace.format import MAX_TRACE_BYTES, loads_trace
 from engine.trace.records import Trace
 from engine.workload.manifest import (
@@ -58,6 +59,19 @@ class Workload:
             self._traces[e.file] = trace
         return self._traces[e.file]
 
+    def batch_trace(self) -> dict | None:
+        """A batched workload's batch.jsonl (engine/trace/batch.py), checked against its requests' own
+        traces; None for a workload that ran one request at a time (its manifest names no batch)."""
+        if "batch" not in self.manifest:
+            return None
+        if BATCH_TRACE not in self._traces:
+            where = f"{self.source}/{BATCH_TRACE}"
+            batch = loads_batch_trace(self.read(BATCH_TRACE), where)
+            check_against_workload(batch, {e.index: [c["num_accepted"] for c in self.trace(e).cycles]
+                                           for e in self.done}, where)
+            self._traces[BATCH_TRACE] = batch
+        return self._traces[BATCH_TRACE]
+
     def runs(self) -> list[RequestRun]:
         """Every finished request with its trace, in the prompt file's order (what statistics read)."""
         return [RequestRun(e.id, e.category, e.file, self.trace(e)) for e in self.done]
@@ -82,6 +96,11 @@ def check_against_entry(trace: Trace, e: Entry, manifest: dict, where: str) -> N
         raise WorkloadError(f"{where}: its tokens and cycles differ from the manifest's summary")
 
 
+def limit_of(name: str) -> int:
+    """The most bytes read of a workload's file."""
+    return {MANIFEST: MAX_MANIFEST_BYTES, BATCH_TRACE: MAX_BATCH_TRACE_BYTES}.get(name, MAX_TRACE_BYTES)
+
+
 def open_workload(path: str | Path) -> Workload:
     """A workload folder (with manifest.json) or a .zip of one."""
     path = Path(path)
@@ -98,7 +117,7 @@ def open_folder(folder: Path) -> Workload:
         if not path.is_file():
             raise WorkloadError(f"{folder}: {name} is missing")
         size = path.stat().st_size
-        if size > (MAX_MANIFEST_BYTES if name == MANIFEST else MAX_TRACE_BYTES):
+        if size > limit_of(name):
             raise WorkloadError(f"{folder}/{name}: {size:,} bytes is too large")
         return path.read_bytes()
 
@@ -121,7 +140,7 @@ def open_zip(data: bytes, source: str) -> Workload:
         info = members.get(prefix + name)
         if info is None:
             raise WorkloadError(f"{source}: {name} is missing")
-        limit = MAX_MANIFEST_BYTES if name == MANIFEST else MAX_TRACE_BYTES
+        limit = limit_of(name)
         with archive.open(info) as f:
             data = f.read(limit + 1)  # never trust the size the zip declares
         if len(data) > limit:
@@ -152,4 +171,6 @@ def zip_folder(folder: str | Path) -> bytes:
         z.writestr(MANIFEST, json.dumps(workload.manifest, ensure_ascii=False, indent=1))
         for e in workload.done:
             z.writestr(e.file, workload.read(e.file))
+        if workload.batch_trace() is not None:  # read and checked first: a zip never ships a broken one
+            z.writestr(BATCH_TRACE, workload.read(BATCH_TRACE))
     return buffer.getvalue()

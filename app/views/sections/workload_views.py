@@ -6,12 +6,14 @@ app/figures/workload.py. Every request, cycle and rejected token links into the 
 """
 import streamlit as st
 
+from app.figures import batch as batch_figs
 from app.figures import workload as figs
 from app.figures.workload import fmt
 from app.ui import workloads
 from app.ui.pages import STEPPER
 from app.ui.safe import markdown_table, md
 from app.ui.widgets import chart
+from engine.trace import TraceError
 
 TEST_STAGE = 3  # the stepper's stage that shows the acceptance test of each position
 
@@ -128,3 +130,37 @@ def open_here(choice: tuple[str, str], rows: list[dict]) -> None:
             st.error(md(error), icon=":material/error:")
         else:
             st.switch_page(STEPPER, query_params=workloads.request_query(choice, by_id[rid]["file"], int(cycle)))
+
+
+def batch_tab(choice: tuple[str, str]) -> None:
+    """A batched workload's cycles as lanes (app/figures/batch.py), one row per lane, and each lane's
+    request opened in the stepper at the cycle it ran there."""
+    workload = workloads.load(choice)
+    try:
+        batch = workload.batch_trace()
+    except TraceError as err:
+        st.error(f"The batch trace could not be read: {md(str(err))}", icon=":material/error:")
+        return
+    if batch is None:
+        st.info("This workload ran one request at a time. The bundled ones with \"batch-4\" in their name ran four "
+                "at a time; run your own with `python -m engine run --prompts FILE --batch B --out FOLDER` and "
+                "upload its zip to see its rows share each cycle.")
+        return
+    if not batch["cycles"]:
+        st.info("The batch ran no cycle.")
+        return
+    ids = {e.index: e.id for e in workload.entries}
+    cycle = st.slider("Batched cycle", 0, len(batch["cycles"]) - 1, 0, key="wl_batch_cycle")
+    chart(batch_figs.lanes_figure(batch, cycle, ids), key="wl_batch_lanes")
+    c = batch["cycles"][cycle]
+    st.markdown(md(f"{batch['header']['rows']} rows, capacity {batch['header']['capacity']} positions per row. "
+                   f"Idle rows this cycle: {c['idle_rows']} (each still costs its slot in every forward)."))
+    files = {e.index: e.file for e in workload.entries}
+    lines = []
+    for r in c["rows"]:
+        if r["idle"]:
+            continue
+        own_cycle = batch_figs.request_cycle(batch, cycle, r["request"])
+        lines.append(f"- row {r['row']}: " + workloads.link(ids[r["request"]], choice, files[r["request"]], own_cycle)
+                     + f" (its cycle {own_cycle})")
+    st.markdown("\n".join(lines))

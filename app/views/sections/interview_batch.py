@@ -1,0 +1,113 @@
+"""Interview questions on batched speculation: why the gain shrinks as the batch grows (with this project's
+measured goodput, bench/results/batch-*.json, where shipped), and what each row's cache does when rows of one
+batch accept different numbers of tokens (with a cycle of the bundled batched workload).
+"""
+import json
+from pathlib import Path
+
+import streamlit as st
+
+from app.ui import workloads
+from app.ui.pages import WORKLOAD
+from app.ui.safe import markdown_table, md
+from engine.trace import TraceError
+
+ROOT = Path(__file__).resolve().parents[3]
+BENCH_RESULTS = ROOT / "bench" / "results"
+
+
+def measured_goodput() -> tuple[str, list[dict]] | None:
+    """The newest batch benchmark shipped with the project: its machine, and per preset the rows that say
+    where speculation stops paying (None when none is shipped or it cannot be read)."""
+    files = sorted(BENCH_RESULTS.glob("batch-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in files:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            machine = str(data["machine"].get("cpu", "?"))
+            return machine, [{"preset": p["preset"], "crossover": p["crossover_batch"],
+                              "rows": [(r["batch"], r["best_k"], r["best_speedup"], r["advised_k"],
+                                        r["acceptance_rate"].get("4", r["acceptance_rate"].get(4)))
+                                       for r in p["rows"]]} for p in data["presets"]]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return None
+
+
+def q_batch_shrinks() -> None:
+    with st.expander("Why does speculative decoding help less at high batch sizes?"):
+        st.markdown(
+            "**What a cycle costs.** Speculation trades target steps for one verify of K+1 positions. At batch 1 "
+            "that verify costs about one step: a decode step is bound by reading the weights, and reading them "
+            "once serves K+1 positions as well as one. A batch of B rows verifies B × (K+1) positions in one "
+            "forward. As B grows, that forward stops riding on one read of the weights and starts paying for its "
+            "arithmetic: it costs more and more like K+1 plain steps, while a plain batched step of B rows is "
+            "still one read of the weights. The draft's cost grows with B too.\n\n"
+            "**What does not change.** Acceptance is a property of the two models on the text: every row runs "
+            "its own ratio test, so the batch leaves it flat. So acceptance alone is the wrong signal for "
+            "whether to speculate: vLLM #26504 measured acceptance 0.86–0.91 from batch 1 to 32 while the "
+            "right choice flipped from speculating (+23%) to not (−16%).\n\n"
+            "**What to do.** Choose K per batch size from measured costs (vLLM's "
+            "`num_speculative_tokens_per_batch_size`, SGLang's adaptive steps), and stop speculating past the "
+            "batch size where the best K no longer beats plain batched decoding.")
+        found = measured_goodput()
+        if found is None:
+            st.caption("Run `python -m bench.batch` to measure this on your machine.")
+            return
+        machine, presets = found
+        for p in presets:
+            cross = (f"stops paying at batch {p['crossover']}" if p["crossover"]
+                     else "pays at every batch size measured")
+            st.markdown(f"Measured on {md(machine)}, **{md(p['preset'])}**: speculation {cross}.")
+            st.markdown(markdown_table([
+                {"batch": b, "best K": k, "best speculating / plain batched": f"{s:.2f}×",
+                 "advisor's K": a or "plain", "acceptance at K=4": "–" if acc is None else f"{acc:.2f}"}
+                for b, k, s, a, acc in p["rows"]]))
+
+
+def batched_example() -> tuple[tuple[str, str], dict, int] | None:
+    """A bundled batched workload and a cycle of it where the running rows accepted different counts."""
+    for choice in workloads.listed():
+        if choice[0] != "bundled":
+            continue
+        try:
+            batch = workloads.load(choice).batch_trace()
+        except (TraceError, OSError):
+            continue
+        if batch is None:
+            continue
+        for n, c in enumerate(batch["cycles"]):
+            if len({r["num_accepted"] for r in c["rows"] if not r["idle"]}) > 1:
+                return choice, batch, n
+    return None
+
+
+def q_ragged_rollback() -> None:
+    with st.expander("Rows of one batch accept different numbers of tokens. What happens to each row's KV cache?"):
+        st.markdown(
+            "**Each row rolls back to its own length.** After the verify every row holds K+1 new positions; row r "
+            "keeps its accepted tokens and drops the rest, so the rows end the cycle at different lengths. The "
+            "cache must keep one length per row. In the lab's batched cache (engine/batch/cache.py) every row is "
+            "a static buffer with its own write position: a rollback lowers that row's length, the rejected K/V "
+            "stay in their slots, hidden by the attention mask, until the row's next append overwrites them. A "
+            "paged cache does it with a block table per request over one shared pool (vLLM). A dynamic cache "
+            "that grows all rows together cannot hold ragged rows without padding.\n\n"
+            "**Why exactness survives.** Each row's forward positions and mask are its own, and its ratio test "
+            "uses its own distributions and its own random stream, so a row commits exactly what the same "
+            "request would alone (the lab's tests check this token for token, and its caches against a fresh "
+            "prefill after every cycle).\n\n"
+            "**What it costs.** A row that finished keeps its slot in every forward until the batch refills it "
+            "(continuous batching) or ends: idle and padded slots are paid for, so the lab counts them.")
+        found = batched_example()
+        if found is None:
+            return
+        choice, batch, n = found
+        rows = [r for r in batch["cycles"][n]["rows"] if not r["idle"]]
+        ids = {e.index: e.id for e in workloads.load(choice).entries}
+        st.markdown(f"In the bundled **{md(workloads.words(choice))}**, batched cycle {n}:")
+        st.markdown(markdown_table([
+            {"row": r["row"], "request": ids.get(r["request"], "?"), "accepted": r["num_accepted"],
+             "target cache before → after append → after rollback":
+                 f"{r['target_cache_len']['before']} → {r['target_cache_len']['after_append']} → "
+                 f"{r['target_cache_len']['after_rollback']}"} for r in rows]))
+        st.page_link(WORKLOAD, label="See every cycle as lanes (Workload page, Batch lanes tab)",
+                     icon=":material/view_timeline:")
