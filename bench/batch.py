@@ -15,7 +15,7 @@ another, by each method in turn:
 Goodput: committed tokens over all rows per second of wall time. Then the K advisor per batch size
 (engine/stats/batch_plan.py): this machine's forwards timed at B, the acceptance measured at B = 1
 and K = 4, and the K it picks (0: decode plainly), set against the best K measured. Writes
-bench/results/batch-CPU.json and .md.
+bench/results/batch-CPU.json and .md (batch-PRESET-CPU.* when one preset is named).
 """
 import argparse
 import time
@@ -29,6 +29,7 @@ from engine.batch.cycle import batched_generate
 from engine.batch.plain import batched_plain_generate
 from engine.cli_diagnose import PROMPT_SET
 from engine.config import SpecSettings
+from engine.cycle.reference import speculative_generate
 from engine.run import encode_prompt, load_preset
 from engine.stats.batch_plan import PLAIN_K, advise_batch_k, measure_batch_costs
 from engine.workload.prompts import read_prompts
@@ -78,6 +79,14 @@ def speculative(pair, prompts, s, b) -> dict:
             "other_s": median(c.bookkeeping_s for c in cycles)}
 
 
+def single_requests(pair, prompts, s) -> float:
+    """Tokens/s of the engine's one-request cycle (the reference chain, untraced), request after request."""
+    started, tokens = time.perf_counter(), 0
+    for ids in prompts:
+        tokens += sum(len(rec["committed_token_ids"]) for rec in speculative_generate(pair, ids, s, record=False))
+    return tokens / (time.perf_counter() - started)
+
+
 def one_batch_size(pair, prompts, s, b, ks, alpha) -> dict:
     plain_outputs, plain_s = plain_engine(pair, prompts, s, b)
     tokens = sum(len(o) for o in plain_outputs)
@@ -112,17 +121,29 @@ def one_preset(name: str, batches: list[int], ks: list[int], n: int, max_new_tok
     s = SpecSettings(k=4, temperature=0.0, max_new_tokens=max_new_tokens)
     speculative(pair, prompts[:2], s, 2)  # one-off costs before anything is timed
     pilot = speculative(pair, prompts, s, 1)
+    single = single_requests(pair, prompts, s)
+    batched_one = len([t for o in pilot["outputs"] for t in o]) / pilot["seconds"]
     rows = [one_batch_size(pair, prompts, s, b, ks, pilot["alpha"]) for b in batches]
     crossover = next((r["batch"] for r in rows if r["best_speedup"] < 1.0), None)
     return {"preset": name, "requests": len(prompts), "max_new_tokens": max_new_tokens, "alpha_at_b1_k4": pilot["alpha"],
-            "rows": rows, "crossover_batch": crossover}
+            "rows": rows, "crossover_batch": crossover, "single_request_k4": single, "batched_b1_k4": batched_one,
+            "batched_b1_over_single": batched_one / single}
+
+
+def crossover_words(p: dict) -> str:
+    first = p["rows"][0]["batch"] if p["rows"] else None
+    if p["crossover_batch"] is None:
+        return "speculation pays at every batch size measured"
+    if p["crossover_batch"] == first:
+        return f"speculation does not pay even at B = {first}: no K beats plain decoding here"
+    return f"speculation stops paying at B = {p['crossover_batch']}"
 
 
 def table(p: dict) -> list[str]:
-    cross = (f"speculation stops paying at B = {p['crossover_batch']}" if p["crossover_batch"]
-             else "speculation pays at every batch size measured")
     lines = [f"### {p['preset']}: {p['requests']} requests, {p['max_new_tokens']} tokens each, greedy; "
-             f"alpha {p['alpha_at_b1_k4']:.3f} (B = 1, K = 4); {cross}", "",
+             f"alpha {p['alpha_at_b1_k4']:.3f} (B = 1, K = 4); {crossover_words(p)}", "",
+             f"At B = 1 and K = 4 the batched cycle ran {p['batched_b1_k4']:.1f} tokens/s, the one-request cycle "
+             f"{p['single_request_k4']:.1f} ({p['batched_b1_over_single']:.2f}x).", "",
              "| B | plain, engine tok/s | HF generate tok/s | engine / HF | best K | speculating tok/s | "
              "best / plain | acceptance at K=1..max | advised K | advised / best |",
              "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
@@ -148,7 +169,9 @@ def main(argv=None) -> int:
     presets = [one_preset(name, batches, ks, args.requests, args.max_new_tokens) for name in args.presets.split(",")]
     text = "\n".join(["## Goodput against batch size (bench/batch.py)", f"Machine: {machine_words(machine)}", "",
                       *[line for preset in presets for line in [*table(preset), ""]]])
-    write_results(Path(args.out), f"batch-{cpu_tag(machine)}", {"machine": machine, "presets": presets}, text)
+    names = args.presets.split(",")
+    stem = f"batch-{names[0]}-{cpu_tag(machine)}" if len(names) == 1 else f"batch-{cpu_tag(machine)}"
+    write_results(Path(args.out), stem, {"machine": machine, "presets": presets}, text)
     print(text)
     return 0
 

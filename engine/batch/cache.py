@@ -9,9 +9,11 @@ position_ids) and `end_append` then advances each row by the positions it really
 its length only: the rejected K/V stay in their slots, hidden by the mask (a query at
 position p sees slots 0..p only) and overwritten by that row's next append.
 
-`update` returns the whole buffers, as HF's StaticLayer does, so attention always sees
-`capacity` slots; `get_mask_sizes` says so. Position == slot in this layout: a row's token at
-position p is cached in slot p.
+`update` returns the buffers up to the forward's furthest slot (`attended`: the longest row's
+length plus the forward's width), not the whole capacity: a batch's capacity is sized for its
+longest request, and a short batch would otherwise attend over every empty slot of it in every
+forward. `get_mask_sizes` says so. Position == slot in this layout: a row's token at position p is
+cached in slot p.
 """
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -40,17 +42,18 @@ class RowsKVLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Write (B, H, T, D) at each row's slots (B, T); return the full buffers (B, H, capacity, D)."""
+        """Write (B, H, T, D) at each row's slots (B, T); return the buffers up to the furthest slot (B, H, attended, D)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         slots = self.cache.pending_slots  # (B, T)
         rows = torch.arange(slots.shape[0], device=slots.device)[:, None]  # (B, 1)
         self.keys[rows, :, slots] = key_states.transpose(1, 2)  # indexed view is (B, T, H, D)
         self.values[rows, :, slots] = value_states.transpose(1, 2)
-        return self.keys, self.values
+        end = self.cache.attended
+        return self.keys[:, :, :end], self.values[:, :, :end]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.cache.capacity, 0
+        return self.cache.attended, 0
 
     def get_seq_length(self) -> int:
         return max(self.cache.lengths)  # the longest row; the cycle reads each row's own length
@@ -69,6 +72,7 @@ class RowsKVCache(Cache):
         self.num_rows, self.capacity = batch_size, capacity
         self.lengths = [0] * batch_size  # host-side: the cycle's bookkeeping reads them every cycle
         self.pending_slots: torch.Tensor | None = None  # (B, T) slots the running forward writes
+        self.attended = capacity  # slots the running forward's attention reads: its furthest slot + 1
 
     def positions(self, width: int, device: torch.device) -> torch.Tensor:
         """(B, width) positions (= slots) of the next forward's inputs: each row from its own length."""
@@ -80,6 +84,7 @@ class RowsKVCache(Cache):
 
     def begin_append(self, slots: torch.Tensor) -> None:
         self.pending_slots = slots
+        self.attended = max(self.lengths) + slots.shape[1]  # positions() starts each row at its length
 
     def end_append(self, appended: list[int]) -> None:
         """Each row now attends to `appended[r]` more positions (0 for an idle row)."""

@@ -4,7 +4,7 @@ transformers 5.x (Llama-family code, 5.24 here) takes what a ragged batch needs 
 arguments, as the tree forward (engine/tree/attention.py) uses them for one row:
 - `position_ids` (B, T): RoPE positions per row; given, the model never asks the cache for
   a length (there is no cache_position argument in 5.x's decoder forward);
-- a 4-D additive float `attention_mask` (B, 1, T, capacity): returned as given by
+- a 4-D additive float `attention_mask` (B, 1, T, attended): returned as given by
   masking_utils._preprocess_mask_arguments and added to the scores by sdpa and eager
   attention, so a masked slot gets a softmax weight of exactly 0.
 Query t of row r sits at position p = lengths[r] + t and sees slots 0..p: the row's valid
@@ -27,10 +27,10 @@ def check_batchable(model: LoadedModel) -> None:
                          f"({', '.join(MASKING_ATTENTION)}); {model.name} runs {implementation!r}")
 
 
-def rows_mask(positions: torch.Tensor, capacity: int, dtype: torch.dtype) -> torch.Tensor:
-    """(B, 1, T, capacity) additive mask: 0 on slots <= each query's position, the dtype's minimum elsewhere."""
-    slots = torch.arange(capacity, device=positions.device)  # (capacity,)
-    allowed = slots[None, None, :] <= positions[:, :, None]  # (B, T, capacity)
+def rows_mask(positions: torch.Tensor, slots_read: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, T, slots_read) additive mask: 0 on slots <= each query's position, the dtype's minimum elsewhere."""
+    slots = torch.arange(slots_read, device=positions.device)  # (slots_read,)
+    allowed = slots[None, None, :] <= positions[:, :, None]  # (B, T, slots_read)
     mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=positions.device)
     return mask.masked_fill(allowed, 0.0)[:, None]
 
@@ -49,7 +49,7 @@ def forward_rows(model: LoadedModel, cache: RowsKVCache, ids: list[list[int]], a
     logits (B, T, V_full) on the model's device, or None when `logits` is False (a prefill)."""
     b, t = len(ids), len(ids[0])
     positions = cache.positions(t, model.device)  # (B, T)
-    mask = rows_mask(positions, cache.capacity, model.dtype)
+    mask = rows_mask(positions, max(cache.lengths) + t, model.dtype)  # the slots cache.attended will return
     extra = {"logits_to_keep": 1} if not logits and model.can_skip_logits else {}
     cache.begin_append(positions)
     try:
