@@ -98,3 +98,18 @@ def test_the_shipped_tiny_shakespeare_workload_is_plain_greedy_decoding():
             header, summary = lines[0], lines[-1]
             assert target_generate(pair.target, header["prompt_token_ids"], s, pair.eos_ids) == \
                 summary["generated_token_ids"], entry["id"]
+
+
+@pytest.mark.parametrize("batched, alone", [("chat-draft-model-k4-batch-4-greedy", "chat-draft-model-greedy-k4"),
+                                            ("tiny-shakespeare-k4-batch-4-greedy", "tiny-shakespeare-greedy-k4")])
+def test_each_request_of_a_shipped_batch_commits_what_it_committed_alone(batched, alone):
+    """Four rows at a time with continuous batching, greedy: every request's tokens equal the unbatched
+    workload's, and the batch trace is read, checked and tied to the requests' own traces."""
+    from engine.workload.folder import open_workload
+    rows, single = open_workload(ROOT / "assets" / "workloads" / f"{batched}.zip"), \
+        open_workload(ROOT / "assets" / "workloads" / f"{alone}.zip")
+    assert rows.manifest["batch"] == {"rows": 4} and [e.id for e in rows.done] == [e.id for e in single.done]
+    for a, b in zip(rows.done, single.done):
+        assert rows.trace(a).summary["generated_token_ids"] == single.trace(b).summary["generated_token_ids"], a.id
+    batch = rows.batch_trace()
+    assert sum(c["idle_rows"] for c in batch["cycles"]) > 0 and any(c["admitted"] for c in batch["cycles"])
