@@ -283,7 +283,7 @@ def test_the_batch_lanes_show_the_batch_trace_and_link_each_lane_to_its_requests
 
 def test_the_interview_answers_batching_with_the_bundled_batch_and_the_measured_goodput(folder, monkeypatch, tmp_path):
     from app.views.sections import interview_batch
-    result = {"machine": {"cpu": "Test CPU <x>"}, "presets": [{"preset": "chat", "crossover_batch": 4, "rows": [
+    result = {"machine": {"cpu": "Test CPU <x>"}, "presets": [{"preset": "chat", "crossover_batch": 4, "requests": 16, "rows": [
         {"batch": 1, "best_k": 3, "best_speedup": 1.31, "advised_k": 3, "acceptance_rate": {"4": 0.41}},
         {"batch": 4, "best_k": 1, "best_speedup": 0.93, "advised_k": 0, "acceptance_rate": {"4": 0.40}}]}]}
     (tmp_path / "batch-test.json").write_text(json.dumps(result))

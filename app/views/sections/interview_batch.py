@@ -17,20 +17,26 @@ BENCH_RESULTS = ROOT / "bench" / "results"
 
 
 def measured_goodput() -> tuple[str, list[dict]] | None:
-    """The newest batch benchmark shipped with the project: its machine, and per preset the rows that say
-    where speculation stops paying (None when none is shipped or it cannot be read)."""
-    files = sorted(BENCH_RESULTS.glob("batch-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for path in files:
+    """The batch benchmarks shipped with the project (bench/results/batch-*.json): per preset, the run with the
+    most requests (the first by file name on a tie), its machine, and the rows that say where speculation stops
+    paying. None when none is shipped or none can be read."""
+    best: dict[str, tuple[int, str, dict]] = {}
+    for path in sorted(BENCH_RESULTS.glob("batch-*.json")):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             machine = str(data["machine"].get("cpu", "?"))
-            return machine, [{"preset": p["preset"], "crossover": p["crossover_batch"],
-                              "rows": [(r["batch"], r["best_k"], r["best_speedup"], r["advised_k"],
-                                        r["acceptance_rate"].get("4", r["acceptance_rate"].get(4)))
-                                       for r in p["rows"]]} for p in data["presets"]]
+            for p in data["presets"]:
+                run = {"preset": str(p["preset"]), "crossover": p["crossover_batch"], "requests": int(p["requests"]),
+                       "rows": [(r["batch"], r["best_k"], r["best_speedup"], r["advised_k"],
+                                 r["acceptance_rate"].get("4", r["acceptance_rate"].get(4))) for r in p["rows"]]}
+                if run["preset"] not in best or run["requests"] > best[run["preset"]][0]:
+                    best[run["preset"]] = (run["requests"], machine, run)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-    return None
+    if not best:
+        return None
+    machine = next(iter(best.values()))[1]
+    return machine, [run for _, _, run in best.values()]
 
 
 def q_batch_shrinks() -> None:
@@ -55,9 +61,12 @@ def q_batch_shrinks() -> None:
             return
         machine, presets = found
         for p in presets:
-            cross = (f"stops paying at batch {p['crossover']}" if p["crossover"]
-                     else "pays at every batch size measured")
-            st.markdown(f"Measured on {md(machine)}, **{md(p['preset'])}**: speculation {cross}.")
+            first = p["rows"][0][0] if p["rows"] else None
+            cross = ("pays at every batch size measured" if not p["crossover"] else
+                     f"does not pay even at batch {first} (no K beats plain decoding)" if p["crossover"] == first else
+                     f"stops paying at batch {p['crossover']}")
+            st.markdown(f"Measured on {md(machine)}, **{md(p['preset'])}** ({p['requests']} requests, one run): "
+                        f"speculation {cross}.")
             st.markdown(markdown_table([
                 {"batch": b, "best K": k, "best speculating / plain batched": f"{s:.2f}×",
                  "advisor's K": a or "plain", "acceptance at K=4": "–" if acc is None else f"{acc:.2f}"}
