@@ -31,6 +31,7 @@ from engine.config import SettingsError, SpecSettings
 from engine.drafters.base import CatchUp, Proposal, one_hot_rows
 from engine.drafters.refusals import OTHER_TOKENIZER_GREEDY_ONLY
 from engine.kv.ops import cache_len, crop
+from engine.kv.prefix import shared_start
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.trace.schema import OTHER_TOKENIZER
@@ -43,15 +44,6 @@ class OtherTokenizerState:
     committed_draft_ids: list[int] = field(default_factory=list)  # the committed text in draft tokens
     last_record: dict | None = None  # this cycle's drafter_state, completed by roll_back
     token_texts: list[str] = field(default_factory=list)  # decoded text of every draft token id
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @dataclass(frozen=True)
@@ -168,7 +160,7 @@ class OtherTokenizerDrafter:
         up to all draft tokens but the last two (the last is re-predicted: token healing)."""
         ids = self.draft_ids_of(self.text_of(committed))
         cached_len = max(len(ids) - 2, 0) if len(ids) >= 2 else 0
-        keep = min(common_prefix(state.cached, ids), cached_len)
+        keep = min(shared_start(state.cached, ids), cached_len)
         crop(state.cache, keep)
         state.cached = state.cached[:keep]
         missing = ids[keep:cached_len]
