@@ -19,6 +19,7 @@ bench/results/batch-CPU.json and .md (batch-PRESET-CPU.* when one preset is name
 """
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 from statistics import median
 
@@ -102,7 +103,7 @@ def one_batch_size(pair, prompts, s, b, ks, alpha) -> dict:
         row["acceptance_rate"][k] = spec["acceptance_rate"]
         other.append(spec["other_s"])
     costs = measure_batch_costs(pair, prompts[:b], [k + 1 for k in ks])
-    costs = type(costs)(costs.batch, costs.target_step_s, costs.draft_step_s, costs.verify_s, median(other))
+    costs = replace(costs, other_s=median(other))  # the run's per-cycle bookkeeping
     advised = advise_batch_k(alpha, costs)
     best_k = max(ks, key=lambda k: row["speculative"][k])
     best = max(row["speculative"][best_k], row["plain_engine"])

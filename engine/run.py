@@ -242,6 +242,13 @@ def reusing_prefixes(pair: Pair, mode: RunMode, s: SpecSettings, prompt_ids: lis
             model.prefix_store = None
 
 
+def run_summary(pair: Pair, cycles: list[dict], k: int, wall_s: float) -> dict:
+    """A finished run's summary line: its tokens, their text, why it stopped and its wall time."""
+    generated = [t for c in cycles for t in c["committed_token_ids"]]
+    stop = "eos" if generated and generated[-1] in pair.eos_ids else "max_new_tokens"
+    return make_summary(cycles, k, pair.target.tokenizer.decode(generated), stop, wall_s)
+
+
 def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode: RunMode = DEFAULT_MODE, *,
                  preset: str | None = None, chat_template: bool = True,
                  on_cycle: Callable[[dict], None] | None = None, messages: Messages | None = None,
@@ -276,11 +283,7 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode
             cycles.append(rec)
             if on_cycle:
                 on_cycle(rec)
-        wall = time.perf_counter() - started
-        generated = [t for c in cycles for t in c["committed_token_ids"]]
-        stop = "eos" if generated and generated[-1] in pair.eos_ids else "max_new_tokens"
-        text = pair.target.tokenizer.decode(generated)
-        summary = make_summary(cycles, s.k, text, stop, wall)
+        summary = run_summary(pair, cycles, s.k, time.perf_counter() - started)
         writer.write(summary)
     return Trace(header, cycles, summary)
 

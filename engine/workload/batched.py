@@ -27,9 +27,9 @@ from engine.config import SettingsError, SpecSettings
 from engine.cycle.pair import Pair, TokenTexts
 from engine.kv.layouts import run_capacity
 from engine.mode import DEFAULT_MODE
-from engine.run import make_header
+from engine.run import make_header, run_summary
 from engine.trace.batch import BATCH_FORMAT, BATCH_TRACE, BATCH_VERSION, MAX_BATCH
-from engine.trace.writer import TraceWriter, make_summary
+from engine.trace.writer import TraceWriter
 from engine.workload import manifest as mf
 from engine.workload.folder import Workload, open_folder
 from engine.workload.prompts import Request
@@ -80,10 +80,7 @@ class BatchedWorkload:
         return RowRun(i, writer, time.perf_counter())
 
     def finish_row(self, run: RowRun) -> None:
-        generated = [t for c in run.cycles for t in c["committed_token_ids"]]
-        stop = "eos" if generated and generated[-1] in self.pair.eos_ids else "max_new_tokens"
-        summary = make_summary(run.cycles, self.s.k, self.pair.target.tokenizer.decode(generated), stop,
-                               time.perf_counter() - run.started)
+        summary = run_summary(self.pair, run.cycles, self.s.k, time.perf_counter() - run.started)
         run.writer.write(summary)
         run.writer.finish()
         entry = self.manifest["requests"][run.index]
