@@ -20,7 +20,10 @@ from tests.tiny import noisy_pair, save_tiny
 
 # Five requests of different lengths through two rows: rows take new requests as theirs finish.
 MORE = REQUESTS + [{"id": "r5", "category": "logs", "prompt": "we went to the sea and the sky was grey and then"}]
-PROB_TOLERANCE = 1e-5  # batched and single-row float32 kernels round differently; probabilities are in [0, 1]
+# Batched and single-row float32 kernels round differently (and differently per CPU model): about 1e-7 on
+# these probabilities here; 1e-4 leaves room for another CPU's kernels, while another row's or position's
+# distribution differs by O(0.1)
+PROB_TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,11 @@ from engine.trace.format import load_trace, loads_trace
 from tests.tiny import noisy_pair
 
 START = [(i * 7) % 15 + 1 for i in range(40)]  # 40 shared tokens, more than MIN_REUSE
-# float32 products round with the number of rows they multiply: a start read within a 45-token forward
-# and within a 40-token one agree to about 1e-6 on these O(1) values, not bit for bit
-KV_TOLERANCE = 1e-5
+# float32 products round with the number of rows they multiply (and differently per CPU: oneDNN's packed
+# path or MKL's, AVX2 or AVX-512): a start read within a 45-token forward and within a 40-token one agree to
+# about 1e-6 on these O(1) values here, not bit for bit. 1e-4, as tests/test_batch_cycle.py allows for the
+# same reason; K/V of another token or position differ by O(0.1)
+KV_TOLERANCE = 1e-4
 
 
 def test_a_shared_start_is_copied_and_the_rest_read_and_the_cache_equals_a_fresh_prefill():
