@@ -113,15 +113,21 @@ def batch_capacity(prompts_ids: list[list[int]], k: int, budgets: list[int]) -> 
     return max(run_capacity(len(p), k, b) for p, b in zip(prompts_ids, budgets, strict=True))
 
 
+def prefill_row(model: LoadedModel, cache: RowsKVCache, row: int, prompt_ids: list[int]) -> None:
+    """Row `row` caches every prompt token but the last (it opens the first cycle): the prompt is read alone,
+    by the engine's prefill of one sequence, and copied into the row's slots."""
+    if len(prompt_ids) > 1:
+        write_row(cache, row, attended_kv(prefill(model, prompt_ids)))
+    else:
+        cache.lengths[row] = 0  # nothing to read: the one prompt token opens the first cycle
+
+
 def prefill_rows(model: LoadedModel, cache: RowsKVCache, prompts_ids: list[list[int]]) -> None:
-    """Cache every prompt token but the last (it opens the first cycle), all rows in one forward;
-    shorter rows are padded at the end, and the padding's slots stay stale (never attended)."""
-    heads = [p[:-1] for p in prompts_ids]
-    width = max(len(h) for h in heads)
-    if width == 0:
-        return
-    padded = [h + [h[-1] if h else p[-1]] * (width - len(h)) for h, p in zip(heads, prompts_ids)]
-    forward_rows(model, cache, padded, [len(h) for h in heads], logits=False)
+    """Every row's prompt, each read alone (`prefill_row`). A prefill is compute-bound, so one forward over
+    prompts padded to the longest would only add work: with prompts of 35 to 250 positions, a padded batch
+    of 16 reads half as many positions again as the prompts hold."""
+    for row, prompt_ids in enumerate(prompts_ids):
+        prefill_row(model, cache, row, prompt_ids)
 
 
 def start_batch(pair: Pair, prompts_ids: list[list[int]], s: SpecSettings, seeds: list[int],
@@ -153,10 +159,7 @@ def admit_row(state: BatchState, row: int, prompt_ids: list[int], seed: int, bud
         raise CacheFullError(f"a request of {len(prompt_ids)} prompt tokens and {budget} new ones needs {need} "
                              f"slots; the batch holds {state.target_cache.capacity} per row")
     for model, cache in ((state.pair.target, state.target_cache), (state.pair.draft, state.draft_cache)):
-        if len(prompt_ids) > 1:
-            write_row(cache, row, attended_kv(prefill(model, prompt_ids)))
-        else:
-            cache.lengths[row] = 0  # nothing to read: the one prompt token opens the first cycle
+        prefill_row(model, cache, row, prompt_ids)
     state.committed[row], state.prompt_lens[row], state.budgets[row] = list(prompt_ids), len(prompt_ids), budget
     state.gens[row], state.finished[row] = torch.Generator().manual_seed(seed), False
 
