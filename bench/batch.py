@@ -22,19 +22,12 @@ from pathlib import Path
 import torch
 
 from bench.common import RESULTS, cpu_tag, machine_info, machine_words, write_results
-from engine.cli_diagnose import PROMPT_SET
 from engine.config import SpecSettings
 from engine.cycle.reference import speculative_generate
-from engine.run import encode_prompt, load_preset
-from engine.stats.batch_sweep import (
-    BatchSweep,
-    batch_sweep,
-    batch_sweep_from_json,
-    batch_sweep_json,
-    chunks,
-    crossover_words,
-)
-from engine.workload.prompts import read_prompts
+from engine.run import load_preset
+from engine.stats.batch_results import BatchSweep, batch_sweep_from_json, batch_sweep_json, crossover_words
+from engine.stats.batch_sweep import batch_sweep, chunks
+from engine.workload.run import bundled_prompt_ids
 
 
 @torch.inference_mode()
@@ -75,9 +68,7 @@ def single_requests(pair, prompts, s) -> float:
 
 def one_preset(name: str, batches: list[int], ks: list[int], n: int, max_new_tokens: int, machine: str) -> dict:
     pair = load_preset(name)
-    chat = bool(getattr(pair.target.tokenizer, "chat_template", None))
-    requests = read_prompts(PROMPT_SET)[:n]
-    prompts = [encode_prompt(pair.target.tokenizer, r.text, chat, r.messages) for r in requests]
+    prompts = bundled_prompt_ids(pair, n, SpecSettings(k=max(ks), max_new_tokens=max_new_tokens))
     sweep = batch_sweep(pair, prompts, batches, ks, max_new_tokens, name, machine,
                         on_progress=lambda f, text: print(f"{name}: {text}", flush=True))
     sweep = replace(sweep, sizes=[replace(size, hf_generate=hf_decode_goodput(pair, prompts, max_new_tokens, size.batch))

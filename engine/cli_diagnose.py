@@ -14,10 +14,10 @@ from engine.diagnose.experiments import CONTEXT_TOKENS, Arm, plan
 from engine.drafters.registry import DrafterOptions, check_before_loading, options_from_args
 from engine.models.presets import PRESETS
 from engine.trace.schema import DECODER_HF, EAGLE
-from engine.workload.prompts import Request, read_prompts
+from engine.workload.prompts import BUNDLED_PROMPT_SET, Request, read_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT_SET = ROOT / "assets" / "prompts" / "categories.jsonl"
+PROMPT_SET = BUNDLED_PROMPT_SET
 LONG_TEXT = ROOT / "assets" / "prompts" / "long-context.jsonl"
 
 

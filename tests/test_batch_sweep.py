@@ -1,4 +1,4 @@
-"""Goodput against batch size (engine/stats/batch_sweep.py): a live sweep on tiny models, and a sweep read back
+"""Goodput against batch size (engine/stats/batch_sweep.py, batch_results.py): a live sweep on tiny models, and a sweep read back
 from JSON as untrusted input (the bench's results files and the statistics page both go through it)."""
 import copy
 import json
@@ -7,15 +7,15 @@ import pytest
 
 from engine.batch.plain import batched_plain_generate
 from engine.config import SettingsError, SpecSettings
-from engine.stats.batch_plan import PLAIN_K
-from engine.stats.batch_sweep import (
+from engine.stats.batch_results import (
+    PLAIN_K,
     BatchSize,
     BatchSweep,
-    batch_sweep,
     batch_sweep_from_json,
     batch_sweep_json,
     crossover_words,
 )
+from engine.stats.batch_sweep import batch_sweep
 from tests.test_batch_cycle import PROMPTS
 from tests.tiny import noisy_pair
 

@@ -282,19 +282,21 @@ def test_the_batch_lanes_show_the_batch_trace_and_link_each_lane_to_its_requests
 
 
 def test_the_interview_answers_batching_with_the_bundled_batch_and_the_measured_goodput(folder, monkeypatch, tmp_path):
-    from app.views.sections import interview_batch
-    result = {"machine": {"cpu": "Test CPU <x>"}, "presets": [{"preset": "chat", "crossover_batch": 4, "requests": 16, "rows": [
-        {"batch": 1, "best_k": 3, "best_speedup": 1.31, "advised_k": 3, "acceptance_rate": {"4": 0.41}},
-        {"batch": 4, "best_k": 1, "best_speedup": 0.93, "advised_k": 0, "acceptance_rate": {"4": 0.40}}]}]}
+    from app.runs import batch_bench
+    from engine.stats.batch_results import PLAIN_K, BatchSize, BatchSweep, batch_sweep_json
+    sweep = BatchSweep("chat", 16, 32, 0.6, [BatchSize(1, 20.0, {3: 26.2, 4: 25.0}, {3: 0.45, 4: 0.41}, 3),
+                                            BatchSize(4, 70.0, {3: 65.1, 4: 60.0}, {3: 0.44, 4: 0.40}, PLAIN_K)])
+    result = {"machine": {"cpu": "Test CPU <x>"}, "presets": [batch_sweep_json(sweep)]}
     (tmp_path / "batch-test.json").write_text(json.dumps(result))
-    monkeypatch.setattr(interview_batch, "BENCH_RESULTS", tmp_path)
+    monkeypatch.setattr(batch_bench, "BENCH_RESULTS", tmp_path)
     at = open_page(folder, monkeypatch)
     at.switch_page("views/interview.py").run()
     assert not at.exception, [e.value for e in at.exception]
     (shrinks,) = [e for e in at.expander if "help less at high batch sizes" in e.label]
     said = " ".join(m.value for m in shrinks.markdown).replace("\\", "")
     assert "Measured on Test CPU" in said and "<x>" not in said  # a file's text is escaped, never raw HTML
-    assert "stops paying at batch 4" in said and "| 1 | 3 | 1.31× | 3 | 0.41 |" in said and "| plain |" in said
+    assert "speculation stops paying at B = 4" in said and "| 1 | 3 | 1.31× | 3 | 0.41 |" in said
+    assert "| 4 | 3 | 0.93× | plain | 0.40 |" in said
     (ragged,) = [e for e in at.expander if "accept different numbers of tokens" in e.label]
     said = " ".join(m.value for m in ragged.markdown).replace("\\", "")
     workload = open_workload(folder / "folders" / BATCHED)

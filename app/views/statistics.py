@@ -1,7 +1,8 @@
 """Statistics: acceptance, cost and measured speed of the open trace, and why speculation pays off or not.
 
 Every number comes from engine/stats/analysis.py (the same code as `python -m engine stats`);
-this page lays them out in tabs, one section module each (app/views/sections/statistics_*.py),
+this page lays them out in tabs, one section module each (app/views/sections/statistics_*.py; the
+Batch size tab reads the batch benchmarks and batch sweeps, not the trace's cycles),
 and draws them with app/figures/stats.py. A tree trace gets its own statistics and a comparison
 with a chain of the same pair (app/views/sections/statistics_tree.py).
 """
@@ -11,7 +12,7 @@ from app.figures.tree_record import is_tree_header
 from app.ui import state
 from app.ui.first_result import first_result
 from app.ui.safe import md
-from app.views.sections import statistics_tree
+from app.views.sections import statistics_batch, statistics_tree
 from app.views.sections.statistics_acceptance import acceptance_section
 from app.views.sections.statistics_compare import compare_section, layout_section
 from app.views.sections.statistics_speed import (
@@ -30,9 +31,10 @@ from engine.trace import Trace, model_name
 from engine.trace.metrics import decoding_tokens_per_s
 
 TAB = "stats_tab"  # session_state: the open tab's label
-TABS = ["Acceptance", "Cost and speed", "K advisor", "K sweep", "Race and explorer", "Compare two traces",
-        "KV-cache layout", "Your server"]
-TAB_WIDGETS = ("sweep_ks", "sweep_max_new", "ex_alpha", "ex_c", "ex_k", "compare_with")  # widgets inside tabs
+TABS = ["Acceptance", "Cost and speed", "K advisor", "K sweep", "Batch size", "Race and explorer",
+        "Compare two traces", "KV-cache layout", "Your server"]
+TAB_WIDGETS = ("sweep_ks", "sweep_max_new", "ex_alpha", "ex_c", "ex_k", "compare_with",
+               *statistics_batch.WIDGETS)  # widgets inside tabs
 
 
 def headline(trace: Trace, st_: TraceStats) -> str:
@@ -98,6 +100,8 @@ def draw_tab(name: str, trace: Trace, st_: TraceStats, measured_now: bool) -> No
         st.info("The K advisor needs step times: see **Cost and speed**.")
     elif name == "K sweep":
         sweep_section(trace, state.current_key())
+    elif name == "Batch size":
+        statistics_batch.draw(trace, state.current_key())
     elif name == "Race and explorer":
         race_section(trace, st_)
         explorer_section(trace, st_)

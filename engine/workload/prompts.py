@@ -13,6 +13,8 @@ from pathlib import Path
 from engine.config import EMPTY_PROMPT, SettingsError
 from engine.workload.requests import UNCATEGORISED
 
+# The bundled prompt set: real requests in categories (the diagnosis, workloads and batch sweeps read it).
+BUNDLED_PROMPT_SET = Path(__file__).resolve().parents[2] / "assets" / "prompts" / "categories.jsonl"
 MAX_REQUESTS = 2000  # a workload is read and summarised as a whole: keep it to what a page can show
 MAX_FILE_BYTES = 32 * 2**20  # 2000 prompts of 16k characters each
 MAX_PROMPT_CHARS = 1_000_000  # as `engine run --prompt` (the token limit is checked after tokenizing)

@@ -23,7 +23,7 @@ from engine.stats.calibrate import calibrate as measure_step_times
 from engine.workload import manifest as mf
 from engine.workload.folder import Workload, open_folder
 from engine.workload.manifest import MANIFEST, WorkloadError
-from engine.workload.prompts import PromptFileError, Request
+from engine.workload.prompts import BUNDLED_PROMPT_SET, PromptFileError, Request, read_prompts
 
 
 def machine_fields(pair: Pair) -> dict:
@@ -103,6 +103,14 @@ def encode_requests(pair: Pair, requests: list[Request], s: SpecSettings, chat: 
             continue
         encoded.append(ids)
     return encoded
+
+
+def bundled_prompt_ids(pair: Pair, count: int, s: SpecSettings) -> list[list[int]]:
+    """The first `count` requests of the bundled prompt set, encoded for the pair's target (in its chat template
+    when it has one), each checked to fit the models with `s`'s budget (batch sweeps run them)."""
+    chat = bool(getattr(pair.target.tokenizer, "chat_template", None))
+    requests = read_prompts(BUNDLED_PROMPT_SET)[:count]
+    return encode_requests(pair, requests, s, chat, BUNDLED_PROMPT_SET.name, skip_too_long=False)
 
 
 def calibrated(pair: Pair, mode: RunMode, s: SpecSettings, prompt_ids: list[list[int] | str]) -> RunMode:

@@ -16,9 +16,9 @@ from app.ui.widgets import remembered_pick
 from engine.config import SettingsError, SpecSettings
 from engine.drafters.registry import DRAFTERS, DrafterOptions, check_before_loading
 from engine.trace.schema import DRAFT_FILTERS_TEMPERATURE, DRAFT_MODEL, DRAFT_PROMPT_RAW, EAGLE, MAX_K, PROMPT_LOOKUP
-from engine.workload.prompts import read_prompts
+from engine.workload.prompts import BUNDLED_PROMPT_SET, read_prompts
 
-PROMPT_SET = state.ROOT / "assets" / "prompts" / "categories.jsonl"
+PROMPT_SET = BUNDLED_PROMPT_SET
 LIVE_JOB = "diagnose-run"
 SHOW_REPORT = "_diagnose_show_report"  # session_state: a live diagnosis has just ended: open its report
 MAX_LIVE_PER_CATEGORY = 2  # every arm runs every request: a live diagnosis is 6-9 workloads

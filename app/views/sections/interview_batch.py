@@ -1,42 +1,16 @@
 """Interview questions on batched speculation: why the gain shrinks as the batch grows (with this project's
-measured goodput, bench/results/batch-*.json, where shipped), and what each row's cache does when rows of one
-batch accept different numbers of tokens (with a cycle of the bundled batched workload).
+measured goodput, bench/results/batch-*.json read by app/runs/batch_bench.py, where shipped), and what each
+row's cache does when rows of one batch accept different numbers of tokens (with a cycle of the bundled
+batched workload).
 """
-import json
-from pathlib import Path
-
 import streamlit as st
 
+from app.runs.batch_bench import largest_per_preset, shipped_sweeps
 from app.ui import workloads
 from app.ui.pages import WORKLOAD
 from app.ui.safe import markdown_table, md
+from engine.stats.batch_results import crossover_words
 from engine.trace import TraceError
-
-ROOT = Path(__file__).resolve().parents[3]
-BENCH_RESULTS = ROOT / "bench" / "results"
-
-
-def measured_goodput() -> tuple[str, list[dict]] | None:
-    """The batch benchmarks shipped with the project (bench/results/batch-*.json): per preset, the run with the
-    most requests (the first by file name on a tie), its machine, and the rows that say where speculation stops
-    paying. None when none is shipped or none can be read."""
-    best: dict[str, tuple[int, str, dict]] = {}
-    for path in sorted(BENCH_RESULTS.glob("batch-*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            machine = str(data["machine"].get("cpu", "?"))
-            for p in data["presets"]:
-                run = {"preset": str(p["preset"]), "crossover": p["crossover_batch"], "requests": int(p["requests"]),
-                       "rows": [(r["batch"], r["best_k"], r["best_speedup"], r["advised_k"],
-                                 r["acceptance_rate"].get("4", r["acceptance_rate"].get(4))) for r in p["rows"]]}
-                if run["preset"] not in best or run["requests"] > best[run["preset"]][0]:
-                    best[run["preset"]] = (run["requests"], machine, run)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-    if not best:
-        return None
-    machine = next(iter(best.values()))[1]
-    return machine, [run for _, _, run in best.values()]
 
 
 def q_batch_shrinks() -> None:
@@ -55,22 +29,20 @@ def q_batch_shrinks() -> None:
             "**What to do.** Choose K per batch size from measured costs (vLLM's "
             "`num_speculative_tokens_per_batch_size`, SGLang's adaptive steps), and stop speculating past the "
             "batch size where the best K no longer beats plain batched decoding.")
-        found = measured_goodput()
-        if found is None:
+        found = largest_per_preset(shipped_sweeps())
+        if not found:
             st.caption("Run `python -m bench.batch` to measure this on your machine.")
             return
-        machine, presets = found
-        for p in presets:
-            first = p["rows"][0][0] if p["rows"] else None
-            cross = ("pays at every batch size measured" if not p["crossover"] else
-                     f"does not pay even at batch {first} (no K beats plain decoding)" if p["crossover"] == first else
-                     f"stops paying at batch {p['crossover']}")
-            st.markdown(f"Measured on {md(machine)}, **{md(p['preset'])}** ({p['requests']} requests, one run): "
-                        f"speculation {cross}.")
+        for shipped in found:
+            p = shipped.sweep
+            st.markdown(f"Measured on {md(shipped.machine)}, **{md(p.preset)}** ({p.requests} requests of "
+                        f"{p.max_new_tokens} tokens, one run): {md(crossover_words(p))}. The **Batch size** tab "
+                        "of **Statistics** draws it.")
             st.markdown(markdown_table([
-                {"batch": b, "best K": k, "best speculating / plain batched": f"{s:.2f}×",
-                 "advisor's K": a or "plain", "acceptance at K=4": "–" if acc is None else f"{acc:.2f}"}
-                for b, k, s, a, acc in p["rows"]]))
+                {"batch": s.batch, "best K": s.best_k, "best speculating / plain batched": f"{s.best_speedup:.2f}×",
+                 "advisor's K": "–" if s.advised_k is None else s.advised_k or "plain",
+                 f"acceptance at K={max(s.acceptance_rate)}": f"{s.acceptance_rate[max(s.acceptance_rate)]:.2f}"}
+                for s in p.sizes]))
 
 
 def batched_example() -> tuple[tuple[str, str], dict, int] | None:

@@ -15,9 +15,9 @@ from app.ui.safe import md
 from app.ui.widgets import remembered_pick
 from engine.config import SettingsError, SpecSettings
 from engine.models.presets import PRESETS
-from engine.workload.prompts import read_prompts
+from engine.workload.prompts import BUNDLED_PROMPT_SET, read_prompts
 
-PROMPT_SET = state.ROOT / "assets" / "prompts" / "categories.jsonl"
+PROMPT_SET = BUNDLED_PROMPT_SET
 LIVE_JOB = "workload-run"
 MAX_LIVE_PER_CATEGORY = 3  # a live workload is a demonstration: up to 30 short requests
 MAX_LIVE_TOKENS = 32

@@ -1,0 +1,113 @@
+"""Goodput against batch size, from a sweep (engine/stats/batch_results.py: bench/batch.py's files or a sweep
+measured now): goodput per B for plain batched decoding and speculation, the crossover and the advisor's
+choice; acceptance against B beside the speedup against B (vLLM #26504's lesson); the advisor's table.
+
+Plain functions, no Streamlit, no torch: tests call them on hand-built sweeps. The preset name comes from a
+file: it reaches Plotly through esc().
+"""
+import math
+
+import plotly.graph_objects as go
+
+from app.figures.style import GRID, OKABE_ITO, esc, figure
+from engine.stats.batch_results import PLAIN_K, BatchSize, BatchSweep
+
+PLAIN_COLOUR, HF_COLOUR, BEST_COLOUR, ADVISED_COLOUR = (OKABE_ITO["grey"], OKABE_ITO["reddish_purple"],
+                                                         OKABE_ITO["blue"], OKABE_ITO["orange"])
+
+
+def batch_axis(sweep: BatchSweep) -> dict:
+    """B on a log-2 axis, ticked at the batch sizes measured."""
+    batches = [s.batch for s in sweep.sizes]
+    return dict(type="log", tickvals=batches, ticktext=[str(b) for b in batches], title=dict(text="batch size B"),
+                gridcolor=GRID)
+
+
+def advised_words(size: BatchSize) -> str:
+    return "plain decoding" if size.advised_k == PLAIN_K else f"K={size.advised_k}"
+
+
+def goodput_figure(sweep: BatchSweep) -> go.Figure:
+    """Committed tokens/s over all rows against B: plain batched decoding (the engine's, and Hugging Face's
+    generate when measured), speculation at each K (faint) and at the best K, the advisor's choice, and the
+    crossover (the first B where no K beats plain decoding)."""
+    b = [s.batch for s in sweep.sizes]
+    traces = []
+    for k in sorted(sweep.sizes[0].speculative):
+        traces.append(dict(type="scatter", x=b, y=[s.speculative[k] for s in sweep.sizes], mode="lines",
+                           name=f"speculating at K={k}", legendgroup="each K", showlegend=k == min(sweep.sizes[0].speculative),
+                           line=dict(color=BEST_COLOUR, width=1), opacity=0.3,
+                           hovertemplate=f"B=%{{x}}, K={k}: %{{y:.1f}} tokens/s<extra></extra>"))
+    if traces:
+        traces[0]["name"] = "speculating at each K"
+    traces.append(dict(type="scatter", x=b, y=[s.plain for s in sweep.sizes], mode="lines+markers",
+                       name="plain batched decoding (engine)", line=dict(color=PLAIN_COLOUR, dash="dash", width=3),
+                       marker=dict(symbol="square", size=9),
+                       hovertemplate="B=%{x}: plain %{y:.1f} tokens/s<extra></extra>"))
+    if all(s.hf_generate is not None for s in sweep.sizes):
+        traces.append(dict(type="scatter", x=b, y=[s.hf_generate for s in sweep.sizes], mode="lines+markers",
+                           name="Hugging Face generate (plain)", line=dict(color=HF_COLOUR, dash="dot"),
+                           marker=dict(symbol="x", size=9),
+                           hovertemplate="B=%{x}: generate %{y:.1f} tokens/s<extra></extra>"))
+    traces.append(dict(type="scatter", x=b, y=[s.speculative[s.best_k] for s in sweep.sizes], mode="lines+markers+text",
+                       name="speculating at the best K", line=dict(color=BEST_COLOUR, width=3),
+                       marker=dict(symbol="circle", size=10), text=[f"K={s.best_k}" for s in sweep.sizes],
+                       textposition="top center",
+                       hovertemplate="B=%{x}: best %{text}, %{y:.1f} tokens/s<extra></extra>"))
+    advised = [s for s in sweep.sizes if s.advised_goodput is not None]
+    if advised:
+        traces.append(dict(type="scatter", x=[s.batch for s in advised], y=[s.advised_goodput for s in advised],
+                           mode="markers", name="the advisor's choice", marker=dict(symbol="star", size=15,
+                                                                                   color=ADVISED_COLOUR),
+                           text=[f"{advised_words(s)}, {s.advised_over_best:.2f} of the best" for s in advised],
+                           hovertemplate="B=%{x}: advisor chose %{text}<extra></extra>"))
+    shapes, notes = [], []
+    if sweep.crossover is not None:
+        at = math.log10(sweep.crossover)  # shapes and notes on a log axis take log10 of the value
+        shapes.append(dict(type="line", x0=at, x1=at, y0=0, y1=1, yref="paper",
+                           line=dict(color=OKABE_ITO["vermillion"], dash="dash", width=2)))
+        notes.append(dict(x=at, y=1,
+                          yref="paper", text=f"no K pays from B = {sweep.crossover}", showarrow=False,
+                          xanchor="left", yanchor="top", font=dict(color=OKABE_ITO["vermillion"])))
+    return figure(traces, f"Goodput against batch size: {esc(sweep.preset)}, {sweep.requests} requests of "
+                          f"{sweep.max_new_tokens} tokens, greedy", height=460, top=110,
+                  xaxis=batch_axis(sweep), yaxis=dict(title=dict(text="committed tokens/s, all rows (decoding)"),
+                                                      rangemode="tozero", gridcolor=GRID),
+                  shapes=shapes, annotations=notes)
+
+
+def acceptance_speedup_figure(sweep: BatchSweep) -> go.Figure:
+    """Left: the acceptance rate at each K against B (flat: every row runs its own ratio test). Right: the best
+    K's goodput over plain batched decoding against B, with the line at 1 (below it, do not speculate).
+    Acceptance alone says nothing about whether to speculate (vLLM #26504)."""
+    b = [s.batch for s in sweep.sizes]
+    ks = sorted(sweep.sizes[0].acceptance_rate)
+    traces = [dict(type="scatter", x=b, y=[s.acceptance_rate[k] for s in sweep.sizes], mode="lines+markers",
+                   name=f"acceptance rate at K={k}", xaxis="x", yaxis="y",
+                   line=dict(color=BEST_COLOUR, width=1 + 2 * (k == max(ks))), opacity=0.35 + 0.65 * (k == max(ks)),
+                   hovertemplate=f"B=%{{x}}, K={k}: acceptance rate %{{y:.3f}}<extra></extra>") for k in ks]
+    traces.append(dict(type="scatter", x=b, y=[s.best_speedup for s in sweep.sizes], mode="lines+markers+text",
+                       name="best K over plain batched decoding", xaxis="x2", yaxis="y2",
+                       line=dict(color=OKABE_ITO["vermillion"], width=3), marker=dict(symbol="diamond", size=10),
+                       text=[f"{s.best_speedup:.2f}×" for s in sweep.sizes], textposition="top center",
+                       hovertemplate="B=%{x}: speedup %{text}<extra></extra>"))
+    top = max(1.2, *(s.best_speedup for s in sweep.sizes)) * 1.15
+    axis = batch_axis(sweep)
+    return figure(traces, "Acceptance stays flat while the speedup falls", height=400, top=110,
+                  xaxis={**axis, "domain": [0, 0.45]}, xaxis2={**axis, "domain": [0.55, 1], "anchor": "y2"},
+                  yaxis=dict(title=dict(text="acceptance rate"), range=[0, 1.05], gridcolor=GRID),
+                  yaxis2=dict(title=dict(text="speedup over plain (decoding)"), range=[0, top], anchor="x2",
+                              gridcolor=GRID),
+                  shapes=[dict(type="line", xref="x2 domain", x0=0, x1=1, yref="y2", y0=1, y1=1,
+                               line=dict(color=PLAIN_COLOUR, dash="dot"))])
+
+
+def advisor_rows(sweep: BatchSweep) -> list[dict]:
+    """The table beside the figures: per B, what was measured and what the advisor chose."""
+    return [{"B": s.batch, "plain tok/s": round(s.plain, 1),
+             **({"generate tok/s": round(s.hf_generate, 1)} if s.hf_generate is not None else {}),
+             "best K": s.best_k, "best K tok/s": round(s.speculative[s.best_k], 1),
+             "best / plain": round(s.best_speedup, 2),
+             "advisor": "–" if s.advised_k is None else advised_words(s),
+             "advised / best": "–" if s.advised_over_best is None else round(s.advised_over_best, 2)}
+            for s in sweep.sizes]
