@@ -4,7 +4,7 @@ import pytest
 from engine.batch.plain import batched_plain_generate
 from engine.config import SpecSettings
 from engine.cycle.reference import target_generate
-from engine.stats.batch_plan import PLAIN_K, BatchCosts, advise_batch_k, measure_batch_costs
+from engine.stats.batch_plan import PLAIN_K, BatchCosts, BatchLoad, advise_batch_k, measure_batch_costs
 from engine.trace.metrics import expected_tokens_per_cycle
 from tests.test_batch_cycle import BUDGETS, PROMPTS
 from tests.tiny import noisy_pair
@@ -28,14 +28,31 @@ def costs(batch: int, step: float, verify_per_extra: float, draft: float = 0.0) 
 
 def test_the_advisor_speculates_while_a_verify_is_nearly_free_and_stops_when_it_is_not():
     alpha = 0.7
+    load = BatchLoad((alpha,))  # continuous batching: every row busy
     cheap = costs(1, 0.010, 0.0002, 0.001)  # batch 1: verify of K+1 costs about one step
-    k = advise_batch_k(alpha, cheap)
-    assert k >= 3 and cheap.goodput(alpha, k) > cheap.plain_goodput()
+    k = advise_batch_k(load, cheap)
+    assert k >= 3 and cheap.goodput(load, k) > cheap.plain_goodput()
     # by hand, K=3: 1 row x E[tokens] / (4 draft steps + a verify of 4)
-    assert cheap.goodput(alpha, 3) == pytest.approx(expected_tokens_per_cycle(alpha, 3) / (4 * 0.001 + 0.0106))
+    assert cheap.goodput(load, 3) == pytest.approx(expected_tokens_per_cycle(alpha, 3) / (4 * 0.001 + 0.0106))
     busy = costs(16, 0.040, 0.040, 0.004)  # batch 16: every extra position costs a whole step
-    assert advise_batch_k(alpha, busy) == PLAIN_K
-    assert all(busy.goodput(alpha, k) < busy.plain_goodput() for k in range(1, 7))
+    assert advise_batch_k(load, busy) == PLAIN_K
+    assert all(busy.goodput(load, k) < busy.plain_goodput() for k in range(1, 7))
+
+
+def test_a_static_batch_waits_for_its_slowest_row():
+    """Rows that accept everything need ceil(N / (K+1)) cycles; rows that accept nothing need N; a static batch
+    mixing them needs the slower row's count, and more rows make a slow one likelier."""
+    k, n = 3, 12
+    assert BatchLoad((1.0,), n).batch_cycles(k, 4) == 3 and BatchLoad((0.0,), n).batch_cycles(k, 4) == n
+    mixed = BatchLoad((1.0, 0.0), n, trials=400)
+    assert mixed.batch_cycles(k, 1) == pytest.approx((3 + n) / 2, rel=0.15)  # one row: either, evenly drawn
+    assert mixed.batch_cycles(k, 8) == pytest.approx(n, rel=0.01)  # 8 rows: almost surely one slow row
+    middling = BatchLoad((0.7,), n)
+    assert middling.batch_cycles(k, 1) < middling.batch_cycles(k, 4) < middling.batch_cycles(k, 16)
+    assert middling.batch_cycles(k, 4) == middling.batch_cycles(k, 4)  # seeded: the same advice every time
+    # goodput: B x N tokens over the batch's cycles
+    c = costs(4, 0.010, 0.0002, 0.001)
+    assert c.goodput(BatchLoad((1.0,), n), k) == pytest.approx(4 * n / (3 * c.cycle_s(k)))
 
 
 def test_measured_costs_time_every_width_asked_for():

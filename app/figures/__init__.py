@@ -6,6 +6,8 @@
   test per position as a chart and as a table, the resample or bonus), caches.py (both KV caches),
   overview.py (all cycles, a cycle's time).
 - layouts.py, stats.py and teaching.py: the cache-layout, statistics and teaching pages' figures.
+- Batching: batch.py (a batched cycle as lanes, one per row), batch_goodput.py (goodput against batch
+  size, the crossover, acceptance beside speedup, the advisor's table).
 - Draft trees: tree_record.py (what a tree trace and a tree cycle say), tree.py (the token tree and
   the figures a page shows for a tree cycle), tree_mask.py (the attention mask), tree_compaction.py
   (the cache compaction), tree_captions.py (the words); tree_stats.py: a tree trace's statistics

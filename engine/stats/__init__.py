@@ -13,6 +13,9 @@
 - trees.py: a tree trace's statistics (acceptance by depth, sibling ranks, verify cost by width) and a
   chain and a tree run of one pair compared; tree_report.py prints them.
 - paths.py: which linear path ran each forward width, from a calibrated header.
+- batch_plan.py: the K advisor per batch size (a batched cycle's cost from this machine's forwards).
+  batch_sweep.py: goodput against batch size, measured; batch_results.py: its results as plain data, and
+  read back from a file as untrusted input (no torch: the app's pages import it).
 
 May import: everything in the engine below it (config, trace, models, kv, drafters, cycle).
 """

@@ -13,10 +13,20 @@ pays. As B grows the verify's B x (K+1) rows make it compute-bound, while the pl
 still ride on one read of the weights: t_verify(B, K+1) grows towards (K+1) t_step(B) and the gain
 goes (vLLM #26504: acceptance flat from batch 1 to 32, speculation +23% at 1 and -16% at 32).
 Every time here is measured on this machine (`measure_batch_costs`), per batch size and width.
+
+That formula holds while every row is busy (continuous batching refills a finished row at once). A
+static batch of requests with N new tokens each runs until its slowest row is done, and rows accept
+different numbers of tokens, so it needs E[max over its B rows of the cycles a row needs for N tokens]
+cycles, more than N / E[tokens] and more as B grows: another reason the gain shrinks with the batch.
+`BatchLoad` estimates that expectation by drawing rows' cycles (each row with the acceptance measured
+for one request, each draft passing with probability alpha until the first rejection). Measured on
+tiny-shakespeare at B = 8, K = 4 (32 tokens a request): 13 cycles a batch, where N / E[tokens] is 9.
+Rows that stop early at an EOS are not modelled.
 """
+import random
 import time
 from dataclasses import dataclass
-from statistics import median
+from statistics import fmean, median
 
 import torch
 
@@ -28,6 +38,33 @@ from engine.cycle.pair import Pair
 from engine.models.sampling import draw, warp_probs
 from engine.stats.batch_results import PLAIN_K
 from engine.trace.metrics import expected_tokens_per_cycle
+
+
+@dataclass(frozen=True)
+class BatchLoad:
+    """What the batch decodes: each request's acceptance alpha (a pilot's, one per request), and the new
+    tokens per request when the batch is static (None: continuous batching, no row waits for another)."""
+
+    alphas: tuple[float, ...]
+    tokens: int | None = None
+    trials: int = 300  # batches drawn per estimate: the estimate's spread is about 1% of its mean at B = 8
+
+    def row_cycles(self, alpha: float, k: int, rng: random.Random) -> int:
+        """Cycles one row needs for `tokens` tokens: each commits its accepted drafts and one more."""
+        committed = cycles = 0
+        while committed < self.tokens:
+            accepted = 0
+            while accepted < k and rng.random() < alpha:
+                accepted += 1
+            committed, cycles = committed + accepted + 1, cycles + 1
+        return cycles
+
+    def batch_cycles(self, k: int, batch: int) -> float:
+        """E[cycles of a static batch of B rows]: its slowest row's, rows drawn from the measured requests
+        (seeded, so the advice is the same every time it is asked)."""
+        rng = random.Random(0)
+        return fmean(max(self.row_cycles(rng.choice(self.alphas), k, rng) for _ in range(batch))
+                     for _ in range(self.trials))
 
 
 @dataclass(frozen=True)
@@ -46,17 +83,20 @@ class BatchCosts:
     def cycle_s(self, k: int) -> float:
         return (k + 1) * self.draft_step_s + self.verify_s[k + 1] + self.other_s
 
-    def goodput(self, alpha: float, k: int) -> float:
-        """Committed tokens per second over all rows, speculating with K at acceptance alpha."""
-        return self.batch * expected_tokens_per_cycle(alpha, k) / self.cycle_s(k)
+    def goodput(self, load: BatchLoad, k: int) -> float:
+        """Committed tokens per second over all rows, speculating with K on `load`."""
+        if load.tokens is None:  # every row busy: each commits E[tokens | its alpha, K] a cycle
+            return self.batch * fmean(expected_tokens_per_cycle(a, k) for a in load.alphas) / self.cycle_s(k)
+        return self.batch * load.tokens / (load.batch_cycles(k, self.batch) * self.cycle_s(k))
 
 
-def advise_batch_k(alpha: float, costs: BatchCosts) -> int:
+def advise_batch_k(load: BatchLoad, costs: BatchCosts) -> int:
     """The K (1.. the widest width measured - 1) with the highest predicted goodput; PLAIN_K when plain
     batched decoding is predicted faster than every K (ties: the smaller K, then plain)."""
     ks = sorted(w - 1 for w in costs.verify_s if w >= 2)
-    best = max(ks, key=lambda k: (costs.goodput(alpha, k), -k))
-    return best if costs.goodput(alpha, best) > costs.plain_goodput() else PLAIN_K
+    predicted = {k: costs.goodput(load, k) for k in ks}
+    best = max(ks, key=lambda k: (predicted[k], -k))
+    return best if predicted[best] > costs.plain_goodput() else PLAIN_K
 
 
 def _median_time(fn, repeats: int) -> float:

@@ -13,9 +13,10 @@ from statistics import median
 
 from engine.batch.cycle import batched_generate
 from engine.batch.plain import batched_plain_generate
+from engine.batch.records import RowCycle
 from engine.config import SettingsError, SpecSettings
 from engine.cycle.pair import Pair
-from engine.stats.batch_plan import advise_batch_k, measure_batch_costs
+from engine.stats.batch_plan import BatchLoad, advise_batch_k, measure_batch_costs
 from engine.stats.batch_results import MAX_SWEEP_BATCH, BatchSize, BatchSweep
 from engine.trace.schema import MAX_K
 
@@ -45,16 +46,31 @@ def speculative_run(pair: Pair, prompts: list[list[int]], s: SpecSettings, b: in
         outputs += out
         cycles += batch_cycles
     tested = [r for c in cycles for r in c.rows if not r.idle]
-    accepted = sum(r.num_accepted for r in tested)
-    rejections = sum(r.num_accepted < s.k for r in tested)
     return {"outputs": outputs, "decode_s": sum(c.cycle_s for c in cycles),
-            "acceptance_rate": accepted / (s.k * len(tested)),
-            "alpha": accepted / (accepted + rejections) if accepted + rejections else 0.0,
-            "other_s": median(c.bookkeeping_s for c in cycles)}
+            "acceptance_rate": sum(r.num_accepted for r in tested) / (s.k * len(tested)),
+            "alpha": alpha_of(tested, s.k), "other_s": median(c.bookkeeping_s for c in cycles)}
+
+
+def alpha_of(rows: list[RowCycle], k: int) -> float:
+    """Accepted drafts over accepted drafts and rejections: each draft's chance to pass (a row that accepted
+    all K was never rejected)."""
+    accepted = sum(r.num_accepted for r in rows)
+    rejections = sum(r.num_accepted < k for r in rows)
+    return accepted / (accepted + rejections) if accepted + rejections else 0.0
+
+
+def pilot(pair: Pair, prompts: list[list[int]], s: SpecSettings) -> tuple[list[float], float]:
+    """Each request run alone (B = 1): its own alpha (the cost model draws static batches' rows from them),
+    and alpha over all of them."""
+    per_request = []
+    for prompt in prompts:
+        _, cycles = batched_generate(pair, [prompt], s, [0])
+        per_request.append([r for c in cycles for r in c.rows if not r.idle])
+    return [alpha_of(rows, s.k) for rows in per_request], alpha_of([r for rows in per_request for r in rows], s.k)
 
 
 def one_batch_size(pair: Pair, prompts: list[list[int]], max_new_tokens: int, b: int, ks: list[int],
-                   alpha: float) -> BatchSize:
+                   alphas: list[float]) -> BatchSize:
     """Plain batched decoding, speculation at every K, then the advisor's K from this machine's forwards at B."""
     greedy = SpecSettings(k=1, temperature=0.0, max_new_tokens=max_new_tokens)
     plain_outputs, plain_s, prefill_s = plain_run(pair, prompts, greedy, b)
@@ -68,8 +84,9 @@ def one_batch_size(pair: Pair, prompts: list[list[int]], max_new_tokens: int, b:
         acceptance[k] = spec["acceptance_rate"]
         other.append(spec["other_s"])
     costs = replace(measure_batch_costs(pair, prompts[:b], [k + 1 for k in ks]), other_s=median(other))
-    return BatchSize(b, tokens / plain_s, speculative, acceptance, advise_batch_k(alpha, costs),
-                     {"plain": costs.plain_goodput()} | {str(k): costs.goodput(alpha, k) for k in ks},
+    load = BatchLoad(tuple(alphas), max_new_tokens)  # static batches of B, as this sweep runs them
+    return BatchSize(b, tokens / plain_s, speculative, acceptance, advise_batch_k(load, costs),
+                     {"plain": costs.plain_goodput()} | {str(k): costs.goodput(load, k) for k in ks},
                      prefill_s=prefill_s)
 
 
@@ -92,13 +109,13 @@ def batch_sweep(pair: Pair, prompts: list[list[int]], batches: list[int], ks: li
     report(0.0, "warm-up and the pilot at B = 1 (alpha)")
     pilot_settings = SpecSettings(k=pilot_k, temperature=0.0, max_new_tokens=max_new_tokens)
     speculative_run(pair, prompts[:2], pilot_settings, 2)  # one-off costs (kernels for these shapes) before timing
-    alpha = speculative_run(pair, prompts, pilot_settings, 1)["alpha"]
+    alphas, pooled = pilot(pair, prompts, pilot_settings)
     sizes = []
     for i, b in enumerate(batches):
         report((i + 1) / (len(batches) + 1), f"batch size {b}: plain decoding, then K = {', '.join(map(str, ks))}")
-        sizes.append(one_batch_size(pair, prompts, max_new_tokens, b, ks, alpha))
+        sizes.append(one_batch_size(pair, prompts, max_new_tokens, b, ks, alphas))
     report(1.0, "done")
-    return BatchSweep(preset, len(prompts), max_new_tokens, alpha, sizes, machine)
+    return BatchSweep(preset, len(prompts), max_new_tokens, pooled, sizes, machine)
 
 
 
