@@ -27,6 +27,8 @@ def refuse_batch_options(args) -> None:
                         (args.fast, "--fast (the batch has its own static rows)"),
                         (args.resume, "--resume (a batched workload runs in one go)"),
                         (args.calibrate, "--calibrate"),
+                        (args.cache != "dynamic", f"--cache {args.cache} (a batch keeps every row in its own ragged "
+                                                  "buffer, engine/batch/cache.py; a batched paged layout is not built)"),
                         (getattr(args, "decoder", "hf") != "hf", "--decoder own")):
         if asked:
             raise SettingsError(f"--batch does not run with {what}: drop one of the two")

@@ -56,6 +56,12 @@ def test_the_advisor_table_says_what_it_chose_against_the_best_measured():
     assert [r["advisor"] for r in rows] == ["K=3", "plain decoding", "plain decoding"]
     assert [r["advised / best"] for r in rows] == [1.0, 0.9, 1.0]
     assert [r["best / plain"] for r in rows] == [1.3, 1.11, 0.86]
+    assert [r["advisor predicted tok/s"] for r in rows] == ["–"] * 3  # no prediction kept in this sweep
+    assert "idle rows at best K" not in rows[0]  # none measured
+    idle = BatchSweep("p", 4, 8, 0.6, [BatchSize(2, 10.0, {2: 14.0}, {2: 0.6}, idle_share={2: 0.125})])
+    assert advisor_rows(idle)[0]["idle rows at best K"] == "12%"
+    predicted = BatchSweep("p", 4, 8, 0.6, [BatchSize(1, 10.0, {2: 14.0}, {2: 0.6}, 2, {"plain": 9.5, "2": 15.25})])
+    assert advisor_rows(predicted)[0]["advisor predicted tok/s"] == "15.2 (measured 14.0)"
 
 
 def test_no_crossover_draws_no_line():

@@ -37,6 +37,8 @@ def test_a_live_sweep_measures_every_batch_size_and_k_it_was_asked_for(sweep):
         assert s.plain > 0 and min(s.speculative.values()) > 0 and s.prefill_s > 0
         assert all(0.0 <= a <= 1.0 for a in s.acceptance_rate.values())
         assert s.advised_k in {PLAIN_K, 1, 3} and set(s.predicted) == {"plain", "1", "3"}
+        assert set(s.idle_share) == {1, 3} and all(0.0 <= v < 1.0 for v in s.idle_share.values())
+    assert sweep.sizes[0].idle_share == {1: 0.0, 3: 0.0}  # one row: never waits for another
     # greedy rows commit the same tokens at every batch size, so each K's acceptance is the same at B = 1 and 2
     assert sweep.sizes[0].acceptance_rate == pytest.approx(sweep.sizes[1].acceptance_rate, abs=1e-12)
 
@@ -72,9 +74,12 @@ def test_a_sweep_round_trips_through_json(sweep):
     (lambda d: d["sizes"][0]["speculative"].update({"1": float("nan")}), "must be a finite number"),
     (lambda d: d["sizes"][0]["acceptance_rate"].update({"3": 1.5}), "at most 1"),
     (lambda d: d["sizes"][0]["speculative"].pop("3"), "the same K"),
+    (lambda d: [d["sizes"][0][f].pop("3") for f in ("speculative", "acceptance_rate", "idle_share")],
+     "at the same K values"),
     (lambda d: d["sizes"][0].update(advised_k=5), "the advised K"),
     (lambda d: d["sizes"][0].update(plain=0), "plain goodput must be above 0"),
     (lambda d: d.update(alpha=1.2), "alpha must be at most 1"),
+    (lambda d: d["sizes"][1]["idle_share"].update({"1": 1.5}), "idle share at K=1 must be at most 1"),
     (lambda d: d.pop("sizes"), "not a batch sweep"),
     (lambda d: d["sizes"][0]["speculative"].update({"../x": 3.0}), "K must be"),
 ])

@@ -162,7 +162,8 @@ def test_cli_runs_a_batched_workload_and_repeats_one_prompt(tmp_path, capsys):
     seeds = {r.trace.header["settings"]["seed"] for r in repeated.runs()}
     assert [r.id for r in repeated.runs()] == ["copy-1", "copy-2", "copy-3"] and len(seeds) == 3
     capsys.readouterr()
-    for extra, message in ((["--fast"], "--batch does not run with --fast"), (["--batch", "0"], "--batch must be")):
+    for extra, message in ((["--fast"], "--batch does not run with --fast"), (["--batch", "0"], "--batch must be"),
+                           (["--cache", "paged"], "--batch does not run with --cache paged")):
         args = ["run", *pair_args, "--prompts", str(prompts), "--batch", "2", *extra, "--out", str(tmp_path / "x")]
         assert main(args) == 2
         assert message in capsys.readouterr().err and not (tmp_path / "x").exists()

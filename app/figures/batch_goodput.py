@@ -108,6 +108,17 @@ def advisor_rows(sweep: BatchSweep) -> list[dict]:
              **({"generate tok/s": round(s.hf_generate, 1)} if s.hf_generate is not None else {}),
              "best K": s.best_k, "best K tok/s": round(s.speculative[s.best_k], 1),
              "best / plain": round(s.best_speedup, 2),
+             **({"idle rows at best K": f"{s.idle_share[s.best_k]:.0%}"} if s.idle_share else {}),
              "advisor": "–" if s.advised_k is None else advised_words(s),
+             "advisor predicted tok/s": predicted_words(s),
              "advised / best": "–" if s.advised_over_best is None else round(s.advised_over_best, 2)}
             for s in sweep.sizes]
+
+
+def predicted_words(size: BatchSize) -> str:
+    """The cost model's goodput for the advised choice, beside what that choice measured (a path from the advice
+    back to the forwards it was computed from)."""
+    key = "plain" if size.advised_k == PLAIN_K else str(size.advised_k)
+    if size.advised_k is None or key not in size.predicted:
+        return "–"
+    return f"{size.predicted[key]:.1f} (measured {size.advised_goodput:.1f})"

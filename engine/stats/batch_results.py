@@ -29,6 +29,7 @@ class BatchSize:
     predicted: dict[str, float] = field(default_factory=dict)  # "plain" and str(K) -> the cost model's goodput
     hf_generate: float | None = None  # Hugging Face's generate on the same padded batches (bench only)
     prefill_s: float = 0.0  # reading every prompt once, outside the goodput
+    idle_share: dict[int, float] = field(default_factory=dict)  # K -> row slots of the cycles spent on finished rows
 
     @property
     def best_k(self) -> int:
@@ -121,9 +122,12 @@ def batch_size_from_json(row: dict) -> BatchSize:
     predicted = {str(key): _number(v, f"B={b} predicted goodput") for key, v in dict(row.get("predicted") or {}).items()}
     if plain <= 0:
         raise ValueError(f"B={b}: plain goodput must be above 0")
+    idle = _per_k(row["idle_share"], f"B={b} idle share", upper=1.0) if row.get("idle_share") else {}
+    if idle and set(idle) != set(speculative):
+        raise ValueError(f"B={b}: the idle shares must be given for the K measured")
     return BatchSize(b, plain, speculative, acceptance, advised, predicted,
                      None if hf is None else _number(hf, f"B={b} generate goodput"),
-                     _number(row.get("prefill_s", 0.0), f"B={b} prefill seconds"))
+                     _number(row.get("prefill_s", 0.0), f"B={b} prefill seconds"), idle)
 
 
 def alpha_of(value) -> float:
@@ -140,6 +144,8 @@ def batch_sweep_from_json(data: dict) -> BatchSweep:
         batches = [s.batch for s in sizes]
         if not sizes or batches != sorted(set(batches)):
             raise ValueError(f"batch sizes must be given once each, in increasing order, got {batches}")
+        if any(set(s.speculative) != set(sizes[0].speculative) for s in sizes):
+            raise ValueError("every batch size must be measured at the same K values")
         requests, tokens = data["requests"], data["max_new_tokens"]
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in (requests, tokens)):
             raise ValueError("requests and max_new_tokens must be positive integers")

@@ -48,7 +48,8 @@ def speculative_run(pair: Pair, prompts: list[list[int]], s: SpecSettings, b: in
     tested = [r for c in cycles for r in c.rows if not r.idle]
     return {"outputs": outputs, "decode_s": sum(c.cycle_s for c in cycles),
             "acceptance_rate": sum(r.num_accepted for r in tested) / (s.k * len(tested)),
-            "alpha": alpha_of(tested, s.k), "other_s": median(c.bookkeeping_s for c in cycles)}
+            "alpha": alpha_of(tested, s.k), "other_s": median(c.bookkeeping_s for c in cycles),
+            "idle_share": sum(c.idle_rows for c in cycles) / sum(len(c.rows) for c in cycles)}
 
 
 def alpha_of(rows: list[RowCycle], k: int) -> float:
@@ -75,19 +76,20 @@ def one_batch_size(pair: Pair, prompts: list[list[int]], max_new_tokens: int, b:
     greedy = SpecSettings(k=1, temperature=0.0, max_new_tokens=max_new_tokens)
     plain_outputs, plain_s, prefill_s = plain_run(pair, prompts, greedy, b)
     tokens = sum(len(o) for o in plain_outputs)
-    speculative, acceptance, other = {}, {}, []
+    speculative, acceptance, idle, other = {}, {}, {}, []
     for k in ks:
         spec = speculative_run(pair, prompts, replace(greedy, k=k), b)
         if spec["outputs"] != plain_outputs:
             raise AssertionError(f"B={b} K={k}: speculation's rows differ from plain greedy decoding")
         speculative[k] = tokens / spec["decode_s"]
         acceptance[k] = spec["acceptance_rate"]
+        idle[k] = spec["idle_share"]
         other.append(spec["other_s"])
     costs = replace(measure_batch_costs(pair, prompts[:b], [k + 1 for k in ks]), other_s=median(other))
     load = BatchLoad(tuple(alphas), max_new_tokens)  # static batches of B, as this sweep runs them
     return BatchSize(b, tokens / plain_s, speculative, acceptance, advise_batch_k(load, costs),
                      {"plain": costs.plain_goodput()} | {str(k): costs.goodput(load, k) for k in ks},
-                     prefill_s=prefill_s)
+                     prefill_s=prefill_s, idle_share=idle)
 
 
 def check_sweep_settings(prompts: list[list[int]], batches: list[int], ks: list[int], max_new_tokens: int) -> None:
