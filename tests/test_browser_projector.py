@@ -181,7 +181,7 @@ def test_each_stage_shows_its_chart_without_scrolling(projector, trace, rejected
         f"{trace} cycle {cycle} stage {stage}: the stage's chart spans {top:.0f}-{bottom:.0f} px of {PROJECTOR['height']}"
 
 
-STATS_TABS = ["Acceptance", "Cost and speed", "K advisor", "Race and explorer", "Compare two traces",
+STATS_TABS = ["Acceptance", "Cost and speed", "K advisor", "Batch size", "Race and explorer", "Compare two traces",
               "KV-cache layout", "Your server"]  # the K sweep draws no chart until it has run
 
 

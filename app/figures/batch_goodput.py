@@ -24,7 +24,7 @@ def batch_axis(sweep: BatchSweep) -> dict:
 
 
 def advised_words(size: BatchSize) -> str:
-    return "plain decoding" if size.advised_k == PLAIN_K else f"K={size.advised_k}"
+    return "plain" if size.advised_k == PLAIN_K else f"K={size.advised_k}"
 
 
 def goodput_figure(sweep: BatchSweep) -> go.Figure:
@@ -63,12 +63,15 @@ def goodput_figure(sweep: BatchSweep) -> go.Figure:
                            hovertemplate="B=%{x}: advisor chose %{text}<extra></extra>"))
     shapes, notes = [], []
     if sweep.crossover is not None:
-        at = math.log10(sweep.crossover)  # shapes and notes on a log axis take log10 of the value
-        shapes.append(dict(type="line", x0=at, x1=at, y0=0, y1=1, yref="paper",
+        # On a log axis plotly.js places a shape at the value itself and an annotation at its log10
+        at = math.log10(sweep.crossover)
+        shapes.append(dict(type="line", x0=sweep.crossover, x1=sweep.crossover, y0=0, y1=1, yref="paper",
                            line=dict(color=OKABE_ITO["vermillion"], dash="dash", width=2)))
-        notes.append(dict(x=at, y=1,
-                          yref="paper", text=f"no K pays from B = {sweep.crossover}", showarrow=False,
-                          xanchor="left", yanchor="top", font=dict(color=OKABE_ITO["vermillion"])))
+        last = sweep.crossover == sweep.sizes[-1].batch  # then the words go left of the line, inside the plot
+        # at the foot of the plot: goodput rises with B, so the curves are high where the crossover comes
+        notes.append(dict(x=at, y=0, yref="paper", text=f"no K pays from B = {sweep.crossover}", showarrow=False,
+                          xanchor="right" if last else "left", xshift=-4 if last else 4, yanchor="bottom",
+                          font=dict(color=OKABE_ITO["vermillion"])))
     return figure(traces, f"Goodput against batch size: {esc(sweep.preset)}, {sweep.requests} requests of "
                           f"{sweep.max_new_tokens} tokens, greedy", height=460, top=110,
                   xaxis=batch_axis(sweep), yaxis=dict(title=dict(text="committed tokens/s, all rows (decoding)"),
@@ -103,22 +106,22 @@ def acceptance_speedup_figure(sweep: BatchSweep) -> go.Figure:
 
 
 def advisor_rows(sweep: BatchSweep) -> list[dict]:
-    """The table beside the figures: per B, what was measured and what the advisor chose."""
-    return [{"B": s.batch, "plain tok/s": round(s.plain, 1),
-             **({"generate tok/s": round(s.hf_generate, 1)} if s.hf_generate is not None else {}),
+    """The table beside the figures: per B, what was measured (tokens/s over all rows) and what the advisor chose,
+    with the goodput its cost model predicted for that choice (a path from the advice back to its forwards)."""
+    return [{"B": s.batch, "plain": round(s.plain, 1),
+             **({"generate": round(s.hf_generate, 1)} if s.hf_generate is not None else {}),
              "best K": s.best_k, "best K tok/s": round(s.speculative[s.best_k], 1),
-             "best / plain": round(s.best_speedup, 2),
-             **({"idle rows at best K": f"{s.idle_share[s.best_k]:.0%}"} if s.idle_share else {}),
+             "gain": f"{s.best_speedup:.2f}×",
+             **({"idle rows": f"{s.idle_share[s.best_k]:.0%}"} if s.idle_share else {}),
              "advisor": "–" if s.advised_k is None else advised_words(s),
-             "advisor predicted tok/s": predicted_words(s),
+             "predicted": predicted_goodput(s),
              "advised / best": "–" if s.advised_over_best is None else round(s.advised_over_best, 2)}
             for s in sweep.sizes]
 
 
-def predicted_words(size: BatchSize) -> str:
-    """The cost model's goodput for the advised choice, beside what that choice measured (a path from the advice
-    back to the forwards it was computed from)."""
+def predicted_goodput(size: BatchSize) -> float | str:
+    """The cost model's goodput for the advised choice ("–" when none was kept)."""
     key = "plain" if size.advised_k == PLAIN_K else str(size.advised_k)
     if size.advised_k is None or key not in size.predicted:
         return "–"
-    return f"{size.predicted[key]:.1f} (measured {size.advised_goodput:.1f})"
+    return round(size.predicted[key], 1)

@@ -71,8 +71,12 @@ def show_sweep(sweep: BatchSweep, machine: str) -> None:
                "goodput, from this machine's forwards timed at B, is highest, or plain decoding.")
     chart(acceptance_speedup_figure(sweep), key="fig_batch_accept")
     st.dataframe(advisor_rows(sweep), hide_index=True, height="content", key="batch_table")
-    st.caption("One run per batch size: treat differences of a few percent as noise. vLLM #26504 saw the same shape "
-               "on a GPU: acceptance 0.86–0.91 from batch 1 to 32 while speculation went from +23% to −16%.")
+    st.caption("Tokens/s over all rows, decoding only. **gain**: the best K over plain batched decoding. **idle "
+               "rows**: row slots of the best K's cycles spent on rows that had finished (a static batch runs until "
+               "its slowest row is done). **predicted**: the cost model's goodput for the advisor's choice, from "
+               "this machine's forwards timed at B and each request's acceptance. One run per batch size: treat "
+               "differences of a few percent as noise. vLLM #26504 saw the same shape on a GPU: acceptance "
+               "0.86–0.91 from batch 1 to 32 while speculation went from +23% to −16%.")
 
 
 # ---------------------------------------------------------------- a sweep measured now
