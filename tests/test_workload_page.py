@@ -286,7 +286,8 @@ def test_the_interview_answers_batching_with_the_bundled_batch_and_the_measured_
     from engine.stats.batch_results import PLAIN_K, BatchSize, BatchSweep, batch_sweep_json
     sweep = BatchSweep("chat", 16, 32, 0.6, [BatchSize(1, 20.0, {3: 26.2, 4: 25.0}, {3: 0.45, 4: 0.41}, 3),
                                             BatchSize(4, 70.0, {3: 65.1, 4: 60.0}, {3: 0.44, 4: 0.40}, PLAIN_K)])
-    result = {"machine": {"cpu": "Test CPU <x>"}, "presets": [batch_sweep_json(sweep)]}
+    idle = BatchSweep("tiny", 8, 16, 0.8, [BatchSize(2, 30.0, {2: 40.0}, {2: 0.7}, 2, idle_share={2: 0.125})])
+    result = {"machine": {"cpu": "Test CPU <x>"}, "presets": [batch_sweep_json(sweep), batch_sweep_json(idle)]}
     (tmp_path / "batch-test.json").write_text(json.dumps(result))
     monkeypatch.setattr(batch_bench, "BENCH_RESULTS", tmp_path)
     at = open_page(folder, monkeypatch)
@@ -297,6 +298,7 @@ def test_the_interview_answers_batching_with_the_bundled_batch_and_the_measured_
     assert "Measured on Test CPU" in said and "<x>" not in said  # a file's text is escaped, never raw HTML
     assert "speculation stops paying at B = 4" in said and "| 1 | 3 | 1.31× | 3 | 0.41 |" in said
     assert "| 4 | 3 | 0.93× | plain | 0.40 |" in said
+    assert "| 2 | 2 | 1.33× | 2 | 0.70 | 12% |" in said  # idle rows, where the file has them
     (ragged,) = [e for e in at.expander if "accept different numbers of tokens" in e.label]
     said = " ".join(m.value for m in ragged.markdown).replace("\\", "")
     workload = open_workload(folder / "folders" / BATCHED)

@@ -108,11 +108,12 @@ def acceptance_speedup_figure(sweep: BatchSweep) -> go.Figure:
 def advisor_rows(sweep: BatchSweep) -> list[dict]:
     """The table beside the figures: per B, what was measured (tokens/s over all rows) and what the advisor chose,
     with the goodput its cost model predicted for that choice (a path from the advice back to its forwards)."""
+    idle = all(s.idle_share for s in sweep.sizes)  # a column for every row or none
     return [{"B": s.batch, "plain": round(s.plain, 1),
              **({"generate": round(s.hf_generate, 1)} if s.hf_generate is not None else {}),
              "best K": s.best_k, "best K tok/s": round(s.speculative[s.best_k], 1),
              "gain": f"{s.best_speedup:.2f}×",
-             **({"idle rows": f"{s.idle_share[s.best_k]:.0%}"} if s.idle_share else {}),
+             **({"idle rows": f"{s.idle_share[s.best_k]:.0%}"} if idle else {}),
              "advisor": "–" if s.advised_k is None else advised_words(s),
              "predicted": predicted_goodput(s),
              "advised / best": "–" if s.advised_over_best is None else round(s.advised_over_best, 2)}

@@ -26,6 +26,11 @@ def q_batch_shrinks() -> None:
             "its own ratio test, so the batch leaves it flat. So acceptance alone is the wrong signal for "
             "whether to speculate: vLLM #26504 measured acceptance 0.86–0.91 from batch 1 to 32 while the "
             "right choice flipped from speculating (+23%) to not (−16%).\n\n"
+            "**Ragged acceptance costs too.** Rows accept different numbers of tokens, so in a batch that runs "
+            "its requests to the end together, the batch lasts as long as its slowest row, and the rows that "
+            "finished early sit idle in every forward. The more rows, the likelier one slow row: this also "
+            "grows with B. Continuous batching (a finished row takes the next request at once) removes most "
+            "of it.\n\n"
             "**What to do.** Choose K per batch size from measured costs (vLLM's "
             "`num_speculative_tokens_per_batch_size`, SGLang's adaptive steps), and stop speculating past the "
             "batch size where the best K no longer beats plain batched decoding.")
@@ -35,13 +40,15 @@ def q_batch_shrinks() -> None:
             return
         for shipped in found:
             p = shipped.sweep
+            idle = all(s.idle_share for s in p.sizes)  # older files have none
             st.markdown(f"Measured on {md(shipped.machine)}, **{md(p.preset)}** ({p.requests} requests of "
                         f"{p.max_new_tokens} tokens, one run): {md(crossover_words(p))}. The **Batch size** tab "
                         "of **Statistics** draws it.")
             st.markdown(markdown_table([
                 {"batch": s.batch, "best K": s.best_k, "best speculating / plain batched": f"{s.best_speedup:.2f}×",
                  "advisor's K": "–" if s.advised_k is None else s.advised_k or "plain",
-                 f"acceptance at K={max(s.acceptance_rate)}": f"{s.acceptance_rate[max(s.acceptance_rate)]:.2f}"}
+                 f"acceptance at K={max(s.acceptance_rate)}": f"{s.acceptance_rate[max(s.acceptance_rate)]:.2f}",
+                 **({"idle rows at the best K": f"{s.idle_share[s.best_k]:.0%}"} if idle else {})}
                 for s in p.sizes]))
 
 
