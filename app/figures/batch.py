@@ -91,4 +91,3 @@ def lanes_figure(batch: dict, cycle: int, request_ids: dict[int, str] | None = N
                              title=dict(text="draft position, then the target's token (right: tokens committed)"),
                              gridcolor=GRID),
                   yaxis=dict(autorange="reversed", categoryorder="array", categoryarray=names, title=None))
-

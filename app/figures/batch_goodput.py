@@ -32,14 +32,12 @@ def goodput_figure(sweep: BatchSweep) -> go.Figure:
     generate when measured), speculation at each K (faint) and at the best K, the advisor's choice, and the
     crossover (the first B where no K beats plain decoding)."""
     b = [s.batch for s in sweep.sizes]
-    traces = []
-    for k in sorted(sweep.sizes[0].speculative):
-        traces.append(dict(type="scatter", x=b, y=[s.speculative[k] for s in sweep.sizes], mode="lines",
-                           name=f"speculating at K={k}", legendgroup="each K", showlegend=k == min(sweep.sizes[0].speculative),
-                           line=dict(color=BEST_COLOUR, width=1), opacity=0.3,
-                           hovertemplate=f"B=%{{x}}, K={k}: %{{y:.1f}} tokens/s<extra></extra>"))
-    if traces:
-        traces[0]["name"] = "speculating at each K"
+    ks = sorted(sweep.sizes[0].speculative)
+    # one faint line per K, one legend entry for all of them
+    traces = [dict(type="scatter", x=b, y=[s.speculative[k] for s in sweep.sizes], mode="lines",
+                   name="speculating at each K", legendgroup="each K", showlegend=k == ks[0],
+                   line=dict(color=BEST_COLOUR, width=1), opacity=0.3,
+                   hovertemplate=f"B=%{{x}}, K={k}: %{{y:.1f}} tokens/s<extra></extra>") for k in ks]
     traces.append(dict(type="scatter", x=b, y=[s.plain for s in sweep.sizes], mode="lines+markers",
                        name="plain batched decoding (engine)", line=dict(color=PLAIN_COLOUR, dash="dash", width=3),
                        marker=dict(symbol="square", size=9),

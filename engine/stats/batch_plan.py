@@ -23,6 +23,7 @@ for one request, each draft passing with probability alpha until the first rejec
 tiny-shakespeare at B = 8, K = 4 (32 tokens a request): 13 cycles a batch, where N / E[tokens] is 9.
 Rows that stop early at an EOS are not modelled.
 """
+import functools
 import random
 import time
 from dataclasses import dataclass
@@ -49,22 +50,27 @@ class BatchLoad:
     tokens: int | None = None
     trials: int = 300  # batches drawn per estimate: the estimate's spread is about 1% of its mean at B = 8
 
-    def row_cycles(self, alpha: float, k: int, rng: random.Random) -> int:
-        """Cycles one row needs for `tokens` tokens: each commits its accepted drafts and one more."""
-        committed = cycles = 0
-        while committed < self.tokens:
-            accepted = 0
-            while accepted < k and rng.random() < alpha:
-                accepted += 1
-            committed, cycles = committed + accepted + 1, cycles + 1
-        return cycles
-
     def batch_cycles(self, k: int, batch: int) -> float:
-        """E[cycles of a static batch of B rows]: its slowest row's, rows drawn from the measured requests
-        (seeded, so the advice is the same every time it is asked)."""
-        rng = random.Random(0)
-        return fmean(max(self.row_cycles(rng.choice(self.alphas), k, rng) for _ in range(batch))
-                     for _ in range(self.trials))
+        """E[cycles of a static batch of B rows]: its slowest row's, rows drawn from the measured requests."""
+        return static_batch_cycles(self.alphas, self.tokens, self.trials, k, batch)
+
+
+def row_cycles(alpha: float, k: int, tokens: int, rng: random.Random) -> int:
+    """Cycles one row needs for `tokens` tokens: each commits its accepted drafts and one more."""
+    committed = cycles = 0
+    while committed < tokens:
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        committed, cycles = committed + accepted + 1, cycles + 1
+    return cycles
+
+
+@functools.lru_cache(maxsize=256)  # the advice and the predictions ask for the same (K, B): draw once
+def static_batch_cycles(alphas: tuple[float, ...], tokens: int, trials: int, k: int, batch: int) -> float:
+    """`BatchLoad.batch_cycles`, seeded, so the same numbers give the same advice every time."""
+    rng = random.Random(0)
+    return fmean(max(row_cycles(rng.choice(alphas), k, tokens, rng) for _ in range(batch)) for _ in range(trials))
 
 
 @dataclass(frozen=True)
