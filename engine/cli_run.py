@@ -141,6 +141,11 @@ def run_mode_from_args(args) -> RunMode:
     tree = None if args.tree in (None, TREE_AUTO) else parse_tree(args.tree)
     if args.tree == TREE_AUTO:
         refuse_tree_auto(args.drafter, args.fast, args.calibrate, options_from_args(args).mis_set)
+    if args.capture is not None and not args.fast:
+        raise SettingsError("--capture chooses how the fast path's forwards run: add --fast")
+    if args.capture == "compile" and args.target_weights == WEIGHTS_INT4:
+        raise SettingsError("--capture compile with --target-weights int4: torch.compile cannot see into the int4 C "
+                            "kernel; use float32 weights, or --fast without --capture")
     return RunMode(tree=tree, fast="none" if args.fast else None, tp_size=args.tp, calibrate=args.calibrate)
 
 
@@ -186,7 +191,10 @@ def load_for_run(args, options, mode: RunMode, target: str, draft: str | None, p
     say_decoders(pair)
     if args.fast:
         from engine.cycle.fast import plan_fast_path
-        plan = plan_fast_path(pair.target.device)
+        try:
+            plan = plan_fast_path(pair.target.device, args.capture, pair.target.weights)
+        except ValueError as err:
+            raise SettingsError(str(err)) from None
         print(plan.message, file=sys.stderr)
         mode = replace(mode, fast=plan.capture)
     return pair, mode

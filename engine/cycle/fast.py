@@ -4,7 +4,8 @@ What differs from engine/cycle/reference.py (the reference path), and why:
 - Both models write into a static, preallocated cache (engine/kv/layouts.py); a forward
   has a fixed shape (the draft on 1 token, the target on K+1), so on CUDA it can be
   captured once as a CUDA graph (or compiled) and replayed, which removes the Python and
-  kernel-launch cost that dominates small models on a GPU.
+  kernel-launch cost that dominates small models on a GPU. On the CPU it can be compiled
+  (--capture compile): inductor's C++ for the whole forward, with no Python between layers.
 - Warping, sampling, the ratio test, the residual and the bonus token are tensor ops on
   the device. Nothing inside a cycle reads a value back to the host: the number of
   accepted tokens, the next token and the rollback position stay device tensors. The
@@ -15,8 +16,10 @@ What differs from engine/cycle/reference.py (the reference path), and why:
   device-side offset consumes them in the reference's order: K draft draws (none when
   greedy), one per tested position, one for the resampled or bonus token. With the same
   seed and settings, in float32 on the CPU, the tokens and every recorded probability
-  equal the reference path's over a static cache; on a GPU, kernels round differently and
-  a near tie can flip a token (bench/gpu_checks.py reports where).
+  equal the reference path's over a static cache; on a GPU, or compiled on the CPU (inductor
+  fuses and blocks the arithmetic its own way), kernels round differently and a near tie can
+  flip a token (bench/gpu_checks.py reports where on a GPU; tests/test_fast_compile.py bounds
+  the difference on the CPU).
 - The draft is fed d_K in every cycle (gpt-fast's "fill last token into draft model"),
   one fixed-shape step instead of a data-dependent catch-up: when a token is rejected
   the extra K/V entry is rolled back with the rest. `draft_catch_up` in the trace still
@@ -55,6 +58,7 @@ from engine.models.loading import LoadedModel
 from engine.models.sampling import warp_probs
 from engine.trace.commit import final_tokens
 from engine.trace.format import CacheLengths
+from engine.trace.schema import WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 # ---------------------------------------------------------------- choosing the path
 
@@ -64,17 +68,28 @@ class FastPlan:
     message: str  # one line for the user: what runs and why
 
 
-def plan_fast_path(device: torch.device, capture: str | None = None) -> FastPlan:
-    """CUDA graphs on CUDA; elsewhere the same device-resident cycle, eager, with the reason."""
+def plan_fast_path(device: torch.device, capture: str | None = None, target_weights: str = WEIGHTS_FLOAT32) -> FastPlan:
+    """CUDA graphs on CUDA; elsewhere the same device-resident cycle, eager unless compiling was asked, with the reason.
+
+    On the CPU, "compile" runs both models' forwards as inductor's C++ (engine/cycle/fast_forward.py);
+    whether that pays depends on the CPU and the model (bench/step_limit.py measures it), and each
+    width and cache capacity costs a compile, so it is asked for, never the default."""
     check_capture(capture)
+    if capture == "compile" and target_weights == WEIGHTS_INT4:
+        raise ValueError("capture mode 'compile' with int4 target weights: torch.compile cannot see into the "
+                         "int4 C kernel; run --fast without --capture, or float32 weights")
     if device.type == "cuda":
         capture = capture or "graph"
         how = {"graph": "captured as CUDA graphs", "compile": "compiled with torch.compile",
                "none": "run eagerly"}[capture]
         return FastPlan(capture, f"fast path: on {device}, fixed-shape forwards over static caches {how}; "
                                  "sampling and the ratio test stay on the GPU, one host copy per cycle")
-    if capture not in (None, "none"):
-        raise ValueError(f"capture mode {capture!r} needs a CUDA device, not {device}")
+    if capture == "graph":
+        raise ValueError(f"capture mode 'graph' needs a CUDA device, not {device}")
+    if capture == "compile":
+        return FastPlan("compile", f"fast path: on {device}, fixed-shape forwards over static caches compiled by "
+                                   "torch.compile (inductor's C++, weights frozen in); the first cycle waits for "
+                                   "each model's compile, tens of seconds on a small CPU")
     return FastPlan("none", f"fast path: no CUDA device ({device}), so no CUDA graphs: running the same "
                             "device-resident cycle eagerly over static caches (same tokens as without --fast)")
 

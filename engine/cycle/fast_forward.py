@@ -1,7 +1,9 @@
 """The fast path's fixed-shape forwards over static caches, and its timing without a sync.
 
 - `new_fast_cache`: a static cache whose layers never read their position back to the host;
-- `FixedForward`: one model's forward at one width, eager, captured as a CUDA graph, or compiled;
+- `FixedForward`: one model's forward at one width, eager, captured as a CUDA graph, or compiled
+  (torch.compile: CUDA graphs under it on a GPU; on the CPU inductor's C++ code with the weights
+  frozen in as constants, which lets it pre-pack them for oneDNN);
 - `Clock`: marks inside a cycle, CUDA events on a GPU, read after the cycle's one copy.
 """
 import time
@@ -43,12 +45,32 @@ def causal_mask(cache: StaticKVCache, width: int) -> torch.Tensor:
     return (slots[None, :] <= query_positions[:, None])[None, None]
 
 
-def logits_of(model: LoadedModel, ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-    """ids (T,) full-vocabulary ids -> full-vocabulary float32 logits (T, V), appending T K/V entries."""
+def logits_of(model: LoadedModel, ids: torch.Tensor, cache: StaticKVCache,
+              module: torch.nn.Module | None = None) -> torch.Tensor:
+    """ids (T,) full-vocabulary ids -> full-vocabulary float32 logits (T, V), appending T K/V entries.
+
+    `module`: what computes the forward; by default the module the engine runs at this width."""
     rows = ids if model.full_to_row is None else model.full_to_row[ids]
-    out = model.runner_for(ids.shape[0])(input_ids=rows.reshape(1, -1), attention_mask=causal_mask(cache, ids.shape[0]),
-                                         use_cache=True, **{model.cache_arg: cache})
+    module = module if module is not None else model.runner_for(ids.shape[0])
+    out = module(input_ids=rows.reshape(1, -1), attention_mask=causal_mask(cache, ids.shape[0]),
+                 use_cache=True, **{model.cache_arg: cache})
     return model.full_vocab_logits(out.logits[0])
+
+
+def compile_forward(model: LoadedModel, cache: StaticKVCache) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`logits_of` under torch.compile, fixed shapes (one compile per width and cache capacity).
+
+    On CUDA, "reduce-overhead" replays the compiled kernels as CUDA graphs. On the CPU there are no
+    graphs to replay; inductor writes C++ for the whole forward and, with `freezing`, treats the
+    weights as constants (they do not change during a run), so it can fold them and pre-pack them
+    for oneDNN itself. It compiles the module as loaded (`model.base`: the model or the engine's own
+    decoder), not the packed twin, whose oneDNN calls inductor cannot lower (LoweringException,
+    torch 2.13); nor the int4 twin, whose C kernel it cannot see into (refused by plan_fast_path)."""
+    if model.device.type == "cuda":
+        return torch.compile(lambda ids: logits_of(model, ids, cache), mode="reduce-overhead", dynamic=False)
+    module = model.base
+    return torch.compile(lambda ids: logits_of(model, ids, cache, module), dynamic=False,
+                         options={"freezing": True})
 
 
 class FixedForward:
@@ -62,7 +84,7 @@ class FixedForward:
         self.model, self.cache, self.width, self.capture = model, cache, width, capture
         self.fn: Callable[[torch.Tensor], torch.Tensor] = lambda ids: logits_of(model, ids, cache)
         if capture == "compile":
-            self.fn = torch.compile(self.fn, mode="reduce-overhead", fullgraph=False, dynamic=False)
+            self.fn = compile_forward(model, cache)
         if capture == "graph":
             self._capture_graph()
 
@@ -91,7 +113,7 @@ class FixedForward:
         self._restore(saved)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.capture == "compile":
+        if self.capture == "compile" and self.model.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # a new step: the previous outputs may be overwritten
         if self.capture != "graph":
             return self.fn(ids)
