@@ -107,10 +107,33 @@ def test_float32_is_the_default_dtype_on_every_device():
         pick_dtype(torch.device("cuda"), "int8")
 
 
+def test_bfloat16_on_the_cpu_only_with_bfloat16_in_hardware():
+    cpu = torch.device("cpu")
+    assert pick_dtype(cpu, "bfloat16", cpu_flags=["avx2", "avx512f", "amx_bf16"]) == torch.bfloat16
+    assert pick_dtype(cpu, "bfloat16", cpu_flags=["avx512_bf16"]) == torch.bfloat16
+    with pytest.raises(ValueError, match="no bfloat16 instructions"):
+        pick_dtype(cpu, "bfloat16", cpu_flags=["avx2", "avx512f"])
+    with pytest.raises(ValueError, match="use float32 there"):
+        pick_dtype(cpu, "float16", cpu_flags=["amx_bf16"])
+
+
 def test_cli_refuses_half_precision_on_the_cpu(folders, tmp_path, capsys):
     out = tmp_path / "half.jsonl"
     code = main(["run", "--prompt", "the cat", "--target", folders[0], "--draft", folders[1],
-                 "--device", "cpu", "--dtype", "bfloat16", "--out", str(out)])
+                 "--device", "cpu", "--dtype", "float16", "--out", str(out)])
     assert code == 2
     assert "use float32 there" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_cli_bfloat16_run_on_a_cpu_with_bfloat16_in_hardware(folders, tmp_path, monkeypatch):
+    """Any x86 CPU computes in bfloat16 (converting where it lacks the instructions), so the run is
+    checked everywhere by telling pick_dtype the flags of a CPU that has them."""
+    from engine.models import device
+    monkeypatch.setattr(device, "cpu_features", lambda: ["avx512f", "amx_bf16"])
+    out = tmp_path / "bf16.jsonl"
+    assert main(["run", "--prompt", "the cat", "--target", folders[0], "--draft", folders[1], "--k", "3",
+                 "--max-new-tokens", "12", "--device", "cpu", "--dtype", "bfloat16", "--out", str(out)]) == 0
+    trace = load_trace(out)
+    assert trace.header["dtype"] == "bfloat16" and trace.header["device"] == "cpu"
+    assert len(trace.summary["generated_token_ids"]) == 12

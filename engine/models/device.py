@@ -9,6 +9,8 @@ from typing import Callable, TypeVar
 
 import torch
 
+from engine.models.machine import cpu_features
+
 T = TypeVar("T")
 
 
@@ -21,22 +23,37 @@ def pick_device(requested: str | None = None) -> torch.device:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtype:
+# CPU features with bfloat16 arithmetic in hardware (engine/models/machine.py reads them): without
+# one, a bfloat16 product is converted to float32 and back, slower than float32 itself.
+NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
+
+
+def pick_dtype(device: torch.device, requested: str | None = None, cpu_flags: list[str] | None = None) -> torch.dtype:
     """float32 unless asked otherwise, on the GPU too.
 
     The point of this tool is to watch an exact algorithm. In half precision a verify
     pass over K+1 positions and a one-token decode step round differently, so a near
     tie in the target's argmax can flip and greedy speculation parts from plain greedy
     decoding (measured on an H200 in bfloat16: the chat preset's outputs part after
-    32-63 tokens; in float32 they did not). Half precision is there for large pairs.
+    32-63 tokens; in float32 they did not). Half precision is there for large pairs,
+    and for the CPU's memory limit: bfloat16 weights are half the bytes a step reads,
+    allowed on a CPU with bfloat16 in hardware (NATIVE_BF16; `cpu_flags` defaults to this
+    machine's). float16 has no fast CPU kernels here and stays GPU only.
     """
     if requested is None:
         return torch.float32
     if requested not in DTYPES:
         raise ValueError(f"unknown dtype {requested!r}; choose one of {', '.join(DTYPES)}")
-    if DTYPES[requested] != torch.float32 and device.type == "cpu":
-        raise ValueError(f"{requested} on the CPU is slow and blurs the greedy-equality check: use float32 there")
-    return DTYPES[requested]
+    if DTYPES[requested] == torch.float32 or device.type != "cpu":
+        return DTYPES[requested]
+    flags = cpu_features() if cpu_flags is None else cpu_flags
+    if requested == "bfloat16" and any(f in flags for f in NATIVE_BF16):
+        return torch.bfloat16
+    if requested == "bfloat16":
+        raise ValueError("bfloat16 on this CPU: it has no bfloat16 instructions (avx512_bf16 or AMX), so every "
+                         "product would be converted and run slower than float32; use float32 there")
+    raise ValueError(f"{requested} on the CPU is slow and blurs the greedy-equality check: use float32 there "
+                     "(or bfloat16 on a CPU with avx512_bf16 or AMX)")
 
 
 def sync(device: torch.device) -> None:
