@@ -2,19 +2,22 @@
 
     python -m bench.step_limit --preset chat --threads 2 --repeats 30
     python -m bench.step_limit --preset tiny-shakespeare --threads 2 --compile
+    python -m bench.step_limit --preset chat --compile --dtype bfloat16   # a CPU with avx512_bf16 or AMX
 
 A decode step at batch 1 reads every weight once, so it cannot take less than
-weight bytes / memory bandwidth (the memory limit). The bandwidth is measured here with a large
-tensor copy (bytes read + written per second, best of 5: bench/fast_bench.py's measurement).
-Each way is timed over the same cache length (64 cached positions), one token per forward:
-  as_loaded  the model's own nn.Linear (F.linear: MKL on x86)
-  packed     engine/models/cpu_linear.py's oneDNN twin with pre-packed weights
-  static     the fast path's static cache and fixed-shape forward (engine/cycle/fast.py), eager
-  compiled   the same forward under torch.compile (inductor's C++ backend, fixed shapes), --compile only;
-             its "first_calls_s" is the compile time
+weight bytes / memory bandwidth (the memory limit; bfloat16 weights halve the bytes). The
+bandwidth is measured here with a large tensor copy (bytes read + written per second, best of 5:
+bench/fast_bench.py's measurement). Each way is timed over the same cache length (64 cached
+positions), --width tokens per forward (1: a decode step; K+1: a verify), on both decoders
+(hf: Hugging Face's modules; own: engine/models/llama.py on the same weights):
+  as_loaded  the module's own nn.Linear (F.linear: MKL on x86), a DynamicCache
+  packed     engine/models/cpu_linear.py's oneDNN twin with pre-packed weights (float32 only)
+  static     the fast path's static cache and fixed-shape forward (engine/cycle/fast_forward.py), eager
+  compiled   the same forward as `run --fast --capture compile` runs it (inductor's C++, weights
+             frozen in), --compile only; its "first_calls_s" is the compile time
 Step times are medians over --repeats forwards after a warm-up, with the middle half of them.
 
-Writes RESULTS/step-limit-PRESET.json and .md.
+Writes RESULTS/step-limit-PRESET[-DTYPE][-wWIDTH]-CPU.json and .md (CPU: bench/common.py cpu_tag).
 """
 import argparse
 import statistics
@@ -31,7 +34,7 @@ from engine.kv.ops import crop
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.run import load_preset
-from engine.trace.schema import AS_LOADED, PACKED
+from engine.trace.schema import AS_LOADED, DECODER_HF, DECODER_OWN, PACKED
 
 CONTEXT = 64
 
@@ -41,15 +44,15 @@ def quartiles(times: list[float]) -> dict:
     return {"median_s": statistics.median(times), "low_s": q[0], "high_s": q[2]}
 
 
-def time_dynamic(target: LoadedModel, path: str, repeats: int) -> dict:
+def time_dynamic(target: LoadedModel, path: str, width: int, repeats: int) -> dict:
     """The engine's normal forward (a DynamicCache) on one linear path."""
-    target.linear_paths = {1: path}
-    ids = [i % target.full_vocab_size for i in range(1, CONTEXT + 2)]
+    target.linear_paths = {width: path}
+    ids = [i % target.full_vocab_size for i in range(1, CONTEXT + 1 + width)]
     cache = target.new_cache()
     target.fill(ids[:CONTEXT], cache)
     times = []
     for i in range(repeats + 3):  # 3 warm-up steps
-        elapsed = timed(partial(target.forward, [ids[CONTEXT]], cache), target.device)[1]
+        elapsed = timed(partial(target.forward, ids[CONTEXT:], cache), target.device)[1]
         crop(cache, CONTEXT)
         if i >= 3:
             times.append(elapsed)
@@ -57,13 +60,13 @@ def time_dynamic(target: LoadedModel, path: str, repeats: int) -> dict:
 
 
 @torch.inference_mode()  # the fast path's caches are inference tensors, written in place
-def time_static(target: LoadedModel, capture: str, repeats: int) -> dict:
-    """The fast path's one-token forward over a static cache (capture "none" or "compile")."""
-    cache = new_fast_cache(target, CONTEXT + 8)
+def time_static(target: LoadedModel, capture: str, width: int, repeats: int) -> dict:
+    """The fast path's forward of `width` tokens over a static cache (capture "none" or "compile")."""
+    cache = new_fast_cache(target, CONTEXT + 16)
     ids = torch.tensor([i % target.full_vocab_size for i in range(1, CONTEXT + 1)])
     target.forward(ids.tolist(), cache)  # CONTEXT cached positions
-    step = FixedForward(target, cache, 1, capture)
-    token = ids[:1]
+    step = FixedForward(target, cache, width, capture)
+    token = ids[:width]
     times, started = [], time.perf_counter()
     for i in range(repeats + 3):
         for layer in cache.layers:
@@ -74,44 +77,59 @@ def time_static(target: LoadedModel, capture: str, repeats: int) -> dict:
     return {**quartiles(times), "first_calls_s": time.perf_counter() - started - sum(times)}
 
 
+def decoder_ways(target: LoadedModel, args) -> dict:
+    """Every way of running the target's step on the decoder it is set to."""
+    ways = {}
+    for path in (AS_LOADED, PACKED):
+        if path == PACKED and target.dtype != torch.float32:
+            continue  # the packed twin is float32 only (cpu_linear.available)
+        ways[path] = time_dynamic(target, path, args.width, args.repeats)
+    target.linear_paths = None
+    ways["static"] = time_static(target, "none", args.width, args.repeats)
+    if args.compile:
+        try:
+            ways["compiled"] = time_static(target, "compile", args.width, args.repeats)
+        except Exception as err:  # a failed compile is a result too: say why
+            ways["compiled"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+    return ways
+
+
 def measure(args) -> dict:
     torch.set_num_threads(args.threads)
-    pair = load_preset(args.preset, device="cpu")
+    pair = load_preset(args.preset, device="cpu", dtype_name=args.dtype)
     target = pair.target
     bandwidth = measured_bandwidth_gbs(torch.device("cpu"), False)
     limit_s = weight_bytes(target.model) / (bandwidth * 1e9)
-    ways = {AS_LOADED: time_dynamic(target, AS_LOADED, args.repeats),
-            PACKED: time_dynamic(target, PACKED, args.repeats)}
-    target.linear_paths = None
-    ways["static"] = time_static(target, "none", args.repeats)
-    if args.compile:
-        # inductor cannot lower the packed twin's oneDNN ops (LoweringException, torch 2.13), so the
-        # compiled forward runs the model as loaded and leaves the matrix products to inductor
-        target.fast_linear = False
-        try:
-            ways["compiled"] = time_static(target, "compile", args.repeats)
-        except Exception as err:  # a failed compile is a result too: say why
-            ways["compiled"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
-        target.fast_linear = True
-    return {"preset": args.preset, "machine": common.machine_info(args.threads), "repeats": args.repeats,
+    ways = {}
+    for decoder in (DECODER_HF, DECODER_OWN):
+        target.use_decoder(decoder)
+        if target.decoder != decoder:
+            ways[decoder] = {"error": f"the own decoder does not apply: {target.decoder_fallback}"}
+            continue
+        ways |= {f"{decoder} {name}": w for name, w in decoder_ways(target, args).items()}
+    return {"preset": args.preset, "machine": common.machine_info(args.threads, dtype=target.dtype),
+            "repeats": args.repeats, "width": args.width, "dtype": str(target.dtype).removeprefix("torch."),
             "weight_bytes": weight_bytes(target.model), "bandwidth_gbs": bandwidth, "memory_limit_s": limit_s,
             "ways": ways, "note": args.note}
 
 
 def markdown(r: dict) -> str:
-    lines = [f"## One {r['preset']} target step against its memory limit (bench/step_limit.py)", "",
+    what = "step" if r.get("width", 1) == 1 else f"forward of {r['width']} tokens (a verify)"
+    lines = [f"## One {r['preset']} target {what} in {r.get('dtype', 'float32')} against its memory limit "
+             "(bench/step_limit.py)", "",
              f"Machine: {common.machine_words(r['machine'])}; torch {r['machine']['torch']}; {r['machine']['date']}."
              + (f" {r['note']}" if r["note"] else ""), "",
              f"Weights: {r['weight_bytes'] / 1e6:.0f} MB. Measured copy bandwidth: {r['bandwidth_gbs']:.1f} GB/s. "
              f"Memory limit: {r['memory_limit_s'] * 1000:.2f} ms a step. Medians of {r['repeats']} steps "
              "(middle half in brackets).", "",
-             "| way | step (ms) | x memory limit |", "|---|---|---|"]
+             "| decoder, way | step (ms) | x memory limit | first calls (s) |", "|---|---|---|---|"]
     for name, w in r["ways"].items():
         if "error" in w:
-            lines.append(f"| {name} | failed: {w['error']} | - |")
+            lines.append(f"| {name} | failed: {w['error']} | - | - |")
             continue
+        first = f"{w['first_calls_s']:.1f}" if "first_calls_s" in w else "-"
         lines.append(f"| {name} | {w['median_s'] * 1000:.2f} ({w['low_s'] * 1000:.2f}-{w['high_s'] * 1000:.2f}) | "
-                     f"{w['median_s'] / r['memory_limit_s']:.2f} |")
+                     f"{w['median_s'] / r['memory_limit_s']:.2f} | {first} |")
     return "\n".join(lines) + "\n"
 
 
@@ -121,12 +139,17 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--compile", action="store_true", help="also time the forward under torch.compile")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="weights and compute (bfloat16 needs a CPU with avx512_bf16 or AMX)")
+    p.add_argument("--width", type=int, default=1, help="tokens per forward: 1 a decode step, K+1 a verify")
     p.add_argument("--note", default="", help="conditions of the run (e.g. other processes on the machine)")
     p.add_argument("--out", default=str(common.RESULTS))
     args = p.parse_args()
     result = measure(args)
     text = markdown(result)
-    common.write_results(Path(args.out), f"step-limit-{args.preset}", result, text)
+    stem = "-".join(["step-limit", args.preset, *([args.dtype] if args.dtype else []),
+                     *([f"w{args.width}"] if args.width != 1 else []), common.cpu_tag(result["machine"])])
+    common.write_results(Path(args.out), stem, result, text)
     print(text)
 
 
