@@ -12,7 +12,7 @@ import os
 import sys
 
 from engine.cli_run import cmd_run, ctrl_c_at_cycle_ends  # noqa: F401 - ctrl_c_at_cycle_ends: the run's Ctrl-C rule
-from engine.config import CAPTURE_MODES, SettingsError
+from engine.config import CAPTURE_AUTO, CAPTURE_MODES, SettingsError
 from engine.drafters.registry import DRAFTERS, all_flags
 from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS
@@ -47,10 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fast", action="store_true",
                      help="fast path (engine/cycle/fast.py): static caches, the cycle kept on the device, CUDA graphs "
                           "on CUDA; elsewhere the same cycle runs eagerly (the reason is printed)")
-    run.add_argument("--capture", choices=CAPTURE_MODES, default=None,
+    run.add_argument("--capture", choices=(*CAPTURE_MODES, CAPTURE_AUTO), default=None,
                      help="with --fast, how its fixed-shape forwards run: graph (CUDA graphs, the default on CUDA), "
                           "compile (torch.compile; on the CPU inductor's C++ with the weights frozen in, a compile "
-                          "per model first) or none (eager, the default elsewhere)")
+                          "per model first), none (eager, the default elsewhere) or auto (on the CPU, whichever of "
+                          "none and compile this machine measured faster for the pair and K, measured once and kept; "
+                          "engine/cycle/capture_choice.py)")
     run.add_argument("--calibrate", action="store_true",
                      help="also time single steps and verify widths of both models (needed for c and speedups in stats)")
     run.add_argument("--tp", type=int, default=1,

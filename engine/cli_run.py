@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from engine.config import SettingsError, SpecSettings, parse_tree, refuse_empty_prompt
+from engine.config import CAPTURE_AUTO, SettingsError, SpecSettings, parse_tree, refuse_empty_prompt
 from engine.drafters.registry import DRAFTERS, check_before_loading, options_from_args
 from engine.mode import RunMode, refuse_tree_auto
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
@@ -143,9 +143,9 @@ def run_mode_from_args(args) -> RunMode:
         refuse_tree_auto(args.drafter, args.fast, args.calibrate, options_from_args(args).mis_set)
     if args.capture is not None and not args.fast:
         raise SettingsError("--capture chooses how the fast path's forwards run: add --fast")
-    if args.capture == "compile" and args.target_weights == WEIGHTS_INT4:
-        raise SettingsError("--capture compile with --target-weights int4: torch.compile cannot see into the int4 C "
-                            "kernel; use float32 weights, or --fast without --capture")
+    if args.capture in ("compile", CAPTURE_AUTO) and args.target_weights == WEIGHTS_INT4:
+        raise SettingsError(f"--capture {args.capture} with --target-weights int4: torch.compile cannot see into the "
+                            "int4 C kernel; use float32 weights, or --fast without --capture")
     return RunMode(tree=tree, fast="none" if args.fast else None, tp_size=args.tp, calibrate=args.calibrate)
 
 
@@ -190,14 +190,35 @@ def load_for_run(args, options, mode: RunMode, target: str, draft: str | None, p
                                  args.target_weights, args.decoder)
     say_decoders(pair)
     if args.fast:
-        from engine.cycle.fast import plan_fast_path
-        try:
-            plan = plan_fast_path(pair.target.device, args.capture, pair.target.weights)
-        except ValueError as err:
-            raise SettingsError(str(err)) from None
-        print(plan.message, file=sys.stderr)
-        mode = replace(mode, fast=plan.capture)
+        mode = settle_fast_path(args, pair, mode)
     return pair, mode
+
+
+def settle_fast_path(args, pair, mode: RunMode) -> RunMode:
+    """--fast's capture for the loaded target's device, saying what runs; under --capture auto on the
+    CPU, measured on this machine once for the pair and K (engine/cycle/capture_choice.py)."""
+    from engine.cycle.fast import plan_fast_path
+
+    capture, measured = args.capture, None
+    if capture == CAPTURE_AUTO and pair.target.device.type == "cuda":
+        capture = "graph"
+    elif capture == CAPTURE_AUTO and pair.draft is None:
+        capture = "none"  # nothing to measure: the fast path refuses a drafter without a draft model anyway
+    elif capture == CAPTURE_AUTO:
+        from engine.cycle.capture_choice import capture_times
+        print("fast path: timing one cycle's forwards eager and compiled on this machine (the first time for this "
+              "pair and K: it compiles both models)", file=sys.stderr)
+        times = capture_times(pair.target, pair.draft, args.k)
+        capture, measured = times.chosen(), times.describe()
+        print(f"fast path: a cycle's forwards took {times.cycle_s['none'] * 1000:.1f} ms eager, "
+              f"{times.cycle_s['compile'] * 1000:.1f} ms compiled: {'compiling' if capture == 'compile' else 'eager'}",
+              file=sys.stderr)
+    try:
+        plan = plan_fast_path(pair.target.device, capture, pair.target.weights)
+    except ValueError as err:
+        raise SettingsError(str(err)) from None
+    print(plan.message, file=sys.stderr)
+    return replace(mode, fast=plan.capture, fast_measured=measured)
 
 
 def say_decoders(pair) -> None:

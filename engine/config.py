@@ -2,6 +2,7 @@
 from dataclasses import asdict, dataclass
 
 from engine.trace.schema import (
+    CAPTURE_MODES,
     DYNAMIC_TREE,
     LAYOUTS,
     MAX_BLOCK_SIZE,
@@ -20,7 +21,7 @@ class SettingsError(ValueError):
     """A setting outside its allowed range; the message names the setting."""
 
 
-CAPTURE_MODES = ("none", "graph", "compile")  # the fast path's forwards: eager, CUDA graphs, torch.compile
+CAPTURE_AUTO = "auto"  # --capture auto: CUDA graphs on CUDA; on the CPU, what engine/cycle/capture_choice.py measured faster
 
 
 def check_capture(capture: str | None) -> None:

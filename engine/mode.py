@@ -30,6 +30,8 @@ class RunMode:
 
     tree: TreeSpec | None = None  # draft token trees of this shape (engine/tree/) instead of chains
     fast: str | None = None  # a capture mode (engine.config.CAPTURE_MODES): the device-resident path; None: the reference path
+    # --capture auto on the CPU: the measurement that chose `fast` (engine/cycle/capture_choice.py CaptureTimes.describe)
+    fast_measured: dict | None = None
     faults: Any = None  # a teaching CycleRule (engine/teaching/faults.py); None: the ratio test
     tp_size: int = 1  # tensor-parallel ranks the target is sharded over (engine/parallel_run.py)
     tensor_parallel: dict | None = None  # rank 0's record of the group, for the header
@@ -118,7 +120,8 @@ class RunMode:
             fields["tensor_parallel"] = self.tensor_parallel
         fields |= measured
         if self.fast is not None:  # which path made the cycles
-            fields["fast_path"] = {"capture": self.fast}
+            fields["fast_path"] = {"capture": self.fast} | (
+                {} if self.fast_measured is None else {"measured": self.fast_measured})
         return fields
 
 

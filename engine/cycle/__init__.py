@@ -9,7 +9,8 @@
   test (`accept_reject`, `RATIO_TEST`) lives here and nowhere else.
 - fast.py: the same chain kept on the device over static caches (`FastChainCycle`, `--fast`),
   checked against reference.py token for token; its sampling in fast_sampling.py, its
-  fixed-shape forwards and clock in fast_forward.py.
+  fixed-shape forwards and clock in fast_forward.py; capture_choice.py measures whether
+  compiling them pays on this CPU (--capture auto).
 The tree's cycle kind is engine/tree/cycle.py; the run mode that picks a kind is engine/mode.py.
 
 May import: engine.config, engine.trace, engine.models, engine.kv, engine.drafters.

@@ -11,6 +11,8 @@ layers, and turning its logits into the distributions both models are tested wit
 - gguf_linear.py: the int4 target path, a twin whose linear layers run the file's blocks.
 - linear_paths.py: which linear path (as loaded or packed) runs each width, measured per machine, cached on disk.
 - machine.py: the CPU model, its vector features, threads and load, as measurements record them.
+- measure_cache.py: the on-disk file those per-machine measurements are kept in.
+- llama.py: the engine's own Llama-family decoder on a Hugging Face model's weights (--decoder own).
 - sampling.py: warping (temperature, top-k, top-p), drawing, and the residual.
 
 May import: engine.config and engine.trace.

@@ -33,6 +33,7 @@ from engine.models import cpu_linear
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.machine import load_average, machine_key
+from engine.models.measure_cache import read_entries, write_entries
 from engine.models.presets import cache_root
 from engine.trace.schema import AS_LOADED, LINEAR_PATHS, WEIGHTS_FLOAT32
 
@@ -153,24 +154,11 @@ def curve_from_dict(d: object) -> PathCurve | None:
 
 
 def read_cache() -> dict:
-    try:
-        data = json.loads(cache_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    ok = isinstance(data, dict) and data.get("format") == CACHE_FORMAT and data.get("version") == CACHE_VERSION
-    return data["entries"] if ok and isinstance(data.get("entries"), dict) else {}
+    return read_entries(cache_file(), CACHE_FORMAT, CACHE_VERSION)
 
 
 def write_cache(entries: dict) -> None:
-    """Atomically, so a reader never sees half a file; a read-only home folder only costs a re-measure."""
-    path = cache_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "version": CACHE_VERSION, "entries": entries}, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    write_entries(cache_file(), CACHE_FORMAT, CACHE_VERSION, entries)
 
 
 def curve_for(loaded: LoadedModel) -> PathCurve:

@@ -9,6 +9,7 @@ from engine.trace.batch import MAX_BATCH
 from engine.trace.check_basics import RunFacts, fail, is_int, is_num
 from engine.trace.schema import (
     ACCEPTANCE_RULES,
+    CAPTURE_MODES,
     CACHE_CONVENTION,
     DECODER_HF,
     DECODER_OWN,
@@ -189,6 +190,31 @@ def check_linear_paths(paths, where: str) -> None:
         check_linear_path_curve(curve, where, f"linear_paths.{role}")
 
 
+def check_fast_path(fast, where: str) -> None:
+    """The optional fast path (engine/cycle/fast.py): its capture mode, and under --capture auto the
+    measurement that chose it (engine/cycle/capture_choice.py): one cycle's forward seconds per mode."""
+    if fast is None:
+        return
+    if not isinstance(fast, dict) or not set(fast) <= {"capture", "measured"}:
+        fail(where, "fast_path", "must be an object with a capture and, optionally, what measured it")
+    if fast.get("capture") not in CAPTURE_MODES:
+        fail(where, "fast_path.capture", f"must be one of {', '.join(CAPTURE_MODES)}")
+    measured = fast.get("measured")
+    if measured is None:
+        return
+    if not isinstance(measured, dict) or not isinstance(measured.get("cycle_s"), dict):
+        fail(where, "fast_path.measured", "must be an object with cycle_s, compile_s and kept")
+    cycle_s = measured["cycle_s"]
+    if set(cycle_s) != {"none", "compile"} or not all(is_num(v) and 0 < v < 60 for v in cycle_s.values()):
+        fail(where, "fast_path.measured.cycle_s", "must give seconds in (0, 60) for none and compile")
+    if not (is_num(measured.get("compile_s")) and measured["compile_s"] >= 0):
+        fail(where, "fast_path.measured.compile_s", "must be seconds, at least 0")
+    if not isinstance(measured.get("kept"), bool):
+        fail(where, "fast_path.measured.kept", "must be true or false")
+    if fast["capture"] == "graph":
+        fail(where, "fast_path.capture", "a measured choice is none or compile (CUDA graphs are not measured)")
+
+
 def check_tensor_parallel(tp, where: str) -> None:
     """The optional rank layout of a tensor-parallel run (engine/parallel_run.py): sizes that fit
     together and one entry per rank, in order. Host and device names are shown, so they are short text."""
@@ -343,6 +369,7 @@ def check_header(h: dict, where: str) -> RunFacts:
     check_calibration(h.get("calibration"), where)
     check_linear_paths(h.get("linear_paths"), where)
     check_tensor_parallel(h.get("tensor_parallel"), where)
+    check_fast_path(h.get("fast_path"), where)
     check_target_weights(h.get("target_weights"), where)
     drafter = check_drafter(h, float(s["temperature"]), where)
     check_decoder(h, drafter["kind"], where)

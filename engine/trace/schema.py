@@ -31,6 +31,8 @@ MAX_BLOCK_SIZE = 1024  # slots per block of the paged layout, at most
 AS_LOADED = "as_loaded"  # the model's own nn.Linear: F.linear, the BLAS torch was built with
 PACKED = "packed"  # engine/models/cpu_linear.py's twin: oneDNN with pre-packed weights
 LINEAR_PATHS = (AS_LOADED, PACKED)
+# the fast path's forwards (header "fast_path"): eager, CUDA graphs, torch.compile
+CAPTURE_MODES = ("none", "graph", "compile")
 
 # ---------------------------------------------------------------- target weights (engine/models/gguf_linear.py)
 
