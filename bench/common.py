@@ -24,7 +24,7 @@ from engine.models.device import sync, timed
 from engine.models.machine import cpu_features, cpu_model, load_average
 from engine.models.presets import PRESETS
 from engine.run import load_pair, load_preset
-from engine.trace.schema import WEIGHTS_FLOAT32
+from engine.trace.schema import DECODER_HF, WEIGHTS_FLOAT32
 
 T = TypeVar("T")
 
@@ -71,11 +71,13 @@ def load_bench_pair(args: argparse.Namespace, device: str, dtype: str | None,
     tokens, and whether prompts go through the chat template. `drafter(pair)`, when given, makes
     the drafter on the loaded target (else the separate draft model drafts)."""
     weights = getattr(args, "target_weights", WEIGHTS_FLOAT32)
+    decoder = getattr(args, "decoder", DECODER_HF)
     if args.preset:
-        pair = load_preset(args.preset, device, dtype, target_weights=weights)
+        pair = load_preset(args.preset, device, dtype, target_weights=weights, decoder=decoder)
         chat = PRESETS[args.preset].use_chat_template
     else:
-        pair, chat = load_pair(args.target, args.draft, device, dtype_name=dtype, target_weights=weights), False
+        pair = load_pair(args.target, args.draft, device, dtype_name=dtype, target_weights=weights, decoder=decoder)
+        chat = False
     return Pair(pair.target, pair.draft, set(), drafter(pair) if drafter else None), chat
 
 

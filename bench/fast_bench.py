@@ -2,6 +2,8 @@
 
     python -m bench.fast_bench --preset tiny-shakespeare --dtypes float32,bfloat16   # on a CUDA GPU
     python -m bench.fast_bench --preset tiny-shakespeare --device cpu --dry-run --out /tmp/x   # tries the script
+    python -m bench.fast_bench --preset chat --device cpu --capture compile --decoder own --dtypes float32,bfloat16
+        # the CPU fast path compiled, on the engine's own decoder (bfloat16 where the CPU has it in hardware)
 
 Methods, each generating exactly --max-new-tokens tokens (no EOS stop) from the same prompt ids:
   a   fast path, tracing on: every cycle's record written to a trace file (engine/cycle/fast.py)
@@ -42,11 +44,12 @@ from engine.cycle.fast import FastModels, FastPlainModel, fast_generate, fast_pl
 from engine.cycle.reference import Pair
 from engine.kv.layouts import layout_for_run
 from engine.mode import RunMode
-from engine.models.device import pick_device
+from engine.models.device import pick_device, pick_dtype
 from engine.models.presets import PRESETS
 from engine.run import encode_prompt, make_header
 from engine.stats.analysis import cycle_times, measured_alpha
 from engine.trace.format import TraceWriter, load_trace, make_summary
+from engine.trace.schema import DECODER_HF, DECODERS
 
 METHODS = ("a", "b", "c", "d", "d'", "e")
 METHOD_NAMES = {"a": "fast path, traced", "b": "fast path, untraced", "c": "HF assisted generation",
@@ -75,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--capture", default=None, help="graph (default on CUDA), compile or none")
+    p.add_argument("--decoder", choices=DECODERS, default=DECODER_HF,
+                   help="the code the engine's methods (a, b, e) run on; HF's methods run Hugging Face's modules")
     p.add_argument("--methods", default=",".join(METHODS), help="a subset of " + ",".join(METHODS))
     p.add_argument("--dry-run", action="store_true",
                    help="try every step of the script with tiny sizes (8 tokens, 1 prompt, 1 repeat); not a measurement")
@@ -250,7 +255,7 @@ def markdown(result: dict) -> str:
         if "error" in block:
             lines += [f"- {block['dtype']}: failed: {block['error']}", ""]
             continue
-        lines += [f"#### {block['dtype']}, capture {block['capture']}"
+        lines += [f"#### {block['dtype']}, capture {block['capture']}, decoder {block.get('decoder', DECODER_HF)}"
                   + (f" (asked for {block['capture_asked']}, which failed: {block['capture_error']})"
                      if block.get("capture_error") else ""), ""]
         methods = [m for m in METHODS if m in block["settings"][0]["tokens_per_s"]]
@@ -306,7 +311,7 @@ def run_dtype(args, dtype: str, prompts: list[str], methods: list[str]) -> dict:
     plan = plan_fast_path(device, args.capture)
     print(plan.message, flush=True)
     bandwidth = {"datasheet": datasheet_gbs(device), "measured": measured_bandwidth_gbs(device, args.dry_run)}
-    block = {"dtype": dtype, "capture": plan.capture, "capture_asked": plan.capture,
+    block = {"dtype": dtype, "capture": plan.capture, "capture_asked": plan.capture, "decoder": pair.target.decoder,
              "target_weight_bytes": weight_bytes(pair.target.model), "draft_weight_bytes": weight_bytes(pair.draft.model),
              "bandwidth_gbs": bandwidth, "settings": []}
     for k in (int(x) for x in str(args.k).split(",")):
@@ -325,12 +330,21 @@ def run_dtype(args, dtype: str, prompts: list[str], methods: list[str]) -> dict:
     return block
 
 
+def runs_on_cpu(dtype: str) -> bool:
+    """bfloat16 runs on a CPU that has it in hardware (engine/models/device.py pick_dtype)."""
+    try:
+        pick_dtype(torch.device("cpu"), dtype)
+    except ValueError:
+        return False
+    return True
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     transformers.logging.set_verbosity_error()
     name = args.name or args.preset or "custom"
     device = pick_device(args.device)
-    dtypes = [d for d in args.dtypes.split(",") if device.type == "cuda" or d == "float32"]
+    dtypes = [d for d in args.dtypes.split(",") if device.type == "cuda" or d == "float32" or runs_on_cpu(d)]
     prompts = common.prompts_for(args.preset, args.prompts)
     methods = [m for m in METHODS if m in args.methods.split(",")]
     started = time.time()
