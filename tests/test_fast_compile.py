@@ -63,6 +63,16 @@ def test_compiled_greedy_speculation_is_plain_greedy_decoding(pair, compiled):
            target_generate(pair.target, [4, 6, 9], s, set())
 
 
+def test_a_second_compiled_set_of_the_same_shapes_runs_on_its_own_caches(pair, compiled):
+    """Two compiled sets of forwards with the same shapes (a benchmark builds one per setting): the
+    second must not run the first one's graphs, which freezing bound to the first one's caches."""
+    s = SpecSettings(k=K, temperature=1.0, max_new_tokens=20, seed=1, cache_layout="static")
+    first = list(fp.fast_generate(pair, PROMPT, s, models=compiled))
+    second = list(fp.fast_generate(pair, PROMPT, s, models=fp.FastModels.empty(pair, K, 64, "compile")))
+    close_records(second, first)
+    close_records(list(fp.fast_generate(pair, PROMPT, s, models=compiled)), first)  # the first set still works
+
+
 def test_plan_compiles_on_the_cpu_only_when_asked():
     assert fp.plan_fast_path(torch.device("cpu")).capture == "none"
     plan = fp.plan_fast_path(torch.device("cpu"), "compile")

@@ -6,7 +6,9 @@
   frozen in as constants, which lets it pre-pack them for oneDNN);
 - `Clock`: marks inside a cycle, CUDA events on a GPU, read after the cycle's one copy.
 """
+import itertools
 import time
+import types
 from typing import Callable
 
 import torch
@@ -67,9 +69,9 @@ def compile_forward(model: LoadedModel, cache: StaticKVCache) -> Callable[[torch
     decoder), not the packed twin, whose oneDNN calls inductor cannot lower (LoweringException,
     torch 2.13); nor the int4 twin, whose C kernel it cannot see into (refused by plan_fast_path)."""
     if model.device.type == "cuda":
-        return torch.compile(lambda ids: logits_of(model, ids, cache), mode="reduce-overhead", dynamic=False)
+        return torch.compile(own_code(lambda ids: logits_of(model, ids, cache)), mode="reduce-overhead", dynamic=False)
     module = model.base
-    compiled = torch.compile(lambda ids: logits_of(model, ids, cache, module), dynamic=False)
+    compiled = torch.compile(own_code(lambda ids: logits_of(model, ids, cache, module)), dynamic=False)
 
     def frozen(ids: torch.Tensor) -> torch.Tensor:
         # Freezing is read from inductor's config while the first call compiles; torch.compile's
@@ -78,6 +80,22 @@ def compile_forward(model: LoadedModel, cache: StaticKVCache) -> Callable[[torch
         with torch._inductor.config.patch(freezing=True):
             return compiled(ids)
     return frozen
+
+
+def own_code(fn: Callable) -> Callable:
+    """`fn` on a code object of its own, so torch.compile keeps its compiled graphs apart from every other's.
+
+    Dynamo caches compiled graphs per code object and picks one by its guards. A static cache's
+    K/V and position tensors are marked static addresses (transformers, for CUDA graphs), and with
+    freezing inductor folds them into the graph like weights; the guards then do not tell one cache
+    from another, so a second FixedForward of the same shapes over a new cache ran the first one's
+    graph, writing the old cache (seen as an index out of bounds on the CPU). One code object per
+    compiled forward: one graph per cache."""
+    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{next(_compiled_count)}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+_compiled_count = itertools.count()
 
 
 class FixedForward:
