@@ -75,6 +75,10 @@ def test_cli_auto_records_the_measurement_and_runs_what_it_chose(folders, tmp_pa
     measured = header["fast_path"]["measured"]
     chosen = cc.times_from_dict({**measured, "machine": {}, "models": "", "k": K, "measured": ""})
     assert header["fast_path"]["capture"] == chosen.chosen()
+    assert main(["stats", str(out)]) == 0
+    stats = capsys.readouterr().out
+    assert "FORWARDS: the fast path, its fixed-shape forwards" in stats
+    assert f"{measured['cycle_s']['none'] * 1000:.1f} ms eager, {measured['cycle_s']['compile'] * 1000:.1f} ms compiled" in stats
 
 
 

@@ -100,6 +100,8 @@ def test_cli_compiled_run_records_its_capture(pair, tmp_path, capsys):
     assert "compiled by torch.compile" in capsys.readouterr().err
     trace = load_trace(out)
     assert trace.header["fast_path"] == {"capture": "compile"}
+    assert main(["stats", str(out)]) == 0
+    assert "FORWARDS: the fast path, its fixed-shape forwards compiled with torch.compile" in capsys.readouterr().out
     eager_out = tmp_path / "eager.jsonl"
     assert main([*args, "--out", str(eager_out)]) == 0
     close_records(trace.cycles, load_trace(eager_out).cycles)

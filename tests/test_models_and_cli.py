@@ -10,6 +10,7 @@ from engine.cycle.reference import speculative_generate, target_generate
 from engine.models.device import pick_dtype
 from engine.models.loading import DRAFT_VOCAB_FILE, ModelLoadError, TokenizerMismatchError, load_model
 from engine.run import load_pair
+from engine.stats.report import format_stats
 from engine.trace import load_trace
 from tests.tiny import WORDS, noisy_pair, save_tiny, tiny_llama, tiny_tokenizer
 
@@ -137,3 +138,4 @@ def test_cli_bfloat16_run_on_a_cpu_with_bfloat16_in_hardware(folders, tmp_path, 
     trace = load_trace(out)
     assert trace.header["dtype"] == "bfloat16" and trace.header["device"] == "cpu"
     assert len(trace.summary["generated_token_ids"]) == 12
+    assert "TARGET WEIGHTS: the model as loaded, in bfloat16" in format_stats(trace)

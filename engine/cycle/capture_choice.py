@@ -21,6 +21,7 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -95,7 +96,7 @@ def time_cycles(target: LoadedModel, draft: LoadedModel, k: int, repeats: int) -
     times = {capture: [] for capture in CAPTURES}
     for _ in range(repeats):
         for capture, (forwards, caches) in runs.items():
-            times[capture].append(timed(lambda: one_cycle(forwards, caches, ids, k), target.device)[1])
+            times[capture].append(timed(partial(one_cycle, forwards, caches, ids, k), target.device)[1])
     return times, compile_s
 
 

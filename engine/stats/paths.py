@@ -1,7 +1,7 @@
 """Which linear path ran each forward width, as a calibrated CPU trace's header records it
 (engine/models/linear_paths.py measured it on the machine of the run), and which weights the
 target ran on (engine/models/gguf_linear.py), and which decoder made each model's distributions
-(engine/models/llama.py, --decoder own)."""
+(engine/models/llama.py, --decoder own), and how the fast path ran its forwards (engine/cycle/fast_forward.py)."""
 from dataclasses import dataclass
 
 from engine.trace.schema import AS_LOADED, DECODER_OWN, PACKED, WEIGHTS_FLOAT32, WEIGHTS_INT4
@@ -18,7 +18,8 @@ def weights_words(header: dict) -> str:
     if not w:
         return "the model as loaded (this trace does not record a weights path)"
     if w["path"] != WEIGHTS_INT4:
-        return f"{WEIGHTS_FLOAT32}: the model as loaded"
+        dtype = header.get("dtype") or "float32"  # the model as loaded is in the run's dtype (--dtype)
+        return f"{WEIGHTS_FLOAT32}: the model as loaded" if dtype == "float32" else f"the model as loaded, in {dtype}"
     layers = ", ".join(f"{n} {kind}" for kind, n in w["tensor_types"].items())
     floats = f", {w['float_layers']} kept in float" if w["float_layers"] else ""
     return (f"{WEIGHTS_INT4}: the blocks of {w['file']} as stored ({layers} linear layers{floats}; "
@@ -37,6 +38,25 @@ def decoder_words(header: dict) -> str | None:
             return "the engine's own decoder"
         return "Hugging Face's modules" + (f" ({entry['fallback']})" if "fallback" in entry else "")
     return "; ".join(f"{role} on {words(entry)}" for role, entry in decoder.items())
+
+
+CAPTURE_WORDS = {"none": "eager", "graph": "captured as CUDA graphs",
+                 "compile": "compiled with torch.compile"}
+
+
+def forward_words(header: dict) -> str | None:
+    """How the fast path ran the forwards, in words, with the measurement that chose it under
+    --capture auto; None for a trace of the reference path (no `fast_path`)."""
+    fast = header.get("fast_path")
+    if not fast:
+        return None
+    words = f"the fast path, its fixed-shape forwards {CAPTURE_WORDS[fast['capture']]}"
+    measured = fast.get("measured")
+    if measured:
+        cycle = measured["cycle_s"]
+        words += (f" (chosen on the machine of the run: one cycle's forwards took {cycle['none'] * 1000:.1f} ms eager, "
+                  f"{cycle['compile'] * 1000:.1f} ms compiled)")
+    return words
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from engine.stats.analysis import (
     trace_stats,
 )
 from engine.stats.layouts import layout_lines, layout_stats
-from engine.stats.paths import decoder_words, path_lines, path_rows, weights_words
+from engine.stats.paths import decoder_words, forward_words, path_lines, path_rows, weights_words
 from engine.stats.tree_report import format_tree_stats, summary_lines
 from engine.stats.trees import is_tree_trace
 from engine.trace import Trace
@@ -111,9 +111,9 @@ def format_stats(trace: Trace) -> str:
     if is_tree_trace(trace):  # a tree cycle has no per-position fields: engine/stats/trees.py reads it
         return format_tree_stats(trace)
     st = trace_stats(trace)
-    decoder = decoder_words(trace.header)
+    decoder, forwards = decoder_words(trace.header), forward_words(trace.header)
     sections = [[f"DRAFTER: {st.drafter}", f"TARGET WEIGHTS: {weights_words(trace.header)}",
-                 *([f"DECODER: {decoder}"] if decoder else [])],
+                 *([f"DECODER: {decoder}"] if decoder else []), *([f"FORWARDS: {forwards}"] if forwards else [])],
                 acceptance_lines(st), histogram_lines(st)]
     if st.by_ngram:
         sections.append(ngram_lines(st))

@@ -9,8 +9,8 @@ from engine.trace.batch import MAX_BATCH
 from engine.trace.check_basics import RunFacts, fail, is_int, is_num
 from engine.trace.schema import (
     ACCEPTANCE_RULES,
-    CAPTURE_MODES,
     CACHE_CONVENTION,
+    CAPTURE_MODES,
     DECODER_HF,
     DECODER_OWN,
     DECODERS,

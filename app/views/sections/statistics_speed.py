@@ -24,7 +24,7 @@ from engine.drafters.registry import DRAFTERS, options_from_header
 from engine.models.presets import PRESETS
 from engine.stats.analysis import DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed
 from engine.stats.calibrate import calibrate_repeated
-from engine.stats.paths import machine_words, noisy_words, path_rows, target_weights, weights_words
+from engine.stats.paths import forward_words, machine_words, noisy_words, path_rows, target_weights, weights_words
 from engine.stats.repeats import MAX_SPREAD, Repeated, disagreeing, disagreement_words, widest_spread
 from engine.trace import Trace
 
@@ -155,7 +155,9 @@ def speed_section(st_: TraceStats) -> None:
 def paths_section(header: dict) -> None:
     """The target's weights, and which linear path ran each forward width on the machine of the run
     (calibrated CPU runs only)."""
-    st.caption(f"Target weights: {md(weights_words(header))}. The step times above are of this path.")
+    forwards = forward_words(header)
+    st.caption(f"Target weights: {md(weights_words(header))}. The step times above are of this path."
+               + (f" Forwards: {md(forwards)}." if forwards else ""))
     rows = path_rows(header)
     if not rows:
         return
