@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.config import SettingsError, SpecSettings, TreeSpec, check_capture
 from engine.drafters.refusals import MIS_SET_CHAIN_ONLY
-from engine.models.errors import OWN_DECODER_INT4, OWN_DECODER_TP
+from engine.models.errors import OWN_DECODER_TP
 from engine.trace.schema import DECODER_HF, DECODER_OWN, DRAFT_MODEL, EAGLE, WEIGHTS_FLOAT32
 
 
@@ -66,7 +66,6 @@ class RunMode:
                "draft model, prompt lookup or the other-tokenizer draft")
         refuse(self.tp_size > 1 and target_weights != WEIGHTS_FLOAT32,
                "--target-weights int4 runs on one CPU process: drop --tp")
-        refuse(decoder == DECODER_OWN and target_weights != WEIGHTS_FLOAT32, OWN_DECODER_INT4)
         refuse(decoder == DECODER_OWN and self.tp_size > 1, OWN_DECODER_TP)
 
     def with_ranks(self, tensor_parallel: dict) -> "RunMode":

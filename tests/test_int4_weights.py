@@ -213,6 +213,42 @@ def test_a_tiny_models_twin_runs_the_files_blocks_and_greedy_speculation_equals_
 
 
 @needs_cc
+def test_the_own_decoder_on_the_blocks_fuses_what_shares_a_block_type_and_follows_the_twin(tmp_path):
+    """--decoder own with --target-weights int4: the own decoder runs the twin's blocks, q/k/v and gate/up
+    fused into one block matrix each where their block types agree, side by side where they do not
+    (layer 1's up projection is stored in float here). Same kernel per row, so the same logits up to
+    the order of float32 sums outside the products (attention, norms: ACROSS_KERNELS)."""
+    from engine.models.gguf_linear import StackedLinear
+    from engine.models.llama import LlamaDecoder
+    from engine.trace.schema import DECODER_OWN
+
+    target = tiny_target(tmp_path, {"output.weight": "Q8_0", "blk.1.ffn_up.weight": "F32"})
+    ids = [1, 2, 4, 6, 7, 8]
+    target.use_weights(WEIGHTS_INT4)
+    twin_logits = target.forward(ids, target.new_cache())
+    twin_greedy = target_generate(target, ids, SpecSettings(k=1, temperature=0, max_new_tokens=12), set())
+    target.use_decoder(DECODER_OWN)
+    own = target.runner
+    assert isinstance(own, LlamaDecoder) and target.describe_decoder() == {"ran": DECODER_OWN}
+    layer0, layer1 = own.model.layers
+    assert isinstance(layer0.attention.wqkv, GGUFLinear) and layer0.attention.wqkv.kind == "Q4_1"
+    assert isinstance(layer0.feed_forward.w13, GGUFLinear)  # gate and up: one matrix
+    assert isinstance(layer1.feed_forward.w13, StackedLinear)  # Q4_1 gate beside the float up
+    assert isinstance(own.lm_head, GGUFLinear) and own.lm_head.kind == "Q8_0"
+    fused_qkv = torch.cat([target.model.get_submodule(f"model.layers.0.self_attn.{n}_proj").weight for n in "qkv"])
+    assert torch.equal(layer0.attention.wqkv(torch.eye(32)).T, fused_qkv)  # the blocks decode to the float weights
+    own_logits = target.forward(ids, target.new_cache())
+    assert torch.allclose(own_logits, twin_logits, atol=ACROSS_KERNELS, rtol=0)
+    s = SpecSettings(k=1, temperature=0, max_new_tokens=12)
+    assert target_generate(target, ids, s, set()) == twin_greedy
+    draft = wrap_model("tiny-draft", tiny_llama(1001, 1, 16), tiny_tokenizer())
+    spec = [t for c in speculative_generate(Pair(target, draft, set()), ids, SpecSettings(k=3, temperature=0,
+                                                                                            max_new_tokens=12))
+            for t in c["committed_token_ids"]]
+    assert spec[:12] == twin_greedy
+
+
+@needs_cc
 def test_every_row_of_every_layer_is_checked_when_asked(tmp_path):
     target = tiny_target(tmp_path)
     _, weights = gguf_twin(target.model, target.gguf_file, every_row=True)

@@ -22,7 +22,7 @@ from engine.cli import main
 from engine.drafters.registry import DRAFTERS
 from engine.mode import RunMode
 from engine.models import llama
-from engine.models.errors import OWN_DECODER_INT4, OWN_DECODER_TP, ModelLoadError
+from engine.models.errors import OWN_DECODER_TP, ModelLoadError
 from engine.models.loading import wrap_model
 from engine.trace.format import TraceError, load_trace
 from engine.trace.header_checks import DRAFTERS_WITH_MODEL
@@ -151,7 +151,6 @@ def test_header_records_the_decoder_per_model_and_load_trace_checks_it(folders, 
     rewrite(path, tmp_path / "older.jsonl", older)
     assert "decoder" not in load_trace(tmp_path / "older.jsonl").header
     h = trace.header
-    int4 = {"path": WEIGHTS_INT4, "file": "x.gguf", "tensor_types": {"Q4_1": 1}, "float_layers": 0, "weight_bytes": 1}
     bad = [
         ({**h, "decoder": "own"}, "decoder"),
         ({**h, "decoder": {"target": {"ran": "own"}}}, "decoder"),  # the draft model is not named
@@ -164,7 +163,6 @@ def test_header_records_the_decoder_per_model_and_load_trace_checks_it(folders, 
         ({**h, "decoder": {**h["decoder"], "draft": {"ran": "hf", "fallback": ""}}}, "decoder.draft.fallback"),
         ({**h, "decoder": {**h["decoder"], "draft": {"ran": "hf", "fallback": 3}}}, "decoder.draft.fallback"),
         ({**h, "decoder": {**h["decoder"], "draft": {"ran": "hf", "fallback": "x" * 301}}}, "decoder.draft.fallback"),
-        ({**h, "target_weights": int4}, "decoder.target.ran"),  # an int4 target never runs the own decoder
     ]
     for header, field in bad:
         rewrite(path, tmp_path / "bad.jsonl", header)
@@ -289,15 +287,6 @@ def test_loaded_model_falls_back_per_model():
 
 # ---------------------------------------------------------------- (e) where the own decoder cannot apply
 
-def test_int4_target_weights_with_the_own_decoder_is_one_line_before_loading(folders, tmp_path, capsys, own_calls):
-    out = tmp_path / "int4.jsonl"
-    code = main(["run", "--prompt", PROMPT, "--target", folders[0], "--draft", folders[1], *RUN,
-                 "--decoder", "own", "--target-weights", "int4", "--out", str(out)])
-    err = capsys.readouterr().err
-    assert code == 2 and err == f"error: {OWN_DECODER_INT4}\n"
-    assert "loading" not in err and not out.exists() and own_calls == []
-
-
 def test_own_decoder_refusals_in_the_run_mode_and_the_loaded_model():
     with pytest.raises(Exception, match="--decoder own runs unsharded models") as err:
         RunMode(tp_size=2).check_drafter("model", decoder=DECODER_OWN)
@@ -305,9 +294,5 @@ def test_own_decoder_refusals_in_the_run_mode_and_the_loaded_model():
     RunMode(tp_size=2).check_drafter("model", decoder="hf")
     m = wrap_model("t", tiny_llama(0, 1, 16), tiny_tokenizer())
     m.use_decoder(DECODER_OWN)
-    with pytest.raises(ModelLoadError, match="drop one of the two"):  # the app's and diagnose's path: no CLI check
+    with pytest.raises(ModelLoadError, match="was not loaded from one"):  # int4 needs a GGUF file, own or not
         m.use_weights(WEIGHTS_INT4)
-    m.use_decoder("hf")
-    m.weights = WEIGHTS_INT4  # as use_weights(int4) leaves it (without building the GGUF twin)
-    with pytest.raises(ModelLoadError, match="drop one of the two"):
-        m.use_decoder(DECODER_OWN)

@@ -14,9 +14,6 @@ class TokenizerMismatchError(ValueError):
 
 # Where the engine's own decoder (--decoder own, engine/models/llama.py) cannot apply to a whole run:
 # refused before anything loads (engine/mode.py) and again by LoadedModel, whichever is asked second.
-OWN_DECODER_INT4 = (
-    "--decoder own runs a model's float weights, and --target-weights int4 runs the target's linear layers on "
-    "its GGUF blocks through Hugging Face's modules: drop one of the two")
 OWN_DECODER_TP = (
     "--decoder own runs unsharded models, and under --tp the target's shards run Hugging Face's tensor-parallel "
     "modules: drop one of the two")

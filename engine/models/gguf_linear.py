@@ -172,3 +172,49 @@ def gguf_twin(model: nn.Module, gguf_file: Path, every_row: bool = False) -> tup
         counts[blocks.kind] += 1
         weight_bytes += blocks.nbytes
     return twin.eval(), GGUFWeights(Path(gguf_file).name, dict(counts), floats, weight_bytes, names)
+
+
+# ---------------------------------------------------------------- the own decoder on the blocks
+
+class StackedLinear(nn.Module):
+    """Layers of different block types (or some stored in float) computed one after the other, their
+    outputs side by side: what a fused projection is when its parts cannot share one block matrix."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(layers)
+        self.in_features = layers[0].in_features
+        self.out_features = sum(layer.out_features for layer in layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([layer(x) for layer in self.parts], dim=-1)  # (..., N1 + N2 + ...)
+
+
+def fused(layers: list[GGUFLinear]) -> GGUFLinear:
+    """One GGUFLinear over the layers' blocks stacked by rows: a row's output is the same kernel's dot
+    product over the same blocks, so the fused layer's outputs are the parts' outputs side by side."""
+    first = layers[0]
+    blocks = torch.cat([layer.blocks for layer in layers])  # (N1 + N2 + ..., K/32 * block bytes)
+    tensor = BlockTensor("+".join(layer.gguf_name for layer in layers), first.kind, blocks.shape[0],
+                         first.in_features, blocks)
+    biases = [layer.bias for layer in layers]
+    has_bias = any(b is not None for b in biases)
+    bias = torch.cat([b if b is not None else torch.zeros(layer.out_features) for b, layer in zip(biases, layers)]) \
+        if has_bias else None
+    return GGUFLinear(tensor, bias)
+
+
+def fused_source(twin: nn.Module):
+    """For engine/models/llama.py `from_hf(model, linear_source=...)`: the int4 twin's layers of each
+    fused group (q/k/v; gate/up; a single o, down or output layer), as one GGUFLinear where they share
+    a block type, else side by side (StackedLinear). The own decoder then runs exactly the twin's
+    weights: the same blocks, the same float layers."""
+    def source(names: list[str]) -> nn.Module:
+        layers = [twin.get_submodule(name) for name in names]
+        if len(layers) == 1:
+            return layers[0]
+        kinds = {layer.kind if isinstance(layer, GGUFLinear) else None for layer in layers}
+        if None not in kinds and len(kinds) == 1:
+            return fused(layers)
+        return StackedLinear(layers)
+    return source

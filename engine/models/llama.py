@@ -25,6 +25,7 @@ May import: torch, transformers' Cache type. Nothing else of the engine (engine/
 and the cycles may import this module, not the reverse).
 """
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -397,12 +398,20 @@ def _check_plain_weights(model: nn.Module) -> None:
         raise UnsupportedArchitecture("weights quantised by a transformers quantizer")
 
 
+# Builds the module that computes the named Hugging Face linear layers stacked by output rows
+# (["model.layers.0.self_attn.q_proj", "...k_proj", "...v_proj"]), or None to stack their float weights.
+LinearSource = Callable[[list[str]], nn.Module | None]
+
+
 @torch.no_grad()
-def from_hf(model: nn.Module) -> LlamaDecoder:
+def from_hf(model: nn.Module, linear_source: LinearSource | None = None) -> LlamaDecoder:
     """The decoder on `model`'s weights (a LlamaForCausalLM or Qwen2ForCausalLM), same device and dtype.
 
     Embeddings, norms and a tied output layer share `model`'s tensors; the fused q/k/v and gate/up
-    matrices are new (they cost one more copy of those weights)."""
+    matrices are new (they cost one more copy of those weights). `linear_source`, when given, supplies
+    the linear layers instead (the int4 path's blocks, engine/models/gguf_linear.py fused_source):
+    whatever it returns for a group of layers computes them stacked, and a group it returns None for is
+    built from the float weights as usual."""
     config = LlamaConfig.from_hf(model.config)
     _check_plain_weights(model)
     w = _Weights(model.state_dict())
@@ -411,16 +420,21 @@ def from_hf(model: nn.Module) -> LlamaDecoder:
         embed = nn.Embedding(config.vocab_size, config.hidden_size)
     embed.weight = _param(embed_weight)
 
+    def stacked(names: list[str], has_bias: bool) -> nn.Module:
+        """The layers `names` as one module: rows of the first, then the second's... (q, k, v; gate, up)."""
+        weights = [w(n + ".weight") for n in names]
+        biases = [w(n + ".bias", has_bias) for n in names]
+        given = linear_source(names) if linear_source is not None else None
+        if given is not None:
+            return given
+        return _linear(torch.cat(weights), torch.cat(biases) if has_bias else None)
+
     def layer(i: int) -> Block:
         p = f"model.layers.{i}."
-        qkv = [w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
-        qkv_bias = [w(p + f"self_attn.{n}_proj.bias", config.qkv_bias) for n in "qkv"]
-        wqkv = _linear(torch.cat(qkv), torch.cat(qkv_bias) if config.qkv_bias else None)
-        wo = _linear(w(p + "self_attn.o_proj.weight"), w(p + "self_attn.o_proj.bias", config.o_bias))
-        gate_up = [w(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
-        gate_up_bias = [w(p + f"mlp.{n}_proj.bias", config.mlp_bias) for n in ("gate", "up")]
-        w13 = _linear(torch.cat(gate_up), torch.cat(gate_up_bias) if config.mlp_bias else None)
-        w2 = _linear(w(p + "mlp.down_proj.weight"), w(p + "mlp.down_proj.bias", config.mlp_bias))
+        wqkv = stacked([p + f"self_attn.{n}_proj" for n in "qkv"], config.qkv_bias)
+        wo = stacked([p + "self_attn.o_proj"], config.o_bias)
+        w13 = stacked([p + f"mlp.{n}_proj" for n in ("gate", "up")], config.mlp_bias)
+        w2 = stacked([p + "mlp.down_proj"], config.mlp_bias)
         return Block(Attention(config, i, wqkv, wo), FeedForward(w13, w2),
                      RMSNorm(w(p + "input_layernorm.weight"), config.rms_norm_eps),
                      RMSNorm(w(p + "post_attention_layernorm.weight"), config.rms_norm_eps))
@@ -428,10 +442,11 @@ def from_hf(model: nn.Module) -> LlamaDecoder:
     layers = [layer(i) for i in range(config.num_layers)]
     norm = RMSNorm(w("model.norm.weight"), config.rms_norm_eps)
     head_weight = w("lm_head.weight", required=not config.tie_word_embeddings)
-    if config.tie_word_embeddings:
+    lm_head = linear_source(["lm_head"]) if linear_source is not None else None
+    if lm_head is None and config.tie_word_embeddings:
         lm_head = _linear(embed_weight, None)
         lm_head.weight = embed.weight  # one Parameter, as in the tied model
-    else:
+    elif lm_head is None:
         lm_head = _linear(head_weight, None)
     w.check_all_taken()
     rotary = Rotary(config.head_dim, config.rope_theta, config.max_positions, embed_weight.dtype, embed_weight.device)

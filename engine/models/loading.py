@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.distributed import DistributedConfig
 
 from engine.models import cpu_linear
-from engine.models.errors import OWN_DECODER_INT4, ModelLoadError, TokenizerMismatchError
+from engine.models.errors import ModelLoadError, TokenizerMismatchError
 from engine.trace.schema import (
     AS_LOADED,
     DECODER_HF,
@@ -64,6 +64,7 @@ class LoadedModel:
     _twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
     _own: torch.nn.Module | None = field(default=None, repr=False, compare=False)  # engine/models/llama.py's decoder
     _int4_twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
+    _own_int4: torch.nn.Module | None = field(default=None, repr=False, compare=False)  # the own decoder on the blocks
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.model.forward).parameters
@@ -80,8 +81,6 @@ class LoadedModel:
         reason, a model that has no GGUF file or one of another block type."""
         if weights not in TARGET_WEIGHTS:
             raise ValueError(f"unknown target weights {weights!r}; choose one of {', '.join(TARGET_WEIGHTS)}")
-        if weights == WEIGHTS_INT4 and self.decoder_asked == DECODER_OWN:
-            raise ModelLoadError(OWN_DECODER_INT4)
         if weights == WEIGHTS_INT4 and self._int4_twin is None:
             if self.gguf_file is None:
                 raise ModelLoadError(f"int4 target weights come from a GGUF file, and {self.name} was not loaded "
@@ -98,10 +97,9 @@ class LoadedModel:
         `generate` keep using it."""
         if decoder not in DECODERS:
             raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
-        if decoder == DECODER_OWN and self.weights == WEIGHTS_INT4:
-            raise ModelLoadError(OWN_DECODER_INT4)
         self.decoder_asked, self.decoder, self.decoder_fallback = decoder, DECODER_HF, None
-        self._own = self._twin = None  # a packed twin wraps the module that runs: built again on first use
+        # the twins wrap or copy the module that runs: built again on first use
+        self._own = self._twin = self._own_int4 = None
         if decoder == DECODER_HF:
             return
         from engine.models.llama import UnsupportedArchitecture, from_hf
@@ -130,6 +128,19 @@ class LoadedModel:
         return {"path": WEIGHTS_FLOAT32}
 
     @property
+    def int4_runner(self) -> torch.nn.Module:
+        """The int4 path's module: the twin on the GGUF blocks (Hugging Face's modules), or under
+        use_decoder(DECODER_OWN) the engine's own decoder on the same blocks, its q/k/v and gate/up
+        fused into one block matrix each (engine/models/gguf_linear.py fused_source). Built on first use."""
+        if self.decoder != DECODER_OWN:
+            return self._int4_twin
+        if self._own_int4 is None:
+            from engine.models.gguf_linear import fused_source
+            from engine.models.llama import from_hf
+            self._own_int4 = from_hf(self.model, fused_source(self._int4_twin))
+        return self._own_int4
+
+    @property
     def runner(self) -> torch.nn.Module:
         """What the engine's forwards call: with int4 weights, the twin on the GGUF blocks; on a
         float32 CPU model, a twin whose linear layers run oneDNN with pre-packed weights
@@ -138,7 +149,7 @@ class LoadedModel:
         whose packed twin is built the same way). `self.model` stays untouched, so Hugging Face's
         `generate` on it is what a user would run. Built on first use."""
         if self.weights == WEIGHTS_INT4:
-            return self._int4_twin
+            return self.int4_runner
         base = self.base
         if not self.fast_linear or not cpu_linear.available(base):
             return base
@@ -151,7 +162,7 @@ class LoadedModel:
         machine's measurement found it faster at that width, else `runner`. The int4 path is one
         path at every width: it is another target distribution, never swapped in per width."""
         if self.weights == WEIGHTS_INT4:
-            return self._int4_twin
+            return self.int4_runner
         if self.linear_paths and self.linear_paths.get(width) == AS_LOADED:
             return self.base
         return self.runner

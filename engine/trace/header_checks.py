@@ -294,9 +294,6 @@ def check_decoder(h: dict, drafter_kind: str, where: str) -> None:
                 or reason != " ".join(reason.split())):
             fail(where, f"{name}.fallback", f"must say why in one line of 1..{MAX_DECODER_FALLBACK_TEXT} characters")
     if decoder["target"]["ran"] == DECODER_OWN:
-        if (h.get("target_weights") or {}).get("path", "float32") == WEIGHTS_INT4:
-            fail(where, "decoder.target.ran", "an int4 target runs its GGUF blocks through Hugging Face's modules, "
-                                              "not the own decoder")
         if h.get("tensor_parallel") is not None:
             fail(where, "decoder.target.ran", "a target sharded over ranks (tensor_parallel) runs Hugging Face's "
                                               "modules, not the own decoder")
