@@ -143,9 +143,6 @@ def run_mode_from_args(args) -> RunMode:
         refuse_tree_auto(args.drafter, args.fast, args.calibrate, options_from_args(args).mis_set)
     if args.capture is not None and not args.fast:
         raise SettingsError("--capture chooses how the fast path's forwards run: add --fast")
-    if args.capture in ("compile", CAPTURE_AUTO) and args.target_weights == WEIGHTS_INT4:
-        raise SettingsError(f"--capture {args.capture} with --target-weights int4: torch.compile cannot see into the "
-                            "int4 C kernel; use float32 weights, or --fast without --capture")
     return RunMode(tree=tree, fast="none" if args.fast else None, tp_size=args.tp, calibrate=args.calibrate)
 
 
@@ -214,7 +211,7 @@ def settle_fast_path(args, pair, mode: RunMode) -> RunMode:
               f"{times.cycle_s['compile'] * 1000:.1f} ms compiled: {'compiling' if capture == 'compile' else 'eager'}",
               file=sys.stderr)
     try:
-        plan = plan_fast_path(pair.target.device, capture, pair.target.weights)
+        plan = plan_fast_path(pair.target.device, capture)
     except ValueError as err:
         raise SettingsError(str(err)) from None
     print(plan.message, file=sys.stderr)

@@ -249,6 +249,27 @@ def test_the_own_decoder_on_the_blocks_fuses_what_shares_a_block_type_and_follow
 
 
 @needs_cc
+@pytest.mark.parametrize("decoder", ["hf", "own"])
+def test_the_fast_path_compiles_the_int4_forward_with_the_kernel_as_one_operator(tmp_path, decoder):
+    """--fast --capture compile on int4 weights: the graph calls the C kernel through speclab::gguf_linear,
+    so the compiled forwards give the eager fast path's tokens and probabilities (up to the order of
+    float32 sums in the parts inductor fuses: ACROSS_KERNELS)."""
+    from engine.cycle import fast as fp
+    from tests.test_fast_compile import close_records
+
+    target = tiny_target(tmp_path, {"output.weight": "Q8_0"})
+    target.use_weights(WEIGHTS_INT4)
+    target.use_decoder(decoder)
+    draft = wrap_model("tiny-draft", tiny_llama(1001, 1, 16), tiny_tokenizer())
+    pair = Pair(target, draft, set())
+    for temperature in (0.0, 1.0):
+        s = SpecSettings(k=2, temperature=temperature, max_new_tokens=12, seed=2, cache_layout="static")
+        eager = list(fp.fast_generate(pair, [1, 2, 4], s, models=fp.FastModels.empty(pair, 2, 40)))
+        compiled = list(fp.fast_generate(pair, [1, 2, 4], s, models=fp.FastModels.empty(pair, 2, 40, "compile")))
+        close_records(compiled, eager)
+
+
+@needs_cc
 def test_every_row_of_every_layer_is_checked_when_asked(tmp_path):
     target = tiny_target(tmp_path)
     _, weights = gguf_twin(target.model, target.gguf_file, every_row=True)

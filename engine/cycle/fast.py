@@ -58,7 +58,6 @@ from engine.models.loading import LoadedModel
 from engine.models.sampling import warp_probs
 from engine.trace.commit import final_tokens
 from engine.trace.format import CacheLengths
-from engine.trace.schema import WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 # ---------------------------------------------------------------- choosing the path
 
@@ -68,16 +67,13 @@ class FastPlan:
     message: str  # one line for the user: what runs and why
 
 
-def plan_fast_path(device: torch.device, capture: str | None = None, target_weights: str = WEIGHTS_FLOAT32) -> FastPlan:
+def plan_fast_path(device: torch.device, capture: str | None = None) -> FastPlan:
     """CUDA graphs on CUDA; elsewhere the same device-resident cycle, eager unless compiling was asked, with the reason.
 
     On the CPU, "compile" runs both models' forwards as inductor's C++ (engine/cycle/fast_forward.py);
     whether that pays depends on the CPU and the model (bench/step_limit.py measures it), and each
     width and cache capacity costs a compile, so it is asked for, never the default."""
     check_capture(capture)
-    if capture == "compile" and target_weights == WEIGHTS_INT4:
-        raise ValueError("capture mode 'compile' with int4 target weights: torch.compile cannot see into the "
-                         "int4 C kernel; run --fast without --capture, or float32 weights")
     if device.type == "cuda":
         capture = capture or "graph"
         how = {"graph": "captured as CUDA graphs", "compile": "compiled with torch.compile",

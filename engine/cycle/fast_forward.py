@@ -65,12 +65,13 @@ def compile_forward(model: LoadedModel, cache: StaticKVCache) -> Callable[[torch
     On CUDA, "reduce-overhead" replays the compiled kernels as CUDA graphs. On the CPU there are no
     graphs to replay; inductor writes C++ for the whole forward and, with `freezing`, treats the
     weights as constants (they do not change during a run), so it can fold them and pre-pack them
-    for oneDNN itself. It compiles the module as loaded (`model.base`: the model or the engine's own
-    decoder), not the packed twin, whose oneDNN calls inductor cannot lower (LoweringException,
-    torch 2.13); nor the int4 twin, whose C kernel it cannot see into (refused by plan_fast_path)."""
+    for oneDNN itself. It compiles `model.compiled_module`: the module as loaded or the engine's own
+    decoder, not the packed twin, whose oneDNN calls inductor cannot lower (LoweringException,
+    torch 2.13); on int4 weights, the int4 module, whose C kernel the graph holds as one opaque
+    operator (engine/models/gguf_kernel.py compiled_linear)."""
     if model.device.type == "cuda":
         return torch.compile(own_code(lambda ids: logits_of(model, ids, cache)), mode="reduce-overhead", dynamic=False)
-    module = model.base
+    module = model.compiled_module
     compiled = torch.compile(own_code(lambda ids: logits_of(model, ids, cache, module)), dynamic=False)
 
     def frozen(ids: torch.Tensor) -> torch.Tensor:

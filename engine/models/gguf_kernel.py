@@ -134,3 +134,19 @@ def linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int) 
     if x.dim() != 2 or x.shape[1] % 32:
         raise ValueError(f"the GGUF kernel takes contiguous float32 rows of whole blocks, got {x.dtype} {tuple(x.shape)}")
     return BlockMatrix(blocks, kind, out_features, x.shape[1])(x)
+
+
+# ---------------------------------------------------------------- under torch.compile
+
+@torch.library.custom_op("speclab::gguf_linear", mutates_args=())
+def compiled_linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int) -> torch.Tensor:
+    """`linear` as an operator torch.compile can hold in a graph: dynamo cannot trace into a ctypes call,
+    so a compiled forward (engine/cycle/fast_forward.py) calls the kernel through this operator, which
+    inductor leaves as one opaque call. Eager forwards keep calling BlockMatrix directly: the operator's
+    dispatch would cost more than the kernel does on the small layers."""
+    return linear(x, blocks, kind, out_features)
+
+
+@compiled_linear.register_fake
+def _(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)  # (M, N) float32: what the kernel writes

@@ -59,7 +59,10 @@ class GGUFLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)  # (M, K)
         if flat.dtype != torch.float32 or not flat.is_contiguous():
             flat = flat.float().contiguous()
-        y = self.matrix(flat)  # (M, N)
+        if torch.compiler.is_compiling():  # the kernel as an operator a compiled graph can hold
+            y = gguf_kernel.compiled_linear(flat, self.blocks, self.kind, self.out_features)
+        else:
+            y = self.matrix(flat)  # (M, N)
         if self.bias is not None:
             y += self.bias
         return y.reshape(*x.shape[:-1], self.out_features)

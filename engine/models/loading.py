@@ -128,6 +128,13 @@ class LoadedModel:
         return {"path": WEIGHTS_FLOAT32}
 
     @property
+    def compiled_module(self) -> torch.nn.Module:
+        """What torch.compile compiles (engine/cycle/fast_forward.py): the int4 module on int4 weights,
+        else `base`, never the packed twin (inductor cannot lower its oneDNN calls; with its weights
+        frozen in, inductor packs them for oneDNN itself)."""
+        return self.int4_runner if self.weights == WEIGHTS_INT4 else self.base
+
+    @property
     def int4_runner(self) -> torch.nn.Module:
         """The int4 path's module: the twin on the GGUF blocks (Hugging Face's modules), or under
         use_decoder(DECODER_OWN) the engine's own decoder on the same blocks, its q/k/v and gate/up
