@@ -81,7 +81,9 @@ def weights_lines(result: dict) -> list[str]:
         what = (f"int4, the blocks of {w['file']} as stored ({', '.join(f'{n} {t}' for t, n in w['tensor_types'].items())} "
                 f"linear layers, {w['weight_bytes'] / 1e6:.1f} MB), float32 activations" if w["path"] == "int4"
                 else "float32, the model as loaded")
-        lines.append(f"Target weights in (a), (b), (e): {what}. (c) and (d) run Hugging Face on the float32 model.")
+        decoder = "the engine's own decoder" if result.get("decoder") == "own" else "Hugging Face's modules"
+        lines.append(f"Target weights in (a), (b), (e): {what}, run on {decoder}. (c) and (d) run Hugging Face on "
+                     "the float32 model.")
     if result.get("anchor"):
         lines.append(f"(f) llama.cpp anchor: {result['anchor']}.")
     elif "anchor_skipped" in result:

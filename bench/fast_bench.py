@@ -49,7 +49,7 @@ from engine.models.presets import PRESETS
 from engine.run import encode_prompt, make_header
 from engine.stats.analysis import cycle_times, measured_alpha
 from engine.trace.format import TraceWriter, load_trace, make_summary
-from engine.trace.schema import DECODER_HF, DECODERS
+from engine.trace.schema import DECODER_HF, DECODERS, TARGET_WEIGHTS, WEIGHTS_FLOAT32
 
 METHODS = ("a", "b", "c", "d", "d'", "e")
 METHOD_NAMES = {"a": "fast path, traced", "b": "fast path, untraced", "c": "HF assisted generation",
@@ -78,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--capture", default=None, help="graph (default on CUDA), compile or none")
+    p.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32,
+                   help="what the target's linear layers run on in a, b and e (int4: the GGUF blocks, CPU)")
     p.add_argument("--decoder", choices=DECODERS, default=DECODER_HF,
                    help="the code the engine's methods (a, b, e) run on; HF's methods run Hugging Face's modules")
     p.add_argument("--methods", default=",".join(METHODS), help="a subset of " + ",".join(METHODS))
@@ -256,6 +258,7 @@ def markdown(result: dict) -> str:
             lines += [f"- {block['dtype']}: failed: {block['error']}", ""]
             continue
         lines += [f"#### {block['dtype']}, capture {block['capture']}, decoder {block.get('decoder', DECODER_HF)}"
+                  + (f", target weights {block['target_weights']['path']}" if block.get("target_weights") else "")
                   + (f" (asked for {block['capture_asked']}, which failed: {block['capture_error']})"
                      if block.get("capture_error") else ""), ""]
         methods = [m for m in METHODS if m in block["settings"][0]["tokens_per_s"]]
@@ -312,6 +315,7 @@ def run_dtype(args, dtype: str, prompts: list[str], methods: list[str]) -> dict:
     print(plan.message, flush=True)
     bandwidth = {"datasheet": datasheet_gbs(device), "measured": measured_bandwidth_gbs(device, args.dry_run)}
     block = {"dtype": dtype, "capture": plan.capture, "capture_asked": plan.capture, "decoder": pair.target.decoder,
+             "target_weights": pair.target.describe_weights(),
              "target_weight_bytes": weight_bytes(pair.target.model), "draft_weight_bytes": weight_bytes(pair.draft.model),
              "bandwidth_gbs": bandwidth, "settings": []}
     for k in (int(x) for x in str(args.k).split(",")):

@@ -78,7 +78,7 @@ from engine.stats.analysis import (
 from engine.stats.calibrate import calibrate
 from engine.stats.sweep import plain_decode
 from engine.trace.metrics import predicted_speedup
-from engine.trace.schema import DRAFT_MODEL, EAGLE, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
+from engine.trace.schema import DECODER_HF, DECODERS, DRAFT_MODEL, EAGLE, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 METHODS = ("a", "b", "c", "d", "e")
 ANCHOR = "f"
@@ -106,6 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--note", default="", help="conditions to print with the results (e.g. a machine under load)")
     p.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32,
                    help="what the target's linear layers run on in a, b and e (engine/models/gguf_linear.py for int4)")
+    p.add_argument("--decoder", choices=DECODERS, default=DECODER_HF,
+                   help="the code a, b and e run the target and the draft model on (hf, or own: engine/models/llama.py)")
     p.add_argument("--llama-python", default=os.environ.get("SPECLAB_LLAMA_PYTHON"),
                    help="a Python with llama-cpp-python (bench/build_llama_cpp.sh) for the llama.cpp anchor f")
     args = p.parse_args(argv)
@@ -125,7 +127,8 @@ def results_name(args) -> str:
     """The results file's name: eagle figures never overwrite the draft model's."""
     name = args.name or args.preset or "custom"
     name = f"{name}-eagle" if args.drafter == EAGLE and "eagle" not in name else name
-    return f"{name}-int4" if args.target_weights == WEIGHTS_INT4 and "int4" not in name else name
+    name = f"{name}-int4" if args.target_weights == WEIGHTS_INT4 and "int4" not in name else name
+    return f"{name}-own" if args.decoder != DECODER_HF and "own" not in name else name
 
 
 def load_speed_pair(args, device: str) -> tuple[Pair, bool]:
@@ -370,7 +373,8 @@ def main(argv=None) -> int:
     steps = step_times(pair, first, SpecSettings(k=1, temperature=0.0, max_new_tokens=args.max_new_tokens)) \
         if pair.target.weights == WEIGHTS_INT4 else None
     result = {"name": name, "preset": args.preset, "target": pair.target.name, "draft": pair.draft.name,
-              "target_weights": pair.target.describe_weights(), "anchor": anchor_words if anchor else None,
+              "target_weights": pair.target.describe_weights(), "decoder": pair.target.decoder,
+              "anchor": anchor_words if anchor else None,
               "anchor_skipped": None if anchor else anchor_words, "step_times": steps,
               "memory_limit": memory_limit(pair, pair.target.device) if pair.target.device.type == "cpu" else None,
               "load_average_1min_end": common.load_average(),
