@@ -3,6 +3,7 @@
     python -m bench.step_limit --preset chat --threads 2 --repeats 30
     python -m bench.step_limit --preset tiny-shakespeare --threads 2 --compile
     python -m bench.step_limit --preset chat --compile --dtype bfloat16   # a CPU with avx512_bf16 or AMX
+    python -m bench.step_limit --preset chat --compile --target-weights int4   # the GGUF blocks (limit: their bytes)
 
 A decode step at batch 1 reads every weight once, so it cannot take less than
 weight bytes / memory bandwidth (the memory limit; bfloat16 weights halve the bytes). The
@@ -34,7 +35,7 @@ from engine.kv.ops import crop
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.run import load_preset
-from engine.trace.schema import AS_LOADED, DECODER_HF, DECODER_OWN, PACKED
+from engine.trace.schema import AS_LOADED, DECODER_HF, DECODER_OWN, PACKED, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 CONTEXT = 64
 
@@ -81,8 +82,8 @@ def decoder_ways(target: LoadedModel, args) -> dict:
     """Every way of running the target's step on the decoder it is set to."""
     ways = {}
     for path in (AS_LOADED, PACKED):
-        if path == PACKED and target.dtype != torch.float32:
-            continue  # the packed twin is float32 only (cpu_linear.available)
+        if path == PACKED and (target.dtype != torch.float32 or target.weights == WEIGHTS_INT4):
+            continue  # the packed twin is float32 only (cpu_linear.available); int4 has one path
         ways[path] = time_dynamic(target, path, args.width, args.repeats)
     target.linear_paths = None
     ways["static"] = time_static(target, "none", args.width, args.repeats)
@@ -96,10 +97,12 @@ def decoder_ways(target: LoadedModel, args) -> dict:
 
 def measure(args) -> dict:
     torch.set_num_threads(args.threads)
-    pair = load_preset(args.preset, device="cpu", dtype_name=args.dtype)
+    pair = load_preset(args.preset, device="cpu", dtype_name=args.dtype, target_weights=args.target_weights)
     target = pair.target
     bandwidth = measured_bandwidth_gbs(torch.device("cpu"), False)
-    limit_s = weight_bytes(target.model) / (bandwidth * 1e9)
+    # int4: the blocks a step reads (the float weights left are norms and the embedding rows looked up)
+    step_bytes = target.gguf_weights.weight_bytes if target.weights == WEIGHTS_INT4 else weight_bytes(target.model)
+    limit_s = step_bytes / (bandwidth * 1e9)
     ways = {}
     for decoder in (DECODER_HF, DECODER_OWN):
         target.use_decoder(decoder)
@@ -109,13 +112,15 @@ def measure(args) -> dict:
         ways |= {f"{decoder} {name}": w for name, w in decoder_ways(target, args).items()}
     return {"preset": args.preset, "machine": common.machine_info(args.threads, dtype=target.dtype),
             "repeats": args.repeats, "width": args.width, "dtype": str(target.dtype).removeprefix("torch."),
-            "weight_bytes": weight_bytes(target.model), "bandwidth_gbs": bandwidth, "memory_limit_s": limit_s,
+            "target_weights": target.weights, "weight_bytes": step_bytes, "bandwidth_gbs": bandwidth,
+            "memory_limit_s": limit_s,
             "ways": ways, "note": args.note}
 
 
 def markdown(r: dict) -> str:
     what = "step" if r.get("width", 1) == 1 else f"forward of {r['width']} tokens (a verify)"
-    lines = [f"## One {r['preset']} target {what} in {r.get('dtype', 'float32')} against its memory limit "
+    weights = " on its int4 blocks" if r.get("target_weights") == WEIGHTS_INT4 else ""
+    lines = [f"## One {r['preset']} target {what} in {r.get('dtype', 'float32')}{weights} against its memory limit "
              "(bench/step_limit.py)", "",
              f"Machine: {common.machine_words(r['machine'])}; torch {r['machine']['torch']}; {r['machine']['date']}."
              + (f" {r['note']}" if r["note"] else ""), "",
@@ -142,12 +147,15 @@ def main() -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="weights and compute (bfloat16 needs a CPU with avx512_bf16 or AMX)")
     p.add_argument("--width", type=int, default=1, help="tokens per forward: 1 a decode step, K+1 a verify")
+    p.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32,
+                   help="float32, or int4: the target's GGUF blocks (engine/models/gguf_linear.py)")
     p.add_argument("--note", default="", help="conditions of the run (e.g. other processes on the machine)")
     p.add_argument("--out", default=str(common.RESULTS))
     args = p.parse_args()
     result = measure(args)
     text = markdown(result)
     stem = "-".join(["step-limit", args.preset, *([args.dtype] if args.dtype else []),
+                     *(["int4"] if args.target_weights == WEIGHTS_INT4 else []),
                      *([f"w{args.width}"] if args.width != 1 else []), common.cpu_tag(result["machine"])])
     common.write_results(Path(args.out), stem, result, text)
     print(text)
