@@ -246,6 +246,12 @@ def test_the_own_decoder_on_the_blocks_fuses_what_shares_a_block_type_and_follow
                                                                                             max_new_tokens=12))
             for t in c["committed_token_ids"]]
     assert spec[:12] == twin_greedy
+    from engine.run import run_to_trace
+    from engine.trace.format import load_trace
+    out = tmp_path / "own-int4.jsonl"
+    run_to_trace(Pair(target, draft, set()), "the cat sat", SpecSettings(k=2, max_new_tokens=6), out, RunMode())
+    header = load_trace(out).header  # a valid trace that says both: the own decoder, on the int4 blocks
+    assert header["decoder"]["target"] == {"ran": DECODER_OWN} and header["target_weights"]["path"] == WEIGHTS_INT4
 
 
 @needs_cc
