@@ -49,7 +49,7 @@ from engine.models.presets import PRESETS
 from engine.run import encode_prompt, make_header
 from engine.stats.analysis import cycle_times, measured_alpha
 from engine.trace.format import TraceWriter, load_trace, make_summary
-from engine.trace.schema import DECODER_HF, DECODERS, TARGET_WEIGHTS, WEIGHTS_FLOAT32
+from engine.trace.schema import DECODER_HF, DECODERS, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 METHODS = ("a", "b", "c", "d", "d'", "e")
 METHOD_NAMES = {"a": "fast path, traced", "b": "fast path, untraced", "c": "HF assisted generation",
@@ -121,7 +121,10 @@ def datasheet_gbs(device: torch.device) -> float | None:
 def limits(pair: Pair, k: int, mean_acceptance_length: float, bandwidth_gbs: float | None) -> dict | None:
     if not bandwidth_gbs:
         return None
-    target, draft = weight_bytes(pair.target.model), weight_bytes(pair.draft.model)
+    # int4: the blocks a target step reads, not the float32 copy the model was loaded as
+    int4 = pair.target.weights == WEIGHTS_INT4
+    target = pair.target.gguf_weights.weight_bytes if int4 else weight_bytes(pair.target.model)
+    draft = weight_bytes(pair.draft.model)
     bw = bandwidth_gbs * 1e9
     return {"bandwidth_gbs": bandwidth_gbs, "plain_tokens_per_s": bw / target,
             "speculative_tokens_per_s": bw * mean_acceptance_length / (target + (k + 1) * draft)}
