@@ -40,7 +40,7 @@ def test_a_measurement_is_kept_and_reused_and_a_damaged_one_is_measured_over(fol
     pair = load_pair(*folders, device="cpu")
     key = cc.pair_key(pair.target, pair.draft, K)
     kept = times(0.030, 0.020)
-    cc.write_cache({key: asdict(kept)})
+    cc.CACHE.write({key: asdict(kept)})
 
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured although this machine's choice was on disk")
@@ -50,11 +50,11 @@ def test_a_measurement_is_kept_and_reused_and_a_damaged_one_is_measured_over(fol
         cc.capture_times(pair.target, pair.draft, K + 1)  # another K is another entry
     for damaged in ({**asdict(kept), "cycle_s": {"none": -1, "compile": 0.02}}, {**asdict(kept), "spread": 0.9},
                     {"cycle_s": "fast"}, None):
-        cc.write_cache({key: damaged})
+        cc.CACHE.write({key: damaged})
         with pytest.raises(AssertionError, match="measured although"):
             cc.capture_times(pair.target, pair.draft, K)
-    cc.cache_file().write_text("{not json")
-    assert cc.read_cache() == {}
+    cc.CACHE.path().write_text("{not json")
+    assert cc.CACHE.read() == {}
 
 
 def test_measuring_times_both_modes_on_real_forwards(folders):

@@ -17,12 +17,10 @@ run that took it but is not kept.
 May import: torch, engine.models, engine.kv, engine.cycle.fast_forward.
 """
 import json
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
-from pathlib import Path
 
 import torch
 
@@ -32,8 +30,7 @@ from engine.models.device import timed
 from engine.models.linear_paths import QUIET_SPREAD, model_fingerprint, spread_of
 from engine.models.loading import LoadedModel
 from engine.models.machine import load_average, machine_key
-from engine.models.measure_cache import read_entries, write_entries
-from engine.models.presets import cache_root
+from engine.models.measure_cache import MeasureFile
 
 CAPTURES = ("none", "compile")
 CONTEXT = 64  # cached positions while timing, as engine/models/linear_paths.py times its paths
@@ -122,9 +119,7 @@ def measure(target: LoadedModel, draft: LoadedModel, k: int, repeats: int = REPE
 
 # ---------------------------------------------------------------- the cache on disk
 
-def cache_file() -> Path:
-    named = os.environ.get("SPECLAB_CAPTURE_CHOICE")
-    return Path(named) if named else cache_root() / "capture-choice.json"
+CACHE = MeasureFile("SPECLAB_CAPTURE_CHOICE", "capture-choice.json", CACHE_FORMAT, CACHE_VERSION)
 
 
 def times_from_dict(d: object) -> CaptureTimes | None:
@@ -140,20 +135,12 @@ def times_from_dict(d: object) -> CaptureTimes | None:
         return None
 
 
-def read_cache() -> dict:
-    return read_entries(cache_file(), CACHE_FORMAT, CACHE_VERSION)
-
-
-def write_cache(entries: dict) -> None:
-    write_entries(cache_file(), CACHE_FORMAT, CACHE_VERSION, entries)
-
-
 def capture_times(target: LoadedModel, draft: LoadedModel, k: int) -> CaptureTimes:
     """This machine's measurement for the pair and K: from the disk cache, or measured now and kept if quiet."""
     key = pair_key(target, draft, k)
-    times = times_from_dict(read_cache().get(key))
+    times = times_from_dict(CACHE.read().get(key))
     if times is None:
         times = measure(target, draft, k)
         if times.quiet:
-            write_cache({**read_cache(), key: asdict(times)})
+            CACHE.write({**CACHE.read(), key: asdict(times)})
     return times

@@ -20,7 +20,6 @@ and model reuses it. A damaged cache file is measured over, never trusted; so is
 """
 import hashlib
 import json
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -33,8 +32,7 @@ from engine.models import cpu_linear
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.machine import load_average, machine_key
-from engine.models.measure_cache import read_entries, write_entries
-from engine.models.presets import cache_root
+from engine.models.measure_cache import MeasureFile
 from engine.trace.schema import AS_LOADED, LINEAR_PATHS, WEIGHTS_FLOAT32
 
 PATHS = LINEAR_PATHS
@@ -129,10 +127,12 @@ def measure(loaded: LoadedModel, repeats: int = REPEATS) -> PathCurve:
 
 # ---------------------------------------------------------------- the cache on disk
 
+CACHE = MeasureFile("SPECLAB_LINEAR_PATHS", "linear-paths.json", CACHE_FORMAT, CACHE_VERSION)
+
+
 def cache_file() -> Path:
     """SPECLAB_LINEAR_PATHS names the file; else it lies in the engine's cache folder (SPECLAB_CACHE)."""
-    named = os.environ.get("SPECLAB_LINEAR_PATHS")
-    return Path(named) if named else cache_root() / "linear-paths.json"
+    return CACHE.path()
 
 
 def entry_key(machine: dict, fingerprint: str) -> str:
@@ -153,23 +153,15 @@ def curve_from_dict(d: object) -> PathCurve | None:
         return None
 
 
-def read_cache() -> dict:
-    return read_entries(cache_file(), CACHE_FORMAT, CACHE_VERSION)
-
-
-def write_cache(entries: dict) -> None:
-    write_entries(cache_file(), CACHE_FORMAT, CACHE_VERSION, entries)
-
-
 def curve_for(loaded: LoadedModel) -> PathCurve:
     """This machine's curve for the model: from the disk cache, or measured now and stored."""
     key = entry_key(machine_key(), model_fingerprint(loaded.base))
-    entries = read_cache()
+    entries = CACHE.read()
     curve = curve_from_dict(entries.get(key))
     if curve is None:
         curve = measure(loaded)
         if curve.quiet:
-            write_cache({**read_cache(), key: asdict(curve)})
+            CACHE.write({**CACHE.read(), key: asdict(curve)})
     return curve
 
 
