@@ -143,6 +143,9 @@ def run_mode_from_args(args) -> RunMode:
         refuse_tree_auto(args.drafter, args.fast, args.calibrate, options_from_args(args).mis_set)
     if args.capture is not None and not args.fast:
         raise SettingsError("--capture chooses how the fast path's forwards run: add --fast")
+    if args.calibrate and args.capture in ("compile", CAPTURE_AUTO):
+        raise SettingsError(f"--calibrate times the eager forwards, and --capture {args.capture} may run the cycles "
+                            "compiled: their costs would not be the run's; drop one of the two")
     return RunMode(tree=tree, fast="none" if args.fast else None, tp_size=args.tp, calibrate=args.calibrate)
 
 

@@ -79,9 +79,14 @@ def test_plan_compiles_on_the_cpu_only_when_asked():
     assert plan.capture == "compile" and "torch.compile" in plan.message
 
 
-def test_cli_refuses_capture_without_the_fast_path(tmp_path, capsys):
-    code = main(["run", "--prompt", "x", "--preset", "chat", "--out", str(tmp_path / "t.jsonl"), "--capture", "compile"])
-    assert code != 0 and "add --fast" in capsys.readouterr().err
+@pytest.mark.parametrize("flags, message", [
+    (["--capture", "compile"], "add --fast"),
+    (["--fast", "--capture", "compile", "--calibrate"], "--calibrate times the eager forwards"),
+    (["--fast", "--capture", "auto", "--calibrate"], "--calibrate times the eager forwards"),
+])
+def test_cli_refuses_capture_it_cannot_honour(tmp_path, capsys, flags, message):
+    code = main(["run", "--prompt", "x", "--preset", "chat", "--out", str(tmp_path / "t.jsonl"), *flags])
+    assert code != 0 and message in capsys.readouterr().err
     assert not (tmp_path / "t.jsonl").exists()
 
 
