@@ -276,6 +276,24 @@ def test_the_fast_path_compiles_the_int4_forward_with_the_kernel_as_one_operator
 
 
 @needs_cc
+def test_capture_auto_keeps_one_choice_per_weights_path_and_decoder(tmp_path):
+    """--capture auto's stored choice is keyed by the module that is compiled: float32 and int4 weights of
+    one model, or the two decoders, are different forwards and must not share a measurement."""
+    from engine.cycle.capture_choice import pair_key
+
+    target = tiny_target(tmp_path)
+    draft = wrap_model("tiny-draft", tiny_llama(1001, 1, 16), tiny_tokenizer())
+    keys = {pair_key(target, draft, 2)}
+    target.use_weights(WEIGHTS_INT4)
+    keys.add(pair_key(target, draft, 2))
+    target.use_decoder("own")
+    keys.add(pair_key(target, draft, 2))
+    target.use_weights(WEIGHTS_FLOAT32)
+    keys.add(pair_key(target, draft, 2))
+    assert len(keys) == 4
+
+
+@needs_cc
 def test_every_row_of_every_layer_is_checked_when_asked(tmp_path):
     target = tiny_target(tmp_path)
     _, weights = gguf_twin(target.model, target.gguf_file, every_row=True)

@@ -10,7 +10,8 @@ which costs no compile.
 
 The measurement is kept on disk (`SPECLAB_CAPTURE_CHOICE`, else capture-choice.json in the engine's
 cache folder) under a key of the machine (engine/models/machine.py), both modules' fingerprints
-(engine/models/linear_paths.py: which decoder and dtype, every weight's shape) and K. As with the
+(engine/models/linear_paths.py model_fingerprint of the module that is compiled: which decoder,
+dtype and weights path, every weight's shape) and K. As with the
 linear paths, a damaged file is measured over, and a noisy measurement (QUIET_SPREAD) decides the
 run that took it but is not kept.
 
@@ -66,9 +67,13 @@ class CaptureTimes:
         return {"cycle_s": dict(self.cycle_s), "compile_s": self.compile_s, "kept": self.quiet}
 
 
+def models_fingerprint(target: LoadedModel, draft: LoadedModel) -> str:
+    """What the compiled forwards run (the compiled modules: decoder, dtype, float or int4 weights), both models."""
+    return f"{model_fingerprint(target.compiled_module)}/{model_fingerprint(draft.compiled_module)}"
+
+
 def pair_key(target: LoadedModel, draft: LoadedModel, k: int) -> str:
-    return json.dumps([machine_key(), f"{model_fingerprint(target.base)}/{model_fingerprint(draft.base)}", k],
-                      sort_keys=True)
+    return json.dumps([machine_key(), models_fingerprint(target, draft), k], sort_keys=True)
 
 
 @torch.inference_mode()  # the static caches are written in place
@@ -111,7 +116,7 @@ def one_cycle(forwards: tuple[FixedForward, FixedForward], caches: dict, ids: to
 def measure(target: LoadedModel, draft: LoadedModel, k: int, repeats: int = REPEATS) -> CaptureTimes:
     load = load_average()
     times, compile_s = time_cycles(target, draft, k, repeats)
-    return CaptureTimes(machine_key(), f"{model_fingerprint(target.base)}/{model_fingerprint(draft.base)}", k,
+    return CaptureTimes(machine_key(), models_fingerprint(target, draft), k,
                         {c: statistics.median(t) for c, t in times.items()}, round(compile_s, 3),
                         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         round(max(spread_of(t) for t in times.values()), 4), load)
