@@ -411,3 +411,20 @@ def test_the_cost_tab_shows_which_linear_path_ran_each_width(folder, monkeypatch
     assert list(table["packed oneDNN (ms)"]) == [round(r.packed_s * 1000, 3) for r in expected]
     assert any(md(machine_words(header)) in c.value for c in at.caption)
     assert "linear_paths" not in load_trace(folder / "traces" / "uncalibrated.jsonl").header
+
+
+def test_a_compiled_trace_says_how_its_forwards_ran_and_is_not_calibrated_eagerly(folder, monkeypatch):
+    """A trace whose cycles ran compiled (--fast --capture compile): the Cost and speed tab says so, in the
+    header's words, and offers no eager calibration whose speedups would mix two ways of running."""
+    from engine.stats.paths import forward_words
+    pair = load_pair(str(folder / "models" / "target"), str(folder / "models" / "draft"), device="cpu")
+    run_to_trace(pair, "the dog ran", SpecSettings(k=2, temperature=1.0, max_new_tokens=12, seed=3),
+                 folder / "traces" / "compiled.jsonl", RunMode(fast="compile"))
+    header = load_trace(folder / "traces" / "compiled.jsonl").header
+    assert header["fast_path"] == {"capture": "compile"}
+    at = open_tab(open_page(folder, monkeypatch, "compiled.jsonl"), "Cost and speed")
+    [note] = [i.value for i in at.info if "Step times measured here would time eager forwards" in i.value]
+    assert md(forward_words(header)) in note and "compiled with torch" in forward_words(header)
+    assert not [b for b in at.button if b.key == "calibrate_now"]
+    at = open_tab(open_page(folder, monkeypatch, "uncalibrated.jsonl"), "Cost and speed")
+    assert [b for b in at.button if b.key == "calibrate_now"]  # a reference-path trace still offers it

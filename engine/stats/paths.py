@@ -44,6 +44,12 @@ CAPTURE_WORDS = {"none": "eager", "graph": "captured as CUDA graphs",
                  "compile": "compiled with torch.compile"}
 
 
+def ran_compiled(header: dict) -> bool:
+    """The cycles ran compiled (--fast --capture compile, or auto's choice): step times measured on the
+    reference path's eager forwards would not be their costs (the CLI refuses --calibrate with it)."""
+    return (header.get("fast_path") or {}).get("capture") == "compile"
+
+
 def forward_words(header: dict) -> str | None:
     """How the fast path ran the forwards, in words, with the measurement that chose it under
     --capture auto; None for a trace of the reference path (no `fast_path`)."""

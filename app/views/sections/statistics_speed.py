@@ -24,7 +24,15 @@ from engine.drafters.registry import DRAFTERS, options_from_header
 from engine.models.presets import PRESETS
 from engine.stats.analysis import DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed
 from engine.stats.calibrate import calibrate_repeated
-from engine.stats.paths import forward_words, machine_words, noisy_words, path_rows, target_weights, weights_words
+from engine.stats.paths import (
+    forward_words,
+    machine_words,
+    noisy_words,
+    path_rows,
+    ran_compiled,
+    target_weights,
+    weights_words,
+)
 from engine.stats.repeats import MAX_SPREAD, Repeated, disagreeing, disagreement_words, widest_spread
 from engine.trace import Trace
 
@@ -104,6 +112,12 @@ def keep_calibration(key: str, measured: tuple[dict, dict[str, Repeated]]) -> No
 
 
 def calibrate_now(trace: Trace, key: str) -> None:
+    if ran_compiled(trace.header):
+        st.info(f"This trace's cycles ran {md(forward_words(trace.header))}. Step times measured here would time "
+                "eager forwards, and a speedup built on them would mix two ways of running the models, so none is "
+                "measured: record a calibrated run without `--capture compile` to see costs and speedups.",
+                icon=":material/timer_off:")
+        return
     st.info(NO_CALIBRATION, icon=":material/timer_off:")  # our own text: its `code` should render
     if st.session_state.get(REFUSED, {}).get(key):
         st.warning(st.session_state[REFUSED][key], icon=":material/timer_off:")
