@@ -17,9 +17,15 @@ ENGINE_LOW = ["engine.trace.schema", "engine.config", "engine.trace", "engine.mo
               "engine.drafters", "engine.cycle", "engine.batch", "engine.tree", "engine.parallel", "engine.stats",
               "engine.servers", "engine.teaching"]
 # Each engine package may import the ones before it in ENGINE_LOW (and itself); the top-level
-# modules (cli, run, __main__, the package's __init__) may import everything in the engine.
+# modules (run, mode, the package's __init__) may import everything in the engine but the command line.
+# engine/parallel/rank.py is the top-level run under torchrun: it may import what the top level may,
+# and no other module of engine.parallel may import it. The command line (engine.cli) may import
+# everything in the engine; only engine/__main__.py imports it (never the library or the app).
 ALLOWED = {name: set(ENGINE_LOW[:i + 1]) for i, name in enumerate(ENGINE_LOW)}
-ALLOWED["engine"] = set(ENGINE_LOW) | {"engine"}
+ALLOWED["engine"] = set(ENGINE_LOW) | {"engine", "engine.parallel.rank"}
+ALLOWED["engine.parallel.rank"] = ALLOWED["engine"]
+ALLOWED["engine.cli"] = ALLOWED["engine"] | {"engine.cli"}
+ALLOWED["engine.__main__"] = {"engine.cli"}
 ALLOWED["app.figures"] = {"app.figures", *ENGINE_LOW}
 ALLOWED["app.ui"] = {"app.ui", "app.figures", *ENGINE_LOW, "engine"}
 ALLOWED["app.runs"] = {"app.runs", "app.ui", "app.figures", *ENGINE_LOW, "engine"}
@@ -57,18 +63,27 @@ def imports_of(path: Path, modules: set[str] | None = None) -> list[tuple[int, s
     """(line, absolute module) of every import in the file. `from x import y` names the submodule x.y
     where y is one: one of `modules` when given, else any name imported from engine or app."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return [(line, name) for line, name, _ in resolved(path, nodes, modules)]
+
+
+def resolved(path: Path, nodes: list[ast.Import | ast.ImportFrom],
+             modules: set[str] | None) -> list[tuple[int, str, bool]]:
+    """(line, absolute module, whether the import reads names from that module) of each name the
+    import statements bring in. `from x import y` names the submodule x.y where y is one (one of
+    `modules` when given, else any name imported from engine or app), else x, whose names it reads."""
     here = module_name(path).split(".")
     package = here if path.name == "__init__.py" else here[:-1]
     found = []
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
+            found += [(node.lineno, a.name, False) for a in node.names]
+        else:
             base = package[:len(package) - node.level + 1] if node.level else []
             module = ".".join(base + ([node.module] if node.module else []))
             # `from engine import trace` imports the submodule engine.trace
-            found += [(node.lineno, f"{module}.{a.name}" if is_submodule(module, a.name, modules) else module)
-                      for a in node.names]
+            found += [(node.lineno, f"{module}.{a.name}", False) if is_submodule(module, a.name, modules)
+                      else (node.lineno, module, True) for a in node.names]
     return found
 
 
@@ -254,6 +269,96 @@ def test_the_check_catches_an_import_circle(tmp_path, monkeypatch):
         "engine.trace.checks (engine/trace/checks.py:1) -> engine.trace.tree_checks (engine/trace/tree_checks.py:2)"
         " -> engine.trace.checks",
     ], found
+
+
+# ---------------------------------------------------------------- no import-time loops through packages
+#
+# Python runs a package's __init__.py before any module in it: importing engine.trace.schema runs
+# engine/trace/__init__.py first, and whatever that imports. The graph above leaves those edges
+# out, so it cannot see a loop such as engine.config -> engine.trace.schema -> (engine/trace/__init__.py)
+# -> engine.trace.format -> ... -> engine.config. This graph adds them: importing a.b.c (or
+# `from a.b import c`) imports a, a.b and a.b.c.
+#
+# Only the imports that run while the module loads count here: those at module level, in a class
+# body, under a module-level if/try/with (every branch, as any may run). A function-local import
+# runs when the function is called, after every module involved has finished loading, so it cannot
+# make an import fail; an import under `if TYPE_CHECKING:` never runs. (The graph above still holds
+# those to the one-way rule; a PEP 562 `__getattr__` that imports on first use is one of them.)
+# An edge from a module to its own enclosing package is left out unless it reads names from it
+# (`from engine.trace import load_trace` inside engine/trace/): Python started that package's
+# __init__ before the module, so importing a submodule of it needs nothing more from it.
+
+def runs_at_import(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements that run when the module is imported, in line order."""
+    found, todo = [], list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.If) and is_type_checking(node.test):
+            todo += node.orelse
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo += ast.iter_child_nodes(node)
+    return sorted(found, key=lambda n: n.lineno)
+
+
+def is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def load_graph() -> dict[str, dict[str, str]]:
+    """importer -> {module whose loading it waits for: "file:line" of the import, and which
+    package __init__ it runs when that is not the module named}."""
+    modules = known_modules()
+    graph: dict[str, dict[str, str]] = {m: {} for m in modules}
+    for path in sources():
+        importer = module_name(path)
+        own_packages = {".".join(importer.split(".")[:i]) for i in range(1, importer.count(".") + 2)}
+        nodes = runs_at_import(ast.parse(path.read_text(), filename=str(path)))
+        for line, name, reads_names in resolved(path, nodes, modules):
+            where = f"{path.relative_to(ROOT)}:{line}"
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):
+                loaded = ".".join(parts[:i])
+                if loaded not in modules or loaded == importer:
+                    continue
+                if loaded in own_packages and not (reads_names and loaded == name):
+                    continue
+                how = where if loaded == name else f"{where}: importing {name} runs {loaded.replace('.', '/')}/__init__.py"
+                graph[importer].setdefault(loaded, how)
+    return graph
+
+
+def test_no_import_time_loops_through_packages():
+    """No chain of imports that run at load time, package __init__s included, comes back to its start."""
+    found = circles(load_graph())
+    assert found == [], "modules that need each other while loading:\n" + "\n".join(found)
+
+
+def test_the_check_catches_a_loop_through_a_package_init(tmp_path, monkeypatch):
+    """The check itself can fail: settings importing a schema whose package __init__ imports the reader,
+    whose checks import the settings at the top. A function-local import, an import under
+    TYPE_CHECKING and an __init__ importing its own submodules make no loop."""
+    (tmp_path / "engine" / "trace").mkdir(parents=True)
+    (tmp_path / "engine" / "__init__.py").write_text("import os\n")
+    (tmp_path / "engine" / "config.py").write_text("from engine.trace.schema import MAX_K\n")
+    (tmp_path / "engine" / "trace" / "__init__.py").write_text("from engine.trace.format import load_trace\n")
+    (tmp_path / "engine" / "trace" / "schema.py").write_text("MAX_K = 8\n")
+    (tmp_path / "engine" / "trace" / "format.py").write_text(
+        "from engine.trace import checks\nfrom engine.trace.schema import MAX_K\n")
+    (tmp_path / "engine" / "trace" / "checks.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from engine.mode import Mode\n"
+        "try:\n    from engine.config import MAX_K\nexcept ImportError:\n    pass\n")
+    (tmp_path / "engine" / "mode.py").write_text("def f():\n    from engine.trace import load_trace\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert circles(load_graph()) == [
+        "engine.config (engine/config.py:1: importing engine.trace.schema runs engine/trace/__init__.py)"
+        " -> engine.trace (engine/trace/__init__.py:1) -> engine.trace.format (engine/trace/format.py:1)"
+        " -> engine.trace.checks (engine/trace/checks.py:5) -> engine.config"]
+    # the same package with the checks' import of the settings inside a function: no loop
+    (tmp_path / "engine" / "trace" / "checks.py").write_text("def check():\n    from engine.config import MAX_K\n")
+    assert circles(load_graph()) == []
 
 
 def test_no_page_imports_torch(tmp_path, monkeypatch):

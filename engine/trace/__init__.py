@@ -20,7 +20,27 @@
 May import: engine.config and the standard library. Never torch, so the app can read
 a trace without loading the engine's models. Read a trace with
 `from engine.trace import load_trace, TraceError`.
+
+This __init__ imports nothing when it runs: the names in __all__ come from format.py on first use
+(a PEP 562 module `__getattr__`). So importing schema.py, as engine/config.py does, no longer loads
+the checks, which import engine.config themselves.
 """
-from engine.trace.format import Trace, TraceError, load_trace, loads_trace, model_name
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.trace.format import Trace, TraceError, load_trace, loads_trace, model_name
 
 __all__ = ["Trace", "TraceError", "load_trace", "loads_trace", "model_name"]
+
+
+def __getattr__(name: str):
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from engine.trace import format as reader
+    value = getattr(reader, name)
+    globals()[name] = value  # later look-ups find it without calling this again
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -7,13 +7,10 @@ checks all import from here, and this module imports none of them.
 """
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from engine.config import TreeSpec
 from engine.trace.errors import BrokenInvariant
 from engine.trace.schema import DRAFT_MODEL, EAGLE
-
-if TYPE_CHECKING:
-    from engine.config import TreeSpec
 
 MAX_TOKEN_ID = 2**31 - 1  # the bound when a header gives no vocab_size: no tokenizer has more ids
 REL_TOL, ABS_TOL = 1e-5, 1e-6  # float32 numbers written as float64: a few ulps of slack
@@ -33,7 +30,7 @@ class RunFacts:
     faults: dict
     drafter: dict  # the header's drafter entry ({"kind": "model"} for traces without one)
     fast_path: bool = False  # the fast path and a batch feed d_K in every cycle, so catch-up time is spent in each
-    tree: "TreeSpec | None" = None  # settings.tree of a tree trace: its cycles are tree cycle records
+    tree: TreeSpec | None = None  # settings.tree of a tree trace: its cycles are tree cycle records
 
     @property
     def rule(self) -> str:

@@ -4,6 +4,7 @@ the header's format, version, drafter, layout and tree settings are ones this en
 Each refusal is a TraceError naming the line and the field. What the numbers must mean comes
 after, in checks.py.
 """
+from engine.config import SettingsError, tree_from_header
 from engine.trace.errors import TraceError
 from engine.trace.layout_checks import LayoutFieldError, check_layout_header
 from engine.trace.records import (
@@ -61,8 +62,6 @@ def check_header_fields(h: dict, where: str) -> None:
 
 def _check_tree_settings(entry, where: str) -> None:
     """settings.tree must read back as a TreeSpec (engine/config.py's own range checks)."""
-    # Imported here: engine.config imports engine.trace.schema, which loads this package first.
-    from engine.config import SettingsError, tree_from_header
     try:
         tree_from_header(entry)
     except SettingsError as err:

@@ -5,6 +5,7 @@ tree_checks.check_tree_header).
 """
 import math
 
+from engine.config import SettingsError, SpecSettings
 from engine.trace.batch import MAX_BATCH
 from engine.trace.check_basics import RunFacts, fail, is_int, is_num
 from engine.trace.schema import (
@@ -100,9 +101,6 @@ def check_mis_set_draft(d: dict, h: dict, where: str) -> None:
 
 
 def check_settings(settings: dict, where: str) -> None:
-    # Imported here: engine.config imports engine.trace.schema, which loads this package first.
-    from engine.config import SettingsError, SpecSettings
-
     known = {name: settings[name] for name in SpecSettings.__dataclass_fields__ if name in settings}
     for name, v in known.items():
         if isinstance(v, float) and not math.isfinite(v):

@@ -3,15 +3,11 @@ next token, cut by the commit rule; the target's compaction to the root and the 
 draft's (or an EAGLE head's) forwards over the tree, its compaction and catch-up; and, with the
 declared teaching fault crop_instead_of_compact, the crop that bug makes instead.
 """
-from typing import TYPE_CHECKING
-
+from engine.config import TreeSpec
 from engine.trace.check_basics import CacheChain, fail, is_int
 from engine.trace.schema import DRAFT_MODEL, EAGLE, ROOT, STATIC_TREE
 from engine.trace.shared_checks import check_lengths
 from engine.trace.tree_shape_checks import Shape
-
-if TYPE_CHECKING:
-    from engine.config import TreeSpec
 
 
 def check_moves(comp: dict, base: int, where: str, field: str) -> None:
@@ -56,7 +52,7 @@ def check_target_cache(c: dict, path: list[int], n_committed: int, chain: CacheC
     return t["after_rollback"]
 
 
-def draft_fed_range(shape: Shape, spec: "TreeSpec", forwards: int) -> tuple[int, int]:
+def draft_fed_range(shape: Shape, spec: TreeSpec, forwards: int) -> tuple[int, int]:
     """Positions the draft's forwards append: the root, then the expanded nodes of each level but
     the deepest (static: all of them; dynamic: a frontier of at most top_k per level, holding
     every node that has children)."""
@@ -67,7 +63,7 @@ def draft_fed_range(shape: Shape, spec: "TreeSpec", forwards: int) -> tuple[int,
     return max(forwards, 1 + parents), 1 + (forwards - 1) * spec.top_k
 
 
-def draft_kept_range(shape: Shape, spec: "TreeSpec", path: list[int], n_committed: int) -> tuple[int, int]:
+def draft_kept_range(shape: Shape, spec: TreeSpec, path: list[int], n_committed: int) -> tuple[int, int]:
     """How many slots the draft's compaction keeps: the root and the path nodes it was fed
     (every path node with children was expanded, so fed; static: all but the deepest level)."""
     if spec.kind == STATIC_TREE:
@@ -85,7 +81,7 @@ def check_head_kept(comp: dict, d: dict, where: str) -> None:
                                              "the root's entry only and is fed the committed tokens again")
 
 
-def check_draft_kept(comp: dict, d: dict, shape: Shape, spec: "TreeSpec", path: list[int], n_committed: int,
+def check_draft_kept(comp: dict, d: dict, shape: Shape, spec: TreeSpec, path: list[int], n_committed: int,
                      where: str, crop: bool = False) -> None:
     kept, base, field = comp["kept_slots"], d["before"], "tree.compaction.draft.kept_slots"
     lo, hi = draft_kept_range(shape, spec, path, n_committed)
@@ -104,7 +100,7 @@ def check_draft_kept(comp: dict, d: dict, shape: Shape, spec: "TreeSpec", path: 
     check_moves(comp, base, where, "tree.compaction.draft")
 
 
-def check_draft_cache(c: dict, shape: Shape, spec: "TreeSpec", path: list[int], n_committed: int,
+def check_draft_cache(c: dict, shape: Shape, spec: TreeSpec, path: list[int], n_committed: int,
                       chain: CacheChain, where: str, crop: bool = False,
                       drafter_kind: str = DRAFT_MODEL) -> int | None:
     """The draft's (or the EAGLE head's) forwards over the tree, its compaction, and the catch-up to

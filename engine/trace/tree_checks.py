@@ -16,8 +16,7 @@ The rules are split by what they check: tree_shape_checks.py (the nodes and sibl
 tree_walk_checks.py (the acceptance walk and the next token) and tree_cache_checks.py (the
 commit and the compaction); this module reads the header's tree and runs them on each cycle.
 """
-from typing import TYPE_CHECKING
-
+from engine.config import SettingsError, TreeSpec, tree_from_header
 from engine.trace.check_basics import CacheChain, Progress, RunFacts, fail
 from engine.trace.schema import DRAFT_MODEL, EAGLE
 from engine.trace.shared_checks import check_commit, check_text_map, check_times
@@ -25,16 +24,10 @@ from engine.trace.tree_cache_checks import check_draft_cache, check_target_cache
 from engine.trace.tree_shape_checks import check_frontier, check_nodes, check_siblings, check_tree_top
 from engine.trace.tree_walk_checks import check_greedy_tree, check_next, check_path, replay_walk
 
-if TYPE_CHECKING:
-    from engine.config import TreeSpec
-
-
 # ---------------------------------------------------------------- header
 
-def check_tree_header(h: dict, where: str) -> "TreeSpec":
+def check_tree_header(h: dict, where: str) -> TreeSpec:
     """settings.tree as a TreeSpec, and what a tree run's header must say around it."""
-    # Imported here: engine.config imports engine.trace.schema, which loads this package first.
-    from engine.config import SettingsError, tree_from_header
     try:
         spec = tree_from_header(h["settings"]["tree"])
     except SettingsError as err:

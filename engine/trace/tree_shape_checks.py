@@ -6,14 +6,11 @@ node. `check_nodes` returns the Shape the walk and the cache checks then read.
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from engine.config import TreeSpec
 from engine.trace.check_basics import ABS_TOL, RunFacts, close, fail, is_int
 from engine.trace.schema import ROOT, STATIC_TREE
 from engine.trace.shared_checks import check_top
-
-if TYPE_CHECKING:
-    from engine.config import TreeSpec
 
 SIBLING_MASS_TOL = 1e-3  # distinct siblings' p sum to at most 1: the slack check_top allows a top list
 
@@ -46,7 +43,7 @@ def check_token(t, vocab: int | None, where: str, field: str) -> None:
         fail(where, field, f"a token id must be an integer in 0..{limit - 1}, got {t!r:.40}")
 
 
-def check_node(n: dict, i: int, depths: list[int], nodes: list[dict], spec: "TreeSpec", facts: RunFacts,
+def check_node(n: dict, i: int, depths: list[int], nodes: list[dict], spec: TreeSpec, facts: RunFacts,
                where: str) -> int:
     """Node i against its parent; returns its depth."""
     f = f"tree.nodes[{i}]"
@@ -73,7 +70,7 @@ def check_node(n: dict, i: int, depths: list[int], nodes: list[dict], spec: "Tre
     return depth
 
 
-def check_nodes(nodes: list[dict], spec: "TreeSpec", facts: RunFacts, where: str) -> Shape:
+def check_nodes(nodes: list[dict], spec: TreeSpec, facts: RunFacts, where: str) -> Shape:
     if len(nodes) > spec.max_nodes:
         fail(where, "tree.nodes", f"{len(nodes)} nodes; the {spec.text()} tree holds at most {spec.max_nodes}")
     depths: list[int] = []
@@ -84,7 +81,7 @@ def check_nodes(nodes: list[dict], spec: "TreeSpec", facts: RunFacts, where: str
     return Shape([n["token_id"] for n in nodes], [n["parent"] for n in nodes], depths, kids)
 
 
-def check_siblings(shape: Shape, nodes: list[dict], spec: "TreeSpec", where: str) -> None:
+def check_siblings(shape: Shape, nodes: list[dict], spec: TreeSpec, where: str) -> None:
     """Per parent: no more children than the spec allows at that depth, distinct tokens,
     the draft's most likely first, and target probabilities that fit in one distribution."""
     for parent, kids in shape.kids.items():
@@ -108,7 +105,7 @@ def check_siblings(shape: Shape, nodes: list[dict], spec: "TreeSpec", where: str
                                                      "target distribution: their p sum to more than 1")
 
 
-def check_frontier(shape: Shape, spec: "TreeSpec", where: str) -> None:
+def check_frontier(shape: Shape, spec: TreeSpec, where: str) -> None:
     """A dynamic tree expands at most top_k nodes of each level (its frontier): only they have children."""
     if spec.kind == STATIC_TREE:
         return
