@@ -21,7 +21,7 @@ TARGETS = [
     ("fraction_of_leviathan", 0.8, lambda name, st, drafter: True,
      "measured speedup at least 80% of Leviathan's prediction"),
 ]
-# The int4 issue's targets (#28), for results on the int4 weights path.
+# The int4 weights path's targets, for results on that path.
 INT4_TARGETS = [
     ("a/f", 1.0, lambda name, st, drafter: name == "chat" and st["temperature"] == 0,
      "chat speculative decoding, tracing on, at least as fast as llama.cpp's plain decoding of the same GGUF"),

@@ -6,7 +6,7 @@
 #   bash bench/build_llama_cpp.sh /tmp/llama-venv        # 10-20 minutes on 2 shared cores
 #
 # Flags, and why:
-#   GGML_NATIVE=OFF, GGML_AVX/AVX2/FMA/F16C=ON, GGML_AVX512=OFF: the AVX2 build the issue measured
+#   GGML_NATIVE=OFF, GGML_AVX/AVX2/FMA/F16C=ON, GGML_AVX512=OFF: the AVX2 build docs/benchmarks.md measured
 #     (84 tok/s on an Intel Xeon), the same code on any x86 CPU of the last decade; a native build
 #     would pick AVX-512 on one machine and not another.
 #   GGML_BLAS=OFF, GGML_CUDA=OFF: llama.cpp's own CPU kernels, as a CPU user gets them.

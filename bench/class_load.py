@@ -51,7 +51,7 @@ from app.ui.job_queue import GONE_AFTER_S
 from bench.common import RESULTS, machine_info, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
-PLAN = "1:0,5:0,10:0,20:0,30:0,1:1,5:2,10:5,20:10,30:10"  # N:M, as the issue asks (N = 1, 5, 10, 20, 30)
+PLAN = "1:0,5:0,10:0,20:0,30:0,1:1,5:2,10:5,20:10,30:10"  # N:M visitors:live runs (N = 1, 5, 10, 20, 30)
 QUICK = "1:0,3:1"
 NEXTS = 20
 THINK_S = 1.0  # between a visitor's clicks, on average
@@ -507,7 +507,7 @@ def met(ok: bool) -> str:
 
 
 def notes(result: dict) -> list[str]:
-    """The issue's goals against these figures, the load generator's own cost, the machine's load."""
+    """The class-load goals against these figures, the load generator's own cost, the machine's load."""
     configs, out = result["configs"], []
     if not configs:
         return out

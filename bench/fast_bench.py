@@ -57,7 +57,7 @@ METHOD_NAMES = {"a": "fast path, traced", "b": "fast path, untraced", "c": "HF a
                 "e": "our plain decoding, fast path"}
 # Datasheet HBM bandwidth in GB/s (NVIDIA product pages: H200 4.8 TB/s, H100 SXM 3.35 TB/s, A100 80GB SXM 2.0 TB/s).
 DATASHEET_GBS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
-GOALS = [  # (preset, ratio, at least, wording) from the fast-path issue; fp32, greedy, on the GPU
+GOALS = [  # (preset, ratio, at least, wording): the fast path's goals; fp32, greedy, on the GPU
     ("chat", "a/d", 10.0, "chat: (a) at least 10x HF eager generate"),
     ("chat", "a/e", 1.3, "chat: (a)/(e) at least 1.3"),
     ("tiny-shakespeare", "a/e", 1.8, "tiny-shakespeare: (a)/(e) at least 1.8"),
@@ -286,7 +286,7 @@ def markdown(result: dict) -> str:
                 lines.append(f"| {st['k']} | {st['temperature']:g} | {p['cycle']:.3f} | {p['draft_steps']:.3f} "
                              f"| {p['d_K_step']:.3f} | {p['verify']:.3f} | {p['other']:.3f} |")
         lines.append("")
-    lines += ["Goals (the issue's, fp32 greedy on the GPU):", "", *goal_lines(result), ""]
+    lines += ["Goals (the fast path's, fp32 greedy on the GPU):", "", *goal_lines(result), ""]
     return "\n".join(lines)
 
 

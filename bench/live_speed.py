@@ -29,7 +29,7 @@ from engine.models.presets import PRESETS
 from engine.trace import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
-GOAL = 1.2  # issue #22: a live run in the app within 1.2x of the command line's time per cycle
+GOAL = 1.2  # the goal: a live run in the app within 1.2x of the command line's time per cycle
 
 
 def parse_args(argv=None) -> argparse.Namespace:

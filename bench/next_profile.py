@@ -1,4 +1,4 @@
-"""Where one Next on the stepper spends its server time (#26), part by part.
+"""Where one Next on the stepper spends its server time, part by part.
 
     python -m bench.next_profile                 # 3 rounds of 15 Next clicks per case, about a minute
     python -m bench.next_profile --rounds 1 --out next-profile-smoke

@@ -5,7 +5,7 @@
 Each is an ordinary `python -m engine run --prompts ...` (greedy, calibrated once, small top-k lists
 so the zips stay small), zipped with engine/workload/folder.py zip_folder. Run it on a quiet
 machine: the traces keep their timings. Requests too long for a pair are skipped and listed.
-The batched ones (--batch 4, issue #40) run the same requests four at a time, with continuous
+The batched ones (--batch 4, docs/batching.md) run the same requests four at a time, with continuous
 batching; greedy, so each request commits what its unbatched run commits. A batch runs in one go:
 no calibration, no --resume.
 """

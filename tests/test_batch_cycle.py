@@ -1,4 +1,4 @@
-"""The batched speculative cycle (engine/batch/, issue #40): B ragged rows, each exact on its own."""
+"""The batched speculative cycle (engine/batch/): B ragged rows, each exact on its own."""
 from dataclasses import replace
 
 import pytest

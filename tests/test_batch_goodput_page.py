@@ -1,4 +1,4 @@
-"""Goodput against batch size on the statistics page (issue #40): the figures on hand-built sweeps, the Batch size
+"""Goodput against batch size on the statistics page: the figures on hand-built sweeps, the Batch size
 tab reading benchmark files (checked, escaped, spoilt ones left out and named), and a sweep measured now."""
 import json
 import math

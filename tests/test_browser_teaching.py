@@ -23,7 +23,7 @@ from tests.test_browser import (  # noqa: F401 (browser: a fixture)
 from tests.test_teaching_pages import make_teaching_folder
 
 # A wait on live work (a measurement, a run) waits for the page to show the job's end. Alone such a job
-# takes ~14 s here; with another process on both cores it ran past 180 s once (issue #21). Ten minutes
+# takes ~14 s here; with another process on both cores it ran past 180 s once. Ten minutes
 # bounds a hung job without failing a slow one.
 LIVE_WORK_MS = 600_000
 

@@ -1,6 +1,6 @@
 """The shipped diagnoses (assets/diagnoses/): every figure of a case is what engine/diagnose computes from
 the arms' shipped traces, every arm opens as a checked workload, and on each case mis-set on purpose the
-diagnosis puts the planted cause first, with an interval that excludes zero (issue #39's first goal)."""
+diagnosis puts the planted cause first, with an interval that excludes zero."""
 import json
 from pathlib import Path
 

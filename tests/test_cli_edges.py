@@ -122,7 +122,7 @@ def test_a_finished_run_replaces_the_old_trace_and_leaves_no_partial(tmp_path, c
 
 
 def test_line_separators_in_token_texts_round_trip(tmp_path, capsys):
-    """The issue's reproduction: U+2028 in a byte-level prompt, written raw, read back by `stats`."""
+    """A reproduction: U+2028 in a byte-level prompt, written raw, read back by `stats`."""
     out = tmp_path / "u.jsonl"
     code = main(["run", "--preset", "tiny-shakespeare", "--prompt", "Romeo.\u2028\u2029\x85\n",
                  "--max-new-tokens", "8", "--device", "cpu", "--out", str(out)])

@@ -1,5 +1,5 @@
 """One value per quantity: every page of the real app, on two bundled traces, shows each
-number about the trace as engine/stats/analysis.py computes it (issue #22 item 4).
+number about the trace as engine/stats/analysis.py computes it.
 
 The pages are opened with AppTest; every text they show (Markdown, captions, alerts,
 metrics, tables, chart labels) is searched for the places a quantity appears, and each

@@ -1,4 +1,4 @@
-"""--decoder own on the run path (issue #42): the engine's own Llama-family decoder (engine/models/llama.py)
+"""--decoder own on the run path: the engine's own Llama-family decoder (engine/models/llama.py)
 computes the target's and the draft model's distributions, and the trace header says so per model.
 
 Every comparison is a run of `python -m engine run` (engine.cli.main, in this process) with --decoder own

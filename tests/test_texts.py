@@ -1,4 +1,4 @@
-"""Texts the pages build from a cycle's numbers say what the numbers say (#22's wrong texts)."""
+"""Texts the pages build from a cycle's numbers say what the numbers say."""
 from pathlib import Path
 
 import pytest

@@ -1,4 +1,4 @@
-"""The EAGLE head drafts trees (#23): exact, one target pass, its cache on true features after every cycle.
+"""The EAGLE head drafts trees: exact, one target pass, its cache on true features after every cycle.
 
 Tiny models (tests/eagle_tiny.py): the 2-layer tiny target and an untrained one-layer head. The
 untrained head's first choice is often not the target's, so the target's token is often a later

@@ -307,8 +307,8 @@ def test_token_table_and_overview_of_a_tree_trace():
 # ---------------------------------------------------------------- the pages (AppTest)
 
 def open_app(trace, page: str | None = None, cycle: int = 0, stage: int = 1) -> AppTest:
-    """The app with a tree trace already open. The trace loader for tree traces is being written
-    elsewhere (#23), so the parsed Trace is put into the session the way state.set_current leaves it;
+    """The app with a tree trace already open: the parsed Trace is put into the session the way
+    state.set_current leaves it, without going through the file loader;
     "_opened" marks the session as started, so the URL and the default trace are not read."""
     at = AppTest.from_file(MAIN, default_timeout=60)
     opened = {"_opened": True, state.REF: state.TraceRef("bundled", "hand-made-tree.jsonl"), state.TRACE: trace,

@@ -1,4 +1,4 @@
-"""Tree statistics (engine/stats/trees.py), their figures, the statistics page and `engine stats` on tree traces (#23).
+"""Tree statistics (engine/stats/trees.py), their figures, the statistics page and `engine stats` on tree traces.
 
 Counts are checked twice: on hand-built records whose numbers are written out here, and on real
 runs of tiny random models, where the test recounts each quantity from the records by its own
@@ -274,8 +274,8 @@ def test_engine_stats_command_prints_the_tree_lines(runs):
 # ---------------------------------------------------------------- the statistics page (AppTest)
 
 def open_tree(runs, monkeypatch, traces: Path, name: str = "static", tab: str | None = None) -> AppTest:
-    """The statistics page with a tree run open: the Trace is put into the session the way
-    state.set_current leaves it (the file loader refuses tree traces until #23's loader is merged).
+    """The statistics page with a tree run open: the parsed Trace is put into the session the way
+    state.set_current leaves it, without going through the file loader.
     The key is this run's own: the pages' caches are per process and keyed by it."""
     monkeypatch.setenv("SPECLAB_TRACES_DIR", str(traces))
     monkeypatch.setenv("SPECLAB_RUNS_DIR", str(runs["root"] / "no-runs"))

@@ -1,4 +1,4 @@
-"""Tree traces (draft trees, #23) are read and checked as strictly as chain traces.
+"""Tree traces are read and checked as strictly as chain traces.
 
 The valid traces are built by hand in tests/tree_samples.py (a plain-Python walk over
 hand-chosen numbers, correct by construction). Each hostile case changes one thing and

@@ -46,7 +46,7 @@ def folder(tmp_path_factory) -> Path:
                           ("sampled-k3", SpecSettings(k=3, temperature=1.0, max_new_tokens=16, seed=3), RunMode())):
         run_workload(pair, requests, s, root / "folders" / name, mode)
         (root / "workloads" / f"{name}.zip").write_bytes(zip_folder(root / "folders" / name))
-    # batched (issue #40), named to sort last: the page opens the first bundled workload by default
+    # batched (--batch), named to sort last: the page opens the first bundled workload by default
     run_batched_workload(pair, requests, SpecSettings(k=2, temperature=0.0, max_new_tokens=8), root / "folders" / BATCHED,
                          batch=2)
     (root / "workloads" / f"{BATCHED}.zip").write_bytes(zip_folder(root / "folders" / BATCHED))

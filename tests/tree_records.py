@@ -1,4 +1,4 @@
-"""Tree cycle records built by hand, following /work/tree-contract.md (draft trees, #23).
+"""Tree cycle records built by hand, in the tree trace format (docs/trace-format.md).
 
 The app's tree figures are tested on these before the tree engine exists: each record is
 self-consistent (the acceptance walk is run here on the given p and u, the committed tokens,

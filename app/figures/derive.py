@@ -58,7 +58,7 @@ def _lookup(entries: list[dict] | None, token_id: int, field: str) -> float | No
 
 
 def is_tree_cycle(c: dict) -> bool:
-    """A tree cycle record (draft trees, #23) carries a `tree` entry instead of the per-position fields."""
+    """A tree cycle record carries a `tree` entry instead of the per-position fields."""
     return isinstance(c.get("tree"), dict)
 
 

@@ -1,4 +1,4 @@
-"""The token tree of one tree cycle (draft trees, #23), and the figures a page shows for a tree cycle.
+"""The token tree of one tree cycle, and the figures a page shows for a tree cycle.
 
 - tree_figure: the token tree, the root (the last committed token) on the left, depth to the
   right, siblings top to bottom in the order the walk tries them; coloured by the walk's outcome.

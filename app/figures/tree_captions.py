@@ -1,4 +1,4 @@
-"""The words about one tree cycle (draft trees, #23): its summary in one line, a caption per stepper
+"""The words about one tree cycle: its summary in one line, a caption per stepper
 stage, the walk as table rows, and the cycle the teaching pages pick to show.
 
 Plain text (the pages escape it with app.ui.safe.md); no Streamlit, no figures.

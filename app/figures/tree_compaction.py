@@ -1,4 +1,4 @@
-"""The cache compaction after a tree cycle (draft trees, #23): the target's (and the draft's) cache
+"""The cache compaction after a tree cycle: the target's (and the draft's) cache
 slots from L on, before and after the accepted path's K/V are moved next to the prefix.
 
 Plain functions, no Streamlit: a tree cycle record in, a figure out.

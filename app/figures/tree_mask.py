@@ -1,4 +1,4 @@
-"""The verify pass's tree attention mask of one tree cycle (draft trees, #23): who attends to whom.
+"""The verify pass's tree attention mask of one tree cycle: who attends to whom.
 
 Plain functions, no Streamlit: a tree cycle record in, a figure out.
 """

@@ -1,4 +1,4 @@
-"""What a tree trace and a tree cycle record say (draft trees, #23), read off them for the figures.
+"""What a tree trace and a tree cycle record say, read off them for the figures.
 
 A trace is a tree trace when its header's settings has "tree"; each of its cycle records then
 has a `tree` entry (nodes, tried, path, next token, compaction) and none of a chain cycle's

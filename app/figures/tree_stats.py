@@ -1,4 +1,4 @@
-"""Figures of a tree trace's statistics, and of a chain and a tree run of one pair (draft trees, #23).
+"""Figures of a tree trace's statistics, and of a chain and a tree run of one pair.
 
 engine/stats/trees.py computes every number; these functions only draw them (no Streamlit).
 The statistics page's conventions (app/figures/stats.py): Okabe-Ito colours, and the two runs

@@ -1,4 +1,4 @@
-"""Diagnoses the app can show (issue #39): the bundled cases and this server's live ones.
+"""Diagnoses the app can show: the bundled cases and this server's live ones.
 
 A diagnosis is `engine diagnose`'s dict (engine/diagnose/diagnosis.py `Diagnosis.as_dict()`) beside
 one workload per arm, so every figure comes with the traces behind it:

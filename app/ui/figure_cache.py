@@ -1,4 +1,4 @@
-"""Figures that every session draws alike, built once for the whole server (#26).
+"""Figures that every session draws alike, built once for the whole server.
 
 A class steps through the same cycles of the same bundled trace, and each Next used to build
 the stepper's five or six figures again and have Plotly turn each into the dict it sends

@@ -1,4 +1,4 @@
-"""The tree trace the teaching pages (walkthrough, interview) show a tree cycle from (draft trees, #23).
+"""The tree trace the teaching pages (walkthrough, interview) show a tree cycle from.
 
 The open trace when it is a tree trace; else the bundled one, BUNDLED_TREE_TRACE in the bundled
 traces folder (assets/traces/, state.traces_dir()); else nothing, with a note saying why. Until

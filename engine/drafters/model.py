@@ -1,10 +1,10 @@
 """The classic drafter: a small model sharing the target's tokenizer, K autoregressive steps.
 
 It can also run deliberately mis-set, the two ways real deployments get a draft model wrong
-(issue #39's diagnosis plants them and measures what they cost); both stay exact, because
+(`python -m engine diagnose` plants them and measures what they cost); both stay exact, because
 p_draft is always the distribution the draft really sampled from:
 - `draft_prompt="raw"`: the draft reads its own rendering of the prompt (without the chat
-  template, EAGLE issue #196) while the target reads the templated one. After the prompt both
+  template, SafeAILab/EAGLE issue #196) while the target reads the templated one. After the prompt both
   see the same committed tokens, so the draft's cache is offset from the target's by the
   difference in prompt lengths; everything here runs in the draft's own coordinates.
 - `draft_filters="temperature only"`: the draft samples after the request's temperature but

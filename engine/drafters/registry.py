@@ -46,7 +46,7 @@ class DrafterOptions:
     min_ngram: int = 1  # prompt lookup: shortest n-gram tried
     draft_model: str | None = None  # the folder of its draft: a draft model, one with its own tokenizer, an EAGLE head
     max_draft_steps: int = 0  # other tokenizer: draft tokens per cycle at most (0: K)
-    # A draft model mis-set on purpose (engine/drafters/model.py; issue #39's diagnosis plants them):
+    # A draft model mis-set on purpose (engine/drafters/model.py; engine/diagnose/ plants them):
     draft_prompt: str = DRAFT_PROMPT_AS_TARGET  # "raw": the draft reads the prompt without the chat template
     draft_filters: str = DRAFT_FILTERS_REQUEST  # "temperature only": the draft ignores the request's top-k/top-p
 

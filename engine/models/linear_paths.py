@@ -6,7 +6,7 @@ packed oneDNN twin. Which one is faster depends on the CPU and on the number of 
 - AMD EPYC, 2 cores: a 5-position chat verify cost 0.8 target steps packed, 2.0 as loaded
   (bench/results/verify-cost-*.md);
 - Intel Xeon with AVX-512 and AMX, 2 cores: 1.31-1.45 steps packed against 1.10-1.55 as
-  loaded (issue #21), so the packed path lost there.
+  loaded, so the packed path lost there.
 So the engine times both paths at every width from 1 to `WIDTHS` on the machine, once, and runs
 each width on the faster: no width is slower than the model as loaded (up to timing noise).
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 # The CPU features that decide which float32 kernels oneDNN and MKL pick (AVX2 on an AMD EPYC,
-# AVX-512 and AMX on an Intel Xeon of this project's kind: issue #21 measured both).
+# AVX-512 and AMX on an Intel Xeon of this project's kind: both measured).
 FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 

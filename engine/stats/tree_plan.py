@@ -1,4 +1,4 @@
-"""A draft tree for a run about to start, sized from this machine's measured verify-cost curve (#23).
+"""A draft tree for a run about to start, sized from this machine's measured verify-cost curve.
 
 The model, in four steps.
 

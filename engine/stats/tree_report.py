@@ -1,4 +1,4 @@
-"""A tree trace's statistics as plain text, for `python -m engine stats TREE.jsonl` (draft trees, #23).
+"""A tree trace's statistics as plain text, for `python -m engine stats TREE.jsonl`.
 
 The numbers are engine/stats/trees.py's, the ones the app's statistics page shows for a tree trace.
 """

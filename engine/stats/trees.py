@@ -1,4 +1,4 @@
-"""What a tree trace says, and a chain and a tree run of one pair side by side (draft trees, #23).
+"""What a tree trace says, and a chain and a tree run of one pair side by side.
 
 Plain functions of trace records (no torch, no Streamlit): `tree_stats` for one tree trace,
 `compare_chain_tree` for a chain trace and a tree trace of the same target, draft and prompt.

@@ -63,8 +63,8 @@ DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE = "model", "prompt-lookup", "
 DRAFTER_KINDS = (DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE)
 MAX_NGRAM = 16  # prompt lookup: the longest n-gram it may be told to match
 
-# A draft model deliberately mis-set the way real deployments get it wrong (issue #39's diagnosis plants
-# them and measures what they cost). Both stay exact (the ratio test reads the distribution the draft
+# A draft model deliberately mis-set the way real deployments get it wrong (the diagnosis, engine/diagnose/,
+# plants them and measures what they cost). Both stay exact (the ratio test reads the distribution the draft
 # really sampled from); they only lower acceptance. A header's drafter entry names them only when set.
 DRAFT_PROMPT_AS_TARGET, DRAFT_PROMPT_RAW = "as target", "raw"  # "raw": the prompt without the chat template
 DRAFT_PROMPTS = (DRAFT_PROMPT_AS_TARGET, DRAFT_PROMPT_RAW)

@@ -1,4 +1,4 @@
-"""The statistics page for a tree trace (draft trees, #23): its tree statistics, and a chain trace of
+"""The statistics page for a tree trace: its tree statistics, and a chain trace of
 the same pair beside it (the chain page's Compare tab shows the same comparison from the chain's side).
 
 Numbers: engine/stats/trees.py (the same code as `python -m engine stats`), computed once per
