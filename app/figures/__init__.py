@@ -6,6 +6,7 @@
   test per position as a chart and as a table, the resample or bonus), caches.py (both KV caches),
   overview.py (all cycles, a cycle's time).
 - layouts.py, stats.py and teaching.py: the cache-layout, statistics and teaching pages' figures.
+- workload.py and diagnose.py: the Workload and Diagnose pages' charts.
 - Batching: batch.py (a batched cycle as lanes, one per row), batch_goodput.py (goodput against batch
   size, the crossover, acceptance beside speedup, the advisor's table).
 - Draft trees: tree_record.py (what a tree trace and a tree cycle say), tree.py (the token tree and

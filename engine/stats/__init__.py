@@ -5,6 +5,7 @@
   and where a typical cycle's time goes, which analysis.py builds on.
 - calibrate.py: one target step, one draft step and one verify pass, timed; several calibrations as one.
 - sweep.py: one prompt at several K, measured. repeats.py: warm up, repeat, report the spread.
+- robust.py: medians and the middle half around them, what every time-based figure is built from.
 - layouts.py: slots held, stale slots and blocks, per cache layout.
 - quiet.py: whether a trace's own timings say it was recorded on a quiet machine.
 - plan.py: K for a run about to start (a pilot for alpha, the calibration, the advisor; K=0 included).

@@ -7,6 +7,8 @@
 - folder.py: a workload folder or a zip of one, opened and checked (the CLI and the app).
 - run.py: `python -m engine run --prompts FILE --out FOLDER`: models load once, one trace per
   request, the manifest rewritten after each, `--resume` continues an interrupted workload.
+- batched.py: the same with `--batch B`: B requests at a time through the batched cycle
+  (engine/batch/), continuous batching, the same folder plus batch.jsonl.
 - stats.py: a workload's statistics per request and per category (rates, conditional acceptance
   by position, histograms, context length, intervals over requests, where the loss is).
 - intervals.py: stats.py's bootstrap intervals, resampling requests (standard library only).
