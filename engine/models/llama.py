@@ -355,17 +355,13 @@ class LlamaDecoder(nn.Module):
 
 # ---------------------------------------------------------------- from a Hugging Face model
 
-def _param(t: torch.Tensor) -> nn.Parameter:
-    return nn.Parameter(t.detach(), requires_grad=False)
-
-
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     """An nn.Linear on these tensors (no init, no copy): an nn.Linear so that cpu_linear can pack it."""
     with torch.device("meta"):
         layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    layer.weight = _param(weight)
+    layer.weight = nn.Parameter(weight.detach(), requires_grad=False)
     if bias is not None:
-        layer.bias = _param(bias)
+        layer.bias = nn.Parameter(bias.detach(), requires_grad=False)
     return layer
 
 
@@ -416,9 +412,7 @@ def from_hf(model: nn.Module, linear_source: LinearSource | None = None) -> Llam
     _check_plain_weights(model)
     w = _Weights(model.state_dict())
     embed_weight = w("model.embed_tokens.weight")
-    with torch.device("meta"):
-        embed = nn.Embedding(config.vocab_size, config.hidden_size)
-    embed.weight = _param(embed_weight)
+    embed = nn.Embedding.from_pretrained(embed_weight, freeze=True)  # on that tensor: no init, no copy
 
     def stacked(names: list[str], has_bias: bool) -> nn.Module:
         """The layers `names` as one module: rows of the first, then the second's... (q, k, v; gate, up)."""
