@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from bench.common import RESULTS, cpu_tag, machine_info, machine_words, write_results
-from engine.cli_diagnose import PROMPT_SET, per_category
 from engine.config import SpecSettings
 from engine.diagnose.agreement import ROWS_PER_FORWARD, agreements, continuation_logits, simulate_greedy_cycles
+from engine.diagnose.requests import PROMPT_SET, per_category
 from engine.kv.ops import prefill
 from engine.run import load_preset, run_to_trace
 from engine.workload.prompts import read_prompts

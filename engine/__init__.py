@@ -1,10 +1,9 @@
 """The speculative-decoding engine and its trace format. The app imports this package; never the reverse.
 
 Top-level modules: mode.py (the run mode: chain or tree, reference or fast, faults, ranks),
-run.py (from a pair, a prompt, settings and a mode to a trace file), parallel_run.py (the same
-under torchrun), cli.py and cli_run.py (`python -m engine`). Packages by role, each opening with
-what it holds and may import: trace, models, kv, drafters, cycle, tree, parallel, stats,
-servers, teaching.
+run.py (from a pair, a prompt, settings and a mode to a trace file; parallel/rank.py runs it
+under torchrun). Packages by role, each opening with what it holds and may import: trace, models,
+kv, drafters, cycle, tree, parallel, stats, servers, teaching, and cli (`python -m engine`).
 """
 import os
 

@@ -12,7 +12,7 @@ import pytest
 
 import engine.run
 from engine.cli import main
-from engine.cli_run import ctrl_c_at_cycle_ends
+from engine.cli.run import ctrl_c_at_cycle_ends
 from engine.trace.format import load_trace, partial_path
 from tests.tiny import noisy_pair, save_tiny
 

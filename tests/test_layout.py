@@ -136,6 +136,25 @@ def test_the_check_catches_a_wrong_way_import(tmp_path, monkeypatch):
     assert len(found) == 5, found
 
 
+def test_only_main_imports_the_command_line(tmp_path, monkeypatch):
+    """The command line and the torchrun rank sit on top: engine/__main__.py may import the CLI and the
+    CLI may import the rank's run, but the library, the app and the rest of engine.parallel may not."""
+    files = {"engine/__main__.py": "from engine.cli import main\n",
+             "engine/cli/run.py": "from engine.parallel.rank import run_lead\nfrom engine.run import run_to_trace\n",
+             "engine/parallel/rank.py": "from engine.run import run_to_trace\nfrom engine.mode import RunMode\n",
+             "engine/run.py": "from engine.cli import run\n",
+             "engine/parallel/mirror.py": "from engine.parallel.rank import RankModels\n",
+             "app/runs/diagnose.py": "from engine.cli.diagnose import PairLoader\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    found = sorted(v.split(" (")[0] for p in sources() for v in violations(p))
+    assert found == ["app/runs/diagnose.py:1 imports engine.cli.diagnose",
+                     "engine/parallel/mirror.py:1 imports engine.parallel.rank",
+                     "engine/run.py:1 imports engine.cli"], found
+
+
 # ---------------------------------------------------------------- no import circles between modules
 #
 # A circle between two modules works today only because one side imports the other inside a

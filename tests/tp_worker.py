@@ -32,8 +32,8 @@ from engine.kv.ops import cache_len
 from engine.mode import RunMode
 from engine.parallel.failure import GroupError
 from engine.parallel.mirror import MirroredCache
+from engine.parallel.rank import lead_pair, load_ranks, run_follower, run_lead
 from engine.parallel.world import join_world
-from engine.parallel_run import lead_pair, load_ranks, run_follower, run_lead
 from engine.trace.schema import DRAFT_MODEL, PROMPT_LOOKUP
 from tests.tp_fault import fail_after
 

@@ -1,7 +1,8 @@
 """A live diagnosis from the Diagnose page: `engine diagnose` on a shipped pair, on a worker thread.
 
-The same code as the command line (engine/cli_diagnose.py: its pair loader, the context prefix,
-how it decides whether the chat-template and EAGLE experiments apply). The target is the one
+The same code as the command line: its pair loader (engine/diagnose/pairs.py), the context prefix
+(engine/diagnose/requests.py), and how engine/cli/diagnose.py decides whether the chat-template
+and EAGLE experiments apply. The target is the one
 every live run shares (app/runs/live.py cached_preset); each drafter an experiment needs is built
 around it. Each arm is an ordinary live workload <name>-<arm>, so the Workload page opens it too;
 the findings go to <live runs>/diagnoses/<name>.json (app/ui/diagnoses.py reads them).
@@ -13,9 +14,10 @@ from types import SimpleNamespace
 
 from app.runs.live import cached_preset
 from app.ui import diagnoses, state
-from engine.cli_diagnose import PairLoader, context_prefix
 from engine.diagnose.diagnosis import diagnose
 from engine.diagnose.experiments import Arm, plan
+from engine.diagnose.pairs import PairLoader
+from engine.diagnose.requests import context_prefix
 from engine.drafters.registry import DrafterOptions
 from engine.models.presets import PRESETS
 from engine.trace.schema import EAGLE, WEIGHTS_FLOAT32
@@ -23,7 +25,7 @@ from engine.workload.prompts import Request
 
 
 class SharedTargetLoader(PairLoader):
-    """engine/cli_diagnose.py's loader, started from the preset's pair that live runs share."""
+    """engine/diagnose/pairs.py's loader, started from the preset's pair that live runs share."""
 
     def __init__(self, preset: str) -> None:
         args = SimpleNamespace(device=None, dtype=None, target_weights=WEIGHTS_FLOAT32, trust_remote_code=False)

@@ -1,9 +1,13 @@
-"""Diagnosing low acceptance (issue #39): measurements that find why a pair accepts little.
+"""Diagnosing low acceptance: measurements that find why a pair accepts little.
 
 - agreement.py: the draft's agreement with the target, measured without speculating: one
   teacher-forced forward of each model over the target's own continuation gives, at every
   position, whether the draft's top token is the target's and sum_x min(p, q); greedy
   speculation's acceptance follows from the first exactly (simulate_greedy_cycles).
+- requests.py: the requests a diagnosis runs (the bundled prompt set, the first N per category)
+  and the unrelated text the context-length experiment puts before each.
+- pairs.py: the target loaded once, each drafter an experiment needs built around it (PairLoader).
 
-May import: engine.models, engine.cycle, engine.config and torch. Never the app.
+May import: engine.models, engine.cycle, engine.config and torch; the run and the workloads
+(engine.run, engine.mode, engine.workload) for the arms. Never the command line or the app.
 """

@@ -3,7 +3,10 @@
 The cheap checks (prompt, --out, --device, the settings and the run mode, engine/mode.py) run
 before any model loads. The trace streams into `OUT.partial` and becomes OUT only when the
 run ends (engine/trace/format.py TraceWriter). Under torchrun (--tp) rank 0 runs and reports,
-the others follow (engine/parallel_run.py).
+the others follow (engine/parallel/rank.py).
+
+May import everything in the engine but the rest of engine.cli (workload.py and diagnose.py build on
+this module's checks and loading).
 """
 import os
 import signal
@@ -307,9 +310,9 @@ def cmd_run_parallel(args, settings: SpecSettings, mode: RunMode, options, targe
     """One rank of `torchrun ... -m engine run --tp N`: rank 0 runs and reports, the others follow."""
     from engine.models.device import pick_dtype
     from engine.parallel.failure import stop_on_sigterm
+    from engine.parallel.rank import load_ranks, run_follower, run_lead
     from engine.parallel.sharding import check_shardable
     from engine.parallel.world import join_world, launched_rank, leave_world, rank_device
-    from engine.parallel_run import load_ranks, run_follower, run_lead
 
     # Before the ranks join: every rank checks the same command line and config, and fails alike
     # (the run mode's refusals ran in cmd_run).

@@ -3,12 +3,15 @@
 The prompt file is read and refused (by line and field) before any model loads; requests too
 long for the models are refused by line once the tokenizer has loaded, before any runs. The
 first Ctrl-C stops at the end of a cycle: the finished requests stay in FOLDER and the same
-command with --resume continues (engine/workload/run.py).
+command with --resume continues (engine/workload/run.py). `refuse_batch_options` refuses the
+options --batch does not run with.
+
+May import everything in the engine, and engine/cli/run.py (the checks and loading `run` shares).
 """
 import sys
 from pathlib import Path
 
-from engine import cli_run
+from engine.cli import run as cli_run
 from engine.config import SettingsError
 from engine.drafters.registry import check_before_loading, options_from_args
 from engine.models.presets import PRESETS

@@ -1,4 +1,4 @@
-"""A run under torchrun: every rank loads its shard of the target, rank 0 runs the cycle.
+"""One rank of a run under torchrun: every rank loads its shard of the target, rank 0 runs the cycle.
 
     torchrun --nproc-per-node N -m engine run --tp N ...
 
@@ -8,6 +8,10 @@ cycle as a single process (engine/cycle/reference.py) with its target wrapped so
 target operation is announced to the other ranks first (engine/parallel/mirror.py); they
 replay them on their own shard until rank 0 says stop. Rank 0 alone writes the trace, the
 progress bar and errors (engine/parallel/failure.py says who speaks when something fails).
+`python -m engine run --tp N` (engine/cli/run.py cmd_run_parallel) calls it on every rank.
+
+May import the engine's library: it is engine/run.py under torchrun, so engine.run and engine.mode
+on top of the rest of engine.parallel; never engine.cli. No other module of engine.parallel imports it.
 """
 import logging
 import warnings
@@ -16,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.drafters.registry import DrafterOptions
 from engine.mode import DEFAULT_MODE, RunMode
 from engine.models.device import pick_dtype

@@ -1,23 +1,30 @@
-"""Command line: `python -m engine run ...` writes a trace (engine/cli_run.py); `python -m engine stats FILE`
-reads one; `python -m engine metrics FILE...` explains a vLLM, SGLang or TensorRT-LLM server's metrics.
+"""The command line, `python -m engine`: `main` and the argument parser; one module per command.
+
+- run.py: `run --prompt` (one trace; under torchrun with --tp, one rank of it, engine/parallel/rank.py).
+- workload.py: `run --prompts` and `run --batch` (a workload folder).
+- diagnose.py: `diagnose` (the options and the printing; the diagnosis itself is engine/diagnose/).
+- stats.py: `stats` (a trace or a workload) and `metrics` (a server's speculative-decoding metrics).
 
 Every error is one line on stderr and exit code 2; Ctrl-C is one line and exit code 130.
 The cheap checks (prompt, --out, --device, settings, the run mode) run before any model loads.
 The trace streams into `OUT.partial` and becomes OUT only when the run ends, so a failed or
 killed run never destroys an earlier OUT and leaves its finished cycles under a clearly named file.
+
+May import everything in the engine. Nothing imports engine.cli but engine/__main__.py (and tests,
+scripts): the library and the app never do.
 """
 import argparse
-import json
 import os
 import sys
 
-from engine.cli_run import cmd_run, ctrl_c_at_cycle_ends  # noqa: F401 - ctrl_c_at_cycle_ends: the run's Ctrl-C rule
+from engine.cli.run import cmd_run, ctrl_c_at_cycle_ends  # noqa: F401 - ctrl_c_at_cycle_ends: the run's Ctrl-C rule
+from engine.cli.stats import cmd_metrics, cmd_stats
 from engine.config import CAPTURE_AUTO, CAPTURE_MODES, SettingsError
 from engine.drafters.registry import DRAFTERS, all_flags
 from engine.models.loading import ModelLoadError, TokenizerMismatchError
 from engine.models.presets import DEFAULT_PRESET, PRESETS
-from engine.trace.format import TraceError, load_trace, partial_path
-from engine.trace.schema import DECODER_HF, DECODERS, LAYOUTS, MAX_K, TARGET_WEIGHTS, WEIGHTS_FLOAT32
+from engine.trace.format import TraceError, partial_path
+from engine.trace.schema import DECODER_HF, DECODERS, LAYOUTS, TARGET_WEIGHTS, WEIGHTS_FLOAT32
 
 DEFAULT_TP_TIMEOUT_S = 600  # engine/parallel/world.py DEFAULT_TIMEOUT_S (not imported: the parser loads no torch)
 
@@ -150,88 +157,17 @@ def drafters_in_words() -> str:
     return ", ".join(words[:-1]) + ", or " + words[-1]
 
 
-def cmd_stats(args) -> int:
-    if is_workload(args.trace):
-        return cmd_workload_stats(args)
-    if args.json:
-        raise SettingsError("--json reads a workload (a folder or a zip of one); for a trace use the text report")
-    trace = load_trace(args.trace, allow_incomplete=True)
-    if args.prometheus:
-        from engine.servers.export import prometheus_text
-        print(prometheus_text(trace), end="")
-        return 0
-    from engine.stats.report import format_stats
-    print(format_stats(trace))
-    return 0
-
-
-def is_workload(path: str) -> bool:
-    return os.path.isdir(path) or path.endswith(".zip")
-
-
-def cmd_workload_stats(args) -> int:
-    from engine.workload.folder import open_workload
-    from engine.workload.report import format_workload_stats
-    from engine.workload.stats import workload_stats
-
-    if args.prometheus:
-        raise SettingsError("--prometheus reads one trace, not a workload")
-    workload = open_workload(args.trace)
-    stats = workload_stats(workload.runs())
-    print(json.dumps(stats, ensure_ascii=False) if args.json else format_workload_stats(stats))
-    return 0
-
-
-def read_metrics_files(files: list[str]) -> list[str]:
-    """The files' text, each refused above the readers' size limit before it is read whole."""
-    from engine.servers.read import decode
-    from engine.servers.record import MAX_INPUT_BYTES, check_text_size
-    texts = []
-    for name in files:
-        with open(name, "rb") as f:
-            data = f.read(MAX_INPUT_BYTES + 1)
-        check_text_size(data, name)
-        texts.append(decode(data, name))
-    return texts
-
-
-def cmd_metrics(args) -> int:
-    from engine.servers.explain import calibrated_costs, entered_costs, explain
-    from engine.servers.read import read_requests_text, read_texts
-    from engine.servers.report import format_report, format_requests
-    from engine.servers.request_stats import requests_stats
-    from engine.stats.analysis import trace_stats
-
-    if args.k is not None and not 1 <= args.k <= MAX_K:
-        raise SettingsError(f"--k {args.k}: K must be 1 to {MAX_K}")
-    texts = read_metrics_files(args.files)
-    requests = read_requests_text(texts[0]) if len(texts) == 1 else None  # per-request output: shown one by one
-    record = read_texts(texts)
-    trace = trace_stats(load_trace(args.trace, allow_incomplete=True)) if args.trace else None
-    k = args.k or record.k
-    costs = None
-    if args.c is not None:
-        costs = entered_costs(args.c, args.verify_steps)
-    elif trace is not None and trace.calibration is not None and k:
-        costs = calibrated_costs(trace.calibration, k)
-    if requests is not None:
-        print(format_requests(requests_stats(requests)))
-        print("\n" + "=" * 8 + " THE REQUESTS ADDED UP, EXPLAINED AS ONE SERVER'S COUNTS " + "=" * 8 + "\n")
-    print(format_report(explain(record, args.k, costs, args.verify_steps), trace))
-    return 0
-
-
 def cmd_run_or_workload(args) -> int:
-    """`run --prompt` writes a trace (engine/cli_run.py), `run --prompts` a workload (engine/cli_workload.py),
+    """`run --prompt` writes a trace (engine/cli/run.py), `run --prompts` a workload (engine/cli/workload.py),
     and so does `run --prompt --batch B` (the prompt B times, each with its own seed)."""
     if args.prompts or args.batch is not None:
-        from engine.cli_workload import cmd_workload
+        from engine.cli.workload import cmd_workload
         return cmd_workload(args)
     return cmd_run(args)
 
 
 def cmd_diagnose(args) -> int:
-    from engine.cli_diagnose import cmd_diagnose as run_diagnosis
+    from engine.cli.diagnose import cmd_diagnose as run_diagnosis
     return run_diagnosis(args)
 
 
