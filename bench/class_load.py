@@ -1,4 +1,4 @@
-"""A class on one server (#26): N visitors at once against one local `streamlit run app/main.py`.
+"""A class on one server: N visitors at once against one local `streamlit run app/main.py`.
 
     python -m bench.class_load                      # the whole plan below, about 10-15 minutes
     python -m bench.class_load --plan 5:0,20:10     # N:M pairs: N visitors, M of them start a live run
