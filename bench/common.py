@@ -18,7 +18,7 @@ from typing import Callable, TypeVar
 import torch
 import transformers
 
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.drafters.base import Drafter
 from engine.models.device import sync, timed
 from engine.models.machine import cpu_features, cpu_model, load_average

@@ -19,7 +19,7 @@ import torch
 from bench import common
 from engine.config import SpecSettings
 from engine.cycle import fast as fp
-from engine.cycle.reference import target_generate
+from engine.cycle.plain import target_generate
 from engine.kv.layouts import layout_for_run
 from engine.models.presets import PRESETS
 from engine.run import encode_prompt, load_preset

@@ -41,7 +41,7 @@ from transformers import CompileConfig
 from bench import common, hf
 from engine.config import SpecSettings
 from engine.cycle.fast import FastModels, FastPlainModel, fast_generate, fast_plain_decode, plan_fast_path
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.kv.layouts import layout_for_run
 from engine.mode import RunMode
 from engine.models.device import pick_device, pick_dtype

@@ -33,7 +33,9 @@ import torch
 from bench.common import PROMPTS, RESULTS
 from engine.config import SpecSettings
 from engine.cycle import fast as fast_path
-from engine.cycle.reference import RunState, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.cycle.pair import TokenTexts
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import RunState, run_cycle, speculative_generate, start_run
 from engine.kv.layouts import attended_kv, check_invariants, layout_for_run, new_cache
 from engine.kv.ops import cache_len, prefill
 from engine.models.presets import PRESETS

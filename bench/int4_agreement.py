@@ -17,7 +17,7 @@ import torch
 
 from bench import common
 from engine.config import SpecSettings
-from engine.cycle.reference import target_generate
+from engine.cycle.plain import target_generate
 from engine.models.presets import PRESETS
 from engine.run import encode_prompt, load_preset
 from engine.trace.schema import WEIGHTS_FLOAT32, WEIGHTS_INT4

@@ -30,7 +30,8 @@ import torch
 
 from bench.common import PROMPTS, RESULTS, machine_info, machine_words, write_results
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair, TokenTexts, run_cycle, start_run
+from engine.cycle.pair import Pair, TokenTexts
+from engine.cycle.reference import run_cycle, start_run
 from engine.kv.layouts import CacheLayout, kv_bytes_held, kv_bytes_reserved, layout_name, new_cache, roll_back_cache
 from engine.kv.ops import prefill
 from engine.run import encode_prompt, load_preset

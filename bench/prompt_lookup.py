@@ -31,7 +31,7 @@ import torch
 from bench import hf
 from bench.common import RESULTS, machine_info, machine_words, write_results
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.drafters.registry import DrafterOptions
 from engine.models.device import timed
 from engine.run import encode_prompt, load_preset, run_to_trace

@@ -58,7 +58,8 @@ import transformers
 from bench import common, hf
 from bench.bench_report import write_reports
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair, speculative_generate
+from engine.cycle.pair import Pair
+from engine.cycle.reference import speculative_generate
 from engine.drafters.eagle import load_head
 from engine.mode import RunMode
 from engine.models.device import pick_device, timed

@@ -25,7 +25,7 @@ import torch
 
 from bench import common, hf
 from engine.config import SpecSettings, TreeSpec, parse_tree
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.mode import RunMode
 from engine.models.device import pick_device, timed
 from engine.run import TREE_DRAFT_WIDTHS, encode_prompt, run_to_trace

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench.common import RESULTS, cpu_tag, machine_info, machine_words, write_results
 from engine.config import SpecSettings
-from engine.cycle.reference import target_generate
+from engine.cycle.plain import target_generate
 from engine.run import encode_prompt, load_preset, run_to_trace
 from engine.workload.prompts import read_prompts
 from engine.workload.run import run_workload

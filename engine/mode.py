@@ -1,8 +1,8 @@
 """The run mode: one validated value for how a run's cycles are made, built once from the CLI, the app or the API.
 
 It says what the cycles are (a chain or a tree, on the reference path or the device-resident
-fast path), which teaching faults break them, and over how many tensor-parallel ranks the
-target runs. Impossible combinations are refused here and nowhere else, each with one
+fast path, or B chains in one batched cycle), which teaching faults break them, and over how
+many tensor-parallel ranks the target runs. Impossible combinations are refused here and nowhere else, each with one
 wording, as soon as the mode is built (the CLI builds it before any model loads); what
 depends on the loaded pair (the drafter kind) is refused by `prepare` before anything is
 written. The mode also writes its own trace header fields.
@@ -15,13 +15,20 @@ from typing import Any
 
 from engine.config import SettingsError, SpecSettings, TreeSpec, check_capture
 from engine.drafters.refusals import MIS_SET_CHAIN_ONLY
+from engine.drafters.registry import DRAFTERS
 from engine.models.errors import OWN_DECODER_TP
+from engine.trace.batch_reader import MAX_BATCH
 from engine.trace.schema import DECODER_HF, DECODER_OWN, DRAFT_MODEL, EAGLE, WEIGHTS_FLOAT32
 
 
 def refuse(asked: bool, message: str) -> None:
     if asked:
         raise SettingsError(message)
+
+
+def refuse_with_batch(asked: bool, what: str) -> None:
+    """The one wording of every combination --batch does not run."""
+    refuse(asked, f"--batch does not run with {what}: drop one of the two")
 
 
 @dataclass(frozen=True)
@@ -33,17 +40,20 @@ class RunMode:
     # --capture auto on the CPU: the measurement that chose `fast` (engine/cycle/capture_choice.py CaptureTimes.describe)
     fast_measured: dict | None = None
     faults: Any = None  # a teaching CycleRule (engine/teaching/faults.py); None: the ratio test
-    tp_size: int = 1  # tensor-parallel ranks the target is sharded over (engine/parallel_run.py)
+    tp_size: int = 1  # tensor-parallel ranks the target is sharded over (engine/parallel/rank.py)
     tensor_parallel: dict | None = None  # rank 0's record of the group, for the header
     calibrate: bool = False  # also time both models' steps (engine/stats/calibrate.py)
     calibration: dict | None = None  # a calibration already measured for this pair and prompt, recorded as it is
     # reuse the K/V of the start a request shares with the previous one (engine/kv/prefix.py), one store per
     # model kept across the requests that share this mode; a chain of the draft model on a dynamic cache only
     prefix_reuse: Any = None
+    batch: int | None = None  # rows of one batched cycle (engine/batch/cycle.py), a workload's requests B at a time
 
     def __post_init__(self) -> None:
         tree, faults = self.tree is not None, self.faults is not None
         check_capture(self.fast)
+        if self.batch is not None:
+            self.refuse_with_batch()
         for asked, what in ((self.fast is not None, "--fast"), (faults and not self.faults.for_trees, "a teaching fault"),
                             (self.calibrate or self.calibration is not None, "calibration"), (self.tp_size > 1, "--tp")):
             refuse(tree and asked, f"--tree does not run with {what} yet; drop one of the two")
@@ -54,6 +64,27 @@ class RunMode:
         refuse(self.fast is not None and self.tp_size > 1,
                "--fast keeps the cycle on one device (CUDA graphs over static caches); under --tp use the normal "
                "path (drop --fast)")
+
+    def refuse_with_batch(self) -> None:
+        """What a batched cycle cannot run, one line each, as soon as the mode is built."""
+        b = self.batch
+        refuse(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH,
+               f"--batch must be an integer from 1 to {MAX_BATCH}, got {b!r}")
+        for asked, what in ((self.tree is not None, "--tree (trees in a batch are not built)"),
+                            (self.fast is not None, "--fast (the batch has its own static rows)"),
+                            (self.calibrate or self.calibration is not None, "--calibrate"),
+                            (self.faults is not None, "a teaching fault (the batch runs the ratio test only)"),
+                            (self.tp_size > 1, "--tp (the ranks' mirror does not see the batch's forwards)"),
+                            (self.prefix_reuse is not None, "prefix reuse (each row's prompt is read alone)")):
+            refuse_with_batch(asked, what)
+
+    def check_batch_settings(self, s: SpecSettings, resume: bool = False) -> None:
+        """The settings and workload options a batched cycle cannot run (nothing when the mode is not a batch)."""
+        if self.batch is None:
+            return
+        refuse_with_batch(resume, "--resume (a batched workload runs in one go)")
+        refuse_with_batch(s.cache_layout != "dynamic", f"--cache {s.cache_layout} (a batch keeps every row in its "
+                          "own ragged buffer, engine/kv/rows.py; a batched paged layout is not built)")
 
     def check_drafter(self, kind: str, target_weights: str = WEIGHTS_FLOAT32, mis_set: bool = False,
                       decoder: str = DECODER_HF) -> None:
@@ -67,22 +98,34 @@ class RunMode:
         refuse(self.tp_size > 1 and target_weights != WEIGHTS_FLOAT32,
                "--target-weights int4 runs on one CPU process: drop --tp")
         refuse(decoder == DECODER_OWN and self.tp_size > 1, OWN_DECODER_TP)
+        if self.batch is not None:
+            refuse_with_batch(decoder != DECODER_HF, f"--decoder {decoder}")
+            refuse_with_batch(mis_set, "--draft-prompt or --draft-filters (a mis-set draft runs on the reference "
+                                       "chain only)")
+            refuse(kind in DRAFTERS and not DRAFTERS[kind].batches,
+                   f"--batch drafts every row in one forward, through a drafter that proposes for several rows at "
+                   f"once; the {kind} drafter proposes for one: batched speculation runs the draft-model drafter only")
 
     def with_ranks(self, tensor_parallel: dict) -> "RunMode":
-        """The same mode with rank 0's record of the group (engine/parallel_run.py), once the ranks have joined."""
+        """The same mode with rank 0's record of the group (engine/parallel/rank.py), once the ranks have joined."""
         return replace(self, tp_size=tensor_parallel["tp_size"], tensor_parallel=tensor_parallel)
 
     def settings_for(self, s: SpecSettings) -> SpecSettings:
-        """The settings the cycles run and the header records: K is a tree's depth; the fast path's caches are static."""
+        """The settings the cycles run and the header records: K is a tree's depth; the fast path's caches and a
+        batch's rows are static."""
         if self.tree is not None:
             s = replace(s, k=self.tree.max_depth)
-        if self.fast is not None and s.cache_layout != "static":
+        if (self.fast is not None or self.batch is not None) and s.cache_layout != "static":
             s = replace(s, cache_layout="static")
         return s
 
     def cycle_kind(self, pair, s: SpecSettings):
-        """The cycle kind that runs these cycles (engine/cycle/driver.py CycleKind), for a loaded pair."""
-        from engine.cycle.reference import RATIO_TEST, ChainCycle
+        """The cycle kind that runs these cycles (engine/cycle/driver.py CycleKind or RowsKind), for a loaded pair."""
+        from engine.cycle.ratio_test import RATIO_TEST
+        from engine.cycle.reference import ChainCycle
+        if self.batch is not None:
+            from engine.batch.cycle import BatchedChainCycle
+            return BatchedChainCycle(pair, s)
         if self.tree is not None:
             from engine.tree.cycle import TreeCycle
             return TreeCycle(pair, s, self.tree, self.faults or RATIO_TEST)
@@ -96,6 +139,7 @@ class RunMode:
         that runs, whose `settings` are the ones to record."""
         self.check_drafter(pair.drafter.kind, pair.target.weights, getattr(pair.drafter, "mis_set", False),
                            pair.target.decoder_asked)
+        self.check_batch_settings(s)
         pair.drafter.check_settings(s)
         kind = self.cycle_kind(pair, self.settings_for(s))
         kind.check()

@@ -9,7 +9,7 @@ from typing import Callable
 from engine.config import SpecSettings, refuse_empty_prompt
 from engine.cycle.driver import run_cycles, start
 from engine.cycle.pair import Pair, eos_ids_of
-from engine.cycle.reference import target_generate
+from engine.cycle.plain import target_generate
 from engine.drafters.registry import DRAFTERS, DrafterOptions, build_drafter, with_shipped_draft
 from engine.mode import DEFAULT_MODE, RunMode
 from engine.models import linear_paths

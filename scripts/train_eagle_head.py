@@ -225,7 +225,7 @@ def evaluate(head, fr: Frozen, examples: list[dict], refs, hidden: int, step2: b
 def measure_c(target, tok, head, kept, prompt_ids: list[int], repeats: int = 15) -> dict:
     """c with the engine's own calibration: median drafter step over median target step (1 thread)."""
     from engine.config import SpecSettings
-    from engine.cycle.reference import Pair
+    from engine.cycle.pair import Pair
     from engine.stats.calibrate import time_drafter_step, time_widths
 
     torch.set_num_threads(1)

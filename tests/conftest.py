@@ -27,7 +27,7 @@ def example_traces(tmp_path_factory) -> dict:
     'same-model': the target as its own draft (every draft accepted: bonus tokens, draft catch-up).
     """
     from engine.config import SpecSettings
-    from engine.cycle.reference import Pair
+    from engine.cycle.pair import Pair
     from engine.run import run_to_trace
     from tests.tiny import tiny_pair
 

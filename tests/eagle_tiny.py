@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.drafters.eagle import EagleDrafter, EagleHead, EagleState, head_config, save_head
 from engine.kv.layouts import attended_kv
 from engine.run import run_to_trace

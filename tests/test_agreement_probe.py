@@ -5,7 +5,7 @@ import pytest
 
 from engine.config import SpecSettings
 from engine.cycle.pair import Pair
-from engine.cycle.reference import target_generate
+from engine.cycle.plain import target_generate
 from engine.diagnose.agreement import agreement, greedy_agreement, simulate_greedy_cycles
 from engine.models.loading import wrap_model
 from engine.run import encode_prompt, run_to_trace

@@ -5,12 +5,13 @@ import pytest
 import torch
 
 import engine.batch.cycle as batch_cycle
-from engine.batch.cache import row_kv
-from engine.batch.cycle import batched_generate, run_batch_cycle, start_batch
+from engine.batch.cycle import batched_generate, run_batch, start_batch
 from engine.config import SpecSettings
 from engine.cycle.pair import Pair
-from engine.cycle.reference import speculative_generate, target_generate
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import speculative_generate
 from engine.kv.layouts import attended_kv
+from engine.kv.rows import row_kv
 from engine.teaching.faults import Faults
 from tests.test_exactness import PROMPT, chi_square_p_value, exact_two_token_distribution
 from tests.tiny import noisy_pair, tiny_pair
@@ -48,13 +49,12 @@ def test_each_rows_caches_hold_a_fresh_prefill_of_its_committed_sequence_after_e
     packed path or MKL's, per width) and with the CPU, so a batched slot and a fresh one agree to about 1e-6,
     not bit for bit; a slot from another row, a stale one or a shifted position differs by O(0.1)."""
     s = SpecSettings(k=3, temperature=0.8)
-    state = start_batch(pair, PROMPTS, s, seeds=list(range(10, 18)), max_new_tokens=BUDGETS)
-    cycle, worst = 0, 0.0
-    while not all(state.finished):
-        run_batch_cycle(state, cycle)
+    batch = start_batch(pair, PROMPTS, s, seeds=list(range(10, 18)), max_new_tokens=BUDGETS)
+    state, cycle, worst = batch.state, 0, 0.0
+    for _ in run_batch(batch):
         cycle += 1
         for model, cache in ((pair.target, state.target_cache), (pair.draft, state.draft_cache)):
-            for row, committed in enumerate(state.committed):
+            for row, committed in enumerate(r.committed for r in state.rows):
                 assert cache.lengths[row] == len(committed) - 1
                 fresh = model.new_cache()
                 if len(committed) > 1:

@@ -7,7 +7,7 @@ from app.figures import batch as figs
 from app.figures.style import ACCEPTED, BONUS, DISCARDED, REJECTED, RESAMPLED
 from engine.config import SpecSettings
 from engine.trace import TraceError
-from engine.trace.batch import BATCH_TRACE
+from engine.trace.batch_reader import BATCH_TRACE
 from engine.workload.batched import run_batched_workload
 from engine.workload.folder import open_workload, open_zip, zip_folder
 from tests.test_batch_workload import MORE

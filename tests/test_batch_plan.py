@@ -1,9 +1,8 @@
-"""Plain batched decoding (engine/batch/plain.py) and the K advisor per batch size (engine/stats/batch_plan.py)."""
+"""Plain batched decoding (engine/cycle/plain.py) and the K advisor per batch size (engine/stats/batch_plan.py)."""
 import pytest
 
-from engine.batch.plain import batched_plain_generate
 from engine.config import SpecSettings
-from engine.cycle.reference import target_generate
+from engine.cycle.plain import batched_plain_generate, target_generate
 from engine.stats.batch_plan import PLAIN_K, BatchCosts, BatchLoad, advise_batch_k, measure_batch_costs
 from engine.trace.metrics import expected_tokens_per_cycle
 from tests.test_batch_cycle import BUDGETS, PROMPTS

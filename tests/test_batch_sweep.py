@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from engine.batch.plain import batched_plain_generate
 from engine.config import SettingsError, SpecSettings
+from engine.cycle.plain import batched_plain_generate
 from engine.stats.batch_results import (
     PLAIN_K,
     BatchSize,

@@ -7,9 +7,9 @@ import pytest
 
 from engine.cli import main
 from engine.config import SettingsError, SpecSettings
-from engine.cycle.reference import target_generate
+from engine.cycle.plain import target_generate
 from engine.run import encode_prompt
-from engine.trace.batch import BATCH_TRACE, BatchTraceError, check_against_workload, loads_batch_trace
+from engine.trace.batch_reader import BATCH_TRACE, BatchTraceError, check_against_workload, loads_batch_trace
 from engine.trace.format import load_trace
 from engine.workload.batched import run_batched_workload
 from engine.workload.folder import open_workload

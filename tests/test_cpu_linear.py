@@ -7,7 +7,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from engine.config import SpecSettings
-from engine.cycle.reference import speculative_generate, target_generate
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import speculative_generate
 from engine.kv.ops import crop
 from engine.models import cpu_linear
 from engine.models.cpu_linear import PackedLinear, RowPolicy, packed_twin

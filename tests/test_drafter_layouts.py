@@ -2,7 +2,8 @@
 import pytest
 
 from engine.config import SpecSettings
-from engine.cycle.reference import speculative_generate, target_generate
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import speculative_generate
 from engine.run import run_to_trace
 from engine.trace import load_trace
 from engine.trace.schema import LAYOUTS

@@ -3,17 +3,21 @@
 What each kind computes is tested in its own files (test_engine.py, test_fast_path.py,
 test_tree_engine.py); here: that every kind can run untraced and commits the same tokens,
 that one record builder gives a tree record the chain's fields, that the empty prompt is
-refused one way, and that the run mode refuses each impossible combination in one place.
+refused one way, that the run mode refuses each impossible combination in one place (a batch's
+too), and that the engine has one loop that runs cycles.
 """
+import ast
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
+from engine.batch.cycle import BatchedChainCycle
 from engine.config import EMPTY_PROMPT, SettingsError, SpecSettings, parse_tree, refuse_empty_prompt
 from engine.cycle import driver
 from engine.cycle.fast import FastChainCycle, static_settings
-from engine.cycle.record import TREE_HEAD
 from engine.cycle.reference import ChainCycle
+from engine.cycle.trace_record import TREE_HEAD
 from engine.mode import RunMode, refuse_tree_auto
 from engine.teaching.faults import Faults, TreeFaults
 from engine.trace.format import CYCLE_FIELDS
@@ -76,6 +80,13 @@ def test_the_empty_prompt_is_refused_one_way_by_every_kind():
     (dict(fast="none", faults=Faults(acceptance_rule="token_match")), "teaching faults need the reference path"),
     (dict(fast="none", tp_size=2), "under --tp use the normal path"),
     (dict(fast="warp"), "unknown capture mode 'warp'"),
+    (dict(batch=0), "--batch must be an integer from 1 to"),
+    (dict(batch=True), "--batch must be an integer from 1 to"),
+    (dict(batch=2, tree=SPEC), "--batch does not run with --tree"),
+    (dict(batch=2, fast="none"), "--batch does not run with --fast"),
+    (dict(batch=2, calibrate=True), "--batch does not run with --calibrate"),
+    (dict(batch=2, faults=Faults(keep_rejected_kv=True)), "--batch does not run with a teaching fault"),
+    (dict(batch=2, tp_size=2), "--batch does not run with --tp"),
 ])
 def test_the_run_mode_refuses_each_impossible_combination(mode, words):
     with pytest.raises(SettingsError, match=words):
@@ -94,3 +105,62 @@ def test_the_run_mode_accepts_what_can_run_and_picks_its_kind():
     assert RunMode(faults=Faults(keep_rejected_kv=True)).header_fields({}) == {"faults": asdict(Faults(keep_rejected_kv=True))}
     with pytest.raises(SettingsError, match="--tree auto measures on its own"):
         refuse_tree_auto("model", fast=True, calibrate=False)
+
+
+@pytest.mark.parametrize(("call", "words"), [
+    (lambda m: m.check_drafter("prompt-lookup"), "the prompt-lookup drafter proposes for one"),
+    (lambda m: m.check_drafter("eagle"), "the eagle drafter proposes for one"),
+    (lambda m: m.check_drafter("other-tokenizer"), "the other-tokenizer drafter proposes for one"),
+    (lambda m: m.check_drafter("model", decoder="own"), "--batch does not run with --decoder own"),
+    (lambda m: m.check_drafter("model", mis_set=True), "--batch does not run with --draft-prompt"),
+    (lambda m: m.check_batch_settings(SpecSettings(), resume=True), "--batch does not run with --resume"),
+    (lambda m: m.check_batch_settings(SpecSettings(cache_layout="paged")), "--batch does not run with --cache paged"),
+    (lambda m: m.check_batch_settings(SpecSettings(cache_layout="static")), "--batch does not run with --cache static"),
+])
+def test_the_run_mode_refuses_what_a_batch_cannot_run(call, words):
+    with pytest.raises(SettingsError, match=words):
+        call(RunMode(batch=2))
+    call(RunMode())  # the same is no refusal without a batch
+
+
+def test_a_batch_mode_picks_the_batched_kind_over_static_rows():
+    pair, s = noisy_pair(0), SpecSettings(k=2)
+    mode = RunMode(batch=3)
+    mode.check_drafter("model")
+    mode.check_batch_settings(s)
+    assert isinstance(mode.cycle_kind(pair, s), BatchedChainCycle)
+    assert mode.settings_for(s).cache_layout == "static" and mode.header_fields({}) == {}
+
+
+def test_a_drafter_batches_exactly_when_its_class_proposes_for_rows():
+    from engine.drafters.registry import DRAFTERS
+    assert any(spec.batches for spec in DRAFTERS.values())
+    for kind, spec in DRAFTERS.items():
+        assert spec.batches == hasattr(spec.cls, "propose_rows"), kind
+
+
+def calls_a_cycle(loop: ast.While) -> bool:
+    """Does the loop's body call something that runs a cycle: a kind's `step` method, or a function named for
+    cycles? (Plain decoding's loop calls a plain function `step`: one target forward, no cycle.)"""
+    for node in ast.walk(loop):
+        if isinstance(node, ast.Call):
+            method = isinstance(node.func, ast.Attribute)
+            name = node.func.attr if method else getattr(node.func, "id", "")
+            if (method and name == "step") or "cycle" in name.lower():
+                return True
+    return False
+
+
+def test_one_loop_in_the_engine_runs_cycles():
+    """Every cycle kind, the batch included, runs in the driver's loop: no other module loops over cycles."""
+    root = Path(__file__).resolve().parent.parent / "engine"
+    loops = [(path.relative_to(root).as_posix(), node.lineno) for path in sorted(root.rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.While) and calls_a_cycle(node)]
+    assert [path for path, _ in loops] == ["cycle/driver.py"], loops
+
+
+def test_the_loop_check_sees_a_second_loop():
+    second = ast.parse("while not done:\n    run_batch_cycle(state)\n").body[0]
+    stepping = ast.parse("while not all(finished):\n    kind.step(state, gens)\n").body[0]
+    plain = ast.parse("while len(out) < n:\n    last = step(last)\n").body[0]
+    assert calls_a_cycle(second) and calls_a_cycle(stepping) and not calls_a_cycle(plain)

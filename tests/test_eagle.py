@@ -14,7 +14,9 @@ import torch
 
 from engine.cli import main
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.cycle.pair import Pair, TokenTexts
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import run_cycle, speculative_generate, start_run
 from engine.drafters.eagle import EagleDrafter, EagleHead, head_config, load_head, save_head
 from engine.models.loading import ModelLoadError, TopFeatureTap
 from engine.run import run_to_trace

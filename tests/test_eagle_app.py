@@ -12,7 +12,8 @@ from streamlit.testing.v1 import AppTest
 
 from app.figures import acceptance, caches, derive, explain
 from app.views.sections import stepper_drafter
-from engine.cycle.reference import TokenTexts, run_cycle, start_run
+from engine.cycle.pair import TokenTexts
+from engine.cycle.reference import run_cycle, start_run
 from engine.trace import load_trace
 from tests.eagle_tiny import EAGLE_SETTINGS, eagle_trace, random_eagle_pair
 from tests.test_figures import cache_positions

@@ -6,7 +6,8 @@ import torch
 from scipy.stats import chi2
 
 from engine.config import SpecSettings
-from engine.cycle.reference import TokenTexts, run_cycle, start_run
+from engine.cycle.pair import TokenTexts
+from engine.cycle.reference import run_cycle, start_run
 from engine.models.sampling import warp_probs
 from engine.teaching.faults import Faults
 from tests.tiny import tiny_pair

@@ -9,7 +9,7 @@ import torch
 from engine.cli import main
 from engine.config import SpecSettings
 from engine.cycle import fast as fp
-from engine.cycle.reference import target_generate
+from engine.cycle.plain import target_generate
 from engine.trace import load_trace
 from tests.test_fast_path import PROMPT, comparable, tokens
 from tests.tiny import noisy_pair, save_tiny

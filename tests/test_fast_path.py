@@ -9,7 +9,9 @@ from engine.cli import main
 from engine.config import SpecSettings
 from engine.cycle import fast as fp
 from engine.cycle import fast_sampling as fs
-from engine.cycle.reference import accept_reject, speculative_generate, target_generate
+from engine.cycle.plain import target_generate
+from engine.cycle.ratio_test import accept_reject
+from engine.cycle.reference import speculative_generate
 from engine.kv.layouts import attended_kv, check_invariants, layout_for_run, new_cache
 from engine.kv.ops import prefill
 from engine.mode import RunMode
@@ -230,7 +232,7 @@ def test_pruned_vocabulary_draft_gives_the_reference_records(tmp_path):
 
 
 def test_fast_path_refuses_a_drafter_without_a_draft_model(pair, tmp_path):
-    from engine.cycle.reference import Pair
+    from engine.cycle.pair import Pair
     from engine.drafters.prompt_lookup import PromptLookupDrafter
     from engine.run import run_to_trace
     lookup = Pair(pair.target, None, set(), PromptLookupDrafter(pair.target.full_vocab_size))

@@ -14,7 +14,7 @@ import pytest
 
 from engine.cli import main as cli_main
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.mode import RunMode
 from engine.run import run_to_trace
 from engine.teaching.faults import Faults

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair, speculative_generate, target_generate
+from engine.cycle.pair import Pair
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import speculative_generate
 from engine.mode import RunMode
 from engine.models import gguf_kernel, linear_paths
 from engine.models.gguf_blocks import BlockTensor, UnsupportedWeights, block_tensor, dequantize, read_gguf

@@ -5,7 +5,7 @@ import pytest
 import engine.run
 import engine.stats.plan
 from engine.config import SpecSettings
-from engine.cycle.reference import target_generate
+from engine.cycle.plain import target_generate
 from engine.run import encode_prompt, run_advised
 from engine.stats.analysis import NO_OVERHEAD, CycleOverhead
 from engine.stats.plan import plan_from

@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from engine.config import SettingsError, SpecSettings
-from engine.cycle.reference import TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.cycle.pair import TokenTexts
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import run_cycle, speculative_generate, start_run
 from engine.kv.layouts import (
     BlockPool,
     CacheFullError,

@@ -14,7 +14,8 @@ from engine.cli import main
 from engine.config import SettingsError, SpecSettings
 from engine.cycle import driver
 from engine.cycle.pair import Pair, TokenTexts
-from engine.cycle.reference import ChainCycle, run_cycle, target_generate
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import ChainCycle, run_cycle
 from engine.drafters.model import ModelDrafter
 from engine.drafters.registry import DrafterOptions, options_from_header
 from engine.mode import DEFAULT_MODE, RunMode

@@ -6,7 +6,8 @@ import torch
 
 from engine.cli import main
 from engine.config import SettingsError, SpecSettings
-from engine.cycle.reference import speculative_generate, target_generate
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import speculative_generate
 from engine.models.device import pick_dtype
 from engine.models.loading import DRAFT_VOCAB_FILE, ModelLoadError, TokenizerMismatchError, load_model
 from engine.run import load_pair

@@ -6,7 +6,9 @@ import torch
 
 from engine.cli import main
 from engine.config import SettingsError, SpecSettings
-from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.cycle.pair import Pair, TokenTexts
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import run_cycle, speculative_generate, start_run
 from engine.drafters.other_tokenizer import OtherTokenizerDrafter
 from engine.kv.ops import cache_len, prefill
 from engine.models.loading import wrap_model

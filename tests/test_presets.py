@@ -2,7 +2,8 @@
 import pytest
 
 from engine.config import SpecSettings
-from engine.cycle.reference import speculative_generate, target_generate
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import speculative_generate
 from engine.models.presets import PRESETS
 from engine.run import encode_prompt, load_preset
 

@@ -6,7 +6,9 @@ import torch
 import tests.test_exactness as exactness
 from engine.cli import main
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair, TokenTexts, run_cycle, speculative_generate, start_run, target_generate
+from engine.cycle.pair import Pair, TokenTexts
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import run_cycle, speculative_generate, start_run
 from engine.drafters.prompt_lookup import PromptLookupDrafter, find_match
 from engine.drafters.registry import DrafterOptions
 from engine.kv.ops import cache_len

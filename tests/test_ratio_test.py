@@ -6,7 +6,8 @@ outcome can be worked out on paper.
 import pytest
 import torch
 
-from engine.cycle.reference import Decision, accept_reject, commit_tokens
+from engine.cycle.driver import commit_tokens
+from engine.cycle.ratio_test import Decision, accept_reject
 from engine.models.sampling import residual
 
 V = 5

@@ -17,7 +17,7 @@ from engine.servers.explain import (
 )
 from engine.servers.export import prometheus_text
 from engine.servers.read import decode, read_text, read_texts
-from engine.servers.record import MAX_INPUT_BYTES, ServerMetrics, ServerMetricsError
+from engine.servers.server_metrics import MAX_INPUT_BYTES, ServerMetrics, ServerMetricsError
 from engine.stats.analysis import trace_stats
 from engine.trace import load_trace
 from engine.trace.metrics import expected_tokens_per_cycle

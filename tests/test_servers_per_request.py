@@ -11,13 +11,13 @@ import pytest
 from engine.cli import main
 from engine.servers import per_request
 from engine.servers.read import read_requests_text, read_text
-from engine.servers.record import ServerMetricsError, ServerRequest, ServerRequests
 from engine.servers.request_stats import (
     GROUP_KEYS,
     conditional_acceptance,
     requests_stats,
     to_server_metrics,
 )
+from engine.servers.server_metrics import ServerMetricsError, ServerRequest, ServerRequests
 
 SAMPLES = Path(__file__).resolve().parent / "server_samples"
 

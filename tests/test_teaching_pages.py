@@ -8,7 +8,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.figures import teaching as ft
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.run import load_pair, run_to_trace
 from engine.teaching.exactness import run_lab
 from engine.teaching.faults import Faults

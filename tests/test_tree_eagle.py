@@ -12,8 +12,9 @@ import torch
 
 from engine.cli import main
 from engine.config import SettingsError, SpecSettings, parse_tree
-from engine.cycle.pair import eos_ids_of
-from engine.cycle.reference import Pair, TokenTexts, speculative_generate, target_generate
+from engine.cycle.pair import Pair, TokenTexts, eos_ids_of
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import speculative_generate
 from engine.kv.layouts import check_invariants
 from engine.mode import RunMode
 from engine.run import run_to_trace

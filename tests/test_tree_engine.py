@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from engine.config import SettingsError, SpecSettings, TreeSpec, parse_tree
-from engine.cycle.reference import TokenTexts, target_generate
+from engine.cycle.pair import TokenTexts
+from engine.cycle.plain import target_generate
 from engine.kv.layouts import check_invariants
 from engine.trace.schema import LAYOUTS, NEXT_BONUS, NEXT_RESIDUAL, ROOT
 from engine.tree.cycle import run_tree_cycle, start_tree_run, tree_generate
@@ -80,7 +81,7 @@ def test_a_tree_cycle_record_describes_its_walk():
 
 
 def test_a_tree_run_refuses_a_drafter_without_a_draft_model():
-    from engine.cycle.reference import Pair
+    from engine.cycle.pair import Pair
     from engine.drafters.prompt_lookup import PromptLookupDrafter
 
     pair = tiny_pair(0)

@@ -4,7 +4,7 @@ import pytest
 
 import engine.stats.calibrate as calibrate_module
 from engine.config import SpecSettings, parse_tree
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.drafters.prompt_lookup import PromptLookupDrafter
 from engine.stats.analysis import advise_k, calibration_of
 from engine.stats.calibrate import TREE_WIDTHS, calibrate, calibrate_widths, time_widths

@@ -14,7 +14,7 @@ import pytest
 
 from engine.cli import main
 from engine.config import SpecSettings
-from engine.cycle.reference import target_generate
+from engine.cycle.plain import target_generate
 from engine.run import encode_prompt
 from engine.trace.format import load_trace
 from engine.workload.folder import open_workload

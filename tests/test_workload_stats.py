@@ -11,7 +11,7 @@ import pytest
 
 from engine.stats.analysis import best_k, trace_stats
 from engine.trace import load_trace
-from engine.trace.records import Trace
+from engine.trace.record_types import Trace
 from engine.workload.intervals import request_intervals
 from engine.workload.loss import spread_points, token_class
 from engine.workload.report import format_workload_stats

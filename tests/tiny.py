@@ -3,7 +3,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.models.loading import wrap_model
 
 WORDS = ["<eos>", "the", "cat", "dog", "sat", "ran", "on", "a", "mat", "log",

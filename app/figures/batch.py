@@ -1,6 +1,6 @@
 """A batched cycle as lanes: one lane per row, its draft positions accepted, rejected or never tested,
 then the token the target added (resampled or bonus); an idle row is a grey lane that still takes its
-slot in every forward. Input: a checked batch trace (engine/trace/batch.py loads_batch_trace).
+slot in every forward. Input: a checked batch trace (engine/trace/batch_reader.py loads_batch_trace).
 
 Plain functions, no Streamlit: `lane_cells` says what each lane shows (tests check it against the
 engine's records), `lanes_figure` draws it. Request ids come from untrusted files: they reach Plotly

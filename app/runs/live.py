@@ -18,7 +18,7 @@ from app.ui import jobs, operator, state
 from app.ui.pages import STEPPER
 from app.ui.safe import md
 from engine.config import SettingsError, SpecSettings
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.drafters.registry import DRAFTERS, DrafterOptions
 from engine.mode import RunMode
 from engine.models.loading import ModelLoadError, TokenizerMismatchError

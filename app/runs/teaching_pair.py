@@ -15,7 +15,7 @@ import streamlit as st
 
 from app.runs import live
 from app.ui.safe import md
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.models.presets import PRESETS, SMOLLM2_PACKAGE
 from engine.run import encode_prompt
 

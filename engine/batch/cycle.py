@@ -1,89 +1,111 @@
-"""The batched speculative cycle for the draft-model drafter, chains only (gpt-fast style: one step per function).
+"""The batched chain's cycle kind: B requests in one cycle, each row exact on its own (gpt-fast style steps).
 
-One cycle for B rows:
-1. `draft_rows`: K batched draft forwards of one token per row; each active row draws its
-   token from its own warped distribution with its own generator. Then one more forward feeds
-   d_K (gpt-fast's "fill last token into draft model", as the fast path does): every row's draft
-   cache then holds the positions up to d_K, so a row that accepts all K needs no catch-up and
-   a row that rejects earlier just rolls back further. Every forward has the same shape.
-2. `verify_rows`: one target forward over every row's [last committed, d1..dK].
-3. `decide_rows`: per row, the engine's one ratio test (engine.cycle.reference.accept_reject:
-   left to right, residual at the first rejection, bonus after K passes) on that row's
-   distributions with that row's generator.
-4. `commit_rows`: per row, the engine's commit rule (reference.commit_tokens: cut at the first
-   EOS and at the row's budget).
-5. `roll_back_rows`: both caches of each row back to its committed length - 1 (the engine's
-   convention: the last committed token opens the next cycle), each row to its own length.
+`BatchedChainCycle` is a row-shaped kind of the one driver (engine/cycle/driver.py), which owns the
+generators, the commit, idle rows, admission and the records, as for every other kind. One cycle:
+1. the drafter proposes K tokens for every row through its row interface (`propose_rows`: the draft
+   model's batched steps, then the d_K step that makes a catch-up unnecessary);
+2. `verify_rows`: one target forward over every row's [last committed, d1..dK];
+3. per active row, the engine's one ratio test (engine/cycle/ratio_test.py) on that row's
+   distributions with that row's generator;
+4. (the driver commits each row: cut at the first EOS and at the row's budget)
+5. `settle`: both caches of each row back to its committed length - 1 (the engine's convention:
+   the last committed token opens the next cycle), each row to its own length.
 
-Randomness is per row: row r draws from a CPU generator seeded with seeds[r], in the order the
-single-request reference path draws (K draft draws, then one per tested position, then the
-resampled or bonus token), so a row equals the single-request run with that seed up to float32
-rounding of the batched kernels. At temperature 0 no draw decides anything and each row's
-output is plain greedy decoding of its prompt.
+Randomness is per row: row r draws from its own CPU generator, in the order the single-request
+reference path draws (K draft draws, then one per tested position, then the resampled or bonus
+token), so a row equals the single-request run with that seed up to float32 rounding of the
+batched kernels. At temperature 0 each row's output is plain greedy decoding of its prompt.
 
-A row that finished (its budget or an EOS) becomes idle: it keeps its slot in every batched
-forward (fed its last token, appending nothing), decides nothing, and is counted in the records.
-`settings.seed` and `settings.cache_layout` are not read: the seeds are per row, the layout is
-engine/batch/cache.py's.
+A row that finished (its budget or an EOS) becomes idle: it keeps its slot in every batched forward
+(fed its last token, appending nothing), decides nothing, and is counted. Each row of a cache is a
+static buffer of the batch's capacity: its stale slots are the row's own rejected K/V, or an earlier
+request's in that row. Every row of a cycle shares its draft steps, its verify and its d_K forward,
+so each row's record gives the batch's times.
 """
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
-from engine.batch.cache import RowsKVCache, new_rows_cache, num_layers_of, roll_back_row, write_row
-from engine.batch.forward import check_batchable, forward_rows
-from engine.batch.records import BatchCycle, RowCycle, row_outputs
+from engine.batch.report import BatchCycle, batch_cycle, row_outputs
 from engine.config import SettingsError, SpecSettings, refuse_empty_prompt
+from engine.cycle.driver import Admission, Row, RowsCycle, run_rows
 from engine.cycle.pair import Pair, TokenTexts
-from engine.cycle.record import describe_cycle, shown_tensors
-from engine.cycle.reference import Decision, accept_reject, commit_tokens
-from engine.drafters.model import ModelDrafter
-from engine.kv.layouts import CacheFullError, attended_kv, run_capacity
-from engine.kv.ops import prefill
+from engine.cycle.ratio_test import Decision, accept_reject
+from engine.cycle.step import CycleStep, Settled
+from engine.cycle.trace_record import describe_cycle, shown_tensors
+from engine.drafters.model import RowsProposal
+from engine.kv.layouts import CacheFullError, run_capacity, static_layout_state
+from engine.kv.rows import (
+    RowsKVCache,
+    check_batchable,
+    forward_rows,
+    new_rows_cache,
+    num_layers_of,
+    prefill_row,
+    prefill_rows,
+    roll_back_row,
+)
 from engine.models.device import timed
-from engine.models.loading import LoadedModel
-from engine.models.sampling import draw, warp_probs
+from engine.models.sampling import warp_probs
 from engine.trace.format import CacheLengths
 from engine.trace.schema import MAX_NEW_TOKENS
 
 
 @dataclass
-class BatchState:
-    """What persists between cycles: per row the committed ids, budget, generator; both ragged caches."""
+class BatchRow:
+    """One row's progress (the driver's RunProgress): its request's prompt and committed tokens."""
 
-    pair: Pair
-    settings: SpecSettings
-    committed: list[list[int]]  # per row: the prompt and every committed token
-    budgets: list[int]  # per row: max_new_tokens
-    gens: list[torch.Generator]
-    target_cache: RowsKVCache
-    draft_cache: RowsKVCache
-    prompt_lens: list[int] = field(default_factory=list)
-    finished: list[bool] = field(default_factory=list)
-
-    def generated(self, row: int) -> list[int]:
-        return self.committed[row][self.prompt_lens[row]:]
-
-    def active(self) -> list[bool]:
-        return [not f for f in self.finished]
+    committed: list[int]  # the prompt and every committed token
+    generated: list[int] = field(default_factory=list)  # the committed tokens after the prompt
+    finished: bool = False
+    target_high_water: int = 0  # one past the highest slot written in the row, by any request it ran
+    draft_high_water: int = 0
 
 
 @dataclass
-class Drafted:
-    token_ids: list[list[int]]  # (B, K); an idle row's are fillers, never tested
-    p_draft: torch.Tensor  # (B, K, V) warped, on the CPU
-    step_times_s: list[float] = field(default_factory=list)  # (K,) each batched draft step, its draws included
-    feed_s: float = 0.0  # the d_K forward (a single run's catch-up after a full accept)
+class BatchState:
+    """What persists between cycles: every row's progress and both ragged caches."""
+
+    rows: list[BatchRow]
+    target_cache: RowsKVCache
+    draft_cache: RowsKVCache  # the drafter's state for every row
+
+    def active(self) -> list[bool]:
+        return [not row.finished for row in self.rows]
 
 
-# ---------------------------------------------------------------- starting a batch
+@dataclass
+class BatchTimes:
+    """The times every row of one cycle shares."""
+
+    draft_s: float  # the K+1 batched draft forwards and each row's draws
+    verify_s: float  # the one batched target forward and its warping
+    draft_step_s: list[float]  # (K,) each batched draft step (part of draft_s)
+    draft_feed_s: float  # the d_K forward (part of draft_s)
+
+
+@dataclass
+class BatchRowStep:
+    """What one running row's settle and describe need of the cycle."""
+
+    row: int
+    decision: Decision
+    p_draft: torch.Tensor  # (K, V) warped, on the CPU
+    p_target: torch.Tensor  # (K+1, V) warped, on the CPU
+    target_before: int
+    target_appended: int
+    draft_before: int
+    draft_appended: int  # after the K steps and the d_K step
+    times: BatchTimes
+
+
+# ---------------------------------------------------------------- refusals and capacity
 
 def check_batch_pair(pair: Pair) -> None:
     """Refuse a pair this batched cycle cannot run exactly, with the reason (before anything is written)."""
     drafter = pair.drafter
-    if not isinstance(drafter, ModelDrafter) or pair.draft is None or drafter.model is not pair.draft:
+    if not hasattr(drafter, "propose_rows") or pair.draft is None or drafter.model is not pair.draft:
         raise SettingsError("batched speculation runs the draft-model drafter only (no lookup, EAGLE or trees yet)")
     if drafter.mis_set or drafter.greedy_proposals or not drafter.crop_rejected or not drafter.catch_up:
         raise SettingsError("batched speculation runs a correctly set draft model only (no planted mis-setting or fault)")
@@ -95,12 +117,11 @@ def check_batch_pair(pair: Pair) -> None:
             raise SettingsError(str(err)) from None
 
 
-def check_batch(pair: Pair, prompts_ids: list[list[int]], seeds: list[int], budgets: list[int]) -> None:
+def check_batch(pair: Pair, prompts_ids: list[list[int]], budgets: list[int]) -> None:
     """Refuse what this batched cycle cannot run exactly, with the reason."""
     check_batch_pair(pair)
-    if not prompts_ids or not len(prompts_ids) == len(seeds) == len(budgets):
-        raise SettingsError(f"one seed and one budget per prompt: {len(prompts_ids)} prompts, {len(seeds)} seeds, "
-                            f"{len(budgets)} budgets")
+    if not prompts_ids or len(prompts_ids) != len(budgets):
+        raise SettingsError(f"one budget per prompt: {len(prompts_ids)} prompts, {len(budgets)} budgets")
     for prompt in prompts_ids:
         refuse_empty_prompt(prompt)
     if any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_NEW_TOKENS for b in budgets):
@@ -113,194 +134,169 @@ def batch_capacity(prompts_ids: list[list[int]], k: int, budgets: list[int]) -> 
     return max(run_capacity(len(p), k, b) for p, b in zip(prompts_ids, budgets, strict=True))
 
 
-def prefill_row(model: LoadedModel, cache: RowsKVCache, row: int, prompt_ids: list[int]) -> None:
-    """Row `row` caches every prompt token but the last (it opens the first cycle): the prompt is read alone,
-    by the engine's prefill of one sequence, and copied into the row's slots."""
-    if len(prompt_ids) > 1:
-        write_row(cache, row, attended_kv(prefill(model, prompt_ids)))
-    else:
-        cache.lengths[row] = 0  # nothing to read: the one prompt token opens the first cycle
+# ---------------------------------------------------------------- the kind
+
+@dataclass
+class BatchedChainCycle:
+    """The chain's cycle over B rows; `capacity`: slots per row, when requests that join later need more
+    than the first prompts do. `settings.seed` is not read (each row's generator is the driver's), nor
+    `settings.cache_layout` (each row is a static buffer of engine/kv/rows.py)."""
+
+    pair: Pair
+    settings: SpecSettings
+    capacity: int = 0
+
+    def check(self) -> None:
+        check_batch_pair(self.pair)
+
+    def start(self, prompts_ids: list[list[int]], budgets: list[int]) -> BatchState:
+        """Check, allocate both ragged caches and prefill them, each prompt read alone."""
+        check_batch(self.pair, prompts_ids, budgets)
+        self.capacity = max(self.capacity, batch_capacity(prompts_ids, self.settings.k, budgets))
+        target_cache = new_rows_cache(self.pair.target.model.config, len(prompts_ids), self.capacity)
+        prefill_rows(self.pair.target, target_cache, prompts_ids)
+        draft_cache = self.pair.drafter.start_rows(prompts_ids, self.capacity)
+        rows = [BatchRow(list(p), target_high_water=len(p) - 1, draft_high_water=len(p) - 1) for p in prompts_ids]
+        return BatchState(rows, target_cache, draft_cache)
+
+    def rows(self, state: BatchState) -> list[BatchRow]:
+        return state.rows
+
+    def admit(self, state: BatchState, row: int, prompt_ids: list[int], budget: int) -> None:
+        """Continuous batching: a finished row takes a new request. Its prompt is read alone and copied into
+        the row's slots of both caches, while the other rows wait."""
+        if not state.rows[row].finished:
+            raise ValueError(f"row {row} is still running its request")
+        check_batch(self.pair, [prompt_ids], [budget])
+        need = run_capacity(len(prompt_ids), self.settings.k, budget)
+        if need > state.target_cache.capacity:
+            raise CacheFullError(f"a request of {len(prompt_ids)} prompt tokens and {budget} new ones needs {need} "
+                                 f"slots; the batch holds {state.target_cache.capacity} per row")
+        prefill_row(self.pair.target, state.target_cache, row, prompt_ids)
+        self.pair.drafter.admit_row(state.draft_cache, row, prompt_ids)
+        old = state.rows[row]
+        state.rows[row] = BatchRow(list(prompt_ids), target_high_water=old.target_high_water,
+                                   draft_high_water=old.draft_high_water)
+
+    def step(self, state: BatchState, gens: list[torch.Generator | None], record: bool) -> list[CycleStep | None]:
+        s, active = self.settings, state.active()
+        target_before, draft_before = list(state.target_cache.lengths), list(state.draft_cache.lengths)
+        last = [row.committed[-1] for row in state.rows]
+        proposal, draft_s = timed(lambda: self.pair.drafter.propose_rows(state.draft_cache, last, active, s.k, s, gens),
+                                  self.pair.draft.device)
+        p_target, verify_s = timed(lambda: verify_rows(self, state, last, proposal, active), self.pair.target.device)
+        times = BatchTimes(draft_s, verify_s, proposal.step_times_s, proposal.feed_s)
+        steps: list[CycleStep | None] = []
+        for r, running in enumerate(active):
+            if not running:
+                steps.append(None)
+                continue
+            tokens = proposal.token_ids[r]
+            d = accept_reject(tokens, proposal.p_draft[r], p_target[r], gens[r])
+            detail = BatchRowStep(r, d, proposal.p_draft[r], p_target[r], target_before[r],
+                                  state.target_cache.lengths[r], draft_before[r], state.draft_cache.lengths[r], times)
+            steps.append(CycleStep(tokens[:d.num_accepted], d.next_token_id, list(tokens), s.k + 1,
+                                   list(proposal.step_times_s), verify_s, None, detail))
+        return steps
+
+    def settle(self, state: BatchState, steps: list[CycleStep | None]) -> list[Settled]:
+        """Each running row's caches back to its committed length - 1; an idle row's lengths stay."""
+        settled = []
+        for r, step in enumerate(steps):
+            if step is None:
+                held = CacheLengths(before=state.target_cache.lengths[r], after_append=state.target_cache.lengths[r],
+                                    after_rollback=state.target_cache.lengths[r])
+                settled.append(Settled(held, dict(held), {}, False, 0.0))
+                continue
+            keep = len(state.rows[r].committed) - 1
+            roll_back_row(state.target_cache, r, keep)
+            self.pair.drafter.roll_back_row(state.draft_cache, r, state.rows[r].committed)
+            settled.append(settle_row(state.rows[r], step.detail, keep, self.settings.k, state.target_cache.capacity))
+        return settled
+
+    def describe(self, state: BatchState, row: int, step: CycleStep, committed: list[int], texts: TokenTexts) -> dict:
+        d: BatchRowStep = step.detail
+        decision, tokens = d.decision, step.draft_token_ids
+        shown = shown_tensors(tokens, d.p_draft, d.p_target, decision.residual_probs, decision.num_accepted,
+                              decision.next_token_id, self.settings.trace_top_k)
+        return describe_cycle({name: t.tolist() for name, t in shown.items()}, tokens, decision.num_accepted,
+                              decision.next_token_id, decision.accept_prob, decision.u, committed, texts)
 
 
-def prefill_rows(model: LoadedModel, cache: RowsKVCache, prompts_ids: list[list[int]]) -> None:
-    """Every row's prompt, each read alone (`prefill_row`). A prefill is compute-bound, so one forward over
-    prompts padded to the longest would only add work: with prompts of 35 to 250 positions, a padded batch
-    of 16 reads half as many positions again as the prompts hold."""
-    for row, prompt_ids in enumerate(prompts_ids):
-        prefill_row(model, cache, row, prompt_ids)
+def verify_rows(kind: BatchedChainCycle, state: BatchState, last: list[int], proposal: RowsProposal,
+                active: list[bool]) -> torch.Tensor:
+    """One target forward over every row's [last committed, d1..dK]: warped (B, K+1, V) on the CPU."""
+    ids = [[t, *d] for t, d in zip(last, proposal.token_ids)]
+    width = kind.settings.k + 1
+    logits = forward_rows(kind.pair.target, state.target_cache, ids, [width * a for a in active])
+    return warp_probs(logits, kind.settings).cpu()
+
+
+def settle_row(row: BatchRow, d: BatchRowStep, keep: int, k: int, capacity: int) -> Settled:
+    """One running row's cache lengths and static layout states for its record. The record counts K draft
+    steps (the d_K forward is the catch-up when all K pass, as a single run's), and the row's buffers'
+    high water marks include the d_K step's slot."""
+    draft_appended = d.draft_before + k
+
+    def target_state(length: int) -> dict:
+        row.target_high_water = max(row.target_high_water, length)
+        return static_layout_state(length, row.target_high_water, capacity)
+
+    def draft_state(length: int) -> dict:
+        row.draft_high_water = max(row.draft_high_water, length)
+        return static_layout_state(length, row.draft_high_water, capacity)
+
+    target = {moment: target_state(n) for moment, n in
+              (("before", d.target_before), ("after_append", d.target_appended), ("after_rollback", keep))}
+    draft = {"before": draft_state(d.draft_before), "after_append": draft_state(draft_appended)}
+    row.draft_high_water = max(row.draft_high_water, d.draft_appended)  # the d_K forward's slot
+    draft["after_rollback"] = draft_state(keep)
+    return Settled(CacheLengths(before=d.target_before, after_append=d.target_appended, after_rollback=keep),
+                   CacheLengths(before=d.draft_before, after_append=draft_appended, after_rollback=keep),
+                   {"target_cache_layout_state": target, "draft_cache_layout_state": draft},
+                   keep > draft_appended, d.times.draft_feed_s)
+
+
+# ---------------------------------------------------------------- running a batch through the driver
+
+@dataclass
+class Batch:
+    """A started batch: the kind, its state and the driver's rows (each row's generator and budget)."""
+
+    kind: BatchedChainCycle
+    state: BatchState
+    rows: list[Row]
 
 
 def start_batch(pair: Pair, prompts_ids: list[list[int]], s: SpecSettings, seeds: list[int],
-                max_new_tokens: list[int] | None = None, capacity: int | None = None) -> BatchState:
-    """Check, allocate both ragged caches and prefill them; one generator per row. `capacity`: slots
-    per row, when requests that join later (`admit_row`) need more than these prompts do."""
+                max_new_tokens: list[int] | None = None, capacity: int = 0, requests: list | None = None) -> Batch:
+    """Check, allocate and prefill; row r draws from a generator seeded with seeds[r] and runs
+    max_new_tokens[r] tokens (default: s.max_new_tokens for all); `requests` names what each row runs."""
     budgets = list(max_new_tokens) if max_new_tokens is not None else [s.max_new_tokens] * len(prompts_ids)
-    check_batch(pair, prompts_ids, seeds, budgets)
-    capacity = max(capacity or 0, batch_capacity(prompts_ids, s.k, budgets))
-    b = len(prompts_ids)
-    target_cache = new_rows_cache(pair.target.model.config, b, capacity)
-    draft_cache = new_rows_cache(pair.draft.model.config, b, capacity)
-    prefill_rows(pair.target, target_cache, prompts_ids)
-    prefill_rows(pair.draft, draft_cache, prompts_ids)
-    return BatchState(pair, s, [list(p) for p in prompts_ids], budgets,
-                      [torch.Generator().manual_seed(seed) for seed in seeds], target_cache, draft_cache,
-                      [len(p) for p in prompts_ids], [False] * b)
+    if len(seeds) != len(prompts_ids):
+        raise SettingsError(f"one seed per prompt: {len(prompts_ids)} prompts, {len(seeds)} seeds")
+    kind = BatchedChainCycle(pair, s, capacity)
+    state = kind.start(prompts_ids, budgets)
+    names = requests if requests is not None else list(range(len(prompts_ids)))
+    rows = [Row(torch.Generator().manual_seed(seed), budget, name) for seed, budget, name in zip(seeds, budgets, names)]
+    return Batch(kind, state, rows)
 
 
-def admit_row(state: BatchState, row: int, prompt_ids: list[int], seed: int, budget: int) -> None:
-    """Continuous batching: a finished row takes a new request. Its prompt is read alone (the engine's
-    prefill of one sequence) and copied into the row's slots of both caches, while the other rows
-    wait; the row gets a fresh generator seeded with `seed`, as the request's single run would."""
-    if not state.finished[row]:
-        raise ValueError(f"row {row} is still running its request")
-    check_batch(state.pair, [prompt_ids], [seed], [budget])
-    need = run_capacity(len(prompt_ids), state.settings.k, budget)
-    if need > state.target_cache.capacity:
-        raise CacheFullError(f"a request of {len(prompt_ids)} prompt tokens and {budget} new ones needs {need} "
-                             f"slots; the batch holds {state.target_cache.capacity} per row")
-    for model, cache in ((state.pair.target, state.target_cache), (state.pair.draft, state.draft_cache)):
-        prefill_row(model, cache, row, prompt_ids)
-    state.committed[row], state.prompt_lens[row], state.budgets[row] = list(prompt_ids), len(prompt_ids), budget
-    state.gens[row], state.finished[row] = torch.Generator().manual_seed(seed), False
-
-
-# ---------------------------------------------------------------- one cycle, step by step
-
-def last_tokens(state: BatchState) -> list[int]:
-    return [c[-1] for c in state.committed]
-
-
-def appends(state: BatchState) -> list[int]:
-    """Positions each row appends per input token: 1 when active, 0 when idle."""
-    return [int(a) for a in state.active()]
-
-
-def draw_rows(probs: torch.Tensor, state: BatchState, fillers: list[int]) -> list[int]:
-    """Each active row's token from its (V,) distribution with its own generator; an idle row keeps its filler."""
-    s = state.settings
-    return [draw(probs[r], s, state.gens[r]) if active else fillers[r] for r, active in enumerate(state.active())]
-
-
-def draft_step(state: BatchState, fed: list[int], fillers: list[int]) -> tuple[torch.Tensor, list[int]]:
-    """One batched draft forward of one token per row: the warped (B, V) distributions on the CPU and each row's draw."""
-    logits = forward_rows(state.pair.draft, state.draft_cache, [[t] for t in fed], appends(state))  # (B, 1, V)
-    probs = warp_probs(logits[:, -1], state.settings).cpu()
-    return probs, draw_rows(probs, state, fillers)
-
-
-def draft_rows(state: BatchState) -> Drafted:
-    """K batched draft steps, then the d_K step; a row of the draft cache advances only while the row is active."""
-    s, draft, cache = state.settings, state.pair.draft, state.draft_cache
-    feed, fillers, tokens, dists, times = last_tokens(state), last_tokens(state), [], [], []
-    for _ in range(s.k):
-        (probs, feed), seconds = timed(lambda fed=feed: draft_step(state, fed, fillers), draft.device)
-        tokens.append(feed)
-        dists.append(probs)
-        times.append(seconds)
-    # d_K, rolled back unless all pass
-    _, feed_s = timed(lambda: forward_rows(draft, cache, [[t] for t in feed], appends(state), logits=False), draft.device)
-    return Drafted([list(row) for row in zip(*tokens)], torch.stack(dists, dim=1), times, feed_s)
-
-
-def verify_rows(state: BatchState, drafted: Drafted) -> torch.Tensor:
-    """One target forward over every row's [last committed, d1..dK]: warped (B, K+1, V) on the CPU."""
-    ids = [[last, *d] for last, d in zip(last_tokens(state), drafted.token_ids)]
-    width = state.settings.k + 1
-    logits = forward_rows(state.pair.target, state.target_cache, ids, [width * a for a in appends(state)])
-    return warp_probs(logits, state.settings).cpu()
-
-
-def decide_rows(state: BatchState, drafted: Drafted, p_target: torch.Tensor) -> list[Decision | None]:
-    """The engine's ratio test (reference.accept_reject) per active row, with the row's generator."""
-    return [accept_reject(drafted.token_ids[r], drafted.p_draft[r], p_target[r], state.gens[r]) if active else None
-            for r, active in enumerate(state.active())]
-
-
-def commit_rows(state: BatchState, drafted: Drafted, decisions: list[Decision | None]) -> list[list[int]]:
-    """Each active row's final tokens (reference.commit_tokens: cut at EOS and at its budget)."""
-    out = []
-    for r, d in enumerate(decisions):
-        if d is None:
-            out.append([])
-            continue
-        budget = state.budgets[r] - len(state.generated(r))
-        committed, finished = commit_tokens(drafted.token_ids[r], d, budget, state.pair.eos_ids)
-        state.committed[r] += committed
-        state.finished[r] = finished
-        out.append(committed)
-    return out
-
-
-def roll_back_rows(state: BatchState, rows: list[int]) -> None:
-    """Both caches of each given row back to its committed length - 1."""
-    for r in rows:
-        keep = len(state.committed[r]) - 1
-        roll_back_row(state.target_cache, r, keep)
-        roll_back_row(state.draft_cache, r, keep)
-
-
-# ---------------------------------------------------------------- records and the loop
-
-def row_record(r: int, drafted: Drafted, p_target: torch.Tensor, d: Decision | None, committed: list[int],
-               finished: bool, lengths: dict[str, list[int]], committed_len_before: int,
-               texts: TokenTexts | None, n_top: int) -> RowCycle:
-    """Row r's part of the cycle's record; `lengths` holds both caches' per-row lengths at each stage.
-    With `texts`, also the description a single run's trace gives its cycle (engine/cycle/record.py)."""
-    target = CacheLengths(before=lengths["target_before"][r], after_append=lengths["target_appended"][r],
-                          after_rollback=lengths["target_after"][r])
-    draft = CacheLengths(before=lengths["draft_before"][r], after_append=lengths["draft_appended"][r],
-                         after_rollback=lengths["draft_after"][r])
-    if d is None:
-        return RowCycle(r, True, target_cache_len=target, draft_cache_len=draft, finished=True,
-                        committed_len_before=committed_len_before)
-    tokens = drafted.token_ids[r]
-    idx = torch.arange(len(tokens))
-    description = None
-    if texts is not None:
-        shown = shown_tensors(tokens, drafted.p_draft[r], p_target[r], d.residual_probs, d.num_accepted,
-                              d.next_token_id, n_top)
-        description = describe_cycle({name: t.tolist() for name, t in shown.items()}, list(tokens), d.num_accepted,
-                                     d.next_token_id, d.accept_prob, d.u, committed, texts)
-    return RowCycle(r, False, list(tokens), drafted.p_draft[r][idx, tokens].tolist(), p_target[r][idx, tokens].tolist(),
-                    d.accept_prob, d.u, d.num_accepted, d.next_token_id, committed, finished, target, draft,
-                    committed_len_before, description)
-
-
-def run_batch_cycle(state: BatchState, cycle: int, texts: TokenTexts | None = None) -> BatchCycle:
-    """Draft, verify, decide, commit, roll back, for every row; returns the cycle's record (with each
-    active row's trace description when `texts` is given)."""
-    start = time.perf_counter()
-    device = state.pair.target.device
-    lengths = {"target_before": list(state.target_cache.lengths), "draft_before": list(state.draft_cache.lengths)}
-    committed_before = [len(c) for c in state.committed]
-    was_active = state.active()
-    drafted, draft_s = timed(lambda: draft_rows(state), state.pair.draft.device)
-    p_target, verify_s = timed(lambda: verify_rows(state, drafted), device)
-    lengths.update(target_appended=list(state.target_cache.lengths), draft_appended=list(state.draft_cache.lengths))
-    decisions = decide_rows(state, drafted, p_target)
-    committed = commit_rows(state, drafted, decisions)
-    roll_back_rows(state, [r for r, a in enumerate(was_active) if a])
-    lengths.update(target_after=list(state.target_cache.lengths), draft_after=list(state.draft_cache.lengths))
-    rows = [row_record(r, drafted, p_target, decisions[r], committed[r], state.finished[r], lengths,
-                       committed_before[r], texts, state.settings.trace_top_k) for r in range(len(decisions))]
-    total = time.perf_counter() - start
-    return BatchCycle(cycle, rows, draft_s, verify_s, max(0.0, total - draft_s - verify_s), drafted.step_times_s,
-                      drafted.feed_s)
+def run_batch(batch: Batch, record: bool = False,
+              admit: Callable[[int], Admission | None] | None = None) -> Iterator[RowsCycle]:
+    """The batch's cycles through the one driver loop, until every row has finished."""
+    return run_rows(batch.kind, batch.state, batch.rows, record, admit)
 
 
 def batched_speculative_generate(pair: Pair, prompts_ids: list[list[int]], s: SpecSettings, seeds: list[int],
                                  max_new_tokens: list[int] | None = None) -> Iterator[BatchCycle]:
-    """Yield one `BatchCycle` per cycle until every row has finished (its budget or an EOS).
-    `max_new_tokens` gives each row its own budget (default: s.max_new_tokens for all)."""
-    state = start_batch(pair, prompts_ids, s, seeds, max_new_tokens)
-    cycle = 0
-    while not all(state.finished):
-        yield run_batch_cycle(state, cycle)
-        cycle += 1
+    """Yield one `BatchCycle` per cycle until every row has finished (its budget or an EOS)."""
+    for done in run_batch(start_batch(pair, prompts_ids, s, seeds, max_new_tokens)):
+        yield batch_cycle(done)
 
 
 def batched_generate(pair: Pair, prompts_ids: list[list[int]], s: SpecSettings, seeds: list[int],
                      max_new_tokens: list[int] | None = None) -> tuple[list[list[int]], list[BatchCycle]]:
-    """Run the batch to the end: each row's generated tokens, and every cycle's record."""
+    """Run the batch to the end: each row's generated tokens, and every cycle's report."""
     cycles = list(batched_speculative_generate(pair, prompts_ids, s, seeds, max_new_tokens))
     return row_outputs(cycles), cycles

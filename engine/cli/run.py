@@ -149,7 +149,8 @@ def run_mode_from_args(args) -> RunMode:
     if args.calibrate and args.capture in ("compile", CAPTURE_AUTO):
         raise SettingsError(f"--calibrate times the eager forwards, and --capture {args.capture} may run the cycles "
                             "compiled: their costs would not be the run's; drop one of the two")
-    return RunMode(tree=tree, fast="none" if args.fast else None, tp_size=args.tp, calibrate=args.calibrate)
+    return RunMode(tree=tree, fast="none" if args.fast else None, tp_size=args.tp, calibrate=args.calibrate,
+                   batch=getattr(args, "batch", None))
 
 
 def cmd_run(args) -> int:

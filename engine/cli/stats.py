@@ -51,7 +51,7 @@ def cmd_workload_stats(args) -> int:
 def read_metrics_files(files: list[str]) -> list[str]:
     """The files' text, each refused above the readers' size limit before it is read whole."""
     from engine.servers.read import decode
-    from engine.servers.record import MAX_INPUT_BYTES, check_text_size
+    from engine.servers.server_metrics import MAX_INPUT_BYTES, check_text_size
     texts = []
     for name in files:
         with open(name, "rb") as f:

@@ -24,19 +24,6 @@ def check_folder(out: str) -> None:
         raise SettingsError(f"--out {out}: with --prompts, --out names a folder (one trace per request and a manifest)")
 
 
-def refuse_batch_options(args) -> None:
-    """What --batch does not run (yet): one line each, before any model loads."""
-    for asked, what in ((args.tree is not None, "--tree (trees in a batch are not built)"),
-                        (args.fast, "--fast (the batch has its own static rows)"),
-                        (args.resume, "--resume (a batched workload runs in one go)"),
-                        (args.calibrate, "--calibrate"),
-                        (args.cache != "dynamic", f"--cache {args.cache} (a batch keeps every row in its own ragged "
-                                                  "buffer, engine/batch/cache.py; a batched paged layout is not built)"),
-                        (getattr(args, "decoder", "hf") != "hf", "--decoder own")):
-        if asked:
-            raise SettingsError(f"--batch does not run with {what}: drop one of the two")
-
-
 def refuse_workload_options(args) -> None:
     if args.tree == "auto":
         raise SettingsError("--tree auto chooses per prompt: a workload runs one setting over all its requests; "
@@ -56,19 +43,17 @@ def repeated_prompt(prompt: str, times: int):
 
 
 def cmd_workload(args) -> int:
-    from engine.workload.batched import check_batch_size, run_batched_workload
+    from engine.workload.batched import run_batched_workload
     from engine.workload.prompts import read_prompts
     from engine.workload.run import run_workload
 
     refuse_workload_options(args)
-    if args.batch is not None:
-        check_batch_size(args.batch)
-        refuse_batch_options(args)
-    requests = read_prompts(args.prompts) if args.prompts else repeated_prompt(args.prompt, args.batch)
-    prompts_name = Path(args.prompts).name if args.prompts else "--prompt"
     args.drafter = cli_run.chosen_drafter(args)
     settings = cli_run.settings_from_args(args)
-    mode = cli_run.run_mode_from_args(args)
+    mode = cli_run.run_mode_from_args(args)  # a batch's refusals are the mode's (engine/mode.py)
+    mode.check_batch_settings(settings, args.resume)
+    requests = read_prompts(args.prompts) if args.prompts else repeated_prompt(args.prompt, args.batch)
+    prompts_name = Path(args.prompts).name if args.prompts else "--prompt"
     options = options_from_args(args)
     target, draft, preset = cli_run.resolve_models(args)
     check_folder(args.out)
@@ -79,7 +64,7 @@ def cmd_workload(args) -> int:
     pair, mode = cli_run.load_for_run(args, options, mode, target, draft, preset)
     if args.batch is not None:
         workload = run_with_progress(lambda on_request, on_cycle: run_batched_workload(
-            pair, requests, settings, args.out, args.batch, preset=preset, chat_template=not args.no_chat_template,
+            pair, requests, settings, args.out, mode, preset=preset, chat_template=not args.no_chat_template,
             prompts_name=prompts_name, skip_too_long=args.skip_too_long, on_request=on_request,
             on_cycle=on_cycle), len(requests))
         report_workload(workload, args.out)

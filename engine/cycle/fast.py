@@ -29,8 +29,8 @@ What differs from engine/cycle/reference.py (the reference path), and why:
   time, spent in every cycle.
 
 What the two paths share: the driver's loop, commit and record (engine/cycle/driver.py,
-record.py: this path picks the shown numbers out on the device before its one copy; the
-cycle kind here is `FastChainCycle`) and plain decoding's loop (reference.decode_plain, here
+trace_record.py: this path picks the shown numbers out on the device before its one copy; the
+cycle kind here is `FastChainCycle`) and plain decoding's loop (plain.py decode_plain, here
 with a device-side step). Its sampling is in fast_sampling.py, its forwards in fast_forward.py.
 
 Teaching faults and other acceptance rules are not supported here: they exist to show
@@ -47,12 +47,12 @@ from engine.cycle import driver
 from engine.cycle.fast_forward import Clock, FixedForward, new_fast_cache
 from engine.cycle.fast_sampling import DeviceDecision, UniformStream, decide_on_device, draw_on_device, uniforms_needed
 from engine.cycle.pair import Pair, TokenTexts
-from engine.cycle.record import describe_cycle, shown_tensors
-from engine.cycle.reference import decode_plain
+from engine.cycle.plain import decode_plain
 from engine.cycle.step import CycleStep, Settled
+from engine.cycle.trace_record import describe_cycle, shown_tensors
 from engine.drafters.model import ModelDrafter
 from engine.drafters.refusals import MIS_SET_CHAIN_ONLY
-from engine.kv.layouts import StaticKVCache, layout_for_run, roll_back_static
+from engine.kv.layouts import StaticKVCache, layout_for_run, roll_back_static, static_layout_state
 from engine.kv.ops import prefill
 from engine.models.loading import LoadedModel
 from engine.models.sampling import warp_probs
@@ -178,10 +178,6 @@ def copy_to_host(tensors: dict[str, torch.Tensor]) -> dict[str, list | int | flo
 
 # ---------------------------------------------------------------- the host side of a cycle
 
-def static_state(position: int, high_water: int, capacity: int) -> dict:
-    return {"write_position": position, "stale_slots": max(high_water, position) - position, "capacity": capacity}
-
-
 @dataclass
 class FastModels:
     """Both static caches and both fixed-shape forwards, built (captured) once and reused by later
@@ -248,10 +244,10 @@ def settle_on_host(state: FastState, num_committed: int, n_acc: int, before: int
     """The host's side of a cycle's caches after the commit: fix the position after a cut (the last
     cycle), keep the stale-slot counts; returns both static caches' layout fields."""
     capacity = state.target_cache.capacity
-    target_before = static_state(before, state.target_high_water, capacity)
-    draft_before = static_state(before, state.draft_high_water, capacity)
-    target_appended = static_state(before + k + 1, state.target_high_water, capacity)
-    draft_appended = static_state(before + k, state.draft_high_water, capacity)  # after K draft steps
+    target_before = static_layout_state(before, state.target_high_water, capacity)
+    draft_before = static_layout_state(before, state.draft_high_water, capacity)
+    target_appended = static_layout_state(before + k + 1, state.target_high_water, capacity)
+    draft_appended = static_layout_state(before + k, state.draft_high_water, capacity)  # after K draft steps
     state.target_high_water = max(state.target_high_water, before + k + 1)
     state.draft_high_water = max(state.draft_high_water, before + k + 1)  # the d_K step wrote one more
     keep = len(state.committed) - 1
@@ -262,9 +258,9 @@ def settle_on_host(state: FastState, num_committed: int, n_acc: int, before: int
         for layer in cache.layers:  # so the cache's own stale-slot count agrees with the trace
             layer.high_water = max(layer.high_water, hw)
     return {"target_cache_layout_state": {"before": target_before, "after_append": target_appended,
-                                          "after_rollback": static_state(keep, state.target_high_water, capacity)},
+                                          "after_rollback": static_layout_state(keep, state.target_high_water, capacity)},
             "draft_cache_layout_state": {"before": draft_before, "after_append": draft_appended,
-                                         "after_rollback": static_state(keep, state.draft_high_water, capacity)}}
+                                         "after_rollback": static_layout_state(keep, state.draft_high_water, capacity)}}
 
 
 @dataclass

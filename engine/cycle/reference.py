@@ -1,11 +1,12 @@
-"""One speculative-decoding cycle at a time, as the design notes lay it out.
+"""The chain's cycle on the reference path, one cycle at a time, as the design notes lay it out
+(`ChainCycle`, a cycle kind of engine/cycle/driver.py); it decides by engine/cycle/ratio_test.py.
 
 Cache convention (stated in every trace): after each cycle, the target's and the
 draft's caches hold K/V for every committed token except the last one. The last
 committed token is the first input of the next cycle, for both models.
 """
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol, TypeVar
+from typing import Any, Iterator
 
 import torch
 from transformers import DynamicCache
@@ -13,26 +14,16 @@ from transformers import DynamicCache
 from engine.config import SpecSettings
 from engine.cycle import driver
 from engine.cycle.pair import Pair, TokenTexts
-from engine.cycle.record import describe_cycle, shown_tensors
+from engine.cycle.ratio_test import RATIO_TEST, CycleRule, Decision
 from engine.cycle.step import CycleStep, Settled
+from engine.cycle.trace_record import describe_cycle, shown_tensors
 from engine.drafters.base import Drafter, Proposal
-from engine.kv.layouts import cycle_layout_state, layout_for_run, layout_name, layout_state, new_cache
-from engine.kv.ops import cache_len, crop, prefill
+from engine.kv.layouts import cycle_layout_fields, layout_for_run, layout_states, new_cache
+from engine.kv.ops import cache_len, prefill
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
-from engine.models.sampling import draw, residual, sample, uniform, warp_probs
-from engine.trace.commit import final_tokens
+from engine.models.sampling import warp_probs
 from engine.trace.format import CacheLengths
-
-
-@dataclass
-class Decision:
-    num_accepted: int
-    accept_prob: list[float]  # (n,) min(1, p_target/p_draft) of each draft token
-    u: list[float]  # one draw per tested position
-    rejected_position: int | None  # 1-based, None when all n passed
-    next_token_id: int  # the resampled or bonus token
-    residual_probs: torch.Tensor | None  # (V,) at the rejection, None for a bonus
 
 
 @dataclass
@@ -70,89 +61,6 @@ def verify(target: LoadedModel, state: RunState, draft_tokens: list[int],
 def reads_target_features(drafter: Drafter) -> bool:
     """True for a drafter (the EAGLE head) that drafts from the target's features."""
     return getattr(drafter, "reads_target_features", False)
-
-
-def accept_reject(draft_tokens: list[int], p_draft: torch.Tensor, p_target: torch.Tensor,
-                  gen: torch.Generator) -> Decision:
-    """Left-to-right ratio test; resample at the first rejection or add the bonus token.
-
-    p_draft (n, V) and p_target (n+1, V); n may be 0 (a plain target step: only the bonus).
-    """
-    k = len(draft_tokens)
-    idx = torch.arange(k)
-    p_t = p_target[idx, draft_tokens]  # (n,) target probability of each draft token
-    p_d = p_draft[idx, draft_tokens]  # (n,)
-    accept_prob = torch.clamp(p_t / p_d, max=1.0).tolist()
-    draws: list[float] = []
-    for i in range(k):
-        draws.append(uniform(gen))
-        # Strict '<': a token the target gives probability 0 is never accepted, even at u = 0.
-        if not draws[-1] < accept_prob[i]:
-            res = residual(p_target[i], p_draft[i])
-            return Decision(i, accept_prob, draws, i + 1, sample(res, gen), res)
-    return Decision(k, accept_prob, draws, None, sample(p_target[k], gen), None)
-
-
-class CycleRule(Protocol):
-    """How a cycle decides and rolls back, for every cycle kind (the fast path runs RATIO_TEST only).
-    The engine runs RATIO_TEST; only the teaching code (engine/teaching/faults.py) passes
-    deliberately broken rules, through the run mode (engine/mode.py)."""
-
-    def decide(self, draft_tokens: list[int], p_draft: torch.Tensor, p_target: torch.Tensor,
-               gen: torch.Generator) -> Decision: ...
-
-    def roll_back(self, cache: DynamicCache, keep: int) -> None: ...
-
-    def drafter(self, drafter: Drafter) -> Drafter: ...
-
-    # A tree's rollback: (cache, start, kept_slots) -> moves (engine/tree/compact.py's Rollback);
-    # None means the correct compaction.
-    tree_rollback: Callable | None
-    for_chains: bool  # the cycle kinds this rule can run in
-    for_trees: bool
-
-
-class RatioTest:
-    """The correct rule: the ratio test, rejected K/V cropped (a tree's compacted), the drafter as it is."""
-
-    tree_rollback = None
-    for_chains, for_trees = True, True  # the cycle kinds a rule applies to (engine/mode.py refuses the others)
-
-    def decide(self, draft_tokens, p_draft, p_target, gen) -> Decision:
-        return accept_reject(draft_tokens, p_draft, p_target, gen)
-
-    def roll_back(self, cache: DynamicCache, keep: int) -> None:
-        crop(cache, keep)
-
-    def drafter(self, drafter: Drafter) -> Drafter:
-        return drafter
-
-
-RATIO_TEST = RatioTest()
-
-
-def commit_tokens(draft_tokens: list[int], d: Decision, budget: int,
-                  eos_ids: set[int]) -> tuple[list[int], bool]:
-    """Tokens this cycle makes final: the accepted drafts and the resampled or bonus token,
-    cut at the first EOS and at the token budget (engine.trace.commit, the rule the checks apply)."""
-    return final_tokens(draft_tokens[: d.num_accepted] + [d.next_token_id], budget, eos_ids)
-
-
-def layout_states(target_cache, draft_cache) -> tuple[dict | None, dict | None]:
-    """The layout facts of the target's and (if the drafter keeps one) the draft's cache."""
-    return (None if target_cache is None else layout_state(target_cache),
-            None if draft_cache is None else layout_state(draft_cache))
-
-
-def cycle_layout_fields(target_cache, draft_cache, before: tuple, after_append: tuple) -> dict:
-    """Layout state of one cycle; none for a dynamic cache (its state is its length), and none
-    for the draft when the drafter keeps no cache over the target's positions."""
-    if layout_name(target_cache) == "dynamic":
-        return {}
-    fields = {"target_cache_layout_state": cycle_layout_state(target_cache, before[0], after_append[0])}
-    if draft_cache is not None:
-        fields["draft_cache_layout_state"] = cycle_layout_state(draft_cache, before[1], after_append[1])
-    return fields
 
 
 @dataclass
@@ -255,34 +163,3 @@ def speculative_generate(pair: Pair, prompt_ids: list[int], s: SpecSettings,
                          rule: CycleRule = RATIO_TEST, record: bool = True) -> Iterator[dict]:
     """Yield one chain record per cycle until EOS or max_new_tokens."""
     return driver.generate(ChainCycle(pair, s, rule), prompt_ids, record)
-
-
-Token = TypeVar("Token")  # an int on the host, or a device scalar on the fast path
-
-
-def decode_plain(step: Callable[[Token], Token], last: Token, max_new_tokens: int,
-                 stop: Callable[[Token], bool]) -> list[Token]:
-    """Plain (target-only) decoding's one loop: `step` turns the last token into the next, until
-    max_new_tokens or a token `stop` ends the run on. The step is all that differs between the
-    reference path, the sweep and the fast path (which stops nowhere: no per-token sync)."""
-    out = []
-    while len(out) < max_new_tokens:
-        last = step(last)
-        out.append(last)
-        if stop(last):
-            break
-    return out
-
-
-def target_step(target: LoadedModel, cache: DynamicCache, s: SpecSettings) -> Callable[[int], int]:
-    """One plain decoding step of the target over `cache`, one forward per token, with the
-    run's own generator (seeded from the settings, as a speculative run's)."""
-    gen = torch.Generator().manual_seed(s.seed)
-    return lambda last: draw(warp_probs(target.forward([last], cache)[-1], s), s, gen)
-
-
-def target_generate(target: LoadedModel, prompt_ids: list[int], s: SpecSettings,
-                    eos_ids: set[int]) -> list[int]:
-    """Plain autoregressive decoding of the target alone, one token per forward."""
-    step = target_step(target, prefill(target, prompt_ids), s)
-    return decode_plain(step, prompt_ids[-1], s.max_new_tokens, lambda t: t in eos_ids)

@@ -18,6 +18,10 @@ class CycleStep:
     drafter_state: dict | None = None  # the drafter's own record part ("drafter_state" in the trace)
     detail: Any = None  # what the kind's settle and describe need (distributions, the decision, lengths)
 
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_token_ids)
+
 
 @dataclass
 class Settled:

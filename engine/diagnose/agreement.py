@@ -15,12 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.batch.cache import new_rows_cache
-from engine.batch.cycle import prefill_rows
-from engine.batch.forward import check_batchable, forward_rows
 from engine.config import SpecSettings
-from engine.cycle.reference import target_generate
+from engine.cycle.plain import target_generate
 from engine.kv.ops import prefill
+from engine.kv.rows import check_batchable, forward_rows, new_rows_cache, prefill_rows
 from engine.models.loading import LoadedModel
 from engine.models.sampling import warp_probs
 

@@ -5,7 +5,7 @@ from collections import defaultdict
 
 from engine.config import SpecSettings
 from engine.cycle.pair import Pair
-from engine.cycle.reference import target_generate
+from engine.cycle.plain import target_generate
 from engine.diagnose.agreement import Agreement, agreements, simulate_greedy_cycles
 from engine.workload.requests import RequestRun
 

@@ -10,6 +10,10 @@ head, eagle.py) sets `reads_target_features = True`. Then `start(prompt_ids, fea
 the prefill's top features, and after each verify the cycle calls
 `take_target_features(state, features)` with that pass's (n+1, H) features before
 `roll_back`: the same target passes, no second one.
+
+Another: a drafter that proposes for several rows at once (a batch, engine/batch/cycle.py) implements
+`start_rows`, `admit_row`, `propose_rows` and `roll_back_row` (the draft model's, engine/drafters/model.py)
+and its registry entry says `batches=True`; the run mode refuses --batch with any other.
 """
 from dataclasses import dataclass
 from typing import Any, Protocol

@@ -20,6 +20,7 @@ from engine.config import SettingsError, SpecSettings
 from engine.drafters.base import CatchUp, Proposal
 from engine.kv.layouts import CacheLayout, new_cache
 from engine.kv.ops import cache_len, crop, prefill
+from engine.kv.rows import RowsKVCache, forward_rows, new_rows_cache, prefill_row, prefill_rows, roll_back_row
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.sampling import draw, warp_probs
@@ -51,6 +52,16 @@ class ModelDraftState:
         if self.own_prompt is None:
             return committed
         return self.own_prompt + committed[self.target_prompt_len:]
+
+
+@dataclass
+class RowsProposal:
+    """K proposals for each of B rows (a batch's drafting), from one batched forward per step."""
+
+    token_ids: list[list[int]]  # (B, K); an idle row's are fillers, never tested
+    p_draft: torch.Tensor  # (B, K, V) warped, on the CPU
+    step_times_s: list[float]  # (K,) each batched draft step, its draws included
+    feed_s: float  # the d_K forward (a single run's catch-up after a full accept)
 
 
 @dataclass(frozen=True)
@@ -160,3 +171,47 @@ class ModelDrafter:
             return CatchUp()
         _, elapsed = timed(lambda: self.model.forward(missing, state.cache), self.model.device)  # after a full accept: only d_K
         return CatchUp(True, elapsed)
+
+    # ------------------------------------------------------------ drafting for B rows at once (a batch)
+    # One batched forward of one token per row and step over a ragged rows cache (engine/kv/rows.py), each
+    # active row drawing with its own generator in the order a single run draws. After the K steps one more
+    # forward feeds d_K (gpt-fast's "fill last token into draft model", as the fast path does): every row's
+    # cache then holds the positions up to d_K, so a row that accepts all K needs no catch-up and a row that
+    # rejects earlier rolls back further. An idle row stays in every forward, fed its last token, appending
+    # nothing. Every forward has the same shape.
+
+    def start_rows(self, prompts_ids: list[list[int]], capacity: int) -> RowsKVCache:
+        """The draft's rows cache, every row's prompt read alone."""
+        cache = new_rows_cache(self.model.model.config, len(prompts_ids), capacity)
+        prefill_rows(self.model, cache, prompts_ids)
+        return cache
+
+    def admit_row(self, cache: RowsKVCache, row: int, prompt_ids: list[int]) -> None:
+        prefill_row(self.model, cache, row, prompt_ids)
+
+    def propose_rows(self, cache: RowsKVCache, last_tokens: list[int], active: list[bool], k: int,
+                     s: SpecSettings, gens: list[torch.Generator | None]) -> RowsProposal:
+        """K batched draft steps, then the d_K step; a row of the cache advances only while the row is active."""
+        appends = [int(a) for a in active]
+        feed, tokens, dists, times = list(last_tokens), [], [], []
+        for _ in range(k):
+            (probs, feed), seconds = timed(partial(self.step_rows, cache, feed, appends, s, gens, last_tokens),
+                                           self.model.device)
+            tokens.append(feed)
+            dists.append(probs)
+            times.append(seconds)
+        _, feed_s = timed(lambda: forward_rows(self.model, cache, [[t] for t in feed], appends, logits=False),
+                          self.model.device)  # d_K, rolled back unless all pass
+        return RowsProposal([list(row) for row in zip(*tokens)], torch.stack(dists, dim=1), times, feed_s)
+
+    def step_rows(self, cache: RowsKVCache, fed: list[int], appends: list[int], s: SpecSettings,
+                  gens: list[torch.Generator | None], fillers: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """One batched draft forward of one token per row: the warped (B, V) distributions on the CPU and each
+        active row's draw (an idle row keeps its filler)."""
+        logits = forward_rows(self.model, cache, [[t] for t in fed], appends)  # (B, 1, V)
+        probs = warp_probs(logits[:, -1], s).cpu()
+        return probs, [draw(probs[r], s, gens[r]) if a else fillers[r] for r, a in enumerate(appends)]
+
+    def roll_back_row(self, cache: RowsKVCache, row: int, committed: list[int]) -> None:
+        """Row `row` back to its committed length - 1 (the d_K step made a catch-up unnecessary)."""
+        roll_back_row(cache, row, len(committed) - 1)

@@ -164,6 +164,7 @@ class DrafterKind:
     refusal: str = ""  # why it refuses temperature > 0 (when it does not sample)
     not_shipped: str = ""  # what is said of a preset that ships no draft for it
     checked_early: bool = False  # the CLI looks for its draft before any model loads (a head: when the pair loads)
+    batches: bool = False  # its class proposes for several rows at once (`propose_rows`): it can run in --batch
 
     @property
     def cls(self) -> type:
@@ -230,7 +231,7 @@ DRAFTERS = {spec.kind: spec for spec in (
         description="a draft model sharing the target's tokenizer",
         label="draft model (shares the target's tokenizer)",
         needs=Needs("a draft model", model=True, same_tokens=True),
-        build=build_model, shipped=pair_draft,
+        build=build_model, shipped=pair_draft, batches=True,
         flags=(Flag("--draft-prompt", "draft_prompt", "draft model, mis-set on purpose: 'raw' reads the prompt "
                     "without the chat template the target reads (exact, lower acceptance)", choices=DRAFT_PROMPTS),
                Flag("--draft-filters", "draft_filters", "draft model, mis-set on purpose: 'temperature only' "

@@ -89,12 +89,14 @@ def layout_for_run(s: SpecSettings, prompt_len: int, keeps_rejected: bool = Fals
     return CacheLayout(s.cache_layout, run_capacity(prompt_len, s.k, s.max_new_tokens, keeps_rejected), s.block_size)
 
 
-def _full_attention_layers(config) -> int:
+def full_attention_layers(config, what: str = "the static and paged layouts", advice: str = "; use --cache dynamic") -> int:
+    """Decoder layers of a model whose every layer attends to the full sequence: the layouts that index
+    slots by position (static, paged, a batch's rows) hold nothing else. `what` names who refuses."""
     text = config.get_text_config(decoder=True)
     types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
     if any(t != "full_attention" for t in types):
-        raise ValueError("the static and paged layouts support full-attention models only "
-                         f"(this model has layer types {sorted(set(types))}); use --cache dynamic")
+        raise ValueError(f"{what} support full-attention models only "
+                         f"(this model has layer types {sorted(set(types))}){advice}")
     return len(types)
 
 
@@ -105,7 +107,7 @@ def new_cache(layout: CacheLayout, config) -> Cache:
         return DynamicCache(config=config)
     if layout.capacity < 1:
         raise ValueError(f"the {layout.name} layout needs a capacity of at least 1 position")
-    num_layers = _full_attention_layers(config)
+    num_layers = full_attention_layers(config)
     if layout.name == "static":
         return StaticKVCache(num_layers, layout.capacity)
     return PagedKVCache(num_layers, BlockPool(layout.num_blocks, layout.block_size))
@@ -327,12 +329,19 @@ def layout_name(cache: Cache) -> str:
 
 # ---------------------------------------------------------------- what the trace records
 
+def static_layout_state(write_position: int, high_water: int, capacity: int) -> dict:
+    """A static buffer's facts at one moment: where the next append writes, the slots past it that an
+    earlier append filled (stale, masked, overwritten later) and its size. `high_water` is one past the
+    highest slot written so far."""
+    return {"write_position": write_position, "stale_slots": max(high_water, write_position) - write_position,
+            "capacity": capacity}
+
+
 def layout_state(cache: Cache) -> dict:
     """The layout's own facts at one moment, as plain data for the trace."""
     name = layout_name(cache)
     if name == "static":
-        return {"write_position": cache.write_position(), "stale_slots": cache.stale_slots(),
-                "capacity": cache.capacity}
+        return static_layout_state(cache.write_position(), cache.high_water(), cache.capacity)
     if name == "paged":
         return {"block_table": list(cache.block_table), "num_tokens": int(cache.get_seq_length()),
                 "blocks_used": len(cache.pool.used), "blocks_free": len(cache.pool.free),
@@ -351,6 +360,23 @@ def cycle_layout_state(cache: Cache, before: dict, after_append: dict) -> dict:
         out["blocks_freed"] = [b for kind, b in events if kind == "free"]
         out["pool_occupancy"] = after["blocks_used"] / after["pool_blocks"]
     return out
+
+
+def layout_states(target_cache, draft_cache) -> tuple[dict | None, dict | None]:
+    """The layout facts of the target's and (if the drafter keeps one) the draft's cache."""
+    return (None if target_cache is None else layout_state(target_cache),
+            None if draft_cache is None else layout_state(draft_cache))
+
+
+def cycle_layout_fields(target_cache, draft_cache, before: tuple, after_append: tuple) -> dict:
+    """Layout state of one cycle; none for a dynamic cache (its state is its length), and none
+    for the draft when the drafter keeps no cache over the target's positions."""
+    if layout_name(target_cache) == "dynamic":
+        return {}
+    fields = {"target_cache_layout_state": cycle_layout_state(target_cache, before[0], after_append[0])}
+    if draft_cache is not None:
+        fields["draft_cache_layout_state"] = cycle_layout_state(draft_cache, before[1], after_append[1])
+    return fields
 
 
 def attended_kv(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:

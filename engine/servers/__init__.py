@@ -1,6 +1,6 @@
 """Speculative-decoding metrics of production servers, read and explained in this project's terms.
 
-- record.py: ServerMetrics, the one record every server-wide reader yields; ServerRequest and
+- server_metrics.py: ServerMetrics, the one record every server-wide reader yields; ServerRequest and
   ServerRequests, one request's counts and a file of them; the checks and limits on untrusted
   input that all readers share.
 - prometheus.py: Prometheus text (vLLM's counters, SGLang's gauges), parsed with

@@ -11,7 +11,7 @@ which (1 - alpha^(K+1)) / (1 - alpha) equals the server's mean acceptance length
 import math
 from dataclasses import dataclass, field
 
-from engine.servers.record import ServerMetrics, ServerMetricsError
+from engine.servers.server_metrics import ServerMetrics, ServerMetricsError
 from engine.stats.analysis import (
     Calibration,
     KAdvice,

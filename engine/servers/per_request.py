@@ -25,16 +25,6 @@ list of them for n > 1). SGLang writes no K: it is the histogram's length - 1.
 
 Input: one response, a JSON list of them, or JSON Lines; a user may add "category" to each.
 """
-from engine.servers.record import (
-    MAX_POSITIONS,
-    MAX_RECORDS,
-    ServerMetricsError,
-    ServerRequest,
-    ServerRequests,
-    count,
-    fraction,
-    short,
-)
 from engine.servers.request_checks import (
     agree,
     check_request,
@@ -44,6 +34,16 @@ from engine.servers.request_checks import (
     length_of,
     name_of,
     optional,
+)
+from engine.servers.server_metrics import (
+    MAX_POSITIONS,
+    MAX_RECORDS,
+    ServerMetricsError,
+    ServerRequest,
+    ServerRequests,
+    count,
+    fraction,
+    short,
 )
 from engine.servers.sglang import ACCEPTED_KEYS, DRAFTED_KEYS, HISTOGRAM_KEYS
 

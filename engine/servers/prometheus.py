@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.servers.record import MAX_POSITIONS, MAX_RECORDS, ServerMetricsError, check_text_size, number, short
+from engine.servers.server_metrics import MAX_POSITIONS, MAX_RECORDS, ServerMetricsError, check_text_size, number, short
 
 POSITION = "position"  # vLLM's label on the per-position counter
 

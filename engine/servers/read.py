@@ -11,7 +11,8 @@ import json
 
 from engine.servers import per_request, sglang, tensorrt, vllm
 from engine.servers.prometheus import parse_scrape
-from engine.servers.record import (
+from engine.servers.request_stats import to_server_metrics
+from engine.servers.server_metrics import (
     MAX_RECORDS,
     ServerMetrics,
     ServerMetricsError,
@@ -19,7 +20,6 @@ from engine.servers.record import (
     check_text_size,
     short,
 )
-from engine.servers.request_stats import to_server_metrics
 
 KNOWN = ("vLLM's /metrics (vllm:spec_decode_* counters), llm.get_metrics() as JSON, its 'SpecDecoding "
          "metrics' log lines or responses with metrics.speculative_decoding; SGLang's /server_info, /metrics "

@@ -5,7 +5,7 @@ hostile or broken file is refused in one line that says where to look. A server 
 rates from its counts, so a rate that disagrees with them is refused too, as is a histogram
 whose length is not K + 1 or whose sum is not the request's steps.
 """
-from engine.servers.record import (
+from engine.servers.server_metrics import (
     MAX_POSITIONS,
     ServerMetricsError,
     ServerRequest,

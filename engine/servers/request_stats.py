@@ -20,7 +20,7 @@ May import: engine.servers and the standard library (never engine.workload: it r
 from collections import Counter
 from statistics import median
 
-from engine.servers.record import ServerMetrics, ServerRequest, ServerRequests, per_position_rates
+from engine.servers.server_metrics import ServerMetrics, ServerRequest, ServerRequests, per_position_rates
 
 GROUP_KEYS = ("requests", "k", "cycles", "draft_tokens", "accepted_tokens", "acceptance_rate",
               "mean_acceptance_length", "conditional_acceptance", "accepted_histogram")

@@ -17,7 +17,7 @@ SGLang's accept length is completion tokens / verify passes: tokens per cycle, b
 from statistics import fmean
 
 from engine.servers.prometheus import Scrape
-from engine.servers.record import (
+from engine.servers.server_metrics import (
     MAX_POSITIONS,
     MAX_RECORDS,
     ServerMetrics,

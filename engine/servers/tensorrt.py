@@ -7,7 +7,7 @@ iterLatencyMS and, when drafting ran, specDecodingStats:
 """
 from statistics import fmean
 
-from engine.servers.record import (
+from engine.servers.server_metrics import (
     MAX_RECORDS,
     ServerMetrics,
     ServerMetricsError,

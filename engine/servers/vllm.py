@@ -12,7 +12,7 @@ Names and meanings as in vLLM V1 (vllm/v1/spec_decode/metrics.py, v0.10):
 import re
 
 from engine.servers.prometheus import Scrape, difference
-from engine.servers.record import (
+from engine.servers.server_metrics import (
     MAX_POSITIONS,
     MAX_RECORDS,
     ServerMetrics,

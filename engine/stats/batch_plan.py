@@ -31,11 +31,9 @@ from statistics import fmean, median
 
 import torch
 
-from engine.batch.cache import new_rows_cache
-from engine.batch.cycle import prefill_rows
-from engine.batch.forward import forward_rows
 from engine.config import SpecSettings
 from engine.cycle.pair import Pair
+from engine.kv.rows import forward_rows, new_rows_cache, prefill_rows
 from engine.models.sampling import draw, warp_probs
 from engine.stats.batch_results import PLAIN_K
 from engine.trace.metrics import expected_tokens_per_cycle

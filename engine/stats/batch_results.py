@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from engine.trace.schema import MAX_K
 
 PLAIN_K = 0  # the advice "do not speculate at this batch size"
-MAX_SWEEP_BATCH = 256  # as engine/trace/batch.py's MAX_BATCH
+MAX_SWEEP_BATCH = 256  # as engine/trace/batch_reader.py's MAX_BATCH
 
 
 @dataclass(frozen=True)

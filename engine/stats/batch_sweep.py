@@ -12,10 +12,10 @@ from dataclasses import replace
 from statistics import median
 
 from engine.batch.cycle import batched_generate
-from engine.batch.plain import batched_plain_generate
-from engine.batch.records import RowCycle
+from engine.batch.report import RowCycle
 from engine.config import SettingsError, SpecSettings
 from engine.cycle.pair import Pair
+from engine.cycle.plain import batched_plain_generate
 from engine.models import linear_paths
 from engine.stats.batch_plan import BatchLoad, advise_batch_k, measure_batch_costs
 from engine.stats.batch_results import MAX_SWEEP_BATCH, BatchSize, BatchSweep

@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.kv.ops import crop
 from engine.models.device import timed
 from engine.models.loading import LoadedModel

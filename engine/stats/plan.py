@@ -10,7 +10,8 @@ decoding, the plan is K = 0, with the numbers that say why.
 from dataclasses import dataclass, replace
 
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair, speculative_generate
+from engine.cycle.pair import Pair
+from engine.cycle.reference import speculative_generate
 from engine.stats.analysis import (
     NO_OVERHEAD,
     CycleOverhead,

@@ -10,7 +10,9 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair, decode_plain, speculative_generate, target_step
+from engine.cycle.pair import Pair
+from engine.cycle.plain import decode_plain, target_step
+from engine.cycle.reference import speculative_generate
 from engine.kv.ops import prefill
 from engine.models.device import timed
 from engine.models.loading import LoadedModel

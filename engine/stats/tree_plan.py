@@ -62,7 +62,8 @@ from statistics import fmean
 import torch
 
 from engine.config import SpecSettings, TreeSpec
-from engine.cycle.reference import Pair, speculative_generate
+from engine.cycle.pair import Pair
+from engine.cycle.reference import speculative_generate
 from engine.models.loading import LoadedModel
 from engine.stats.analysis import calibration_of
 from engine.trace.schema import DRAFT_MODEL, MAX_TREE_NODES, STATIC_TREE

@@ -19,7 +19,8 @@ import torch
 
 from engine.config import SpecSettings
 from engine.cycle.driver import run_cycles
-from engine.cycle.reference import ChainCycle, Pair, RunState, start_run
+from engine.cycle.pair import Pair
+from engine.cycle.reference import ChainCycle, RunState, start_run
 from engine.kv.ops import crop
 from engine.models.sampling import residual, sample, warp_probs
 from engine.teaching.faults import Faults

@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
-from engine.cycle.reference import Decision, RatioTest
+from engine.cycle.ratio_test import Decision, RatioTest
 from engine.drafters.base import Drafter
 from engine.drafters.model import ModelDrafter
 from engine.kv.layouts import roll_back_cache

@@ -18,7 +18,9 @@ import torch
 
 from engine.config import SpecSettings
 from engine.cycle.driver import run_cycles
-from engine.cycle.reference import ChainCycle, Pair, RunState, TokenTexts, start_run, target_generate
+from engine.cycle.pair import Pair, TokenTexts
+from engine.cycle.plain import target_generate
+from engine.cycle.reference import ChainCycle, RunState, start_run
 from engine.kv.ops import cache_len, crop, prefill
 from engine.models.loading import LoadedModel
 from engine.stats.repeats import Repeated, repeat_timed

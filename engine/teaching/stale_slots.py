@@ -14,7 +14,8 @@ import torch
 
 from engine.config import SpecSettings
 from engine.cycle.driver import run_cycles
-from engine.cycle.reference import ChainCycle, Pair, start_run
+from engine.cycle.pair import Pair
+from engine.cycle.reference import ChainCycle, start_run
 from engine.kv.layouts import roll_back_static
 from engine.models.loading import LoadedModel
 from engine.teaching.runs import eager_attention

@@ -21,7 +21,8 @@ import torch
 
 from engine.config import SpecSettings, TreeSpec
 from engine.cycle.driver import run_cycles, start
-from engine.cycle.reference import Pair, TokenTexts, target_generate
+from engine.cycle.pair import Pair, TokenTexts
+from engine.cycle.plain import target_generate
 from engine.kv.layouts import attended_kv
 from engine.kv.ops import cache_len, prefill
 from engine.models.loading import LoadedModel

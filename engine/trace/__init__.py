@@ -3,7 +3,7 @@
 - schema.py: the constants that traces, settings and the checks share (imports nothing).
 - format.py: the reader (`load_trace`, `loads_trace`); it re-exports the names below that its
   importers have always read from it (Trace, TraceError, CycleRecord, TraceWriter, ...).
-- records.py: `Trace`, the record types (TypedDicts) and the field tables derived from them.
+- record_types.py: `Trace`, the record types (TypedDicts) and the field tables derived from them.
 - errors.py: TraceError and BrokenInvariant (imports nothing).
 - json_lines.py: splitting a trace into lines and parsing one, refusing what a trace may not hold.
 - field_checks.py: each record's fields present with the right JSON type.

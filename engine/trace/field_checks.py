@@ -7,7 +7,7 @@ after, in checks.py.
 from engine.config import SettingsError, tree_from_header
 from engine.trace.errors import TraceError
 from engine.trace.layout_checks import LayoutFieldError, check_layout_header
-from engine.trace.records import (
+from engine.trace.record_types import (
     CACHE_LEN_FIELDS,
     CHAIN_ONLY_FIELDS,
     CYCLE_FIELDS,

@@ -7,7 +7,7 @@ incomplete and is never reported as a finished run.
 This module reads a trace (`load_trace`, `loads_trace`): it splits and parses the lines
 (json_lines.py), checks each record's field types (field_checks.py) and layout fields
 (layout_checks.py), then the invariants of the whole run (checks.py). The record types are in
-records.py and the writer in writer.py; every name in __all__ stays importable from here.
+record_types.py and the writer in writer.py; every name in __all__ stays importable from here.
 """
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from engine.trace.field_checks import (
 from engine.trace.json_lines import MAX_DEPTH, Refused, parse_line, split_records
 from engine.trace.layout_checks import LayoutFieldError, check_layout_cycle
 from engine.trace.metrics import drafted, trace_acceptance
-from engine.trace.records import (
+from engine.trace.record_types import (
     CACHE_LEN_FIELDS,
     CHAIN_ONLY_FIELDS,
     CYCLE_FIELDS,

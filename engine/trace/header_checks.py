@@ -6,7 +6,7 @@ tree_checks.check_tree_header).
 import math
 
 from engine.config import SettingsError, SpecSettings
-from engine.trace.batch import MAX_BATCH
+from engine.trace.batch_reader import MAX_BATCH
 from engine.trace.check_basics import RunFacts, fail, is_int, is_num
 from engine.trace.schema import (
     ACCEPTANCE_RULES,

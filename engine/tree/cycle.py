@@ -1,7 +1,7 @@
 """The tree's cycle kind: draft a tree, verify every node in one target pass, walk it, compact.
 
 `TreeCycle` plugs into the one driver (engine/cycle/driver.py), which commits and builds the
-record (engine/cycle/record.py) as for a chain; its description adds the `tree` entry built
+record (engine/cycle/trace_record.py) as for a chain; its description adds the `tree` entry built
 here. Teaching faults reach it as they reach the chain: a CycleRule, whose `tree_rollback`
 replaces the compaction (engine/teaching/faults.py TreeFaults). The cache
 convention is the chain's: after each cycle both caches hold the committed sequence but
@@ -18,10 +18,12 @@ import torch
 
 from engine.config import SettingsError, SpecSettings, TreeSpec
 from engine.cycle import driver
-from engine.cycle.reference import RATIO_TEST, CycleRule, Pair, RunState, TokenTexts, cycle_layout_fields, layout_states
+from engine.cycle.pair import Pair, TokenTexts
+from engine.cycle.ratio_test import RATIO_TEST, CycleRule
+from engine.cycle.reference import RunState
 from engine.cycle.step import CycleStep, Settled
 from engine.drafters.refusals import MIS_SET_CHAIN_ONLY
-from engine.kv.layouts import CacheLayout, new_cache
+from engine.kv.layouts import CacheLayout, cycle_layout_fields, layout_states, new_cache
 from engine.kv.ops import cache_len, prefill
 from engine.models.device import timed
 from engine.models.sampling import warp_probs

@@ -5,15 +5,15 @@
 The folder is the one an unbatched workload writes (engine/workload/run.py): the manifest and one
 ordinary trace per request, each run with the request's own seed (seed * SEED_STRIDE + i), so every
 workload view, the statistics and the stepper read it as they read any workload. A request's trace
-is its rows of the batched cycles (engine/batch/trace.py); its header's "batch" names the batch's
-rows and the row it ran in, and its times are the batch's. Continuous batching: a row whose request
-finished takes the next pending one at once (its prompt read alone, engine/batch/cycle.py
-`admit_row`), so the batch stays full while requests remain; a row with nothing left to take stays
-idle, still in every forward, and the batch trace counts it.
+is its row's records of the batched cycles, written by the one driver (engine/cycle/driver.py) as for
+any run; its header's "batch" names the batch's rows and the row it ran in, and its times are the
+batch's. Continuous batching: a row whose request finished takes the next pending one at once (the
+driver's admission: its prompt read alone), so the batch stays full while requests remain; a row with
+nothing left to take stays idle, still in every forward, and the batch trace counts it.
 
 The folder also holds batch.jsonl, the batch's own trace: a header, one line per batched cycle
 (each row's request, accepted count and cache lengths, the idle rows, the time split, the requests
-admitted) and a summary. engine/trace/batch.py reads and checks it.
+admitted) and a summary. engine/trace/batch_reader.py reads and checks it.
 """
 import time
 from collections import deque
@@ -21,14 +21,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from engine.batch.cycle import BatchState, admit_row, check_batch_pair, run_batch_cycle, start_batch
-from engine.batch.trace import RowLayout, batch_cycle_record, row_trace_record
-from engine.config import SettingsError, SpecSettings
-from engine.cycle.pair import Pair, TokenTexts
+from engine.batch.cycle import run_batch, start_batch
+from engine.batch.report import batch_cycle
+from engine.batch.trace_lines import batch_cycle_record
+from engine.config import SpecSettings
+from engine.cycle.driver import Admission
+from engine.cycle.pair import Pair
 from engine.kv.layouts import run_capacity
-from engine.mode import DEFAULT_MODE
+from engine.mode import RunMode
 from engine.run import make_header, run_summary
-from engine.trace.batch import BATCH_FORMAT, BATCH_TRACE, BATCH_VERSION, MAX_BATCH
+from engine.trace.batch_reader import BATCH_FORMAT, BATCH_TRACE, BATCH_VERSION
 from engine.trace.writer import TraceWriter
 from engine.workload import manifest as mf
 from engine.workload.folder import Workload, open_folder
@@ -53,6 +55,7 @@ class BatchedWorkload:
     pair: Pair
     requests: list[Request]
     s: SpecSettings  # the workload's settings (static layout); each request runs with its own seed
+    mode: RunMode  # the batch's run mode (RunMode.batch: the rows)
     folder: Path
     manifest: dict
     prompt_ids: list[list[int] | str]
@@ -68,7 +71,7 @@ class BatchedWorkload:
 
     def header(self, i: int, row: int) -> dict:
         r, ids = self.requests[i], self.prompt_ids[i]
-        header = make_header(self.pair, self.settings_of(i), r.text, ids, self.preset, self.chat, DEFAULT_MODE)
+        header = make_header(self.pair, self.settings_of(i), r.text, ids, self.preset, self.chat, self.mode)
         header["cache_layout"] = {"name": "static", "capacity": self.capacity}  # the batch's rows, not this prompt's
         if r.messages:
             header["messages"] = [{"role": role, "content": c} for role, c in r.messages]
@@ -90,82 +93,72 @@ class BatchedWorkload:
             self.on_request(mf.entry_of(entry))
 
 
-def check_batch_size(batch: int) -> None:
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
-        raise SettingsError(f"--batch must be an integer from 1 to {MAX_BATCH}, got {batch!r}")
-
-
-def start_batched(pair: Pair, requests: list[Request], s: SpecSettings, folder: str | Path, batch: int, *,
+def start_batched(pair: Pair, requests: list[Request], s: SpecSettings, folder: str | Path, mode: RunMode, *,
                   preset: str | None, chat_template: bool, prompts_name: str, skip_too_long: bool,
                   on_request, on_cycle) -> BatchedWorkload:
     """Check everything and write the manifest (every request pending, those too long skipped): nothing runs yet."""
-    check_batch_size(batch)
     folder = Path(folder)
-    s = replace(s, cache_layout="static")  # each row is a static buffer (engine/batch/cache.py)
     chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
-    DEFAULT_MODE.prepare(pair, s)  # the drafter's own refusals, as an unbatched run makes them
-    check_batch_pair(pair)
-    manifest = new_manifest(pair, s, DEFAULT_MODE, preset, chat, requests, prompts_name)
+    mode.prepare(pair, s)  # the mode's and the drafter's refusals, as an unbatched run makes them
+    s = mode.settings_for(s)  # each row is a static buffer (engine/kv/rows.py)
+    manifest = new_manifest(pair, s, mode, preset, chat, requests, prompts_name)
     prompt_ids = encode_requests(pair, requests, s, chat, prompts_name, skip_too_long)
     runnable = [ids for ids in prompt_ids if isinstance(ids, list)]
-    rows = min(batch, max(1, len(runnable)))
+    rows = min(mode.batch, max(1, len(runnable)))
     capacity = max((run_capacity(len(ids), s.k, s.max_new_tokens) for ids in runnable), default=1)
     manifest = start_folder(folder, manifest | {"batch": {"rows": rows}}, resume=False)
     for entry, ids in zip(manifest["requests"], prompt_ids):
         if isinstance(ids, str):
             entry |= {"status": mf.SKIPPED, "reason": ids}
     write_manifest(folder, manifest)
-    return BatchedWorkload(pair, requests, s, folder, manifest, prompt_ids, preset, chat, rows, capacity,
+    return BatchedWorkload(pair, requests, s, mode, folder, manifest, prompt_ids, preset, chat, rows, capacity,
                            on_request, on_cycle)
 
 
 def run_rows(w: BatchedWorkload, batch_writer: TraceWriter) -> None:
-    """The batched cycles until every request has finished, each row's cycles into its request's trace."""
+    """The batched cycles until every request has finished, each row's records into its request's trace,
+    one batch trace line per cycle."""
     queue = deque(i for i, ids in enumerate(w.prompt_ids) if isinstance(ids, list))
     if not queue:
         return
     first = [queue.popleft() for _ in range(min(w.rows, len(queue)))]
-    state: BatchState = start_batch(w.pair, [w.prompt_ids[i] for i in first], w.s,
-                                    [w.settings_of(i).seed for i in first], capacity=w.capacity)
-    running: list[RowRun | None] = [w.open_row(i, row) for row, i in enumerate(first)]
-    layouts = [RowLayout() for _ in first]
-    texts, cycle = TokenTexts(w.pair.target.tokenizer), 0
-    while not all(state.finished):
-        c = run_batch_cycle(state, cycle, texts)
-        ran = [None if run is None else run.index for run in running]
-        admitted = []
-        for row in c.rows:
-            run = running[row.row]
-            if row.idle or run is None:
+    batch = start_batch(w.pair, [w.prompt_ids[i] for i in first], w.s, [w.settings_of(i).seed for i in first],
+                        capacity=w.capacity, requests=first)
+    running: dict[int, RowRun] = {i: w.open_row(i, row) for row, i in enumerate(first)}
+
+    def admit(row: int) -> Admission | None:
+        """The next pending request takes the finished row; its wall time starts here, its prompt's reading included."""
+        if not queue:
+            return None
+        i = queue.popleft()
+        running[i] = w.open_row(i, row)
+        return Admission(w.prompt_ids[i], w.settings_of(i).seed, w.s.max_new_tokens, i)
+
+    for done in run_batch(batch, record=True, admit=admit):
+        for rec, i in zip(done.records, done.requests):
+            if rec is None:
                 continue
-            rec = row_trace_record(c, row, len(run.cycles), w.s.k, layouts[row.row], w.capacity)
+            run = running[i]
             run.writer.write(rec)
             run.cycles.append(rec)
             if w.on_cycle:
                 w.on_cycle(rec)
-            if row.finished:
-                w.finish_row(run)
-                running[row.row] = None
-                if queue:
-                    admitted.append(admit(w, state, running, row.row, queue.popleft()))
-        batch_writer.write(batch_cycle_record(c, ran, admitted))
-        cycle += 1
+            if rec["finished"]:
+                w.finish_row(running.pop(i))
+        admitted = [{"row": row, "request": i, "prompt_tokens": len(w.prompt_ids[i]), "prefill_s": seconds}
+                    for row, i, seconds in done.admitted]
+        ran = [None if step is None else i for i, step in zip(done.requests, done.steps)]  # an idle row runs none
+        batch_writer.write(batch_cycle_record(batch_cycle(done), ran, admitted))
 
 
-def admit(w: BatchedWorkload, state: BatchState, running: list[RowRun | None], row: int, i: int) -> dict:
-    """Request i takes row `row` (continuous batching); what the batch trace records of it."""
-    started = time.perf_counter()
-    running[row] = w.open_row(i, row)  # its wall time starts here, the prompt's reading included
-    admit_row(state, row, w.prompt_ids[i], w.settings_of(i).seed, w.s.max_new_tokens)
-    return {"row": row, "request": i, "prompt_tokens": len(w.prompt_ids[i]), "prefill_s": time.perf_counter() - started}
-
-
-def run_batched_workload(pair: Pair, requests: list[Request], s: SpecSettings, folder: str | Path, batch: int, *,
+def run_batched_workload(pair: Pair, requests: list[Request], s: SpecSettings, folder: str | Path,
+                         batch: int | RunMode, *,
                          preset: str | None = None, chat_template: bool = True, prompts_name: str = "prompts",
                          skip_too_long: bool = False, on_request: Callable[[mf.Entry], None] | None = None,
                          on_cycle: Callable[[dict], None] | None = None) -> Workload:
     """Run every request of the prompt file `batch` at a time, writing the workload folder and batch.jsonl."""
-    w = start_batched(pair, requests, s, folder, batch, preset=preset, chat_template=chat_template,
+    mode = batch if isinstance(batch, RunMode) else RunMode(batch=batch)
+    w = start_batched(pair, requests, s, folder, mode, preset=preset, chat_template=chat_template,
                       prompts_name=prompts_name, skip_too_long=skip_too_long, on_request=on_request, on_cycle=on_cycle)
     started = time.perf_counter()
     with TraceWriter(w.folder / BATCH_TRACE) as batch_writer:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from engine.trace.batch import BATCH_TRACE, MAX_BATCH_TRACE_BYTES, check_against_workload, loads_batch_trace
+from engine.trace.batch_reader import BATCH_TRACE, MAX_BATCH_TRACE_BYTES, check_against_workload, loads_batch_trace
 from engine.trace.format import MAX_TRACE_BYTES, loads_trace
-from engine.trace.records import Trace
+from engine.trace.record_types import Trace
 from engine.workload.manifest import (
     DONE,
     MANIFEST,
@@ -60,7 +60,7 @@ class Workload:
         return self._traces[e.file]
 
     def batch_trace(self) -> dict | None:
-        """A batched workload's batch.jsonl (engine/trace/batch.py), checked against its requests' own
+        """A batched workload's batch.jsonl (engine/trace/batch_reader.py), checked against its requests' own
         traces; None for a workload that ran one request at a time (its manifest names no batch)."""
         if "batch" not in self.manifest:
             return None

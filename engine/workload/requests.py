@@ -1,7 +1,7 @@
 """One request of a workload, as statistics read it."""
 from dataclasses import dataclass
 
-from engine.trace.records import Trace
+from engine.trace.record_types import Trace
 
 UNCATEGORISED = "uncategorised"  # the category of a request whose line names none
 

@@ -74,7 +74,7 @@ def q_ragged_rollback() -> None:
         st.markdown(
             "**Each row rolls back to its own length.** After the verify every row holds K+1 new positions; row r "
             "keeps its accepted tokens and drops the rest, so the rows end the cycle at different lengths. The "
-            "cache must keep one length per row. In the lab's batched cache (engine/batch/cache.py) every row is "
+            "cache must keep one length per row. In the lab's batched cache (engine/kv/rows.py) every row is "
             "a static buffer with its own write position: a rollback lowers that row's length, the rejected K/V "
             "stay in their slots, hidden by the attention mask, until the row's next append overwrites them. A "
             "paged cache does it with a block table per request over one shared pool (vLLM). A dynamic cache "

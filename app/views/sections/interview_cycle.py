@@ -12,7 +12,7 @@ from app.runs import teaching_pair
 from app.ui.pages import EXACTNESS_LAB, ROLLBACK_DEMO, WALKTHROUGH
 from app.ui.widgets import chart, open_in_stepper
 from app.views.sections.interview_live import find_cycle, measured, needs_trace, timings
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.run import encode_prompt
 from engine.stats.repeats import MAX_SPREAD, Repeated, untrustworthy_widths, width_cost_ratio
 from engine.trace import Trace

@@ -8,7 +8,7 @@ import streamlit as st
 from app.runs import teaching_pair
 from app.ui import jobs, state
 from app.ui.live_work import one_torch_thread
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.stats.repeats import Repeated
 from engine.teaching.runs import forward_times
 from engine.trace import Trace

@@ -10,7 +10,7 @@ from app.ui.pages import STEPPER
 from app.ui.safe import md
 from app.ui.widgets import stepper_query
 from app.views.sections.interview_live import measured
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.run import encode_prompt
 from engine.teaching.numerics import closest_tie, numerics_checks
 from engine.teaching.runs import NumericsCheck

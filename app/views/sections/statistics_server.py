@@ -11,7 +11,7 @@ from app.ui.pages import DIAGNOSE
 from app.ui.safe import markdown_table, md
 from engine.servers.explain import ServerReport, advice_words, calibrated_costs, comparison_rows, entered_costs, explain
 from engine.servers.read import decode, read_texts
-from engine.servers.record import MAX_INPUT_BYTES, ServerMetricsError, check_text_size
+from engine.servers.server_metrics import MAX_INPUT_BYTES, ServerMetricsError, check_text_size
 from engine.stats.analysis import DEFINITIONS, TraceStats
 
 PASTE, FILES = "server_paste", "server_files"  # widget keys

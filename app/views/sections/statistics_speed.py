@@ -19,7 +19,7 @@ from app.ui.safe import md
 from app.ui.widgets import chart
 from app.views.sections.statistics_widgets import chart_pair, metric_row
 from engine.config import SpecSettings
-from engine.cycle.reference import Pair
+from engine.cycle.pair import Pair
 from engine.drafters.registry import DRAFTERS, options_from_header
 from engine.models.presets import PRESETS
 from engine.stats.analysis import DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed

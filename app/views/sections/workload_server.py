@@ -13,8 +13,8 @@ from app.figures.workload import fmt
 from app.ui.safe import markdown_table, md
 from app.ui.widgets import chart
 from engine.servers.read import decode, read_requests_text
-from engine.servers.record import MAX_INPUT_BYTES, ServerMetricsError
 from engine.servers.request_stats import requests_stats
+from engine.servers.server_metrics import MAX_INPUT_BYTES, ServerMetricsError
 
 SHOWN_REQUESTS = 200  # rows of the per-request table; the statistics count every request
 

@@ -68,7 +68,7 @@ class CacheLengths(TypedDict):
 class CycleRecord(TypedDict):
     """One cycle of a trace: the names are written here once; the loader's table is derived from them.
 
-    Built by engine.cycle.record.cycle_record for both the reference and the fast path (the
+    Built by engine.cycle.trace_record.cycle_record for both the reference and the fast path (the
     fields from draft_token_texts on are the `record=True` part, describe_cycle). n below is
     the number of proposals: K for a draft model, 0..K for prompt lookup and the other-tokenizer draft.
     """

@@ -1,4 +1,5 @@
-"""A KV cache for B ragged rows: one preallocated buffer per layer, one length per row.
+"""A KV cache for B ragged rows, one preallocated buffer per layer and one length per row, and the one
+Hugging Face forward over it (`forward_rows`).
 
 The engine's static layout (engine/kv/layouts.py, `StaticKVCache`) for one row, widened to B:
 each layer holds K and V as (B, H_kv, capacity, D). Row r's valid K/V are slots
@@ -18,7 +19,9 @@ cached in slot p.
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from engine.kv.layouts import CacheFullError
+from engine.kv.layouts import CacheFullError, attended_kv, full_attention_layers
+from engine.kv.ops import prefill
+from engine.models.loading import LoadedModel
 
 
 class RowsKVLayer(CacheLayerMixin):
@@ -94,11 +97,7 @@ class RowsKVCache(Cache):
 
 def num_layers_of(config) -> int:
     """Decoder layers of a model that the batched cache can serve: full attention in every layer."""
-    text = config.get_text_config(decoder=True)
-    types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-    if any(t != "full_attention" for t in types):
-        raise ValueError(f"batched speculation supports full-attention models only (this one has {sorted(set(types))})")
-    return len(types)
+    return full_attention_layers(config, "batched speculation and batched plain decoding", "")
 
 
 def new_rows_cache(config, batch_size: int, capacity: int) -> RowsKVCache:
@@ -136,3 +135,82 @@ def write_row(cache: RowsKVCache, row: int, kv: list[tuple[torch.Tensor, torch.T
         layer.keys[row, :, :n] = k[0]
         layer.values[row, :, :n] = v[0]
     cache.lengths[row] = n
+
+
+# ---------------------------------------------------------------- one forward over every row
+# One Hugging Face forward over B ragged rows of a `RowsKVCache`.
+#
+# transformers 5.x (Llama-family code, 5.24 here) takes what a ragged batch needs as plain
+# arguments, as the tree forward (engine/tree/attention.py) uses them for one row:
+# - `position_ids` (B, T): RoPE positions per row; given, the model never asks the cache for
+#   a length (there is no cache_position argument in 5.x's decoder forward);
+# - a 4-D additive float `attention_mask` (B, 1, T, attended): returned as given by
+#   masking_utils._preprocess_mask_arguments and added to the scores by sdpa and eager
+#   attention, so a masked slot gets a softmax weight of exactly 0.
+# Query t of row r sits at position p = lengths[r] + t and sees slots 0..p: the row's valid
+# slots (< lengths[r]) and what this forward writes up to itself. Every slot after p, stale or
+# another row's padding, is masked.
+
+MASKING_ATTENTION = ("sdpa", "eager")  # attention implementations that add a 4-D float mask
+
+
+def check_batchable(model: LoadedModel) -> None:
+    """Refuse a model whose attention would not apply the 4-D mask as given."""
+    implementation = model.model.config._attn_implementation
+    if implementation not in MASKING_ATTENTION:
+        raise ValueError(f"batched speculation needs attention that adds a 4-D float mask "
+                         f"({', '.join(MASKING_ATTENTION)}); {model.name} runs {implementation!r}")
+
+
+def rows_mask(positions: torch.Tensor, slots_read: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, T, slots_read) additive mask: 0 on slots <= each query's position, the dtype's minimum elsewhere."""
+    slots = torch.arange(slots_read, device=positions.device)  # (slots_read,)
+    allowed = slots[None, None, :] <= positions[:, :, None]  # (B, T, slots_read)
+    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=positions.device)
+    return mask.masked_fill(allowed, 0.0)[:, None]
+
+
+def model_ids(model: LoadedModel, ids: list[list[int]]) -> torch.Tensor:
+    """(B, T) ids as the model numbers them (a pruned draft's own rows)."""
+    tokens = torch.tensor(ids, dtype=torch.long, device=model.device)
+    return tokens if model.full_to_row is None else model.full_to_row[tokens]
+
+
+@torch.inference_mode()
+def forward_rows(model: LoadedModel, cache: RowsKVCache, ids: list[list[int]], appended: list[int],
+                 logits: bool = True) -> torch.Tensor | None:
+    """Write K/V for `ids` (B rows of T tokens) at each row's own offset, then advance row r by
+    `appended[r]` (<= T: the rest is padding, left as stale slots). Returns full-vocabulary float32
+    logits (B, T, V_full) on the model's device, or None when `logits` is False (a prefill)."""
+    b, t = len(ids), len(ids[0])
+    positions = cache.positions(t, model.device)  # (B, T)
+    mask = rows_mask(positions, max(cache.lengths) + t, model.dtype)  # the slots cache.attended will return
+    extra = {"logits_to_keep": 1} if not logits and model.can_skip_logits else {}
+    cache.begin_append(positions)
+    try:
+        out = model.runner_for(b * t)(input_ids=model_ids(model, ids), position_ids=positions, attention_mask=mask,
+                                      use_cache=True, **{model.cache_arg: cache}, **extra)
+    finally:
+        cache.pending_slots = None
+    cache.end_append(appended)
+    if not logits:
+        return None
+    v = out.logits.shape[-1]
+    return model.full_vocab_logits(out.logits.reshape(b * t, v)).reshape(b, t, -1)
+
+
+def prefill_row(model: LoadedModel, cache: RowsKVCache, row: int, prompt_ids: list[int]) -> None:
+    """Row `row` caches every prompt token but the last (it opens the first cycle): the prompt is read alone,
+    by the engine's prefill of one sequence, and copied into the row's slots."""
+    if len(prompt_ids) > 1:
+        write_row(cache, row, attended_kv(prefill(model, prompt_ids)))
+    else:
+        cache.lengths[row] = 0  # nothing to read: the one prompt token opens the first cycle
+
+
+def prefill_rows(model: LoadedModel, cache: RowsKVCache, prompts_ids: list[list[int]]) -> None:
+    """Every row's prompt, each read alone (`prefill_row`). A prefill is compute-bound, so one forward over
+    prompts padded to the longest would only add work: with prompts of 35 to 250 positions, a padded batch
+    of 16 reads half as many positions again as the prompts hold."""
+    for row, prompt_ids in enumerate(prompts_ids):
+        prefill_row(model, cache, row, prompt_ids)
