@@ -220,7 +220,7 @@ def make_long_trace(path: Path, cycles: int = 500) -> Path:
     import torch
 
     from engine.config import SpecSettings
-    from engine.cycle.reference import Pair
+    from engine.cycle.pair import Pair
     from engine.models.loading import ModelLoadError
     from engine.run import load_preset, run_to_trace
 
