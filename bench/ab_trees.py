@@ -1,13 +1,15 @@
 """Two checkouts of this project, one benchmark, alternated: does a change (a refactor) cost speed?
 
-    python -m bench.ab_trees --base /path/to/old/checkout [--rounds 2] [--name driver-loop]
+    python -m bench.ab_trees --base /path/to/old/checkout [--rounds 2] [--name driver-loop] [--benches batch,speed,hot]
 
 Runs, in each checkout in turn (base, this one, base, this one, ...; each in its own process with
-that checkout first on the import path), two benchmarks as their own scripts run them:
+that checkout first on the import path), the benchmarks --benches names, as their own scripts run them:
 - bench.batch on tiny-shakespeare at B = 1, 4 and 16, K = 4, 16 requests x 32 tokens, greedy:
   the engine's batched speculation and its plain batched decoding, goodput in tokens/s;
 - bench.speed on tiny-shakespeare at K = 4, T = 0 and 1, 3 prompts x 64 tokens x 3 repeats:
-  the engine traced (a) and untraced (b), tokens/s.
+  the engine traced (a) and untraced (b), tokens/s;
+- hot: this checkout's bench/hot_loop.py (the cycle loop alone, repeated in one process, on cheap
+  forwards) run against each checkout's engine.
 Alternating spreads a machine's drift over both checkouts. Each figure's median over rounds, its
 range, and this checkout over the base go to bench/results/ab-NAME-CPU.json and .md.
 """
@@ -29,6 +31,8 @@ BATCH = ["-m", "bench.batch", "--presets", "tiny-shakespeare", "--batches", "1,4
          "--requests", "16", "--max-new-tokens", "32"]
 SPEED = ["-m", "bench.speed", "--preset", "tiny-shakespeare", "--k", "4", "--temperatures", "0,1",
          "--prompts", "3", "--repeats", "3"]
+HOT = [str(HERE / "bench" / "hot_loop.py")]
+BENCHES = {"batch": BATCH, "speed": SPEED, "hot": HOT}
 
 
 def run_in(checkout: Path, args: list[str], out: Path) -> None:
@@ -39,16 +43,18 @@ def run_in(checkout: Path, args: list[str], out: Path) -> None:
 
 
 def figures(out: Path) -> dict[str, float]:
-    """The compared figures of one round in one checkout: name -> tokens/s."""
-    batch = json.loads(next(out.glob("batch-*.json")).read_text())["presets"][0]
+    """The compared figures of one round in one checkout (whichever benchmarks ran): name -> tokens/s."""
     found = {}
-    for size in batch["sizes"]:
-        found[f"batch B={size['batch']} speculative K=4"] = size["speculative"]["4"]
-        found[f"batch B={size['batch']} plain"] = size["plain"]
-    speed = json.loads(next(out.glob("speed-tiny-shakespeare*.json")).read_text())
-    for setting in speed["settings"]:
-        for method in ("a", "b"):
-            found[f"speed T={setting['temperature']:g} {method}"] = setting["tokens_per_s"][method]
+    for path in out.glob("batch-*.json"):
+        for size in json.loads(path.read_text())["presets"][0]["sizes"]:
+            found[f"batch B={size['batch']} speculative K=4"] = size["speculative"]["4"]
+            found[f"batch B={size['batch']} plain"] = size["plain"]
+    for path in out.glob("speed-tiny-shakespeare*.json"):
+        for setting in json.loads(path.read_text())["settings"]:
+            for method in ("a", "b"):
+                found[f"speed T={setting['temperature']:g} {method}"] = setting["tokens_per_s"][method]
+    for path in out.glob("hot-loop.json"):
+        found |= {f"hot {name}": value for name, value in json.loads(path.read_text()).items()}
     return found
 
 
@@ -62,15 +68,17 @@ def main(argv=None) -> int:
     p.add_argument("--base", required=True, help="the other checkout (the code before the change)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--name", default="change")
+    p.add_argument("--benches", default="batch,speed", help=f"comma-separated, of {', '.join(BENCHES)}")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
+    benches = [BENCHES[name] for name in args.benches.split(",")]
     checkouts = {"base": Path(args.base).resolve(), "this": HERE}
     rounds: dict[str, list] = {"base": [], "this": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for which, checkout in checkouts.items():
                 out = Path(tmp) / f"{which}-{r}"
-                for bench in (BATCH, SPEED):
+                for bench in benches:
                     run_in(checkout, bench, out)
                 rounds[which].append(figures(out))
                 print(f"round {r + 1}, {which}: done", flush=True)

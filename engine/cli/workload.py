@@ -3,8 +3,8 @@
 The prompt file is read and refused (by line and field) before any model loads; requests too
 long for the models are refused by line once the tokenizer has loaded, before any runs. The
 first Ctrl-C stops at the end of a cycle: the finished requests stay in FOLDER and the same
-command with --resume continues (engine/workload/run.py). `refuse_batch_options` refuses the
-options --batch does not run with.
+command with --resume continues (engine/workload/run.py). What --batch does not run with is
+refused by the run mode (engine/mode.py), before any model loads.
 
 May import everything in the engine, and engine/cli/run.py (the checks and loading `run` shares).
 """

@@ -122,6 +122,15 @@ class Admission:
 
 
 @dataclass
+class Admitted:
+    """A request a finished row took after a cycle, and the seconds its prompt took to read."""
+
+    row: int
+    request: Any
+    prefill_s: float
+
+
+@dataclass
 class RowsCycle:
     """One cycle of every row, as the loop ran it."""
 
@@ -132,7 +141,7 @@ class RowsCycle:
     settled: list[Settled]
     records: list[dict | None]  # each running row's trace record, None for an idle row
     cycle_s: float  # the whole cycle: step, commit, settle (the descriptions after it are not counted)
-    admitted: list[tuple[int, Any, float]] = field(default_factory=list)  # (row, request, seconds to read its prompt)
+    admitted: list[Admitted] = field(default_factory=list)  # the requests finished rows took after the cycle
 
 
 def start(kind: CycleKind, prompt_ids: list[int]) -> Any:
@@ -198,7 +207,7 @@ def admit_finished(kind: RowsKind, state: Any, rows: list[Row], done: RowsCycle,
         admitted = time.perf_counter()
         kind.admit(state, r, nxt.prompt_ids, nxt.budget)
         rows[r] = Row(torch.Generator().manual_seed(nxt.seed), nxt.budget, nxt.request)
-        done.admitted.append((r, nxt.request, time.perf_counter() - admitted))
+        done.admitted.append(Admitted(r, nxt.request, time.perf_counter() - admitted))
 
 
 def run_rows(kind: RowsKind, state: Any, rows: list[Row], record: bool = True,

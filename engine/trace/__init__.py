@@ -15,7 +15,7 @@
   tree), tree_walk_checks.py (the walk) and tree_cache_checks.py (the commit, the compaction).
 - commit.py: the commit rule (cut at EOS and at the budget), shared with engine/cycle/.
 - layout_checks.py: the same for a cache layout's fields.
-- batch.py: the batch trace (batch.jsonl of a batched workload), read and checked (`loads_batch_trace`).
+- batch_reader.py: the batch trace (batch.jsonl of a batched workload), read and checked (`loads_batch_trace`).
 - metrics.py: the acceptance counts a summary carries, under vLLM's names.
 
 May import: engine.config and the standard library. Never torch, so the app can read

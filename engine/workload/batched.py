@@ -145,8 +145,8 @@ def run_rows(w: BatchedWorkload, batch_writer: TraceWriter) -> None:
                 w.on_cycle(rec)
             if rec["finished"]:
                 w.finish_row(running.pop(i))
-        admitted = [{"row": row, "request": i, "prompt_tokens": len(w.prompt_ids[i]), "prefill_s": seconds}
-                    for row, i, seconds in done.admitted]
+        admitted = [{"row": a.row, "request": a.request, "prompt_tokens": len(w.prompt_ids[a.request]),
+                     "prefill_s": a.prefill_s} for a in done.admitted]
         ran = [None if step is None else i for i, step in zip(done.requests, done.steps)]  # an idle row runs none
         batch_writer.write(batch_cycle_record(batch_cycle(done), ran, admitted))
 
