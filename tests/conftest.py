@@ -9,7 +9,7 @@ import torch
 import engine  # noqa: F401  (sets the offline default before transformers loads)
 
 # Tiny models run fastest on one thread, and CI has only two cores. SPECLAB_TEST_THREADS=2 runs the
-# suite on two torch threads instead: it must pass either way (docs/benchmarks.md, "The test suite").
+# suite on two torch threads instead: it must pass either way (README, "the whole test suite").
 torch.set_num_threads(int(os.environ.get("SPECLAB_TEST_THREADS", "1")))
 # Per-machine measurements (engine/models/linear_paths.py) go to a folder of this test session's,
 # never the user's ~/.cache: a test run neither reads nor leaves a machine's real curve.
