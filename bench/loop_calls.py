@@ -3,8 +3,9 @@ busy machine, unlike seconds, so two checkouts' loops compare exactly.
 
     python bench/loop_calls.py --out FILE.json
 
-On tiny-shakespeare, greedy, K = 4: batched speculation at B = 1, 4 and 16 over 16 requests x 32 tokens, and
-the one-request chain untraced at T = 0 and 1 over 3 requests x 64 tokens. Like bench/hot_loop.py it imports
+On tiny-shakespeare, greedy, K = 4: batched speculation and plain batched decoding (calls per forward) at
+B = 1, 4 and 16 over 16 requests x 32 tokens, and the one-request chain untraced at T = 0 and 1 over
+3 requests x 64 tokens. Like bench/hot_loop.py it imports
 only long-standing entry points, so it runs against an older checkout put first on the import path
 (`PYTHONPATH=OLD python bench/loop_calls.py ...`). Most calls are the models' forwards; what a change
 to the loop adds shows as the difference per cycle.
@@ -19,6 +20,11 @@ from pathlib import Path
 import torch
 
 from engine.batch.cycle import batched_generate
+
+try:  # where plain batched decoding lives now; before the one loop it had a module of its own
+    from engine.cycle.plain import batched_plain_generate
+except ImportError:
+    from engine.batch.plain import batched_plain_generate
 from engine.config import SpecSettings
 from engine.cycle.reference import speculative_generate
 from engine.run import load_preset
@@ -50,6 +56,12 @@ def main(argv=None) -> int:
             chunks = [prompts[i:i + b] for i in range(0, len(prompts), b)]
             return sum(len(batched_generate(pair, rows, greedy, list(range(len(rows))))[1]) for rows in chunks)
         found[f"batch B={b}"] = calls_and_cycles(batched)
+
+        def plain(b: int = b) -> int:  # its "cycles" are its batched forwards
+            chunks = [prompts[i:i + b] for i in range(0, len(prompts), b)]
+            return sum(batched_plain_generate(pair.target, rows, greedy, list(range(len(rows))), pair.eos_ids).steps
+                       for rows in chunks)
+        found[f"plain batch B={b}"] = calls_and_cycles(plain)
     for t in (0.0, 1.0):
         s = SpecSettings(k=4, temperature=t, max_new_tokens=64)
         found[f"chain untraced T={t:g}"] = calls_and_cycles(
