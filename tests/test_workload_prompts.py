@@ -81,3 +81,26 @@ def test_more_than_the_stated_requests_or_bytes_is_refused(monkeypatch, tmp_path
         read_prompts(big)
     with pytest.raises(PromptFileError, match="no such file"):
         read_prompts(tmp_path / "missing.jsonl")
+
+
+@pytest.mark.parametrize("line, field", [
+    ('{"prompt": "a \\ud800 b"}', "'prompt'"),
+    ('{"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "\\udfff"}]}',
+     "'messages[1].content'"),
+    ('{"prompt": "a", "id": "r\\ud83d"}', "'id'"),
+    ('{"prompt": "a", "category": "\\udc00cat"}', "'category'"),
+])
+def test_a_lone_surrogate_is_refused_by_the_parser_naming_file_line_and_field(tmp_path, line, field):
+    # Valid JSON, but no text: it could not be written as UTF-8 once the models had loaded.
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"prompt": "fine"}\n' + line.encode())
+    with pytest.raises(PromptFileError) as err:
+        read_prompts(path)
+    assert f"p.jsonl line 2: field {field}" in str(err.value) and "surrogate" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_surrogate_pair_is_one_character_and_is_read():
+    got = parse_prompts(lines('{"prompt": "a \\ud83d\\ude00", "id": "smile-\\ud83d\\ude00"}'), "p.jsonl")
+    assert got[0].prompt == "a \U0001F600" and got[0].id == "smile-\U0001F600"
+    got[0].fingerprint()  # writable as UTF-8

@@ -31,6 +31,7 @@ WORKLOAD_KINDS = ("bundled", "upload", "run", "diagnosis")
 WORKLOAD_SEP = "~"  # a request's name: KIND~WORKLOAD~request-NNNN.jsonl
 MAX_UPLOAD_BYTES = 64 * 2**20  # a long chat run with K=8 and top-10 lists is a few MB
 MAX_UPLOADS = 64  # kept per server; the oldest go first
+MAX_UPLOAD_NAME_CHARS = 100  # of an upload's file name, in messages
 # What the server keeps for every visitor at once (Streamlit's caches): at most so many entries
 # per cached function, none older than CACHE_TTL_S (an evicted entry is computed again when asked).
 TRACES_KEPT = 32  # parsed traces, one object shared by every session that opens the same file: every
@@ -301,15 +302,29 @@ def open_upload(name: str, data: bytes) -> str | None:
     if refused is not None and refused[0] == digest:
         return refused[1]
     try:
-        loads_trace(data, name, allow_incomplete=True)
-    except TraceError as err:
-        st.session_state[REFUSED_UPLOAD] = (digest, shown_paths(str(err)))
+        loads_trace(data, upload_name(name), allow_incomplete=True)
+    except Exception as err:  # noqa: BLE001 - an upload is refused in one line, never with a traceback
+        st.session_state[REFUSED_UPLOAD] = (digest, upload_refusal(name, err))
         return st.session_state[REFUSED_UPLOAD][1]
     try:
         store_upload(ref.path, data)
     except OSError as err:
         return f"could not keep the upload on the server: {shown_paths(str(err))}"
     return set_current(ref)
+
+
+def upload_name(name: str) -> str:
+    """An upload's file name as messages show it: the browser sends any text, so it is cut short and its
+    unprintable characters (a newline would break the one line) are shown as "?"."""
+    return "".join(ch if ch.isprintable() else "?" for ch in name[:MAX_UPLOAD_NAME_CHARS]) or "upload"
+
+
+def upload_refusal(name: str, err: Exception) -> str:
+    """The one line a visitor reads about a refused upload. A reader's refusal (TraceError, WorkloadError among
+    them) says where and what; anything else a hostile file provokes in a reader is named by its type only."""
+    if isinstance(err, TraceError):
+        return shown_paths(" ".join(str(err).split()))
+    return f"{upload_name(name)}: cannot be read ({type(err).__name__})"
 
 
 def store_upload(path: Path, data: bytes) -> None:

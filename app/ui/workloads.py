@@ -2,8 +2,9 @@
 
 A workload is named by (kind, bare name) as app/ui/state.py's workload refs are; a request's
 trace opens in the stepper as TraceRef("workload", KIND~NAME~request-NNNN.jsonl). An uploaded
-zip is checked whole (its manifest and every trace, engine/workload/folder.py) before it is
-kept, under the hash of its bytes. Statistics are computed once per workload content.
+zip is checked whole (every entry, its manifest, every trace and a batch's batch.jsonl,
+engine/workload/folder.py) before it is kept, under the hash of its bytes; a refusal is one
+line (state.upload_refusal). Statistics are computed once per workload content.
 """
 import hashlib
 from urllib.parse import urlencode
@@ -12,7 +13,6 @@ import streamlit as st
 
 from app.ui import state
 from app.ui.safe import md
-from engine.trace import TraceError
 from engine.workload.folder import Workload, open_zip
 from engine.workload.stats import workload_stats
 
@@ -77,10 +77,11 @@ def open_upload(name: str, data: bytes) -> tuple[tuple[str, str] | None, str | N
     if state.workload_path(*choice).is_file():
         return choice, None
     try:
-        workload = open_zip(data, name)
+        workload = open_zip(data, state.upload_name(name))  # the zip checked whole: every entry's name, type and bytes
         workload.runs()  # every trace, checked against its entry
-    except TraceError as err:
-        st.session_state[REFUSED] = (digest, state.shown_paths(str(err)))
+        workload.batch_trace()  # a batched workload's batch.jsonl, checked against the manifest and the traces
+    except Exception as err:  # noqa: BLE001 - an upload is refused in one line, never with a traceback
+        st.session_state[REFUSED] = (digest, state.upload_refusal(name, err))
         return None, st.session_state[REFUSED][1]
     try:
         state.store_upload(state.workload_path(*choice), data)

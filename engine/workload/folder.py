@@ -21,12 +21,12 @@ from engine.workload.manifest import (
     MAX_MANIFEST_BYTES,
     Entry,
     WorkloadError,
+    batch_rows,
     loads_manifest,
     request_seed,
 )
 from engine.workload.requests import RequestRun
-
-MAX_WORKLOAD_BYTES = 512 * 2**20  # unpacked: 2000 requests of a quarter MB; a zip claiming more is refused
+from engine.workload.zip_checks import open_checked_zip, read_entry
 
 
 @dataclass
@@ -67,6 +67,9 @@ class Workload:
         if BATCH_TRACE not in self._traces:
             where = f"{self.source}/{BATCH_TRACE}"
             batch = loads_batch_trace(self.read(BATCH_TRACE), where)
+            if batch["header"]["rows"] != batch_rows(self.manifest):  # the lanes view draws one lane per row
+                raise WorkloadError(f"{where}: the batch has {batch['header']['rows']} rows, the manifest says "
+                                    f"{batch_rows(self.manifest)}")
             check_against_workload(batch, {e.index: [c["num_accepted"] for c in self.trace(e).cycles]
                                            for e in self.done}, where)
             self._traces[BATCH_TRACE] = batch
@@ -84,6 +87,9 @@ def check_against_entry(trace: Trace, e: Entry, manifest: dict, where: str) -> N
     request = trace.header.get("request")
     if request != {"id": e.id, "category": e.category}:
         raise WorkloadError(f"{where}: the trace is of request {request!r}, the manifest says {e.id!r}")
+    ran_in = (trace.header.get("batch") or {}).get("rows")
+    if ran_in != batch_rows(manifest):
+        raise WorkloadError(f"{where}: the trace says it ran {in_words(ran_in)}, the manifest {in_words(batch_rows(manifest))}")
     settings = dict(manifest["settings"])
     if isinstance(settings.get("seed"), int):  # its own seed (manifest.py SEED_STRIDE); the rest as the manifest's
         settings["seed"] = request_seed(settings["seed"], e.index, manifest.get("seed_stride"))
@@ -94,6 +100,10 @@ def check_against_entry(trace: Trace, e: Entry, manifest: dict, where: str) -> N
     if (s["num_generated"], len(trace.cycles), len(trace.header["prompt_token_ids"])) != (
             e.summary["num_generated"], e.summary["num_cycles"], e.summary["prompt_tokens"]):
         raise WorkloadError(f"{where}: its tokens and cycles differ from the manifest's summary")
+
+
+def in_words(rows: int | None) -> str:
+    return "alone, not in a batch" if rows is None else f"in a batch of {rows} rows"
 
 
 def limit_of(name: str) -> int:
@@ -126,31 +136,19 @@ def open_folder(folder: Path) -> Workload:
 
 
 def open_zip(data: bytes, source: str) -> Workload:
-    """A zip of a workload folder: its files at the top or inside one folder (as zipping a folder makes)."""
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile:
-        raise WorkloadError(f"{source}: not a zip file") from None
+    """A zip of a workload folder: its files at the top or inside one folder (as zipping a folder makes).
+    The whole zip is checked first (engine/workload/zip_checks.py): every entry's name and type, and its bytes."""
+    archive = open_checked_zip(data, source, limit_of)
     members = {info.filename: info for info in archive.infolist() if not info.is_dir()}
-    if sum(info.file_size for info in members.values()) > MAX_WORKLOAD_BYTES:
-        raise WorkloadError(f"{source}: unpacks to more than {MAX_WORKLOAD_BYTES:,} bytes")
     prefix = zip_prefix(members, source)
 
     def read(name: str) -> bytes:
         info = members.get(prefix + name)
         if info is None:
             raise WorkloadError(f"{source}: {name} is missing")
-        limit = limit_of(name)
-        with archive.open(info) as f:
-            data = f.read(limit + 1)  # never trust the size the zip declares
-        if len(data) > limit:
-            raise WorkloadError(f"{source}: {name} is larger than {limit:,} bytes")
-        return data
+        return read_entry(archive, info, limit_of(name), source)
 
-    try:
-        manifest, entries = loads_manifest(read(MANIFEST), source)
-    except (zipfile.BadZipFile, OSError, RuntimeError) as err:  # a damaged or encrypted member
-        raise WorkloadError(f"{source}: {MANIFEST} cannot be read ({err})") from None
+    manifest, entries = loads_manifest(read(MANIFEST), source)
     return Workload(source, manifest, entries, read)
 
 

@@ -15,6 +15,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from engine.trace.batch_reader import MAX_BATCH
 from engine.trace.errors import TraceError
 from engine.trace.schema import MAX_K
 from engine.workload.prompts import MAX_NAME_CHARS, MAX_REQUESTS
@@ -94,6 +95,11 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+def batch_rows(manifest: dict) -> int | None:
+    """The rows of a batched workload's batch (its manifest's "batch"), None for one run a request at a time."""
+    return manifest["batch"]["rows"] if "batch" in manifest else None
+
+
 def request_seed(seed: int, index: int, stride: int | None = SEED_STRIDE) -> int:
     """The seed request `index` runs with (SEED_STRIDE); stride None: a manifest from before, one seed for all."""
     return seed if stride is None else (seed * stride + index) % SEED_LIMIT
@@ -117,6 +123,9 @@ def check_manifest(m, source: str) -> list[Entry]:
         fail(source, "settings.k", f"must be an integer from 1 to {MAX_K}")
     if m.get("seed_stride", SEED_STRIDE) != SEED_STRIDE:
         fail(source, "seed_stride", f"must be {SEED_STRIDE} (request i runs with seed * {SEED_STRIDE} + i)")
+    if "batch" in m and not (isinstance(m["batch"], dict) and set(m["batch"]) == {"rows"}
+                             and _is_int(m["batch"]["rows"]) and 1 <= m["batch"]["rows"] <= MAX_BATCH):
+        fail(source, "batch", f"must be {{\"rows\": B}} with B from 1 to {MAX_BATCH}")
     if not 1 <= len(m["requests"]) <= MAX_REQUESTS:
         fail(source, "requests", f"must list 1 to {MAX_REQUESTS} requests")
     entries = [check_entry(d, i, k, source) for i, d in enumerate(m["requests"])]

@@ -120,11 +120,22 @@ def checked_prompt(text, n: int, source: str, field: str) -> str:
     where = f"{source} line {n}: field {field!r}"
     if not isinstance(text, str):
         raise PromptFileError(f"{where}: must be a string, not {type(text).__name__}")
+    check_encodable(text, where)
     if not text.strip():
         raise PromptFileError(f"{where}: {EMPTY_PROMPT}")
     if len(text) > MAX_PROMPT_CHARS:
         raise PromptFileError(f"{where}: {len(text):,} characters; at most {MAX_PROMPT_CHARS:,} are read")
     return text
+
+
+def check_encodable(text: str, where: str) -> None:
+    """JSON's \\u escapes can spell a lone surrogate, which is no character: the tokenizer, the trace and the
+    manifest all write UTF-8, so such text would otherwise fail only after the models load."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise PromptFileError(f"{where}: holds a lone surrogate (U+{ord(text[err.start]):04X} at character "
+                              f"{err.start + 1}), which is not a character and cannot be written as UTF-8") from None
 
 
 def checked_name(value, where: str, field: str) -> str:
@@ -133,6 +144,7 @@ def checked_name(value, where: str, field: str) -> str:
         value = str(value)
     if not isinstance(value, str) or not value.strip():
         raise PromptFileError(f"{where}: field {field!r} must be a non-empty string")
+    check_encodable(value, f"{where}: field {field!r}")
     if len(value) > MAX_NAME_CHARS or not value.isprintable():
         raise PromptFileError(f"{where}: field {field!r} must be printable text of at most {MAX_NAME_CHARS} characters")
     return value
