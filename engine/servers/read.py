@@ -4,8 +4,8 @@ JSON (one document, or one per line) is vLLM's get_metrics() dump, vLLM's or SGL
 metrics (responses: per_request.py), SGLang's /server_info, or TensorRT-LLM's iteration stats,
 told apart by their keys; per-request input also gives its requests one by one (read_requests_text); text with a
 'SpecDecoding metrics:' line is a vLLM log; anything else must be Prometheus text naming vLLM's
-counters or SGLang's gauges. Nothing here evaluates or unpickles anything: json and
-prometheus_client's text parser only.
+counters or SGLang's gauges, and two scrapes must both hold one server's (check_pair). Nothing
+here evaluates or unpickles anything: json and prometheus_client's text parser only.
 """
 import json
 
