@@ -1,6 +1,7 @@
 """The statistics page's "Your server" tab in the real app (streamlit.testing AppTest), on a
 bundled trace: pasted metrics explained with engine/servers' numbers, hostile text refused in
 one escaped line."""
+import re
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,29 @@ def test_hostile_paste_is_one_escaped_line(page):
 
 def test_no_input_says_what_to_do(page):
     assert any("Upload or paste" in i.value for i in page.info)
+
+
+def test_a_fresh_servers_scrape_shows_nothing_drafted_and_no_advice(page):
+    fresh = re.sub(r"\} [0-9.]+", "} 0.0", (SAMPLES / "vllm_scrape_1.prom").read_text())
+    at = paste(page, fresh)
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Draft acceptance rate"] == shown["Mean acceptance length"] == shown["alpha (server)"] == "nothing drafted"
+    body = " ".join(m.value for m in at.markdown)
+    assert "drafted nothing in this window" in body and "Predicted speedup" not in body and "0.000" not in body
+    assert not at.error
+
+
+def test_two_scrapes_of_two_servers_are_refused_in_one_line(page):
+    files = [("a.prom", (SAMPLES / "vllm_scrape_1.prom").read_bytes(), "text/plain"),
+             ("b.prom", (SAMPLES / "sglang_gauges.prom").read_bytes(), "text/plain")]
+    at = page.file_uploader(key="server_files").set_value(files).run()
+    assert not at.exception, [e.value for e in at.exception]
+    line = at.error[0].value  # md() escapes it: quotes as entities, punctuation with backslashes
+    assert len(at.error) == 1 and "the first scrape is vLLM" in line and "and the second SGLang" in line
+    assert "\n" not in line and not at.metric
+
+
+def test_one_sglang_rank_out_of_range_is_refused_on_the_page(page):
+    text = (SAMPLES / "sglang_gauges.prom").read_text().replace('dp_rank="1"} 0.6', 'dp_rank="1"} 1.4')
+    at = paste(page, text)
+    assert len(at.error) == 1 and "between 0 and 1" in at.error[0].value and not at.metric

@@ -1,10 +1,11 @@
 """Speculative-decoding metrics of production servers, read and explained in this project's terms.
 
 - server_metrics.py: ServerMetrics, the one record every server-wide reader yields; ServerRequest and
-  ServerRequests, one request's counts and a file of them; the checks and limits on untrusted
-  input that all readers share.
+  ServerRequests, one request's counts and a file of them; NothingDrafted, what a rate over zero
+  drafts is (never 0); the checks and limits on untrusted input that all readers share.
 - prometheus.py: Prometheus text (vLLM's counters, SGLang's gauges), parsed with
-  prometheus_client's parser; two scrapes of one server give the counts of the time between.
+  prometheus_client's parser, each series kept; two scrapes of one run of one server give the
+  counts of the time between (a pair that is not one run is refused).
 - vllm.py: vLLM's counters, its offline `llm.get_metrics()` dump as JSON, and its log lines.
 - sglang.py: SGLang's /server_info JSON and its per-request meta_info.
 - tensorrt.py: TensorRT-LLM's /metrics JSON (iteration stats with specDecodingStats).

@@ -7,11 +7,21 @@ line, exp(sum(i log a_i) / sum(i^2)), over the positions before the first a_i of
 every position, where alpha = a_1 would use one, and weighs later positions more, which
 matters because those decide whether a large K pays. Without a curve, alpha is the value at
 which (1 - alpha^(K+1)) / (1 - alpha) equals the server's mean acceptance length.
+
+A record of zero drafts has no acceptance at all: its rates are NothingDrafted (0/0), not 0, and
+the report says why a server drafts nothing instead of advising on an alpha of 0.
 """
 import math
 from dataclasses import dataclass, field
 
-from engine.servers.server_metrics import ServerMetrics, ServerMetricsError
+from engine.servers.server_metrics import (
+    NOTHING_DRAFTED,
+    NothingDrafted,
+    ServerMetrics,
+    ServerMetricsError,
+    drafted_nothing,
+    shown,
+)
 from engine.stats.analysis import (
     Calibration,
     KAdvice,
@@ -30,6 +40,9 @@ from engine.trace.schema import MAX_K
 
 COLLAPSE = 0.5  # a position whose conditional acceptance falls below half the first one's "collapses"
 LOW_ALPHA = 0.5
+NOTHING_WHY = ("the server drafted nothing in this window (0 drafts), so there is no acceptance to explain and "
+               "no K to advise: no requests reached it, speculative decoding is off, or the same scrape was given "
+               "twice; take the second scrape after the server has served requests")
 
 
 @dataclass(frozen=True)
@@ -70,21 +83,27 @@ def overhead_costs(draft_overhead: float, k: int, verify_steps: float = 1.0) -> 
 
 @dataclass(frozen=True)
 class ServerReport:
+    """The record in our terms; the rates, the curves and alpha are NOTHING_DRAFTED when it holds no draft."""
+
     metrics: ServerMetrics
     k: int | None
-    acceptance_rate: float | None
-    mean_acceptance_length: float | None
-    per_position: list[float] | None
-    conditional: list[float] | None  # a_i / a_(i-1): the chance position i passes once i-1 has
-    alpha: float | None
+    acceptance_rate: float | NothingDrafted | None
+    mean_acceptance_length: float | NothingDrafted | None
+    per_position: list[float] | NothingDrafted | None
+    conditional: list[float] | NothingDrafted | None  # a_i / a_(i-1): the chance position i passes once i-1 has
+    alpha: float | NothingDrafted | None
     alpha_how: str
-    expected_tokens: float | None  # what alpha predicts a cycle commits
+    expected_tokens: float | NothingDrafted | None  # what alpha predicts a cycle commits
     costs: Costs | None
     leviathan: float | None
     refined: float | None
     advice: list[KAdvice]
     limits: list[str]
     derived: list[str] = field(default_factory=list)  # numbers computed from others, not read
+
+    @property
+    def nothing_drafted(self) -> bool:
+        return self.acceptance_rate is NOTHING_DRAFTED
 
 
 def alpha_from_curve(per_position: list[float]) -> float | None:
@@ -138,6 +157,8 @@ def explain(m: ServerMetrics, k: int | None = None, costs: Costs | None = None,
             verify_steps: float = 1.0) -> ServerReport:
     """The record in our terms; `k` overrides the record's K (the gauges give none)."""
     k = k or m.k
+    if drafted_nothing(m):
+        return nothing_drafted_report(m, k)
     rate, length, derived = acceptance_of(m, k)
     alpha, how = None, "needs per-position acceptance, or a mean acceptance length and K"
     if m.per_position:
@@ -155,6 +176,14 @@ def explain(m: ServerMetrics, k: int | None = None, costs: Costs | None = None,
     report = ServerReport(m, k, rate, length, m.per_position, conditional, alpha, how,
                           expected_tokens_per_cycle(alpha, k) if ready else None, costs, lev, ref, advice, [], derived)
     return ServerReport(**{**report.__dict__, "limits": limits_of(report)})
+
+
+def nothing_drafted_report(m: ServerMetrics, k: int | None) -> ServerReport:
+    """Zero drafts: every rate is 0/0, so no alpha, no prediction, no advice; only why that may be."""
+    nothing = NOTHING_DRAFTED
+    return ServerReport(m, k, nothing, nothing, nothing, nothing, nothing,
+                        "nothing drafted: alpha needs drafts the server verified", nothing, None, None, None, [],
+                        [NOTHING_WHY])
 
 
 def limits_of(r: ServerReport) -> list[str]:
@@ -206,20 +235,23 @@ def advice_words(r: ServerReport) -> str | None:
     return advice_sentence(r.advice) if r.advice else None
 
 
-def predicted_curve(r: ServerReport) -> list[float] | None:
+def predicted_curve(r: ServerReport) -> list[float] | NothingDrafted | None:
+    if r.nothing_drafted:
+        return NOTHING_DRAFTED
     return predicted_per_position(r.alpha, r.k) if r.alpha is not None and r.k else None
 
 
 def comparison_rows(r: ServerReport, trace: TraceStats | None) -> list[dict]:
     """The server's numbers beside one trace's, quantity by quantity (None where one side has none)."""
     def fmt(x, spec=".3f"):
-        return None if x is None else format(x, spec)
+        return None if x is None else shown(x, spec)
     t = trace.acceptance if trace else {}
     rows = [("K", r.k, trace.k if trace else None, "d"),
             ("draft acceptance rate", r.acceptance_rate, t.get("acceptance_rate"), ".3f"),
             ("mean acceptance length", r.mean_acceptance_length, t.get("mean_acceptance_length"), ".3f"),
             (f"alpha ({r.alpha_how})", r.alpha,
-             alpha_from_curve(t["per_position_acceptance"]) if trace and r.per_position else None, ".3f"),
+             alpha_from_curve(t["per_position_acceptance"]) if trace and isinstance(r.per_position, list) else None,
+             ".3f"),
             ("alpha: mean beta (a trace records it; a server cannot)", None, trace.alpha if trace else None, ".3f"),
             ("expected tokens per cycle (from alpha)", r.expected_tokens,
              expected_tokens_per_cycle(trace.alpha, trace.k) if trace else None, ".3f")]

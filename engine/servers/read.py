@@ -4,13 +4,13 @@ JSON (one document, or one per line) is vLLM's get_metrics() dump, vLLM's or SGL
 metrics (responses: per_request.py), SGLang's /server_info, or TensorRT-LLM's iteration stats,
 told apart by their keys; per-request input also gives its requests one by one (read_requests_text); text with a
 'SpecDecoding metrics:' line is a vLLM log; anything else must be Prometheus text naming vLLM's
-counters or SGLang's gauges. Nothing here evaluates or unpickles anything: json and
-prometheus_client's text parser only.
+counters or SGLang's gauges, and two scrapes must both hold one server's (check_pair). Nothing
+here evaluates or unpickles anything: json and prometheus_client's text parser only.
 """
 import json
 
 from engine.servers import per_request, sglang, tensorrt, vllm
-from engine.servers.prometheus import parse_scrape
+from engine.servers.prometheus import ONE_RUN, Scrape, parse_scrape
 from engine.servers.request_stats import to_server_metrics
 from engine.servers.server_metrics import (
     MAX_RECORDS,
@@ -76,12 +76,34 @@ def from_json(data) -> ServerMetrics:
     raise ServerMetricsError(f"JSON, but not a speculative-decoding metrics file this reads ({KNOWN})")
 
 
+def server_of(scrape: Scrape) -> str | None:
+    """Which server's speculative-decoding metrics a scrape holds; None when it holds none."""
+    if vllm.DRAFTS in scrape.series:
+        return "vLLM"
+    if {sglang.LENGTH_GAUGE, sglang.RATE_GAUGE} & set(scrape.series):
+        return "SGLang"
+    return None
+
+
+def check_pair(scrapes: list[Scrape]) -> str:
+    """The server both scrapes of a pair come from: a pair of two servers' metrics, or one with an
+    empty side, has no meaningful difference (an empty scrape is not a scrape of zeros)."""
+    kinds = [server_of(s) for s in scrapes]
+    for i, which in enumerate(("first", "second")):
+        if kinds[i] is None and kinds[1 - i] is not None:
+            what = "is empty" if not scrapes[i].series else "has no speculative-decoding metrics"
+            raise ServerMetricsError(f"the {which} scrape {what}, while the other is {kinds[1 - i]}'s: {ONE_RUN}")
+    if kinds[0] != kinds[1]:
+        raise ServerMetricsError(f"the first scrape is {kinds[0]}'s and the second {kinds[1]}'s: {ONE_RUN}")
+    return kinds[0]
+
+
 def from_prometheus(texts: list[str]) -> ServerMetrics:
     scrapes = [parse_scrape(t) for t in texts]
-    names = {n for s in scrapes for n in [*s.values, *s.by_position]}
-    if vllm.DRAFTS in names:
+    kind = check_pair(scrapes) if len(scrapes) == 2 else server_of(scrapes[0])
+    if kind == "vLLM":
         return vllm.from_scrapes(scrapes)
-    if {sglang.LENGTH_GAUGE, sglang.RATE_GAUGE} & names:
+    if kind == "SGLang":
         if len(scrapes) > 1:
             raise ServerMetricsError("SGLang's gauges are averages already: give one scrape, not two")
         return sglang.from_gauges(scrapes[0])

@@ -6,14 +6,17 @@ format_requests: a line per request, then each category and all of them, from
 request_stats.requests_stats.
 """
 from engine.servers.explain import ServerReport, advice_words, comparison_rows, predicted_curve
+from engine.servers.server_metrics import NothingDrafted, shown
 from engine.stats.analysis import DEFINITIONS, TraceStats
 
 
 def fmt(x, spec: str = ".3f") -> str:
-    return "n/a" if x is None else format(x, spec)
+    return shown(x, spec)
 
 
-def curve(values: list[float] | None) -> str:
+def curve(values: list[float] | NothingDrafted | None) -> str:
+    if isinstance(values, NothingDrafted):
+        return shown(values)
     return "n/a" if not values else " ".join(f"{v:.3f}" for v in values)
 
 
@@ -43,6 +46,8 @@ def acceptance_lines(r: ServerReport) -> list[str]:
 
 
 def speed_lines(r: ServerReport) -> list[str]:
+    if r.nothing_drafted:
+        return [f"SPEED: {shown(r.alpha)}, so there is no acceptance to predict a speedup or a K from"]
     if r.costs is None:
         return ["SPEED: give c (--c) and the verify cost (--verify-steps), or a calibrated trace (--trace), "
                 "for the predicted speedups and the K advisor"]

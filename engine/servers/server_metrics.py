@@ -9,6 +9,7 @@ exactly stops the reader with one clear line instead of a silly number further o
 """
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 MAX_INPUT_BYTES = 4 * 2**20  # a /metrics scrape is tens of kB; a long log excerpt a few MB
 MAX_COUNT = 2**53  # beyond this a float (Prometheus' number type) no longer holds every integer
@@ -27,6 +28,19 @@ METHODS = {
 
 class ServerMetricsError(ValueError):
     """An input that is not a server's speculative-decoding metrics, said in one line."""
+
+
+class NothingDrafted(StrEnum):
+    """A rate over zero drafts (0/0): not a number, and never shown as 0 or as a missing value.
+
+    A fresh server, a window without traffic, speculation off or one scrape given twice all
+    leave zero drafts; every view writes this state in these same words.
+    """
+
+    NOTHING_DRAFTED = "nothing drafted"
+
+
+NOTHING_DRAFTED = NothingDrafted.NOTHING_DRAFTED
 
 
 @dataclass(frozen=True)
@@ -138,8 +152,9 @@ def check_counts(drafts: int, draft_tokens: int | None, accepted: int | None) ->
         raise ServerMetricsError(f"{drafts} drafts but only {draft_tokens} draft tokens: every draft proposes at least one")
 
 
-def per_position_rates(counts: list[int], drafts: int) -> list[float]:
-    """vLLM's per-position counts (cycles that accepted position i) as rates; they never rise with i."""
+def per_position_rates(counts: list[int], drafts: int) -> list[float] | None:
+    """vLLM's per-position counts (cycles that accepted position i) as rates; they never rise with i.
+    None over zero drafts: those rates are 0/0 (NothingDrafted), not zeros."""
     if len(counts) > MAX_POSITIONS:
         raise ServerMetricsError(f"{len(counts)} draft positions; at most {MAX_POSITIONS} are read")
     for i, n in enumerate(counts):
@@ -148,7 +163,21 @@ def per_position_rates(counts: list[int], drafts: int) -> list[float]:
         if i and n > counts[i - 1]:
             raise ServerMetricsError(f"accepted at position {i} ({n}) exceeds position {i - 1} ({counts[i - 1]}): "
                                      "a position is accepted only when every one before it was")
-    return [n / drafts if drafts else 0.0 for n in counts]
+    return [n / drafts for n in counts] if drafts else None
+
+
+def drafted_nothing(m: ServerMetrics) -> bool:
+    """Whether the record covers no draft at all, so that every rate of it is 0/0."""
+    return m.drafts == 0 or (m.drafts is None and m.draft_tokens == 0)
+
+
+def shown(x: float | NothingDrafted | None, spec: str = ".3f", missing: str = "n/a") -> str:
+    """A number as every view writes it: `missing` where the input gives none, NothingDrafted in its words."""
+    if x is None:
+        return missing
+    if isinstance(x, NothingDrafted):
+        return x.value
+    return format(x, spec)
 
 
 def check_text_size(data: bytes | str, what: str = "the input") -> None:

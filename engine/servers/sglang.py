@@ -16,7 +16,7 @@ SGLang's accept length is completion tokens / verify passes: tokens per cycle, b
 """
 from statistics import fmean
 
-from engine.servers.prometheus import Scrape
+from engine.servers.prometheus import Labels, Scrape, series_text
 from engine.servers.server_metrics import (
     MAX_POSITIONS,
     MAX_RECORDS,
@@ -37,14 +37,32 @@ HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")  # [
 
 
 def from_gauges(scrape: Scrape) -> ServerMetrics:
-    """The gauges, averaged over their label sets (one per rank): no counts, no K."""
-    def mean_of(name: str) -> float | None:
-        return scrape.values[name] / scrape.label_sets[name] if name in scrape.values else None
-    length, rate = mean_of(LENGTH_GAUGE), mean_of(RATE_GAUGE)
-    return ServerMetrics("SGLang /metrics gauges (Prometheus text: the recent average, no counts)",
-                         acceptance_length=None if length is None else length_of(length, LENGTH_GAUGE),
-                         acceptance_rate=None if rate is None else fraction(rate, RATE_GAUGE),
-                         notes=["gauges give no K: enter it"])
+    """The gauges, averaged over their ranks (label sets), each rank checked on its own first: an
+    average may not hide one rank's impossible value. No counts, no K. A rank whose length gauge
+    still reads its initial 0 has drafted nothing yet; with every rank so, nothing was drafted."""
+    lengths = rank_values(scrape, LENGTH_GAUGE, MAX_POSITIONS + 1)
+    rates = rank_values(scrape, RATE_GAUGE, 1.0)
+    idle = {key for key, x in lengths.items() if x == 0}
+    for key in idle:
+        if rates.get(key, 0.0) != 0:
+            raise ServerMetricsError(f"{series_text(LENGTH_GAUGE, key)} is 0 (nothing drafted) but its "
+                                     f"{RATE_GAUGE} is {rates[key]:g}")
+    busy_lengths = [length_of(x, series_text(LENGTH_GAUGE, key)) for key, x in lengths.items() if key not in idle]
+    busy_rates = [x for key, x in rates.items() if key not in idle]
+    source = "SGLang /metrics gauges (Prometheus text: the recent average, no counts)"
+    notes = ["gauges give no K: enter it"]
+    if lengths and not busy_lengths:
+        return ServerMetrics(source, drafts=0, notes=[*notes, "every rank's gauges still read 0: nothing drafted yet"])
+    if idle:
+        notes.append(f"{len(idle)} of {len(lengths)} ranks' gauges still read 0 (nothing drafted there): "
+                     "the averages are over the others")
+    return ServerMetrics(source, acceptance_length=fmean(busy_lengths) if busy_lengths else None,
+                         acceptance_rate=fmean(busy_rates) if busy_rates else None, notes=notes)
+
+
+def rank_values(scrape: Scrape, name: str, high: float) -> dict[Labels, float]:
+    """Each rank's (label set's) value of a gauge, in 0..high."""
+    return {key: fraction(x, series_text(name, key), high) for key, x in scrape.series.get(name, {}).items()}
 
 
 def length_of(value, what: str) -> float:

@@ -11,7 +11,7 @@ from app.ui.pages import DIAGNOSE
 from app.ui.safe import markdown_table, md
 from engine.servers.explain import ServerReport, advice_words, calibrated_costs, comparison_rows, entered_costs, explain
 from engine.servers.read import decode, read_texts
-from engine.servers.server_metrics import MAX_INPUT_BYTES, ServerMetricsError, check_text_size
+from engine.servers.server_metrics import MAX_INPUT_BYTES, ServerMetricsError, check_text_size, shown
 from engine.stats.analysis import DEFINITIONS, TraceStats
 
 PASTE, FILES = "server_paste", "server_files"  # widget keys
@@ -72,24 +72,25 @@ def show(r: ServerReport, trace: TraceStats) -> None:
     m = r.metrics
     st.markdown(f"**{md(m.source)}** · method {md(m.method or 'not in the input')} · K = {r.k}")
     cols = st.columns(3)
-    cols[0].metric("Draft acceptance rate", "n/a" if r.acceptance_rate is None else f"{r.acceptance_rate:.3f}")
+    cols[0].metric("Draft acceptance rate", shown(r.acceptance_rate))
     cols[0].caption(DEFINITIONS["acceptance_rate"])
-    cols[1].metric("Mean acceptance length", "n/a" if r.mean_acceptance_length is None
-                   else f"{r.mean_acceptance_length:.3f}")
+    cols[1].metric("Mean acceptance length", shown(r.mean_acceptance_length))
     cols[1].caption(DEFINITIONS["mean_acceptance_length"])
-    cols[2].metric("alpha (server)", "n/a" if r.alpha is None else f"{r.alpha:.3f}")
+    cols[2].metric("alpha (server)", shown(r.alpha))
     cols[2].caption(md(r.alpha_how))
-    if r.per_position:
+    if r.nothing_drafted:
+        st.markdown(f"**Per-position acceptance**: {shown(r.per_position)}")
+    elif r.per_position:
         st.markdown("**Per-position acceptance**: " + " · ".join(
             f"{i}: {p:.3f}" for i, p in enumerate(r.per_position, start=1)))
-    if r.expected_tokens is not None and r.mean_acceptance_length is not None:
+    if not r.nothing_drafted and r.expected_tokens is not None and r.mean_acceptance_length is not None:
         st.markdown(f"Tokens per cycle: the geometric model predicts **{r.expected_tokens:.3f}**, "
                     f"the server saw **{r.mean_acceptance_length:.3f}**.")
     if r.leviathan is not None:
         st.markdown(f"Predicted speedup: Leviathan et al. **{r.leviathan:.2f}×**, refined **{r.refined:.2f}×** "
                     f"({md(r.costs.source)}).")
         st.markdown(md(advice_words(r) or ""))
-    if r.acceptance_rate is not None and r.acceptance_rate < LOW_ACCEPTANCE:
+    if not r.nothing_drafted and r.acceptance_rate is not None and r.acceptance_rate < LOW_ACCEPTANCE:
         st.markdown(f"**Low acceptance**: this server accepts {r.acceptance_rate:.3f} of its draft tokens, under "
                     f"{LOW_ACCEPTANCE:g}. A mis-set draft (another chat rendering, top-k/top-p ignored, K far too "
                     "deep) or a pair that simply disagrees can cause it; paired runs that each change one "
