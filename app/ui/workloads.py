@@ -2,7 +2,7 @@
 
 A workload is named by (kind, bare name) as app/ui/state.py's workload refs are; a request's
 trace opens in the stepper as TraceRef("workload", KIND~NAME~request-NNNN.jsonl). An uploaded
-zip is checked whole (its manifest and every trace, engine/workload/folder.py) before it is
+zip is checked whole (its manifest, every trace and a batched one's batch.jsonl, engine/workload/folder.py) before it is
 kept, under the hash of its bytes. Statistics are computed once per workload content.
 """
 import hashlib
@@ -79,6 +79,7 @@ def open_upload(name: str, data: bytes) -> tuple[tuple[str, str] | None, str | N
     try:
         workload = open_zip(data, name)
         workload.runs()  # every trace, checked against its entry
+        workload.batch_trace()  # and a batched workload's batch.jsonl, against those traces
     except TraceError as err:
         st.session_state[REFUSED] = (digest, state.shown_paths(str(err)))
         return None, st.session_state[REFUSED][1]
