@@ -14,10 +14,13 @@ from engine.config import SettingsError
 from engine.servers.server_metrics import ServerMetricsError
 
 NOT_A_NUMBER = re.compile(r"\b(nan|inf|infinity)\b", re.IGNORECASE)
+# A rate the report prints as a number: with no draft in the window, each of these is 0/0 and must read n/a.
+RATE_SHOWN = re.compile(r"(acceptance rate|acceptance length|per-position acceptance|conditional[^:\n]*|alpha): -?[0-9]+\.[0-9]")
 
 
-def explain_files(files: list[str]) -> str:
-    """The report printed for the files; Refused when a reader refused them; BadOutput for a NaN shown."""
+def explain_files(files: list[str], no_drafts: bool = False) -> str:
+    """The report printed for the files; Refused when a reader refused them; BadOutput for a NaN shown, or,
+    for input with no draft at all (`no_drafts`), for any rate shown as a number."""
     args = build_parser().parse_args(["metrics", *files])
     printed = io.StringIO()
     try:
@@ -26,6 +29,9 @@ def explain_files(files: list[str]) -> str:
     except (ServerMetricsError, SettingsError) as err:
         raise Refused(str(err)) from None
     check_printed(printed.getvalue())
+    rate = RATE_SHOWN.search(printed.getvalue()) if no_drafts else None
+    if rate:
+        raise BadOutput(f"no draft in the input, yet the report shows {rate.group(0)!r}: a rate of 0/0")
     return printed.getvalue()
 
 

@@ -168,7 +168,8 @@ def pair_case(rng: random.Random) -> tuple[dict[str, str], str, str, str | None]
     if family == "same":
         text = rng.choice([first, without_timestamps(first)])
         timed = text == first  # with timestamps, not later: refused; without, no drafts between them
-        return {FIRST: text, SECOND: text}, REFUSE if timed else EITHER, "the same scrape twice", None if timed else "zero-rate"
+        words = "the same scrape twice" + ("" if timed else ", no timestamps: no draft between them")
+        return {FIRST: text, SECOND: text}, REFUSE if timed else EITHER, words, None if timed else "zero-rate"
     data, words = mutate.flip_bytes(second.encode(), rng)
     return {FIRST: first, SECOND: data.decode("utf-8", "replace")}, EITHER, f"pair, second scrape: {words}", None
 
@@ -199,4 +200,4 @@ def make(rng: random.Random, index: int, places: Places) -> Case:
 
 
 def attempt(case: Case, work: Path) -> str:
-    return explain_files(case.options["order"])
+    return explain_files(case.options["order"], no_drafts=case.tag == "zero-rate")
