@@ -91,3 +91,14 @@ def test_an_uploaded_workload_with_a_broken_batch_trace_is_refused(monkeypatch, 
         choice, error = workloads.open_upload("batched.zip", buffer.getvalue())
     assert choice is None and "batched.zip/batch.jsonl cycle 0: idle_rows must count the idle rows" in error
     assert not (tmp_path / "uploads" / "workloads").exists() or not any((tmp_path / "uploads" / "workloads").iterdir())
+
+
+def test_a_negative_counter_of_one_engine_is_refused_though_the_sum_is_not_negative():
+    from engine.servers.read import read_text
+    from engine.servers.server_metrics import ServerMetricsError
+    text = (ROOT / "tests" / "server_samples" / "vllm_scrape_1.prom").read_text()
+    engine0 = 'vllm:spec_decode_num_drafts_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 60.0'
+    assert engine0 in text
+    with pytest.raises(ServerMetricsError, match="drafts_total .*engine.* is -5: a counter cannot be negative"):
+        read_text(text.replace(engine0, engine0.replace(" 60.0", " -5.0")))
+    assert read_text(text).drafts == 100
