@@ -92,7 +92,8 @@ def damage(data: bytes, name: str, rng: random.Random) -> tuple[bytes, str, bool
     if how == "size":
         size = struct.unpack_from("<I", data, r.central + C_SIZE)[0]
         new = rng.choice([0, max(0, size - 1), size + 1, size * 2 + 7])
-        return patch(data, r.central + C_SIZE, "<I", new), f"{name}: declared size {size} -> {new}", new != size
+        # Declared larger, the member still reads whole and its CRC holds: zipfile stops at the data's end.
+        return patch(data, r.central + C_SIZE, "<I", new), f"{name}: declared size {size} -> {new}", new < size
     if how == "compressed-size":
         new = rng.choice([max(0, r.compressed - 1), r.compressed // 2, r.compressed + 3])
         words = f"{name}: compressed size {r.compressed} -> {new}"
