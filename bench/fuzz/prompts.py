@@ -112,8 +112,7 @@ def one_line_broken(rng: random.Random, lines: list[dict]) -> tuple[list[dict], 
 
 def broken_file(rng: random.Random, sample: Sample) -> tuple[bytes, str, str | None]:
     lines = sample.lines()
-    what = rng.choice(["edit", "edit", "edit", "duplicate-id", "nan", "not-utf8", "array", "cut-line", "too-many",
-                       "blank"])
+    what = rng.choice(["edit"] * 8 + ["duplicate-id", "nan", "not-utf8", "array", "cut-line", "too-many", "blank"])
     if what == "edit":
         edited, words, tag = one_line_broken(rng, lines)
         # A lone surrogate reaches the reader as an escape (as bytes it is not UTF-8, refused on its own).
