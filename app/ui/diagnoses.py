@@ -23,6 +23,7 @@ import streamlit as st
 from app.ui import state, workloads
 from engine.diagnose.experiments import ALTERNATIVE, CAUSE, JUDGED_BY, PROPERTY, TUNING
 from engine.trace import TraceError
+from engine.trace.json_lines import finite
 from engine.trace.metrics import drafted
 
 OPEN = "diagnose_open"  # session_state: the (kind, name) the Diagnose page shows
@@ -137,11 +138,14 @@ def _text(value, where: str, optional: bool = False) -> str | None:
     return value
 
 
-def _number(value, where: str, optional: bool = True) -> float | None:
+def _number(value, where: str, optional: bool = True, low: float = -math.inf, high: float = math.inf) -> float | None:
+    """A finite number from `low` to `high` (a rate from 0 to 1, a speed from 0): the meaning, not only the type."""
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not finite(value):
         _fail(where, f"expected a finite number, got {value!r:.40}")
+    if not low <= value <= high:
+        _fail(where, f"{value:.6g} is outside {low:g} to {high:g}")
     return float(value)
 
 
@@ -172,7 +176,9 @@ def check_effect(value, where: str) -> dict | None:
     if not isinstance(found, bool):
         _fail(f"{where}.found", "expected true or false")
     out = {"measure": _text(e.get("measure"), f"{where}.measure"),
-           **{k: _number(e.get(k), f"{where}.{k}") for k in ("baseline", "variant", "difference")},
+           **{k: _number(e.get(k), f"{where}.{k}", low=0.0, high=1.0 if e.get("measure") == "acceptance_rate" else math.inf)
+              for k in ("baseline", "variant")},
+           "difference": _number(e.get("difference"), f"{where}.difference"),
            "interval": interval, "found": found, "joint": max(1, _count(e.get("joint", 1), f"{where}.joint"))}
     if found and interval is None:
         _fail(f"{where}.found", "an effect found needs an interval")
@@ -208,7 +214,7 @@ GROUP_FIELDS = ("top1_agreement", "mean_overlap", "predicted_greedy_acceptance_r
 def check_group(value, where: str) -> dict:
     g = _dict(value, where)
     return {"requests": _count(g.get("requests"), f"{where}.requests"),
-            **{k: _number(g.get(k), f"{where}.{k}") for k in GROUP_FIELDS}}
+            **{k: _number(g.get(k), f"{where}.{k}", low=0.0, high=1.0) for k in GROUP_FIELDS}}
 
 
 def check_probe(value, where: str = "probe") -> dict | None:
@@ -220,7 +226,7 @@ def check_probe(value, where: str = "probe") -> dict | None:
         _text(name, f"{where}.categories")
     return {"overall": check_group(p.get("overall"), f"{where}.overall"),
             "categories": {name: check_group(g, f"{where}.categories.{name[:40]}") for name, g in categories.items()},
-            "seconds": _number(p.get("seconds"), f"{where}.seconds")}
+            "seconds": _number(p.get("seconds"), f"{where}.seconds", low=0.0)}
 
 
 def check(data, name: str) -> dict:
@@ -241,8 +247,8 @@ def check(data, name: str) -> dict:
         if len(set(arms)) != len(arms):
             _fail("findings", "two findings name the same arm")
         return {"baseline": {"requests": _count(b.get("requests"), "baseline.requests"),
-                             "acceptance_rate": _number(b.get("acceptance_rate"), "baseline.acceptance_rate"),
-                             "tokens_per_s": _number(b.get("tokens_per_s"), "baseline.tokens_per_s")},
+                             "acceptance_rate": _number(b.get("acceptance_rate"), "baseline.acceptance_rate", low=0.0, high=1.0),
+                             "tokens_per_s": _number(b.get("tokens_per_s"), "baseline.tokens_per_s", low=0.0)},
                 "findings": checked, "probe": check_probe(d.get("probe"))}
     except DiagnosisError as err:
         raise DiagnosisError(f"{name}: {' '.join(str(err).split())}") from None

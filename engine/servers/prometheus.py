@@ -52,6 +52,8 @@ def parse_scrape(text: str) -> Scrape:
     if len(samples) > MAX_RECORDS:
         raise ServerMetricsError(f"{len(samples):,} samples; at most {MAX_RECORDS:,} are read")
     for s in samples:
+        if s.name.endswith("_total") and s.value < 0:  # summed over label sets, a negative one could hide
+            raise ServerMetricsError(f"{s.name} {short(s.labels)} is {s.value:g}: a counter cannot be negative")
         add_sample(scrape, base_name(s.name), s.labels, s.value, s.timestamp)
     return scrape
 

@@ -16,6 +16,7 @@ import json
 import math
 
 from engine.trace.errors import TraceError
+from engine.trace.json_lines import finite
 from engine.trace.schema import MAX_K
 
 BATCH_TRACE = "batch.jsonl"
@@ -39,7 +40,7 @@ def _int(v, low: int, high: int) -> bool:
 
 
 def _seconds(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    return finite(v) and v >= 0
 
 
 def parse_lines(data: bytes | str, source: str) -> list[dict]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from engine.config import TreeSpec
 from engine.trace.errors import BrokenInvariant
+from engine.trace.json_lines import finite
 from engine.trace.schema import DRAFT_MODEL, EAGLE
 
 MAX_TOKEN_ID = 2**31 - 1  # the bound when a header gives no vocab_size: no tokenizer has more ids
@@ -85,4 +86,4 @@ def is_int(x) -> bool:
 
 
 def is_num(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return finite(x)

@@ -1,9 +1,11 @@
 """A trace's text as JSON lines: split where the writer ends a record (on '\\n' only), and parse
 one line, refusing valid JSON a trace may not hold (NaN and Infinity, a number too large to be
-finite, records nested deeper than MAX_DEPTH) with a `Refused` that says what.
+finite, an integer too large for a float, records nested deeper than MAX_DEPTH) with a `Refused`
+that says what. `finite` is the same rule for a value other readers parsed themselves.
 """
 import json
 import math
+import sys
 
 # A chain record nests 4 deep; a tree record 6 (cycle > tree > compaction > target > moves > one move).
 # The rest is room for layout and drafter fields.
@@ -23,6 +25,23 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise Refused(f"the number {text[:40]} is too large to be a finite number")
     return value
+
+
+def _finite_int(text: str) -> int:
+    value = int(text)
+    if len(text) > 300 and not finite(value):  # only a long integer can be beyond the largest float
+        raise Refused(f"the number {text[:40]} is too large to be a finite number")
+    return value
+
+
+def finite(value) -> bool:
+    """A JSON number a float holds: not true or false, not NaN or infinite, and not an integer beyond
+    the largest float (math.isfinite raises OverflowError on one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= sys.float_info.max
+    return math.isfinite(value)
 
 
 def _too_deep(value) -> bool:
@@ -49,7 +68,7 @@ def split_records(text: str) -> list[str]:
 
 def parse_line(line: str) -> object:
     try:
-        value = json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_finite_int)
     except RecursionError:
         raise Refused(f"the record nests more than {MAX_DEPTH} levels deep") from None
     if isinstance(value, (dict, list)) and _too_deep(value):

@@ -11,12 +11,12 @@ upload: `check_manifest` checks its meaning, and a request's file is always name
 request-NNNN.jsonl, so a manifest never names a file outside its folder.
 """
 import json
-import math
 import re
 from dataclasses import dataclass
 
 from engine.trace.batch_reader import MAX_BATCH
 from engine.trace.errors import TraceError
+from engine.trace.json_lines import finite
 from engine.trace.schema import MAX_K
 from engine.workload.prompts import MAX_NAME_CHARS, MAX_REQUESTS
 
@@ -179,4 +179,4 @@ def _is_int(v) -> bool:
 
 
 def _is_number(v) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+    return finite(v)
