@@ -29,7 +29,7 @@ MARGIN = dict(l=10, r=10, t=72, b=48)  # room under the plot for the x axis's ti
 CLOCK_LEGEND = {"wall clock": "measured on the wall clock (interleaved arms)",
                 "step times": "on this machine's calibrated step times"}
 CLOCK_SYMBOLS = {"wall clock": "circle", "step times": "diamond"}
-VERDICT_ROW_PX = 28
+VERDICT_ROW_PX = 26
 
 
 def padded(low: float, high: float, share: float = 0.06) -> list[float]:
@@ -82,12 +82,12 @@ def verdict_figure(options: list[dict], ranked: int) -> go.Figure:
     ends = [e for o in options for e in speedup_bounds(o)] + [1.0]
     line = dict(type="line", x0=1, x1=1, xref="x", y0=0, y1=1, yref="paper", line=dict(color=GRID, width=2, dash="dot"))
     fig = figure(traces, "What to change, fastest first (× the baseline's tokens/s on the same clock)",
-                 120 + VERDICT_ROW_PX * max(1, len(options)),
+                 110 + VERDICT_ROW_PX * max(1, len(options)),
                  xaxis=dict(title=dict(text="dotted line: the baseline · open marker: not shown faster"),
                             range=padded(min(ends), max(ends)), tickprefix="×", zeroline=False),
                  yaxis=dict(type="category", categoryorder="array", categoryarray=labels, autorange="reversed",
                             title=dict(text="")),
-                 shapes=[line], showlegend=True, margin=dict(l=10, r=10, t=60, b=40))
+                 shapes=[line], showlegend=True, margin=dict(l=10, r=10, t=58, b=38))
     # from the chart's left edge, not the plot's: the row labels are wide, and the toolbar sits at the right
     return fig.update_layout(title_xref="container")
 
@@ -112,7 +112,7 @@ def effects_figure(d: dict) -> go.Figure:
     """One point per experiment at its difference in acceptance rate, a bar across its 95% interval;
     filled where the interval excludes 0, open where it does not. Rows top to bottom in the report's order."""
     rows = effect_rows(d)
-    labels = [esc(f["experiment"]) for f in rows]
+    labels = [f"{esc(f['experiment'])} (n={f['requests']})" for f in rows]  # the requests behind each difference
     traces = []
     for kind, legend in KIND_LEGEND.items():
         these = [(label, f) for label, f in zip(labels, rows) if f["kind"] == kind]
@@ -160,10 +160,10 @@ def paired_figure(pairs: list[dict], arm: str) -> go.Figure:
                            f"{p['base']['accepted']}/{p['base']['drafted']} = {p['base']['acceptance_rate']:.3f}<br>"
                            f"{esc(arm)} {p['arm']['accepted']}/{p['arm']['drafted']} = {p['arm']['acceptance_rate']:.3f}"
                            for p in shown], hoverinfo="text")
-    x_axis = rate_axis(rates, "baseline's acceptance rate (accepted / drafted)")
+    x_axis = rate_axis(rates, "baseline's acceptance rate (a request's accepted / drafted: its hover)")
     span = x_axis["range"]
     diagonal = dict(type="scatter", mode="lines", name="the same in both arms", x=span, y=span,
                     line=dict(color=GRID, dash="dot"), hoverinfo="skip")
-    return figure([diagonal, dots], f"Per request: acceptance rate in the baseline and in {esc(arm)} "
-                  f"({len(shown)} requests; each one's accepted / drafted in its hover)", 380, xaxis=x_axis,
-                  yaxis=rate_axis(rates, f"{esc(arm)}'s acceptance rate"), margin=MARGIN)
+    fig = figure([diagonal, dots], f"Per request: acceptance rate, baseline against {esc(arm)} ({len(shown)} requests)",
+                 380, xaxis=x_axis, yaxis=rate_axis(rates, f"{esc(arm)}'s acceptance rate"), margin=MARGIN)
+    return fig.update_layout(title_xref="container")  # a long arm name: from the chart's left edge

@@ -52,7 +52,7 @@ def show(slot, about, choice: tuple[str, str]) -> None:
         if diagnoses.has_arm(choice, diagnoses.BASELINE) else None
     advice = diagnoses.advice(choice, d)
     slot.markdown(diagnose_views.headline(d, diagnoses.verdict(choice, d), len(diagnoses.options(choice, d)), advice))
-    about.caption(diagnose_views.describe(choice, manifest))
+    about.caption(diagnose_views.describe(manifest))
     if st.session_state.pop(diagnose_source.SHOW_REPORT, False):
         st.session_state[TAB] = TABS[0]
     for name, tab in zip(TABS, st.tabs(TABS, key=TAB, on_change="rerun")):

@@ -81,7 +81,7 @@ def headline(d: dict, faster: list[Option], measured: int, advice: Advice | None
     return "  \n".join([baseline_words(d, advice), verdict_words(faster, measured), cause_words(d, faster)])
 
 
-def describe(choice: tuple[str, str], manifest: dict | None) -> str:
+def describe(manifest: dict | None) -> str:
     """The baseline's pair and settings, from its workload's manifest."""
     if manifest is None:
         return "The baseline's traces are not here, so its pair and settings cannot be shown."
@@ -91,7 +91,8 @@ def describe(choice: tuple[str, str], manifest: dict | None) -> str:
     filters = [f"top-k {s['top_k']}" if s.get("top_k") else "", f"top-p {s['top_p']}" if s.get("top_p", 1) < 1 else ""]
     mis = [f"{k.replace('_', ' ')}: {drafter[k]}" for k in ("draft_prompt", "draft_filters")
            if drafter.get(k) not in (None, "as target", "request")]
-    return (f"{md(diagnoses.words(choice))} · pair **{md(str(names))}** · drafter **{md(str(drafter.get('kind', 'model')))}**"
+    # the diagnosis's name is in the pick beside this: the settings alone, to keep the row one line high
+    return (f"Pair **{md(str(names))}** · drafter **{md(str(drafter.get('kind', 'model')))}**"
             + (f" ({md(', '.join(mis))})" if mis else "") + f" · K={md(str(s.get('k', '?')))} · temperature "
             f"{md(str(s.get('temperature', '?')))}" + "".join(f" · {md(f)}" for f in filters if f))
 
@@ -234,19 +235,8 @@ def one_hot_reason(manifest: dict | None) -> str | None:
     return None
 
 
-def probe_tab(choice: tuple[str, str], d: dict, manifest: dict | None) -> None:
-    probe = d["probe"]
-    if probe is None:
-        st.info("This diagnosis has no agreement probe: it runs for a draft model only (not prompt lookup or "
-                "an EAGLE head), and not when the diagnosis was limited to other experiments.")
-        return
-    st.markdown("One teacher-forced forward of each model over the target's own greedy continuation of every "
-                "request, without speculating: how often the draft's top token is the target's (**top-1 "
-                "agreement**), the mean of sum min(p, q) under the run's sampling (**overlap**, the chance the "
-                "ratio test accepts there), and the greedy acceptance rate the agreement predicts, walking it K "
-                "positions at a time.")
-    one_hot = one_hot_reason(manifest)
-    greedy = greedy_rows(choice, d, manifest)
+def probe_rows(probe: dict, one_hot: bool, greedy: tuple[str, list[dict]] | None) -> list[dict]:
+    """Per category, then all requests: the probe's figures, and the greedy arm's measured rate with its counts."""
     rows = []
     for name, g in [*probe["categories"].items(), ("all requests", probe["overall"])]:
         row = {"category": name, "requests": g["requests"]}
@@ -259,11 +249,27 @@ def probe_tab(choice: tuple[str, str], d: dict, manifest: dict | None) -> None:
             these = greedy[1] if name == "all requests" else [r for r in greedy[1] if r["category"] == name]
             row["measured greedy: accepted / drafted"] = measured_words(these)
         rows.append(row)
-    st.markdown(markdown_table(rows))
-    why = ("" if one_hot is None else f"One column for top-1 agreement and overlap: {one_hot} the run's sampling "
-           "makes both models' distributions one-hot (the probe applies the run's own settings to both), so "
-           "sum min(p, q) is 1 exactly where the two top tokens agree and 0 where they do not. ")
+    return rows
+
+
+def probe_tab(choice: tuple[str, str], d: dict, manifest: dict | None) -> None:
+    probe = d["probe"]
+    if probe is None:
+        st.info("This diagnosis has no agreement probe: it runs for a draft model only (not prompt lookup or "
+                "an EAGLE head), and not when the diagnosis was limited to other experiments.")
+        return
+    one_hot = one_hot_reason(manifest)
+    why = ("" if one_hot is None else f" One column holds both top-1 agreement and overlap here: {one_hot} the run's "
+           "sampling makes both models' distributions one-hot (the probe warps both with the run's own settings), "
+           "so sum min(p, q) is 1 exactly where the two top tokens agree and 0 where they do not.")
+    st.markdown("One teacher-forced forward of each model over the target's own greedy continuation of every "
+                "request, without speculating: how often the draft's top token is the target's (**top-1 "
+                "agreement**), the mean of sum min(p, q) under the run's sampling (**overlap**, the chance the "
+                "ratio test accepts there), and the greedy acceptance rate the agreement predicts, walking it K "
+                "positions at a time." + why)
+    greedy = greedy_rows(choice, d, manifest)
+    st.markdown(markdown_table(probe_rows(probe, one_hot is not None, greedy)))
     where = ("" if greedy is None else f" The measured rate is the greedy arm's (**{md(greedy[0])}**) on the same "
              "requests; the last cycle of a request may draft past its output, which the probe cannot see.")
     seconds = probe["seconds"]
-    st.caption(why + ("" if seconds is None else f"The probe took {seconds:.1f} s.") + where)
+    st.caption(("" if seconds is None else f"The probe took {seconds:.1f} s.") + where)
