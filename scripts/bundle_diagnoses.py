@@ -61,29 +61,30 @@ def portable(found: dict) -> dict:
     return found
 
 
-def refreshed(found: dict) -> dict:
+def refreshed(found: dict, baseline: Path) -> dict:
     """The findings with each verdict written again by today's engine/diagnose/report.py from the stored
-    numbers (the wording may change; the measurements do not)."""
-    from engine.diagnose.experiments import Experiment
-    from engine.diagnose.paired import Effect
-    from engine.diagnose.report import Finding
+    numbers (the wording may change; the measurements do not), and the K advisor's figures on the
+    baseline's shipped traces where the file predates them (engine/diagnose/verdict.py advisor)."""
+    from dataclasses import asdict
 
-    def effect(d: dict | None) -> Effect | None:
-        return None if d is None else Effect(d["measure"], d["baseline"], d["variant"], d["difference"],
-                                              None if d["interval"] is None else tuple(d["interval"]))
+    from engine.diagnose.report import finding_of
+    from engine.diagnose.verdict import advisor
+    from engine.workload.folder import open_workload
 
     for f in found["findings"]:
-        x = Experiment(f["experiment"], f["kind"], f["now"], f["change"], None, f["skipped"] or "")
-        f["verdict"] = Finding(x, f["folder"], effect(f["acceptance_rate"]), effect(f["tokens_per_s"]),
-                               f["requests"], f["error"], effect(f.get("step_tokens_per_s"))).verdict()
+        f["verdict"] = finding_of(f).verdict()
+    if found.get("advisor") is None and baseline.is_file():
+        advice = advisor(open_workload(baseline).runs())
+        found = {"baseline": found["baseline"], "advisor": None if advice is None else asdict(advice)} | found
     return found
 
 
-def first_fix(found: dict) -> dict | None:
-    """engine/diagnose/report.py first_fix, read from the findings' dicts."""
-    from engine.diagnose.experiments import CAUSE, JUDGED_BY, TUNING
-    return next((f for f in found["findings"] if f["kind"] in (CAUSE, TUNING) and f[JUDGED_BY[f["kind"]]]
-                 and f[JUDGED_BY[f["kind"]]]["found"] and f[JUDGED_BY[f["kind"]]]["difference"] > 0), None)
+def first_change(found: dict) -> str | None:
+    """The verdict's first change (engine/diagnose/verdict.py), read from the findings' dicts."""
+    from engine.diagnose.verdict import Advice, verdict
+    advice = Advice(**found["advisor"]) if found.get("advisor") else None
+    faster = verdict(found["findings"], advice, found["baseline"]["requests"])
+    return faster[0].name if faster else None
 
 
 def record(case: str, work: Path) -> dict:
@@ -98,9 +99,7 @@ def record(case: str, work: Path) -> dict:
     found = portable(json.loads(out))
     found["case"] = {"name": case, "arguments": args, "planted": planted, "repeat_of": repeat_of,
                      "seconds": round(time.perf_counter() - started, 1), "cpu": cpu_model()}
-    first = first_fix(found)
-    print(f"{case}: {found['case']['seconds']} s; change first: {first and first['experiment']}; planted {planted}",
-          flush=True)
+    print(f"{case}: {found['case']['seconds']} s; change first: {first_change(found)}; planted {planted}", flush=True)
     if not bundled:
         (RESULTS / f"diagnose-{case}.json").write_text(json.dumps(found, indent=1, ensure_ascii=False))
         return found
@@ -115,11 +114,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", choices=sorted(CASES), action="append")
     parser.add_argument("--work", default="/tmp/speclab-diagnoses-2")
-    parser.add_argument("--refresh-verdicts", action="store_true", help="rewrite the bundled cases' verdicts only")
+    parser.add_argument("--refresh-verdicts", action="store_true",
+                        help="only rewrite the bundled cases' verdicts from their numbers (and add the advisor's "
+                             "figures from their baseline traces)")
     args = parser.parse_args()
     if args.refresh_verdicts:
         for path in sorted(OUT.glob("*.json")):
-            path.write_text(json.dumps(refreshed(json.loads(path.read_text())), indent=1, ensure_ascii=False))
+            found = refreshed(json.loads(path.read_text()), OUT / f"{path.stem}--baseline.zip")
+            path.write_text(json.dumps(found, indent=1, ensure_ascii=False))
         return
     for case in args.only or CASES:
         record(case, Path(args.work))

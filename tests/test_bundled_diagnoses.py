@@ -1,6 +1,7 @@
 """The shipped diagnoses (assets/diagnoses/): every figure of a case is what engine/diagnose computes from
 the arms' shipped traces, every arm opens as a checked workload, and on each case mis-set on purpose the
-diagnosis puts the planted cause first, with an interval that excludes zero."""
+report ranks the planted cause first among the drafter's settings and K, with an interval that excludes
+zero (what to change first is the verdict's, by tokens/s: tests/test_diagnose_verdict.py)."""
 import json
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def helps(f: dict) -> bool:
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))
-def test_the_planted_cause_is_what_to_change_first(name):
+def test_the_planted_cause_ranks_first_among_the_settings(name):
     d = case(SHIPPED / f"{name}.json")
     first = next(f for f in d["findings"] if f["kind"] in ("cause", "tuning") and helps(f))
     assert first["experiment"] == PLANTED[name]

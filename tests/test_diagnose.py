@@ -10,7 +10,8 @@ from engine.cli import main
 from engine.config import SpecSettings
 from engine.diagnose.experiments import ALTERNATIVE, CAUSE, PROPERTY, TUNING, Arm, Experiment, plan
 from engine.diagnose.paired import RequestCounts, paired_effect, percentile
-from engine.diagnose.report import Finding, first_fix, format_findings, ranked
+from engine.diagnose.report import Finding, as_dict, finding_of, format_findings, ranked
+from engine.diagnose.verdict import Advice
 from engine.drafters.registry import DrafterOptions
 from tests.tiny import noisy_pair, save_tiny
 
@@ -99,15 +100,30 @@ def test_causes_rank_by_acceptance_then_k_by_step_times_alternatives_by_speed_an
     assert order == ["big", "small", "none", "worse", "depth", "eagle", "lookup", "temp"]
 
 
-def test_what_to_change_first_is_a_cause_that_helps_else_a_faster_k():
+def test_what_to_change_first_is_the_fastest_change_and_never_a_k_the_advisor_beats_with_plain_decoding():
     depth = found("draft depth", 0.3, TUNING, faster=-0.2, step_faster=0.25)
-    assert first_fix([found("worse", -0.1), depth, found("big", 0.2)]).experiment.name == "big"
-    assert first_fix([found("worse", -0.1), depth, found("none", 0.0)]) is depth
+    big = found("big", 0.2, faster=0.1)
     assert "tokens/s on this machine's step times" in depth.verdict() and "+0.3" not in depth.verdict().split(";")[0]
+    # no advice: K's x1.25 on the step times beats the cause's x1.10 on the wall clock
+    assert format_findings([found("worse", -0.1), depth, big]).startswith("FIRST TO CHANGE: draft depth: ")
+    step = depth.step_speed.baseline
+    plain = Advice(1, True, step * 1.5, step)  # the advisor: plain decoding x1.5, faster than every K
+    report = format_findings([found("worse", -0.1), depth, big], plain, 2)
+    assert report.startswith("FIRST TO CHANGE: plain decoding: tokens/s on this machine's step times")
+    ranked_lines = [line for line in report.splitlines() if line.startswith("  ") and line[2].isdigit()]
+    assert [line.split(":")[0].strip() for line in ranked_lines[:3]] == ["1. plain decoding", "2. draft depth", "3. big"]
     slower_k = found("draft depth", 0.3, TUNING, faster=0.5, step_faster=-0.2)  # wall clock is not what judges K
-    assert first_fix([slower_k, found("worse", -0.1)]) is None
     assert "set right already" in found("worse", -0.1).verdict() and "set right" in slower_k.verdict()
-    assert format_findings([slower_k]).startswith("FIRST TO CHANGE: nothing tried here helped")
+    assert format_findings([slower_k]).startswith("FIRST TO CHANGE: nothing tried here was faster")
+
+
+def test_a_finding_is_worded_the_same_from_its_dict():
+    """The app words a diagnosis file's findings again from their numbers (app/ui/diagnoses.py)."""
+    for f in [found("big", 0.2, faster=0.1), found("depth", 0.3, TUNING, faster=-0.2, step_faster=0.25),
+              found("lookup", 0.5, ALTERNATIVE, faster=0.1)]:
+        d = json.loads(json.dumps(as_dict(f)))
+        assert finding_of(d).verdict() == f.verdict() == d["verdict"]
+    assert "wall-clock tokens/s" in found("lookup", 0.5, ALTERNATIVE, faster=0.1).verdict()
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +213,8 @@ def test_arms_run_request_by_request_and_k_is_timed_on_the_baselines_step_times(
     from engine.workload.prompts import read_prompts
 
     target, draft = folders
-    monkeypatch.setattr(diagnosis, "advice", lambda baseline: (1, False))  # whatever the tiny pair's timings say
+    # K=1 whatever the tiny pair's timings say
+    monkeypatch.setattr(diagnosis, "advice", lambda baseline: Advice(1, False, 10.0, 5.0))
     load = lambda options: load_with_drafter(target, DrafterOptions(  # noqa: E731
         kind=options.kind, draft_model=draft if options.kind == "model" else None))
     seen: list[str] = []

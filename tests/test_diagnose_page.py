@@ -10,6 +10,7 @@ import base64
 import html
 import json
 import re
+from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -21,6 +22,7 @@ from app.ui.state import parse_request_name, parse_token
 from engine.config import SpecSettings
 from engine.diagnose.diagnosis import diagnose
 from engine.diagnose.experiments import Arm
+from engine.diagnose.verdict import Advice, option_words, options, verdict
 from engine.drafters.registry import DrafterOptions
 from engine.run import load_with_drafter, run_to_trace
 from engine.trace.metrics import drafted
@@ -127,6 +129,13 @@ def first_rejections(folder: Path, arm: str) -> dict[str, tuple[str, int | None]
             for r in runs}
 
 
+def expected_verdict(d: dict) -> tuple[list, list, Advice | None]:
+    """The engine's verdict on the file's own figures: (faster changes, every change, the advice)."""
+    advice = Advice(**d["advisor"]) if d.get("advisor") else None
+    every = options(d["findings"], advice, d["baseline"]["requests"])
+    return verdict(d["findings"], advice, d["baseline"]["requests"]), every, advice
+
+
 def test_the_report_shows_every_verdict_and_the_diagnosis_numbers(folder, monkeypatch):
     want = found(folder)
     at = open_page(folder, monkeypatch)
@@ -137,25 +146,69 @@ def test_the_report_shows_every_verdict_and_the_diagnosis_numbers(folder, monkey
     assert f"Baseline: **{b['requests']}** requests, draft acceptance rate **{b['acceptance_rate']:.3f}**" in shown
     first = want["findings"][0]
     assert first["experiment"] == "sampling filters" and first["acceptance_rate"]["found"]  # the planted cause
-    assert len(at.success) == 1 and "Change first" in at.success[0].value
-    assert first["verdict"] in html.unescape(at.success[0].value.replace("\\", ""))
     e = first["acceptance_rate"]
-    assert (f"Change first: **sampling filters**: the draft ignores the request's top-k/top-p; acceptance "
+    assert (f"Why acceptance is low: **sampling filters** (the draft ignores the request's top-k/top-p): acceptance "
             f"{e['baseline']:.3f} → {e['variant']:.3f} ({e['difference']:+.3f}, 95% joint interval "
             f"{e['interval'][0]:+.3f} to {e['interval'][1]:+.3f})") in shown
+    faster, every, advice = expected_verdict(want)
+    if faster:  # which change is fastest depends on this machine's timings; the page must say the engine's
+        o = faster[0]
+        assert len(at.success) == 1 and at.success[0].value.startswith("**Change first.** 1. ")
+        assert option_words(o) in html.unescape(at.success[0].value.replace("\\", ""))
+        assert f"**Change first: {o.name}**" in shown and f"(**×{o.speedup:.2f}**, over {o.requests} requests" in shown
+    else:
+        assert not at.success and "**Keep these settings**" in shown
+    chart = figure(at, "dg_verdict_chart")
+    points = {y: x for trace in chart["data"] for y, x in zip(trace["y"], values(trace["x"]))}
+    assert len(points) == len(every)
+    labels = chart["layout"]["yaxis"]["categoryarray"]
+    assert [label.split(". ", 1)[1].split(" ×")[0] for label in labels[:len(faster)]] == [o.name for o in faster]
+    for label, o in zip(labels, faster + [o for o in every if o not in faster]):
+        assert points[label] == pytest.approx(o.speedup) and f"×{o.speedup:.2f} (n={o.requests})" in label
     chart = figure(at, "dg_effects_chart")
     points = {y: (x, plus, minus) for trace in chart["data"]
               for y, x, plus, minus in zip(trace["y"], values(trace["x"]), values(trace["error_x"]["array"]),
                                            values(trace["error_x"]["arrayminus"]))}
     measured = [f for f in want["findings"] if f["acceptance_rate"] and f["acceptance_rate"]["difference"] is not None]
-    assert set(points) == {f["experiment"] for f in measured}
+    assert set(points) == {f"{f['experiment']} (n={f['requests']})" for f in measured}  # each with its count
     for f in measured:
-        x, plus, minus = points[f["experiment"]]
+        x, plus, minus = points[f"{f['experiment']} (n={f['requests']})"]
         e = f["acceptance_rate"]
         assert x == pytest.approx(e["difference"])
         assert (x - minus, x + plus) == pytest.approx(tuple(e["interval"]))
     assert chart["layout"]["shapes"][0]["x0"] == 0  # the zero line
     assert not at.error
+
+
+DECIMAL = re.compile(r"\d+\.\d+")
+
+
+def diagnosis_numbers(d: dict, every: list, advice: Advice | None) -> set[str]:
+    """Every figure of the diagnosis (and of its changes' ratios), written to 1, 2 and 3 decimals."""
+    values = [v for v in d["baseline"].values() if isinstance(v, float)]
+    for f in d["findings"]:
+        for e in (f["acceptance_rate"], f["tokens_per_s"], f["step_tokens_per_s"]):
+            if e is not None:
+                values += [e["baseline"], e["variant"], e["difference"], *(e["interval"] or [])]
+    values += [v for o in every for v in (o.baseline, o.variant, o.speedup, o.variant - o.baseline, *(o.interval or []))]
+    values += [] if advice is None else [advice.plain_tokens_per_s, advice.baseline_step_tokens_per_s]
+    return {f"{abs(v):.{n}f}" for v in values if v is not None for n in (1, 2, 3)}
+
+
+def test_every_number_the_report_shows_is_the_diagnosis_own(folder, monkeypatch):
+    """Not one figure on the report made up or left over from an older wording: each decimal shown (the
+    headline, the verdict, every finding) is one of the diagnosis's numbers, rounded."""
+    want = found(folder)
+    at = open_page(folder, monkeypatch)
+    _, every, advice = expected_verdict(want)
+    settings = open_workload(folder / "diagnoses" / f"{CASE}--baseline.zip").manifest["settings"]  # the caption's
+    allowed = diagnosis_numbers(want, every, advice) | {str(v) for v in settings.values() if isinstance(v, float)}
+    shown = DECIMAL.findall(texts(at))
+    assert len(shown) > 20
+    assert [n for n in shown if n not in allowed] == []
+    if advice is not None and advice.baseline_step_tokens_per_s is not None:  # both clocks, each named
+        assert (f"**{want['baseline']['tokens_per_s']:.1f}** wall-clock tokens/s (**"
+                f"{advice.baseline_step_tokens_per_s:.1f}** on this machine's calibrated step times)") in texts(at)
 
 
 def test_every_request_of_every_arm_links_to_its_request_and_first_rejection(folder, monkeypatch):
@@ -198,13 +251,29 @@ def test_a_link_opens_the_arm_in_the_stepper_and_the_sidebar_leads_back(folder, 
     assert at.session_state["diagnose_open"] == ("bundled", CASE)
 
 
-def test_the_probe_table_is_the_diagnosis_probe(folder, monkeypatch):
+def test_the_probe_table_is_the_diagnosis_probe_with_one_column_where_overlap_is_agreement(folder, monkeypatch):
+    """The case runs with top-k 1: both warped distributions are one-hot, so the overlap is the top-1
+    agreement at every position; the table shows it once and says why."""
     probe = found(folder)["probe"]
+    groups = [*probe["categories"].items(), ("all requests", probe["overall"])]
+    assert all(g["top1_agreement"] == pytest.approx(g["mean_overlap"], abs=1e-9) for _, g in groups)
     at = open_tab(open_page(folder, monkeypatch), "Draft agreement")
     shown = texts(at)
-    for name, g in [*probe["categories"].items(), ("all requests", probe["overall"])]:
-        assert (f"| {name} | {g['requests']} | {g['top1_agreement']:.3f} | {g['mean_overlap']:.3f} | "
-                f"{g['predicted_greedy_acceptance_rate']:.3f} |") in shown
+    assert "| category | requests | top-1 agreement = overlap | predicted greedy acceptance rate |" in shown
+    assert "overlap sum min(p, q)" not in shown
+    assert ("One column holds both top-1 agreement and overlap here: with top-k 1 the run's sampling makes both "
+            "models' distributions one-hot") in shown
+    for name, g in groups:
+        assert f"| {name} | {g['requests']} | {g['top1_agreement']:.3f} | {g['predicted_greedy_acceptance_rate']:.3f} |" \
+            in shown
+
+
+def test_the_probe_table_keeps_both_columns_where_the_sampling_is_not_one_hot():
+    from app.views.sections.diagnose_views import one_hot_reason
+    assert one_hot_reason({"settings": {"temperature": 0.0}}) == "at temperature 0"
+    assert one_hot_reason({"settings": {"temperature": 1.0, "top_k": 1}}) == "with top-k 1"
+    assert one_hot_reason({"settings": {"temperature": 0.7, "top_p": 0.9}}) is None
+    assert one_hot_reason(None) is None
 
 
 def test_the_bundled_arms_stay_off_the_workload_page(folder, monkeypatch):
@@ -226,8 +295,32 @@ def test_the_figures_are_valid_plotly(folder):
     rows = [{"base": r, "arm": r} for r in [{"id": "<b>x</b>", "category": "c", "accepted": 1, "drafted": 2,
                                               "acceptance_rate": 0.5}]]
     validated(figs.paired_figure(rows, "k-2"))
+    validated(figs.paired_figure([], "k-2"))
+    faster, every, _ = expected_verdict(found(folder))
+    validated(figs.verdict_figure([asdict(o) | {"speedup": o.speedup} for o in every], len(faster)))
     assert (figs.CAUSE, figs.TUNING, figs.ALTERNATIVE, figs.PROPERTY) == (
         experiments.CAUSE, experiments.TUNING, experiments.ALTERNATIVE, experiments.PROPERTY)
+
+
+def test_the_charts_axes_fit_their_data():
+    """Acceptance rates of 0.04 to 0.12 fill the per-request chart (no 0-1 axis), on one range for both
+    axes; the verdict chart's range holds every point, every interval and the baseline's line at 1."""
+    from app.figures import diagnose as figs
+    rows = [{"base": {"id": f"q{i}", "category": "c", "accepted": a, "drafted": 100, "acceptance_rate": a / 100},
+             "arm": {"id": f"q{i}", "category": "c", "accepted": b, "drafted": 100, "acceptance_rate": b / 100}}
+            for i, (a, b) in enumerate([(4, 6), (12, 9), (7, 11)])]
+    layout = figs.paired_figure(rows, "k-2").layout
+    assert layout.xaxis.range == layout.yaxis.range
+    low, high = layout.xaxis.range
+    assert 0.03 < low < 0.04 and 0.12 < high < 0.13
+    option = {"name": "drafter prompt-lookup", "kind": "alternative", "clock": "wall clock", "baseline": 10.0,
+              "variant": 30.0, "interval": [12.0, 30.0], "joint": 3, "requests": 20, "faster": True, "speedup": 3.0}
+    slower = option | {"name": "drafter eagle", "variant": 8.0, "interval": [-3.0, -1.0], "faster": False,
+                       "speedup": 0.8}
+    fig = figs.verdict_figure([option, slower], 1)
+    low, high = fig.layout.xaxis.range
+    assert low < 0.7 and 4.0 < high < 4.5  # the interval's +30 tokens/s on 10 reaches x4
+    assert list(fig.layout.yaxis.categoryarray) == ["1. drafter prompt-lookup ×3.00 (n=20)", "drafter eagle ×0.80 (n=20)"]
 
 
 def hostile(good: dict, change) -> dict:
@@ -244,6 +337,14 @@ CHANGES = {
     "an interval upside down": lambda d: d["findings"][0]["acceptance_rate"].update(interval=[0.3, -0.1]),
     "a probe group not an object": lambda d: d["probe"]["categories"].update({"<i>a</i>": 3}),
     "an unknown kind": lambda d: d["findings"][0].update(kind="<script>x</script>"),
+    "found with an interval across 0": lambda d: d["findings"][0]["acceptance_rate"].update(interval=[-0.1, 0.2],
+                                                                                            found=True),
+    "a difference that is not variant - baseline": lambda d: d["findings"][0]["acceptance_rate"].update(
+        difference=0.9),
+    "an advisor's K of 0": lambda d: d.update(advisor={"best_k": 0, "plain_better": True,
+                                                       "plain_tokens_per_s": 3.0}),
+    "a plain decoding speed below 0": lambda d: d.update(advisor={"best_k": 2, "plain_better": "<b>yes</b>",
+                                                                  "plain_tokens_per_s": -3.0}),
 }
 
 
@@ -266,10 +367,16 @@ def test_not_json_and_a_hostile_verdict_are_shown_as_text(folder, monkeypatch, t
     (tmp_path / "diagnoses" / "a-broken.json").write_text("[" * 100_000)
     at = open_page(folder, monkeypatch, diagnoses=tmp_path / "diagnoses")
     assert len(at.error) == 1 and "nested too deep" in at.error[0].value
+    hostile_words = "<b>bold</b> [x](javascript:alert(1)) $x$"
     (tmp_path / "diagnoses" / "a-broken.json").write_text(json.dumps(hostile(
-        found(folder), lambda d: d["findings"][0].update(verdict="<b>bold</b> [x](javascript:alert(1)) $x$"))))
+        found(folder), lambda d: d["findings"][0].update(verdict="<i>made up</i>", now=hostile_words))))
     at = open_page(folder, monkeypatch, diagnoses=tmp_path / "diagnoses")
-    assert not at.error and "<b>" not in at.success[0].value and "](javascript" not in at.success[0].value
+    assert not at.error
+    page = "\n".join(m.value for m in [*at.markdown, *at.caption, *at.success])
+    assert "<b>" not in page and "](javascript" not in page
+    assert hostile_words in texts(at)  # shown, as text
+    # the file's own verdict is never shown: the page words each finding again from its numbers
+    assert "made up" not in texts(at) and f"sampling filters: {hostile_words}: acceptance" in texts(at)
 
 
 def test_a_live_diagnosis_runs_on_the_queue_and_opens(folder, monkeypatch, tmp_path):
@@ -373,7 +480,7 @@ def effect(measure: str, baseline: float, variant: float, interval: tuple[float,
             "interval": list(interval), "found": interval[0] > 0 or interval[1] < 0}
 
 
-def test_k_is_changed_first_only_by_its_tokens_per_s_on_the_step_times_and_after_every_cause_that_helps():
+def test_the_headline_changes_first_what_is_fastest_and_never_a_k_the_advisor_beats_with_plain_decoding():
     from app.ui import diagnoses
     from app.views.sections.diagnose_views import headline
 
@@ -383,17 +490,34 @@ def test_k_is_changed_first_only_by_its_tokens_per_s_on_the_step_times_and_after
                 "tokens_per_s": effect("tokens_per_s", 10, 30, (15, 25)), "step_tokens_per_s": step,
                 "verdict": name}
 
+    def page(d: dict) -> str:
+        choice = ("bundled", "case")
+        faster = diagnoses.verdict(choice, d)
+        return headline(d, faster, len(diagnoses.options(choice, d)), diagnoses.advice(choice, d)).replace("\\", "")
+
     template_right = finding("chat template", "cause", effect("acceptance_rate", 0.12, 0.07, (-0.07, -0.02)))
     deeper = finding("draft depth", "tuning", effect("acceptance_rate", 0.05, 0.20, (0.12, 0.2)),
                      effect("step_tokens_per_s", 4.0, 19.0, (12.0, 17.0)))
-    d = diagnoses.check({"baseline": {"requests": 20, "acceptance_rate": 0.05, "tokens_per_s": 4.0},
-                         "findings": [template_right, deeper]}, "case")
-    assert diagnoses.top_cause(d)["experiment"] == "draft depth"
-    assert ("Change first: **draft depth**: now; tokens/s on this machine's step times 4.0 → 19.0 (+15.0, 95% "
-            "interval +12.0 to +17.0) changed, over 20 requests.") in headline(d).replace("\\", "")
-    # a K whose acceptance rose (by arithmetic) but whose cycles are slower is not a fix, however fast the wall clock
-    d["findings"][1]["step_tokens_per_s"] = effect("step_tokens_per_s", 4.0, 3.0, (-1.5, -0.5))
-    assert diagnoses.top_cause(d) is None and "No setting tried helped" in headline(d)
-    template_raw = finding("chat template", "cause", effect("acceptance_rate", 0.07, 0.12, (0.02, 0.07)))
-    d["findings"] = [template_raw, deeper]
-    assert diagnoses.top_cause(d)["experiment"] == "chat template"
+    plain_wins = {"best_k": 2, "plain_better": True, "plain_tokens_per_s": 20.0, "baseline_step_tokens_per_s": 4.0}
+    raw = {"baseline": {"requests": 20, "acceptance_rate": 0.05, "tokens_per_s": 4.0}, "advisor": plain_wins,
+           "findings": [template_right, deeper]}
+    said = page(diagnoses.check(raw, "case"))
+    assert "**Change first: plain decoding**: tokens/s on this machine's step times 4.0 → 20.0 with the target alone " \
+           "(**×5.00**, over 20 requests;" in said
+    assert "Then: draft depth ×4.75 (step times); chat template ×3.00 (wall clock)." in said
+    assert "**4.0** wall-clock tokens/s (**4.0** on this machine's calibrated step times)" in said
+    # where the advisor picks a K over plain decoding, the K measured fastest goes first
+    raw["advisor"] = plain_wins | {"plain_better": False, "plain_tokens_per_s": 6.0}
+    assert ("**Change first: draft depth** (now): tokens/s on this machine's step times 4.0 → 19.0 changed "
+            "(**×4.75**, over 20 requests; +15.0, 95% interval +12.0 to +17.0).") in page(diagnoses.check(raw, "case"))
+    # a K whose acceptance rose (by arithmetic) but whose cycles are slower is not a change, however fast the wall clock
+    raw["findings"][1] = finding("draft depth", "tuning", effect("acceptance_rate", 0.05, 0.20, (0.12, 0.2)),
+                                 effect("step_tokens_per_s", 4.0, 3.0, (-1.5, -0.5)))
+    d = diagnoses.check(raw, "case")
+    assert [o.name for o in diagnoses.verdict(("bundled", "case"), d)] == ["chat template"]
+    assert "No drafter setting tested (1) raised acceptance" in page(d)
+    raw["findings"][0] = finding("chat template", "cause", effect("acceptance_rate", 0.07, 0.12, (0.02, 0.07)))
+    d = diagnoses.check(raw, "case")
+    assert diagnoses.cause_found(d)["experiment"] == "chat template"
+    assert "Why acceptance is low: **chat template** (now): acceptance 0.070 → 0.120" in page(d)
+    assert "as a change it ranks 1 of 1 by tokens/s" in page(d)

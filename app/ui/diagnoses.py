@@ -11,7 +11,10 @@ one workload per arm, so every figure comes with the traces behind it:
 Named by (kind, name) as workloads are: ("bundled", case) or ("run", name). A diagnosis file is
 untrusted: its size is checked before it is read, then every field the page draws (`check`); an
 arm's name must be a plain name, never a path. Every text from it reaches the page through md()
-or esc().
+or esc(). What the page says of a finding is worded again from its checked numbers by the engine
+(engine/diagnose/report.py), never read from the file's own words; what to change first is ranked
+at read time (engine/diagnose/verdict.py), from the file's advisor figures or, in a file written
+before it held them, from the baseline arm's traces.
 """
 import json
 import math
@@ -21,7 +24,9 @@ from pathlib import Path
 import streamlit as st
 
 from app.ui import state, workloads
+from engine.diagnose import verdict as ranking
 from engine.diagnose.experiments import ALTERNATIVE, CAUSE, JUDGED_BY, PROPERTY, TUNING
+from engine.diagnose.report import finding_of
 from engine.trace import TraceError
 from engine.trace.json_lines import finite
 from engine.trace.metrics import drafted
@@ -180,8 +185,13 @@ def check_effect(value, where: str) -> dict | None:
               for k in ("baseline", "variant")},
            "difference": _number(e.get("difference"), f"{where}.difference"),
            "interval": interval, "found": found, "joint": max(1, _count(e.get("joint", 1), f"{where}.joint"))}
-    if found and interval is None:
-        _fail(f"{where}.found", "an effect found needs an interval")
+    if found != (interval is not None and (interval[0] > 0 or interval[1] < 0)):
+        _fail(f"{where}.found", "an effect is found exactly when its interval excludes 0")
+    if out["difference"] is not None:
+        if out["baseline"] is None or out["variant"] is None or interval is None:
+            _fail(f"{where}.difference", "a difference needs both arms' values and its interval")
+        if not math.isclose(out["difference"], out["variant"] - out["baseline"], rel_tol=1e-9, abs_tol=1e-9):
+            _fail(f"{where}.difference", "is not the variant minus the baseline")
     return out
 
 
@@ -197,15 +207,34 @@ def check_finding(value, where: str) -> dict:
         _fail(f"{where}.arm", f"{str(arm)[:40]!r} is not an arm's name (letters, digits, '.', '_', '-')")
     if arm == BASELINE:
         _fail(f"{where}.arm", "an experiment's arm cannot be the baseline")
-    return {"experiment": _text(f.get("experiment"), f"{where}.experiment"), "arm": arm, "kind": kind,
-            "now": _text(f.get("now"), f"{where}.now"), "change": _text(f.get("change"), f"{where}.change"),
-            "skipped": _text(f.get("skipped"), f"{where}.skipped", optional=True),
-            "error": _text(f.get("error"), f"{where}.error", optional=True),
-            "requests": _count(f.get("requests", 0), f"{where}.requests"),
-            "acceptance_rate": check_effect(f.get("acceptance_rate"), f"{where}.acceptance_rate"),
-            "tokens_per_s": check_effect(f.get("tokens_per_s"), f"{where}.tokens_per_s"),
-            "step_tokens_per_s": check_effect(f.get("step_tokens_per_s"), f"{where}.step_tokens_per_s"),
-            "verdict": _text(f.get("verdict"), f"{where}.verdict")}
+    out = {"experiment": _text(f.get("experiment"), f"{where}.experiment"), "arm": arm, "kind": kind,
+           "now": _text(f.get("now"), f"{where}.now"), "change": _text(f.get("change"), f"{where}.change"),
+           "skipped": _text(f.get("skipped"), f"{where}.skipped", optional=True),
+           "error": _text(f.get("error"), f"{where}.error", optional=True),
+           "requests": _count(f.get("requests", 0), f"{where}.requests"),
+           "acceptance_rate": check_effect(f.get("acceptance_rate"), f"{where}.acceptance_rate"),
+           "tokens_per_s": check_effect(f.get("tokens_per_s"), f"{where}.tokens_per_s"),
+           "step_tokens_per_s": check_effect(f.get("step_tokens_per_s"), f"{where}.step_tokens_per_s")}
+    _text(f.get("verdict"), f"{where}.verdict")  # present, but worded again from the numbers
+    return out | {"verdict": finding_of(out).verdict()}
+
+
+def check_advisor(value, where: str = "advisor") -> dict | None:
+    """The K advisor's figures on the baseline (engine/diagnose/verdict.py Advice); None in older files."""
+    if value is None:
+        return None
+    a = _dict(value, where)
+    best = a.get("best_k")
+    if isinstance(best, bool) or not isinstance(best, int) or best < 1:
+        _fail(f"{where}.best_k", f"expected a K of 1 or more, got {best!r:.40}")
+    if not isinstance(a.get("plain_better"), bool):
+        _fail(f"{where}.plain_better", "expected true or false")
+    speeds = {k: _number(a.get(k), f"{where}.{k}", optional=k != "plain_tokens_per_s")
+              for k in ("plain_tokens_per_s", "baseline_step_tokens_per_s")}
+    for k, v in speeds.items():
+        if v is not None and v <= 0:
+            _fail(f"{where}.{k}", "a speed must be above 0")
+    return {"best_k": best, "plain_better": a["plain_better"], **speeds}
 
 
 GROUP_FIELDS = ("top1_agreement", "mean_overlap", "predicted_greedy_acceptance_rate")
@@ -249,7 +278,7 @@ def check(data, name: str) -> dict:
         return {"baseline": {"requests": _count(b.get("requests"), "baseline.requests"),
                              "acceptance_rate": _number(b.get("acceptance_rate"), "baseline.acceptance_rate", low=0.0, high=1.0),
                              "tokens_per_s": _number(b.get("tokens_per_s"), "baseline.tokens_per_s", low=0.0)},
-                "findings": checked, "probe": check_probe(d.get("probe"))}
+                "advisor": check_advisor(d.get("advisor")), "findings": checked, "probe": check_probe(d.get("probe"))}
     except DiagnosisError as err:
         raise DiagnosisError(f"{name}: {' '.join(str(err).split())}") from None
 
@@ -275,10 +304,41 @@ def helps(finding: dict) -> bool:
     return ran(finding) and e is not None and e["found"] and e["difference"] is not None and e["difference"] > 0
 
 
-def top_cause(d: dict) -> dict | None:
-    """What to change first (engine/diagnose/report.py first_fix): the first cause, in the report's
-    order, whose change raised acceptance, else K where another K was faster; None if neither."""
-    return next((f for f in d["findings"] if f["kind"] in (CAUSE, TUNING) and helps(f)), None)
+def cause_found(d: dict) -> dict | None:
+    """Why acceptance is low, where a cause was found: the cause whose change raised acceptance the most."""
+    causes = [f for f in d["findings"] if f["kind"] == CAUSE and helps(f)]
+    return max(causes, key=lambda f: f["acceptance_rate"]["difference"], default=None)
+
+
+def advice(choice: tuple[str, str], d: dict) -> ranking.Advice | None:
+    """The K advisor's figures: the file's, or, in a file written before it held them, the baseline arm's
+    traces read by the engine (engine/diagnose/verdict.py advisor); None without either."""
+    if d["advisor"] is not None:
+        return ranking.Advice(**d["advisor"])
+    if not has_arm(choice, BASELINE):
+        return None
+    workload = arm_workload(choice, BASELINE)
+    try:
+        return _advice(workloads.content_key(workload), workloads.load(workload))
+    except (TraceError, OSError, ValueError):
+        return None
+
+
+@st.cache_data(max_entries=16, ttl=state.CACHE_TTL_S, show_spinner="Reading the baseline's calibration…")
+def _advice(key: str, _workload) -> ranking.Advice | None:
+    return ranking.advisor(_workload.runs())
+
+
+def verdict(choice: tuple[str, str], d: dict) -> list[ranking.Option]:
+    """What to change, the fastest first (engine/diagnose/verdict.py); empty if nothing tried is faster."""
+    return ranking.verdict(d["findings"], advice(choice, d), d["baseline"]["requests"])
+
+
+def options(choice: tuple[str, str], d: dict) -> list[ranking.Option]:
+    """Every change measured: the verdict's, ranked, then the others, the fastest first."""
+    faster = verdict(choice, d)
+    rest = [o for o in ranking.options(d["findings"], advice(choice, d), d["baseline"]["requests"]) if o not in faster]
+    return faster + sorted(rest, key=lambda o: -o.speedup)
 
 
 def arms(choice: tuple[str, str], d: dict) -> list[str]:

@@ -19,7 +19,7 @@ TABS = ["Ranked report", "Per request", "Draft agreement", LIVE]
 
 def draw_tab(name: str, choice: tuple[str, str], d: dict, manifest: dict | None) -> None:
     if name == "Ranked report":
-        diagnose_views.report_tab(choice, d)
+        diagnose_views.report_tab(choice, d, diagnoses.verdict(choice, d), diagnoses.options(choice, d))
     elif name == "Per request":
         diagnose_views.requests_tab(choice, d)
     elif name == "Draft agreement":
@@ -31,14 +31,17 @@ def draw_tab(name: str, choice: tuple[str, str], d: dict, manifest: dict | None)
 def main() -> None:
     st.title("Why is acceptance low?")
     slot = first_result()
-    choice = diagnose_source.choose()
+    # the pick and the pair's settings share one row, so the verdict's chart fits the first screen
+    pick, about = st.columns([2, 3], vertical_alignment="bottom")
+    with pick:
+        choice = diagnose_source.choose()
     if choice is None:
         diagnose_source.live_form()
     else:
-        show(slot, choice)
+        show(slot, about, choice)
 
 
-def show(slot, choice: tuple[str, str]) -> None:
+def show(slot, about, choice: tuple[str, str]) -> None:
     try:
         d = diagnoses.load(choice)
     except (diagnoses.DiagnosisError, OSError) as err:
@@ -47,8 +50,9 @@ def show(slot, choice: tuple[str, str]) -> None:
         return
     manifest = diagnoses.manifest_of(diagnoses.arm_workload(choice, diagnoses.BASELINE)) \
         if diagnoses.has_arm(choice, diagnoses.BASELINE) else None
-    slot.markdown(diagnose_views.headline(d))
-    st.caption(diagnose_views.describe(choice, manifest))
+    advice = diagnoses.advice(choice, d)
+    slot.markdown(diagnose_views.headline(d, diagnoses.verdict(choice, d), len(diagnoses.options(choice, d)), advice))
+    about.caption(diagnose_views.describe(manifest))
     if st.session_state.pop(diagnose_source.SHOW_REPORT, False):
         st.session_state[TAB] = TABS[0]
     for name, tab in zip(TABS, st.tabs(TABS, key=TAB, on_change="rerun")):

@@ -10,6 +10,8 @@
 - paired.py: one change's effect on paired runs, with a bootstrap interval over requests.
 - diagnosis.py: `diagnose`: the baseline, the experiments it leads to, the probe, the findings.
 - report.py: the findings ranked, in plain words.
+- verdict.py: what to change first: every change ranked by the tokens/s it gives on this machine against
+  the baseline's on the same clock, plain decoding (the K advisor's figure) included.
 - requests.py: the requests a diagnosis runs (the bundled prompt set, the first N per category)
   and the unrelated text the context-length experiment puts before each.
 - pairs.py: the target loaded once, each drafter an experiment needs built around it (PairLoader).

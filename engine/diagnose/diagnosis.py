@@ -5,7 +5,7 @@ request with every experiment that does not depend on it; then the draft-depth e
 the advisor picks from the baseline's acceptance. Every arm runs with the baseline's settings and
 seed, changing one thing (engine/diagnose/experiments.py).
 """
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -15,12 +15,12 @@ from engine.diagnose.paired import acceptance_rate, tokens_per_s
 from engine.diagnose.probe import workload_probe
 from engine.diagnose.report import Finding, as_dict, finding, format_findings, ranked
 from engine.diagnose.run import ArmResult, ArmRun, LoadPair, run_interleaved
+from engine.diagnose.verdict import Advice, advisor
 from engine.kv.prefix import PrefixReuse
 from engine.mode import RunMode
 from engine.run import run_to_trace
 from engine.trace.schema import DRAFT_MODEL
 from engine.workload.prompts import Request
-from engine.workload.stats import workload_stats
 
 
 @dataclass(frozen=True)
@@ -28,22 +28,19 @@ class Diagnosis:
     baseline: ArmResult
     findings: list[Finding]
     probe: dict | None
+    advice: Advice | None = None  # the K advisor on the baseline: what the verdict weighs plain decoding by
 
     def as_dict(self) -> dict:
         counts = self.baseline.counts
         return {"baseline": {"arm": "baseline", "folder": str(self.baseline.folder), "requests": len(counts),
                              "acceptance_rate": acceptance_rate(counts), "tokens_per_s": tokens_per_s(counts)},
+                "advisor": None if self.advice is None else asdict(self.advice),
                 "findings": [as_dict(f) for f in self.findings], "probe": self.probe}
 
 
-def advice(baseline: ArmResult) -> tuple[int | None, bool]:
-    """The K advisor's best K (1 and more) for the baseline's pooled acceptance on its calibration, if it
-    has one, and whether it says plain decoding would beat every K."""
-    runs = baseline.workload.runs() if baseline.workload else []
-    if not runs:
-        return None, False
-    overall = workload_stats(runs, bootstrap_samples=0)["overall"]
-    return overall["best_k"], overall["advised_k"] == 0
+def advice(baseline: ArmResult) -> Advice | None:
+    """The K advisor on the baseline's pooled acceptance and calibration (verdict.py advisor), if it has one."""
+    return advisor(baseline.workload.runs()) if baseline.workload else None
 
 
 def calibration(baseline: ArmResult) -> dict | None:
@@ -85,7 +82,8 @@ def diagnose(load: LoadPair, base: ex.Arm, requests: list[Request], folder: str 
     baseline = results.pop(base.name)
     if baseline.error:
         raise ValueError(f"the baseline could not run: {baseline.error}")
-    best_k, plain_better = advice(baseline)
+    advised = advice(baseline)
+    best_k, plain_better = (advised.best_k, advised.plain_better) if advised else (None, False)
     depth = ex.depth_experiment(base, best_k, plain_better)
     if depth.arm is not None and (only is None or depth.name in only):
         # K is known only now, from the baseline's acceptance; the depth arm records the baseline's
@@ -104,7 +102,7 @@ def diagnose(load: LoadPair, base: ex.Arm, requests: list[Request], folder: str 
             (results[e.arm.name] for e in planned if e.name == "temperature 0.0" and not results[e.arm.name].error), None)
         probe = workload_probe(load(base.drafter), baseline.workload.runs(), base.settings,
                                greedy.workload.runs() if greedy is not None else None)
-    return Diagnosis(baseline, findings, probe)
+    return Diagnosis(baseline, findings, probe, advised)
 
 
 def greedy_measured(d: Diagnosis) -> float | None:
@@ -118,8 +116,11 @@ def greedy_measured(d: Diagnosis) -> float | None:
 
 def format_diagnosis(d: Diagnosis) -> str:
     b = d.as_dict()["baseline"]
+    step = d.advice.baseline_step_tokens_per_s if d.advice else None
     lines = [f"BASELINE: {b['requests']} requests, acceptance rate {b['acceptance_rate']:.3f}, "
-             f"{b['tokens_per_s']:.1f} tokens/s; traces: {b['folder']}", "", format_findings(d.findings)]
+             f"{b['tokens_per_s']:.1f} wall-clock tokens/s"
+             + ("" if step is None else f" ({step:.1f} on this machine's step times)") + f"; traces: {b['folder']}",
+             "", format_findings(d.findings, d.advice, b["requests"])]
     if d.probe:
         o = d.probe["overall"]
         lines += ["", "DRAFT AGREEMENT, measured without speculating (one teacher-forced forward of each model "

@@ -6,14 +6,18 @@ zero); then those set right already (changing them lowered acceptance). Then K, 
 the calibrated step times: it is tuned once the causes are fixed, since the best K depends on the
 acceptance they change. Then the alternatives (another drafter), the largest gain in tokens/s first;
 then what describes the pair rather than a setting (temperature, context length); then what could
-not run and why. The first thing to change (`first_fix`) is the first cause that raises acceptance,
-or else K where another K is faster.
+not run and why. What to change first is not this order but the verdict (verdict.py): every change
+ranked by the tokens/s it gives on this machine, plain decoding included.
 """
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from engine.diagnose.experiments import ALTERNATIVE, CAUSE, PROPERTY, TUNING, Experiment
 from engine.diagnose.paired import Effect, RequestCounts, paired_effect
-from engine.diagnose.run import ArmResult
+from engine.diagnose.verdict import Advice, option_words, verdict
+
+if TYPE_CHECKING:  # run.py loads the models' code: the app words a file's findings without it
+    from engine.diagnose.run import ArmResult
 
 KINDS = (CAUSE, TUNING, ALTERNATIVE, PROPERTY)
 GAIN, NO_EFFECT, LOSS = 0, 1, 2  # how a measured effect stands, in the order the report lists them
@@ -62,9 +66,9 @@ class Finding:
         if judged is e:
             main = f"acceptance {e.baseline:.2f} -> {e.variant:.2f} {x.change}"
             interval = f"{e.difference:+.2f}, {e.interval_words(2)}"
-            other = f"; tokens/s {s.baseline:.1f} -> {s.variant:.1f}" if s and s.difference is not None else ""
+            other = f"; wall-clock tokens/s {s.baseline:.1f} -> {s.variant:.1f}" if s and s.difference is not None else ""
         else:
-            what = "tokens/s on this machine's step times" if judged is self.step_speed else "tokens/s"
+            what = "tokens/s on this machine's step times" if judged is self.step_speed else "wall-clock tokens/s"
             main = f"{what} {judged.baseline:.1f} -> {judged.variant:.1f} {x.change}"
             interval = f"{judged.difference:+.1f}, {judged.interval_words(1)}"
             other = f"; acceptance {e.baseline:.2f} -> {e.variant:.2f}"
@@ -82,7 +86,7 @@ def common(a: list[RequestCounts], b: list[RequestCounts]) -> tuple[list[Request
     return [r for r in a if r.id in ids], [r for r in b if r.id in ids]
 
 
-def finding(experiment: Experiment, baseline: list[RequestCounts], result: ArmResult | None, seed: int = 0,
+def finding(experiment: Experiment, baseline: list[RequestCounts], result: "ArmResult | None", seed: int = 0,
             joint: int = 1) -> Finding:
     if result is None:
         return Finding(experiment)
@@ -102,12 +106,6 @@ def ranked(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: f.rank_key)
 
 
-def first_fix(findings: list[Finding]) -> Finding | None:
-    """What to change first: the first cause or K (in ranked order) whose change helps."""
-    return next((f for f in ranked(findings) if f.experiment.kind in (CAUSE, TUNING)
-                 and not f.error and standing(f.judged_by) == GAIN), None)
-
-
 def as_dict(f: Finding) -> dict:
     x = f.experiment
     return {"experiment": x.name, "arm": x.arm.name if x.arm else None, "kind": x.kind, "now": x.now,
@@ -119,17 +117,40 @@ def as_dict(f: Finding) -> dict:
             "verdict": f.verdict()}
 
 
+def effect_of(d: dict | None) -> Effect | None:
+    """An effect as as_dict wrote it (`found` is recomputed from the interval)."""
+    if d is None:
+        return None
+    interval = None if d["interval"] is None else tuple(d["interval"])
+    return Effect(d["measure"], d["baseline"], d["variant"], d["difference"], interval, d.get("joint", 1))
+
+
+def finding_of(d: dict) -> Finding:
+    """A finding as as_dict wrote it, to be worded again from its numbers (its arm is not needed)."""
+    x = Experiment(d["experiment"], d["kind"], d["now"], d["change"], None, d["skipped"] or "")
+    return Finding(x, d.get("folder"), effect_of(d["acceptance_rate"]), effect_of(d["tokens_per_s"]),
+                   d["requests"], d["error"], effect_of(d.get("step_tokens_per_s")))
+
+
 SECTIONS = {CAUSE: "CAUSES, LARGEST GAIN IN ACCEPTANCE FIRST (each a paired run of the same requests and seeds)",
             TUNING: "DRAFT DEPTH, BY TOKENS/S ON THIS MACHINE'S STEP TIMES (tune K once the causes above are fixed)",
             ALTERNATIVE: "OTHER DRAFTERS, LARGEST GAIN IN TOKENS/S FIRST",
             PROPERTY: "WHAT THE PAIR DOES (not settings to change)"}
 
 
-def format_findings(findings: list[Finding]) -> str:
+def format_verdict(findings: list[Finding], advice: Advice | None, requests: int) -> list[str]:
+    """What to change, the fastest first (verdict.py), each with the figures it is ranked by."""
+    faster = verdict([as_dict(f) for f in findings], advice, requests)
+    if not faster:
+        return ["FIRST TO CHANGE: nothing tried here was faster by what these requests can tell; keep these settings"]
+    return ([f"FIRST TO CHANGE: {option_words(faster[0])}", "",
+             "WHAT TO CHANGE, FASTEST FIRST (tokens/s against the baseline's on the same clock)"]
+            + [f"  {i}. {option_words(o)}" for i, o in enumerate(faster, 1)])
+
+
+def format_findings(findings: list[Finding], advice: Advice | None = None, requests: int = 0) -> str:
     ran = [f for f in findings if not f.experiment.skipped and not f.error]
-    first = first_fix(findings)
-    lines = [f"FIRST TO CHANGE: {first.verdict()}" if first else
-             "FIRST TO CHANGE: nothing tried here helped; what limits acceptance is the pair itself (below)", ""]
+    lines = format_verdict(findings, advice, requests) + [""]
     for kind, title in SECTIONS.items():
         these = [f for f in ran if f.experiment.kind == kind]
         if these or kind == CAUSE:

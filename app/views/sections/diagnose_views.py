@@ -1,10 +1,12 @@
-"""The Diagnose page's views of one diagnosis: the ranked report with each experiment's effect and its
-interval, each experiment's requests side by side with links into the stepper, and the probe's
-draft agreement per category.
+"""The Diagnose page's views of one diagnosis: the verdict (what to change, the fastest first), the
+ranked report with each experiment's effect and its interval, each experiment's requests side by side
+with links into the stepper, and the probe's draft agreement per category.
 
 Numbers: the diagnosis's own dict (engine/diagnose, checked by app/ui/diagnoses.py) and the arms'
 traces (the per-request rates); figures: app/figures/diagnose.py.
 """
+from dataclasses import asdict
+
 import streamlit as st
 
 from app.figures import diagnose as figs
@@ -12,6 +14,7 @@ from app.figures.workload import fmt
 from app.ui import diagnoses, workloads
 from app.ui.safe import markdown_table, md
 from app.ui.widgets import chart
+from engine.diagnose.verdict import CLOCK_WORDS, Advice, Option, basis_words, option_words
 from engine.trace import TraceError
 
 TEST_STAGE = 3  # the stepper's stage that shows each position's acceptance test
@@ -34,23 +37,51 @@ def effect_words(e: dict) -> str:
             + ("–" if iv is None else f"{iv[0]:+.{n}f} to {iv[1]:+.{n}f}") + ")")
 
 
-def headline(d: dict) -> str:
-    """The page's first result: the cause ranked first, or that none was found."""
+def baseline_words(d: dict, advice: Advice | None) -> str:
+    """The baseline's figures, each tokens/s named by its clock (the page gives both, never one unnamed)."""
     b = d["baseline"]
-    base = (f"Baseline: **{b['requests']}** requests, draft acceptance rate **{fmt(b['acceptance_rate'])}**"
-            + (f", **{b['tokens_per_s']:.1f}** tokens/s" if b["tokens_per_s"] is not None else ""))
-    top = diagnoses.top_cause(d)
-    if top is None:
-        ran = sum(diagnoses.ran(f) for f in d["findings"] if f["kind"] in (figs.CAUSE, figs.TUNING))
-        return (f"{base}. **No setting tried helped** ({ran} setting{'s' if ran != 1 else ''} tested): "
-                "the pair itself, not a setting, is what limits it here; see what the pair does below.")
-    e = diagnoses.judged(top)
-    what = "acceptance" if top["kind"] == figs.CAUSE else "tokens/s on this machine's step times"
-    return (f"{base}. Change first: **{md(top['experiment'])}**: {md(top['now'])}; {what} "
-            f"{md(effect_words(e))} {md(top['change'])}, over {top['requests']} requests.")
+    wall = "" if b["tokens_per_s"] is None else f", **{b['tokens_per_s']:.1f}** wall-clock tokens/s"
+    step = advice.baseline_step_tokens_per_s if advice else None
+    on_steps = "" if step is None else f" (**{step:.1f}** on this machine's calibrated step times)"
+    return f"Baseline: **{b['requests']}** requests, draft acceptance rate **{fmt(b['acceptance_rate'])}**{wall}{on_steps}."
 
 
-def describe(choice: tuple[str, str], manifest: dict | None) -> str:
+def next_words(o: Option) -> str:
+    return f"{md(o.name)} ×{o.speedup:.2f} ({o.clock})"
+
+
+def verdict_words(faster: list[Option], measured: int) -> str:
+    """The first change, with the figures it is ranked by, and the next two."""
+    if not faster:
+        return (f"**Keep these settings**: none of the {measured} changes measured was faster by what these "
+                "requests can tell.")
+    o = faster[0]
+    then = "; ".join(next_words(n) for n in faster[1:3])
+    return (f"**Change first: {md(o.name)}**" + (f" ({md(o.now)})" if o.now else "") + f": {CLOCK_WORDS[o.clock]} "
+            f"{o.baseline:.1f} → {o.variant:.1f} {md(o.change)} (**×{o.speedup:.2f}**, over {o.requests} requests; "
+            f"{md(basis_words(o))})."
+            + (f" Then: {then}." if then else ""))
+
+
+def cause_words(d: dict, faster: list[Option]) -> str:
+    """Why acceptance is low, where a cause was found, and where its fix stands in the verdict."""
+    cause = diagnoses.cause_found(d)
+    if cause is None:
+        tested = sum(diagnoses.ran(f) for f in d["findings"] if f["kind"] == figs.CAUSE)
+        return f"No drafter setting tested ({tested}) raised acceptance: no mis-set drafter found."
+    rank = next((i for i, o in enumerate(faster, 1) if o.name == cause["experiment"]), None)
+    place = (f"as a change it ranks {rank} of {len(faster)} by tokens/s" if rank else
+             "it is not among the faster changes")
+    return (f"Why acceptance is low: **{md(cause['experiment'])}** ({md(cause['now'])}): acceptance "
+            f"{md(effect_words(cause['acceptance_rate']))} {md(cause['change'])}; {place}.")
+
+
+def headline(d: dict, faster: list[Option], measured: int, advice: Advice | None) -> str:
+    """The page's first result: the baseline, the verdict, and the cause of low acceptance if one was found."""
+    return "  \n".join([baseline_words(d, advice), verdict_words(faster, measured), cause_words(d, faster)])
+
+
+def describe(manifest: dict | None) -> str:
     """The baseline's pair and settings, from its workload's manifest."""
     if manifest is None:
         return "The baseline's traces are not here, so its pair and settings cannot be shown."
@@ -60,19 +91,40 @@ def describe(choice: tuple[str, str], manifest: dict | None) -> str:
     filters = [f"top-k {s['top_k']}" if s.get("top_k") else "", f"top-p {s['top_p']}" if s.get("top_p", 1) < 1 else ""]
     mis = [f"{k.replace('_', ' ')}: {drafter[k]}" for k in ("draft_prompt", "draft_filters")
            if drafter.get(k) not in (None, "as target", "request")]
-    return (f"{md(diagnoses.words(choice))} · pair **{md(str(names))}** · drafter **{md(str(drafter.get('kind', 'model')))}**"
+    # the diagnosis's name is in the pick beside this: the settings alone, to keep the row one line high
+    return (f"Pair **{md(str(names))}** · drafter **{md(str(drafter.get('kind', 'model')))}**"
             + (f" ({md(', '.join(mis))})" if mis else "") + f" · K={md(str(s.get('k', '?')))} · temperature "
             f"{md(str(s.get('temperature', '?')))}" + "".join(f" · {md(f)}" for f in filters if f))
 
 
-def finding_line(f: dict, i: int | None) -> str:
-    return (f"{i}. " if i is not None else "- ") + md(f["verdict"])
+def finding_line(f: dict, i: int | None, cause: dict | None = None) -> str:
+    lead = "**Why acceptance is low.** " if f is cause else ""
+    return (f"{i}. " if i is not None else "- ") + lead + md(f["verdict"])
 
 
-def report_tab(choice: tuple[str, str], d: dict) -> None:
-    """The findings by kind in the report's order: the cause ranked first highlighted, those with no effect
-    found muted; then what could not run; then the chart of every effect on acceptance."""
-    top = diagnoses.top_cause(d)
+def verdict_section(faster: list[Option], every: list[Option]) -> None:
+    """The verdict's chart, then its changes in words, numbered as in the chart."""
+    if every:
+        chart(figs.verdict_figure([asdict(o) | {"speedup": o.speedup} for o in every], len(faster)),
+              key="dg_verdict_chart")
+    for i, o in enumerate(faster, 1):
+        line = f"{i}. {md(option_words(o))}"
+        if i == 1:
+            st.success(f"**Change first.** {line}", icon=":material/target:")
+        else:
+            st.markdown(line)
+    st.caption("Ranked by tokens/s against the baseline's on the same clock: a drafter setting and another "
+               "drafter by the wall clock of the interleaved arms; K and plain decoding on this machine's "
+               "calibrated step times (plain decoding is the K advisor's figure, one target step a token, not an "
+               "arm). A change counts as faster when its interval lies above 0, or, for plain decoding, when the "
+               "advisor finds it faster than every K; no K is ranked above plain decoding then.")
+
+
+def report_tab(choice: tuple[str, str], d: dict, faster: list[Option], every: list[Option]) -> None:
+    """The verdict, then the findings by kind in the report's order: the cause found marked, those with no
+    effect found muted; then what could not run; then the chart of every effect on acceptance."""
+    verdict_section(faster, every)
+    cause = diagnoses.cause_found(d)
     for kind, (title, what) in SECTIONS.items():
         these = [f for f in d["findings"] if f["kind"] == kind and diagnoses.ran(f)]
         if not these and kind != figs.CAUSE:
@@ -83,12 +135,10 @@ def report_tab(choice: tuple[str, str], d: dict) -> None:
             st.caption("None ran.")
         for i, f in enumerate(these, 1):
             e = diagnoses.judged(f)
-            if f is top:
-                st.success(f"**Change first.** {finding_line(f, i)}", icon=":material/target:")
-            elif e is None or e["difference"] is None or not e["found"]:
+            if e is None or e["difference"] is None or not e["found"]:
                 st.caption(finding_line(f, i))  # no effect found: muted
             else:
-                st.markdown(finding_line(f, i))
+                st.markdown(finding_line(f, i, cause))
     rest = [f for f in d["findings"] if not diagnoses.ran(f)]
     if rest:
         st.subheader("Not run")
@@ -166,9 +216,40 @@ def greedy_rows(choice: tuple[str, str], d: dict, manifest: dict | None) -> tupl
         return None
 
 
-def measured_rate(rows: list[dict]) -> float | None:
-    n = sum(r["drafted"] for r in rows)
-    return sum(r["accepted"] for r in rows) / n if n else None
+def measured_words(rows: list[dict]) -> str:
+    """`accepted/drafted = rate` over some requests of an arm (a rate always with its counts)."""
+    n, accepted = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
+    return f"{accepted}/{n} = {fmt(accepted / n if n else None)}"
+
+
+def one_hot_reason(manifest: dict | None) -> str | None:
+    """Why the probe's overlap is its top-1 agreement at every position, where the run's sampling makes it
+    so: the probe warps both models' distributions with the run's settings (engine/diagnose/agreement.py),
+    and at temperature 0 or with top-k 1 each is one-hot, so sum min(p, q) is 1 where the top tokens agree
+    and 0 where they do not."""
+    s = (manifest or {}).get("settings", {})
+    if s.get("temperature") == 0:
+        return "at temperature 0"
+    if s.get("top_k") == 1:
+        return "with top-k 1"
+    return None
+
+
+def probe_rows(probe: dict, one_hot: bool, greedy: tuple[str, list[dict]] | None) -> list[dict]:
+    """Per category, then all requests: the probe's figures, and the greedy arm's measured rate with its counts."""
+    rows = []
+    for name, g in [*probe["categories"].items(), ("all requests", probe["overall"])]:
+        row = {"category": name, "requests": g["requests"]}
+        if one_hot:
+            row["top-1 agreement = overlap"] = fmt(g["top1_agreement"])
+        else:
+            row |= {"top-1 agreement": fmt(g["top1_agreement"]), "overlap sum min(p, q)": fmt(g["mean_overlap"])}
+        row["predicted greedy acceptance rate"] = fmt(g["predicted_greedy_acceptance_rate"])
+        if greedy is not None:
+            these = greedy[1] if name == "all requests" else [r for r in greedy[1] if r["category"] == name]
+            row["measured greedy: accepted / drafted"] = measured_words(these)
+        rows.append(row)
+    return rows
 
 
 def probe_tab(choice: tuple[str, str], d: dict, manifest: dict | None) -> None:
@@ -177,22 +258,17 @@ def probe_tab(choice: tuple[str, str], d: dict, manifest: dict | None) -> None:
         st.info("This diagnosis has no agreement probe: it runs for a draft model only (not prompt lookup or "
                 "an EAGLE head), and not when the diagnosis was limited to other experiments.")
         return
+    one_hot = one_hot_reason(manifest)
+    why = ("" if one_hot is None else f" One column holds both top-1 agreement and overlap here: {one_hot} the run's "
+           "sampling makes both models' distributions one-hot (the probe warps both with the run's own settings), "
+           "so sum min(p, q) is 1 exactly where the two top tokens agree and 0 where they do not.")
     st.markdown("One teacher-forced forward of each model over the target's own greedy continuation of every "
                 "request, without speculating: how often the draft's top token is the target's (**top-1 "
                 "agreement**), the mean of sum min(p, q) under the run's sampling (**overlap**, the chance the "
                 "ratio test accepts there), and the greedy acceptance rate the agreement predicts, walking it K "
-                "positions at a time.")
+                "positions at a time." + why)
     greedy = greedy_rows(choice, d, manifest)
-    rows = []
-    for name, g in [*probe["categories"].items(), ("all requests", probe["overall"])]:
-        row = {"category": name, "requests": g["requests"], "top-1 agreement": fmt(g["top1_agreement"]),
-               "overlap sum min(p, q)": fmt(g["mean_overlap"]),
-               "predicted greedy acceptance rate": fmt(g["predicted_greedy_acceptance_rate"])}
-        if greedy is not None:
-            these = greedy[1] if name == "all requests" else [r for r in greedy[1] if r["category"] == name]
-            row["measured greedy acceptance rate"] = fmt(measured_rate(these))
-        rows.append(row)
-    st.markdown(markdown_table(rows))
+    st.markdown(markdown_table(probe_rows(probe, one_hot is not None, greedy)))
     where = ("" if greedy is None else f" The measured rate is the greedy arm's (**{md(greedy[0])}**) on the same "
              "requests; the last cycle of a request may draft past its output, which the probe cannot see.")
     seconds = probe["seconds"]
