@@ -1,5 +1,6 @@
-"""The Workload page in Chromium on the shipped 100-request workload: its first chart draws, every
-request link names that request's trace, and the links followed open the stepper at their cycle."""
+"""The Workload page in Chromium on the shipped workloads: its first chart draws, every request link
+names that request's trace, and the links followed open the stepper at their cycle; at 1366x768 every
+tab is in view and no tab's content makes the page scroll sideways."""
 import shutil
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -11,10 +12,13 @@ from engine.workload.folder import open_workload
 from engine.workload.stats import workload_stats
 from tests.test_browser import (  # noqa: F401 (browser: a fixture)
     SHOTS,
+    TIMEOUT_MS,
     browser,
     open_page,
     streamlit_server,
 )
+from tests.test_browser_projector import PROJECTOR
+from tests.test_workload_truth import DRAFT, LOOKUP, TWIN
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "assets" / "workloads" / "tiny-shakespeare-greedy-k4.zip"
@@ -84,7 +88,63 @@ def test_workload_page_links_every_request_and_opens_its_cycles(browser, served)
         try:  # the link opens the stepper on that request's trace at that cycle
             page.wait_for_function("c => [...document.querySelectorAll('h3')].some(e => e.innerText.startsWith(c))",
                                    arg=f"Cycle {cycle} ·")
-            page.get_by_text(f"Request {trace['id']}").first.wait_for()
+            page.get_by_text(f"{trace['id']} ({trace['category']}) of workload").first.wait_for()  # the sidebar names it
             assert page.locator('[data-testid="stException"]').count() == 0 and not dialogs
         finally:
             page.close()
+
+
+# Sideways overflow at three levels: the page, Streamlit's main scroller (a too-wide table widened it while
+# the page itself stayed put) and each Markdown block (a table wider than its column scrolls inside it);
+# and each tab's box against its tab list's (a tab past the list's right edge is hidden behind an arrow).
+LAYOUT = """() => {
+  const main = document.querySelector('[data-testid=stMain]');
+  const list = document.querySelector('[role=tablist]').getBoundingClientRect();
+  return {page: [document.scrollingElement.scrollWidth, innerWidth], main: [main.scrollWidth, main.clientWidth],
+          blocks: [...main.querySelectorAll('[data-testid=stMarkdownContainer]')]
+            .filter(b => b.scrollWidth > b.clientWidth + 1).map(b => b.innerText.slice(0, 60)),
+          hidden: [...document.querySelectorAll('[role=tab]')].map(t => [t.innerText.trim(), t.getBoundingClientRect()])
+            .filter(([_, r]) => r.left < list.left - 1 || r.right > list.right + 1 || r.right > innerWidth)
+            .map(([name, _]) => name)};
+}"""
+SETTLED = """() => !document.querySelector('[data-stale="true"]')
+    && !(document.querySelector('header') || {innerText: ''}).innerText.includes('Stop')"""
+
+
+@pytest.fixture(scope="module")
+def chat_served(tmp_path_factory):
+    """The bundled chat workloads: 11 categories (the widest tables) and a batched twin listed second."""
+    tmp = tmp_path_factory.mktemp("browser-workload-chat")
+    (tmp / "workloads").mkdir()
+    for name in (DRAFT, TWIN, LOOKUP):
+        shutil.copy(SHIPPED.parent / name, tmp / "workloads" / name)
+    SHOTS.mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECLAB_WORKLOADS_DIR", str(tmp / "workloads"))
+        with streamlit_server(ROOT / "assets" / "traces", tmp, "light") as url:
+            yield url
+
+
+def test_every_workload_tab_fits_1366x768(browser, chat_served):
+    page = browser.new_page(viewport=PROJECTOR)
+    page.set_default_timeout(TIMEOUT_MS)
+    try:
+        page.goto(f"{chat_served}/workload")
+        page.wait_for_selector(".js-plotly-plot .main-svg")
+        names = [t.strip() for t in page.eval_on_selector_all("[role=tab]", "els => els.map(e => e.innerText)")]
+        assert "Upload or run live" in names and len(names) == 7
+        for name in names:
+            page.get_by_role("tab", name=name, exact=True).click()
+            page.wait_for_function("""n => [...document.querySelectorAll('[role=tab]')]
+                .some(t => t.innerText.trim() === n && t.getAttribute('aria-selected') === 'true')""", arg=name)
+            for _ in range(2):  # a rerun that started late shows up in the second wait
+                page.wait_for_function(SETTLED)
+                page.wait_for_timeout(500)
+            layout = page.evaluate(LAYOUT)
+            page.screenshot(path=str(SHOTS / f"workload-1366-{name.lower().replace(' ', '-')}.png"))
+            assert layout["page"][0] <= layout["page"][1], (name, layout)
+            assert layout["main"][0] <= layout["main"][1], (name, layout)
+            assert not layout["blocks"] and not layout["hidden"], (name, layout)
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        page.close()

@@ -29,6 +29,7 @@ from tests.tiny import noisy_pair
 MAIN = Path(__file__).resolve().parent.parent / "app" / "main.py"
 PAGE = "views/workload.py"
 BATCHED = "zz-batched-k2"
+TWIN = "greedy-k2x"  # a copy of greedy-k2.zip
 PROMPTS = [{"id": f"{c}-{i}", "category": c, "prompt": p}
            for c, texts in {"pets": ["the cat sat on a mat", "a dog ran far away", "the cat slept"],
                             "logs": ["the log and then it", "a log on a mat"]}.items()
@@ -46,6 +47,8 @@ def folder(tmp_path_factory) -> Path:
                           ("sampled-k3", SpecSettings(k=3, temperature=1.0, max_new_tokens=16, seed=3), RunMode())):
         run_workload(pair, requests, s, root / "folders" / name, mode)
         (root / "workloads" / f"{name}.zip").write_bytes(zip_folder(root / "folders" / name))
+    # the same content under another name, listed right after the default: no comparison may open on it
+    shutil.copy(root / "workloads" / "greedy-k2.zip", root / "workloads" / f"{TWIN}.zip")
     # batched (--batch), named to sort last: the page opens the first bundled workload by default
     run_batched_workload(pair, requests, SpecSettings(k=2, temperature=0.0, max_new_tokens=8), root / "folders" / BATCHED,
                          batch=2)
@@ -106,14 +109,23 @@ def test_the_headline_and_categories_are_the_engine_numbers(folder, monkeypatch)
     iv = o["intervals"]["acceptance_rate"]
     assert f"95% interval over requests {iv[0]:.3f}–{iv[1]:.3f}" in head
     assert f"measured speedup **{o['speedup']['measured']:.2f}×**" in head  # the workload was calibrated
-    for name, g in want["categories"].items():  # the table under the chart: each category's speedup and best K
-        assert f"| {name} | {g['requests']} | {g['cycles']} |" in head
-        assert f"| {g['speedup']['measured']:.2f}× | {g['best_k']} |" in head
+    for name, g in {**want["categories"], "all requests": o}.items():  # the table under the chart, its every cell
+        assert category_row(name, g) in head
     bars = figure(at, "wl_categories_chart")["data"][0]
     assert bars["x"] == ["logs", "pets", "all requests"]
     assert [round(v, 9) for v in _values(bars["y"])] == [round(want["categories"]["logs"]["acceptance_rate"], 9),
                                                    round(want["categories"]["pets"]["acceptance_rate"], 9),
                                                    round(o["acceptance_rate"], 9)]
+
+
+def category_row(name: str, g: dict) -> str:
+    """A category's row of the categories table, from the engine's numbers."""
+    iv = g["intervals"]["acceptance_rate"]
+    speedup = "–" if g["speedup"] is None else f"{g['speedup']['measured']:.2f}×"
+    best = "–" if g["best_k"] is None else g["best_k"]
+    return (f"| {name} | {g['requests']} | {g['cycles']} | {g['accepted_tokens']}/{g['draft_tokens']} | "
+            f"{g['acceptance_rate']:.3f} ({iv[0]:.3f}–{iv[1]:.3f}) | {g['mean_acceptance_length']:.2f} | "
+            f"{g['tokens_per_s']:.1f} | {speedup} | {best} |")
 
 
 def _values(y) -> list[float]:
@@ -131,7 +143,7 @@ def test_every_tab_draws_and_every_link_opens_the_right_request_and_cycle(folder
     want = expected(folder, "greedy-k2")
     files = {r["id"]: r["file"] for r in want["per_request"]}
     counted = {}
-    for tab in ("Positions and cycles", "Context length", "Where the loss is", "Requests"):
+    for tab in ("Positions and context", "Where the loss is", "Requests"):
         open_tab(at, tab)
         counted[tab] = len(links(at))
         for text, query in links(at):
@@ -160,6 +172,9 @@ def test_open_in_the_stepper_opens_that_request_at_that_cycle(folder, monkeypatc
     assert at.session_state["cycle"] == 2
     trace = at.session_state["trace"]
     assert trace.header["request"] == {"id": "logs-1", "category": "logs"}
+    (opened,) = [c.value for c in at.sidebar.caption if c.value.startswith("Open trace:")]
+    assert opened.startswith("Open trace: **logs\\-1 \\(logs\\) of workload greedy\\-k2**")  # its id, not its file
+    assert "request-0005" not in opened.replace("\\", "")
 
 
 def test_two_workloads_side_by_side(folder, monkeypatch):
@@ -219,8 +234,8 @@ def test_every_workload_figure_is_valid_plotly(folder):
     from app.figures.style import validated
     one, other = expected(folder, "greedy-k2"), expected(folder, "sampled-k3")
     for fig in (figs.category_figure(one), figs.category_figure(one, "mean_acceptance_length", other),
-                figs.conditional_figure(one), figs.histogram_figure(one, other), figs.context_figure(one, other),
-                figs.rejection_figure(one)):
+                figs.conditional_figure(one), figs.conditional_figure(one, ["pets"], other),
+                figs.histogram_figure(one, other), figs.context_figure(one, other), figs.rejection_figure(other)):
         validated(fig)
         for axis in ("xaxis", "yaxis"):  # plotly.js reads title.text: a bare string shows no title
             title = fig.to_dict()["layout"][axis]["title"]
@@ -236,7 +251,7 @@ def test_a_servers_per_request_file_shows_what_it_carries(folder, monkeypatch, s
     from engine.servers.request_stats import requests_stats
     text = (SAMPLES / sample).read_text()
     want = requests_stats(read_requests_text(text))
-    at = open_tab(open_page(folder, monkeypatch), "Your server's requests")
+    at = open_tab(open_page(folder, monkeypatch), "Upload or run live")
     at.text_area(key="wl_server_paste").input(text).run()
     assert not at.exception and not at.error, [e.value for e in at.exception] + [e.value for e in at.error]
     shown = texts(at)
@@ -250,7 +265,7 @@ def test_a_servers_per_request_file_shows_what_it_carries(folder, monkeypatch, s
 
 
 def test_a_hostile_server_file_is_one_escaped_line(folder, monkeypatch):
-    at = open_tab(open_page(folder, monkeypatch), "Your server's requests")
+    at = open_tab(open_page(folder, monkeypatch), "Upload or run live")
     at.text_area(key="wl_server_paste").input('{"metrics": {"speculative_decoding": {"num_spec_steps": -3}}}').run()
     assert not at.exception
     assert len(at.error) == 1 and "\n" not in at.error[0].value
@@ -311,3 +326,19 @@ def test_the_interview_answers_batching_with_the_bundled_batch_and_the_measured_
         assert (f"| {r['row']} | {workload.entries[r['request']].id} | {r['num_accepted']} | "
                 f"{t['before']} → {t['after_append']} → {t['after_rollback']} |") in said
     assert [p.proto.page for p in ragged.get("page_link")] == ["workload"]
+
+
+def test_a_sampled_workloads_loss_tab_keeps_its_probabilities(folder, monkeypatch):
+    """Above temperature 0 p_draft and p_target say how sure each model was: the table and the scatter stay."""
+    at = open_page(folder, monkeypatch)
+    at.selectbox(key="workload_pick").set_value(("bundled", "sampled-k3.zip")).run()
+    open_tab(at, "Where the loss is")
+    want = expected(folder, "sampled-k3")["loss"]
+    assert not want["rejected_tokens"]["greedy"] and want["rejected_tokens"]["rejections"]
+    dots = figure(at, "wl_rejection_chart")["data"][1]
+    assert [round(v, 9) for v in _values(dots["x"])] == [round(p["p_draft"], 9) for p in want["rejected_tokens"]["points"]]
+    shown = texts(at)
+    assert "| p_draft | p_target |" in shown and "the target's token" not in shown.replace("&#x27;", "'")
+    for c in want["worst_cycles"]:
+        if c["p_draft"] is not None:
+            assert f"| {c['p_draft']:.3f} | {c['p_target']:.3f} | {c['committed_len_before']} |" in shown

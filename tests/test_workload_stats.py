@@ -182,6 +182,32 @@ def test_rejected_tokens_are_aggregated_by_text_and_class():
     assert len(spread_points(points, 2000)) == 2000 and spread_points(points, 2000)[-1]["i"] > 4990
 
 
+
+def greedy_request(rid: str, cycles: list[tuple[list[str], int, list[str]]]) -> RequestRun:
+    """A temperature-0 request: per cycle, the draft texts, how many passed, and the committed texts
+    (the passed ones, then the target's token at the rejection)."""
+    records = [chain_cycle(i, accepted, texts=drafts, p_target=[1.0] * accepted + [0.0] * (4 - accepted))
+               | {"p_draft": [1.0] * 4, "committed_token_texts": committed}
+               for i, (drafts, accepted, committed) in enumerate(cycles)]
+    return RequestRun(rid, "c", f"{rid}.jsonl", make_trace(records, header={"settings": {"k": 4, "temperature": 0.0}}))
+
+
+def test_at_temperature_0_each_rejected_token_is_paired_with_the_targets():
+    drafts = [" the", "\n", ",", "x"]
+    runs = [greedy_request("a", [(drafts, 1, [" the", " a"]), (drafts, 0, [" a"])]),
+            greedy_request("b", [(drafts, 1, [" the", " a"]), (drafts, 2, [" the", "\n", "."])])]
+    loss = workload_stats(runs, bootstrap_samples=0)["loss"]
+    rejected = loss["rejected_tokens"]
+    assert rejected["greedy"] and rejected["rejections"] == 4
+    pairs = [(t["text"], t["target_text"], t["count"]) for t in rejected["top_pairs"]]
+    assert pairs == [("\n", " a", 2), (" the", " a", 1), (",", ".", 1)]  # most frequent first, ties by text
+    assert rejected["top_pairs"][0]["examples"] == [{"request": "a", "file": "a.jsonl", "cycle": 0},
+                                                    {"request": "b", "file": "b.jsonl", "cycle": 0}]
+    assert {(c["request"], c["cycle"]): c["target_text"] for c in loss["worst_cycles"]}[("b", 1)] == "."
+    sampled = workload_stats([request("s", "c", [1, 2])], bootstrap_samples=0)["loss"]["rejected_tokens"]
+    assert not sampled["greedy"]  # no temperature 0 in its settings: its p-values are kept and drawn
+
+
 # ---------------------------------------------------------------- edges
 
 def test_empty_workloads_categories_and_requests_do_not_break():

@@ -1,6 +1,7 @@
 """What the pages draw and say, computed from a trace: plain functions, no Streamlit.
 
-- derive.py: token classes and texts read off a trace; explain.py: the stage captions.
+- derive.py: token classes and texts read off a trace; explain.py: the stage captions; slower.py: why a
+  run was slower than plain decoding (every "Why?" beside a speedup below 1).
 - style.py: the palette, styles, escaping, sizes and plain-dict building blocks every figure shares.
 - The stepper's figures: cycle.py (the text so far, the cycle at a glance), acceptance.py (the
   test per position as a chart and as a table, the resample or bonus), caches.py (both KV caches),

@@ -171,3 +171,11 @@ def legend_name(key: str) -> str:
 
 def probability_axis() -> dict:
     return dict(title=dict(text="probability"), range=[0, 1.12])
+
+
+def fitted_probability_axis(values, headroom: float = 1.2) -> dict:
+    """probability_axis() cut down to its data: 0 to `headroom` times the largest value (never past
+    probability_axis's top), so rates of 0.04-0.12 fill the chart instead of its bottom tenth."""
+    seen = [float(v) for v in values if v is not None and v == v]  # v == v: not NaN
+    top = max(seen, default=1.0)
+    return probability_axis() | dict(range=[0, min(1.12, max(0.02, top * headroom))])

@@ -1,26 +1,32 @@
 """The Workload page's charts: a workload's statistics (engine/workload/stats.py's dict) in, a figure out.
 
 - category_figure: acceptance per category with its 95% interval over requests (two workloads side by side);
-- conditional_figure: P(position i accepted | all before it accepted), one line per category;
+- conditional_figure: P(position i accepted | all before it accepted), one line per category shown (each
+  its own colour), or one group of two workloads; position_rows: the same rates with their counts;
 - histogram_figure: the share of cycles that accepted 0..K draft tokens;
 - context_figure: acceptance against the tokens before a cycle's first draft position;
-- rejection_figure: p_target against p_draft at every rejected draft token.
+- rejection_figure: p_target against p_draft at every rejected draft token (sampled workloads only:
+  at temperature 0 both are one-hot).
 
-Plain functions, no Streamlit. Category names and token texts come from untrusted files: they
-reach Plotly through esc().
+Every rate axis fits its data, and every rate is drawn with its counts (on the bar, under the
+category, in the hover or the table beside it). Plain functions, no Streamlit. Category names and
+token texts come from untrusted files: they reach Plotly through esc().
 """
 import numpy as np
 import plotly.graph_objects as go
 
-from app.figures.style import GRID, OKABE_ITO, esc, figure, probability_axis
+from app.figures.style import GRID, OKABE_ITO, esc, figure, fitted_probability_axis, probability_axis
 
 METRICS = {"acceptance_rate": "acceptance rate (accepted / drafted)",
            "mean_acceptance_length": "mean acceptance length (1 + accepted / cycles)"}
 SIDES = (OKABE_ITO["blue"], OKABE_ITO["orange"])  # workload A, workload B
+# One colour per category line; grey is left out, too close to the all-requests line's dark grey.
 LINES = [OKABE_ITO[c] for c in ("blue", "orange", "bluish_green", "vermillion", "reddish_purple", "sky_blue",
-                                "yellow", "grey")]
+                                "yellow")]
+OVERALL_COLOUR = "#444444"
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 OVERALL = "all requests"
+COUNT_FONT = dict(size=11)
 
 
 def groups(stats: dict) -> dict[str, dict]:
@@ -49,38 +55,88 @@ def category_bars(stats: dict, metric: str, label: str, colour: str) -> dict:
                 hovertext=hover, hoverinfo="text")
 
 
+def category_ticks(stats: dict, other: dict | None) -> dict:
+    """Each category's name over its request count (both workloads', A | B, where two are drawn)."""
+    sides = [groups(s) for s in (stats, other) if s is not None]
+    names = list(dict.fromkeys(n for named in sides for n in named))
+    counts = [" | ".join(str(named[n]["requests"]) if n in named else "–" for named in sides) for n in names]
+    return dict(tickmode="array", tickvals=[esc(n) for n in names],
+                ticktext=[f"{esc(n)}<br>{c} req" for n, c in zip(names, counts)])
+
+
 def category_figure(stats: dict, metric: str = "acceptance_rate", other: dict | None = None,
                     labels: tuple[str, str] = ("this workload", "other workload")) -> go.Figure:
-    """Each category's acceptance with its interval; with `other`, the two workloads bar by bar
-    (categories only one of them has get an empty slot in the other)."""
+    """Each category's acceptance with its interval and request count; with `other`, the two workloads
+    bar by bar (categories only one of them has get an empty slot in the other)."""
     bars = [category_bars(stats, metric, labels[0], SIDES[0])]
     if other is not None:
         bars.append(category_bars(other, metric, labels[1], SIDES[1]))
     axis = dict(title=dict(text=METRICS[metric]), rangemode="tozero")
     if metric == "acceptance_rate":
-        axis = probability_axis() | dict(title=dict(text=METRICS[metric]))
+        tops = [g[metric] if iv is None else iv[1] for s in (stats, other) if s is not None
+                for g in groups(s).values() for iv in [(g.get("intervals") or {}).get(metric)]]
+        axis = fitted_probability_axis(tops) | dict(title=dict(text=METRICS[metric]))
     return figure(bars, f"By category: {METRICS[metric]}, with 95% intervals that resample requests",
-                  380, barmode="group", yaxis=axis, xaxis=dict(title=dict(text="category")))
+                  400, barmode="group", yaxis=axis,
+                  xaxis=dict(title=dict(text="category (requests)"), **category_ticks(stats, other)))
 
 
-def conditional_figure(stats: dict) -> go.Figure:
-    """One line per category: the rate at each position among cycles that reached it."""
-    lines = []
-    for i, (name, g) in enumerate(groups(stats).items()):
-        rows = g["conditional_acceptance"]
-        if rows is None:  # a server's group that carries no per-step counts
-            continue
-        overall = name == OVERALL
-        lines.append(dict(
-            type="scatter", mode="lines+markers", name=esc(name),
-            x=[r["position"] for r in rows], y=np.array([r["rate"] for r in rows], dtype=float),
-            line=dict(color="#444444" if overall else LINES[i % len(LINES)], width=3.5 if overall else 1.8,
-                      dash="solid" if overall else DASHES[i % len(DASHES)]),
-            hovertext=[f"<b>{esc(name)}</b> · position {r['position']}<br>accepted {r['accepted']} of "
-                       f"{r['reached']} cycles that reached it" for r in rows], hoverinfo="text"))
+def default_lines(stats: dict) -> list[str]:
+    """The categories the positions chart shows first: all of them where each can have its own colour,
+    else the lowest and the highest by acceptance rate (unmeasured ones last), in name order."""
+    names = sorted(stats["categories"])
+    if len(names) <= len(LINES):
+        return names
+    ranked = sorted(names, key=lambda n: (stats["categories"][n]["acceptance_rate"] is None,
+                                          stats["categories"][n]["acceptance_rate"] or 0.0, n))
+    measured = [n for n in ranked if stats["categories"][n]["acceptance_rate"] is not None]
+    half = len(LINES) // 2
+    return sorted(set(measured[:half] + measured[-half:]))
+
+
+def conditional_line(g: dict, name: str, colour: str, dash: str, width: float) -> dict | None:
+    rows = g["conditional_acceptance"]
+    if rows is None:  # a server's group that carries no per-step counts
+        return None
+    return dict(type="scatter", mode="lines+markers", name=esc(name),
+                x=[r["position"] for r in rows], y=np.array([r["rate"] for r in rows], dtype=float),
+                line=dict(color=colour, width=width, dash=dash),
+                hovertext=[f"<b>{esc(name)}</b> · position {r['position']}<br>accepted {r['accepted']} of "
+                           f"{r['reached']} cycles that reached it" for r in rows], hoverinfo="text")
+
+
+def conditional_lines(stats: dict, shown: list[str] | None, other: dict | None, labels: tuple[str, str]) -> list:
+    """One line per shown category (at most one per colour) and the whole workload's; with `other`,
+    the first shown group (else all requests) of each workload."""
+    if other is not None:
+        group = (shown or [OVERALL])[0]
+        pairs = [(s, label, SIDES[i]) for i, (s, label) in enumerate(zip((stats, other), labels))]
+        return [conditional_line(groups(s)[group], f"{label} · {group}", colour, "solid", 2.5)
+                for s, label, colour in pairs if group in groups(s)]
+    names = [n for n in (default_lines(stats) if shown is None else shown) if n in stats["categories"]]
+    lines = [conditional_line(stats["categories"][n], n, LINES[i], DASHES[i % len(DASHES)], 1.8)
+             for i, n in enumerate(names[:len(LINES)])]
+    return lines + [conditional_line(stats["overall"], OVERALL, OVERALL_COLOUR, "solid", 3.5)]
+
+
+def conditional_figure(stats: dict, shown: list[str] | None = None, other: dict | None = None,
+                       labels: tuple[str, str] = ("this workload", "other workload")) -> go.Figure:
+    """The rate at each position among cycles that reached it (default_lines picks the categories)."""
+    lines = [line for line in conditional_lines(stats, shown, other, labels) if line is not None]
+    rates = [v for line in lines for v in line["y"]]
     return figure(lines, "Conditional acceptance by draft position: P(i accepted | 1..i-1 accepted)", 400,
-                  yaxis=probability_axis() | dict(title=dict(text="rate among cycles that reached the position")),
+                  yaxis=fitted_probability_axis(rates) | dict(title=dict(text="rate among cycles that reached it")),
                   xaxis=dict(title=dict(text="draft position"), dtick=1))
+
+
+def position_rows(named: dict[str, dict]) -> list[dict]:
+    """The conditional rates as table rows, each with its counts: accepted of reached."""
+    rows = []
+    for name, g in named.items():
+        cells = {f"position {r['position']}": f"{fmt(r['rate'])} ({r['accepted']}/{r['reached']})"
+                 for r in g["conditional_acceptance"] or []}
+        rows.append({"group": name, **cells})
+    return rows
 
 
 def side_by_side(stats: dict, other: dict | None, labels: tuple[str, str], bars_of) -> list[dict]:
@@ -96,15 +152,18 @@ def histogram_bars(s: dict, label: str, colour: str) -> dict | None:
         return None
     total = max(1, sum(counts))
     return dict(type="bar", name=esc(label), x=list(range(len(counts))), y=np.array([c / total for c in counts]),
-                marker=dict(color=colour), hoverinfo="text",
+                marker=dict(color=colour), hoverinfo="text", text=[str(c) for c in counts], textposition="outside",
+                textfont=COUNT_FONT, cliponaxis=False,
                 hovertext=[f"{c} of {total} cycles accepted {j}" for j, c in enumerate(counts)])
 
 
 def histogram_figure(stats: dict, other: dict | None = None,
                      labels: tuple[str, str] = ("this workload", "other workload")) -> go.Figure:
-    """The share of cycles that accepted exactly j draft tokens, j = 0..K."""
-    return figure(side_by_side(stats, other, labels, histogram_bars), "Draft tokens accepted per cycle (all requests)",
-                  330, barmode="group", yaxis=probability_axis() | dict(title=dict(text="share of cycles")),
+    """The share of cycles that accepted exactly j draft tokens, j = 0..K, each bar with its count of cycles."""
+    bars = side_by_side(stats, other, labels, histogram_bars)
+    axis = fitted_probability_axis([v for b in bars for v in b["y"]], 1.3)
+    return figure(bars, "Draft tokens accepted per cycle (all requests; the number of cycles on each bar)",
+                  330, barmode="group", yaxis=axis | dict(title=dict(text="share of cycles")),
                   xaxis=dict(title=dict(text="accepted draft tokens in the cycle"), dtick=1))
 
 
@@ -112,7 +171,8 @@ def context_bars(s: dict, label: str, colour: str) -> dict:
     bins = s.get("context_length") or []
     names = [bin_name(b) for b in bins]
     return dict(type="bar", name=esc(label), x=names, y=np.array([b["acceptance_rate"] for b in bins], dtype=float),
-                marker=dict(color=colour), hoverinfo="text",
+                marker=dict(color=colour), hoverinfo="text", textposition="outside", textfont=COUNT_FONT,
+                cliponaxis=False, text=[f"{b['requests']} req<br>{b['cycles']} cyc" for b in bins],
                 hovertext=[f"context {n} tokens<br>acceptance rate {fmt(b['acceptance_rate'])} · length "
                            f"{fmt(b['mean_acceptance_length'], 2)}<br>{b['cycles']} cycles of {b['requests']} requests"
                            for n, b in zip(names, bins)])
@@ -120,10 +180,12 @@ def context_bars(s: dict, label: str, colour: str) -> dict:
 
 def context_figure(stats: dict, other: dict | None = None,
                    labels: tuple[str, str] = ("this workload", "other workload")) -> go.Figure:
-    """Acceptance rate by bins of the context before the cycle (prompt and everything committed)."""
-    return figure(side_by_side(stats, other, labels, context_bars),
-                  "Acceptance against context length (tokens before the cycle's first draft position)", 340,
-                  barmode="group", yaxis=probability_axis() | dict(title=dict(text="acceptance rate")),
+    """Acceptance rate by bins of the context before the cycle (prompt and everything committed), each
+    bar with its requests and cycles: a bin of one request is one request's rate."""
+    bars = side_by_side(stats, other, labels, context_bars)
+    axis = fitted_probability_axis([v for b in bars for v in b["y"]], 1.45)  # room for two lines of counts
+    return figure(bars, "Acceptance against context length (tokens before the cycle's first draft position)", 360,
+                  barmode="group", yaxis=axis | dict(title=dict(text="acceptance rate")),
                   xaxis=dict(title=dict(text="context length (tokens)"), type="category"))
 
 

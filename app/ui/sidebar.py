@@ -23,7 +23,7 @@ def render(slot=None) -> None:
                     st.caption(f"Request **{md(request['id'])}** ({md(request['category'])}) of this diagnosis arm")
                     st.page_link(DIAGNOSE, label="Back to the diagnosis", icon=":material/troubleshoot:")
                 else:
-                    st.caption(f"Request **{md(request['id'])}** ({md(request['category'])}) of this workload")
+                    st.caption(f"Its trace: {md(state.parse_request_name(ref.name)[2])} in this workload")
                     st.page_link(WORKLOAD, label="Back to the workload", icon=":material/stacked_bar_chart:")
         if state.link_error():
             st.error(md(state.link_error()), icon=":material/error:")

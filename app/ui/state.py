@@ -106,8 +106,7 @@ class TraceRef:
     @property
     def label(self) -> str:
         if self.kind == "workload":
-            kind, workload, file = self.name.split(WORKLOAD_SEP)
-            return f"workload {workload}: {file}"
+            return request_label(*self.name.split(WORKLOAD_SEP))
         what = {"bundled": "example", "run": "live run", "upload": "upload", "env": "SPECLAB_TRACE"}[self.kind]
         return f"{what}: {self.name or self.path.name}"
 
@@ -136,6 +135,17 @@ def parse_request_name(name: str) -> tuple[str, str, str] | None:
     if len(parts) != 3 or parts[0] not in WORKLOAD_KINDS or not is_bare(parts[1]):
         return None
     return (parts[0], parts[1], parts[2]) if REQUEST_FILE.fullmatch(parts[2]) else None
+
+
+def request_label(kind: str, workload: str, file: str) -> str:
+    """A workload's request named by its id and category, as its manifest lists them; by its file
+    only where the workload cannot be read (the file name says nothing about the request)."""
+    try:
+        entry = next((e for e in load_workload(kind, workload).entries if e.file == file), None)
+    except (TraceError, OSError):
+        entry = None
+    shown = workload.removesuffix(".zip")
+    return f"workload {shown}: {file}" if entry is None else f"{entry.id} ({entry.category}) of workload {shown}"
 
 
 def request_ref(kind: str, workload: str, file: str) -> TraceRef:

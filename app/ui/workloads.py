@@ -104,3 +104,20 @@ def link(text: str, choice: tuple[str, str], file: str, cycle: int = 0, stage: i
 def open_request(choice: tuple[str, str], file: str, cycle: int, stage: int) -> str | None:
     """Open a request's trace at a cycle in this session (the stepper then shows it); an error, or None."""
     return state.set_current(state.request_ref(choice[0], choice[1], file), cycle, stage)
+
+
+def same_outcome(a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """Whether two workloads decoded the same (engine/workload/folder.py Workload.outcome): a comparison
+    of them draws every bar twice. Compared by content, so a copy under another name counts too."""
+    return load(a).outcome() == load(b).outcome()
+
+
+def comparable(choice: tuple[str, str], others: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`others` with those that decoded differently from `choice` first, in list order (a comparison
+    opens on the first); one that cannot be read counts as different (picking it says why)."""
+    def same(other: tuple[str, str]) -> bool:
+        try:
+            return same_outcome(choice, other)
+        except TraceError:
+            return False
+    return sorted(others, key=same)  # stable: False (different) first

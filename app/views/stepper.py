@@ -15,6 +15,7 @@ from app.figures.caches import cache_figure
 from app.figures.cycle import cycle_figure, text_figure
 from app.figures.explain import STAGES, stage_caption
 from app.figures.overview import cycle_time_figure, overview_figure
+from app.figures.slower import SlowerRun, why_slower
 from app.figures.style import STAGE_CHART_KEY, STYLES
 from app.figures.tree import TREE_CHART_KEYS, root_text, stage_figures, stage_order
 from app.figures.tree_captions import tree_stage_caption, tree_summary, tried_rows
@@ -45,12 +46,9 @@ def slower_note(stats: TraceStats) -> str:
 
 def slower_why(stats: TraceStats) -> str:
     """Why the open trace ran slower (behind the note's "Why?", so the stage's chart stays on screen)."""
-    r = stats.speed
-    return (f"It is still a correct run to step through. Each cycle cost about "
-            f"{r.cycle_steps:.2f} target steps (K={r.k} draft steps at c = {r.c:.3f} each, plus a verify pass worth "
-            f"{r.verify_in_steps:.2f} steps) and committed {stats.acceptance['mean_acceptance_length']:.2f} tokens "
-            f"on average, so speculation loses here. **Statistics and speed** shows which K would pay off, and the "
-            f"example traces include faster pairs.")
+    run = SlowerRun.of_report(stats.speed, stats.acceptance["mean_acceptance_length"])
+    return (f"It is still a correct run to step through. {why_slower(run)} **Statistics and speed** shows which K "
+            f"would pay off, and the example traces include faster pairs.")
 
 
 @st.cache_data(max_entries=state.DERIVED_KEPT, ttl=state.CACHE_TTL_S, show_spinner=False)

@@ -1,21 +1,22 @@
 """Workload: many requests read as a whole, by category, draft position, context length and request,
 with a path from every number down to the cycles behind it (links into the stepper).
 
-Sources: app/views/sections/workload_source.py; views: app/views/sections/workload_views.py;
-a server's per-request metrics: app/views/sections/workload_server.py. Only the open tab runs.
+Sources: app/views/sections/workload_source.py; views: app/views/sections/workload_views.py and
+workload_loss.py; a server's per-request metrics: app/views/sections/workload_server.py, in the
+sources' tab. Seven tabs, so that all of them fit at 1366x768; only the open tab runs.
 """
 import streamlit as st
 
 from app.ui import workloads
 from app.ui.first_result import first_result
 from app.ui.safe import md
-from app.views.sections import workload_source, workload_views
+from app.views.sections import workload_loss, workload_source, workload_views
 from engine.trace import TraceError
 
 TAB = "workload_tab"
 SOURCES = "Upload or run live"
-TABS = ["Categories", "Positions and cycles", "Context length", "Where the loss is", "Requests", "Batch lanes",
-        "Compare two workloads", "Your server's requests", SOURCES]
+COMPARE = "Compare two workloads"
+TABS = ["Categories", "Positions and context", "Where the loss is", "Requests", "Batch lanes", COMPARE, SOURCES]
 
 
 def describe(choice: tuple[str, str], manifest: dict) -> str:
@@ -30,8 +31,9 @@ def describe(choice: tuple[str, str], manifest: dict) -> str:
 
 
 def other_workload(choice: tuple[str, str]) -> tuple[tuple[str, str] | None, dict | None]:
-    """The workload to compare with (another drafter, K, chain against tree, temperature)."""
-    others = [c for c in workloads.listed() if c != choice]
+    """The workload to compare with (another drafter, K, chain against tree, temperature): by default the
+    first that decoded something else, so a batched twin of the same greedy run is not the first pair."""
+    others = workloads.comparable(choice, [c for c in workloads.listed() if c != choice])
     if not others:
         st.info("Only one workload is here: upload or run another to compare.")
         return None, None
@@ -40,6 +42,9 @@ def other_workload(choice: tuple[str, str]) -> tuple[tuple[str, str] | None, dic
                           format_func=workloads.words, key="workload_other_pick")
     st.session_state[workloads.OTHER] = picked
     try:
+        if workloads.same_outcome(choice, picked):
+            st.info("These two decoded the same requests with the same acceptance (one ran them batched, or one "
+                    "is a copy): every pair of bars matches. Pick another workload to see a difference.")
         return picked, workloads.stats_of(picked)
     except TraceError as err:
         st.error(f"Could not read {md(workloads.words(picked))}: {md(str(err))}", icon=":material/error:")
@@ -50,35 +55,34 @@ def draw_tab(name: str, choice: tuple[str, str], stats: dict) -> None:
     labels = (workloads.words(choice), "")
     if name == "Categories":
         workload_views.categories_tab(stats, None, labels)
-    elif name == "Positions and cycles":
+    elif name == "Positions and context":
         workload_views.positions_tab(stats, None, labels)
-    elif name == "Context length":
         workload_views.context_tab(stats, None, labels)
     elif name == "Where the loss is":
-        workload_views.loss_tab(choice, stats)
+        workload_loss.loss_tab(choice, stats)
     elif name == "Requests":
         workload_views.requests_tab(choice, stats)
     elif name == "Batch lanes":
         workload_views.batch_tab(choice)
-    elif name == "Compare two workloads":
+    elif name == COMPARE:
         other, other_stats = other_workload(choice)
         if other_stats is not None:
             both = (workloads.words(choice), workloads.words(other))
             workload_views.categories_tab(stats, other_stats, both)
             workload_views.positions_tab(stats, other_stats, both)
             workload_views.context_tab(stats, other_stats, both)
-    elif name == "Your server's requests":
-        from app.views.sections import workload_server  # loaded only when the tab opens
-        workload_server.draw()
     elif name == SOURCES:
         sources()
 
 
 def sources() -> None:
-    """An upload and the live form: in a tab of their own, so a page load draws neither (their widgets'
-    code would arrive before the first chart)."""
+    """An upload, the live form and a server's per-request metrics: in a tab of their own, so a page load
+    draws none of them (their widgets' code would arrive before the first chart)."""
     workload_source.upload()
     workload_source.live_form()
+    st.subheader("Your server's requests")
+    from app.views.sections import workload_server  # loaded only when the tab opens
+    workload_server.draw()
 
 
 def main() -> None:
@@ -101,7 +105,7 @@ def show(slot, choice: tuple[str, str]) -> None:
     if not stats["requests"]:
         st.warning("This workload has no finished request yet.")
         return
-    slot.markdown(workload_views.headline(stats))
+    workload_views.headline_row(slot, stats)
     st.caption(describe(choice, workload.manifest))
     skipped = [e for e in workload.entries if e.status == "skipped"]
     if skipped:

@@ -75,6 +75,14 @@ class Workload:
             self._traces[BATCH_TRACE] = batch
         return self._traces[BATCH_TRACE]
 
+    def outcome(self) -> tuple:
+        """What the workload decoded, without its timings or how it was run: each request with its
+        summary's counts. Two workloads with one outcome draw identical acceptance everywhere (the
+        same greedy requests run one at a time and batched, for one), though their files differ."""
+        counted = ("num_cycles", "num_generated", "acceptance_rate", "mean_acceptance_length", "stop_reason")
+        return tuple((e.id, e.category, e.fingerprint, e.status,
+                      tuple((e.summary or {}).get(name) for name in counted)) for e in self.entries)
+
     def runs(self) -> list[RequestRun]:
         """Every finished request with its trace, in the prompt file's order (what statistics read)."""
         return [RequestRun(e.id, e.category, e.file, self.trace(e)) for e in self.done]

@@ -6,6 +6,8 @@ tokens the target rejected (which texts, which kinds, how sure each model was).
 figures read a chain record's per-position fields (draft_token_texts, p_draft, p_target,
 rejected_position); a tree record has none (its walk tries siblings, not one token per
 position), so tree requests are counted as skipped there, and their cycles still rank by lost nodes.
+At temperature 0 both models' distributions are one-hot (p_draft 1, p_target 0 at every rejection),
+so "greedy" says so and "top_pairs" pairs each rejected text with the token the target chose instead.
 
 May import: engine.trace and the standard library. Never torch or streamlit.
 """
@@ -61,7 +63,10 @@ def rejection(cycle: dict) -> dict | None:
     if position is None or "draft_token_texts" not in cycle:
         return None
     i = position - 1
+    # The accepted tokens, then the target's in the rejected one's place (a record built by hand may lack them).
+    committed = cycle.get("committed_token_texts", [])
     return {"rejected_position": position, "text": cycle["draft_token_texts"][i],
+            "target_text": committed[i] if i < len(committed) else None,
             "p_draft": cycle["p_draft"][i], "p_target": cycle["p_target"][i]}
 
 
@@ -72,7 +77,8 @@ def cycle_loss(run: RequestRun, order: int, cycle: dict) -> dict:
     row = {"request": run.id, "category": run.category or UNCATEGORISED, "file": run.file, "request_index": order,
            "cycle": cycle["cycle"], "drafted": drafted(cycle), "accepted": cycle["num_accepted"],
            "lost": drafted(cycle) - cycle["num_accepted"], "committed_len_before": cycle["committed_len_before"]}
-    return row | (rejected or {"rejected_position": None, "text": None, "p_draft": None, "p_target": None})
+    return row | (rejected or {"rejected_position": None, "text": None, "target_text": None, "p_draft": None,
+                               "p_target": None})
 
 
 def worst_cycles(runs: list[RequestRun]) -> list[dict]:
@@ -106,10 +112,23 @@ def class_table(rejected: Counter, tested: Counter) -> dict:
                    "rate": rejected[name] / tested[name] if tested[name] else None} for name in TOKEN_CLASSES}
 
 
+def is_greedy(runs: list[RequestRun]) -> bool:
+    """Whether every request ran at temperature 0 (one-hot distributions: p-values say nothing)."""
+    return bool(runs) and all(r.trace.header.get("settings", {}).get("temperature") == 0 for r in runs)
+
+
+def top_pairs(pairs: Counter, examples: dict[tuple, list[dict]]) -> list[dict]:
+    """The most frequent (rejected draft text, the target's token instead), most frequent first."""
+    top = sorted(pairs.items(), key=lambda item: (-item[1], item[0][0], item[0][1] or ""))[:TOP_TOKENS]
+    return [{"text": draft, "target_text": target, "count": count, "examples": examples[(draft, target)]}
+            for (draft, target), count in top]
+
+
 def rejected_tokens(runs: list[RequestRun]) -> dict:
     """Every rejected draft position of the chain requests, aggregated."""
-    texts, rejected_classes, tested_classes, points = Counter(), Counter(), Counter(), []
+    texts, pairs, rejected_classes, tested_classes, points = Counter(), Counter(), Counter(), Counter(), []
     examples: dict[str, list[dict]] = {}  # a few places each text was rejected, for links into the stepper
+    pair_examples: dict[tuple, list[dict]] = {}
     chain = [r for r in runs if not r.trace.is_tree]
     for run in chain:
         for c in run.trace.cycles:
@@ -121,14 +140,19 @@ def rejected_tokens(runs: list[RequestRun]) -> dict:
             where = {"request": run.id, "file": run.file, "cycle": c["cycle"]}
             if len(examples.setdefault(found["text"], [])) < EXAMPLES:
                 examples[found["text"]].append(where)
+            pair = (found["text"], found["target_text"])
+            pairs[pair] += 1
+            if len(pair_examples.setdefault(pair, [])) < EXAMPLES:
+                pair_examples[pair].append(where)
             rejected_classes[token_class(found["text"])] += 1
             points.append({"p_draft": found["p_draft"], "p_target": found["p_target"]} | where)
     top = sorted(texts.items(), key=lambda item: (-item[1], item[0]))[:TOP_TOKENS]
     n = len(points)
     return {
-        "rejections": n, "skipped_tree_requests": len(runs) - len(chain),
+        "rejections": n, "skipped_tree_requests": len(runs) - len(chain), "greedy": is_greedy(chain),
         "top_tokens": [{"text": text, "count": count, "class": token_class(text), "examples": examples[text]}
                        for text, count in top],
+        "top_pairs": top_pairs(pairs, pair_examples),
         "classes": class_table(rejected_classes, tested_classes),
         "mean_p_draft": sum(p["p_draft"] for p in points) / n if n else None,
         "mean_p_target": sum(p["p_target"] for p in points) / n if n else None,

@@ -1,4 +1,4 @@
-"""The Workload page's "Your server's requests" tab: vLLM's per-request spec-decode metrics (summary
+"""The Workload page's "Your server's requests" section (in its sources' tab): vLLM's per-request spec-decode metrics (summary
 or detailed) or SGLang's per-request counts and histogram, in the same views as a workload.
 
 Every number comes from engine/servers/ (the same as `python -m engine metrics FILE`). Servers

@@ -1,21 +1,24 @@
-"""The Workload page's views of one workload (and of a second one beside it): categories with their
-intervals, positions and cycles, context length, where the loss is, and every request.
+"""The Workload page's views of one workload (and of a second one beside it, every table and chart
+showing both): categories with their intervals, positions and context length, every request, the
+batch lanes; a "Why?" beside every speedup below 1 (app/figures/slower.py, as the stepper's).
 
 Numbers: engine/workload/stats.py (the same as `python -m engine stats FOLDER --json`); figures:
-app/figures/workload.py. Every request, cycle and rejected token links into the stepper.
+app/figures/workload.py; where the loss is: app/views/sections/workload_loss.py. Every request and
+cycle links into the stepper. Tables keep to a few columns, so they fit the page at 1366x768.
 """
+import zlib
+
 import streamlit as st
 
 from app.figures import batch as batch_figs
 from app.figures import workload as figs
+from app.figures.slower import SlowerRun, why_slower
 from app.figures.workload import fmt
 from app.ui import workloads
 from app.ui.pages import STEPPER
 from app.ui.safe import markdown_table, md
 from app.ui.widgets import chart
 from engine.trace import TraceError
-
-TEST_STAGE = 3  # the stepper's stage that shows the acceptance test of each position
 
 
 def headline(stats: dict) -> str:
@@ -35,24 +38,64 @@ def headline(stats: dict) -> str:
     return "This workload: " + " · ".join(parts)
 
 
+def slower(group: dict) -> bool:
+    """Whether a group measured a speedup below 1 (slower than plain decoding)."""
+    return bool(group.get("speedup")) and group["speedup"]["measured"] < 1
+
+
+def why_text(group: dict) -> str:
+    """The stepper's explanation (app/figures/slower.py), from a group's pooled numbers."""
+    return why_slower(SlowerRun.of_speedup(group["speedup"], group["mean_acceptance_length"]))
+
+
+def headline_row(slot, stats: dict) -> None:
+    """The headline into the page's first-result container, with a "Why?" beside a speedup below 1."""
+    if not slower(stats["overall"]):
+        slot.markdown(headline(stats))
+        return
+    text, why = slot.columns([0.9, 0.1], vertical_alignment="center")
+    text.markdown(headline(stats))
+    why.popover("Why?", width="stretch").markdown(why_text(stats["overall"]))
+
+
+def speed_whys(stats: dict) -> None:
+    """One "Why?" under a table for each of its speedups below 1, every group's reasons inside."""
+    slow = {name: g for name, g in figs.groups(stats).items() if slower(g)}
+    if slow:
+        st.popover(f"Why? ({len(slow)} of the speedups in this table are below 1×)").markdown("\n\n".join(
+            f"**{md(name)}** ({g['speedup']['measured']:.2f}×): {why_text(g)}" for name, g in slow.items()))
+
+
+def sides(stats: dict, other: dict | None, labels: tuple[str, str]) -> list[tuple[dict, str]]:
+    """(statistics, name) of the one workload, or of both; a second one's tables are headed by its name."""
+    return [(stats, labels[0])] if other is None else [(stats, labels[0]), (other, labels[1])]
+
+
+def named(label: str, other: dict | None) -> None:
+    if other is not None:
+        st.markdown(f"**{md(label)}**")
+
+
 def categories_tab(stats: dict, other: dict | None, labels: tuple[str, str]) -> None:
     metric = st.radio("Measure", list(figs.METRICS), format_func=lambda m: figs.METRICS[m], horizontal=True,
                       key="wl_metric")
     chart(figs.category_figure(stats, metric, other, labels), key="wl_categories_chart")
     st.caption("Each interval resamples whole requests (a bootstrap): requests, not cycles, are the independent "
                "unit, so a category whose requests disagree gets a wide interval.")
-    st.markdown(markdown_table(category_rows(stats)))
+    for s, label in sides(stats, other, labels):
+        named(label, other)
+        st.markdown(markdown_table(category_rows(s)))
+        speed_whys(s)
 
 
 def category_rows(stats: dict) -> list[dict]:
     rows = []
     for name, g in figs.groups(stats).items():
-        iv = g.get("intervals") or {}
+        iv = (g.get("intervals") or {}).get("acceptance_rate")
         rows.append({"category": name, "requests": g["requests"], "cycles": g["cycles"],
-                     "drafted": g["draft_tokens"], "accepted": g["accepted_tokens"],
-                     "acceptance rate": fmt(g["acceptance_rate"]),
-                     "95% interval": "–" if not iv.get("acceptance_rate") else
-                     f"{iv['acceptance_rate'][0]:.3f}–{iv['acceptance_rate'][1]:.3f}",
+                     "accepted / drafted": f"{g['accepted_tokens']}/{g['draft_tokens']}",
+                     "acceptance rate (95% interval)": fmt(g["acceptance_rate"])
+                     + ("" if not iv else f" ({iv[0]:.3f}–{iv[1]:.3f})"),
                      "mean acceptance length": fmt(g["mean_acceptance_length"], 2),
                      "tokens/s": fmt(g.get("tokens_per_s"), 1),
                      "measured speedup": "–" if not g.get("speedup") else f"{g['speedup']['measured']:.2f}×",
@@ -61,48 +104,34 @@ def category_rows(stats: dict) -> list[dict]:
 
 
 def positions_tab(stats: dict, other: dict | None, labels: tuple[str, str]) -> None:
-    chart(figs.conditional_figure(stats), key="wl_conditional_chart")
-    st.caption("A position a cycle did not draft (an adaptive drafter proposed fewer) is not counted: unobserved, "
-               "not rejected.")
+    if other is None:
+        names = sorted(stats["categories"])
+        key = f"wl_lines_{zlib.crc32('|'.join(names).encode())}"  # a workload with other categories starts afresh
+        shown = st.multiselect(f"Categories drawn (up to {len(figs.LINES)}, one colour each; all requests always)",
+                               names, default=figs.default_lines(stats), max_selections=len(figs.LINES), key=key)
+        chart(figs.conditional_figure(stats, shown), key="wl_conditional_chart")
+        rows = {name: stats["categories"][name] for name in shown} | {figs.OVERALL: stats["overall"]}
+    else:
+        found = list(dict.fromkeys([*figs.groups(stats), *figs.groups(other)]))
+        group = st.selectbox("Group", found, index=found.index(figs.OVERALL), key="wl_compare_group")
+        chart(figs.conditional_figure(stats, [group], other, labels), key="wl_conditional_chart")
+        rows = {f"{label} · {group}": figs.groups(s)[group] for s, label in sides(stats, other, labels)
+                if group in figs.groups(s)}
+    st.caption("Each cell: the rate (accepted / cycles that reached the position). A position a cycle did not "
+               "draft (an adaptive drafter proposed fewer) is not counted: unobserved, not rejected.")
+    st.markdown(markdown_table(figs.position_rows(rows)))
     chart(figs.histogram_figure(stats, other, labels), key="wl_histogram_chart")
 
 
 def context_tab(stats: dict, other: dict | None, labels: tuple[str, str]) -> None:
     chart(figs.context_figure(stats, other, labels), key="wl_context_chart")
-    st.markdown(markdown_table([{"context (tokens)": figs.bin_name(b), "requests": b["requests"], "cycles": b["cycles"],
-                                 "acceptance rate": fmt(b["acceptance_rate"]),
-                                 "mean acceptance length": fmt(b["mean_acceptance_length"], 2)}
-                                for b in stats["context_length"]]))
-
-
-def loss_tab(choice: tuple[str, str], stats: dict) -> None:
-    loss = stats["loss"]
-    st.subheader("Requests furthest below the median")
-    st.markdown(markdown_table([
-        {"request": workloads.link(r["id"], choice, r["file"]), "category": r["category"],
-         "acceptance rate": fmt(r["acceptance_rate"]), "below the median": f"{r['below_median']:+.3f}",
-         "cycles": r["cycles"]} for r in loss["worst_requests"]], raw=("request",)))
-    st.subheader("Cycles that lost the most draft tokens")
-    st.markdown(markdown_table([
-        {"cycle": workloads.link(f"{c['request']} · cycle {c['cycle']}", choice, c["file"], c["cycle"], TEST_STAGE),
-         "lost / drafted": f"{c['lost']}/{c['drafted']}", "rejected token": c["text"] or "–",
-         "p_draft": fmt(c["p_draft"]), "p_target": fmt(c["p_target"]), "context": c["committed_len_before"]}
-        for c in loss["worst_cycles"]], raw=("cycle",)))
-    rejected_section(choice, loss["rejected_tokens"], stats)
-
-
-def rejected_section(choice: tuple[str, str], rejected: dict, stats: dict) -> None:
-    st.subheader(f"Rejected draft tokens ({rejected['rejections']})")
-    if not rejected["rejections"]:
-        st.info("No draft token was rejected (or every request drafted trees, whose nodes are not tested one by one).")
-        return
-    st.markdown(markdown_table([
-        {"token": t["text"], "class": t["class"], "rejected": t["count"],
-         "where": " ".join(workloads.link(f"{e['request']}·{e['cycle']}", choice, e["file"], e["cycle"], TEST_STAGE)
-                           for e in t["examples"])} for t in rejected["top_tokens"]], raw=("where",)))
-    st.markdown(markdown_table([{"token class": name, "rejected": c["rejected"], "tested": c["tested"],
-                                 "rejected / tested": fmt(c["rate"])} for name, c in rejected["classes"].items()]))
-    chart(figs.rejection_figure(stats), key="wl_rejection_chart")
+    for s, label in sides(stats, other, labels):
+        named(label, other)
+        st.markdown(markdown_table([
+            {"context (tokens)": figs.bin_name(b), "requests": b["requests"], "cycles": b["cycles"],
+             "accepted / drafted": f"{b['accepted_tokens']}/{b['draft_tokens']}",
+             "acceptance rate": fmt(b["acceptance_rate"]), "mean acceptance length": fmt(b["mean_acceptance_length"], 2)}
+            for b in s["context_length"]]))
 
 
 def requests_tab(choice: tuple[str, str], stats: dict) -> None:
@@ -120,7 +149,8 @@ def open_here(choice: tuple[str, str], rows: list[dict]) -> None:
     """Open a request at a cycle in this session (the links above open a new tab)."""
     by_id = {r["id"]: r for r in rows}
     cols = st.columns([3, 1, 2], vertical_alignment="bottom")
-    rid = cols[0].selectbox("Request", list(by_id), key="wl_open_request")
+    rid = cols[0].selectbox("Request", list(by_id), key="wl_open_request",
+                            format_func=lambda r: f"{r} ({by_id[r]['category']})")
     last = max(0, by_id[rid]["cycles"] - 1) if rid else 0
     # one key per request: a cycle kept from a longer request must not exceed this one's last
     cycle = cols[1].number_input("Cycle", 0, last, 0, key=f"wl_open_cycle_{list(by_id).index(rid) if rid else 0}")
