@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.figures.derive import visible_text
+from app.figures.derive import prob_text, visible_text, whitespace_legend
 from app.runs import precomputed, teaching_pair
 from app.ui.safe import md
 from engine.config import SpecSettings
@@ -80,12 +80,14 @@ def test_stepper_token_strip_shows_the_cycles_tokens_and_numbers(bundled, trace_
     at = open_page(STEPPER, {"trace": f"bundled:{trace_name}", "cycle": str(c["cycle"]), "stage": str(stage)})
     strip = first_result(at)
     drafted, _, committed = strip.partition(" → ")
-    cells = drafted.removeprefix("**Drafted:** ").split(" · ")
+    prefix = f"**Drafted** ({whitespace_legend()}): "  # what · and ↵ in the tokens stand for
+    assert drafted.startswith(prefix)
+    cells = drafted.removeprefix(prefix).split(" · ")
     assert len(cells) == len(c["draft_token_texts"])
     for i, cell in enumerate(cells):
         assert cell.startswith(f"{i + 1} **{token(c['draft_token_texts'][i])}**")
-        assert f"p_draft {c['p_draft'][i]:.3f}" in cell
-        assert (f"p_target {c['p_target'][i]:.3f}" in cell) == (stage >= 2)
+        assert f"p_draft {prob_text(c['p_draft'][i])}" in cell
+        assert (f"p_target {prob_text(c['p_target'][i])}" in cell) == (stage >= 2)
         mark = "✓" if i < c["num_accepted"] else "✗" if i == c["num_accepted"] else "–"
         assert (f"** {mark} (" in cell) == (stage >= 3)
     if stage < 4:

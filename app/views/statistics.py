@@ -11,6 +11,7 @@ import streamlit as st
 from app.figures.tree_record import is_tree_header
 from app.ui import state
 from app.ui.first_result import first_result
+from app.ui.names import model_label, models_help
 from app.ui.safe import md
 from app.views.sections import statistics_batch, statistics_tree
 from app.views.sections.statistics_acceptance import acceptance_section
@@ -27,7 +28,7 @@ from app.views.sections.statistics_sweep import explorer_section, race_section, 
 from app.views.sections.statistics_widgets import keep_tab_widgets
 from engine.stats.analysis import TraceStats
 from engine.stats.layouts import layout_stats
-from engine.trace import Trace, model_name
+from engine.trace import Trace
 from engine.trace.metrics import decoding_tokens_per_s
 
 TAB = "stats_tab"  # session_state: the open tab's label
@@ -66,9 +67,9 @@ def main() -> None:
         return
     keep_tab_widgets(TAB_WIDGETS)
     h = trace.header
-    st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}** · K={trace.k} · "
-               f"temperature {h['settings']['temperature']} · {len(trace.cycles)} cycles"
-               + ("" if trace.complete else " · incomplete run (no summary)"))
+    st.caption(f"Target **{md(model_label(h, 'target').label)}** · draft **{md(model_label(h, 'draft').label)}** · "
+               f"K={trace.k} · temperature {h['settings']['temperature']} · {len(trace.cycles)} cycles"
+               + ("" if trace.complete else " · incomplete run (no summary)"), help=md(models_help(h)))
     if not trace.cycles:
         st.warning("This trace has no cycles to analyse.")
         return

@@ -4,10 +4,11 @@ import streamlit as st
 from app.figures.tree_record import is_tree_header, tree_words
 from app.runs import live
 from app.ui import state
+from app.ui.names import model_label
 from app.ui.pages import STEPPER, WORKLOAD
 from app.ui.safe import markdown_table, md
 from engine.stats.analysis import trace_stats
-from engine.trace import TraceError, model_name
+from engine.trace import TraceError
 
 
 @st.cache_data(max_entries=4, ttl=state.CACHE_TTL_S, show_spinner=False)
@@ -20,7 +21,8 @@ def _describe(keys: tuple[str, ...], _refs: tuple) -> list[dict]:
             rows.append({"trace": ref.name, "model pair": f"unreadable: {state.shown_paths(str(err))}"})
             continue
         h = trace.header
-        pair = f"{h['preset']} preset" if h.get("preset") else f"{model_name(h, 'target')} ← {model_name(h, 'draft')}"
+        pair = f"{h['preset']} preset" if h.get("preset") else (
+            f"target {model_label(h, 'target').label}, draft {model_label(h, 'draft').label}")
         if is_tree_header(h):  # engine/stats reads a chain's per-position fields
             rows.append({"trace": ref.name, "K": f"{tree_words(h['settings']['tree'])}",
                          "temperature": h["settings"]["temperature"], "alpha": "–",
