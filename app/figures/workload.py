@@ -17,9 +17,14 @@ from app.figures.style import GRID, OKABE_ITO, esc, figure, probability_axis
 METRICS = {"acceptance_rate": "acceptance rate (accepted / drafted)",
            "mean_acceptance_length": "mean acceptance length (1 + accepted / cycles)"}
 SIDES = (OKABE_ITO["blue"], OKABE_ITO["orange"])  # workload A, workload B
+# One colour per category line: Okabe-Ito's seven, then six of Paul Tol's muted scheme that none of them is
+# near (a workload has a dozen categories; with eight colours the ninth line took the first one's again).
+# Grey and #444444 are left out: "all requests" is drawn in #444444. Dash and marker vary too, so colour is
+# never the only cue.
 LINES = [OKABE_ITO[c] for c in ("blue", "orange", "bluish_green", "vermillion", "reddish_purple", "sky_blue",
-                                "yellow", "grey")]
+                                "yellow")] + ["#332288", "#882255", "#999933", "#117733", "#AA4499", "#661100"]
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "triangle-down", "star", "cross", "pentagon")
 OVERALL = "all requests"
 
 
@@ -76,6 +81,7 @@ def conditional_figure(stats: dict) -> go.Figure:
             x=[r["position"] for r in rows], y=np.array([r["rate"] for r in rows], dtype=float),
             line=dict(color="#444444" if overall else LINES[i % len(LINES)], width=3.5 if overall else 1.8,
                       dash="solid" if overall else DASHES[i % len(DASHES)]),
+            marker=dict(symbol="circle" if overall else SYMBOLS[i % len(SYMBOLS)], size=8 if overall else 7),
             hovertext=[f"<b>{esc(name)}</b> · position {r['position']}<br>accepted {r['accepted']} of "
                        f"{r['reached']} cycles that reached it" for r in rows], hoverinfo="text"))
     return figure(lines, "Conditional acceptance by draft position: P(i accepted | 1..i-1 accepted)", 400,
