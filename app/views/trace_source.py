@@ -44,26 +44,29 @@ def describe_bundled(names: list[str]) -> list[dict]:
 
 
 def bundled() -> None:
+    """The choice first, then the table that describes every trace: below an 18-row table, the button
+    to open one was off the first screen."""
     names = state.bundled_traces()
     if not names:
         st.info(f"No bundled example traces yet: add `*.jsonl` files to {md(state.shown_paths(str(state.traces_dir())))}.")
         return
     rows = describe_bundled(names)
-    st.markdown(markdown_table(rows))  # plain Markdown: drawn with the page, no table script to load
-    st.caption("Measured speedup: this run's tokens per second of decoding against plain target decoding on the "
-               "same machine (its recorded step times); below 1× speculation was slower there.")
     ref = state.current_ref()
     index = names.index(ref.name) if ref and ref.kind == "bundled" and ref.name in names else 0
     described = {r["trace"]: r for r in rows}
-    name = st.selectbox("Example trace", names, index=index, key="bundled_name",
-                        format_func=lambda n: f"{n} · K={described[n].get('K', '?')} · "
-                                              f"{described[n].get('measured speedup', '')}")
-    if st.button("Open example", key="open_bundled", type="primary"):
+    pick, go = st.columns([4, 1], vertical_alignment="bottom")
+    name = pick.selectbox("Example trace (each is described in the table below)", names, index=index,
+                          key="bundled_name", format_func=lambda n: f"{n} · K={described[n].get('K', '?')} · "
+                                                                    f"{described[n].get('measured speedup', '')}")
+    if go.button("Open example", key="open_bundled", type="primary", width="stretch"):
         error = state.set_current(state.TraceRef("bundled", name))
         if error:
             st.error(md(error), icon=":material/error:")
         else:
             st.switch_page(STEPPER)
+    st.markdown(markdown_table(rows))  # plain Markdown: drawn with the page, no table script to load
+    st.caption("Measured speedup: this run's tokens per second of decoding against plain target decoding on the "
+               "same machine (its recorded step times); below 1× speculation was slower there.")
 
 
 def upload() -> None:
