@@ -57,8 +57,8 @@ def quoted(text: str) -> str:
 
 def whitespace_legend() -> str:
     """What the marks visible_text puts in place of whitespace mean, in one line of plain text."""
-    names = {" ": "space", "\n": "newline", "\t": "tab", "\r": "carriage return"}
-    return ", ".join(f"{mark} {names[ch]}" for ch, mark in VISIBLE_WHITESPACE.items())
+    names = {" ": "space", "\n": "newline", "\t": "tab"}  # a carriage return is rare: its mark is not named
+    return ", ".join(f"{VISIBLE_WHITESPACE[ch]} {name}" for ch, name in names.items())
 
 
 def prob_text(p: float) -> str:

@@ -45,12 +45,9 @@ def _ms(seconds: float) -> float:
     return seconds * 1000
 
 
-def _break_even(fig: go.Figure, text: str = "1x = plain decoding", in_legend: bool = False, **where) -> None:
-    """The 1x line, named beside it; or, `in_legend`, in the legend: a bar chart's values sit near 1x
-    at any of its bars, so a name beside the line would land on one of them."""
-    named = dict(name=text, showlegend=True) if in_legend else dict(annotation_text=text,
-                                                                     annotation_position="bottom right")
-    fig.add_hline(y=1.0, line=dict(color=COLOURS[PLAIN], dash="dot"), **named, **where)
+def _break_even(fig: go.Figure, text: str = "1x = plain decoding", **where) -> None:
+    """The 1x line, named in the legend: a name beside it lands on whichever bar or curve passes there."""
+    fig.add_hline(y=1.0, line=dict(color=COLOURS[PLAIN], dash="dot"), name=text, showlegend=True, **where)
 
 
 # ---------------------------------------------------------------- acceptance
@@ -135,7 +132,7 @@ def speed_figure(r: SpeedReport) -> go.Figure:
                            textposition="outside", cliponaxis=False, customdata=hover,
                            marker=dict(color=[COLOURS[n] for n in names], pattern=_hatch(["", "/", "."])),
                            hovertemplate="%{x}: %{y:.3f}x (%{customdata})<extra></extra>", showlegend=False))
-    _break_even(fig, in_legend=True)
+    _break_even(fig)
     fig.update_yaxes(title="speedup over plain target decoding", range=[0, max(values + [1.0]) * 1.18])
     return _layout(fig, f"Speedup at K = {r.k}: measured and predicted", 320)
 
@@ -159,7 +156,7 @@ def advisor_figure(advice: Sequence[KAdvice], trace_k: int) -> go.Figure:
                     marker=dict(symbol="star", size=18, color=OKABE_ITO["vermillion"]),
                     hovertemplate="best K=%{x}: %{y:.3f}x<extra></extra>")
     fig.add_vline(x=trace_k, line=dict(color=COLOURS[PLAIN], dash="dot"))
-    _break_even(fig, in_legend=True)
+    _break_even(fig)
     fig.update_xaxes(title="K (draft tokens per cycle)", tickvals=ks,
                      ticktext=[f"{k}<br>this trace" if k == trace_k else f"{k}" for k in ks])
     fig.update_yaxes(title="predicted speedup", rangemode="tozero")

@@ -13,7 +13,7 @@ from app.views.sections.statistics_speed import trace_pair, trace_settings
 from app.views.sections.statistics_widgets import start_at
 from engine.config import SettingsError
 from engine.stats import sweep as sweeps
-from engine.stats.analysis import DEFINITIONS, SpeedReport, TraceStats, whole_run_speedup
+from engine.stats.analysis import SpeedReport, TraceStats, whole_run_speedup
 from engine.stats.sweep import SweepResult
 from engine.trace import Trace
 from engine.trace.metrics import TOKENS_PER_S, predicted_speedup
@@ -93,9 +93,9 @@ def race_words(cycles: list[dict], r: SpeedReport) -> str:
     spec_t, _, plain_t, _ = figs.race_series(cycles, r.target_step_s)
     whole = whole_run_speedup(cycles, r.target_step_s)
     return (f"Speculative finishes after {spec_t[-1]:.2f} s, plain after {plain_t[-1]:.2f} s: **{whole:.2f}×** over "
-            f"the whole run. The headline's measured speedup, **{r.measured:.2f}×**, divides by the median cycle's "
-            f"time instead: a cycle slowed by something else on the machine moves the median little, but here it "
-            f"counts in full. Over the whole run: {DEFINITIONS['whole_run']}")
+            f"the whole run, every cycle counted in full. The headline's measured speedup, **{r.measured:.2f}×**, "
+            f"divides by the median cycle's time instead, which a cycle slowed by something else on the machine "
+            f"moves little.")
 
 
 def explored(alpha: float, c: float, trace_alpha: float, trace_c: float) -> tuple[float, float]:
