@@ -279,11 +279,6 @@ def test_next_step_works_on_a_500_cycle_trace(traces_dir, monkeypatch):
 BUNDLED = Path(__file__).resolve().parent.parent / "assets" / "traces"
 
 
-def read(markdown: str) -> str:
-    """What a reader sees of an escaped Markdown line, bold marks left out."""
-    return plain(markdown).replace("**", "")
-
-
 def test_bundled_list_describes_each_trace(monkeypatch, tmp_path):
     from engine.stats.analysis import trace_stats
     monkeypatch.setenv("SPECLAB_TRACES_DIR", str(BUNDLED))
@@ -395,9 +390,6 @@ def test_a_trace_recorded_on_a_busy_machine_says_so_instead_of_a_speed(monkeypat
     warnings = [w.value for w in at.warning]
     assert any("Timings not trustworthy" in w and "1 of" in w for w in warnings), warnings
     assert not [w for w in warnings if "slower" in w]
-
-
-BUNDLED = Path(__file__).resolve().parent.parent / "assets" / "traces"
 
 
 def read(markdown: str) -> str:
