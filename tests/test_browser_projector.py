@@ -220,3 +220,56 @@ def test_teaching_page_charts_labels_fit_at_1366x768(projector, path):
     page.set_viewport_size(PROJECTOR)
     page.wait_for_timeout(800)
     check_no_ellipsis(page, path)  # at the projector's size: e.g. a checkbox label in a narrow column
+
+
+# ---------------------------------------------------------------- first screens, and the address bar while playing
+
+FIRST_SCREENS = [  # page, what its title promises, and whether it is a chart (else a control, shown whole)
+    ("exactness", "lab_histogram", True),  # the histogram began about 1,250 px down
+    ("rollback", "rb_divergence", True),  # the page opened on four paragraphs
+    ("source", "open_bundled", False)]  # the Open button sat below an 18-row table
+CHART_ON_SCREEN_PX = 250  # at least this much of a chart above the fold
+SCRIPT_DONE = """() => !document.querySelector('[data-stale="true"]')
+    && !(document.querySelector('header') || {innerText: ''}).innerText.includes('Stop')"""
+
+
+@pytest.mark.parametrize("path,key,is_chart", FIRST_SCREENS)
+def test_each_page_opens_on_what_its_title_promises(projector, path, key, is_chart):
+    url, page = projector
+    page.goto(f"{url}/{path}")
+    element = page.locator(f".st-key-{key} .main-svg" if is_chart else f".st-key-{key} button").first
+    element.wait_for()
+    page.wait_for_function(SCRIPT_DONE)
+    page.wait_for_timeout(800)  # the layout's last move, as the script's last elements arrive
+    box = element.bounding_box()
+    page.screenshot(path=SHOTS / f"projector-first-screen-{path}.png")
+    assert page.evaluate("document.querySelector('[data-testid=stMain]').scrollTop") == 0
+    if is_chart:
+        assert box["y"] + CHART_ON_SCREEN_PX <= PROJECTOR["height"], f"{path}: the chart starts at {box['y']:.0f} px"
+    else:
+        assert box["y"] + box["height"] <= PROJECTOR["height"], f"{path}: the button ends at {box['y'] + box['height']:.0f} px"
+
+
+SHOWN_STEP = """() => {
+  const h = [...document.querySelectorAll('h3')].find(e => /^Cycle \\d+ · stage \\d/.test(e.innerText));
+  const q = new URLSearchParams(location.search);
+  return [h ? h.innerText.match(/^Cycle (\\d+) · stage (\\d)/).slice(1).join('/') : null,
+          `${q.get('cycle')}/${q.get('stage')}`];
+}"""  # read in one evaluation, so the heading and the address bar are seen at the same moment
+
+
+def test_while_playing_the_address_bar_names_the_step_shown(projector):
+    """Every step the page settles on while playing is the step its URL names (the address bar lagged a
+    step behind, as seen by a user): sampled every 150 ms, a heading seen twice in a row is settled."""
+    url, page = projector
+    page.goto(f"{url}/?trace=bundled:default.jsonl&cycle=2&stage=1")
+    settled(page, "Cycle 2 · stage 1")
+    page.locator(".st-key-playing label").click()
+    samples = []
+    for _ in range(60):  # about 9 s at the default 1 s a step
+        samples.append(tuple(page.evaluate(SHOWN_STEP)))
+        page.wait_for_timeout(150)
+    page.locator(".st-key-playing label").click()
+    settled_steps = [now for before, now in zip(samples, samples[1:]) if before[0] == now[0] and now[0]]
+    assert len({shown for shown, _ in settled_steps}) >= 4, samples  # it played
+    assert all(shown == in_url for shown, in_url in settled_steps), samples

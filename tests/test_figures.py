@@ -346,7 +346,9 @@ def test_captions_and_markdown_escape(sampled):
     c = partial_rejection(sampled)
     j = c["rejected_position"]
     caption = explain.stage_caption(c, sampled.k, 3)
-    assert f"u={c['u'][j - 1]:.3f} ≥ {c['accept_prob'][j - 1]:.3f}" in caption and f"{c['num_accepted']} accepted" in caption
+    i, text = j - 1, derive.prob_text
+    assert (f"u = {text(c['u'][i])} ≥ min(1, {text(c['p_target'][i])} / {text(c['p_draft'][i])}) = "
+            f"{text(c['accept_prob'][i])}") in caption and f"{c['num_accepted']} accepted" in caption
     t = c["target_cache_len"]
     assert f"target {t['after_append']} → {t['after_rollback']}" in explain.stage_caption(c, sampled.k, 5)
     faulty = explain.stage_caption(c, sampled.k, 5, {"keep_rejected_kv": True})
@@ -372,3 +374,87 @@ def test_reference_lines_of_bar_charts_are_named_in_the_legend_not_over_the_bars
         (line,) = [s for s in fig.layout.shapes if s.y0 == 1.0 == s.y1]
         assert line.showlegend and line.name == name
         style.validated(fig)
+
+
+# ---------------------------------------------------------------- labels beside the data, never on it
+
+def words_in_plot(fig) -> list[str]:
+    """Every word a figure writes inside its plot area: annotations placed in data coordinates (or in
+    the plot's own paper box) and text drawn at data points. Words in the legend or under an axis are
+    outside it and are not listed."""
+    words = []
+    for a in fig.layout.annotations:
+        in_paper = a.xref == "paper" and a.yref == "paper"
+        outside = in_paper and (a.y is not None and (a.y > 1 or a.y < 0))
+        if not outside:
+            words.append(a.text)
+    for t in fig.data:
+        if "text" in (getattr(t, "mode", None) or "") and t.text is not None:
+            words += list(t.text)
+    return words
+
+
+def test_statistics_figures_name_their_lines_in_the_legend_not_over_the_data():
+    """The verify cost's one-step line sat on the verify curve, the advisor's 'best K' between its two
+    curves, its 'this trace: K=4' on the Leviathan curve, the race's 'plain done' on both curves' ends:
+    each name is now in the legend or under the axis, and the figures write nothing inside the plot."""
+    trace = load_trace(BUNDLED / "default.jsonl")
+    st = trace_stats(trace)
+    verify = stats_figures.verify_cost_figure(st.calibration, st.k, st.times.verify_s)
+    advisor = stats_figures.advisor_figure(st.advice, st.k)
+    race = stats_figures.race_figure(trace.cycles, st.speed.target_step_s)
+    explorer = stats_figures.explorer_figure(0.5, 0.1, 4, 16, (st.k, st.speed.measured), st.alpha, st.speed.c)
+    for fig in (verify, advisor, race, explorer):
+        assert words_in_plot(fig) == [], fig.layout.title.text
+        style.validated(fig)
+    (step,) = [s for s in verify.layout.shapes if s.y0 == s.y1 == st.calibration.target_step_s * 1000]
+    assert step.showlegend and step.name.startswith("one target step")
+    best = min(st.advice, key=lambda a: (-a.refined, a.k))
+    assert [t.name for t in advisor.data if t.marker.symbol == "star"] == [f"best K = {best.k}"]
+    ticks = dict(zip(advisor.layout.xaxis.tickvals, advisor.layout.xaxis.ticktext))
+    assert ticks == {a.k: f"{a.k}<br>this trace" if a.k == st.k else f"{a.k}" for a in st.advice}
+    plain_s = sum(len(c["committed_token_ids"]) for c in trace.cycles) * st.speed.target_step_s
+    spec_s = sum(c["cycle_time_s"] for c in trace.cycles)
+    names = [t.name for t in race.data]
+    assert names[0].endswith(f"done at {plain_s:.2f} s") and names[1].endswith(f"done at {spec_s:.2f} s")
+    assert sorted(s.x0 for s in race.layout.shapes) == pytest.approx(sorted([plain_s, spec_s]))
+
+
+def test_the_static_cache_pointers_words_sit_outside_both_rows():
+    """Written at a row's middle plus 22 px, 'write position 17: ...' covered the static cache's cells and
+    'length 21: ...' the bug's: each now sits in the band beyond its own row, inside the axis range."""
+    from app.figures import layouts
+    fig = layouts.stale_comparison_figure(["in place"] * 15 + ["stale"] * 4, 0.49, 17, 4, 0.0, 2)
+    rows = {layouts.BUG_ROW: 0, layouts.STATIC_ROW: 1}  # the category array's order, bottom to top
+    ys = [rows[y] for t in fig.data if t.type == "bar" for y in t.y]
+    low, high = min(ys) - fig.data[0].width / 2, max(ys) + fig.data[0].width / 2
+    bottom, top = fig.layout.yaxis.range
+    assert len(fig.layout.annotations) == 2
+    for a in fig.layout.annotations:
+        assert a.yref == "y" and bottom < a.y < top
+        assert (a.yanchor == "bottom" and a.y > high) or (a.yanchor == "top" and a.y < low), (a.text, a.y)
+    assert {a.text.split(":")[0] for a in fig.layout.annotations} == {"length 19", "write position 17"}
+    style.validated(fig)
+
+
+def test_a_dozen_category_lines_each_get_their_own_colour():
+    from app.figures import workload
+    rows = [{"position": 1, "rate": 0.5, "accepted": 1, "reached": 2}]
+    group = {"conditional_acceptance": rows}
+    stats = {"categories": {f"category {i:02d}": group for i in range(12)}, "overall": group}
+    fig = workload.conditional_figure(stats)
+    lines = [t for t in fig.data if t.name != workload.OVERALL]
+    assert len(lines) == 12 and len({t.line.color for t in lines}) == 12
+    assert len({(t.line.dash, t.marker.symbol) for t in lines}) > 1  # colour is not the only cue
+    assert workload.OKABE_ITO["grey"] not in {t.line.color for t in lines}
+
+
+@pytest.mark.parametrize("p,shown", [(0.6218869, "0.622"), (0.0011662, "0.0012"), (0.00014993, "1.5e-4"),
+                                      (2.6771e-08, "2.7e-8"), (0.0, "0"), (1.0, "1.000"), (0.0099999, "0.0100")])
+def test_probabilities_keep_their_leading_digits(p, shown):
+    assert derive.prob_text(p) == shown and len(shown) <= 6
+
+
+def test_a_token_with_quotes_is_quoted_once():
+    assert derive.quoted("'s") == "“'s”" and derive.quoted(' "a') == '“·"a”'
+    assert explain.quoted is derive.quoted

@@ -1,13 +1,15 @@
 """Each chart page's first result (app/ui/first_result.py): plain Markdown at the top, before any chart,
 with the numbers of the open trace or stored result (AppTest; every number recomputed here from the
 trace or the engine's result, never read back from the page)."""
+import html
 import json
+import re
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.figures.derive import visible_text
+from app.figures.derive import prob_text, visible_text, whitespace_legend
 from app.runs import precomputed, teaching_pair
 from app.ui.safe import md
 from engine.config import SpecSettings
@@ -79,13 +81,15 @@ def test_stepper_token_strip_shows_the_cycles_tokens_and_numbers(bundled, trace_
     c = next(c for c in trace.cycles if (c["rejected_position"] is None) == all_accepted and len(c["p_draft"]) > 1)
     at = open_page(STEPPER, {"trace": f"bundled:{trace_name}", "cycle": str(c["cycle"]), "stage": str(stage)})
     strip = first_result(at)
-    drafted, _, committed = strip.partition(" → ")
-    cells = drafted.removeprefix("**Drafted:** ").split(" · ")
+    prefix = f"**Drafted** ({whitespace_legend()}): "  # what · and ↵ in the tokens stand for
+    assert strip.startswith(prefix)
+    drafted, _, committed = strip.removeprefix(prefix).partition(" → ")
+    cells = drafted.split(" · ")
     assert len(cells) == len(c["draft_token_texts"])
     for i, cell in enumerate(cells):
         assert cell.startswith(f"{i + 1} **{token(c['draft_token_texts'][i])}**")
-        assert f"p_draft {c['p_draft'][i]:.3f}" in cell
-        assert (f"p_target {c['p_target'][i]:.3f}" in cell) == (stage >= 2)
+        assert f"p_draft {prob_text(c['p_draft'][i])}" in cell
+        assert (f"p_target {prob_text(c['p_target'][i])}" in cell) == (stage >= 2)
         mark = "✓" if i < c["num_accepted"] else "✗" if i == c["num_accepted"] else "–"
         assert (f"** {mark} (" in cell) == (stage >= 3)
     if stage < 4:
@@ -99,6 +103,41 @@ def test_stepper_token_strip_shows_the_cycles_tokens_and_numbers(bundled, trace_
         assert f"**{text}**" in committed
     end = "(bonus)" if all_accepted else f"(at position {c['rejected_position']})"
     assert committed.endswith(f"{'★' if all_accepted else '↻'} **{shown[-1]}** {end}")
+
+
+def shown_text(markdown: str) -> str:
+    """Markdown from app.ui.safe.md back to the text a reader sees."""
+    return html.unescape(re.sub(r"\\(.)", r"\1", markdown))
+
+
+def test_the_test_note_states_the_numbers_the_table_and_the_strip_show(bundled):
+    """The last cycle of the default trace rejects a draft whose p_target is 1.5e-4: its note said
+    "u=0.622 >= 0.001" while the strip showed p_target 0.000. The note now spells out the comparison
+    with the numbers as the strip and the test table print them, and the comparison holds as printed."""
+    trace = load_trace(BUNDLED / "default.jsonl")
+    c = trace.cycles[-1]
+    j = c["rejected_position"]
+    assert j is not None and 0 < c["p_target"][j - 1] < 0.001  # the case that printed as 0.000
+    at = open_page(STEPPER, {"trace": "bundled:default.jsonl", "cycle": str(c["cycle"]), "stage": "3"})
+    note = shown_text(at.info[0].value)
+    found = re.search(r"rejected because u = (\S+) ≥ min\(1, (\S+) / (\S+)\) = ([^;.]+(?:\.\d+)?(?:e-\d+)?)", note)
+    assert found, note
+    u, p_target, p_draft, ratio = found.groups()
+    row = at.dataframe[0].value.iloc[j - 1]
+    assert (row["u"], row["p_target"], row["p_draft"], row["min(1, ratio)"]) == (u, p_target, p_draft, ratio)
+    assert float(u) >= float(ratio) and float(p_target) > 0  # what the note states is visible in its numbers
+    assert float(p_target) == pytest.approx(c["p_target"][j - 1], rel=0.05)
+    assert f"p_target {p_target})" in first_result(at).split(" · ")[j - 1]
+
+
+def test_a_token_with_a_quote_shows_as_its_text(bundled):
+    """Cycle 0 of the default trace resamples the token 's: the caption quoted it as ''s'."""
+    trace = load_trace(BUNDLED / "default.jsonl")
+    c = trace.cycles[0]
+    assert c["next_token_text"] == "'s" and c["rejected_position"] is not None
+    at = open_page(STEPPER, {"trace": "bundled:default.jsonl", "cycle": "0", "stage": "4"})
+    caption = shown_text(at.info[0].value)
+    assert "the token “'s” is drawn" in caption and "''s'" not in caption
 
 
 def hostile_trace(tmp_path: Path) -> tuple[Path, str]:
@@ -142,15 +181,15 @@ def test_walkthrough_cycle_in_brief(bundled, trace_name):
         text = first_result(at)
         assert text.startswith(f"**Cycle {cycle} in brief:** ")
         for t in c["draft_token_texts"]:
-            assert f"'{token(t)}'" in text
-        q_next = f"'{token(c['next_token_text'])}'"
+            assert f"“{token(t)}”" in text
+        q_next = f"“{token(c['next_token_text'])}”"
         if not c["draft_token_texts"]:
             assert f"nothing was proposed, so the target's own token {q_next} was taken" in text
         elif c["rejected_position"] is None:
             assert f"all {len(c['draft_token_texts'])} accepted, then the bonus token {q_next}" in text
         else:
             j = c["rejected_position"]
-            assert (f"{c['num_accepted']} accepted, position {j} ('{token(c['draft_token_texts'][j - 1])}') "
+            assert (f"{c['num_accepted']} accepted, position {j} (“{token(c['draft_token_texts'][j - 1])}”) "
                     f"rejected and {q_next}") in text
         assert f": {len(c['committed_token_ids'])} token(s) committed" in text
         t = c["target_cache_len"]
@@ -170,8 +209,13 @@ def test_statistics_headline_numbers(bundled, trace_name):
     assert f"draft acceptance rate **{a['acceptance_rate']:.3f}**" in text
     assert f"mean acceptance length **{a['mean_acceptance_length']:.3f}**" in text
     spread = r.measured_spread
-    assert (f"measured speedup **{r.measured:.2f}×** (middle half of cycles {spread.low:.2f}–{spread.high:.2f}×; "
-            f"Leviathan predicts {r.leviathan:.2f}×, refined {r.refined:.2f}×)") in text
+    # both measured speedups, each said to be what it is: the median cycle's and the whole run's (the race's
+    # ratio, worked out here from the records: every token over every cycle's time)
+    whole = r.target_step_s * sum(len(c["committed_token_ids"]) for c in trace.cycles) / sum(
+        c["cycle_time_s"] for c in trace.cycles)
+    assert (f"measured speedup **{r.measured:.2f}×** at the median cycle (middle half of cycles "
+            f"{spread.low:.2f}–{spread.high:.2f}×; {whole:.2f}× over the whole run, slow cycles included, as the "
+            f"race draws it; Leviathan predicts {r.leviathan:.2f}×, refined {r.refined:.2f}×)") in text
     assert f"**{decoding_tokens_per_s(trace.cycles):.1f}** tokens/s decoding" in text
     # the same numbers the metrics below show
     assert f"{a['acceptance_rate']:.3f}" in [m.value for m in at.metric]

@@ -41,15 +41,15 @@ def test_the_test_table_has_each_pages_columns():
     c = chain_cycle(1)
     stepper = position_rows(c, 3, STEPPER_COLUMNS)
     assert [list(r) for r in stepper] == [["pos", "draft token", "p_target", "p_draft", "min(1, ratio)", "u", "result"]] * 3
-    assert stepper[1] == {"pos": 2, "draft token": "·b", "p_target": "0.2500", "p_draft": "0.5000",
-                          "min(1, ratio)": "0.5000", "u": "0.7500", "result": "✗ rejected"}
+    assert stepper[1] == {"pos": 2, "draft token": "·b", "p_target": "0.250", "p_draft": "0.500",  # as the note prints them
+                          "min(1, ratio)": "0.500", "u": "0.750", "result": "✗ rejected"}
     assert stepper[2]["u"] == "not drawn" and stepper[2]["result"] == "– discarded"
     greedy = position_rows(c, 3, STEPPER_GREEDY_COLUMNS)
     assert [r["target's argmax"] for r in greedy] == ["a", "x", "not drawn"]
     assert {h for r in stepper + greedy for h in r} <= set(TEST_TABLE_WIDTHS)  # every column has its width
     walkthrough = position_rows(c, 3, WALKTHROUGH_COLUMNS)
     assert walkthrough[0] == {"position": 1, "draft token": "a", "p_target": 0.5, "p_draft": 0.5,
-                              "min(1, p_target/p_draft)": 1.0, "u": "0.1000", "result": "accepted"}
+                              "min(1, p_target/p_draft)": 1.0, "u": "0.100", "result": "accepted"}
     assert [r["result"] for r in walkthrough] == ["accepted", "rejected", "discarded (not tested)"]
 
 

@@ -11,6 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.ui.jobs import BUSY, JOB
+from app.ui.names import model_label
 from app.ui.safe import md
 from app.ui.state import TraceRef
 from engine.config import SpecSettings
@@ -18,7 +19,7 @@ from engine.mode import RunMode
 from engine.run import load_pair, run_to_trace
 from engine.stats.analysis import NO_CALIBRATION, advice_sentence, best_k, explain_speed, trace_stats
 from engine.stats.repeats import MAX_SPREAD, disagreement_words
-from engine.trace import load_trace, model_name
+from engine.trace import load_trace
 from engine.trace.metrics import decoding_tokens_per_s
 from tests.app_jobs import finish_job, progress_texts, running_job
 from tests.tiny import noisy_pair, save_tiny
@@ -248,7 +249,7 @@ def test_compare_two_traces_side_by_side(folder, monkeypatch):
     assert by_name["K · temperature"] == ("3 · 1.0", "2 · 0.0")
     headers = [load_trace(folder / "traces" / n).header for n in ("default.jsonl", "greedy.jsonl")]
     for role in ("target", "draft"):  # a row each: both names in one cell ran off the table on a projector
-        assert by_name[role] == tuple(model_name(h, role) for h in headers)
+        assert by_name[role] == tuple(model_label(h, role).label for h in headers)
     assert by_name["measured speedup"] == (f"{mine.speed.measured:.2f}x", f"{other.speed.measured:.2f}x")
     assert by_name["best K (refined)"] == (f"{best_k(mine.advice).k}", f"{best_k(other.advice).k}")
     mine_trace, other_trace = (load_trace(folder / "traces" / n) for n in ("default.jsonl", "greedy.jsonl"))
@@ -290,6 +291,43 @@ def test_race_and_explorer_use_the_trace_and_its_calibration(folder, monkeypatch
     assert any(f"**{predicted_speedup(0.8, 5, 0.1):.2f}×**" in m.value for m in at.markdown)
 
 
+def test_the_race_says_its_speedup_beside_the_median_cycles(folder, monkeypatch):
+    """The race's ratio (every cycle's time) and the measured speedup (the median cycle's) differ on a
+    run with slow cycles: the race says both, and which is which, where it is drawn."""
+    at = open_tab(open_page(folder, monkeypatch), "Race and explorer")
+    trace = load_trace(folder / "traces" / "default.jsonl")
+    r = trace_stats(trace).speed
+    spec_s = sum(c["cycle_time_s"] for c in trace.cycles)
+    plain_s = sum(len(c["committed_token_ids"]) for c in trace.cycles) * r.target_step_s
+    (words,) = [m.value for m in at.markdown if m.value.startswith("Speculative finishes after")]
+    assert words.startswith(f"Speculative finishes after {spec_s:.2f} s, plain after {plain_s:.2f} s: "
+                            f"**{plain_s / spec_s:.2f}×** over the whole run")
+    assert f"The headline's measured speedup, **{r.measured:.2f}×**, divides by the median cycle's time" in words
+    plain, spec = figure(at, "fig_race")["data"][:2]  # each finishing time in its legend entry, none in the plot
+    assert plain["name"].endswith(f"done at {plain_s:.2f} s") and spec["name"].endswith(f"done at {spec_s:.2f} s")
+    assert not figure(at, "fig_race")["layout"].get("annotations")
+
+
+def test_the_explorer_gives_one_number_for_the_traces_own_alpha_and_c(folder, monkeypatch):
+    """The sliders start at the trace's alpha and c rounded to 0.01; computing with the rounded values gave
+    a second prediction beside the trace's own (1.38x against 1.39x at the same alpha and c as printed)."""
+    at = open_tab(open_page(folder, monkeypatch), "Race and explorer")
+    trace = load_trace(folder / "traces" / "default.jsonl")
+    st = trace_stats(trace)
+    r = st.speed
+    from engine.trace.metrics import predicted_speedup
+    (text,) = [m.value for m in at.markdown if m.value.startswith("At α = ")]
+    assert text.startswith(f"At α = {st.alpha:.2f}, c = {r.c:.2f} and K = {trace.k} the formula predicts "
+                           f"**{r.leviathan:.2f}×**. These are this trace's own α = {st.alpha:.3f} and c = {r.c:.3f}")
+    assert f"its own α and c predict {r.leviathan:.2f}×" in text
+    chosen = next(t for t in figure(at, "fig_explorer")["data"] if t["name"] == f"chosen K={trace.k}")
+    assert chosen["y"] == [pytest.approx(r.leviathan)] == [pytest.approx(predicted_speedup(st.alpha, trace.k, r.c))]
+    moved = round(min(st.alpha, 0.99), 2) - 0.05  # a slider moved: its own value, rounded as it shows
+    at.slider(key="ex_alpha").set_value(moved).run()
+    (text,) = [m.value for m in at.markdown if m.value.startswith("At α = ")]
+    assert f"predicts **{predicted_speedup(moved, trace.k, r.c):.2f}×**" in text and "unrounded" not in text
+
+
 def test_tab_widgets_keep_their_values_when_another_tab_is_opened(folder, monkeypatch):
     """Only the open tab runs; switching away and back must not reset what the user chose."""
     at = open_tab(open_page(folder, monkeypatch), "Race and explorer")
@@ -302,9 +340,10 @@ def test_tab_widgets_keep_their_values_when_another_tab_is_opened(folder, monkey
     at = open_tab(open_tab(at, "Acceptance"), "Race and explorer")
     assert at.slider(key="ex_alpha").value == 0.8 and at.slider(key="ex_k").value == 5
     from engine.trace.metrics import predicted_speedup
-    c = at.slider(key="ex_c").value
+    r = trace_stats(load_trace(folder / "traces" / "default.jsonl")).speed
+    assert at.slider(key="ex_c").value == round(min(r.c, 1.0), 2)  # never moved: the trace's own c, unrounded
     chosen = next(t for t in figure(at, "fig_explorer")["data"] if t["name"] == "chosen K=5")
-    assert chosen["y"] == [pytest.approx(predicted_speedup(0.8, 5, c))]  # the chart uses the kept values
+    assert chosen["y"] == [pytest.approx(predicted_speedup(0.8, 5, r.c))]  # the chart uses the kept values
     assert open_tab(at, "K sweep").multiselect(key="sweep_ks").value == [1, 3]
     assert open_tab(at, "Compare two traces").selectbox(key="compare_with").value == TraceRef("bundled", "greedy.jsonl")
     assert not at.warning, [w.value for w in at.warning]  # no "default value also set via Session State" box

@@ -133,7 +133,7 @@ def test_greedy_cycles_explain_the_argmax_check(traces_by_k):
     assert "u (uniform draw)" not in names and "target's most likely token (argmax)" in names
     assert "argmax" in fig.layout.title.text
     caption = explain.stage_caption(c, trace.k, 3, greedy=True)
-    assert "argmax" in caption and "u=" not in caption
+    assert "argmax" in caption and "u = " not in caption
     hover = [h for t in figures.cycle_figure(c, trace.k, 3, greedy=True).data if t.type == "bar"
              for h in t.hovertext if h.startswith("position")]
     assert all(" u " not in h for h in hover) and any("target's argmax" in h for h in hover)
@@ -156,8 +156,8 @@ def test_stepper_table_says_not_drawn_and_shows_argmax_when_greedy(traces_by_k, 
     assert at.subheader[0].value.startswith(f"Cycle {c['cycle']} · stage 3")
     (frame,) = at.dataframe
     table = frame.value
-    assert list(table["u"]) == [f"{u:.4f}" for u in c["u"]] + ["not drawn"] * (4 - len(c["u"]))
-    assert list(table["min(1, ratio)"]) == [f"{a:.4f}" for a in c["accept_prob"]]
+    assert list(table["u"]) == [derive.prob_text(u) for u in c["u"]] + ["not drawn"] * (4 - len(c["u"]))
+    assert list(table["min(1, ratio)"]) == [derive.prob_text(a) for a in c["accept_prob"]]
     greedy = traces_by_k[0]
     g = next(c for c in greedy.cycles if c["rejected_position"] is not None)
     at = open_stepper(monkeypatch, layout_folder / "k0.jsonl", g["cycle"], 3)
@@ -168,7 +168,7 @@ def test_stepper_table_says_not_drawn_and_shows_argmax_when_greedy(traces_by_k, 
     argmax = list(table["target's argmax"])
     assert argmax[j - 1] == derive.visible_text(g["target_top"][j - 1][0]["text"])
     assert argmax[j:] == ["not drawn"] * (greedy.k - j)
-    assert "argmax" in at.info[0].value and "u=" not in at.info[0].value
+    assert "argmax" in at.info[0].value and "u = " not in at.info[0].value
 
 
 def test_cycle_time_bar_adds_up_to_the_recorded_cycle_time(traces_by_k):

@@ -257,14 +257,14 @@ def test_compaction_draws_the_drafts_catch_up():
 # ---------------------------------------------------------------- words
 
 def test_summary_names_the_path_and_the_next_token():
-    assert tree_captions.tree_summary(small(), "cat") == ("accepted 2 of 6 nodes (4 tried) along 'sat' → 'on'; every child of "
-                                               "'on' was rejected, so 'mat' came from the residual")
+    assert tree_captions.tree_summary(small(), "cat") == ("accepted 2 of 6 nodes (4 tried) along “sat” → “on”; every child of "
+                                               "“on” was rejected, so “mat” came from the residual")
     hostile = tree_captions.tree_summary(bonus())
-    assert hostile.startswith("accepted 2 of 2 nodes (2 tried) along '<script>") and hostile.endswith(", then a bonus 'far'")
+    assert hostile.startswith("accepted 2 of 2 nodes (2 tried) along “<script>") and hostile.endswith(", then a bonus “far”")
     assert "<script>" not in md(hostile)  # the pages show it through app.ui.safe.md
     none = tree_cycle(0, 3, [Node("dog", ROOT, 0.5, 0.1)], [0.9], "cat")
-    assert tree_captions.tree_summary(none, "the") == ("accepted 0 of 1 nodes (1 tried); every child of the root 'the' was "
-                                            "rejected, so 'cat' came from the residual")
+    assert tree_captions.tree_summary(none, "the") == ("accepted 0 of 1 nodes (1 tried); every child of the root “the” was "
+                                            "rejected, so “cat” came from the residual")
 
 
 # ---------------------------------------------------------------- escaping

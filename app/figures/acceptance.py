@@ -14,7 +14,15 @@ from typing import Callable, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from app.figures.derive import DISCARDED, REJECTED, RESAMPLED, cycle_drafter, position_outcomes, visible_text
+from app.figures.derive import (
+    DISCARDED,
+    REJECTED,
+    RESAMPLED,
+    cycle_drafter,
+    position_outcomes,
+    prob_text,
+    visible_text,
+)
 from app.figures.style import (
     ACCEPT_COLOUR,
     GRID,
@@ -133,7 +141,7 @@ def position_outcome(c: dict, i: int) -> str:
 
 def u_text(c: dict, i: int) -> str:
     """The draw u at position i+1, or NOT_DRAWN after the first rejection (never None)."""
-    return f"{c['u'][i]:.4f}" if i < len(c["u"]) else NOT_DRAWN
+    return prob_text(c["u"][i]) if i < len(c["u"]) else NOT_DRAWN
 
 
 def argmax_text(c: dict, i: int) -> str:
@@ -152,11 +160,12 @@ def result_words(c: dict, i: int) -> str:
 POS = PositionColumn("pos", lambda c, i: i + 1)
 POSITION = PositionColumn("position", lambda c, i: i + 1)
 DRAFT_TOKEN = PositionColumn("draft token", lambda c, i: visible_text(c["draft_token_texts"][i]))
-# The stepper's numbers are text (so an undrawn u reads NOT_DRAWN in a column of text); the walkthrough's
+# The stepper's numbers are text, printed as its captions print them (derive.prob_text; an undrawn u reads
+# NOT_DRAWN in a column of text); the walkthrough's
 # are numbers rounded to 4 places, as st.table shows them.
-P_TARGET_TEXT = PositionColumn("p_target", lambda c, i: f"{c['p_target'][i]:.4f}")
-P_DRAFT_TEXT = PositionColumn("p_draft", lambda c, i: f"{c['p_draft'][i]:.4f}")
-RATIO_TEXT = PositionColumn("min(1, ratio)", lambda c, i: f"{c['accept_prob'][i]:.4f}")
+P_TARGET_TEXT = PositionColumn("p_target", lambda c, i: prob_text(c["p_target"][i]))
+P_DRAFT_TEXT = PositionColumn("p_draft", lambda c, i: prob_text(c["p_draft"][i]))
+RATIO_TEXT = PositionColumn("min(1, ratio)", lambda c, i: prob_text(c["accept_prob"][i]))
 P_TARGET_ROUNDED = PositionColumn("p_target", lambda c, i: round(c["p_target"][i], 4))
 P_DRAFT_ROUNDED = PositionColumn("p_draft", lambda c, i: round(c["p_draft"][i], 4))
 RATIO_ROUNDED = PositionColumn("min(1, p_target/p_draft)", lambda c, i: round(c["accept_prob"][i], 4))

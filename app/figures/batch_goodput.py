@@ -5,7 +5,6 @@ choice; acceptance against B beside the speedup against B (vLLM #26504's lesson)
 Plain functions, no Streamlit, no torch: tests call them on hand-built sweeps. The preset name comes from a
 file: it reaches Plotly through esc().
 """
-import math
 
 import plotly.graph_objects as go
 
@@ -47,11 +46,12 @@ def goodput_figure(sweep: BatchSweep) -> go.Figure:
                            name="Hugging Face generate (plain)", line=dict(color=HF_COLOUR, dash="dot"),
                            marker=dict(symbol="x", size=9),
                            hovertemplate="B=%{x}: generate %{y:.1f} tokens/s<extra></extra>"))
-    traces.append(dict(type="scatter", x=b, y=[s.speculative[s.best_k] for s in sweep.sizes], mode="lines+markers+text",
+    # the best K at each B is named under the axis (best_k_axis): written by the points, it sat under the
+    # advisor's stars and on the plain curves, which run close to the best K's
+    traces.append(dict(type="scatter", x=b, y=[s.speculative[s.best_k] for s in sweep.sizes], mode="lines+markers",
                        name="speculating at the best K", line=dict(color=BEST_COLOUR, width=3),
-                       marker=dict(symbol="circle", size=10), text=[f"K={s.best_k}" for s in sweep.sizes],
-                       textposition="top center",
-                       hovertemplate="B=%{x}: best %{text}, %{y:.1f} tokens/s<extra></extra>"))
+                       marker=dict(symbol="circle", size=10), customdata=[f"K={s.best_k}" for s in sweep.sizes],
+                       hovertemplate="B=%{x}: best %{customdata}, %{y:.1f} tokens/s<extra></extra>"))
     advised = [s for s in sweep.sizes if s.advised_goodput is not None]
     if advised:
         traces.append(dict(type="scatter", x=[s.batch for s in advised], y=[s.advised_goodput for s in advised],
@@ -59,22 +59,20 @@ def goodput_figure(sweep: BatchSweep) -> go.Figure:
                                                                                    color=ADVISED_COLOUR),
                            text=[f"{advised_words(s)}, {s.advised_over_best:.2f} of the best" for s in advised],
                            hovertemplate="B=%{x}: advisor chose %{text}<extra></extra>"))
-    shapes, notes = [], []
-    if sweep.crossover is not None:
-        # On a log axis plotly.js places a shape at the value itself and an annotation at its log10
-        at = math.log10(sweep.crossover)
-        shapes.append(dict(type="line", x0=sweep.crossover, x1=sweep.crossover, y0=0, y1=1, yref="paper",
+    if sweep.crossover is not None:  # a line of its own, named in the legend: words in the plot sat on curves
+        top = max(max(t["y"]) for t in traces)
+        traces.append(dict(type="scatter", x=[sweep.crossover] * 2, y=[0, top], mode="lines",
+                           name=f"no K pays from B = {sweep.crossover}", hoverinfo="skip",
                            line=dict(color=OKABE_ITO["vermillion"], dash="dash", width=2)))
-        last = sweep.crossover == sweep.sizes[-1].batch  # then the words go left of the line, inside the plot
-        # at the foot of the plot: goodput rises with B, so the curves are high where the crossover comes
-        notes.append(dict(x=at, y=0, yref="paper", text=f"no K pays from B = {sweep.crossover}", showarrow=False,
-                          xanchor="right" if last else "left", xshift=-4 if last else 4, yanchor="bottom",
-                          font=dict(color=OKABE_ITO["vermillion"])))
     return figure(traces, f"Goodput against batch size: {esc(sweep.preset)}, {sweep.requests} requests of "
-                          f"{sweep.max_new_tokens} tokens, greedy", height=460, top=110,
-                  xaxis=batch_axis(sweep), yaxis=dict(title=dict(text="committed tokens/s, all rows (decoding)"),
-                                                      rangemode="tozero", gridcolor=GRID),
-                  shapes=shapes, annotations=notes)
+                          f"{sweep.max_new_tokens} tokens, greedy", height=480, top=110,
+                  xaxis=best_k_axis(sweep), yaxis=dict(title=dict(text="committed tokens/s, all rows (decoding)"),
+                                                       rangemode="tozero", gridcolor=GRID))
+
+
+def best_k_axis(sweep: BatchSweep) -> dict:
+    """The batch axis with the best K measured at each B under its tick."""
+    return {**batch_axis(sweep), "ticktext": [f"{s.batch}<br>best K={s.best_k}" for s in sweep.sizes]}
 
 
 def acceptance_speedup_figure(sweep: BatchSweep) -> go.Figure:

@@ -49,6 +49,32 @@ def visible_text(text: str) -> str:
     return "".join(out) or "∅"  # an empty decode still needs a visible cell
 
 
+def quoted(text: str) -> str:
+    """A token in running text: its visible text between curly quotes, which no decoded token
+    confuses with its own (a token such as 's between straight quotes would read ''s')."""
+    return f"“{visible_text(text)}”"
+
+
+def whitespace_legend() -> str:
+    """What the marks visible_text puts in place of whitespace mean, in one line of plain text."""
+    names = {" ": "space", "\n": "newline", "\t": "tab"}  # a carriage return is rare: its mark is not named
+    return ", ".join(f"{VISIBLE_WHITESPACE[ch]} {name}" for ch, name in names.items())
+
+
+def prob_text(p: float) -> str:
+    """A probability as every page prints it, with its leading digits visible at any size: three
+    decimals from 0.01, four below, and a mantissa and power of ten under 0.001, so a value such
+    as 0.0004 never reads as 0.000 beside a comparison that needs it. At most six characters."""
+    if p == 0:
+        return "0"
+    if p >= 0.01:
+        return f"{p:.3f}"
+    if p >= 0.001:
+        return f"{p:.4f}"
+    mantissa, exponent = f"{p:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
 def _lookup(entries: list[dict] | None, token_id: int, field: str) -> float | None:
     """A probability of token_id from a list of top entries, None if it was not kept."""
     for entry in entries or []:

@@ -3,7 +3,7 @@
 Plain text (the pages show it with st.text-like elements that never interpret HTML
 or Markdown), so token texts appear quoted, not escaped.
 """
-from app.figures.derive import HEAD_ROW, OwnPrompt, cycle_drafter, visible_text
+from app.figures.derive import HEAD_ROW, OwnPrompt, cycle_drafter, prob_text, quoted
 from engine.trace.schema import DRAFT_MODEL, EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP
 
 STAGES = {
@@ -22,10 +22,6 @@ def discarded_untested(rejected: int, k: int) -> str:
     if rejected + 1 == k:
         return f"; position {k} is discarded untested"
     return f"; positions {rejected + 1}–{k} are discarded untested"
-
-
-def quoted(text: str) -> str:
-    return f"'{visible_text(text)}'"
 
 
 def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None, greedy: bool = False,
@@ -159,10 +155,14 @@ def _test(c: dict, k: int) -> str:
     if j is None:
         return (f"Left to right, each draft token is kept if u < min(1, p_target/p_draft): all {k} passed, "
                 f"so the output still follows the target model exactly.")
-    u, a = c["u"][j - 1], c["accept_prob"][j - 1]
+    i = j - 1
     rest = discarded_untested(j, k)
+    # the three numbers as the token strip and the test table print them (prob_text), so the
+    # comparison reads the same in all three places however small p_target is
     return (f"Left to right, each draft token is kept if u < min(1, p_target/p_draft): {n} accepted, "
-            f"position {j} ({quoted(c['draft_token_texts'][j - 1])}) rejected because u={u:.3f} ≥ {a:.3f}{rest}.")
+            f"position {j} ({quoted(c['draft_token_texts'][i])}) rejected because u = {prob_text(c['u'][i])} ≥ "
+            f"min(1, {prob_text(c['p_target'][i])} / {prob_text(c['p_draft'][i])}) = "
+            f"{prob_text(c['accept_prob'][i])}{rest}.")
 
 
 def _resample(c: dict, k: int) -> str:

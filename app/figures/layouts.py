@@ -260,6 +260,8 @@ LAYOUT_STYLES["bug stale"] = Style("rejected K/V inside the attended range (read
 LAYOUT_STYLES["bug shifted"] = Style("right token, shifted position", OKABE_ITO["orange"], "↔", "diamond", "/")
 ALL_STYLES.update(LAYOUT_STYLES)
 BUG_ROW, STATIC_ROW = "keeps rejected K/V (bug)", "static cache (correct)"
+CELL_HALF = 0.45  # a pointer line's half height, in rows: just past a cell's (cells() draws them 0.8 high)
+STALE_ROWS_RANGE = (-1.0, 2.0)  # the two rows (0 and 1) and a band for words above and below them
 
 
 def stale_comparison_figure(bug_status: Sequence[str], bug_attention_on_stale: float, write_position: int,
@@ -284,12 +286,16 @@ def stale_comparison_figure(bug_status: Sequence[str], bug_attention_on_stale: f
                    labels(xs, ys, [ALL_STYLES[key].mark for _ in xs], size=10)]
     pointers = [(BUG_ROW, len(bug_status), f"length {len(bug_status)}: everything left of it is read"),
                 (STATIC_ROW, write_position, f"write position {write_position}: the mask hides what is right of it")]
-    shapes = [dict(type="line", x0=x - 0.5, x1=x - 0.5, y0=i - 0.45, y1=i + 0.45, yref="y",
+    shapes = [dict(type="line", x0=x - 0.5, x1=x - 0.5, y0=i - CELL_HALF, y1=i + CELL_HALF, yref="y",
                    line=dict(color=OKABE_ITO["vermillion"], width=3)) for i, (_, x, _) in enumerate(pointers)]
-    notes = [dict(x=x - 0.5, y=row, yshift=22, text=text, showarrow=False, xanchor="right", font=dict(size=11))
-             for row, x, text in pointers]
+    # Each pointer's words in the free band on the far side of its own row (below the bug's, the bottom
+    # row; above the static cache's, the top row): beside the row's middle they sat on the cells.
+    notes = [dict(x=x - 0.5, y=i + (CELL_HALF + 0.05 if i else -CELL_HALF - 0.05), yref="y", text=text,
+                  showarrow=False, xanchor="right", yanchor="bottom" if i else "top", font=dict(size=11))
+             for i, (_, x, text) in enumerate(pointers)]
     title = (f"After cycle {title_cycle}: the bug's target puts {bug_attention_on_stale:.1%} of its attention on "
              f"rejected K/V; the static cache's stale slots get {static_attention_on_stale:.1%}")
-    return figure(traces, title, 260, top=90, barmode="overlay", shapes=shapes, annotations=notes,
-                  yaxis=dict(categoryorder="array", categoryarray=[BUG_ROW, STATIC_ROW], fixedrange=True),
+    return figure(traces, title, 300, top=90, barmode="overlay", shapes=shapes, annotations=notes,
+                  yaxis=dict(categoryorder="array", categoryarray=[BUG_ROW, STATIC_ROW], fixedrange=True,
+                             range=list(STALE_ROWS_RANGE)),
                   xaxis=dict(title=dict(text="cache slot"), range=[first - 0.5, end + 0.5], fixedrange=True))

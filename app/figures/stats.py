@@ -45,12 +45,9 @@ def _ms(seconds: float) -> float:
     return seconds * 1000
 
 
-def _break_even(fig: go.Figure, text: str = "1x = plain decoding", in_legend: bool = False, **where) -> None:
-    """The 1x line, named beside it; or, `in_legend`, in the legend: a bar chart's values sit near 1x
-    at any of its bars, so a name beside the line would land on one of them."""
-    named = dict(name=text, showlegend=True) if in_legend else dict(annotation_text=text,
-                                                                     annotation_position="bottom right")
-    fig.add_hline(y=1.0, line=dict(color=COLOURS[PLAIN], dash="dot"), **named, **where)
+def _break_even(fig: go.Figure, text: str = "1x = plain decoding", **where) -> None:
+    """The 1x line, named in the legend: a name beside it lands on whichever bar or curve passes there."""
+    fig.add_hline(y=1.0, line=dict(color=COLOURS[PLAIN], dash="dot"), name=text, showlegend=True, **where)
 
 
 # ---------------------------------------------------------------- acceptance
@@ -101,9 +98,9 @@ def verify_cost_figure(cal: Calibration, k: int, trace_verify_s: float | None = 
         fig.add_scatter(x=[k + 1], y=[_ms(trace_verify_s)], mode="markers", name=f"this trace's median at K+1 = {k + 1}",
                         marker=dict(symbol="star", size=15, color=OKABE_ITO["vermillion"]),
                         hovertemplate="%{x} positions: %{y:.2f} ms (trace median)<extra></extra>")
-    fig.add_hline(y=_ms(cal.target_step_s), line=dict(color=COLOURS[LEVIATHAN], dash="dash"),
-                  annotation_text="one target step (what Leviathan's formula assumes for any width)",
-                  annotation_position="top left")
+    # named in the legend: written beside the line it sat on the verify curve, which starts near one step
+    fig.add_hline(y=_ms(cal.target_step_s), line=dict(color=COLOURS[LEVIATHAN], dash="dash"), showlegend=True,
+                  name="one target step (what Leviathan's formula assumes for any width)")
     fig.update_xaxes(title="positions in one target forward", dtick=1)
     fig.update_yaxes(title="ms", rangemode="tozero")
     return _layout(fig, f"What verification costs (cache length {cal.cache_len})", 340, top=90)
@@ -135,7 +132,7 @@ def speed_figure(r: SpeedReport) -> go.Figure:
                            textposition="outside", cliponaxis=False, customdata=hover,
                            marker=dict(color=[COLOURS[n] for n in names], pattern=_hatch(["", "/", "."])),
                            hovertemplate="%{x}: %{y:.3f}x (%{customdata})<extra></extra>", showlegend=False))
-    _break_even(fig, in_legend=True)
+    _break_even(fig)
     fig.update_yaxes(title="speedup over plain target decoding", range=[0, max(values + [1.0]) * 1.18])
     return _layout(fig, f"Speedup at K = {r.k}: measured and predicted", 320)
 
@@ -153,13 +150,15 @@ def advisor_figure(advice: Sequence[KAdvice], trace_k: int) -> go.Figure:
                         marker=dict(symbol=SYMBOLS[name], size=9),
                         customdata=["fitted verify time" if a.extrapolated else "measured verify time" for a in advice],
                         hovertemplate=f"K=%{{x}}: %{{y:.3f}}x ({name}, %{{customdata}})<extra></extra>")
-    fig.add_scatter(x=[best.k], y=[best.refined], mode="markers+text", name=f"best K = {best.k}",
-                    text=[f"best K = {best.k}"], textposition="top center",
+    # Every name is in the legend or under the axis: a label by the star sat between the two curves,
+    # and one on the K line or the 1x line lands on whichever curve passes there.
+    fig.add_scatter(x=[best.k], y=[best.refined], mode="markers", name=f"best K = {best.k}",
                     marker=dict(symbol="star", size=18, color=OKABE_ITO["vermillion"]),
                     hovertemplate="best K=%{x}: %{y:.3f}x<extra></extra>")
-    fig.add_vline(x=trace_k, line=dict(color=COLOURS[PLAIN], dash="dot"), annotation_text=f"this trace: K={trace_k}")
+    fig.add_vline(x=trace_k, line=dict(color=COLOURS[PLAIN], dash="dot"))
     _break_even(fig)
-    fig.update_xaxes(title="K (draft tokens per cycle)", dtick=1)
+    fig.update_xaxes(title="K (draft tokens per cycle)", tickvals=ks,
+                     ticktext=[f"{k}<br>this trace" if k == trace_k else f"{k}" for k in ks])
     fig.update_yaxes(title="predicted speedup", rangemode="tozero")
     return _layout(fig, "K advisor: predicted speedup against K", 360, top=90)
 
@@ -248,17 +247,16 @@ def race_figure(cycles: Sequence[dict], target_step_s: float) -> go.Figure:
     """Plain vs speculative decoding of the same number of tokens on one wall-clock axis."""
     spec_t, spec_n, plain_t, plain_n = race_series(cycles, target_step_s)
     fig = go.Figure()
-    fig.add_scatter(x=plain_t, y=plain_n, mode="lines", name=f"{PLAIN} (one target step per token)",
-                    line=dict(color=COLOURS[PLAIN], dash="dot", width=3),
+    # each finishing time in its curve's legend entry: written by its line, the later one sat on the curves,
+    # which end at the top right where both lines are
+    fig.add_scatter(x=plain_t, y=plain_n, mode="lines", name=f"{PLAIN} (one target step per token): done at "
+                    f"{plain_t[-1]:.2f} s", line=dict(color=COLOURS[PLAIN], dash="dot", width=3),
                     hovertemplate="plain: %{y} tokens after %{x:.3f} s<extra></extra>")
-    fig.add_scatter(x=spec_t, y=spec_n, mode="lines+markers", name="speculative (this trace's cycles)",
-                    line=dict(color=COLOURS[MEASURED], shape="hv", width=3), marker=dict(size=5),
+    fig.add_scatter(x=spec_t, y=spec_n, mode="lines+markers", name=f"speculative (this trace's cycles): done at "
+                    f"{spec_t[-1]:.2f} s", line=dict(color=COLOURS[MEASURED], shape="hv", width=3), marker=dict(size=5),
                     hovertemplate="speculative: %{y} tokens after %{x:.3f} s<extra></extra>")
-    finishes = sorted([(spec_t[-1], "speculative", COLOURS[MEASURED]), (plain_t[-1], "plain", COLOURS[PLAIN])])
-    # the first to finish is labelled low, where both curves have long passed, so close finishes don't collide
-    for (t, name, colour), where in zip(finishes, ("bottom left", "top left")):
-        fig.add_vline(x=t, line=dict(color=colour, dash="dash", width=1),
-                      annotation_text=f"{name} done: {t:.2f} s", annotation_position=where)
+    for t, colour in ((spec_t[-1], COLOURS[MEASURED]), (plain_t[-1], COLOURS[PLAIN])):
+        fig.add_vline(x=t, line=dict(color=colour, dash="dash", width=1))
     fig.update_xaxes(title="wall-clock seconds of decoding", rangemode="tozero")
     fig.update_yaxes(title="tokens generated", rangemode="tozero")
     return _layout(fig, f"The race: {spec_n[-1]} tokens, plain vs speculative", 360, top=90)

@@ -3,8 +3,7 @@ stage, the walk as table rows, and the cycle the teaching pages pick to show.
 
 Plain text (the pages escape it with app.ui.safe.md); no Streamlit, no figures.
 """
-from app.figures.derive import visible_text
-from app.figures.tree_record import quoted
+from app.figures.derive import quoted, visible_text
 from engine.trace.schema import NEXT_BONUS, ROOT
 
 COMPACTION_WORDS = {

@@ -8,8 +8,9 @@ token's numbers). No Streamlit, no figures.
 """
 from typing import Sequence
 
-from app.figures.derive import ACCEPTED, REJECTED, visible_text
+from app.figures.derive import ACCEPTED, REJECTED
 from app.figures.style import UNTRIED
+from engine.config import SettingsError, tree_from_header
 from engine.trace.schema import NEXT_BONUS, ROOT, STATIC_TREE
 
 
@@ -19,14 +20,16 @@ def is_tree_header(header: dict) -> bool:
 
 
 def tree_words(spec: dict) -> str:
-    """The header's settings["tree"] in words: 'static tree 3,2,1' or 'dynamic tree (top-4, depth 4, 16 nodes)'."""
+    """The header's settings["tree"] in words, its depth and size always said: 'static tree 3,2,1
+    (depth 3, 15 nodes)' or 'dynamic tree (top-4, depth 4, 16 nodes)'."""
     if spec.get("kind") == STATIC_TREE:
-        return "static tree " + ",".join(str(b) for b in spec.get("branching", []))
+        shape = "static tree " + ",".join(str(b) for b in spec.get("branching", []))
+        try:
+            tree = tree_from_header(spec)
+        except SettingsError:  # a header the loader has not checked: its branching alone
+            return shape
+        return f"{shape} (depth {tree.max_depth}, {tree.max_nodes} nodes)"
     return f"dynamic tree (top-{spec.get('top_k')}, depth {spec.get('depth')}, {spec.get('nodes')} nodes)"
-
-
-def quoted(text: str) -> str:
-    return f"'{visible_text(text)}'"
 
 
 # ---------------------------------------------------------------- the walk, read off the record

@@ -20,11 +20,15 @@ from app.figures.style import GRID, OKABE_ITO, esc, figure, fitted_probability_a
 METRICS = {"acceptance_rate": "acceptance rate (accepted / drafted)",
            "mean_acceptance_length": "mean acceptance length (1 + accepted / cycles)"}
 SIDES = (OKABE_ITO["blue"], OKABE_ITO["orange"])  # workload A, workload B
-# One colour per category line; grey is left out, too close to the all-requests line's dark grey.
+# One colour per category line: Okabe-Ito's seven, then six of Paul Tol's muted scheme that none of them is
+# near (a workload has a dozen categories; with eight colours the ninth line took the first one's again).
+# Grey is left out: "all requests" is drawn in OVERALL_COLOUR. Dash and marker vary too, so colour is
+# never the only cue.
 LINES = [OKABE_ITO[c] for c in ("blue", "orange", "bluish_green", "vermillion", "reddish_purple", "sky_blue",
-                                "yellow")]
+                                "yellow")] + ["#332288", "#882255", "#999933", "#117733", "#AA4499", "#661100"]
 OVERALL_COLOUR = "#444444"
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "triangle-down", "star", "cross", "pentagon")
 OVERALL = "all requests"
 COUNT_FONT = dict(size=11)
 
@@ -94,13 +98,13 @@ def default_lines(stats: dict) -> list[str]:
     return sorted(set(measured[:half] + measured[-half:]))
 
 
-def conditional_line(g: dict, name: str, colour: str, dash: str, width: float) -> dict | None:
+def conditional_line(g: dict, name: str, colour: str, dash: str, width: float, symbol: str = "circle") -> dict | None:
     rows = g["conditional_acceptance"]
     if rows is None:  # a server's group that carries no per-step counts
         return None
     return dict(type="scatter", mode="lines+markers", name=esc(name),
                 x=[r["position"] for r in rows], y=np.array([r["rate"] for r in rows], dtype=float),
-                line=dict(color=colour, width=width, dash=dash),
+                line=dict(color=colour, width=width, dash=dash), marker=dict(symbol=symbol, size=7),
                 hovertext=[f"<b>{esc(name)}</b> · position {r['position']}<br>accepted {r['accepted']} of "
                            f"{r['reached']} cycles that reached it" for r in rows], hoverinfo="text")
 
@@ -114,8 +118,8 @@ def conditional_lines(stats: dict, shown: list[str] | None, other: dict | None, 
         return [conditional_line(groups(s)[group], f"{label} · {group}", colour, "solid", 2.5)
                 for s, label, colour in pairs if group in groups(s)]
     names = [n for n in (default_lines(stats) if shown is None else shown) if n in stats["categories"]]
-    lines = [conditional_line(stats["categories"][n], n, LINES[i], DASHES[i % len(DASHES)], 1.8)
-             for i, n in enumerate(names[:len(LINES)])]
+    lines = [conditional_line(stats["categories"][n], n, LINES[i], DASHES[i % len(DASHES)], 1.8,
+                              SYMBOLS[i % len(SYMBOLS)]) for i, n in enumerate(names[:len(LINES)])]
     return lines + [conditional_line(stats["overall"], OVERALL, OVERALL_COLOUR, "solid", 3.5)]
 
 

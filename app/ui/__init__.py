@@ -1,6 +1,7 @@
 """Streamlit pieces the pages share. A part of one page lives next to that page, in app/views/sections/.
 
 - pages.py: the page registry; state.py: which trace is open; sidebar.py: the sidebar every page shares.
+- names.py: what the pages call a trace's models and the shape of its drafts.
 - jobs.py: live work on a background thread; job_queue.py: the server's queue of it (plain Python);
   live_work.py: the live work a page starts; timing.py: the server time of recent script runs.
 - operator.py: what the person running the server decides (environment variables).

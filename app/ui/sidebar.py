@@ -2,9 +2,9 @@
 import streamlit as st
 
 from app.ui import jobs, operator, state
+from app.ui.names import model_label, models_help, shape_words
 from app.ui.pages import DIAGNOSE, WORKLOAD
 from app.ui.safe import md
-from engine.trace import model_name
 
 
 def render(slot=None) -> None:
@@ -14,9 +14,10 @@ def render(slot=None) -> None:
         if trace is None:
             st.caption("No trace open.")
         else:
+            h = trace.header  # the models in words, their folders in the tooltip (app/ui/names.py)
             st.caption(f"Open trace: **{md(ref.label)}**  \n"
-                       f"{md(model_name(trace.header, 'target'))} ← {md(model_name(trace.header, 'draft'))}, "
-                       f"K={trace.k}, {len(trace.cycles)} cycles")
+                       f"Target **{md(model_label(h, 'target').label)}**, draft **{md(model_label(h, 'draft').label)}**"
+                       f"  \n{md(shape_words(h))}, {len(trace.cycles)} cycles", help=md(models_help(h)))
             request = trace.header.get("request")
             if request and ref.kind == "workload":  # a workload's request: say which, and the way back
                 if state.parse_request_name(ref.name)[0] == "diagnosis":  # an arm of a bundled diagnosis

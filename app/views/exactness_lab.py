@@ -128,7 +128,9 @@ def rule_samples(choice: teaching_pair.PairChoice) -> None:
     st.session_state["lab_n"] = samples_for_result(found)
 
 
-def controls(choice: teaching_pair.PairChoice) -> tuple | None:
+def settings_form(choice: teaching_pair.PairChoice) -> tuple | None:
+    """The run's settings (the rule is chosen outside the form, above the histogram): prompt, settings,
+    samples, position and whether Run live was pressed; None with an error when they are not valid."""
     with st.form("lab_form"):
         prompt = st.text_area("Prefix", choice.prompt, key="lab_prompt", height=68)
         cols = st.columns(5)
@@ -150,18 +152,24 @@ def controls(choice: teaching_pair.PairChoice) -> tuple | None:
                                       help="Apply these settings: the stored result if there is one, else a Run live button.")
         clicked = buttons[1].form_submit_button("Run live", type="primary", icon=":material/play_arrow:",
                                                 help="Sample now on this machine, with a progress bar.")
-    # Outside the form, so switching the rule redraws at once (each rule's result is cached).
-    cols = st.columns([3, 1], vertical_alignment="bottom")
-    rule = cols[0].radio("Acceptance rule", list(RULE_NAMES), key="lab_rule", format_func=RULE_NAMES.get,
-                         on_change=rule_samples, args=(choice,))
-    greedy = cols[1].checkbox("Greedy draft", key="lab_greedy", on_change=rule_samples, args=(choice,),
-                              help="The draft proposes its argmax instead of sampling it.")  # the label fits its column
     try:
         s = SpecSettings(k=int(k), temperature=float(temperature), top_k=int(top_k), seed=int(seed))
     except SettingsError as err:
         st.error(md(str(err)))
         return None
-    return prompt, s, rule, greedy, int(n), int(position), clicked
+    return prompt, s, int(n), int(position), clicked
+
+
+def rule_controls(choice: teaching_pair.PairChoice) -> tuple[str, bool]:
+    """The acceptance rule and the greedy draft: outside the form, so switching redraws at once (each
+    rule's result is cached)."""
+    cols = st.columns([3, 1], vertical_alignment="bottom")
+    rule = cols[0].radio("Acceptance rule", list(RULE_NAMES), key="lab_rule", format_func=RULE_NAMES.get,
+                         on_change=rule_samples, args=(choice,), horizontal=True)
+    greedy = cols[1].checkbox("Greedy draft", key="lab_greedy", on_change=rule_samples, args=(choice,),
+                              help="The draft proposes its argmax instead of sampling it.")  # the label fits its column
+    st.caption(RULE_WHY[rule] if not greedy else GREEDY_WHY)  # our own Markdown
+    return rule, greedy
 
 
 def verdict(name: str, p_value: float) -> str:
@@ -215,30 +223,41 @@ def results(res: LabResult, texts: dict[int, str], rule: str, greedy: bool) -> N
 
 
 def main() -> None:
+    """The histogram first, under a one-line promise and the result in words; the rule to switch right
+    under it; the settings, the formula and the long explanation after (a first screen at 1366x768 used
+    to end before the histogram began)."""
     st.title("Exactness you can see")
+    st.markdown("Speculative sampling draws each token from *exactly* the target's distribution. The histogram "
+                "samples the next token many times with the real engine and from the target alone; switch the "
+                "rule under it to a common mistake and watch it move.")
+    headline = first_result()  # filled once the result is known
+    shown, rules = st.container(), st.container()  # drawn in this order, filled once the settings are known
+    with st.expander("Settings: model pair, prefix, temperature, top-k, K, samples, seed, which token"):
+        choice = teaching_pair.choose("lab")
+        form = settings_form(choice) if choice is not None else None
+    if form is not None:
+        prompt, s, n, position, clicked = form
+        with rules:
+            rule, greedy = rule_controls(choice)
+        with shown:
+            top = st.container()  # the result above where it came from (result_for's caption)
+            found = result_for(choice, prompt, s, rule, greedy, n, position, clicked)
+        if found is not None:
+            headline.markdown(in_brief(found[0], rule, greedy))
+            with top:
+                results(*found, rule, greedy)
+    about()
+
+
+def about() -> None:
+    """What the page tests and how, below the result."""
     st.markdown(
-        "Speculative sampling promises more than 'similar' text: each token is drawn from *exactly* the "
-        "target's distribution. Here you can test that. Pick a prefix; the page draws the next token many "
-        "times with the real engine (every sample a full cycle: draft, verify, test, resample or bonus, "
-        "rollback) and many times from the target alone, then compares both histograms with the target's "
-        "exact distribution. Switch the acceptance rule to a common mistake and watch the histogram move.")
-    headline = first_result()  # filled once the result is known, below the settings
+        "Every sample is a full cycle (draft, verify, test, resample or bonus, rollback); both histograms "
+        "are compared with the target's exact distribution, worked out from the models:")
     st.latex(r"P(x) = \underbrace{\min\bigl(p_\text{draft}(x), p_\text{target}(x)\bigr)}_{\text{proposed and kept}}"
              r" + \underbrace{\max\bigl(0, p_\text{target}(x) - p_\text{draft}(x)\bigr)}_{\text{from the residual}}"
              r" = p_\text{target}(x)")
     st.page_link(WALKTHROUGH, label="Where these terms come from", icon=":material/school:")
-    choice = teaching_pair.choose("lab")
-    if choice is None:
-        return
-    form = controls(choice)
-    if form is None:
-        return
-    prompt, s, rule, greedy, n, position, clicked = form
-    st.markdown(RULE_WHY[rule] if not greedy else GREEDY_WHY)
-    found = result_for(choice, prompt, s, rule, greedy, n, position, clicked)
-    if found is not None:
-        headline.markdown(in_brief(found[0], rule, greedy))
-        results(*found, rule, greedy)
     with st.expander("The rules in the engine"):
         for name, text in ACCEPTANCE_RULE_TEXT.items():
             st.markdown(f"- `{name}`: {md(text)}")

@@ -146,16 +146,17 @@ def run_metrics(cmp: Comparison) -> None:
 
 
 def outputs_section(cmp: Comparison) -> None:
+    """The page's first figure, its words after it."""
     st.subheader("Where the outputs part ways")
+    chart(divergence_figure(cmp), key="rb_divergence")
     greedy = cmp.settings["temperature"] == 0
-    st.markdown(
+    st.caption(
         "All three runs share the prompt, the settings and the random seed, so they agree until a broken "
         "rollback first changes what a model sees. "
         + ("At temperature 0 the correct engine must reproduce plain target decoding token for token, so that "
            "row is shown as the reference." if greedy else
            "At temperature > 0, compare the runs with each other; a plain target sample would use its random "
            "numbers differently, so the drift chart below is the reference instead."))
-    chart(divergence_figure(cmp), key="rb_divergence")
 
 
 def drift_section(cmp: Comparison) -> None:
@@ -215,10 +216,15 @@ def stale_section(cmp: Comparison, static: StaticRun) -> None:
                                   sc.stale_slots, sc.attention_on_stale, cycle), key="rb_stale")
 
 
-def chain_sections(headline, cmp: Comparison, static: StaticRun | None) -> None:
+def first_sections(headline, cmp: Comparison) -> None:
+    """What the page opens on: the result in a line, the outputs parting ways, the three runs' numbers."""
     headline.markdown(in_brief(cmp))
-    run_metrics(cmp)
     outputs_section(cmp)
+    run_metrics(cmp)
+
+
+def later_sections(cmp: Comparison, static: StaticRun | None) -> None:
+    """Below the settings: why the outputs part, cache by cache."""
     drift_section(cmp)
     cache_section(cmp)
     if static is not None:
@@ -355,26 +361,33 @@ def tree_section(choice: teaching_pair.PairChoice, prompt: str, settings: SpecSe
 
 
 def main() -> None:
+    """The result first (the outputs parting ways), under a one-line question; what the page runs, its
+    settings and the tree's section after (a first screen at 1366x768 used to be paragraphs only)."""
     st.title("What if we don't roll back?")
-    st.markdown(
-        "A rejected guess must leave no trace: its keys and values have to go from both caches before the "
-        "next cycle. This page runs the real engine three times on the same prompt and seed: correctly, "
-        "and in two deliberately broken modes that exist only for this demonstration (the command line and "
-        "the live-run page cannot select them). The last section does the same for a draft tree, whose "
-        "rollback a plain crop gets wrong.")
-    headline = first_result()  # filled once the result is known, below the settings
-    for text in BROKEN_TEXT.values():
-        st.markdown("- " + text)
-    st.page_link(WALKTHROUGH, label="What the rollback is, step by step", icon=":material/school:")
+    st.markdown("A rejected guess must leave no trace: its keys and values have to go from both caches. Here the "
+                "real engine runs correctly and in two deliberately broken ways on one prompt and seed.")
+    headline = first_result()  # filled once the result is known
+    shown = st.container()  # the result, drawn here once the settings below are known
+    with st.expander("The two broken modes, and what this page runs"):
+        st.markdown(
+            "The broken modes exist only for this demonstration (the command line and the live-run page cannot "
+            "select them). The last section does the same for a draft tree, whose rollback a plain crop gets wrong.")
+        for text in BROKEN_TEXT.values():
+            st.markdown("- " + text)
+        st.page_link(WALKTHROUGH, label="What the rollback is, step by step", icon=":material/school:")
+    st.markdown("##### Settings for the runs above")
     choice = teaching_pair.choose("rb")
     if choice is None:
         return
     form = settings_form(choice)
     if form is None:
         return
-    found = result_for(choice, *form)
+    with shown:
+        found = result_for(choice, *form)
+        if found is not None:
+            first_sections(headline, found[0])
     if found is not None:
-        chain_sections(headline, *found)
+        later_sections(*found)
     tree_section(choice, form[0], form[1])
 
 

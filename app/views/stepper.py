@@ -1,4 +1,6 @@
 """Step through a trace: one cycle at a time, each cycle in five stages."""
+import time
+
 import streamlit as st
 
 from app.figures import derive
@@ -22,13 +24,14 @@ from app.figures.tree_captions import tree_stage_caption, tree_summary, tried_ro
 from app.figures.tree_record import is_tree_header, tree_words
 from app.ui import state
 from app.ui.first_result import first_result
+from app.ui.names import model_label, models_help
 from app.ui.pages import TRACE_SOURCE
 from app.ui.safe import markdown_table, md
 from app.ui.widgets import chart, plot, shared_chart, shared_figures
 from app.views.sections import stepper_drafter
 from engine.stats.analysis import TraceStats
 from engine.stats.quiet import loud_cycles, median_cycle_s, quiet_words
-from engine.trace import Trace, model_name
+from engine.trace import Trace
 from engine.trace.layout_checks import layout_of
 from engine.trace.schema import DRAFT_MODEL
 
@@ -152,6 +155,11 @@ def play_ticker(seconds: float) -> None:
     def tick() -> None:
         if st.session_state.pop("_tick_from_full_run", False):
             return  # the full run that drew the page: wait for the timer
+        # A timer tick that arrived while the page was still being drawn runs right after it: without this,
+        # that step showed for a blink (seen: stage 2 for 0.15 s at 1 s/step) and the page skipped ahead
+        if time.monotonic() - st.session_state.get("_stepped_at", 0.0) < seconds / 2:
+            return
+        st.session_state["_stepped_at"] = time.monotonic()
         if at_end():
             st.session_state["_play_reached_end"] = True
         elif st.session_state.get("play_by") == "cycles":
@@ -196,10 +204,10 @@ def header(trace: Trace) -> None:
     drafter = trace.drafter_kind
     via = "" if drafter == DRAFT_MODEL else f" ({md(drafter)})"
     tree = is_tree_header(h)
-    shape = f"{md(tree_words(s['tree']))}, max depth {s['k']}" if tree else f"K={s['k']}"
-    st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}**{via} · {shape} · "
-               f"temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
-               f"{len(trace.cycles)} cycles{done}")
+    shape = md(tree_words(s['tree'])) if tree else f"K={s['k']}"
+    st.caption(f"Target **{md(model_label(h, 'target').label)}** · draft **{md(model_label(h, 'draft').label)}**{via} · "
+               f"{shape} · temperature {s['temperature']} · top-k {s['top_k']} · top-p {s['top_p']} · seed {s['seed']} · "
+               f"{len(trace.cycles)} cycles{done}", help=md(models_help(h)))
     if h.get("tensor_parallel"):
         st.caption(md(rank_layout_words(h["tensor_parallel"])))
     loud = quiet_words(trace)  # a busy recording machine: its speed is not the method's
@@ -226,10 +234,12 @@ def token_strip(c: dict, k: int, stage: int) -> str:
     outcomes = derive.position_outcomes(c, k)
     cells = []
     for i in range(k):
-        numbers = f"p_draft {c['p_draft'][i]:.3f}" + (f", p_target {c['p_target'][i]:.3f}" if stage >= 2 else "")
+        numbers = f"p_draft {derive.prob_text(c['p_draft'][i])}" + (
+            f", p_target {derive.prob_text(c['p_target'][i])}" if stage >= 2 else "")
         mark = f" {STYLES[outcomes[i]].mark}" if stage >= 3 else ""
         cells.append(f"{i + 1} **{md(derive.visible_text(c['draft_token_texts'][i]))}**{mark} ({numbers})")
-    line = "**Drafted:** " + (" · ".join(cells) if cells else "nothing (no proposal this cycle)")
+    line = (f"**Drafted** ({derive.whitespace_legend()}): "
+            + (" · ".join(cells) if cells else "nothing (no proposal this cycle)"))
     if stage >= 4:  # the trace's committed texts: the accepted drafts, then the resampled or bonus token
         *kept, last = [f"**{md(derive.visible_text(t))}**" for t in c["committed_token_texts"]]
         bonus = c["bonus_token_id"] is not None
@@ -237,6 +247,14 @@ def token_strip(c: dict, k: int, stage: int) -> str:
         how = "bonus" if bonus else f"at position {c['rejected_position']}"
         line += f" → **committed ({len(c['committed_token_texts'])}):** " + " ".join(kept + [f"{mark} {last} ({how})"])
     return line
+
+
+def step_heading(cycle: int, stage: int) -> None:
+    """The step's heading, and the address bar set to the same step in the same moment: written before
+    the page's controls, the URL ran a step ahead of the heading while the rest of the page was drawn,
+    and a reader comparing the two while playing saw them disagree."""
+    st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
+    state.write_url()
 
 
 def stage_chart(trace: Trace, c: dict, k: int, stage: int, greedy: bool):
@@ -259,7 +277,7 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     c = trace.cycles[cycle]
     k = derive.proposals(c)  # K for a draft model; prompt lookup may propose fewer
     greedy = trace.header["settings"]["temperature"] == 0
-    st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
+    step_heading(cycle, stage)
     first_result().caption(token_strip(c, k, stage))  # caption-sized: it leaves the stage's chart on screen
     words = md(stage_caption(c, k, stage, trace.header.get("faults"), greedy, trace.drafter_kind, derive.own_prompt(trace)))
     if stage in (1, 5):  # the cycle figure and the caches need the page's width
@@ -308,7 +326,7 @@ def tree_cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     c = trace.cycles[cycle]
     root = root_text(trace, c)
     layout = layout_of(trace.header)["name"]
-    st.subheader(f"Cycle {cycle} · stage {STAGES[stage]}")
+    step_heading(cycle, stage)
     first_result().caption("**Tree:** " + md(tree_summary(c, root)))
     st.info(md(tree_stage_caption(c, stage, root, layout)), icon=":material/lightbulb:")
     figs = shared_figures((state.current_key(), "tree", cycle, stage, layout),
@@ -355,7 +373,6 @@ def main() -> None:
     toggle_col, speed_col = nav_buttons(state.step()[0], last)
     seconds = play_controls([toggle_col, speed_col, stage_controls(state.step()[1])])
     cycle, stage = state.step()
-    state.write_url()
     if is_tree_header(trace.header):
         tree_cycle_view(trace, cycle, stage)
     else:

@@ -4,10 +4,11 @@ import streamlit as st
 from app.figures.tree_record import is_tree_header, tree_words
 from app.runs import live
 from app.ui import state
+from app.ui.names import model_label
 from app.ui.pages import STEPPER, WORKLOAD
 from app.ui.safe import markdown_table, md
 from engine.stats.analysis import trace_stats
-from engine.trace import TraceError, model_name
+from engine.trace import TraceError
 
 
 @st.cache_data(max_entries=4, ttl=state.CACHE_TTL_S, show_spinner=False)
@@ -20,7 +21,8 @@ def _describe(keys: tuple[str, ...], _refs: tuple) -> list[dict]:
             rows.append({"trace": ref.name, "model pair": f"unreadable: {state.shown_paths(str(err))}"})
             continue
         h = trace.header
-        pair = f"{h['preset']} preset" if h.get("preset") else f"{model_name(h, 'target')} ← {model_name(h, 'draft')}"
+        pair = f"{h['preset']} preset" if h.get("preset") else (
+            f"target {model_label(h, 'target').label}, draft {model_label(h, 'draft').label}")
         if is_tree_header(h):  # engine/stats reads a chain's per-position fields
             rows.append({"trace": ref.name, "K": f"{tree_words(h['settings']['tree'])}",
                          "temperature": h["settings"]["temperature"], "alpha": "–",
@@ -42,26 +44,29 @@ def describe_bundled(names: list[str]) -> list[dict]:
 
 
 def bundled() -> None:
+    """The choice first, then the table that describes every trace: below an 18-row table, the button
+    to open one was off the first screen."""
     names = state.bundled_traces()
     if not names:
         st.info(f"No bundled example traces yet: add `*.jsonl` files to {md(state.shown_paths(str(state.traces_dir())))}.")
         return
     rows = describe_bundled(names)
-    st.markdown(markdown_table(rows))  # plain Markdown: drawn with the page, no table script to load
-    st.caption("Measured speedup: this run's tokens per second of decoding against plain target decoding on the "
-               "same machine (its recorded step times); below 1× speculation was slower there.")
     ref = state.current_ref()
     index = names.index(ref.name) if ref and ref.kind == "bundled" and ref.name in names else 0
     described = {r["trace"]: r for r in rows}
-    name = st.selectbox("Example trace", names, index=index, key="bundled_name",
-                        format_func=lambda n: f"{n} · K={described[n].get('K', '?')} · "
-                                              f"{described[n].get('measured speedup', '')}")
-    if st.button("Open example", key="open_bundled", type="primary"):
+    pick, go = st.columns([4, 1], vertical_alignment="bottom")
+    name = pick.selectbox("Example trace (each is described in the table below)", names, index=index,
+                          key="bundled_name", format_func=lambda n: f"{n} · K={described[n].get('K', '?')} · "
+                                                                    f"{described[n].get('measured speedup', '')}")
+    if go.button("Open example", key="open_bundled", type="primary", width="stretch"):
         error = state.set_current(state.TraceRef("bundled", name))
         if error:
             st.error(md(error), icon=":material/error:")
         else:
             st.switch_page(STEPPER)
+    st.markdown(markdown_table(rows))  # plain Markdown: drawn with the page, no table script to load
+    st.caption("Measured speedup: this run's tokens per second of decoding against plain target decoding on the "
+               "same machine (its recorded step times); below 1× speculation was slower there.")
 
 
 def upload() -> None:

@@ -6,7 +6,7 @@ from app.figures import layouts as figures_layouts
 from app.figures.acceptance import WALKTHROUGH_COLUMNS, acceptance_figure, position_rows, resample_figure
 from app.figures.caches import cache_figure
 from app.figures.cycle import cycle_figure
-from app.figures.derive import visible_text
+from app.figures.derive import quoted
 from app.figures.explain import stage_caption
 from app.figures.tree import root_text
 from app.figures.tree_captions import teaching_tree_cycle, tree_summary, tried_rows
@@ -14,6 +14,7 @@ from app.figures.tree_record import is_tree_header
 from app.runs import live, teaching_pair
 from app.ui import jobs, operator, state, tree_trace
 from app.ui.first_result import first_result
+from app.ui.names import model_label, models_help
 from app.ui.pages import EXACTNESS_LAB, ROLLBACK_DEMO
 from app.ui.safe import markdown_table, md, table
 from app.ui.widgets import chart, open_in_stepper
@@ -25,7 +26,7 @@ from engine.stats.analysis import (
     median_draft_step_s,
     verify_in_steps,
 )
-from engine.trace import Trace, model_name
+from engine.trace import Trace
 from engine.trace.schema import DRAFT_MODEL, EAGLE
 
 CITATIONS = (
@@ -71,7 +72,7 @@ def other_kind(trace: Trace, c: dict) -> dict | None:
 
 def q(text: str) -> str:
     """A token quoted for Markdown: whitespace visible, everything escaped."""
-    return f"'{md(visible_text(text))}'"
+    return md(quoted(text))
 
 
 def in_brief(trace: Trace, c: dict) -> str:
@@ -379,8 +380,8 @@ def main() -> None:
                          format_func=lambda i: describe(trace.cycles[i], derive.proposals(trace.cycles[i])))
     c = trace.cycles[cycle]
     h = trace.header
-    st.caption(f"Trace: target **{md(model_name(h, 'target'))}**, draft **{md(model_name(h, 'draft'))}**, "
-               f"K={trace.k}, temperature {h['settings']['temperature']}.")
+    st.caption(f"Trace: target **{md(model_label(h, 'target').label)}**, draft **{md(model_label(h, 'draft').label)}**, "
+               f"K={trace.k}, temperature {h['settings']['temperature']}.", help=md(models_help(h)))
     first_result().markdown(in_brief(trace, c))
     for stage in (stage_draft, stage_verify, stage_test, stage_resample, stage_rollback):
         stage(trace, c)

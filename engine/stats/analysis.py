@@ -52,6 +52,8 @@ DEFINITIONS = {
                "full accept, expected alpha^K of the time, and the bookkeeping), where the run has timings.",
     "measured": "t_step x tokens committed per cycle / median cycle time: plain decoding's time per token "
                 "over speculation's (decoding only, prefill and trace writing excluded).",
+    "whole_run": "t_step x every committed token / the sum of all cycle times: the same ratio over the whole run, "
+                 "as the race draws it, slow cycles included (decoding only, prefill excluded).",
 }
 NO_CALIBRATION = ("this trace has no step-time calibration, so c, t_step and the speedups cannot be "
                   "computed: record it with `python -m engine run --calibrate ...`")
@@ -156,6 +158,14 @@ def measured_speedup(tokens_per_cycle: float, cycle_s: float, target_step_s: flo
     """Plain decoding's time per token (one target step) over speculation's (a cycle's time
     over the tokens it commits). At the median cycle this is t_step x decoding_tokens_per_s."""
     return target_step_s * tokens_per_cycle / cycle_s if cycle_s > 0 else 0.0
+
+
+def whole_run_speedup(cycles: list[dict], target_step_s: float) -> float:
+    """DEFINITIONS['whole_run']: plain decoding's time for every token the run committed over the cycles'
+    summed time, the ratio of the race's two finishing times. Every slow cycle counts in full here, where
+    the median cycle (DEFINITIONS['measured']) leaves it out, so the two differ on a run with stalls."""
+    seconds = sum(c["cycle_time_s"] for c in cycles)
+    return measured_speedup(sum(len(c["committed_token_ids"]) for c in cycles), seconds, target_step_s)
 
 
 def measured_spread(times: CycleTimes, target_step_s: float) -> Spread:

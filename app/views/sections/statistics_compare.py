@@ -11,12 +11,13 @@ from app.figures.derive import draft_cache_name
 from app.figures.layouts import LAYOUT_WORDS, memory_figure
 from app.figures.tree_record import is_tree_header
 from app.ui import state
+from app.ui.names import model_label
 from app.ui.safe import md
 from app.ui.widgets import chart
 from app.views.sections import statistics_tree
 from engine.stats.analysis import TraceStats, best_k
 from engine.stats.layouts import LayoutStats
-from engine.trace import Trace, TraceError, model_name
+from engine.trace import Trace, TraceError
 from engine.trace.metrics import TOKENS_PER_S, decoding_tokens_per_s
 from engine.trace.schema import DRAFT_MODEL
 
@@ -27,8 +28,8 @@ def summary_rows(trace: Trace, st_: TraceStats) -> dict[str, str]:
     s, r, a = trace.header["settings"], st_.speed, st_.acceptance
     na = "no calibration"
     return {
-        "target": model_name(trace.header, "target"),  # one row each: both in one cell ran off the table
-        "draft": model_name(trace.header, "draft"),
+        "target": model_label(trace.header, "target").label,  # one row each: both in one cell ran off the table
+        "draft": model_label(trace.header, "draft").label,
         "K · temperature": f"{s['k']} · {s['temperature']}",
         "cycles": f"{st_.num_cycles}",
         "draft acceptance rate": f"{a['acceptance_rate']:.3f}",

@@ -22,7 +22,15 @@ from engine.config import SpecSettings
 from engine.cycle.pair import Pair
 from engine.drafters.registry import DRAFTERS, options_from_header
 from engine.models.presets import PRESETS
-from engine.stats.analysis import DEFINITIONS, NO_CALIBRATION, TraceStats, advice_sentence, best_k, explain_speed
+from engine.stats.analysis import (
+    DEFINITIONS,
+    NO_CALIBRATION,
+    TraceStats,
+    advice_sentence,
+    best_k,
+    explain_speed,
+    whole_run_speedup,
+)
 from engine.stats.calibrate import calibrate_repeated
 from engine.stats.paths import (
     forward_words,
@@ -152,11 +160,12 @@ def cost_section(st_: TraceStats, measured_now: bool) -> None:
                (figs.cycle_profile_figure(t), "fig_profile"))
 
 
-def speed_section(st_: TraceStats) -> None:
+def speed_section(st_: TraceStats, cycles: list[dict]) -> None:
     r = st_.speed
+    whole = whole_run_speedup(cycles, r.target_step_s)
     metric_row([("Measured speedup", f"{r.measured:.2f}x",
                  f"Middle half of cycles: {r.measured_spread.low:.2f}x–{r.measured_spread.high:.2f}x. "
-                 f"{DEFINITIONS['measured']}"),
+                 f"{DEFINITIONS['measured']} Over the whole run: {whole:.2f}x ({DEFINITIONS['whole_run']})"),
                 ("Leviathan prediction", f"{r.leviathan:.2f}x", DEFINITIONS["leviathan"]),
                 ("Refined prediction", f"{r.refined:.2f}x", DEFINITIONS["refined"])])
     st.info(md(explain_speed(r)), icon=":material/lightbulb:")

@@ -13,13 +13,14 @@ from app.views.sections.statistics_speed import trace_pair, trace_settings
 from app.views.sections.statistics_widgets import start_at
 from engine.config import SettingsError
 from engine.stats import sweep as sweeps
-from engine.stats.analysis import TraceStats
+from engine.stats.analysis import SpeedReport, TraceStats, whole_run_speedup
 from engine.stats.sweep import SweepResult
 from engine.trace import Trace
 from engine.trace.metrics import TOKENS_PER_S, predicted_speedup
 from engine.trace.schema import MAX_K
 
 SWEEPS = "k_sweeps"  # session_state: {trace key: SweepResult}
+ALPHA_MAX, C_MAX = 0.99, 1.0  # the explorer's sliders' ranges (α = 1 would divide by zero)
 # Engine work is looked up on its module when it runs (sweeps.k_sweep), as a page script's fresh import
 # would: this module is imported once, and a test holds the sweep by patching engine.stats.sweep.
 
@@ -84,24 +85,51 @@ def race_section(trace: Trace, st_: TraceStats) -> None:
     st.markdown("Both decoders produce the same number of tokens. Speculative: this trace's own cycles, each "
                 "as long as it took. Plain: one calibrated target step per token. Prefill is left out of both.")
     chart(figs.race_figure(trace.cycles, st_.speed.target_step_s), key="fig_race")
+    st.markdown(race_words(trace.cycles, st_.speed))
+
+
+def race_words(cycles: list[dict], r: SpeedReport) -> str:
+    """The race's result, beside the page's other measured speedup and why the two differ."""
+    spec_t, _, plain_t, _ = figs.race_series(cycles, r.target_step_s)
+    whole = whole_run_speedup(cycles, r.target_step_s)
+    return (f"Speculative finishes after {spec_t[-1]:.2f} s, plain after {plain_t[-1]:.2f} s: **{whole:.2f}×** over "
+            f"the whole run, every cycle counted in full. The headline's measured speedup, **{r.measured:.2f}×**, "
+            f"divides by the median cycle's time instead, which a cycle slowed by something else on the machine "
+            f"moves little.")
+
+
+def explored(alpha: float, c: float, trace_alpha: float, trace_c: float) -> tuple[float, float]:
+    """The α and c the explorer computes with: the trace's own where a slider still sits at the value it
+    started from (the trace's, rounded to the slider's 0.01 steps). The rounded value gave the formula a
+    second answer, a hundredth off, beside the trace's own prediction at the same α and c as printed."""
+    alpha = trace_alpha if alpha == slider_start(trace_alpha, ALPHA_MAX) else alpha
+    return alpha, trace_c if c == slider_start(trace_c, C_MAX) else c
+
+
+def slider_start(value: float, top: float) -> float:
+    """Where the α or c slider starts for a trace: its value, on the sliders' 0.01 grid, at most `top`."""
+    return round(min(value, top), 2)
 
 
 def explorer_section(trace: Trace, st_: TraceStats) -> None:
     r = st_.speed
     trace_c = r.c if r else 0.3
     cols = st.columns(3)
-    start_at("ex_alpha", round(min(st_.alpha, 0.99), 2))
-    start_at("ex_c", round(min(trace_c, 1.0), 2))
+    start_at("ex_alpha", slider_start(st_.alpha, ALPHA_MAX))
+    start_at("ex_c", slider_start(trace_c, C_MAX))
     start_at("ex_k", min(trace.k, 16))
-    alpha = cols[0].slider("α (acceptance per draft token)", 0.0, 0.99, step=0.01, key="ex_alpha",
+    alpha = cols[0].slider("α (acceptance per draft token)", 0.0, ALPHA_MAX, step=0.01, key="ex_alpha",
                            help="Starts at this trace's α.")
-    c = cols[1].slider("c (draft step / target step)", 0.0, 1.0, step=0.01, key="ex_c",
+    c = cols[1].slider("c (draft step / target step)", 0.0, C_MAX, step=0.01, key="ex_c",
                        help="Starts at this trace's c." if r else "This trace has no step times; 0.3 to start.")
     k = cols[2].slider("K", 1, 16, key="ex_k")
+    alpha, c = explored(alpha, c, st_.alpha, trace_c)
     point = (trace.k, r.measured) if r else None
     chart(figs.explorer_figure(alpha, c, k, 16, point, st_.alpha, trace_c), key="fig_explorer")
     predicted = predicted_speedup(alpha, k, c)
     text = f"At α = {alpha:.2f}, c = {c:.2f} and K = {k} the formula predicts **{predicted:.2f}×**."
+    if (alpha, c) == (st_.alpha, trace_c):
+        text += f" These are this trace's own α = {alpha:.3f} and c = {c:.3f}, unrounded."
     if r:
         text += (f" This trace measured **{r.measured:.2f}×** at K = {trace.k} (its own α and c predict "
                  f"{r.leviathan:.2f}×; the gap is what the formula leaves out, such as a verify pass costing "

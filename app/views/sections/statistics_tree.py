@@ -15,6 +15,7 @@ from app.figures import tree_stats as figs
 from app.figures.tree_record import tree_words
 from app.ui import state
 from app.ui.first_result import first_result
+from app.ui.names import model_label, models_help
 from app.ui.safe import md
 from app.ui.widgets import chart
 from app.views.sections.statistics_widgets import chart_pair, keep_tab_widgets, metric_row, numbered_line
@@ -27,7 +28,7 @@ from engine.stats.trees import (
     pair_differences,
     tree_stats,
 )
-from engine.trace import Trace, TraceError, loads_trace, model_name
+from engine.trace import Trace, TraceError, loads_trace
 from engine.trace.metrics import TOKENS_PER_S
 
 TAB = "stats_tree_tab"  # session_state: the open tab's label
@@ -200,7 +201,7 @@ def compare_tab(tree: Trace, ts: TreeStats) -> None:
     else:
         ref = None
         st.info(f"None of the {len(others)} other traces here is a chain run of this pair and prompt "
-                f"(target {md(model_name(tree.header, 'target'))}, draft {md(model_name(tree.header, 'draft'))}). "
+                f"(target {md(model_label(tree.header, 'target').label)}, draft {md(model_label(tree.header, 'draft').label)}). "
                 "Record one with `python -m engine run` and the same prompt without `--tree`, or upload one below.",
                 icon=":material/search_off:")
     if others:
@@ -233,10 +234,10 @@ def draw(trace: Trace) -> None:
     """The statistics page for the open tree trace."""
     keep_tab_widgets((COMPARE_WITH,))  # the comparison's choice, kept while another tab is open
     h = trace.header
-    st.caption(f"Target **{md(model_name(h, 'target'))}** · draft **{md(model_name(h, 'draft'))}** · "
-               f"{md(tree_words(h['settings']['tree']))}, max depth {trace.k} · temperature "
+    st.caption(f"Target **{md(model_label(h, 'target').label)}** · draft **{md(model_label(h, 'draft').label)}** · "
+               f"{md(tree_words(h['settings']['tree']))} · temperature "
                f"{h['settings']['temperature']} · {len(trace.cycles)} cycles"
-               + ("" if trace.complete else " · incomplete run (no summary)"))
+               + ("" if trace.complete else " · incomplete run (no summary)"), help=md(models_help(h)))
     if not trace.cycles:
         st.warning("This trace has no cycles to analyse.")
         return

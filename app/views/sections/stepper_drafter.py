@@ -81,7 +81,7 @@ def show_provenance(texts: list[str], c: dict, drafter: str | None = None) -> No
     elif state.get("kind") == OTHER_TOKENIZER:
         rows = derive.alignment_rows(c)
         fragment = state.get("healed_fragment")
-        healed = (f" The committed text ended in the draft token {derive.visible_text(fragment)!r}: the draft "
+        healed = (f" The committed text ended in the draft token {derive.quoted(fragment)}: the draft "
                   f"re-predicted it (token healing), so only the text after it is new.") if fragment else ""
         st.caption(md("The draft's own tokens, their text, and the target tokens that text re-encodes to "
                       "(only the first K target tokens are verified)." + healed))
