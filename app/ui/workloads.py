@@ -13,6 +13,7 @@ import streamlit as st
 
 from app.ui import state
 from app.ui.safe import md
+from engine.trace import TraceError
 from engine.workload.folder import Workload, open_zip
 from engine.workload.stats import workload_stats
 
