@@ -20,9 +20,9 @@ OUTCOMES = (ACCEPTED, REFUSED, CRASH, HANG, MEMORY)
 WRONG_ACCEPT, VALID_REFUSED, FILES_OUTSIDE = "wrong_accept", "valid_refused", "files_outside"
 FAILURES = (CRASH, HANG, MEMORY, WRONG_ACCEPT, VALID_REFUSED, FILES_OUTSIDE)
 
-# Defects already known when the harness was written, each being fixed on its own branch. A case
-# that exercises one carries its tag; a failure of a tagged case, of a class the defect explains,
-# is counted as known (the fast sample's test expects those to fail until the fixes land).
+# Defects known when the harness was written (all fixed since). A case that exercises one carries its
+# tag; a failure of a tagged case, of a class the defect explains, is counted under that defect, so a
+# report says which old defect came back (the fast sample asserts each count is 0).
 KNOWN = {
     "zip-damage": ("a damaged zip (CRC, deflate data, sizes, flags, method) crashes instead of being refused",
                    (CRASH,)),

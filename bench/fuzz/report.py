@@ -31,8 +31,9 @@ def markdown(result: dict) -> str:
              "makes the same cases again.", "",
              "A failure is a crash (any other exception, or a refusal that is not one line naming its source), a hang, "
              "running out of memory, a wrong accept (the change broke a rule), a valid case refused, or a file written "
-             "outside the folder the entry point may write. *Known*: failures explained by a defect being fixed on "
-             "another branch (listed below).", "", *table(tallies), ""]
+             "outside the folder the entry point may write. *Known*: failures of a defect class the harness was "
+             "first written to find (listed below; all fixed since, so a count here means one came back).",
+             "", *table(tallies), ""]
     lines += ["## Known defects", ""] + [f"- `{tag}`: {words}" for tag, words in result["known_defects"].items()] + [""]
     for kind, by_class in result["examples"].items():
         if not by_class:

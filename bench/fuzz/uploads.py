@@ -25,6 +25,12 @@ def upload_name(rng: random.Random, places: Places, suffix: str) -> str:
                        f"<img src=x onerror=alert(1)>{suffix}", f"\u202eevil{suffix}", f"/etc/passwd{suffix}"])
 
 
+def shown_as(name: str) -> tuple[str, ...]:
+    """The forms a refusal may name the upload by: as sent, its last part, or as the app shows a name
+    (unprintable characters, a bidi override among them, as "?")."""
+    return (name, Path(name).name, state.upload_name(name), state.upload_name(Path(name).name))
+
+
 def make(rng: random.Random, index: int, places: Places) -> Case:
     if rng.random() < 0.5:
         change = traces.trace_change(rng)
@@ -32,11 +38,11 @@ def make(rng: random.Random, index: int, places: Places) -> Case:
             change = traces.trace_change(rng)
         name = upload_name(rng, places, ".jsonl")
         return Case(KIND, index, f"trace upload {name!r}: {change.words}", change.expect_incomplete, name, "trace",
-                    data=change.data, mentions=(name, Path(name).name), options={"allowed": UPLOADS})
+                    data=change.data, mentions=shown_as(name), options={"allowed": UPLOADS})
     change = workload_change(rng, places, zipped_only=True)
     name = upload_name(rng, places, ".zip")
     return Case(KIND, index, f"workload upload {name!r}: {change.words}", change.expect, name, "workload",
-                data=change.zip, tag=change.tag, mentions=(name, Path(name).name), options={"allowed": UPLOADS})
+                data=change.zip, tag=change.tag, mentions=shown_as(name), options={"allowed": UPLOADS})
 
 
 def attempt(case: Case, work: Path) -> str:
