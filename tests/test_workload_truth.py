@@ -180,16 +180,22 @@ def test_the_charts_fit_their_data_and_count_every_rate(shipped):
     assert len(stats["categories"]) == 11 and len(positions["data"]) <= len(figs.LINES) + 1
     assert len(set(colours(positions))) == len(positions["data"])  # no colour drawn twice
     every = json.loads(figs.conditional_figure(stats, sorted(stats["categories"])).to_json())
-    assert len(every["data"]) == len(figs.LINES) + 1 and len(set(colours(every))) == len(every["data"])
+    drawn = min(len(stats["categories"]), len(figs.LINES)) + 1  # a line per category it has colours for, and all requests
+    assert len(every["data"]) == drawn and len(set(colours(every))) == len(every["data"])
     rates = [r["rate"] for g in named.values() for r in g["conditional_acceptance"] if r["rate"] is not None]
     assert max(rates) <= positions["layout"]["yaxis"]["range"][1] <= 1.12
 
 
-def test_the_default_lines_are_the_lowest_and_highest_categories(shipped):
+def test_the_default_lines_are_every_category_or_the_lowest_and_highest(shipped):
     stats = shipped[1][DRAFT]
-    ranked = sorted(stats["categories"], key=lambda n: stats["categories"][n]["acceptance_rate"])
+    assert len(stats["categories"]) <= len(figs.LINES)  # the bundled workload: a colour for each
+    assert figs.default_lines(stats) == sorted(stats["categories"])
+    rates = {f"c{i:02d}": 0.05 * i for i in range(len(figs.LINES) + 7)} | {"unmeasured": None}
+    many = {"categories": {name: {"acceptance_rate": rate} for name, rate in rates.items()}}
     half = len(figs.LINES) // 2
-    assert figs.default_lines(stats) == sorted(ranked[:half] + ranked[-half:])
+    measured = sorted((n for n, r in rates.items() if r is not None), key=rates.get)
+    assert figs.default_lines(many) == sorted(measured[:half] + measured[-half:])
+    assert "unmeasured" not in figs.default_lines(many)
 
 
 def test_a_batched_twin_decodes_what_its_one_at_a_time_run_did():
