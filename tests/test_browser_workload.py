@@ -148,3 +148,31 @@ def test_every_workload_tab_fits_1366x768(browser, chat_served):
         assert page.locator('[data-testid="stException"]').count() == 0
     finally:
         page.close()
+
+
+def unsafe_name(data: bytes) -> bytes:
+    from tests.test_workload_zips import members, zipped
+    return zipped({**members(), "../escaped.txt": b"outside"})
+
+
+@pytest.mark.parametrize("damage", ["wrong_crc", "encrypted", "points_at_another_header", "unsafe_name"])
+def test_a_damaged_workload_upload_is_refused_in_one_line(browser, served, damage):
+    """Through the real upload widget: one line naming the file and the entry, no traceback, nothing kept."""
+    from tests import test_workload_zips as zips
+    data = (unsafe_name if damage == "unsafe_name" else getattr(zips, damage))(zips.good())
+    page = browser.new_page(viewport=PROJECTOR)
+    page.set_default_timeout(TIMEOUT_MS)
+    try:
+        page.goto(f"{served}/workload")
+        page.get_by_role("tab", name="Upload or run live", exact=True).click()
+        page.locator(".st-key-workload_upload input[type=file]").set_input_files(
+            {"name": f"{damage}.zip", "mimeType": "application/zip", "buffer": data})
+        alert = page.locator('[data-testid="stAlertContentError"]', has_text="Could not open this file as a workload")
+        alert.first.wait_for()
+        said = alert.first.locator('[data-testid="stMarkdownContainer"]').inner_text().strip()  # not the icon's name
+        assert "\n" not in said and f"{damage}.zip" in said, said
+        named = {"unsafe_name": "'../escaped.txt'", "points_at_another_header": "overlaps"}.get(damage, f"'{zips.VICTIM}'")
+        assert f"entry {named}" in said or named in said, said  # the entry at fault (two overlapping: the first)
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        page.close()
