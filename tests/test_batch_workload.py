@@ -100,6 +100,9 @@ HOSTILE = {
     "a negative time": (1, lambda c: c.update(verify_time_s=-1.0), "none negative"),
     "a wrong idle count": (1, lambda c: c.update(idle_rows=2), "count the idle rows"),
     "a request in two rows": (1, lambda c: c["rows"][1].update(request=c["rows"][0]["request"]), "two rows"),
+    "fewer requests in the header than ran": (0, lambda h: h.update(requests=1), "the header says the workload has 1"),
+    "a summary counting one more request": (-1, lambda s: s.update(requests_done=s["requests_done"] + 1),
+                                            "requests finished"),
 }
 
 

@@ -168,6 +168,17 @@ def test_harmless_extra_files_are_allowed_but_never_read():
         assert workload.entries == open_zip(good(), "w.zip").entries and workload.trace(workload.done[1]).complete
 
 
+def test_a_deflate_stream_cut_short_of_or_past_its_declared_size_is_refused():
+    """zipfile reads the declared compressed size only: one byte short can still give every byte and a good
+    CRC (the stream's last bits are its end marker), so the stream's end is checked against the size."""
+    d = good()
+    declared = zipfile.ZipFile(io.BytesIO(d)).getinfo(VICTIM).compress_size
+    for size in (declared - 1, declared + 1):
+        cut = patched(d, central_record(d, VICTIM) + 20, "<I", size)
+        with pytest.raises(WorkloadError, match=f"entry '{VICTIM}'"):
+            open_zip(cut, "cut.zip")
+
+
 def test_zips_written_stored_and_with_folder_records_open():
     workload = open_zip(zipped({"w/": b"", **{"w/" + n: d for n, d in members().items()}}, zipfile.ZIP_STORED), "w.zip")
     assert workload.trace(workload.done[0]).complete

@@ -175,7 +175,7 @@ def workload_change(rng: random.Random, places: Places, zipped_only: bool = Fals
         return Change({}, data, REFUSE, f"{head}: {words}", "zip-unsafe")
     if family == "bomb":
         data, words, expect = workload_zips.bomb_zip(files, manifest, rng)
-        return Change({}, data, expect, f"{head}: {words}", "zip-damage")
+        return Change({}, data, expect, f"{head}: {words}", "zip-damage", batch_only=words.startswith("batch.jsonl"))
     if as_zip:
         data, words = mutate.flip_bytes(zipped(files, rng), rng)
         return Change({}, data, EITHER, f"{head}, zip: {words}", "zip-damage")

@@ -9,7 +9,9 @@ is untrusted input like any trace, so `loads_batch_trace` checks what it means, 
   convention: the target's verify appends K+1 positions, both caches end at its committed length - 1,
   and each cycle starts where the row's previous cycle of the same request ended;
 - the time split is finite, non-negative and adds up to the cycle's time;
-- the idle count is the number of idle rows.
+- the idle count is the number of idle rows;
+- no request index reaches the header's request count, and the summary's finished requests are
+  the requests that ran.
 `check_against_workload` then ties it to the requests' own traces: the same accepted counts, cycle by cycle.
 """
 import json
@@ -146,6 +148,20 @@ def check_rows_over_cycles(cycles: list[dict], source: str) -> dict[int, list[in
     return accepted
 
 
+def check_request_counts(header: dict, summary: dict | None, accepted: dict[int, list[int]], source: str) -> None:
+    """The header's request count (the manifest's, skipped requests included) bounds every request index;
+    the summary is written after the last cycle, so every request that ran has finished by then."""
+    total = header.get("requests")
+    if total is None:  # older batch traces did not say
+        return
+    if not _int(total, 0, 10**6):
+        fail(source, "the header's requests must be a count")
+    if accepted and max(accepted) >= total:
+        fail(source, f"request {max(accepted)} ran, but the header says the workload has {total} requests")
+    if summary is not None and summary["requests_done"] != len(accepted):
+        fail(source, f"the summary says {summary['requests_done']} requests finished; {len(accepted)} ran in its cycles")
+
+
 def loads_batch_trace(data: bytes | str, source: str = BATCH_TRACE) -> dict:
     """The batch trace as {"header", "cycles", "summary", "accepted"}, checked (the module's list)."""
     try:
@@ -162,6 +178,7 @@ def loads_batch_trace(data: bytes | str, source: str = BATCH_TRACE) -> dict:
     accepted = check_rows_over_cycles(cycles, source)
     if summary is not None and not (_int(summary.get("requests_done"), 0, 10**6) and _seconds(summary.get("wall_time_s"))):
         fail(source, "the summary needs requests_done and wall_time_s")
+    check_request_counts(lines[0], summary, accepted, source)
     return {"header": lines[0], "cycles": cycles, "summary": summary, "accepted": accepted}
 
 

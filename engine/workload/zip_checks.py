@@ -10,7 +10,9 @@ refuses, in one line naming the zip and the entry:
 - a link or any other entry that is neither a regular file nor a folder (the Unix mode in external_attr);
 - an encrypted entry, or one compressed other than stored or deflated;
 - entries whose bytes overlap (a record pointing into another entry: how overlapping zip bombs work);
-- an entry that cannot be read to its end, whose CRC-32 differs, or that holds another size than it declares.
+- an entry that cannot be read to its end, whose CRC-32 differs, or that holds another size than it declares;
+- a deflated entry whose stream does not end exactly where its declared compressed size does (zipfile
+  stops at the declared size, so a stream cut by a byte can still give every byte and a good CRC).
 Every entry is read once, in full, with a cap (declared sizes are never trusted), so a damaged entry is
 refused here and not later when a page reads it. Files the reader never asks for (a README, macOS's
 __MACOSX/ and .DS_Store) are allowed once they pass the same checks: they are never read again.
@@ -63,6 +65,7 @@ def open_checked_zip(data: bytes, source: str, limit_of: Callable[[str], int]) -
     check_no_overlap(infos, archive.start_dir, source)
     for info in infos:
         read_entry(archive, info, 0 if info.is_dir() else limit_of(info.filename.rsplit("/", 1)[-1]), source)
+        check_stream_end(data, info, source)
     return archive
 
 
@@ -140,6 +143,25 @@ def read_entry(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, sour
     if len(data) != info.file_size:  # zipfile stops at the declared size, but not short of it
         raise WorkloadError(f"{source}: entry {info.filename!r} holds {len(data):,} bytes but declares {info.file_size:,}")
     return data
+
+
+def check_stream_end(data: bytes, info: zipfile.ZipInfo, source: str) -> None:
+    """A deflated entry's raw stream ends at its declared compressed size: no byte missing, none left over."""
+    if info.compress_type != zipfile.ZIP_DEFLATED or info.is_dir():
+        return
+    try:
+        name_len, extra_len = struct.unpack_from("<HH", data, info.header_offset + 26)  # from the local header
+        start = info.header_offset + LOCAL_HEADER_BYTES + name_len + extra_len
+        stream = zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate, as zip stores it
+        for at in range(start, start + info.compress_size, 2**20):  # in pieces: output is capped by read_entry already
+            stream.decompress(data[at:min(at + 2**20, start + info.compress_size)], 2**20)
+            while stream.unconsumed_tail:
+                stream.decompress(stream.unconsumed_tail, 2**20)
+    except ZIP_ERRORS as err:
+        raise WorkloadError(f"{source}: entry {info.filename!r} cannot be read ({why(err)})") from None
+    if not stream.eof or stream.unused_data:
+        raise WorkloadError(f"{source}: entry {info.filename!r}: its compressed data does not end where its "
+                            f"declared size ({info.compress_size:,} bytes) says")
 
 
 def why(err: Exception) -> str:
