@@ -25,6 +25,7 @@ class Sample:
     name: str
     data: bytes
     counts: dict  # request index -> its own trace's accepted counts, cycle by cycle
+    requests: int  # the manifest's request count, skipped requests included
 
     def records(self) -> list[dict]:
         return [json.loads(line) for line in self.data.split(b"\n") if line.strip()]
@@ -40,14 +41,18 @@ def accepted_counts(files: dict[str, bytes]) -> dict[int, list[int]]:
     return counts
 
 
+def request_count(files: dict[str, bytes]) -> int:
+    return len(json.loads(files["manifest.json"])["requests"])
+
+
 @lru_cache(maxsize=1)
 def samples() -> tuple[Sample, ...]:
     golden = {p.name: p.read_bytes() for p in GOLDEN.iterdir()}
-    found = [Sample("golden/batched_workload", golden[BATCH_TRACE], accepted_counts(golden))]
+    found = [Sample("golden/batched_workload", golden[BATCH_TRACE], accepted_counts(golden), request_count(golden))]
     for path in sorted((ROOT / "assets" / "workloads").glob("*batch*.zip")):
         with zipfile.ZipFile(path) as z:
             files = {name.rsplit("/", 1)[-1]: z.read(name) for name in z.namelist() if not name.endswith("/")}
-        found.append(Sample(path.name, files[BATCH_TRACE], accepted_counts(files)))
+        found.append(Sample(path.name, files[BATCH_TRACE], accepted_counts(files), request_count(files)))
     return tuple(found)
 
 
@@ -156,13 +161,13 @@ def make(rng: random.Random, index: int, places: Places) -> Case:
     sample = rng.choice(samples())
     data, expect, words, tag = batch_change(rng, sample)
     return Case(KIND, index, f"{sample.name}: {words}", expect, BATCH_TRACE, "loads_batch_trace", data=data, tag=tag,
-                options={"counts": sample.counts})
+                options={"counts": sample.counts, "requests": sample.requests})
 
 
 def attempt(case: Case, work: Path) -> str:
     try:
         batch = loads_batch_trace(case.data, BATCH_TRACE)
-        check_against_workload(batch, case.options["counts"], BATCH_TRACE)
+        check_against_workload(batch, case.options["counts"], BATCH_TRACE, requests=case.options["requests"])
     except TraceError as err:
         raise Refused(str(err)) from None
     return f"{len(batch['cycles'])} batched cycles"

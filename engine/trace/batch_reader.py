@@ -182,9 +182,14 @@ def loads_batch_trace(data: bytes | str, source: str = BATCH_TRACE) -> dict:
     return {"header": lines[0], "cycles": cycles, "summary": summary, "accepted": accepted}
 
 
-def check_against_workload(batch: dict, accepted_by_request: dict[int, list[int]], source: str = BATCH_TRACE) -> None:
+def check_against_workload(batch: dict, accepted_by_request: dict[int, list[int]], source: str = BATCH_TRACE,
+                           requests: int | None = None) -> None:
     """The batch trace and the requests' own traces tell the same story: each request's accepted
-    counts, cycle by cycle (`accepted_by_request`: request index -> its trace's num_accepted list)."""
+    counts, cycle by cycle (`accepted_by_request`: request index -> its trace's num_accepted list), and
+    the header's request count is the manifest's (`requests`, skipped requests included)."""
+    said = batch["header"].get("requests")
+    if requests is not None and said is not None and said != requests:
+        fail(source, f"the batch says {said} requests, the manifest lists {requests}")
     for req, counts in accepted_by_request.items():
         if batch["accepted"].get(req) != counts:
             fail(source, f"request {req}'s accepted counts differ from its own trace's")
