@@ -113,7 +113,7 @@ def broken(files: dict[str, bytes], manifest: dict, rng: random.Random, places: 
         files[MANIFEST] = json.dumps(manifest).encode()
         return words, REFUSE, tag
     if where == "batch":
-        sample = batch.Sample("batch", files["batch.jsonl"], {})
+        sample = batch.Sample("batch", files["batch.jsonl"], {}, len(manifest["requests"]))
         files["batch.jsonl"], expect, words, tag = batch.batch_change(rng, sample)
         return f"batch.jsonl: {words}", expect, tag
     name = manifest["requests"][rng.choice(done(manifest))]["file"]
