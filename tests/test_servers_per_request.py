@@ -86,7 +86,8 @@ def test_a_block_of_unknown_fields_is_named_in_one_line():
 
 
 @pytest.mark.parametrize("stats, words", [
-    ({"acceptance_histogram": {"4": 1}, "num_spec_steps": 1, "num_spec_tokens": 3}, "has the key '4': an accepted count from 0 to K = 3"),
+    ({"acceptance_histogram": {"4": 1}, "num_spec_steps": 1, "num_spec_tokens": 3},
+     "has the key '4': an accepted count from 0 to K = 3"),
     ({"acceptance_histogram": {"0": 1}, "num_spec_steps": 1}, "is sparse (a map) and num_spec_tokens is missing"),
     ({"acceptance_histogram": {"0": 2}, "num_spec_steps": 1, "num_spec_tokens": 3}, "acceptance_histogram sums to 2 steps"),
 ])
