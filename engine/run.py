@@ -242,11 +242,18 @@ def reusing_prefixes(pair: Pair, mode: RunMode, s: SpecSettings, prompt_ids: lis
             model.prefix_store = None
 
 
+def answer_text(tokenizer, token_ids: list[int]) -> str:
+    """Generated tokens as a server answers them: special tokens (an end of turn such as <|im_end|>)
+    skipped, as vLLM and the OpenAI-compatible servers do by default, so that the lab's text and a
+    server's can be compared as they are. The tokens themselves, specials included, stay in the ids."""
+    return tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
 def run_summary(pair: Pair, cycles: list[dict], k: int, wall_s: float) -> dict:
     """A finished run's summary line: its tokens, their text, why it stopped and its wall time."""
     generated = [t for c in cycles for t in c["committed_token_ids"]]
     stop = "eos" if generated and generated[-1] in pair.eos_ids else "max_new_tokens"
-    return make_summary(cycles, k, pair.target.tokenizer.decode(generated), stop, wall_s)
+    return make_summary(cycles, k, answer_text(pair.target.tokenizer, generated), stop, wall_s)
 
 
 def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode: RunMode = DEFAULT_MODE, *,
@@ -322,7 +329,7 @@ def run_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, prese
     plan = plan_k(pair, prompt_ids, s, calibration)
     if plan.plain:
         tokens, seconds = timed(lambda: target_generate(pair.target, prompt_ids, s, pair.eos_ids))
-        return AdvisedRun(plan, None, pair.target.tokenizer.decode(tokens), len(tokens), seconds)
+        return AdvisedRun(plan, None, answer_text(pair.target.tokenizer, tokens), len(tokens), seconds)
     advised = replace(s, k=plan.k)
     widest = max(calibration["verify_positions"])
     mode = RunMode(calibrate=True, calibration=calibration if plan.k + 1 <= widest else None)
@@ -355,7 +362,7 @@ def run_tree_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, 
     plan = plan_tree(pair, prompt_ids, s, calibration)
     if plan.plain:
         tokens = target_generate(pair.target, prompt_ids, s, pair.eos_ids)
-        return TreeAdvisedRun(plan, None, pair.target.tokenizer.decode(tokens), len(tokens))
+        return TreeAdvisedRun(plan, None, answer_text(pair.target.tokenizer, tokens), len(tokens))
     trace = run_to_trace(pair, prompt, replace(s, k=plan.k), out, RunMode(tree=plan.tree), preset=preset,
                          chat_template=chat_template, on_cycle=on_cycle)
     return TreeAdvisedRun(plan, trace, trace.summary["generated_text"], trace.summary["num_generated"])

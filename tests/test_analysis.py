@@ -54,8 +54,9 @@ def calibrated(pair, tmp_path_factory):
 
 def cycle(num_accepted: int, beta: list[float], draft_steps: list[float] = (), verify: float = 0.0,
           catch_up: float = 0.0, total: float = 0.0, committed: int | None = None) -> dict:
-    """The fields the analysis reads, for hand-made cycles."""
-    return {"num_accepted": num_accepted, "beta": beta, "draft_step_times_s": list(draft_steps),
+    """The fields the analysis reads, for hand-made cycles (one drafted token per beta)."""
+    return {"num_accepted": num_accepted, "beta": beta, "draft_token_ids": [0] * len(beta),
+            "draft_step_times_s": list(draft_steps),
             "draft_time_s": sum(draft_steps), "verify_time_s": verify, "catch_up_time_s": catch_up,
             "cycle_time_s": total, "committed_token_ids": [0] * (num_accepted + 1 if committed is None else committed)}
 
@@ -77,6 +78,12 @@ def test_alpha_and_counts_from_hand_made_cycles():
     assert measured_alpha(cycles) == pytest.approx(3.0 / 6)
     assert tokens_per_cycle_counts(cycles, 2) == [1, 1, 1]
     assert measured_alpha([]) == 0.0
+
+
+def test_a_cycle_that_drafted_nothing_is_no_draft():
+    # A prompt lookup that found nothing: a plain step, left out of the distribution as vLLM leaves it out.
+    cycles = [cycle(2, [1.0, 0.8]), cycle(0, []), cycle(0, [0.2, 0.4])]
+    assert tokens_per_cycle_counts(cycles, 2) == [1, 0, 1]
 
 
 def test_refined_equals_leviathan_when_verify_costs_one_step():

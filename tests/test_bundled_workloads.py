@@ -40,13 +40,14 @@ def recompute(requests: list[tuple[str, list[dict]]], k: int) -> dict:
         accepted = [c["num_accepted"] for c in cycles]
         reached = [sum(1 for d, a in zip(drafted, accepted) if d >= i and a >= i - 1) for i in range(1, k + 1)]
         passed = [sum(1 for d, a in zip(drafted, accepted) if d >= i and a >= i) for i in range(1, k + 1)]
-        return {"requests": n_requests, "cycles": len(cycles), "draft_tokens": sum(drafted),
+        drafts = sum(1 for d in drafted if d)  # vLLM counts no cycle that drafted nothing
+        return {"requests": n_requests, "cycles": len(cycles), "drafts": drafts, "draft_tokens": sum(drafted),
                 "accepted_tokens": sum(accepted),
                 "acceptance_rate": sum(accepted) / sum(drafted) if sum(drafted) else None,
-                "mean_acceptance_length": 1 + sum(accepted) / len(cycles) if cycles else None,
+                "mean_acceptance_length": 1 + sum(accepted) / drafts if drafts else None,
                 "conditional_acceptance": [{"position": i + 1, "accepted": passed[i], "reached": reached[i],
                                             "rate": passed[i] / reached[i] if reached[i] else None} for i in range(k)],
-                "accepted_histogram": [accepted.count(j) for j in range(k + 1)]}
+                "accepted_histogram": [sum(1 for d, a in zip(drafted, accepted) if d and a == j) for j in range(k + 1)]}
 
     by_category = defaultdict(list)
     for category, cycles in requests:

@@ -6,7 +6,7 @@ import engine.run
 import engine.stats.plan
 from engine.config import SpecSettings
 from engine.cycle.plain import target_generate
-from engine.run import encode_prompt, run_advised
+from engine.run import answer_text, encode_prompt, run_advised
 from engine.stats.analysis import NO_OVERHEAD, CycleOverhead
 from engine.stats.plan import plan_from
 from engine.trace import load_trace
@@ -47,7 +47,7 @@ def test_an_advised_run_decodes_plainly_or_traces_at_the_advised_k(tmp_path, mon
     done = run_advised(pair, "the cat sat", s, out)
     ids = encode_prompt(pair.target.tokenizer, "the cat sat", True)
     assert done.plan.plain and done.trace is None and not out.exists()  # nothing written
-    assert done.text == pair.target.tokenizer.decode(target_generate(pair.target, ids, s, pair.eos_ids))
+    assert done.text == answer_text(pair.target.tokenizer, target_generate(pair.target, ids, s, pair.eos_ids))
     monkeypatch.setattr(engine.run, "measure_step_times", lambda *a: CHEAP)
     done = run_advised(pair, "the cat sat", s, tmp_path / "spec.jsonl")
     trace = load_trace(tmp_path / "spec.jsonl")

@@ -47,6 +47,56 @@ def test_vllm_documented_response():
     assert list(st["categories"]) == ["uncategorised"]
 
 
+def test_vllm_earlier_per_choice_shape_reads_as_the_current_one():
+    """--per-request-spec-decode-stats: choices[].speculative_decoding_stats, a sparse histogram; the
+    documentation's example has the numbers of the current shape's example, and reads the same."""
+    earlier = read_requests_text(sample("vllm_choice_stats.json"))
+    current = read_requests_text(sample("vllm_response.json"))
+    assert earlier.requests == current.requests
+    assert "choices[].speculative_decoding_stats" in earlier.source
+    assert requests_stats(earlier)["overall"] == requests_stats(current)["overall"]
+
+
+def choice(**stats) -> dict:
+    return {"index": 0, "message": {"role": "assistant", "content": "..."}, "speculative_decoding_stats": stats}
+
+
+def test_each_choice_of_the_earlier_shape_is_a_request():
+    detailed = {"acceptance_histogram": {"0": 1, "2": 1}, "num_spec_steps": 2, "num_accepted_draft_tokens": 2,
+                "num_draft_tokens": 4, "num_spec_tokens": 2, "per_step_accepted": [0, 2], "per_step_drafted": [2, 2]}
+    answer = {"id": "cmpl-n", "choices": [choice(**detailed), choice(**detailed | {"acceptance_histogram": {"1": 2},
+                                                                                    "per_step_accepted": [1, 1]}),
+                                          {"index": 2, "speculative_decoding_stats": None}]}
+    reqs = read_requests_text(json.dumps(answer))
+    assert [r.id for r in reqs.requests] == ["cmpl-n/0", "cmpl-n/1"]
+    assert [r.accepted_histogram for r in reqs.requests] == [[1, 0, 1], [0, 2, 0]]
+    assert reqs.notes == ["1 response with speculative-decoding metrics null (n > 1, or speculative decoding off) left out"]
+
+
+def test_a_block_of_unknown_fields_is_named_in_one_line():
+    # The field names of vLLM PR #47322, which was closed unmerged: not a shape this reader knows.
+    unknown = {"num_drafted_tokens": 500, "num_accepted_tokens": 413, "num_draft_steps": 250}
+    for answer, where in [({"id": "r", "choices": [choice(**unknown)]}, "choices[0].speculative_decoding_stats"),
+                          ({"id": "r", "metrics": {"speculative_decoding": unknown}}, "metrics.speculative_decoding")]:
+        with pytest.raises(ServerMetricsError) as err:
+            read_requests_text(json.dumps(answer))
+        message = str(err.value)
+        assert f"request 1 {where} has a speculative-decoding block this reader does not know" in message
+        assert "'num_drafted_tokens', 'num_accepted_tokens', 'num_draft_steps'" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("stats, words", [
+    ({"acceptance_histogram": {"4": 1}, "num_spec_steps": 1, "num_spec_tokens": 3},
+     "has the key '4': an accepted count from 0 to K = 3"),
+    ({"acceptance_histogram": {"0": 1}, "num_spec_steps": 1}, "is sparse (a map) and num_spec_tokens is missing"),
+    ({"acceptance_histogram": {"0": 2}, "num_spec_steps": 1, "num_spec_tokens": 3}, "acceptance_histogram sums to 2 steps"),
+])
+def test_a_broken_sparse_histogram_is_refused_in_one_line(stats, words):
+    with pytest.raises(ServerMetricsError) as err:
+        read_requests_text(json.dumps({"id": "r", "choices": [choice(**stats)]}))
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
 def test_vllm_requests_by_category_worked_by_hand():
     reqs = read_requests_text(sample("vllm_requests.jsonl"))
     assert [r.id for r in reqs.requests] == ["chatcmpl-a", "chatcmpl-b", "chatcmpl-c", "chatcmpl-d"]
@@ -206,7 +256,7 @@ def text_of(*items) -> str:
     ('{"id": "r", "metrics": {"speculative_decoding": {"num_spec_steps": NaN}}}', "num_spec_steps is nan, not a finite"),
     ('{"id": "r", "metrics": {"speculative_decoding": {"draft_acceptance_rate": Infinity}}}', "not a finite number"),
     ('{"id": "r", "metrics": {"speculative_decoding": [1, 2]}}', "speculative_decoding is [1, 2], not an object"),
-    ('{"id": "r", "metrics": {"speculative_decoding": null}}', "every response's metrics.speculative_decoding is null"),
+    ('{"id": "r", "metrics": {"speculative_decoding": null}}', "every response's speculative-decoding metrics are null"),
     (text_of(vllm_line(), {"id": "x", "choices": []}), "request 2 has no metrics.speculative_decoding"),
     (text_of({"category": 5.5, **vllm_line()}), "request 1 category is 5.5, not a string"),
     ('{"metrics": {"speculative_decoding": ' + "[" * 100_000 + "]" * 100_000 + "}}", "nested too deeply"),

@@ -268,7 +268,7 @@ def test_a_bundled_tree_trace_matches_its_summary():
 
 def test_the_report_shows_every_section():
     text = format_workload_stats(workload_stats(two_requests(), bootstrap_samples=50))
-    for heading in ("WORKLOAD: 2 requests", "BY CATEGORY", "CONDITIONAL ACCEPTANCE", "DRAFT TOKENS ACCEPTED PER CYCLE",
+    for heading in ("WORKLOAD: 2 requests", "BY CATEGORY", "CONDITIONAL ACCEPTANCE", "DRAFT TOKENS ACCEPTED PER DRAFT",
                     "CONTEXT LENGTH", "WORST REQUESTS", "WORST CYCLES", "REJECTED DRAFT TOKENS"):
         assert heading in text
     assert "chat" in text and "code" in text and "0.400" in text

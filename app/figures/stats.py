@@ -73,16 +73,16 @@ def per_position_figure(st: TraceStats) -> go.Figure:
 def tokens_per_cycle_figure(st: TraceStats) -> go.Figure:
     """Histogram of tokens committed per cycle beside the truncated geometric the measured alpha predicts."""
     n = list(range(1, st.k + 2))
-    total = max(1, st.num_cycles)
+    total = max(1, sum(st.tokens_per_cycle))  # the drafts: a cycle that drafted nothing is not in it
     fig = go.Figure()
     fig.add_bar(x=n, y=[c / total for c in st.tokens_per_cycle], name="measured",
                 marker=dict(color=COLOURS[MEASURED]), customdata=st.tokens_per_cycle,
-                hovertemplate="%{x} tokens: %{y:.3f} (%{customdata} cycles)<extra></extra>")
+                hovertemplate="%{x} tokens: %{y:.3f} (%{customdata} drafts)<extra></extra>")
     fig.add_bar(x=n, y=st.pmf, name=f"truncated geometric at alpha = {st.alpha:.3f}",
                 marker=dict(color=COLOURS[LEVIATHAN], pattern=_hatch("/")),
                 hovertemplate="%{x} tokens: predicted %{y:.3f}<extra></extra>")
     fig.update_xaxes(title="tokens committed in one cycle (accepted + 1)", dtick=1)
-    fig.update_yaxes(title="fraction of cycles")
+    fig.update_yaxes(title="fraction of drafts (cycles that drafted)")
     return _layout(fig, "Tokens per cycle: measured and predicted", 340, top=90, barmode="group")
 
 
@@ -219,12 +219,12 @@ def compare_acceptance_figure(labels: Sequence[str], stats: Sequence[TraceStats]
         fig.add_bar(x=list(range(1, st.k + 1)), y=st.acceptance["per_position_acceptance"], name=esc(label),
                     marker=marker, legendgroup=label, hovertemplate="position %{x}: %{y:.3f}<extra></extra>",
                     row=1, col=1)
-        total = max(1, st.num_cycles)
+        total = max(1, sum(st.tokens_per_cycle))  # the drafts, as the mean acceptance length counts them
         fig.add_bar(x=list(range(1, st.k + 2)), y=[c / total for c in st.tokens_per_cycle], name=esc(label),
                     marker=marker, legendgroup=label, showlegend=False,
                     hovertemplate="%{x} tokens: %{y:.3f}<extra></extra>", row=1, col=2)
     fig.update_xaxes(dtick=1)
-    fig.update_yaxes(title="fraction of cycles", row=1, col=1)
+    fig.update_yaxes(title="fraction of drafts (cycles that drafted)", row=1, col=1)
     return _layout(fig, "Acceptance of the two traces", 380, top=110, legend_y=1.1, barmode="group")
 
 

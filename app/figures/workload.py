@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from app.figures.style import GRID, OKABE_ITO, esc, figure, fitted_probability_axis, probability_axis
 
 METRICS = {"acceptance_rate": "acceptance rate (accepted / drafted)",
-           "mean_acceptance_length": "mean acceptance length (1 + accepted / cycles)"}
+           "mean_acceptance_length": "mean acceptance length (1 + accepted / drafts)"}
 SIDES = (OKABE_ITO["blue"], OKABE_ITO["orange"])  # workload A, workload B
 # One colour per category line: Okabe-Ito's seven, then six of Paul Tol's muted scheme that none of them is
 # near (a workload has a dozen categories; with eight colours the ninth line took the first one's again).

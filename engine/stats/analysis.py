@@ -27,20 +27,20 @@ from statistics import fmean, median
 from engine.stats.robust import Spread
 from engine.stats.timings import Calibration, CycleTimes, calibration_of, cycle_times
 from engine.trace import Trace
-from engine.trace.metrics import acceptance_metrics, expected_tokens_per_cycle, predicted_speedup
+from engine.trace.metrics import acceptance_metrics, drafted, expected_tokens_per_cycle, predicted_speedup
 from engine.trace.schema import DRAFT_MODEL, MAX_K, PROMPT_LOOKUP
 
 DEFINITIONS = {
     "acceptance_rate": "accepted draft tokens / drafted tokens (vLLM V1).",
-    "mean_acceptance_length": "1 + accepted draft tokens / cycles: tokens one cycle commits, "
-                              "counting its resampled or bonus token (vLLM V1).",
-    "per_position_acceptance": "cycles whose i-th draft token was accepted / cycles; it needs every token "
-                               "before it accepted too, so the curve never rises (vLLM V1).",
+    "mean_acceptance_length": "1 + accepted draft tokens / drafts (cycles that drafted at least one token): "
+                              "tokens one such cycle commits, counting its resampled or bonus token (vLLM V1).",
+    "per_position_acceptance": "drafts whose i-th draft token was accepted / drafts (cycles that drafted); it "
+                               "needs every token before it accepted too, so the curve never rises (vLLM V1).",
     "alpha": "mean of the recorded beta = sum_x min(p_target(x), p_draft(x)) over every drafted position: "
              "the chance one draft token passes (Leviathan et al. 2023).",
     "c": "cost ratio: this run's median draft step / the calibrated target decode step (both cached, 1 token, "
          "with sampling).",
-    "tokens_per_cycle": "the mean acceptance length: what a cycle commits on average, measured.",
+    "tokens_per_cycle": "the mean acceptance length: what a cycle that drafted commits on average, measured.",
     "expected_tokens": "E[tokens per cycle] = (1 - alpha^(K+1)) / (1 - alpha): what alpha predicts a cycle "
                        "commits if every draft token passes independently (Leviathan et al. 2023).",
     "verify_steps": "verify cost of n positions: the calibrated time of one target pass over n positions / "
@@ -77,14 +77,17 @@ def beta_by_position(cycles: list[dict], k: int) -> list[float]:
 
 
 def tokens_per_cycle_counts(cycles: list[dict], k: int) -> list[int]:
-    """How many cycles committed n = 1..K+1 tokens (accepted + the resampled or bonus token).
+    """How many drafts (cycles that drafted) committed n = 1..K+1 tokens (accepted + the resampled or
+    bonus token): the distribution whose mean is the mean acceptance length. A prompt-lookup cycle
+    that found nothing is a plain step, not a draft, as vLLM counts.
 
     Uses num_accepted + 1 rather than the committed list, which an EOS or the token
     budget may cut short in the last cycle: the model being tested knows no budget.
     """
     counts = [0] * (k + 1)
     for c in cycles:
-        counts[c["num_accepted"]] += 1
+        if drafted(c):
+            counts[c["num_accepted"]] += 1
     return counts
 
 

@@ -41,9 +41,9 @@ def acceptance_lines(st: TraceStats) -> list[str]:
 
 
 def histogram_lines(st: TraceStats) -> list[str]:
-    lines = ["TOKENS COMMITTED PER CYCLE (accepted + 1) against the truncated geometric at alpha",
-             "  tokens  cycles  measured  predicted"]
-    total = max(1, st.num_cycles)
+    lines = ["TOKENS COMMITTED PER DRAFT (accepted + 1, cycles that drafted) against the truncated geometric at alpha",
+             "  tokens  drafts  measured  predicted"]
+    total = max(1, sum(st.tokens_per_cycle))  # the drafts: a cycle that drafted nothing is not in it
     for n, (count, p) in enumerate(zip(st.tokens_per_cycle, st.pmf), start=1):
         lines.append(f"  {n:>6}  {count:>6}  {count / total:>8.3f}  {p:>9.3f}")
     return lines

@@ -18,7 +18,7 @@ from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.stats.analysis import Calibration, advise_k, calibration_of, measured_alpha
 from engine.stats.calibrate import DEFAULT_MAX_POSITIONS, calibrate
-from engine.trace.metrics import acceptance_metrics, decoding_tokens_per_s
+from engine.trace.metrics import decoding_tokens_per_s, trace_acceptance
 
 Progress = Callable[[float, str], None]  # (fraction done, what is running)
 
@@ -76,7 +76,7 @@ def run_point(pair: Pair, prompt_ids: list[int], s: SpecSettings) -> SweepPoint:
     cycles = list(speculative_generate(pair, prompt_ids, s))
     decode_s = sum(c["cycle_time_s"] for c in cycles)
     tokens = sum(len(c["committed_token_ids"]) for c in cycles)
-    m = acceptance_metrics([c["num_accepted"] for c in cycles], s.k)
+    m = trace_acceptance(cycles, s.k)  # the trace's own definition: a lookup that found nothing is no draft
     steps = [t for c in cycles for t in c["draft_step_times_s"]]
     return SweepPoint(s.k, len(cycles), tokens, decode_s, decoding_tokens_per_s(cycles), measured_alpha(cycles),
                       m["acceptance_rate"], m["mean_acceptance_length"], statistics.median(steps))

@@ -16,7 +16,7 @@ from engine.config import SettingsError, tree_from_header
 from engine.stats.paths import target_weights
 from engine.stats.robust import Spread, spread_of
 from engine.trace import Trace, model_name
-from engine.trace.metrics import decoding_tokens_per_s
+from engine.trace.metrics import decoding_tokens_per_s, drafted, trace_acceptance
 from engine.trace.schema import DRAFT_MODEL, NEXT_BONUS
 
 TREE_DEFINITIONS = {
@@ -178,7 +178,7 @@ class RunSide:
 
     label: str  # 'chain K=3' or the tree's shape in words
     cycles: int
-    tokens_per_cycle: float  # 1 + accepted per cycle
+    tokens_per_cycle: float  # the mean acceptance length: 1 + accepted per draft (every tree cycle drafts)
     tokens_per_cycle_counts: list[int]  # cycles that committed n = 1..K+1 tokens
     acceptance: list[float]  # by position (chain) or by depth (tree): the same survival count
     draft_forwards: float  # per cycle, drafting only
@@ -205,9 +205,10 @@ class ChainTreeComparison:
 
 def run_side(trace: Trace, label: str) -> RunSide:
     cycles = trace.cycles
-    accepted = [c["num_accepted"] for c in cycles]
-    return RunSide(label, len(cycles), 1 + fmean(accepted) if cycles else 0.0, tokens_counts(accepted, trace.k),
-                   survival(accepted, trace.k),
+    m = trace_acceptance(cycles, trace.k)  # the one definition: a chain's cycle that drafted nothing is no draft
+    drafting = [c["num_accepted"] for c in cycles if drafted(c)]
+    return RunSide(label, len(cycles), m["mean_acceptance_length"], tokens_counts(drafting, trace.k),
+                   m["per_position_acceptance"],
                    fmean(draft_forwards(c) for c in cycles) if cycles else 0.0,
                    sum(c["draft_catch_up"] for c in cycles) / len(cycles) if cycles else 0.0,
                    fmean(c["verify_positions"] for c in cycles) if cycles else 0.0,

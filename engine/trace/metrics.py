@@ -2,27 +2,53 @@
 import statistics
 
 
+def drafts(num_drafted: list[int]) -> int:
+    """vLLM's "drafts": the cycles that proposed at least one token. A prompt-lookup cycle whose
+    lookup found nothing is a plain decoding step, and a live vLLM n-gram server does not count it
+    (recorded in tests/server_samples/vllm_live_answers.jsonl), so no rate below counts it either."""
+    return sum(d > 0 for d in num_drafted)
+
+
+def mean_acceptance_length(accepted: int, num_drafts: int) -> float | None:
+    """1 + accepted / drafts (counts the resampled or bonus token); None when nothing was drafted."""
+    return 1 + accepted / num_drafts if num_drafts else None
+
+
 def acceptance_metrics(num_accepted: list[int], k: int, num_drafted: list[int] | None = None) -> dict:
     """From each cycle's number of accepted draft tokens (and of drafted ones, if a drafter
-    may propose fewer than K; a draft model always drafts K).
+    may propose fewer than K; a draft model always drafts K). Every denominator but the rate's is
+    the number of drafts (cycles that drafted at least one token), as vLLM V1 counts them.
 
     acceptance_rate: accepted / drafted.
-    mean_acceptance_length: 1 + accepted / cycles (counts the resampled or bonus token).
-    per_position_acceptance[i]: cycles whose draft token i+1 was accepted / cycles; a
-    token can only be accepted if all before it were, so the curve never rises.
+    mean_acceptance_length: 1 + accepted / drafts (counts the resampled or bonus token); 0 when
+    nothing was drafted.
+    per_position_acceptance[i]: drafts whose draft token i+1 was accepted / drafts; a token can
+    only be accepted if all before it were, so the curve never rises.
+    num_cycles: every cycle, drafting or not.
     """
     cycles = len(num_accepted)
-    if cycles == 0:
+    drafted_counts = [k] * cycles if num_drafted is None else num_drafted
+    num_drafts = drafts(drafted_counts)
+    if num_drafts == 0:
         return {"acceptance_rate": 0.0, "mean_acceptance_length": 0.0,
-                "per_position_acceptance": [0.0] * k, "num_cycles": 0}
+                "per_position_acceptance": [0.0] * k, "num_cycles": cycles}
     accepted = sum(num_accepted)
-    drafted = cycles * k if num_drafted is None else sum(num_drafted)
     return {
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "mean_acceptance_length": 1 + accepted / cycles,
-        "per_position_acceptance": [sum(n > i for n in num_accepted) / cycles for i in range(k)],
+        "acceptance_rate": accepted / sum(drafted_counts),
+        "mean_acceptance_length": mean_acceptance_length(accepted, num_drafts),
+        "per_position_acceptance": [sum(n > i for n in num_accepted) / num_drafts for i in range(k)],
         "num_cycles": cycles,
     }
+
+
+def legacy_acceptance(num_accepted: list[int], k: int) -> dict:
+    """The lab's definition before it followed vLLM: every cycle in the denominators, drafting or
+    not. Only to read traces written before then (their summaries keep these numbers)."""
+    cycles = len(num_accepted)
+    if cycles == 0:
+        return {"mean_acceptance_length": 0.0, "per_position_acceptance": [0.0] * k}
+    return {"mean_acceptance_length": 1 + sum(num_accepted) / cycles,
+            "per_position_acceptance": [sum(n > i for n in num_accepted) / cycles for i in range(k)]}
 
 
 def drafted(cycle: dict) -> int:
@@ -38,7 +64,7 @@ def trace_acceptance(cycles: list[dict], k: int) -> dict:
     the share of the drafted tree that was used. Much lower than a chain's at the same depth,
     by design: a tree drafts siblings that cannot all be kept.
     mean_acceptance_length: 1 + mean path length = tokens a cycle makes before the EOS and
-    budget cut, the figure to compare with a chain's.
+    budget cut, the figure to compare with a chain's (every tree cycle drafts, so drafts = cycles).
     per_position_acceptance[d]: cycles whose path reached depth d+1 / cycles.
     """
     return acceptance_metrics([c["num_accepted"] for c in cycles], k, [drafted(c) for c in cycles])

@@ -68,8 +68,8 @@ def conditional_lines(group: dict) -> list[str]:
 
 
 def histogram_lines(group: dict) -> list[str]:
-    total = max(1, group["cycles"])
-    lines = ["DRAFT TOKENS ACCEPTED PER CYCLE", "  accepted  cycles  share"]
+    total = max(1, sum(group["accepted_histogram"]))  # the drafts: a cycle that drafted nothing is not in it
+    lines = ["DRAFT TOKENS ACCEPTED PER DRAFT (cycles that drafted)", "  accepted  drafts  share"]
     lines += [f"  {j:>8} {count:>7} {count / total:>6.3f}  {'#' * round(40 * count / total)}"
               for j, count in enumerate(group["accepted_histogram"])]
     return lines

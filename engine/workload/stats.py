@@ -5,9 +5,10 @@
  "per_request": [ROW], "context_length": [BIN], "context_edges", "loss", "bootstrap"}.
 
 Every rate is a ratio of sums over cycles, as vLLM V1 reports it (acceptance rate = accepted /
-drafted, mean acceptance length = 1 + accepted / cycles), never a mean of per-request rates: a
-long request weighs by its cycles. A rate with nothing under it (no drafted token, no cycle) is
-None, not 0, so "never measured" does not read as "never accepted". Intervals resample requests
+drafted, mean acceptance length = 1 + accepted / drafts, a draft being a cycle that proposed at
+least one token: engine/trace/metrics.py), never a mean of per-request rates: a long request weighs
+by its cycles. A rate with nothing under it (no drafted token, no draft) is None, not 0, so "never
+measured" does not read as "never accepted". "cycles" counts every cycle, "drafts" those that drafted. Intervals resample requests
 (engine/workload/intervals.py); where the loss is comes from engine/workload/loss.py.
 
 May import: engine.trace, engine.stats and the standard library. Never torch or streamlit.
@@ -24,7 +25,7 @@ from engine.stats.analysis import (
     speed_report,
 )
 from engine.stats.timings import calibration_of, cycle_times
-from engine.trace.metrics import drafted
+from engine.trace.metrics import drafted, mean_acceptance_length
 from engine.workload.intervals import CONFIDENCE, request_intervals
 from engine.workload.loss import loss_stats
 from engine.workload.requests import UNCATEGORISED, RequestRun
@@ -42,10 +43,10 @@ def rate(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def rates(accepted: int, drafted_tokens: int, cycles: int) -> dict:
+def rates(accepted: int, drafted_tokens: int, drafts: int) -> dict:
     """vLLM V1's two acceptance figures from the sums."""
     return {"acceptance_rate": rate(accepted, drafted_tokens),
-            "mean_acceptance_length": 1 + accepted / cycles if cycles else None}
+            "mean_acceptance_length": mean_acceptance_length(accepted, drafts)}
 
 
 def drafted_depth(cycle: dict) -> int:
@@ -70,10 +71,12 @@ def conditional_acceptance(cycles: list[dict], k: int) -> list[dict]:
 
 
 def accepted_histogram(cycles: list[dict], k: int) -> list[int]:
-    """counts[j] = cycles that accepted exactly j draft tokens, j = 0..k."""
+    """counts[j] = drafts (cycles that drafted) that accepted exactly j draft tokens, j = 0..k. A cycle
+    that drafted nothing accepted nothing by necessity: vLLM leaves it out, and so does this."""
     counts = [0] * (max([k, *(c["num_accepted"] for c in cycles)]) + 1)
     for c in cycles:
-        counts[c["num_accepted"]] += 1
+        if drafted(c):
+            counts[c["num_accepted"]] += 1
     return counts
 
 
@@ -94,9 +97,9 @@ def tokens_per_s(runs: list[RequestRun]) -> float | None:
 
 
 def request_counts(run: RequestRun) -> tuple[int, int, int]:
-    """(cycles, drafted tokens, accepted tokens) of one request; a tree drafts all its nodes."""
+    """(drafts, drafted tokens, accepted tokens) of one request; a tree drafts all its nodes."""
     cycles = run.trace.cycles
-    return len(cycles), sum(drafted(c) for c in cycles), sum(c["num_accepted"] for c in cycles)
+    return sum(drafted(c) > 0 for c in cycles), sum(drafted(c) for c in cycles), sum(c["num_accepted"] for c in cycles)
 
 
 def group_speed(runs: list[RequestRun], k: int) -> dict:
@@ -128,12 +131,12 @@ def group_speed(runs: list[RequestRun], k: int) -> dict:
 def group_stats(runs: list[RequestRun], bootstrap_samples: int, seed: int) -> dict:
     """GROUP: the pooled figures of some requests (a category, or the whole workload)."""
     counts = [request_counts(r) for r in runs]
-    cycles, drafted_tokens, accepted = (sum(col) for col in zip(*counts)) if counts else (0, 0, 0)
+    drafts, drafted_tokens, accepted = (sum(col) for col in zip(*counts)) if counts else (0, 0, 0)
     all_cycles = [c for r in runs for c in r.trace.cycles]
     k = max((r.trace.k for r in runs), default=0)  # one workload, one K; max keeps a mixed group safe
     return {
-        "requests": len(runs), "k": k, "cycles": cycles, "draft_tokens": drafted_tokens,
-        "accepted_tokens": accepted, **rates(accepted, drafted_tokens, cycles),
+        "requests": len(runs), "k": k, "cycles": len(all_cycles), "drafts": drafts, "draft_tokens": drafted_tokens,
+        "accepted_tokens": accepted, **rates(accepted, drafted_tokens, drafts),
         "conditional_acceptance": conditional_acceptance(all_cycles, k),
         "accepted_histogram": accepted_histogram(all_cycles, k),
         "generated_tokens": sum(generated_tokens(r) for r in runs), "tokens_per_s": tokens_per_s(runs),
@@ -144,9 +147,10 @@ def group_stats(runs: list[RequestRun], bootstrap_samples: int, seed: int) -> di
 
 def request_row(run: RequestRun, median_rate: float | None) -> dict:
     """ROW: one request's figures; below_median = workload median - its rate (positive: below)."""
-    cycles, drafted_tokens, accepted = request_counts(run)
-    row = {"id": run.id, "category": category_of(run), "file": run.file, "cycles": cycles,
-           "draft_tokens": drafted_tokens, "accepted_tokens": accepted, **rates(accepted, drafted_tokens, cycles),
+    drafts, drafted_tokens, accepted = request_counts(run)
+    row = {"id": run.id, "category": category_of(run), "file": run.file, "cycles": len(run.trace.cycles),
+           "drafts": drafts, "draft_tokens": drafted_tokens, "accepted_tokens": accepted,
+           **rates(accepted, drafted_tokens, drafts),
            "tokens_per_s": tokens_per_s([run]), "generated_tokens": generated_tokens(run),
            "prompt_tokens": len(run.trace.header.get("prompt_token_ids", [])),
            "accepted_per_cycle": [c["num_accepted"] for c in run.trace.cycles]}
@@ -177,15 +181,15 @@ def context_length(runs: list[RequestRun]) -> list[dict]:
     bins: dict[int, list] = {}
     for run in runs:
         for c in run.trace.cycles:
-            b = bins.setdefault(context_bin(c["committed_len_before"]), [0, 0, 0, set()])
-            b[0], b[1], b[2] = b[0] + 1, b[1] + drafted(c), b[2] + c["num_accepted"]
-            b[3].add(run.id)
+            b = bins.setdefault(context_bin(c["committed_len_before"]), [0, 0, 0, 0, set()])
+            b[0], b[1], b[2], b[3] = b[0] + 1, b[1] + (drafted(c) > 0), b[2] + drafted(c), b[3] + c["num_accepted"]
+            b[4].add(run.id)
     rows = []
     for i in sorted(bins):
-        cycles, drafted_tokens, accepted, requests = bins[i]
+        cycles, drafts, drafted_tokens, accepted, requests = bins[i]
         high = CONTEXT_EDGES[i + 1] if i + 1 < len(CONTEXT_EDGES) else None
-        rows.append({"low": CONTEXT_EDGES[i], "high": high, "cycles": cycles, "draft_tokens": drafted_tokens,
-                     "accepted_tokens": accepted, **rates(accepted, drafted_tokens, cycles),
+        rows.append({"low": CONTEXT_EDGES[i], "high": high, "cycles": cycles, "drafts": drafts,
+                     "draft_tokens": drafted_tokens, "accepted_tokens": accepted, **rates(accepted, drafted_tokens, drafts),
                      "requests": len(requests)})
     return rows
 
