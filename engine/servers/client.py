@@ -284,7 +284,11 @@ def run_client(requests: list[PromptRequest], s: ClientSettings, folder: str | P
         manifest["scrapes"]["before"] = scrape(s, folder, sw.BEFORE)
         sw.write_manifest(folder, manifest)
     run = ClientRun(s, folder, manifest, requests, info.kind, on_request, threading.Lock())
-    send_all(run, pending(manifest, requests))
+    try:
+        send_all(run, pending(manifest, requests))
+    except ClientError as err:
+        raise ClientError(f"{err} (the finished requests are kept in {folder}: the same command with --resume "
+                          "continues)") from None
     manifest["scrapes"]["after"] = scrape(s, folder, sw.AFTER) if manifest["scrapes"]["before"] else None
     sw.write_manifest(folder, manifest)
     return manifest

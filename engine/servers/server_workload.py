@@ -263,10 +263,11 @@ def per_request_metrics(folder: Path, records: list[dict], completions: list[int
         requests = read_requests(items)
     except ServerMetricsError as err:
         raise ServerWorkloadError(f"{path}: {err} (request n is line n)") from None
-    by_id = dict(zip((r["id"] for r in records), completions))
-    for r in requests.requests:
+    if len(requests.requests) != len(records):  # the client keeps only answers that carry the metrics
+        raise ServerWorkloadError(f"{path}: an answer's metrics.speculative_decoding is null")
+    for r, record, completion in zip(requests.requests, records, completions):
         try:
-            check_steps_against_tokens(r, by_id.get(r.id), f"{path} request {short(r.id)}")
+            check_steps_against_tokens(r, completion, f"{path} request {short(record['id'])}")
         except AnswerError as err:
             raise ServerWorkloadError(str(err)) from None
     return requests
