@@ -235,7 +235,7 @@ def read_answer_lines(folder: Path, m: dict) -> tuple[list[dict], list[int | Non
         where = f"{path} line {n}"
         record = parse_json(line, where)
         try:
-            completions.append(check_record(record, m["endpoint"], m["settings"], max_len, where))
+            completion = check_record(record, m["endpoint"], m["settings"], max_len, where)
         except AnswerError as err:
             raise ServerWorkloadError(str(err)) from None
         rid = record["id"]
@@ -246,7 +246,9 @@ def read_answer_lines(folder: Path, m: dict) -> tuple[list[dict], list[int | Non
         if record["category"] != done[rid]:
             raise ServerWorkloadError(f"{where}: category {short(record['category'])} but the manifest says {short(done[rid])}")
         seen.add(rid)
+        record_metrics(record, completion, where)
         records.append(record)
+        completions.append(completion)
     missing = [rid for rid in done if rid not in seen]
     if missing:
         raise ServerWorkloadError(f"{path}: no answer for request {short(missing[0])}, which the manifest calls done")
@@ -255,22 +257,22 @@ def read_answer_lines(folder: Path, m: dict) -> tuple[list[dict], list[int | Non
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def per_request_metrics(folder: Path, records: list[dict], completions: list[int | None]) -> ServerRequests:
-    """read_requests on the answers, each carrying the manifest's id and category; checked against the tokens."""
-    items = [record["answer"] | {"id": record["id"], "category": record["category"]} for record in records]
-    path = folder / ANSWERS
+def item_of(record: dict) -> dict:
+    """An answer as per_request.py reads it, carrying the manifest's id and category."""
+    return record["answer"] | {"id": record["id"], "category": record["category"]}
+
+
+def record_metrics(record: dict, completion: int | None, where: str) -> None:
+    """One answer's per-request metrics, read alone so that a refusal names its line, and held against its tokens."""
     try:
-        requests = read_requests(items)
+        requests = read_requests([item_of(record)])
+        if not requests.requests:  # the client keeps only answers that carry the metrics
+            raise ServerMetricsError("the answer's metrics.speculative_decoding is null")
+        check_steps_against_tokens(requests.requests[0], completion, where)
+    except AnswerError as err:
+        raise ServerWorkloadError(str(err)) from None
     except ServerMetricsError as err:
-        raise ServerWorkloadError(f"{path}: {err} (request n is line n)") from None
-    if len(requests.requests) != len(records):  # the client keeps only answers that carry the metrics
-        raise ServerWorkloadError(f"{path}: an answer's metrics.speculative_decoding is null")
-    for r, record, completion in zip(requests.requests, records, completions):
-        try:
-            check_steps_against_tokens(r, completion, f"{path} request {short(record['id'])}")
-        except AnswerError as err:
-            raise ServerWorkloadError(str(err)) from None
-    return requests
+        raise ServerWorkloadError(f"{where}: {str(err).replace('request 1 ', '', 1)}") from None
 
 
 def read_scrape(folder: Path, name: str | None) -> str | None:
@@ -292,6 +294,6 @@ def open_server_workload(folder: str | Path) -> ServerWorkload:
     records, completions = read_answer_lines(folder, m)
     if not records:
         raise ServerWorkloadError(f"{folder / MANIFEST}: no request is done yet (`engine client --resume` continues)")
-    requests = per_request_metrics(folder, records, completions)
+    requests = read_requests([item_of(record) for record in records])  # each line read alone already
     return ServerWorkload(folder, m, records, requests, completions,
                           read_scrape(folder, m["scrapes"]["before"]), read_scrape(folder, m["scrapes"]["after"]))
