@@ -38,13 +38,18 @@ def spec_block() -> dict:
 
 
 def chat_answer(body: dict, no_metrics: bool) -> dict:
+    """As vLLM answers /v1/chat/completions; /v1/completions ("prompt" in the body) keeps its prompt's
+    token ids in the choice, and its text there, instead of a message."""
     tokens = min(body.get("max_tokens", 16), 1 + sum(a + 1 for a in PER_STEP_ACCEPTED))
-    answer = {"id": "chatcmpl-fake", "object": "chat.completion", "model": body.get("model"),
-              "choices": [{"index": 0, "message": {"role": "assistant", "content": "x" * tokens},
-                           "finish_reason": "length", "token_ids": [100 + i for i in range(tokens)]}],
+    choice = {"index": 0, "finish_reason": "length", "token_ids": [100 + i for i in range(tokens)]}
+    answer = {"id": "chatcmpl-fake", "object": "chat.completion", "model": body.get("model"), "choices": [choice],
               "usage": {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": tokens,
-                        "total_tokens": len(PROMPT_IDS) + tokens},
-              "prompt_token_ids": list(PROMPT_IDS)}
+                        "total_tokens": len(PROMPT_IDS) + tokens}}
+    if "prompt" in body:
+        choice |= {"text": "x" * tokens, "prompt_token_ids": list(PROMPT_IDS)}
+    else:
+        choice["message"] = {"role": "assistant", "content": "x" * tokens}
+        answer["prompt_token_ids"] = list(PROMPT_IDS)
     if not no_metrics:
         answer["metrics"] = {"speculative_decoding": spec_block()}
     return answer

@@ -174,6 +174,18 @@ def test_a_failure_mid_run_keeps_the_finished_requests_and_resume_continues(tmp_
     assert stats["totals"]["equal"] is True and stats["overall"]["cycles"] == 4 * len(PROMPTS)
 
 
+def test_the_completions_endpoint_sends_prompts_and_refuses_conversations(tmp_path, capsys):
+    with FakeServer() as server:
+        out = tmp_path / "out"
+        assert main(["client", "--url", server.url, "--prompts", str(write_prompts(tmp_path / "p.jsonl", PROMPTS[:2])),
+                     "--out", str(out), "--endpoint", "completions"]) == 0
+        assert [a["request"]["prompt"] for a in answers(out)] == [p["prompt"] for p in PROMPTS[:2]]
+        assert stats_json(out, capsys)["endpoint"] == "completions"
+        assert main(["client", "--url", server.url, "--prompts", str(write_prompts(tmp_path / "c.jsonl", PROMPTS[5:])),
+                     "--out", str(tmp_path / "other"), "--endpoint", "completions"]) == 2
+    assert "c.jsonl line 1: a conversation (messages) needs --endpoint chat" in one_line_error(capsys)
+
+
 def test_a_4xx_is_not_tried_again(tmp_path, capsys):
     with FakeServer(Behaviour(fail_from=1, status=400)) as server:
         assert main(["client", "--url", server.url, "--prompts", str(write_prompts(tmp_path / "p.jsonl", PROMPTS[:1])),

@@ -161,7 +161,8 @@ def start_folder(folder: Path, manifest: dict, resume: bool, requests: list[Prom
     if differs:
         raise ClientError(f"--resume: {folder} was started with other {differs}; run it in a new folder")
     sw.write_answers(folder, kept_answers(folder, old))
-    old |= {"url": manifest["url"], "settings": manifest["settings"], "scrapes": old["scrapes"] | {"after": None}}
+    old |= {key: manifest[key] for key in ("url", "settings", "prompts", "planned_requests")}
+    old["scrapes"] = old["scrapes"] | {"after": None}  # taken again when this run ends
     sw.write_manifest(folder, old)
     return old
 
