@@ -21,10 +21,10 @@ class AnswerError(ServerMetricsError):
     """An answers.jsonl line that is not what the client wrote, said in one line (the caller names the file)."""
 
 
-def field(d: dict, key: str, kind: type | tuple, where: str):
+def field(d: dict, key: str, kind: type, where: str):
     value = d.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise AnswerError(f"{where}: field {key!r} is {short(value)}, not {getattr(kind, '__name__', 'a value')}")
+    if not isinstance(value, kind):
+        raise AnswerError(f"{where}: field {key!r} is {short(value)}, not {kind.__name__}")
     return value
 
 

@@ -8,6 +8,7 @@ this writes, the reader reads. After each request the answer line is flushed, th
 replaced; the first failure stops new requests, the ones in flight finish and are kept, and
 `resume=True` sends only the requests not yet done (a failed one is sent again).
 """
+import json
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -126,7 +127,6 @@ def resume_differs(old: dict, new: dict, requests: list[PromptRequest]) -> str |
 
 def kept_answers(folder: Path, manifest: dict) -> list[dict]:
     """The answer lines a killed run left that its manifest calls done, each once; the rest is sent again."""
-    import json
     done = {e["id"] for e in manifest["requests"] if e["status"] == sw.DONE}
     path = folder / sw.ANSWERS
     kept, seen = [], set()
@@ -231,12 +231,13 @@ class ClientRun:
     def finish(self, index: int, record: dict | None, error: str | None) -> None:
         r = self.requests[index]
         entry = {"id": r.id, "category": r.category, "status": sw.DONE if error is None else sw.FAILED,
-                 "error": error, "index": index, "line": r.line, "fingerprint": r.fingerprint()}
+                 "error": None if error is None else sw.printable(error), "index": index, "line": r.line,
+                 "fingerprint": r.fingerprint()}
         with self.lock:  # one writer at a time: the answer line first, then the manifest that calls it done
             if record is not None:
                 sw.append_answer(self.folder, record)
             entries = [e for e in self.manifest["requests"] if e["id"] != r.id] + [entry]
-            self.manifest["requests"] = sorted(entries, key=lambda e: e["index"])
+            self.manifest["requests"] = sorted(entries, key=lambda e: e.get("index", sw.MAX_REQUESTS))
             sw.write_manifest(self.folder, self.manifest)
         if self.on_request:
             self.on_request(entry)

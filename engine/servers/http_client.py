@@ -28,7 +28,7 @@ class Answer:
 
 def short_text(data: bytes, most: int = 120) -> str:
     """A server's body for an error message: one line, shortened."""
-    text = " ".join(data.decode("utf-8", "replace").split())
+    text = "".join(c if c.isprintable() else "?" for c in " ".join(data.decode("utf-8", "replace").split()))
     return text if len(text) <= most else text[:most - 3] + "..."
 
 
@@ -62,21 +62,18 @@ def retryable(answer: Answer) -> bool:
 
 
 def send(url: str, body: bytes | None, timeout_s: float, retries: int) -> Answer:
-    """The answer of the first try that is not a transport failure or a 5xx, after up to `retries` more tries."""
+    """The answer of the first try that is not a transport failure or a 5xx; after `retries` such tries, the last one's."""
     pause = RETRY_PAUSE_S
-    for attempt in range(retries + 1):
-        last = attempt == retries
+    for _ in range(retries):
         try:
             answer = send_once(url, body, timeout_s)
-        except ClientError:
-            if last:
-                raise
-        else:
-            if not retryable(answer) or last:
+            if not retryable(answer):
                 return answer
-        time.sleep(pause)  # a pause between tries to a remote server; nothing local to wait on
+        except ClientError:
+            pass
+        time.sleep(pause)  # a pause between tries to a remote server: nothing local to wait on
         pause *= 2
-    raise AssertionError("unreachable")
+    return send_once(url, body, timeout_s)
 
 
 def failed(url: str, answer: Answer, tries: int) -> ClientError:

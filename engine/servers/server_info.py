@@ -36,7 +36,10 @@ class ServerInfo:
 
 
 def text_of(value) -> str | None:
-    return value[:MAX_TEXT] if isinstance(value, str) and value.strip() else None
+    """A name the server gives, kept printable and short (the manifest holds only printable text)."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return "".join(c if c.isprintable() else "?" for c in value[:MAX_TEXT])
 
 
 def repr_value(raw: str):
@@ -67,7 +70,7 @@ def sglang_speculative_config(info: dict) -> dict | None:
 def kind_of(models: dict | None, info: dict | None) -> str:
     if isinstance(info, dict) and isinstance(info.get("vllm_config"), str):
         return VLLM
-    if isinstance(info, dict) and ("speculative_algorithm" in info or "sglang_version" in str(info.get("version"))):
+    if isinstance(info, dict) and "speculative_algorithm" in info:  # SGLang's server args, set or None
         return SGLANG
     owner = first_model(models).get("owned_by")
     return {"vllm": VLLM, "sglang": SGLANG}.get(owner if isinstance(owner, str) else "", UNKNOWN)

@@ -63,6 +63,11 @@ class ServerWorkload:
 
 # ---------------------------------------------------------------- writing
 
+def printable(message: str) -> str:
+    """An error as the manifest may hold it: one printable line of at most MAX_TEXT characters."""
+    return "".join(c if c.isprintable() else "?" for c in " ".join(message.split()))[:MAX_TEXT]
+
+
 def write_manifest(folder: Path, manifest: dict) -> None:
     """Replace the manifest in one step: a kill leaves the old one or the new one, never half."""
     tmp = folder / (MANIFEST + ".tmp")
@@ -171,6 +176,9 @@ def check_manifest(m, where: str) -> None:
         setting(settings, key, where)
     check_scrapes(m.get("scrapes"), where)
     check_entries(m.get("requests"), where)
+    planned = m.get("planned_requests")
+    if planned is not None and (isinstance(planned, bool) or not isinstance(planned, int) or not 0 < planned <= MAX_REQUESTS):
+        raise ServerWorkloadError(f"{where}: field 'planned_requests' is {short(planned)}, not a number of requests")
 
 
 def check_server(server, where: str) -> None:
@@ -211,6 +219,10 @@ def check_entries(entries, where: str) -> None:
         if (e["status"] == FAILED) != (e.get("error") is not None):
             raise ServerWorkloadError(f"{w}: a failed request has an error, a done one none")
         text(e.get("error"), w, "error")
+        index = e.get("index")  # the client's own fields; a folder another tool wrote may lack them
+        if index is not None and (isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_REQUESTS):
+            raise ServerWorkloadError(f"{w}: field 'index' is {short(index)}, not a request's place in the prompt file")
+        text(e.get("fingerprint"), w, "fingerprint", MAX_NAME)
 
 
 def read_manifest(folder: Path) -> dict:
