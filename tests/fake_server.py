@@ -22,7 +22,8 @@ class Behaviour:
     status: int = 500
     no_metrics: bool = False
     malformed: bool = False
-    hang: threading.Event | None = None  # set: wait on it before answering (a test sets it when it ends)
+    hang: threading.Event | None = None  # given: from request hang_from on, wait on it, then answer nothing
+    hang_from: int = 1
     served: int = 0  # chat requests answered with 200
     tried: int = 0  # chat requests received
     counters: dict = field(default_factory=lambda: {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": [0] * K})
@@ -103,8 +104,9 @@ def handler_for(b: Behaviour, lock: threading.Lock):
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
             with lock:
                 b.tried += 1
-                failing = b.fail_from is not None and b.tried >= b.fail_from
-            if b.hang is not None:
+                tried = b.tried
+                failing = b.fail_from is not None and tried >= b.fail_from
+            if b.hang is not None and tried >= b.hang_from:
                 b.hang.wait()
                 return
             if failing:

@@ -9,7 +9,10 @@ finished requests kept; a hostile folder is refused by `engine stats` in one lin
 """
 import json
 import shutil
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,7 @@ PROMPTS = [
     {"id": "colours", "category": "facts", "messages": [{"role": "user", "content": "Name three colours."}]},
 ]
 MAX_TOKENS = 24
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_prompts(path: Path, prompts: list[dict]) -> Path:
@@ -184,6 +188,36 @@ def test_the_completions_endpoint_sends_prompts_and_refuses_conversations(tmp_pa
         assert main(["client", "--url", server.url, "--prompts", str(write_prompts(tmp_path / "c.jsonl", PROMPTS[5:])),
                      "--out", str(tmp_path / "other"), "--endpoint", "completions"]) == 2
     assert "c.jsonl line 1: a conversation (messages) needs --endpoint chat" in one_line_error(capsys)
+
+
+def done_ids(folder: Path) -> list[str]:
+    try:
+        m = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return []  # not written yet
+    return [e["id"] for e in m["requests"] if e["status"] == "done"]
+
+
+def test_a_killed_client_continues_with_resume(tmp_path, capsys):
+    """A client process killed while two requests hang on the server: its two answers stay, --resume sends the rest."""
+    prompts, out = write_prompts(tmp_path / "p.jsonl", PROMPTS), tmp_path / "out"
+    command = [sys.executable, "-m", "engine", "client", "--prompts", str(prompts), "--out", str(out), "--concurrency", "2"]
+    with FakeServer(Behaviour(hang=threading.Event(), hang_from=3)) as server:
+        process = subprocess.Popen([*command, "--url", server.url], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        try:
+            while server.behaviour.tried < 4 or len(done_ids(out)) < 2:  # both answers kept, both hung requests sent
+                assert process.poll() is None, "the client ended before it was killed"
+                time.sleep(0.05)  # waiting on the state above, checked between short pauses
+        finally:
+            process.kill()
+            process.wait()
+    assert done_ids(out) == ["count", "days"]
+    with FakeServer() as server:
+        assert main(["client", "--url", server.url, "--prompts", str(prompts), "--out", str(out), "--resume"]) == 0
+        assert server.behaviour.served == len(PROMPTS) - 2
+    assert [a["id"] for a in answers(out)] == [p["id"] for p in PROMPTS]
+    assert stats_json(out, capsys)["requests"] == len(PROMPTS)
 
 
 def test_a_4xx_is_not_tried_again(tmp_path, capsys):
