@@ -137,7 +137,7 @@ def kept_answers(folder: Path, manifest: dict) -> list[dict]:
             except ValueError:
                 continue  # the line a kill cut off
             rid = record.get("id") if isinstance(record, dict) else None
-            if rid in done and rid not in seen:
+            if isinstance(rid, str) and rid in done and rid not in seen:
                 seen.add(rid)
                 kept.append(record)
     manifest["requests"] = [e for e in manifest["requests"] if e["status"] == sw.FAILED or e["id"] in seen]
