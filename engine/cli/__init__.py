@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose.set_defaults(max_new_tokens=16)
     stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file, or of a "
                                          "workload (its folder or a zip of it)")
-    stats.add_argument("trace", help="a trace (.jsonl), a workload folder, or a zip of one")
+    stats.add_argument("trace", help="a trace (.jsonl), a workload folder, a zip of one, or a server workload folder "
+                                     "(`engine client`: also the requests' sum against the server's counters)")
     stats.add_argument("--json", action="store_true",
                        help="print a workload's statistics as one JSON object (docs/workloads.md has its shape)")
     stats.add_argument("--prometheus", action="store_true",
