@@ -4,6 +4,7 @@
 - workload.py: `run --prompts` and `run --batch` (a workload folder).
 - diagnose.py: `diagnose` (the options and the printing; the diagnosis itself is engine/diagnose/).
 - stats.py: `stats` (a trace or a workload) and `metrics` (a server's speculative-decoding metrics).
+- client.py: `client` (a prompt file sent to a live server, into a server workload folder).
 
 Every error is one line on stderr and exit code 2; Ctrl-C is one line and exit code 130.
 The cheap checks (prompt, --out, --device, settings, the run mode) run before any model loads.
@@ -17,6 +18,7 @@ import argparse
 import os
 import sys
 
+from engine.cli.client import add_client_parser
 from engine.cli.run import cmd_run, ctrl_c_at_cycle_ends  # noqa: F401 - ctrl_c_at_cycle_ends: the run's Ctrl-C rule
 from engine.cli.stats import cmd_metrics, cmd_stats
 from engine.config import CAPTURE_AUTO, CAPTURE_MODES, SettingsError
@@ -85,11 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose.set_defaults(max_new_tokens=16)
     stats = sub.add_parser("stats", help="print acceptance, cost and speed statistics of a trace file, or of a "
                                          "workload (its folder or a zip of it)")
-    stats.add_argument("trace", help="a trace (.jsonl), a workload folder, or a zip of one")
+    stats.add_argument("trace", help="a trace (.jsonl), a workload folder, a zip of one, or a server workload folder "
+                                     "(`engine client`: also the requests' sum against the server's counters)")
     stats.add_argument("--json", action="store_true",
                        help="print a workload's statistics as one JSON object (docs/workloads.md has its shape)")
     stats.add_argument("--prometheus", action="store_true",
                        help="print the trace's acceptance as vLLM's Prometheus counters instead")
+    add_client_parser(sub)
     metrics = sub.add_parser("metrics", help="explain a server's speculative-decoding metrics (vLLM, SGLang, "
                                              "TensorRT-LLM); two vLLM /metrics scrapes give the time between; "
                                              "per-request output (responses) is also shown request by request")
@@ -171,15 +175,26 @@ def cmd_diagnose(args) -> int:
     return run_diagnosis(args)
 
 
-COMMANDS = {"run": cmd_run_or_workload, "diagnose": cmd_diagnose, "stats": cmd_stats, "metrics": cmd_metrics}
+def cmd_client(args) -> int:
+    from engine.cli.client import cmd_client as run_client
+    return run_client(args)
+
+
+COMMANDS = {"run": cmd_run_or_workload, "diagnose": cmd_diagnose, "stats": cmd_stats, "metrics": cmd_metrics,
+            "client": cmd_client}
 
 
 def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def kept_cycles(args) -> str:
-    """Where a stopped run's finished cycles are, if it wrote any."""
+def kept_cycles(args, interrupted: bool = False) -> str:
+    """Where a stopped run's finished cycles (or an interrupted client's finished requests) are, if it wrote any.
+    A client's own failures say it themselves (engine/servers/client.py), its refusals before sending must not."""
+    if args.command == "client":
+        from engine.servers.server_workload import MANIFEST
+        held = interrupted and os.path.isfile(os.path.join(args.out, MANIFEST))
+        return f" (the finished requests are kept in {args.out}: the same command with --resume continues)" if held else ""
     if args.command != "run" or os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 writes a trace
         return ""
     if args.prompts or getattr(args, "batch", None) is not None:
@@ -218,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt as err:
-        report(err, f"\ninterrupted{kept_cycles(args)}")
+        report(err, f"\ninterrupted{kept_cycles(args, interrupted=True)}")
         return 130
     except Exception as err:  # noqa: BLE001 - the command line shows one line, never a traceback
         if isinstance(err, known_errors()):

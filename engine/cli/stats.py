@@ -1,7 +1,8 @@
 """`python -m engine stats` and `python -m engine metrics`: reading what was written or scraped.
 
 `stats FILE` prints a trace's acceptance, cost and speed (or vLLM's Prometheus counters with
---prometheus); `stats FOLDER|ZIP` a workload's statistics (or one JSON object with --json).
+--prometheus); `stats FOLDER|ZIP` a workload's statistics (or one JSON object with --json); a folder
+`engine client` wrote gets its server workload's statistics and both totals.
 `metrics FILE...` explains a vLLM, SGLang or TensorRT-LLM server's speculative-decoding metrics,
 optionally against a trace. Refusals raise SettingsError; engine/cli/__init__.py prints them.
 
@@ -36,6 +37,9 @@ def is_workload(path: str) -> bool:
 
 
 def cmd_workload_stats(args) -> int:
+    from engine.servers.server_workload import is_server_workload
+    if is_server_workload(args.trace):
+        return cmd_server_workload_stats(args)
     from engine.workload.folder import open_workload
     from engine.workload.report import format_workload_stats
     from engine.workload.stats import workload_stats
@@ -45,6 +49,19 @@ def cmd_workload_stats(args) -> int:
     workload = open_workload(args.trace)
     stats = workload_stats(workload.runs())
     print(json.dumps(stats, ensure_ascii=False) if args.json else format_workload_stats(stats))
+    return 0
+
+
+def cmd_server_workload_stats(args) -> int:
+    """A folder `engine client` wrote: the per-request views, and the requests' sum against the server's counters."""
+    from engine.servers.server_workload import open_server_workload
+    from engine.workload.server_report import format_server_workload_stats
+    from engine.workload.server_stats import server_workload_stats
+
+    if args.prometheus:
+        raise SettingsError("--prometheus reads one trace, not a server workload")
+    stats = server_workload_stats(open_server_workload(args.trace))
+    print(json.dumps(stats, ensure_ascii=False) if args.json else format_server_workload_stats(stats))
     return 0
 
 

@@ -23,6 +23,15 @@
 - export.py: the other direction, a trace's acceptance under vLLM's Prometheus names.
 - launch.py: a live vLLM started from its own environment (scripts/vllm_env.sh) on 127.0.0.1,
   ready when /health answers, stopped by its process id; HTTP only, vllm is never imported here.
+- http_client.py: GET and POST of JSON to a live server (urllib only): timeout, retries on
+  connection errors and 5xx (never 4xx), answers capped; ClientError names the URL in one line.
+- server_info.py: a live server's kind, version, model and speculative configuration, from
+  /version, /v1/models and /server_info, merged with what the user says it was started with.
+- answer_checks.py: one answers.jsonl line of a server workload, checked for meaning.
+- server_workload.py: the server workload folder (manifest.json, answers.jsonl, two /metrics
+  scrapes): written atomically, read back as untrusted input (ServerWorkload).
+- client.py: `python -m engine client`'s run: prompts sent on threads, answers checked and kept,
+  /metrics scraped before and after, resumable.
 - report.py: the explanation, and the per-request report, as plain text for `python -m engine metrics`.
 
 May import: engine.stats, engine.trace, prometheus_client and the standard library. Never

@@ -16,7 +16,10 @@
 - intervals.py: stats.py's bootstrap intervals, resampling requests (standard library only).
 - loss.py: stats.py's "loss" entry: worst requests and cycles, rejected draft tokens by text and class.
 - report.py: those statistics as text, for `python -m engine stats FOLDER`.
+- server_stats.py: the same views of a server workload (`engine client`'s folder, read by
+  engine/servers/server_workload.py), plus the requests' sum against the server's counters.
+- server_report.py: those as text, reusing report.py's sections.
 
-May import: engine.trace, engine.stats, engine.config and the standard library; run.py also
+May import: engine.trace, engine.stats, engine.servers, engine.config and the standard library; run.py also
 engine.run (torch). Never streamlit: the app reads workloads through these modules.
 """
