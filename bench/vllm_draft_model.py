@@ -49,6 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--prompts", type=int, default=len(PROMPTS))
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--tag", default="", help="appended to the results' name (e.g. 64-tokens)")
     return p.parse_args(argv)
 
 
@@ -177,7 +178,8 @@ def main(argv=None) -> None:
               "requests": rows, "all_agree": all(agrees(r["agree"]) for r in rows),
               "all_agree_pruned_draft": all(agrees(r["agree_pruned_draft"]) for r in rows),
               "wall_s": round(time.time() - started, 1)}
-    write_results(args.out, f"vllm-draft-model-{cpu_tag(machine)}", result, report(result))
+    stem = "-".join(p for p in ("vllm-draft-model", cpu_tag(machine), args.tag) if p)
+    write_results(args.out, stem, result, report(result))
     print(report(result))
 
 

@@ -3,7 +3,7 @@ vLLM's draft model, replayed by the lab on vLLM's prompt token ids (bench/vllm_d
 steps line up); greedy, K=3, each request compared on its own."""
 import pytest
 
-from bench.vllm_draft_model import ask_vllm, lab_side, vllm_side
+from bench.vllm_draft_model import ask_vllm, first_difference, lab_side, vllm_side
 from engine.models.presets import chat_draft_full_vocab_folder, smollm2_folder
 from engine.run import load_pair
 from engine.servers.launch import draft_model_config, start_vllm
@@ -49,3 +49,10 @@ def test_the_draft_model_really_drafts(vllm_answers):
     steps = [vllm_side(a) for a in vllm_answers]
     assert all(n == K for s in steps for n in s["per_step_drafted"])
     assert sum(s["num_accepted_draft_tokens"] for s in steps) > 0
+
+
+def test_where_two_runs_part():
+    """What the report names when vLLM and the lab part: the first differing position, a prefix's end, or none."""
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
