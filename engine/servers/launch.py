@@ -20,6 +20,12 @@ STARTUP_LIMIT_S = 900.0  # only a guard against a server that neither answers no
 NGRAM_K3 = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 
+def draft_model_config(folder: Path, k: int = 3) -> dict:
+    """vLLM's speculative config for a separate draft model; vLLM refuses one whose vocabulary differs from the
+    target's (engine.models.presets.chat_draft_full_vocab_folder is the chat draft made to fit)."""
+    return {"method": "draft_model", "model": str(folder), "num_speculative_tokens": k}
+
+
 class ServerStartError(RuntimeError):
     """The server exited or never answered /health; the message ends with its log's last lines."""
 
