@@ -55,6 +55,14 @@ def test_the_replica_matches_every_greedy_request_step_by_step_and_token_by_toke
     k = replica.manifest["settings"]["k"]
     assert k == 3 and replica.manifest["pair"]["drafter"] == {"kind": "prompt-lookup", "max_ngram": 4, "min_ngram": 2}
     assert len(loads_comparison((out / REPLICA_FILE).read_bytes(), "replica", k, replica.entries)) == len(PROMPTS)
+    # The same traces against an answer altered at its second drafting step part there, at that step's cycle.
+    answer, entry = next((a, e) for a, e in zip(server.answers, replica.entries) if len(a.drafted_per_step) >= 2)
+    cycles = replica.trace(entry).cycles
+    accepted = list(answer.accepted_per_step)
+    accepted[1] = (accepted[1] + 1) % (answer.drafted_per_step[1] + 1)
+    parted = compare_request(entry.id, server_steps(answer.drafted_per_step, accepted), answer.token_ids, cycles)
+    assert parted.first_difference.step == 1 and not parted.equal and parted.tokens_equal
+    assert parted.first_difference.replica_cycle == [c["cycle"] for c in cycles if c["draft_token_ids"]][1]
 
 
 # ---------------------------------------------------------------- alignment on hand-built lists

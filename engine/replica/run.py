@@ -46,10 +46,16 @@ def check_vocabulary(answers: list[ServerAnswer], vocab_size: int) -> None:
                                       f"replica's target vocabulary of {vocab_size} (the server served another model)")
 
 
+SERVER_KEYS = ("kind", "version", "model")
+CONFIG_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+
+
 def head_of(server: ServerWorkload) -> dict:
-    """What replica.json says of the server it replicates (copied from the server workload's manifest)."""
-    return {"server_workload": server.folder.resolve().name, "server": server.manifest["server"],
-            "speculative_config": server.speculative_config}
+    """What replica.json says of the server it replicates: the few fields it names, copied from the server
+    workload's manifest only where they are short text (the rest of that manifest is the client's)."""
+    named = {k: v for k in SERVER_KEYS if isinstance(v := server.manifest["server"].get(k), str) and len(v) <= 100}
+    config = {k: server.speculative_config[k] for k in CONFIG_KEYS}  # settings.py checked each of them
+    return {"server_workload": server.folder.resolve().name[:100], "server": named, "speculative_config": config}
 
 
 def run_replica(server: ServerWorkload, out: str | Path,
