@@ -53,7 +53,8 @@ def test_the_replica_matches_every_greedy_request_step_by_step_and_token_by_toke
     assert [r["id"] for r in body["requests"]] == [rid for rid, _, _ in PROMPTS]
     assert all(r["equal"] and r["tokens_equal"] and r["first_difference"] is None for r in body["requests"])
     k = replica.manifest["settings"]["k"]
-    assert k == 3 and replica.manifest["pair"]["drafter"] == {"kind": "prompt-lookup", "max_ngram": 4, "min_ngram": 2}
+    assert k == 3 and replica.manifest["pair"]["drafter"] == {"kind": "prompt-lookup", "max_ngram": 4, "min_ngram": 2,
+                                                               "ngram_match": "earliest"}
     assert len(loads_comparison((out / REPLICA_FILE).read_bytes(), "replica", k, replica.entries)) == len(PROMPTS)
     # The same traces against an answer altered at its second drafting step part there, at that step's cycle.
     answer, entry = next((a, e) for a, e in zip(server.answers, replica.entries) if len(a.drafted_per_step) >= 2)
@@ -176,6 +177,7 @@ def test_what_the_lab_cannot_replicate_is_refused_saying_what_it_can(config, tem
 def test_the_plan_for_vllms_ngram_is_prompt_lookup_at_its_k_and_range():
     plan = replica_plan(NGRAM, 0.0)
     assert (plan.k, plan.drafter.kind, plan.drafter.min_ngram, plan.drafter.max_ngram) == (3, "prompt-lookup", 2, 4)
+    assert plan.drafter.ngram_match == "earliest"  # vLLM V1 copies after the n-gram's first occurrence
 
 
 def server_folder(tmp: Path, config: dict | None = NGRAM, answer_line: str | None = None) -> Path:
@@ -205,6 +207,18 @@ def test_the_reader_takes_the_servers_ids_and_steps(tmp_path):
     assert (a.prompt_ids, a.token_ids, a.drafted_per_step, a.accepted_per_step, a.max_tokens) == ([1, 2, 3], [4, 5, 2],
                                                                                                  [3], [1], 8)
     assert a.request.messages == (("user", "hi"),)
+
+
+def test_a_request_that_never_drafted_has_no_steps_though_vllm_writes_null(tmp_path):
+    folder = server_folder(tmp_path / "s")
+    line = json.loads((folder / "answers.jsonl").read_text())
+    line["answer"]["metrics"]["speculative_decoding"] = {
+        "mean_acceptance_length": 1.0, "draft_acceptance_rate": 0.0, "acceptance_histogram": [0, 0, 0, 0],
+        "num_spec_steps": 0, "num_accepted_draft_tokens": 0, "num_draft_tokens": 0, "num_spec_tokens": 3,
+        "per_step_accepted": None, "per_step_drafted": None}  # as a live vLLM 0.32 answers it
+    (folder / "answers.jsonl").write_text(json.dumps(line) + "\n")
+    (a,) = read_server_workload(folder).answers
+    assert (a.drafted_per_step, a.accepted_per_step) == ([], [])
 
 
 @pytest.mark.parametrize("config, line, says", [

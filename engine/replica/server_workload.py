@@ -122,6 +122,8 @@ def per_step(answer: dict, where: str) -> tuple[list[int], list[int]]:
         r = vllm_request(block, answer, 1)
     except ServerMetricsError as err:
         raise ServerWorkloadError(f"{where}: {err}") from None
+    if r.steps == 0 and r.drafted_per_step is None and r.accepted_per_step is None:
+        return [], []  # vLLM writes null, not [], for a request whose lookup never found a match
     if r.drafted_per_step is None or r.accepted_per_step is None:
         raise ServerWorkloadError(f"{where}: metrics.speculative_decoding has no per_step_drafted and "
                                   "per_step_accepted (serve with --per-request-spec-decode-metrics detailed)")

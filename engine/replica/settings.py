@@ -3,15 +3,17 @@ replica runs with: greedy, the server's K, its n-gram range and each request's m
 
 vLLM's `ngram` method and the lab's prompt lookup (engine/drafters/prompt_lookup.py) search the same
 sequence (prompt and output) for the longest n-gram from prompt_lookup_max down to prompt_lookup_min
-and copy up to K tokens after its most recent earlier occurrence, so at temperature 0 they draft the
-same tokens. Other methods (a draft model, EAGLE, MTP, suffix decoding) are refused in one line: the
-lab cannot run the server's draft weights or its suffix trees as the server does.
+and copy up to K tokens after an earlier occurrence of it. vLLM V1 copies after the earliest one
+(vllm/v1/spec_decode/ngram_proposer.py), the lab by default after the latest: the replica asks for the
+earliest (ngram_match), so at temperature 0 the two draft the same tokens. Other methods (a draft
+model, EAGLE, MTP, suffix decoding) are refused in one line: the lab cannot run the server's draft
+weights or its suffix trees as the server does.
 """
 from dataclasses import dataclass
 
 from engine.drafters.registry import DrafterOptions
 from engine.replica.server_workload import ServerWorkloadError
-from engine.trace.schema import MAX_K, MAX_NGRAM, PROMPT_LOOKUP
+from engine.trace.schema import MAX_K, MAX_NGRAM, NGRAM_EARLIEST, PROMPT_LOOKUP
 
 REPLICABLE = "ngram"  # vLLM's name for prompt lookup
 CAN_REPLICATE = "the lab replicates vLLM's \"ngram\" method (as its prompt lookup), greedy"
@@ -46,4 +48,4 @@ def replica_plan(speculative_config: dict | None, temperature: float) -> Replica
     k = whole(speculative_config, "num_speculative_tokens", 1, MAX_K)
     low = whole(speculative_config, "prompt_lookup_min", 1, MAX_NGRAM)
     high = whole(speculative_config, "prompt_lookup_max", low, MAX_NGRAM)
-    return ReplicaPlan(DrafterOptions(kind=PROMPT_LOOKUP, max_ngram=high, min_ngram=low), k)
+    return ReplicaPlan(DrafterOptions(kind=PROMPT_LOOKUP, max_ngram=high, min_ngram=low, ngram_match=NGRAM_EARLIEST), k)
