@@ -259,16 +259,22 @@ def run_summary(pair: Pair, cycles: list[dict], k: int, wall_s: float) -> dict:
 def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode: RunMode = DEFAULT_MODE, *,
                  preset: str | None = None, chat_template: bool = True,
                  on_cycle: Callable[[dict], None] | None = None, messages: Messages | None = None,
-                 request: dict | None = None) -> Trace:
+                 request: dict | None = None, prompt_ids: list[int] | None = None) -> Trace:
     """Run speculative decoding on `prompt` in `mode` (engine/mode.py: chain or tree, reference or fast,
     faults, ranks, calibration), writing the trace to `out` as it goes. Everything the mode or the
     pair cannot run is refused before anything is written. A workload's request passes its
     conversation (`messages`, with `prompt` its text without a template) and its id and category
-    (`request`), which the header keeps.
+    (`request`), which the header keeps. `prompt_ids`, when given, are the target's prompt as it runs
+    (a server's ids after its own chat template, which the replica feeds): used as they are, never
+    encoded again, so no second rendering of the template can differ from them.
     """
     refuse_empty_prompt(prompt)
     use_chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
-    prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat, messages)
+    if prompt_ids is None:
+        prompt_ids = encode_prompt(pair.target.tokenizer, prompt, use_chat, messages)
+    else:
+        refuse_empty_prompt(prompt_ids)
+        prompt_ids = list(prompt_ids)
     pair = pair_for_prompt(pair, prompt, prompt_ids, messages)
     kind = mode.prepare(pair, s)
     s = kind.settings

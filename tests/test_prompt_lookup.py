@@ -14,7 +14,7 @@ from engine.drafters.registry import DrafterOptions
 from engine.kv.ops import cache_len
 from engine.run import load_with_drafter, run_to_trace
 from engine.teaching.faults import Faults
-from engine.trace import load_trace
+from engine.trace import TraceError, load_trace
 from tests.checks import assert_self_consistent
 from tests.test_engine import assert_cache_matches_fresh_prefill
 from tests.test_exactness import chi_square_p_value, exact_two_token_distribution
@@ -40,6 +40,32 @@ def test_finds_the_most_recent_earlier_occurrence_of_the_longest_ngram():
     assert find_match([1, 2, 3], 3, 1) is None  # no token repeats
     assert find_match([3, 3], 2, 1).continuation_start == 1  # an overlapping match is allowed
     assert find_match([1, 2, 1, 2], 3, 3) is None  # min_ngram 3: [2, 1, 2] never occurred before
+
+
+def test_earliest_finds_the_first_occurrence_as_vllms_ngram_proposer_does():
+    seq = [5, 1, 2, 9, 7, 1, 2, 3, 4, 1, 2]
+    m = find_match(seq, max_ngram=3, min_ngram=1, earliest=True)
+    assert (m.ngram_size, m.match_start, m.continuation_start) == (2, 1, 3)  # [1, 2] first at 1, followed by 9
+    assert find_match(seq, max_ngram=1, min_ngram=1, earliest=True).match_start == 2  # [2] first at 2
+    assert find_match([3, 3, 3], 1, 1, earliest=True).continuation_start == 1
+    assert find_match([1, 2, 3], 3, 1, earliest=True) is None
+    # The longest n still wins over an earlier shorter match: [7, 1, 2] at 4 beats [1, 2] at 1.
+    assert find_match([5, 1, 2, 9, 7, 1, 2, 3, 7, 1, 2], 3, 1, earliest=True).match_start == 4
+
+
+def test_a_header_names_the_earliest_match_and_refuses_another_word(tmp_path):
+    drafter = PromptLookupDrafter(32, 3, 1, "earliest")
+    assert drafter.settings()["ngram_match"] == "earliest"
+    assert "ngram_match" not in PromptLookupDrafter(32, 3, 1).settings()  # the default, as every older trace
+    target = lookup_pair().target
+    pair = Pair(target, None, set(), PromptLookupDrafter(target.full_vocab_size, 3, 1, "earliest"))
+    out = tmp_path / "earliest.jsonl"
+    run_to_trace(pair, "the cat sat", SpecSettings(k=3, temperature=0.0, max_new_tokens=8), out)
+    assert load_trace(out).header["drafter"]["ngram_match"] == "earliest"
+    text = out.read_text().replace('"ngram_match": "earliest"', '"ngram_match": "nearest"', 1)
+    out.write_text(text)
+    with pytest.raises(TraceError, match="ngram_match"):
+        load_trace(out)
 
 
 def test_proposes_the_continuation_one_hot_and_fewer_than_k_at_the_end():

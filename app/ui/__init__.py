@@ -10,6 +10,7 @@
 - first_result.py: where each page puts its first result.
 - tree_trace.py: the tree cycle two pages show (the walkthrough and the interview).
 - workloads.py and diagnoses.py: the workloads and diagnoses the app can show (bundled, live, uploaded).
+- replicas.py: a live workload's comparison with the server it replicates (engine replica).
 
 May import: streamlit, app.figures and engine. Pages import this package; it never
 imports a page.

@@ -3,14 +3,15 @@ with a path from every number down to the cycles behind it (links into the stepp
 
 Sources: app/views/sections/workload_source.py; views: app/views/sections/workload_views.py and
 workload_loss.py; a server's per-request metrics: app/views/sections/workload_server.py, in the
-sources' tab. Seven tabs, so that all of them fit at 1366x768; only the open tab runs.
+sources' tab; a replica's comparison with its server (`engine replica`): workload_replica.py, above
+the tabs. Seven tabs, so that all of them fit at 1366x768; only the open tab runs.
 """
 import streamlit as st
 
 from app.ui import workloads
 from app.ui.first_result import first_result
 from app.ui.safe import md
-from app.views.sections import workload_loss, workload_source, workload_views
+from app.views.sections import workload_loss, workload_replica, workload_source, workload_views
 from engine.trace import TraceError
 
 TAB = "workload_tab"
@@ -111,6 +112,7 @@ def show(slot, choice: tuple[str, str]) -> None:
     if skipped:
         st.caption(f"{len(skipped)} requests were skipped as too long for the pair: "
                    + md(", ".join(e.id for e in skipped)))
+    workload_replica.draw(choice)
     for name, tab in zip(TABS, st.tabs(TABS, key=TAB, on_change="rerun")):
         if tab.open:
             with tab:

@@ -5,6 +5,7 @@
 - diagnose.py: `diagnose` (the options and the printing; the diagnosis itself is engine/diagnose/).
 - stats.py: `stats` (a trace or a workload) and `metrics` (a server's speculative-decoding metrics).
 - client.py: `client` (a prompt file sent to a live server, into a server workload folder).
+- replica.py: `replica` (a server workload run again through the engine, compared step by step).
 
 Every error is one line on stderr and exit code 2; Ctrl-C is one line and exit code 130.
 The cheap checks (prompt, --out, --device, settings, the run mode) run before any model loads.
@@ -104,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                          help="one verify pass over K+1 positions, in target steps (default 1, Leviathan's assumption)")
     metrics.add_argument("--trace", default=None,
                          help="a trace to compare with; its calibration gives c and the verify cost unless --c is given")
+    replica = sub.add_parser("replica", help="run a server workload's requests (`engine client`) through the lab's "
+                                             "engine from the server's prompt ids, and compare step by step")
+    replica.add_argument("folder", help="a server-workload folder (manifest.json, answers.jsonl)")
+    replica.add_argument("--out", default=None,
+                         help="the replica's workload folder, new or empty (default FOLDER/replica); under the app's "
+                              "live runs' folder (runs/live/workloads/NAME) the Workload page lists it")
     return parser
 
 
@@ -180,8 +187,13 @@ def cmd_client(args) -> int:
     return run_client(args)
 
 
+def cmd_replica(args) -> int:
+    from engine.cli.replica import cmd_replica as run_replica
+    return run_replica(args)
+
+
 COMMANDS = {"run": cmd_run_or_workload, "diagnose": cmd_diagnose, "stats": cmd_stats, "metrics": cmd_metrics,
-            "client": cmd_client}
+            "client": cmd_client, "replica": cmd_replica}
 
 
 def one_line(text: str) -> str:

@@ -2,7 +2,9 @@
 
 As Hugging Face `generate(prompt_lookup_num_tokens=...)` and vLLM's `ngram` method do:
 take the last n tokens of prompt + output (n from max_ngram down to min_ngram), find
-their most recent earlier occurrence, and propose the up to K tokens that followed it.
+an earlier occurrence, and propose the up to K tokens that followed it. Which occurrence
+is an option (engine/trace/schema.py NGRAM_MATCHES): the most recent one by default, as
+this lab always drafted; the earliest one, as vLLM V1 and Hugging Face do.
 No model runs, so drafting costs almost nothing (c close to 0); it pays off when the
 output repeats the input (rewriting, summarising, editing code). With no match the
 cycle proposes nothing and is a plain target step.
@@ -14,7 +16,7 @@ import torch
 from engine.config import SettingsError, SpecSettings
 from engine.drafters.base import CatchUp, Proposal, one_hot_rows
 from engine.models.device import timed
-from engine.trace.schema import MAX_NGRAM, PROMPT_LOOKUP
+from engine.trace.schema import MAX_NGRAM, NGRAM_EARLIEST, NGRAM_LATEST, NGRAM_MATCHES, PROMPT_LOOKUP
 
 
 @dataclass
@@ -24,13 +26,14 @@ class Match:
     continuation_start: int  # match_start + n: where the proposed tokens were copied from
 
 
-def find_match(committed: list[int], max_ngram: int, min_ngram: int) -> Match | None:
+def find_match(committed: list[int], max_ngram: int, min_ngram: int, earliest: bool = False) -> Match | None:
     """The longest n (max_ngram..min_ngram) whose last-n tokens occurred before with a follower;
-    among its occurrences the most recent one."""
+    among its occurrences the most recent one, or with `earliest` the first one."""
     length = len(committed)
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         tail = committed[length - n:]
-        for start in range(length - n - 1, -1, -1):  # most recent first; always leaves a follower
+        starts = range(length - n) if earliest else range(length - n - 1, -1, -1)  # each leaves a follower
+        for start in starts:
             if committed[start:start + n] == tail:
                 return Match(n, start, start + n)
     return None
@@ -41,18 +44,23 @@ class PromptLookupDrafter:
     vocab_size: int  # the target's full vocabulary: one-hot rows over it
     max_ngram: int = 3
     min_ngram: int = 1
+    ngram_match: str = NGRAM_LATEST  # which earlier occurrence it copies from (NGRAM_MATCHES)
     kind: str = PROMPT_LOOKUP
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram <= MAX_NGRAM:
             raise SettingsError(f"n-gram sizes need 1 <= min ({self.min_ngram}) <= max ({self.max_ngram}) <= {MAX_NGRAM}")
+        if self.ngram_match not in NGRAM_MATCHES:
+            raise SettingsError(f"ngram_match must be one of {', '.join(NGRAM_MATCHES)}, got {self.ngram_match!r}")
 
     def describe(self) -> dict:
         return {"name": "prompt lookup (n-gram)", "architecture": "none (copies earlier tokens)",
                 "parameters": 0, "vocab_size": self.vocab_size, "kept_vocab": None}
 
     def settings(self) -> dict:
-        return {"kind": self.kind, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+        # "latest" is left out: a header without the field drafted that way, as every trace before the option
+        chosen = {} if self.ngram_match == NGRAM_LATEST else {"ngram_match": self.ngram_match}
+        return {"kind": self.kind, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram} | chosen
 
     def check_settings(self, s: SpecSettings) -> None:
         pass
@@ -62,7 +70,8 @@ class PromptLookupDrafter:
 
     def propose(self, state: None, committed: list[int], k: int, s: SpecSettings,
                 gen: torch.Generator) -> Proposal:
-        match, elapsed = timed(lambda: find_match(committed, self.max_ngram, self.min_ngram))
+        match, elapsed = timed(lambda: find_match(committed, self.max_ngram, self.min_ngram,
+                                                  self.ngram_match == NGRAM_EARLIEST))
         tokens = [] if match is None else committed[match.continuation_start:match.continuation_start + k]
         rows = one_hot_rows(tokens, self.vocab_size)  # (n, V)
         record = {"kind": self.kind, "matched": match is not None, "proposed": len(tokens),

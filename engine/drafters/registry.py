@@ -27,6 +27,8 @@ from engine.trace.schema import (
     EAGLE,
     MAX_K,
     MAX_NGRAM,
+    NGRAM_LATEST,
+    NGRAM_MATCHES,
     OTHER_TOKENIZER,
     PROMPT_LOOKUP,
 )
@@ -44,6 +46,7 @@ class DrafterOptions:
     kind: str = DRAFT_MODEL  # one of DRAFTERS
     max_ngram: int = 3  # prompt lookup: longest n-gram tried first
     min_ngram: int = 1  # prompt lookup: shortest n-gram tried
+    ngram_match: str = NGRAM_LATEST  # prompt lookup: which earlier occurrence it copies from
     draft_model: str | None = None  # the folder of its draft: a draft model, one with its own tokenizer, an EAGLE head
     max_draft_steps: int = 0  # other tokenizer: draft tokens per cycle at most (0: K)
     # A draft model mis-set on purpose (engine/drafters/model.py; engine/diagnose/ plants them):
@@ -67,7 +70,8 @@ class DrafterOptions:
                                 f"({self.max_ngram}) <= {MAX_NGRAM}")
         if not 0 <= self.max_draft_steps <= MAX_K:
             raise SettingsError(f"--draft-steps must be between 0 (K) and {MAX_K}, got {self.max_draft_steps}")
-        for name, allowed in (("draft_prompt", DRAFT_PROMPTS), ("draft_filters", DRAFT_FILTERS)):
+        for name, allowed in (("draft_prompt", DRAFT_PROMPTS), ("draft_filters", DRAFT_FILTERS),
+                              ("ngram_match", NGRAM_MATCHES)):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in allowed:
                 raise SettingsError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
@@ -189,7 +193,7 @@ def build_model(target: "LoadedModel", options: DrafterOptions, load: Load) -> "
 def build_prompt_lookup(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
     from engine.drafters.prompt_lookup import PromptLookupDrafter
 
-    return PromptLookupDrafter(target.full_vocab_size, options.max_ngram, options.min_ngram)
+    return PromptLookupDrafter(target.full_vocab_size, options.max_ngram, options.min_ngram, options.ngram_match)
 
 
 def build_other_tokenizer(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
@@ -244,7 +248,10 @@ DRAFTERS = {spec.kind: spec for spec in (
         flags=(Flag("--max-ngram", "max_ngram", "prompt lookup: longest n-gram matched first", 1, MAX_NGRAM,
                     label="Longest n-gram matched first"),
                Flag("--min-ngram", "min_ngram", "prompt lookup: shortest n-gram tried", 1, MAX_NGRAM,
-                    label="Shortest n-gram tried"))),
+                    label="Shortest n-gram tried"),
+               Flag("--ngram-match", "ngram_match", "prompt lookup: copy after the latest earlier occurrence of the "
+                    "n-gram (the default) or the earliest (as vLLM's ngram method and Hugging Face do)",
+                    choices=NGRAM_MATCHES))),
     DrafterKind(
         OTHER_TOKENIZER, "engine.drafters.other_tokenizer:OtherTokenizerDrafter",
         title="the other-tokenizer drafter",

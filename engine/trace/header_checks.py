@@ -26,6 +26,8 @@ from engine.trace.schema import (
     MAX_DECODER_FALLBACK_TEXT,
     MAX_K,
     MAX_NGRAM,
+    NGRAM_EARLIEST,
+    NGRAM_LATEST,
     OTHER_TOKENIZER,
     PROMPT_LOOKUP,
     TARGET_WEIGHTS,
@@ -56,6 +58,8 @@ def check_drafter(h: dict, temperature: float, where: str) -> dict:
         lo, hi = d.get("min_ngram"), d.get("max_ngram")
         if not (is_int(lo) and is_int(hi) and 1 <= lo <= hi <= MAX_NGRAM):
             fail(where, "drafter.min_ngram", f"prompt lookup needs 1 <= min_ngram <= max_ngram <= {MAX_NGRAM}")
+        if d.get("ngram_match", NGRAM_EARLIEST) != NGRAM_EARLIEST:
+            fail(where, "drafter.ngram_match", f"is {NGRAM_EARLIEST!r} or left out ({NGRAM_LATEST!r})")
     if d["kind"] == OTHER_TOKENIZER:
         if temperature != 0:
             fail(where, "settings.temperature", "the other-tokenizer drafter runs greedy only (temperature 0): "

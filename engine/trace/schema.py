@@ -62,6 +62,12 @@ MAX_DECODER_FALLBACK_TEXT = 300  # the one-line reason own did not apply to a mo
 DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE = "model", "prompt-lookup", "other-tokenizer", "eagle"
 DRAFTER_KINDS = (DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE)
 MAX_NGRAM = 16  # prompt lookup: the longest n-gram it may be told to match
+# Which earlier occurrence of the matched n-gram prompt lookup copies from. "latest" (the most recent) is
+# what every trace before this option drafted with; "earliest" is what vLLM V1's ngram proposer and Hugging
+# Face's prompt_lookup_num_tokens take, so a replica of a vLLM server drafts as it did. A header's drafter
+# entry names it only when "earliest".
+NGRAM_LATEST, NGRAM_EARLIEST = "latest", "earliest"
+NGRAM_MATCHES = (NGRAM_LATEST, NGRAM_EARLIEST)
 
 # A draft model deliberately mis-set the way real deployments get it wrong (the diagnosis, engine/diagnose/,
 # plants them and measures what they cost). Both stay exact (the ratio test reads the distribution the draft

@@ -105,6 +105,17 @@ def encode_requests(pair: Pair, requests: list[Request], s: SpecSettings, chat: 
     return encoded
 
 
+def fitting_ids(pair: Pair, requests: list[Request], given_ids: list[list[int]], s: SpecSettings,
+                source: str) -> list[list[int] | str]:
+    """Prompt ids given with the requests, each checked to fit the models (a request too long is refused)."""
+    for r, ids in zip(requests, given_ids, strict=True):
+        try:
+            check_prompt_fits(pair, len(ids), s)
+        except ValueError as err:
+            raise PromptFileError(f"{source}: request {r.id!r}: {err}") from None
+    return [list(ids) for ids in given_ids]
+
+
 def bundled_prompt_ids(pair: Pair, count: int, s: SpecSettings) -> list[list[int]]:
     """The first `count` requests of the bundled prompt set, encoded for the pair's target (in its chat template
     when it has one), each checked to fit the models with `s`'s budget (batch sweeps run them)."""
@@ -150,7 +161,8 @@ class StartedWorkload:
             s = replace(self.s, seed=mf.request_seed(self.s.seed, i, self.manifest.get("seed_stride")))
             trace = run_to_trace(self.pair, r.text, s, self.folder / entry["file"], self.mode,
                                  preset=self.preset, chat_template=self.chat_template, on_cycle=self.on_cycle,
-                                 messages=r.messages, request={"id": r.id, "category": r.category})
+                                 messages=r.messages, request={"id": r.id, "category": r.category},
+                                 prompt_ids=ids)
             entry |= {"status": mf.DONE, "summary": mf.summary_of(trace.summary, len(ids))}
         write_manifest(self.folder, self.manifest)
         if self.on_request:
@@ -161,13 +173,19 @@ def start_workload(pair: Pair, requests: list[Request], s: SpecSettings, folder:
                    mode: RunMode = DEFAULT_MODE, *, preset: str | None = None, chat_template: bool = True,
                    prompts_name: str = "prompts", resume: bool = False, skip_too_long: bool = False,
                    on_request: Callable[[mf.Entry], None] | None = None,
-                   on_cycle: Callable[[dict], None] | None = None) -> StartedWorkload:
-    """Check everything, write (or, resuming, check) the manifest and calibrate: nothing runs yet."""
+                   on_cycle: Callable[[dict], None] | None = None,
+                   given_ids: list[list[int]] | None = None) -> StartedWorkload:
+    """Check everything, write (or, resuming, check) the manifest and calibrate: nothing runs yet.
+    `given_ids`: each request's prompt ids as given (a server's, engine/replica/), checked to fit
+    the models but never encoded from its text."""
     folder = Path(folder)
     chat = chat_template and bool(getattr(pair.target.tokenizer, "chat_template", None))
     prepared = mode.prepare(pair, s).settings  # refuses what the mode or the pair cannot run, before anything is written
     manifest = new_manifest(pair, prepared, mode, preset, chat, requests, prompts_name)
-    prompt_ids = encode_requests(pair, requests, prepared, chat, prompts_name, skip_too_long)
+    if given_ids is None:
+        prompt_ids = encode_requests(pair, requests, prepared, chat, prompts_name, skip_too_long)
+    else:
+        prompt_ids = fitting_ids(pair, requests, given_ids, prepared, prompts_name)
     manifest = start_folder(folder, manifest, resume)
     return StartedWorkload(pair, requests, s, folder, calibrated(pair, mode, s, prompt_ids), manifest, prompt_ids,
                            preset, chat_template, on_request, on_cycle)

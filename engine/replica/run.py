@@ -1,0 +1,82 @@
+"""The replica run: a server workload's requests through the lab's engine, as an ordinary workload folder
+(engine/workload/run.py: a trace per request and a manifest), then replica.json beside its manifest.
+
+Each request runs from the server's own prompt ids (after the server's chat template, so no second
+rendering of the template can differ), greedy, with the drafter and K that reproduce the server's
+configuration (settings.py) and the server's max_tokens, on the chat preset's target: the model the
+lab's vLLM serves (engine/servers/launch.py). replica.json is rewritten after every request, so an
+interrupted replica keeps the comparison of the requests it finished.
+"""
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from engine.config import SpecSettings
+from engine.replica.align import RequestComparison, compare_request, server_steps
+from engine.replica.comparison import write_comparison
+from engine.replica.server_workload import ANSWERS, ServerAnswer, ServerWorkload, ServerWorkloadError
+from engine.replica.settings import replica_plan
+from engine.run import load_preset
+from engine.workload.run import start_workload
+
+REPLICA_PRESET = "chat"  # its target is the model the lab's vLLM serves (engine/models/presets.py smollm2_folder)
+
+
+@dataclass(frozen=True)
+class Replica:
+    folder: Path
+    comparisons: list[RequestComparison]
+
+
+def one_budget(answers: list[ServerAnswer]) -> int:
+    """The max_tokens every request was sent with: a workload runs one setting over all its requests."""
+    budgets = sorted({a.max_tokens for a in answers})
+    if len(budgets) > 1:
+        raise ServerWorkloadError(f"{ANSWERS}: the requests were sent with max_tokens {budgets}; a replica runs "
+                                  "one max_tokens for all (replicate each budget's requests from its own folder)")
+    return budgets[0]
+
+
+def check_vocabulary(answers: list[ServerAnswer], vocab_size: int) -> None:
+    """Ids beyond the target's vocabulary mean the server served another model: nothing to compare."""
+    for a in answers:
+        highest = max(a.prompt_ids + a.token_ids)
+        if highest >= vocab_size:
+            raise ServerWorkloadError(f"{ANSWERS} request {a.request.id!r}: token id {highest} is beyond the "
+                                      f"replica's target vocabulary of {vocab_size} (the server served another model)")
+
+
+SERVER_KEYS = ("kind", "version", "model")
+CONFIG_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+
+
+def head_of(server: ServerWorkload) -> dict:
+    """What replica.json says of the server it replicates: the few fields it names, copied from the server
+    workload's manifest only where they are short text (the rest of that manifest is the client's)."""
+    named = {k: v for k in SERVER_KEYS if isinstance(v := server.manifest["server"].get(k), str) and len(v) <= 100}
+    config = {k: server.speculative_config[k] for k in CONFIG_KEYS}  # settings.py checked each of them
+    return {"server_workload": server.folder.resolve().name[:100], "server": named, "speculative_config": config}
+
+
+def run_replica(server: ServerWorkload, out: str | Path,
+                on_request: Callable[[RequestComparison], None] | None = None) -> Replica:
+    """Replicate every answer of `server` into the workload folder `out` (which must be new or empty)."""
+    out = Path(out)
+    plan = replica_plan(server.speculative_config, server.temperature)
+    s = SpecSettings(k=plan.k, temperature=0.0, max_new_tokens=one_budget(server.answers))
+    pair = load_preset(REPLICA_PRESET, drafter=plan.drafter)
+    check_vocabulary(server.answers, pair.target.full_vocab_size)
+    cycles: list[dict] = []
+    started = start_workload(pair, [a.request for a in server.answers], s, out, preset=REPLICA_PRESET,
+                             prompts_name=ANSWERS, on_cycle=cycles.append,
+                             given_ids=[a.prompt_ids for a in server.answers])
+    comparisons = []
+    for i, a in enumerate(server.answers):
+        cycles.clear()
+        started.run_request(i)
+        steps = server_steps(a.drafted_per_step, a.accepted_per_step)
+        comparisons.append(compare_request(a.request.id, steps, a.token_ids, list(cycles)))
+        write_comparison(out, head_of(server), comparisons)
+        if on_request:
+            on_request(comparisons[-1])
+    return Replica(out, comparisons)
