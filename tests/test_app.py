@@ -280,6 +280,8 @@ BUNDLED = Path(__file__).resolve().parent.parent / "assets" / "traces"
 
 
 def test_bundled_list_describes_each_trace(monkeypatch, tmp_path):
+    from app.figures.tree_record import tree_words
+    from app.ui.names import TREE_SPEEDUP
     from engine.stats.analysis import trace_stats
     monkeypatch.setenv("SPECLAB_TRACES_DIR", str(BUNDLED))
     monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
@@ -295,6 +297,11 @@ def test_bundled_list_describes_each_trace(monkeypatch, tmp_path):
         trace = load_trace(BUNDLED / name)
         if trace.is_tree:  # no alpha or calibration: a tree run's row names its tree
             assert trace.header["settings"]["tree"]["kind"] in k and alpha == md("–"), (name, k, alpha)
+            # no speedup, but not "no step times": the tree's Statistics page shows the tokens/s its times give
+            assert speedup == md(TREE_SPEEDUP) and trace.cycles[0]["cycle_time_s"] > 0
+            option = next(o for o in at.selectbox(key="bundled_name").options if o.startswith(f"{name} · "))
+            shape = tree_words(trace.header["settings"]["tree"])
+            assert option == f"{name} · {shape} · {TREE_SPEEDUP}" and "K=" not in option  # not "K=static tree"
             continue
         stats = trace_stats(trace)
         assert (k, temperature) == (md(str(trace.k)), md(str(trace.header["settings"]["temperature"])))
