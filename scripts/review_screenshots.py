@@ -19,7 +19,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image
+from PIL import Image  # Pillow: installed with Streamlit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file: `app` imports
+from app.figures.style import STAGE_CHART_KEY  # noqa: E402 - after the path above
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "assets" / "images" / "review"
@@ -27,6 +30,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 PROJECTOR = {"width": 1366, "height": 768}
+STAGE_CHART = f".st-key-{STAGE_CHART_KEY} .main-svg"  # the stepper's chart for the stage (app/views/stepper.py)
 TIMEOUT_MS = 120_000  # two shared CPU cores: a cold page can take a while
 
 # Idle: no script running, nothing stale, every chart drawn and every table on its canvas.
@@ -69,6 +73,8 @@ class Shot:
     tab: str = ""  # a tab to open first
     subtab: str = ""  # and a tab inside it
     heading: str = ""  # a heading the page must show before it counts as drawn
+    ready: str = ""  # and an element (CSS selector) it must have drawn
+    why: bool = False  # open the "Why?" beside a speedup below 1 (a popover)
 
 
 def bundled(folder: str, suffix: str) -> list[str]:
@@ -84,11 +90,16 @@ def shots() -> list[Shot]:
                "spaces and newlines shown as · and ↵ with their legend; no label on a bar")
     for t in traces:
         found.append(Shot(f"stepper--{t.removesuffix('.jsonl')}", f"/?trace=bundled:{t}", stepper,
-                          heading="Cycle 0 · stage"))
+                          heading="Cycle 0 · stage",
+                          ready=".main-svg" if "-tree-" in t else STAGE_CHART))  # a tree draws its own charts
+    slow = "chat-sampled-k6-hot-low-acceptance"
+    found.append(Shot(f"stepper--{slow}--why", f"/?trace=bundled:{slow}.jsonl",
+                      "the reasons for a speedup below 1: its numbers agree with the note and with Statistics",
+                      heading="Cycle 0 · stage", ready=STAGE_CHART, why=True))
     for stage, what in [(3, "the test: the table's columns whole, p_target and p_draft values apart"),
                         (4, "the resample or bonus: the residual chart's axis fitted to its bars")]:
         found.append(Shot(f"stepper--default--stage-{stage}", f"/?trace=bundled:default.jsonl&cycle=3&stage={stage}",
-                          what, heading="Cycle 3 · stage"))
+                          what, heading="Cycle 3 · stage", ready=STAGE_CHART))
     for tab, what in [("Bundled examples", "the example list and its table whole, speedups below 1× said as slower"),
                       ("Live run", "the live form's fields whole, nothing cut off"),
                       ("Upload", "the uploader and what it accepts")]:
@@ -118,10 +129,13 @@ def shots() -> list[Shot]:
         found.append(Shot(f"workload--{slug(tab)}", "/workload",
                           "all seven tabs in view; the headline's numbers agree with the tab's; a comparison "
                           "opens on a different workload; T=0 loss said as such", tab=tab))
-    for w in workloads:
-        found.append(Shot(f"workload--categories--{w.removesuffix('.zip')}",
-                          f"/workload?trace=workload:bundled~{w}~request-0001.jsonl",
-                          "this workload's headline and first chart on the first screen", tab="Categories"))
+    found.append(Shot("workload--why", "/workload", "the same reasons as the stepper's \"Why?\", for the "
+                      "workload's speedup below 1; its numbers agree with the headline", tab="Categories", why=True))
+    for n, w in enumerate(workloads):
+        if n:  # the first is the page's default, shot above
+            found.append(Shot(f"workload--categories--{w.removesuffix('.zip')}",
+                              f"/workload?trace=workload:bundled~{w}~request-0001.jsonl",
+                              "this workload's headline and first chart on the first screen", tab="Categories"))
         if "batch" in w:
             found.append(Shot(f"workload--batch-lanes--{w.removesuffix('.zip')}",
                               f"/workload?trace=workload:bundled~{w}~request-0001.jsonl",
@@ -156,7 +170,9 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
     log = (tmp / "streamlit.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
                              "--server.headless", "true", "--browser.gatherUsageStats", "false",
-                             "--theme.base", "light"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                             "--theme.base", "light",
+                             # an edit while it runs would put "Source file changed" in the status area for good
+                             "--server.fileWatcherType", "none"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -172,10 +188,21 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
     raise TimeoutError("streamlit did not start")
 
 
-def idle(page) -> None:
-    for _ in range(2):  # twice: a rerun that started late shows up in between
+# What the page has drawn so far: idle twice with the same count is settled (a chart's element arrives a
+# moment after the script's run ends: a stepper once read as idle with none of its charts there yet).
+DRAWN = "() => [...document.querySelectorAll('[data-testid=stMain] .main-svg, [data-testid=stMain] [data-testid]')].length"
+
+
+def idle(page, ready: str = "") -> None:
+    if ready:
+        page.wait_for_selector(ready)
+    counts = [-1]
+    while True:
         page.wait_for_function(IDLE)
-        page.wait_for_timeout(500)  # Plotly's last redraw
+        page.wait_for_timeout(500)  # Plotly's last redraw; and a rerun that started late shows up here
+        counts.append(page.evaluate(DRAWN))
+        if counts[-1] == counts[-2] and page.evaluate(IDLE):
+            return
 
 
 def open_tab(page, name: str) -> None:
@@ -194,10 +221,14 @@ def take(browser, url: str, shot: Shot, out: Path) -> list[str]:
         if shot.heading:
             page.wait_for_function("h => [...document.querySelectorAll('h3')].some(e => e.innerText.startsWith(h))",
                                    arg=shot.heading)
-        idle(page)
+        idle(page, shot.ready)
         for tab in (shot.tab, shot.subtab):
             if tab:
                 open_tab(page, tab)
+        if shot.why:
+            page.get_by_role("button", name="Why?", exact=True).first.click()
+            page.wait_for_selector("[data-testid=stPopoverBody]")
+            page.wait_for_timeout(500)  # its opening animation
         page.evaluate("window.scrollTo(0, 0)")
         found = page.evaluate(LAYOUT)
         errors = page.locator('[data-testid="stException"]').count()
