@@ -54,7 +54,7 @@ def why_slower(run: SlowerRun) -> str:
     text = (f"Plain decoding makes one token per target step. Each cycle cost about {steps:.2f} target steps "
             f"and committed {run.tokens_per_cycle:.2f} tokens on average, so speculation loses here "
             f"({run.measured:.2f}×). K={run.k} draft steps at c = {run.c:.3f} each took {drafting:.2f} of them and "
-            f"a verify pass over {run.k + 1} positions took {run.verify_steps:.2f}")
+            f"a verify pass over {run.k + 1} positions took {run.verify_steps:.2f} steps")
     if steps - parts >= 0.005:
         text += (f"; the other {steps - parts:.2f} went to the rest of the cycle (sampling, bookkeeping, the "
                  "draft's catch-up and the caches' rollback)")
