@@ -253,7 +253,7 @@ def test_cycle_figure_stages(sampled):
     stage1 = figures.cycle_figure(c, k, 1)
     assert [t.name for t in stage1.data if t.type == "bar"] == ["? provisional"]
     numbers = text_traces(stage1)[1]
-    assert list(numbers.text) == [f"p_draft {p:.3f}" for p in c["p_draft"]]
+    assert list(numbers.text) == [f"p_draft {derive.prob_text(p)}" for p in c["p_draft"]]
     stage3 = figures.cycle_figure(c, k, 3)
     bars = {t.name: len(t.x) for t in stage3.data if t.type == "bar"}
     assert bars["✓ accepted draft"] == c["num_accepted"] and bars["✗ rejected"] == 1
@@ -263,6 +263,23 @@ def test_cycle_figure_stages(sampled):
     shown = [style.shown(t, figures.cell_chars(k)) for t in c["committed_token_texts"]]
     assert [s.rsplit(" ", 1)[0] for s in committed] == shown
     assert committed[-1].endswith("↻")
+
+
+def test_cycle_figure_prints_each_probability_as_the_strip_does():
+    """The default trace's last cycle rejects a draft whose p_target is 1.5e-4: the strip above the chart
+    printed it so, the chart under the token printed p_target 0.000; and a K=6 trace's p_draft 0.0051 read
+    0.005 in the chart. The chart's numbers are derive.prob_text's now, at every K whose columns fit them."""
+    trace = load_trace(Path(__file__).resolve().parent.parent / "assets" / "traces" / "default.jsonl")
+    c = trace.cycles[-1]
+    j = c["rejected_position"] - 1
+    assert 0 < c["p_target"][j] < 0.001
+    numbers = text_traces(figures.cycle_figure(c, trace.k, 3))[1]
+    assert numbers.text[j] == f"p_draft {derive.prob_text(c['p_draft'][j])}<br>p_target {derive.prob_text(c['p_target'][j])}"
+    assert "0.000" not in numbers.text[j]
+    for k in range(1, 17):  # bare numbers past WIDE_K: still six characters where they fit
+        shown = figures._numbers({"p_draft": [0.0051] * k, "p_target": [0.0004] * k}, k, 2)
+        assert all(("0.0051" in t and "4.0e-4" in t) == figures.numbers_fit(k, "p_target " if k <= figures.WIDE_K else "")
+                   for t in shown), (k, shown)
 
 
 # ---------------------------------------------------------------- all cycles

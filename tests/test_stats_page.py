@@ -14,6 +14,7 @@ from app.ui.jobs import BUSY, JOB
 from app.ui.names import model_label
 from app.ui.safe import md
 from app.ui.state import TraceRef
+from app.views.sections.statistics_compare import COMPARE_NAMES_PX, COMPARE_TRACE_PX
 from engine.config import SpecSettings
 from engine.mode import RunMode
 from engine.run import load_pair, run_to_trace
@@ -255,6 +256,11 @@ def test_compare_two_traces_side_by_side(folder, monkeypatch):
     mine_trace, other_trace = (load_trace(folder / "traces" / n) for n in ("default.jsonl", "greedy.jsonl"))
     assert by_name["tokens/s (decoding)"] == (f"{decoding_tokens_per_s(mine_trace.cycles):.1f}",
                                              f"{decoding_tokens_per_s(other_trace.cycles):.1f}")
+    # the columns' widths are the page's, not the grid's own: sized by itself, "this trace" took 221 px of a
+    # 904 px table and cut the model name off (tests/test_browser_projector.py fits the real texts in them)
+    config = next(json.loads(d.proto.columns) for d in at.dataframe if "this trace" in d.value.columns)
+    assert {name: c.get("width") for name, c in config.items() if name != "_index"} == \
+        {"": COMPARE_NAMES_PX, "this trace": COMPARE_TRACE_PX, "example: greedy.jsonl": COMPARE_TRACE_PX}
     compare = figure(at, "fig_compare")["data"]
     assert compare[0]["y"] == pytest.approx(mine.acceptance["per_position_acceptance"])
     assert compare[2]["y"] == pytest.approx(other.acceptance["per_position_acceptance"])

@@ -404,3 +404,22 @@ def test_stepper_opens_a_tree_trace_file(tmp_path, monkeypatch):
     assert {"tree_chart", "tree_mask", "tree_compaction"} <= set(chart_ids(at))
     at.switch_page("views/walkthrough.py").run()
     assert not at.exception and {"wt_tree_tree", "wt_tree_mask"} <= set(chart_ids(at))
+
+
+def test_the_draft_caption_counts_its_forwards_against_the_levels_kept():
+    """A dynamic tree runs every forward its depth allows: shakespeare-tree-dynamic-greedy's cycle 0 ran 6 and
+    kept 5 levels, and the caption said "5 levels deep, in 6 batched forwards (one per level)"."""
+    from engine.trace import load_trace
+    trace = load_trace(Path(__file__).resolve().parent.parent / "assets" / "traces" / "shakespeare-tree-dynamic-greedy.jsonl")
+    seen = set()
+    for c in trace.cycles:
+        tree = c["tree"]
+        depth, forwards, n = max(nd["depth"] for nd in tree["nodes"]), tree["draft_forwards"], len(tree["nodes"])
+        said = tree_captions.tree_stage_caption(c, 1, "u")
+        assert f"{depth} levels deep, in {forwards} batched forwards" in said
+        assert ("(one per level)" in said) == (forwards == depth), said
+        if forwards > depth:
+            assert f"all fell outside the {n} nodes kept" in said
+        seen.add(forwards > depth)
+    assert seen == {True, False}  # the trace has both
+    assert "those of the last 2 all fell outside the 9 nodes kept" in tree_captions.forwards_words(5, 3, 9)

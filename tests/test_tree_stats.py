@@ -217,7 +217,9 @@ def test_figures_show_the_stats(runs):
     assert list(tree_tok.customdata) == ts.tokens_per_cycle_counts
     assert list(tree_tok.y) == pytest.approx([n / ts.num_cycles for n in ts.tokens_per_cycle_counts])
     assert list(chain_tok.customdata) == cmp.chain.tokens_per_cycle_counts
-    assert f"mean {ts.tokens_per_cycle:.2f}" in tree_tok.name
+    # the decimals of the page's headline, metric and comparison table (1.81 beside 1.815 read as two values)
+    assert f"mean {ts.tokens_per_cycle:.3f})" in tree_tok.name
+    assert f"mean {cmp.chain.tokens_per_cycle:.3f})" in chain_tok.name
     tree_pts, chain_pt = figs.verify_width_figure(ts, cmp).data
     assert list(tree_pts.x) == [w.width for w in ts.verify_by_width]
     assert list(tree_pts.y) == pytest.approx([w.verify_s.median * 1000 for w in ts.verify_by_width])
@@ -305,9 +307,9 @@ def metrics(at: AppTest) -> dict[str, str]:
 def test_page_shows_a_tree_traces_statistics(runs, monkeypatch):
     ts = tree_stats(runs["static"])
     at = open_tree(runs, monkeypatch, runs["root"] / "traces")
-    assert at.markdown[0].value.startswith(f"This tree run: **{ts.tokens_per_cycle:.2f}** tokens per cycle")
     m = metrics(at)
-    assert m["Tokens per cycle"] == f"{ts.tokens_per_cycle:.3f}"
+    assert m["Tokens per cycle"] == f"{ts.tokens_per_cycle:.3f}"  # the headline's figure, at the same decimals
+    assert at.markdown[0].value.startswith(f"This tree run: **{m['Tokens per cycle']}** tokens per cycle")
     assert m["Cycles saved by a later sibling"] == f"{ts.saved_cycles} of {ts.num_cycles}"
     assert {"tree_fig_depth", "tree_fig_tokens", "tree_fig_ranks"} <= set(chart_ids(at))
     at.session_state[statistics_tree.TAB] = "Cost"

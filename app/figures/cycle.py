@@ -10,7 +10,17 @@ from typing import Sequence
 import plotly.graph_objects as go
 
 from app.figures.acceptance import target_argmax
-from app.figures.derive import ACCEPTED, BONUS, PROMPT, RESAMPLED, TEXT_WRAP, TokenInfo, cycle_tokens, position_outcomes
+from app.figures.derive import (
+    ACCEPTED,
+    BONUS,
+    PROMPT,
+    RESAMPLED,
+    TEXT_WRAP,
+    TokenInfo,
+    cycle_tokens,
+    position_outcomes,
+    prob_text,
+)
 from app.figures.style import (
     CHAR_PX,
     NOT_DRAWN,
@@ -87,12 +97,17 @@ DRAFT_ROW, NUMBERS_ROW, COMMITTED_ROW = 0, 1, 2  # y of the rows in the cycle fi
 COLUMN = 16  # characters per position column in the cycle figure ("p_target 0.123" and a margin)
 
 
-def named_numbers_fit(k: int) -> bool:
-    """Do 'p_target 0.123' labels fit K+1 columns of a projector-wide figure (with a 10% margin)?"""
-    return text_px("p_target 0.123", 11) <= 0.9 * PROJECTOR_WIDTH_PX / (k + 1)
+# The widest number derive.prob_text prints ("0.0051", "1.5e-4": six characters): the chart prints a
+# probability as the strip above it and the test table do, so a 0.0004 never reads as 0.000 under its token.
+WIDEST_P = "0.0051"
 
 
-WIDE_K = max(k for k in range(1, 17) if named_numbers_fit(k))  # beyond this, labels lose their names; hovers keep all
+def numbers_fit(k: int, name: str = "p_target ") -> bool:
+    """Do '{name}0.0051' labels fit K+1 columns of a projector-wide figure (with a 10% margin)?"""
+    return text_px(name + WIDEST_P, 11) <= 0.9 * PROJECTOR_WIDTH_PX / (k + 1)
+
+
+WIDE_K = max(k for k in range(1, 17) if numbers_fit(k))  # beyond this, labels lose their names; hovers keep all
 
 
 def cell_chars(k: int) -> int:
@@ -154,10 +169,12 @@ def _draft_hover(c: dict, i: int, stage: int, greedy: bool = False) -> str:
 
 def _numbers(c: dict, k: int, stage: int) -> list[str]:
     """Under each draft token: p_draft, then p_target once the target has scored it."""
-    name_d, name_t, digits = ("p_draft ", "p_target ", 3) if k <= WIDE_K else ("", "", 2)
-    lines = [f"{name_d}{c['p_draft'][i]:.{digits}f}" for i in range(k)]
+    name_d, name_t = ("p_draft ", "p_target ") if k <= WIDE_K else ("", "")
+    # as the strip and the table print it; two decimals only where even a bare six characters do not fit
+    fmt = prob_text if numbers_fit(k, name_t) else (lambda p: f"{p:.2f}")
+    lines = [f"{name_d}{fmt(c['p_draft'][i])}" for i in range(k)]
     if stage >= 2:
-        lines = [f"{line}<br>{name_t}{c['p_target'][i]:.{digits}f}" for i, line in enumerate(lines)]
+        lines = [f"{line}<br>{name_t}{fmt(c['p_target'][i])}" for i, line in enumerate(lines)]
     return lines
 
 

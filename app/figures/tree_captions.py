@@ -31,6 +31,16 @@ def tree_summary(c: dict, root_text: str = "") -> str:
     return line + f"; every child of {last} was rejected, so {nxt} came from the residual"
 
 
+def forwards_words(forwards: int, depth: int, n: int) -> str:
+    """The draft's forwards against the levels they left: a dynamic tree runs every forward its depth allows,
+    and the last ones' candidates may all fall outside the nodes it keeps (6 forwards, 5 levels)."""
+    if forwards <= depth:
+        return f"{forwards} batched forwards (one per level)"
+    extra = forwards - depth
+    last = f"those of the last {extra}" if extra > 1 else f"forward {forwards}'s"
+    return f"{forwards} batched forwards, one per level of candidates; {last} all fell outside the {n} nodes kept"
+
+
 def tree_stage_caption(c: dict, stage: int, root_text: str = "", layout: str = "dynamic") -> str:
     """What happens at a stepper stage of a tree cycle, in one or two plain-text sentences."""
     tree = c["tree"]
@@ -39,7 +49,7 @@ def tree_stage_caption(c: dict, stage: int, root_text: str = "", layout: str = "
     root = quoted(root_text) if root_text else "the last committed token"
     if stage == 1:
         return (f"The draft grows a tree from the root {root}: {n} nodes, {depth} levels deep, in "
-                f"{tree['draft_forwards']} batched forwards (one per level). Each expanded node offers several "
+                f"{forwards_words(tree['draft_forwards'], depth, n)}. Each expanded node offers several "
                 "candidates for the next position, its most likely first; nothing is decided yet.")
     if stage == 2:
         return (f"The target scores the root and all {n} nodes in one forward of {n + 1} positions. Each node "

@@ -46,7 +46,7 @@ def tokens_distribution_figure(ts: TreeStats, comparison: ChainTreeComparison | 
         mean = ts.tokens_per_cycle if side is None else side.tokens_per_cycle
         total = max(1, sum(counts))
         fig.add_bar(x=list(range(1, len(counts) + 1)), y=[c / total for c in counts], customdata=counts,
-                    name=esc(f"{label} (mean {mean:.2f})"),
+                    name=esc(f"{label} (mean {mean:.3f})"),  # as the headline, metric and table print it
                     marker=dict(color=colour, pattern=_hatch(pattern)),
                     hovertemplate=f"%{{x}} tokens: %{{y:.3f}} (%{{customdata}} cycles)<extra>{esc(label)}</extra>")
     fig.update_xaxes(title="tokens committed in one cycle (accepted + 1)", dtick=1)

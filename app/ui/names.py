@@ -47,3 +47,12 @@ def shape_words(header: dict) -> str:
     if is_tree_header(header):
         return tree_words(settings["tree"])
     return f"K={settings.get('k')} draft tokens per cycle"
+
+
+TREE_SPEEDUP = "none: tree runs are not calibrated"  # they time their cycles; plain decoding is what they lack
+
+
+def example_label(name: str, row: dict) -> str:
+    """Choose a trace's words for an example: its name, K (a tree's shape as it is) and measured speedup."""
+    shape = row.get("K", "?")
+    return f"{name} · {f'K={shape}' if isinstance(shape, int) else shape} · {row.get('measured speedup', '')}"

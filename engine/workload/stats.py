@@ -124,7 +124,8 @@ def group_speed(runs: list[RequestRun], k: int) -> dict:
     advice = advise_k(alpha, times.draft_step_s, cal, advisor_ks(cal, k), overhead)
     return {"speedup": {"k": k, "alpha": alpha, "c": speed.c, "measured": speed.measured,
                         "leviathan": speed.leviathan, "refined": speed.refined, "closer": speed.closer,
-                        "verify_in_steps": speed.verify_in_steps},
+                        "verify_in_steps": speed.verify_in_steps,
+                        "verify_measured": speed.verify_s / speed.target_step_s},  # the group's median pass
             "best_k": best_k(advice).k, "advised_k": advised_k(advice).k}
 
 

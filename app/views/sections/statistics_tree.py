@@ -223,7 +223,8 @@ def compare_tab(tree: Trace, ts: TreeStats) -> None:
 
 def headline(ts: TreeStats) -> str:
     depth1 = ts.acceptance_by_depth[0] if ts.acceptance_by_depth else 0.0
-    parts = [f"**{ts.tokens_per_cycle:.2f}** tokens per cycle", f"depth 1 reached in **{depth1:.0%}** of cycles",
+    # three decimals, as the metric under it and a chain's headline print it (1.81 above 1.815 read as two values)
+    parts = [f"**{ts.tokens_per_cycle:.3f}** tokens per cycle", f"depth 1 reached in **{depth1:.0%}** of cycles",
              f"a later sibling saved **{ts.saved_cycles}** of {ts.num_cycles} cycles"]
     if ts.tokens_per_s > 0:  # 0: the cycles carry no times
         parts.append(f"**{ts.tokens_per_s:.1f}** tokens/s decoding")
