@@ -1,5 +1,6 @@
-"""A live vLLM for the tests that need one: one server per test file (the suite runs files whole on
-one worker each), started on 127.0.0.1 and a free port, stopped by its process id.
+"""A live vLLM for the tests that need one: one n-gram server per test process (each of the suite's
+workers starts its own the first time a test asks, so at most two run at once on CI's two workers),
+started on 127.0.0.1 and a free port, stopped by its process id when the process's tests end.
 
 Where the vLLM environment is missing the tests skip, unless SPECLAB_REQUIRE_VLLM=1 (scripts/test.sh
 sets it after making the environment): then a missing server is a failure, never a silent skip.
@@ -19,7 +20,7 @@ def require_vllm_env() -> None:
         pytest.skip(f"no vLLM environment at {vllm_env()} (bash scripts/vllm_env.sh makes it)")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ngram_server(tmp_path_factory):
     """vLLM serving the chat target's plain copy with n-gram speculation at K=3, n-grams of 2 to 4."""
     require_vllm_env()
