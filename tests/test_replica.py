@@ -32,6 +32,7 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
 def test_the_replica_matches_every_greedy_request_step_by_step_and_token_by_token(ngram_server, tmp_path, capsys):
     server_folder = write_server_workload(ngram_server, tmp_path / "server")
     out = tmp_path / "replica"
+    capsys.readouterr()  # the client's own report
     assert main(["replica", str(server_folder), "--out", str(out)]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in printed[:len(PROMPTS)]] == [rid for rid, _, _ in PROMPTS]
@@ -185,16 +186,16 @@ def server_folder(tmp: Path, config: dict | None = NGRAM, answer_line: str | Non
     tmp.mkdir(parents=True, exist_ok=True)
     manifest = {"format": "speclab-server-workload", "version": 1, "url": "http://127.0.0.1:1", "endpoint": "chat",
                 "server": {"kind": "vLLM", "version": None, "model": "smollm2", "model_root": "x"},
-                "speculative_config": config, "speculative_config_source": "test",
-                "settings": {"max_tokens": 8, "temperature": 0, "top_p": 1.0, "seed": None, "concurrency": 1,
+                "speculative_config": config, "speculative_config_source": None if config is None else "user",
+                "settings": {"max_tokens": 8, "temperature": 0, "top_p": 1.0, "seed": 0, "concurrency": 1,
                              "timeout_s": 10, "retries": 0}, "prompts": "t", "created": "now",
                 "requests": [{"id": "a", "category": "c", "status": "done", "error": None}],
-                "scrapes": {"before": "metrics-before.prom", "after": "metrics-after.prom"}}
+                "scrapes": {"before": None, "after": None}}
     answer = {"prompt_token_ids": [1, 2, 3], "choices": [{"token_ids": [4, 5, 2]}],
               "metrics": {"speculative_decoding": {"num_spec_tokens": 3, "num_spec_steps": 1, "num_draft_tokens": 3,
                                                    "num_accepted_draft_tokens": 1, "acceptance_histogram": [0, 1, 0, 0],
                                                    "per_step_accepted": [1], "per_step_drafted": [3]}}}
-    line = {"id": "a", "category": "c", "request": {"model": "smollm2", "max_tokens": 8, "temperature": 0,
+    line = {"id": "a", "category": "c", "request": {"model": "smollm2", "max_tokens": 8, "temperature": 0, "top_p": 1.0,
                                                     "messages": [{"role": "user", "content": "hi"}]},
             "answer": answer, "elapsed_s": 0.1}
     (tmp / "manifest.json").write_text(json.dumps(manifest))
@@ -221,15 +222,39 @@ def test_a_request_that_never_drafted_has_no_steps_though_vllm_writes_null(tmp_p
     assert (a.drafted_per_step, a.accepted_per_step) == ([], [])
 
 
-@pytest.mark.parametrize("config, line, says", [
+def no_prompt_ids(line: dict) -> None:
+    del line["answer"]["prompt_token_ids"]
+
+
+def a_negative_id(line: dict) -> None:
+    line["answer"]["prompt_token_ids"] = [1, -2]
+
+
+def no_metrics(line: dict) -> None:
+    del line["answer"]["metrics"]
+
+
+def no_step_lists(line: dict) -> None:
+    del line["answer"]["metrics"]["speculative_decoding"]["per_step_accepted"]
+    del line["answer"]["metrics"]["speculative_decoding"]["per_step_drafted"]
+
+
+def edited_line(tmp: Path, edit) -> str:
+    line = json.loads((server_folder(tmp) / "answers.jsonl").read_text())
+    edit(line)
+    return json.dumps(line)
+
+
+@pytest.mark.parametrize("config, edit, says", [
     ({"method": "eagle", "num_speculative_tokens": 3}, None, "'eagle'"),
     (NGRAM, "{not json", "answers.jsonl line 1"),
-    (NGRAM, json.dumps({"id": "a", "request": {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
-                        "answer": {"prompt_token_ids": [1, -2], "choices": [{"token_ids": [1]}]}}), "prompt_token_ids"),
-    (NGRAM, json.dumps({"id": "a", "request": {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
-                        "answer": {"prompt_token_ids": [1], "choices": [{"token_ids": [1]}]}}), "speculative_decoding"),
+    (NGRAM, a_negative_id, "prompt_token_ids"),
+    (NGRAM, no_prompt_ids, "return_token_ids"),
+    (NGRAM, no_metrics, "speculative_decoding"),
+    (NGRAM, no_step_lists, "--per-request-spec-decode-metrics detailed"),
 ])
-def test_the_command_refuses_a_server_workload_in_one_line_with_exit_code_2(tmp_path, capsys, config, line, says):
+def test_the_command_refuses_a_server_workload_in_one_line_with_exit_code_2(tmp_path, capsys, config, edit, says):
+    line = edit if edit is None or isinstance(edit, str) else edited_line(tmp_path / "good", edit)
     folder = server_folder(tmp_path / "s", config, line)
     assert main(["replica", str(folder)]) == 2
     err = capsys.readouterr().err.strip()

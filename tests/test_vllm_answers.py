@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.drafters.prompt_lookup as prompt_lookup
 from engine.config import SpecSettings
 from engine.cycle.reference import speculative_generate
-from engine.drafters.prompt_lookup import Match
 from engine.drafters.registry import DrafterOptions
 from engine.models.presets import smollm2_folder
 from engine.run import answer_text, load_with_drafter
@@ -20,7 +18,7 @@ from engine.servers.launch import NGRAM_K3
 from engine.servers.per_request import read_requests
 from engine.servers.request_stats import requests_stats
 from engine.trace.metrics import trace_acceptance
-from engine.trace.schema import PROMPT_LOOKUP
+from engine.trace.schema import NGRAM_EARLIEST, NGRAM_LATEST, PROMPT_LOOKUP
 
 SAMPLES = Path(__file__).parent / "server_samples" / "vllm_live_answers.jsonl"
 RECORDED = [json.loads(line) for line in SAMPLES.read_text().splitlines()]
@@ -52,24 +50,24 @@ def test_the_reader_gives_the_servers_own_figures():
 
 # ---------------------------------------------------------------- the engine on the same prompts
 
-def earliest_match(committed: list[int], max_ngram: int, min_ngram: int) -> Match | None:
-    """vLLM's choice (vllm/v1/spec_decode/ngram_proposer.py): the longest n, then its earliest occurrence.
-    The lab's lookup takes the most recent one; the two differ only where the n-gram occurs twice."""
-    length = len(committed)
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        tail = committed[length - n:]
-        for start in range(length - n):  # earliest first; always leaves a follower
-            if committed[start:start + n] == tail:
-                return Match(n, start, start + n)
-    return None
+def ngram_lookup(match: str):
+    options = DrafterOptions(kind=PROMPT_LOOKUP, max_ngram=NGRAM_K3["prompt_lookup_max"],
+                             min_ngram=NGRAM_K3["prompt_lookup_min"], ngram_match=match)
+    return load_with_drafter(str(smollm2_folder()), options)
 
 
 @pytest.fixture(scope="module")
 def chat_lookup():
+    """The lab's default lookup: after the n-gram's most recent occurrence."""
     torch.set_num_threads(1)
-    options = DrafterOptions(kind=PROMPT_LOOKUP, max_ngram=NGRAM_K3["prompt_lookup_max"],
-                             min_ngram=NGRAM_K3["prompt_lookup_min"])
-    return load_with_drafter(str(smollm2_folder()), options)
+    return ngram_lookup(NGRAM_LATEST)
+
+
+@pytest.fixture(scope="module")
+def vllm_lookup():
+    """vLLM V1's order (vllm/v1/spec_decode/ngram_proposer.py): after the n-gram's earliest occurrence."""
+    torch.set_num_threads(1)
+    return ngram_lookup(NGRAM_EARLIEST)
 
 
 def lab_run(pair, recorded: dict) -> list[dict]:
@@ -87,13 +85,12 @@ def assert_same_answer(pair, cycles: list[dict], answer: dict) -> None:
     assert answer_text(pair.target.tokenizer, tokens) == answer["choices"][0]["message"]["content"]
 
 
-def test_the_engine_with_vllms_lookup_gives_the_servers_answers(chat_lookup, monkeypatch):
-    monkeypatch.setattr(prompt_lookup, "find_match", earliest_match)
-    runs = [lab_run(chat_lookup, r) for r in RECORDED]
+def test_the_engine_with_vllms_lookup_gives_the_servers_answers(vllm_lookup):
+    runs = [lab_run(vllm_lookup, r) for r in RECORDED]
     assert all(any(not c["draft_token_ids"] for c in cycles) for cycles in runs)  # every run has plain steps
     for cycles, answer in zip(runs, ANSWERS):
         s = spec(answer)
-        assert_same_answer(chat_lookup, cycles, answer)
+        assert_same_answer(vllm_lookup, cycles, answer)
         assert drafting(cycles) == (s["per_step_accepted"] or [])  # vLLM counts no step that drafted nothing
         m = trace_acceptance(cycles, K)
         if s["num_spec_steps"]:

@@ -1,4 +1,4 @@
-"""Prompt lookup (n-gram) drafting: copy what followed the last n tokens the previous time.
+"""Prompt lookup (n-gram) drafting: copy what followed the last n tokens at an earlier occurrence.
 
 As Hugging Face `generate(prompt_lookup_num_tokens=...)` and vLLM's `ngram` method do:
 take the last n tokens of prompt + output (n from max_ngram down to min_ngram), find
