@@ -1,6 +1,8 @@
 """The Workload page in Chromium on the shipped workloads: its first chart draws, every request link
 names that request's trace, and the links followed open the stepper at their cycle; at 1366x768 every
-tab is in view and no tab's content makes the page scroll sideways."""
+tab is in view and no tab's content makes the page scroll sideways. On a replica (`engine replica`'s
+folder, tests/replica_sample.py), clicking the request's link opens the stepper at the replica's cycle
+where it parts from its server."""
 import shutil
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -10,6 +12,7 @@ import pytest
 from app.ui.state import parse_request_name, parse_token
 from engine.workload.folder import open_workload
 from engine.workload.stats import workload_stats
+from tests.replica_sample import PARTED, build_replica_runs
 from tests.test_browser import (  # noqa: F401 (browser: a fixture)
     SHOTS,
     TIMEOUT_MS,
@@ -175,4 +178,49 @@ def test_a_damaged_workload_upload_is_refused_in_one_line(browser, served, damag
         assert f"entry {named}" in said or named in said, said  # the entry at fault (two overlapping: the first)
         assert page.locator('[data-testid="stException"]').count() == 0
     finally:
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def replica_served(example_traces, tmp_path_factory):
+    """A server whose only workload is a replica with a hand-made comparison (no vLLM needed)."""
+    root, parted_at = build_replica_runs(tmp_path_factory.mktemp("browser-replica"), Path(example_traces["sampled"]))
+    SHOTS.mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECLAB_WORKLOADS_DIR", str(root / "no-bundled"))
+        with streamlit_server(root / "traces", root, "light") as url:
+            yield url, parted_at
+
+
+def test_clicking_a_replicas_request_opens_the_stepper_at_the_cycle_where_it_parts(browser, replica_served):
+    url, parted_at = replica_served
+    page, dialogs = open_page(browser, f"{url}/workload")
+    stepper = page
+    try:
+        page.get_by_role("heading", name="Against its server").first.wait_for()
+        link = page.locator("[data-testid='stMarkdownContainer'] a[href*='trace=workload']",
+                            has_text=f" · cycle {parted_at}")
+        link.first.wait_for()
+        assert link.count() == 1
+        text, query = stepper_links(page)[[t for t, _ in stepper_links(page)].index(link.first.inner_text())]
+        ref = parse_token(query["trace"])
+        assert parse_request_name(ref.name) == ("run", "replica-of-vllm", PARTED) and query["cycle"] == str(parted_at)
+        if link.first.get_attribute("target") == "_blank":  # a new tab, as Streamlit opens a Markdown link
+            with page.context.expect_page() as opened:
+                link.first.click()
+            stepper = opened.value
+        else:
+            link.first.click()
+        # The stepper, as the person sees it: the cycle's heading names the replica's cycle where it parts.
+        stepper.set_default_timeout(TIMEOUT_MS)
+        stepper.wait_for_function("c => [...document.querySelectorAll('h3')].some(e => e.innerText.startsWith(c))",
+                                  arg=f"Cycle {parted_at} ·")
+        shown = stepper.eval_on_selector_all("h3", "els => els.map(e => e.innerText)")
+        assert [h for h in shown if h.startswith("Cycle ")][0].startswith(f"Cycle {parted_at} ·"), shown
+        assert "replica-of-vllm" in stepper.locator("[data-testid=stSidebar]").inner_text()
+        stepper.screenshot(path=str(SHOTS / "replica-link-stepper.png"))
+        assert stepper.locator('[data-testid="stException"]').count() == 0 and not dialogs
+    finally:
+        if stepper is not page:
+            stepper.close()
         page.close()

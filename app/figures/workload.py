@@ -177,20 +177,24 @@ def context_bars(s: dict, label: str, colour: str) -> dict:
     return dict(type="bar", name=esc(label), x=names, y=np.array([b["acceptance_rate"] for b in bins], dtype=float),
                 marker=dict(color=colour), hoverinfo="text", textposition="outside", textfont=COUNT_FONT,
                 cliponaxis=False, text=[f"{b['requests']} req<br>{b['cycles']} cyc" for b in bins],
-                hovertext=[f"context {n} tokens<br>acceptance rate {fmt(b['acceptance_rate'])} · length "
+                hovertext=[f"{n} tokens<br>acceptance rate {fmt(b['acceptance_rate'])} · length "
                            f"{fmt(b['mean_acceptance_length'], 2)}<br>{b['cycles']} cycles of {b['requests']} requests"
                            for n, b in zip(names, bins)])
 
 
+CONTEXT_TITLE = "Acceptance against context length (tokens before the cycle's first draft position)"
+
+
 def context_figure(stats: dict, other: dict | None = None,
-                   labels: tuple[str, str] = ("this workload", "other workload")) -> go.Figure:
+                   labels: tuple[str, str] = ("this workload", "other workload"), title: str = CONTEXT_TITLE,
+                   axis_title: str = "context length (tokens)") -> go.Figure:
     """Acceptance rate by bins of the context before the cycle (prompt and everything committed), each
-    bar with its requests and cycles: a bin of one request is one request's rate."""
+    bar with its requests and cycles: a bin of one request is one request's rate. A server workload's
+    bins are of its prompts' lengths (app/figures/server_workload.py names them so)."""
     bars = side_by_side(stats, other, labels, context_bars)
     axis = fitted_probability_axis([v for b in bars for v in b["y"]], 1.45)  # room for two lines of counts
-    return figure(bars, "Acceptance against context length (tokens before the cycle's first draft position)", 360,
-                  barmode="group", yaxis=axis | dict(title=dict(text="acceptance rate")),
-                  xaxis=dict(title=dict(text="context length (tokens)"), type="category"))
+    return figure(bars, title, 360, barmode="group", yaxis=axis | dict(title=dict(text="acceptance rate")),
+                  xaxis=dict(title=dict(text=axis_title), type="category"))
 
 
 def rejection_figure(stats: dict) -> go.Figure:

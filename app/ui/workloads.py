@@ -20,7 +20,8 @@ from engine.workload.stats import workload_stats
 OPEN = "workload_open"  # session_state: the (kind, name) the Workload page shows
 OTHER = "workload_other"  # session_state: the (kind, name) it compares with
 REFUSED = "workload_refused"  # session_state: (hash of refused bytes, why), not parsed again on a rerun
-KIND_WORDS = {"bundled": "example", "run": "live run", "upload": "upload", "diagnosis": "arm of a bundled diagnosis"}
+KIND_WORDS = {"bundled": "example", "run": "live run", "upload": "upload", "diagnosis": "arm of a bundled diagnosis",
+              "server": "server workload"}  # the last: app/ui/server_workloads.py, listed by the page beside these
 LISTED_KINDS = ("bundled", "upload", "run")  # the bundled diagnoses' arms open from the Diagnose page only
 
 

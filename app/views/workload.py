@@ -4,11 +4,13 @@ with a path from every number down to the cycles behind it (links into the stepp
 Sources: app/views/sections/workload_source.py; views: app/views/sections/workload_views.py and
 workload_loss.py; a server's per-request metrics: app/views/sections/workload_server.py, in the
 sources' tab; a replica's comparison with its server (`engine replica`): workload_replica.py, above
-the tabs. Seven tabs, so that all of them fit at 1366x768; only the open tab runs.
+the tabs. Seven tabs, so that all of them fit at 1366x768; only the open tab runs. A server workload
+(`engine client`'s folder under the live runs' folder's servers/) shows workload_server.py's views of it
+in a tab of its own, beside the sources' tab.
 """
 import streamlit as st
 
-from app.ui import workloads
+from app.ui import server_workloads, workloads
 from app.ui.first_result import first_result
 from app.ui.safe import md
 from app.views.sections import workload_loss, workload_replica, workload_source, workload_views
@@ -17,6 +19,8 @@ from engine.trace import TraceError
 TAB = "workload_tab"
 SOURCES = "Upload or run live"
 COMPARE = "Compare two workloads"
+SERVER_TAB = "server_workload_tab"
+SERVER_TABS = ["Your server's workload", SOURCES]
 TABS = ["Categories", "Positions and context", "Where the loss is", "Requests", "Batch lanes", COMPARE, SOURCES]
 
 
@@ -92,8 +96,21 @@ def main() -> None:
     choice = workload_source.choose()
     if choice is None:
         sources()
+    elif server_workloads.is_server(choice):
+        show_server(slot, choice)
     else:
         show(slot, choice)
+
+
+def show_server(slot, choice: tuple[str, str]) -> None:
+    from app.views.sections import workload_server
+    for name, tab in zip(SERVER_TABS, st.tabs(SERVER_TABS, key=SERVER_TAB, on_change="rerun")):
+        if tab.open:
+            with tab:
+                if name == SOURCES:
+                    sources()
+                else:
+                    workload_server.draw_folder(slot, choice)
 
 
 def show(slot, choice: tuple[str, str]) -> None:

@@ -1,4 +1,5 @@
-"""The Workload page's sources: a bundled workload, a live workload run, or an uploaded zip.
+"""The Workload page's sources: a bundled workload, a live workload run, an uploaded zip, or a server workload
+(`python -m engine client --out` put under the live runs' folder's servers/, app/ui/server_workloads.py).
 
 A live run takes a few requests per category of the bundled prompt set through a shipped pair
 on app/ui/jobs.py's queue (like every live run: alone, since its traces record times) and
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app.ui import jobs, state, workloads
+from app.ui import jobs, server_workloads, state, workloads
 from app.ui.safe import md
 from app.ui.widgets import remembered_pick
 from engine.config import SettingsError, SpecSettings
@@ -24,10 +25,12 @@ MAX_LIVE_TOKENS = 32
 
 
 def choose() -> tuple[str, str] | None:
-    """The workload the page shows: picked from the list, opened from an upload, or a finished live run."""
+    """The workload the page shows: picked from the list (the engine's workloads, then the server workloads under
+    the live runs' folder's servers/), opened from an upload, or a finished live run."""
     ref = state.current_ref()
     came_from = state.parse_request_name(ref.name)[:2] if ref is not None and ref.kind == "workload" else None
-    return remembered_pick("Workload", workloads.listed(), remember=workloads.OPEN, key="workload_pick",
+    found = workloads.listed() + server_workloads.listed()
+    return remembered_pick("Workload", found, remember=workloads.OPEN, key="workload_pick",
                            words=workloads.words, came_from=came_from,
                            empty="No workload here yet: upload one, or run a small one live, below.")
 
