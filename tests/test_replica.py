@@ -81,6 +81,71 @@ def test_the_replica_matches_every_greedy_request_step_by_step_and_token_by_toke
     assert parted.first_difference.replica_cycle == [c["cycle"] for c in cycles if c["draft_token_ids"]][1]
 
 
+LIVE_SAMPLING = (0.8, 0.95, 7)  # temperature, top_p, seed
+LIVE_SAMPLED_TOKENS = 32
+
+
+def conditional_counts(steps: list[tuple[int, int]], k: int) -> list[tuple[int, int]]:
+    """Per position i, (steps that drafted i and accepted i, steps that drafted i and accepted i - 1),
+    counted here again from the raw (drafted, accepted) pairs, drafting steps only."""
+    steps = [(d, a) for d, a in steps if d]
+    return [(sum(d >= i and a >= i for d, a in steps), sum(d >= i and a >= i - 1 for d, a in steps))
+            for i in range(1, k + 1)]
+
+
+def test_a_sampled_replica_counts_both_sides_per_position_from_their_raw_data(ngram_server, tmp_path, capsys):
+    temperature, top_p, seed = LIVE_SAMPLING
+    server_folder = write_server_workload(ngram_server, tmp_path / "server", max_tokens=LIVE_SAMPLED_TOKENS,
+                                          sampling=LIVE_SAMPLING)
+    out = tmp_path / "replica"
+    capsys.readouterr()
+    assert main(["replica", str(server_folder), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    n, k = len(PROMPTS), 3
+    assert [line.split(":")[0] for line in printed[:n]] == [rid for rid, _, _ in PROMPTS]
+    assert all(" drafting step" in line and "; replica " in line for line in printed[:n]), printed
+    assert printed[n].startswith("CONDITIONAL ACCEPTANCE BY POSITION")
+    assert [line.split(":")[0] for line in printed[n + 1:n + 1 + k]] == [f"  position {i}" for i in range(1, k + 1)]
+    assert printed[n + 1 + k].startswith("  acceptance rate: server ")
+    assert printed[n + 2 + k].startswith("  mean acceptance length: server ")
+    assert printed[n + 3 + k].startswith(f"{n} sampled requests compared in aggregate (temperature 0.8, top_p 0.95)")
+    # The server's raw data: answers.jsonl as the client wrote it, read here without the lab's readers.
+    answers = {}
+    for line in (server_folder / "answers.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        sd = record["answer"]["metrics"]["speculative_decoding"]
+        answers[record["id"]] = (record["request"], list(zip(sd["per_step_drafted"] or [], sd["per_step_accepted"] or [])))
+    replica = open_folder(out)
+    settings = replica.manifest["settings"]
+    assert (settings["temperature"], settings["top_p"], settings["seed"], settings["k"]) == (temperature, top_p, seed, k)
+    assert replica.manifest["pair"]["drafter"]["ngram_match"] == "earliest"
+    theirs, ours = [], []
+    body = json.loads((out / REPLICA_FILE).read_text())
+    for i, (entry, row) in enumerate(zip(replica.entries, body["requests"], strict=True)):
+        request, steps = answers[entry.id]
+        assert request["seed"] == seed * 100_000 + i  # the number vLLM was sent; the replica's request i runs with it
+        trace = replica.trace(entry)
+        assert trace.header["settings"]["seed"] == seed * 100_000 + i
+        mine = [(len(c["draft_token_ids"]), c["num_accepted"]) for c in trace.cycles if c["draft_token_ids"]]
+        assert row == {"id": entry.id, "server_steps": len(steps), "server_draft_tokens": sum(d for d, _ in steps),
+                       "server_accepted_tokens": sum(a for _, a in steps), "replica_drafting_cycles": len(mine),
+                       "replica_draft_tokens": sum(d for d, _ in mine), "replica_accepted_tokens": sum(a for _, a in mine)}
+        theirs += steps
+        ours += mine
+    assert body["mode"] == "sampled" and body["sampling"] == {"temperature": temperature, "top_p": top_p, "seed": seed}
+    assert [(p["server"]["accepted"], p["server"]["reached"]) for p in body["positions"]] == conditional_counts(theirs, k)
+    assert [(p["replica"]["accepted"], p["replica"]["reached"]) for p in body["positions"]] == conditional_counts(ours, k)
+    for p in body["positions"]:
+        for side in ("server", "replica"):
+            cell = p[side]
+            if cell["reached"]:
+                assert cell["interval"][0] <= cell["rate"] == cell["accepted"] / cell["reached"] <= cell["interval"][1]
+    assert body["overall"]["server"]["drafts"] == len(theirs) and body["overall"]["replica"]["drafts"] == len(ours)
+    assert theirs and ours  # both sides drafted: the prompts repeat themselves
+    read = loads_comparison((out / REPLICA_FILE).read_bytes(), "replica", k, replica.entries, settings)
+    assert read.positions == body["positions"]
+
+
 # ---------------------------------------------------------------- alignment on hand-built lists
 
 def cycle(i: int, drafted: int, accepted: int, committed: list[int] | None = None) -> dict:
