@@ -87,8 +87,8 @@ def sampled_lines(c: SampledComparison) -> list[str]:
 def sampled_summary_line(c: SampledComparison) -> str:
     t = c.sampling
     differ = [str(row["position"]) for row in c.positions if row["differ"]]
-    verdict = (f"position{'s' * (len(differ) > 1)} {', '.join(differ)} differ at the {LEVEL:.0%} level" if differ
-               else f"no position differs at the {LEVEL:.0%} level")
+    named = f"positions {', '.join(differ)} differ" if len(differ) > 1 else f"position {''.join(differ)} differs"
+    verdict = f"{named if differ else 'no position differs'} at the {LEVEL:.0%} level"
     return (f"{counted(len(c.requests), 'sampled request')} compared in aggregate (temperature {t['temperature']:g}, "
             f"top_p {t['top_p']:g}): {counted(c.overall['server']['drafts'], 'server drafting step')}, "
             f"{counted(c.overall['replica']['drafts'], 'replica drafting cycle')}; {verdict}")
