@@ -17,14 +17,17 @@ PROMPTS = [
 MAX_TOKENS = 40
 
 
-def write_server_workload(server: LiveServer, folder: Path, prompts=PROMPTS, max_tokens: int = MAX_TOKENS) -> Path:
-    """Send each prompt once, greedy, one at a time, as a user would with the client."""
+def write_server_workload(server: LiveServer, folder: Path, prompts=PROMPTS, max_tokens: int = MAX_TOKENS,
+                          sampling: tuple[float, float, int] = (0.0, 1.0, 0)) -> Path:
+    """Send each prompt once, one at a time, as a user would with the client: greedy, or at
+    `sampling`'s (temperature, top_p, seed)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     prompt_file = folder.parent / f"{folder.name}-prompts.jsonl"
     prompt_file.write_text("".join(json.dumps({"id": rid, "category": category, "prompt": text}) + "\n"
                                    for rid, category, text in prompts), encoding="utf-8")
     code = main(["client", "--url", server.url, "--prompts", str(prompt_file), "--out", str(folder),
-                 "--max-tokens", str(max_tokens), "--temperature", "0", "--concurrency", "1",
+                 "--max-tokens", str(max_tokens), "--temperature", str(sampling[0]), "--top-p", str(sampling[1]),
+                 "--seed", str(sampling[2]), "--concurrency", "1",
                  "--speculative-config", json.dumps(server.speculative_config)])
     assert code == 0, f"engine client exited with {code}"
     return folder
