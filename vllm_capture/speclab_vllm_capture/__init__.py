@@ -44,8 +44,10 @@ def patch(folder: str) -> None:
     def guarded(what, fn, *args):
         if not cap.on:
             return
+        start = time.perf_counter()
         try:
             fn(*args)
+            cap.spent += time.perf_counter() - start
         except Exception as err:
             cap.off(f"{what}: {type(err).__name__}: {err}")
 

@@ -37,6 +37,7 @@ class Capture:
         self.step: dict | None = None  # the step in flight
         self.draft_time = 0.0  # the last lookup's time: its drafts are verified by the next step
         self.in_sample: dict | None = None  # filled by the rejection sampler's wrappers
+        self.spent = 0.0  # seconds inside the capture's wrappers since the last step's cycles were written
 
     def off(self, why: str) -> None:
         if self.on:
@@ -205,9 +206,11 @@ class Capture:
         if step is None:
             return
         elapsed = time.perf_counter() - step["t0"]
+        spent, self.spent = self.spent, 0.0  # this call's own time (writing) counts towards the next step
         for rid, s in step["pending"]:
             s.cycle_time_s = elapsed
             s.verify_time_s = s.verify_time_s or elapsed
+            s.capture_time_s = spent
             self.recorder.step(rid, s)
 
 

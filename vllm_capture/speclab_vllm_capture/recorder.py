@@ -10,6 +10,7 @@ engine/trace/schema.py defines it; this package imports nothing of the lab, so t
 repeated here and a lab test keeps them equal).
 """
 import json
+import math
 import os
 import re
 import time
@@ -63,6 +64,7 @@ class Step:
     draft_time_s: float
     verify_time_s: float
     cycle_time_s: float
+    capture_time_s: float = 0.0  # the capture's own seconds in this step (and in writing the step before)
 
 
 @dataclass
@@ -93,6 +95,18 @@ def ngram_match(sequence: list[int], drafts: list[int], lo: int, hi: int) -> dic
                 return state | {"matched": True, "proposed": len(drafts), "ngram_size": n, "match_start": start,
                                 "continuation_start": start + n}
     return state | {"note": "no earlier n-gram is followed by these drafts"}
+
+
+def not_finite(s: Step) -> str | None:
+    """Why a step cannot be a lab cycle (a trace holds finite numbers only), or None: vLLM 0.32's CPU build has
+    been seen testing drafts against NaN rows (docs/servers.md, "Capturing vLLM's cycles")."""
+    for i, p in enumerate(s.p_target):
+        if not math.isfinite(p):
+            return f"vLLM tested draft {i + 1} against a target distribution that is not finite (p_target {p})"
+    numbers = [p for row in s.target_top for _, p in row] + [x for e in s.residual_top or [] for x in e[1:]]
+    if not all(math.isfinite(x) for x in numbers + list(s.u or [])):
+        return "a target distribution or draw of this step is not finite"
+    return None
 
 
 def commit(tokens: list[int], budget: int, eos: set) -> tuple[list[int], bool]:
@@ -157,6 +171,10 @@ class Recorder:
         r = self.requests.get(rid)
         if r is None or r.finished:
             return False
+        bad = not_finite(s)
+        if bad:
+            self.end(rid, bad)
+            return False
         n, na = len(s.drafts), len(s.tokens) - 1
         nxt = s.tokens[-1]
         eos = set(r.sampling.eos_token_ids)
@@ -187,6 +205,7 @@ class Recorder:
             "draft_cache_len": None, "draft_catch_up": False, "verify_positions": s.scheduled,
             "draft_time_s": s.draft_time_s, "draft_step_times_s": [s.draft_time_s] if n else [],
             "verify_time_s": s.verify_time_s, "catch_up_time_s": 0.0, "cycle_time_s": s.cycle_time_s,
+            "capture_time_s": s.capture_time_s,
             "drafter_state": ngram_match(sequence, list(s.drafts), *self.ngram) | (
                 {"note": "the prefill step: vLLM drafts only after it"} if not r.cycles else {}),
         }
