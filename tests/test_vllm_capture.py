@@ -163,7 +163,7 @@ def test_sampled_requests_replay_from_their_own_draws(capture_server):
     assert len(sampled) >= len(SAMPLED)
     tested = []
     for entry in sampled:
-        trace = loads_trace((traces_folder / entry["file"]).read_text(), entry["file"])  # checked, finished or not
+        trace = loads_trace((traces_folder / entry["file"]).read_text(), entry["file"], allow_incomplete=True)
         # vLLM 0.32's CPU build tests sampled drafts past the first against rows that are NaN (docs/servers.md):
         # such a step is no ratio test, so the capture ends the trace there and the manifest says why.
         assert trace.complete == entry["complete"] and (entry["complete"] or "not finite" in entry["ended"]), entry
