@@ -394,3 +394,19 @@ def test_no_page_imports_torch(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     found = [v for p in sources() for v in violations(p)]
     assert len(found) == 2 and all("must not import" in v for v in found), found
+
+
+def test_the_capture_plugin_imports_nothing_of_the_lab():
+    """vllm_capture/ runs inside vLLM's own environment, where neither the engine nor the app is installed:
+    it imports vLLM, torch, transformers, the standard library and itself (docs/architecture.md)."""
+    allowed = {"vllm", "torch", "transformers", "speclab_vllm_capture"}
+    plugin = ROOT / "vllm_capture" / "speclab_vllm_capture"
+    sources = sorted(plugin.rglob("*.py"))
+    assert sources
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for name in names:
+                top = name.split(".")[0]
+                assert top in allowed or top in sys.stdlib_module_names, f"{path.relative_to(ROOT)} imports {name}"

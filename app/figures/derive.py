@@ -120,7 +120,7 @@ def cycle_tokens(c: dict) -> list[TokenInfo]:
     for i, (tid, text) in enumerate(zip(c["committed_token_ids"], c["committed_token_texts"])):
         if i < n_acc:
             tokens.append(TokenInfo(text, ACCEPTED, c["cycle"], c["p_target"][i], c["p_draft"][i],
-                                    c["accept_prob"][i], c["u"][i]))
+                                    c["accept_prob"][i], c["u"][i] if i < len(c["u"]) else None))  # greedy vLLM: no u
         elif c["rejected_position"] is not None:
             res = c["residual_top"]
             tokens.append(TokenInfo(text, RESAMPLED, c["cycle"], _lookup(res, tid, "p_target"),

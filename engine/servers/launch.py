@@ -86,17 +86,22 @@ def vllm_args(model: Path, port: int, model_name: str, speculative_config: dict 
 
 
 def start_vllm(model: Path, speculative_config: dict | None = NGRAM_K3, *, model_name: str = "target",
-               max_model_len: int = 1024, log: Path | None = None, extra_args: list[str] | None = None) -> LiveServer:
+               max_model_len: int = 1024, log: Path | None = None, extra_args: list[str] | None = None,
+               env: dict[str, str] | None = None) -> LiveServer:
     """Start vLLM on `model` and return once /health answers. VLLM_SERVER_DEV_MODE=1 opens /server_info,
-    where a client reads the speculative configuration the server really runs."""
+    where a client reads the speculative configuration the server really runs. `env` adds variables, such as
+    SPECLAB_CAPTURE_DIR, which turns the lab's capture plugin on (vllm_capture/, docs/servers.md)."""
     python = vllm_python()
     if python is None:
         raise ServerStartError(f"no vLLM environment at {vllm_env()}: make it with `bash scripts/vllm_env.sh`")
     port = free_port()
     log = log or Path(os.environ.get("TMPDIR", "/tmp")) / f"speclab-vllm-{port}.log"
+    extra_env = env or {}
     env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                         "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("PYTHONPATH", None)  # the lab's modules must not shadow the server's
+    env.pop("SPECLAB_CAPTURE_DIR", None)  # the capture is on only where a caller asks for it
+    env |= extra_env
     args = vllm_args(model, port, model_name, speculative_config, max_model_len) + list(extra_args or [])
     with open(log, "wb") as out:
         process = subprocess.Popen([str(python), *args], stdout=out, stderr=subprocess.STDOUT, env=env,

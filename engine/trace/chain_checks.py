@@ -44,10 +44,25 @@ def passes(rule: str, u: float, accept_prob: float, p_target: float) -> bool | N
     return None  # token_match compares a fresh target sample, which the trace does not record
 
 
+def check_vllm_greedy_decision(c: dict, n: int, n_prop: int, where: str) -> None:
+    """A captured vLLM's greedy step draws nothing: the one-hot p_target decides, 1 for each accepted draft
+    (the target's argmax) and 0 at the rejected one."""
+    if c["u"]:
+        fail(where, "u", "vLLM draws no uniform numbers for a greedy request: u is empty")
+    for i in range(min(n + 1, n_prop)):
+        if c["p_target"][i] != (1.0 if i < n else 0.0):
+            fail(where, f"p_target[{i}]", f"greedy: draft token {i + 1} was {'accepted' if i < n else 'rejected'}, "
+                                          f"so the target's argmax {'is' if i < n else 'is not'} that token")
+
+
 def check_decision(c: dict, n_prop: int, facts: RunFacts, where: str) -> None:
     n = c["num_accepted"]
     if not 0 <= n <= n_prop:
         fail(where, "num_accepted", f"must lie in 0..{n_prop} (the draft tokens of this cycle)")
+    if facts.vllm and facts.temperature == 0:
+        check_vllm_greedy_decision(c, n, n_prop, where)
+        check_rejection_fields(c, n, n_prop, where)
+        return
     u = c["u"]
     if len(u) != min(n + 1, n_prop):
         fail(where, "u", f"one draw per tested position: {min(n + 1, n_prop)} for {n} accepted of {n_prop}, got {len(u)}")
@@ -55,10 +70,16 @@ def check_decision(c: dict, n_prop: int, facts: RunFacts, where: str) -> None:
         if not is_num(x) or not 0.0 <= x < 1.0:
             fail(where, f"u[{i}]", f"a uniform draw must lie in [0, 1), got {x!r:.40}")
         verdict = passes(facts.rule, x, c["accept_prob"][i], c["p_target"][i])
+        if facts.vllm:  # vLLM accepts when p_target/p_draft >= u: the two differ only at a tie
+            verdict = x <= c["accept_prob"][i]
         if verdict is not None and verdict != (i < n):
             test = "u < p_target" if facts.rule == "p_target_only" else "u < accept_prob"
             fail(where, f"u[{i}]", f"the draw says {'accept' if verdict else 'reject'} ({test}) but the cycle "
                                    f"{'accepted' if i < n else 'rejected'} draft token {i + 1}")
+    check_rejection_fields(c, n, n_prop, where)
+
+
+def check_rejection_fields(c: dict, n: int, n_prop: int, where: str) -> None:
     rejected = n < n_prop
     if c["rejected_position"] != (n + 1 if rejected else None):
         fail(where, "rejected_position", f"must be {n + 1 if rejected else 'null'} (first failing position, 1-based) "
@@ -112,8 +133,39 @@ def cycle_texts(c: dict) -> list[tuple[str, list[int], list[str]]]:
 
 # ---------------------------------------------------------------- caches
 
+def check_vllm_caches(c: dict, n_prop: int, committed_after: int, chain: CacheChain, facts: RunFacts,
+                      where: str) -> CacheChain:
+    """A captured vLLM's num_computed_tokens (schema.VLLM_CONVENTION): the prefill first, then each verify step
+    computes the last committed token and the drafts, and the scheduler takes the rejected drafts off."""
+    t = c["target_cache_len"]
+    check_lengths(t, where, "target_cache_len")
+    prompt_len = len(facts.prompt_ids)
+    if chain.target is None:
+        if n_prop or not t["before"] < prompt_len or t["after_append"] != prompt_len:
+            fail(where, "target_cache_len", f"vLLM's first cycle is the prefill: no drafts, from the prefix-cache hit "
+                                            f"(below the prompt's {prompt_len} tokens) to {prompt_len}")
+        if c["verify_positions"] != prompt_len - t["before"]:
+            fail(where, "verify_positions", f"the prefill computes the {prompt_len - t['before']} positions not cached")
+    else:
+        if t["before"] != chain.target:
+            fail(where, "target_cache_len.before", f"must continue the previous cycle's length {chain.target}")
+        if t["after_append"] != t["before"] + n_prop + 1 or c["verify_positions"] != n_prop + 1:
+            fail(where, "target_cache_len.after_append", f"the verify step computes the last committed token and "
+                                                         f"{n_prop} drafts: {t['before']} + {n_prop + 1}")
+    want = t["after_append"] - (n_prop - c["num_accepted"])
+    if t["after_rollback"] != want:
+        fail(where, "target_cache_len.after_rollback", f"must be {want}: vLLM's scheduler takes the "
+                                                       f"{n_prop - c['num_accepted']} rejected drafts off")
+    if not c["finished"] and want != committed_after - 1:
+        fail(where, "target_cache_len.after_rollback", f"must be committed length - 1 = {committed_after - 1} "
+                                                       "between vLLM's steps")
+    return CacheChain(want, None)
+
+
 def check_caches(c: dict, n_prop: int, committed_after: int, chain: CacheChain, facts: RunFacts, where: str) -> CacheChain:
     """Lengths by the convention: both caches end one short of the committed sequence (or as the fault says)."""
+    if facts.vllm:
+        return check_vllm_caches(c, n_prop, committed_after, chain, facts, where)
     keep = committed_after - 1
     t = c["target_cache_len"]
     check_lengths(t, where, "target_cache_len")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from engine.config import TreeSpec
 from engine.trace.errors import BrokenInvariant
 from engine.trace.json_lines import finite
-from engine.trace.schema import DRAFT_MODEL, EAGLE
+from engine.trace.schema import CACHE_CONVENTION, DRAFT_MODEL, EAGLE, VLLM_CONVENTION
 
 MAX_TOKEN_ID = 2**31 - 1  # the bound when a header gives no vocab_size: no tokenizer has more ids
 REL_TOL, ABS_TOL = 1e-5, 1e-6  # float32 numbers written as float64: a few ulps of slack
@@ -32,6 +32,12 @@ class RunFacts:
     drafter: dict  # the header's drafter entry ({"kind": "model"} for traces without one)
     fast_path: bool = False  # the fast path and a batch feed d_K in every cycle, so catch-up time is spent in each
     tree: TreeSpec | None = None  # settings.tree of a tree trace: its cycles are tree cycle records
+    convention: str = CACHE_CONVENTION  # the header's cache_convention.name (schema.CACHE_CONVENTIONS)
+
+    @property
+    def vllm(self) -> bool:
+        """A capture of a live vLLM's cycles: its own cache bookkeeping and acceptance test (schema.VLLM_CONVENTION)."""
+        return self.convention == VLLM_CONVENTION
 
     @property
     def rule(self) -> str:
@@ -58,7 +64,7 @@ class RunFacts:
 class CacheChain:
     """Cache lengths carried from one cycle to the next."""
 
-    target: int
+    target: int | None  # None before a vLLM capture's first cycle, the prefill, which starts where vLLM's cache did
     draft: int | None
 
 

@@ -108,6 +108,8 @@ def check_trace(header: dict, cycles: list[dict], summary: dict | None, header_l
     facts = check_header(header, f"line {header_line} (header)")
     start = len(facts.prompt_ids) - 1  # prefill caches every prompt token but the last
     run = Progress([], CacheChain(start, start + facts.draft_offset))  # the draft's own prompt may differ
+    if facts.vllm:  # vLLM's first cycle is its prefill, from wherever its prefix cache left the request
+        run = Progress([], CacheChain(None, None))
     texts: dict[int, str] = {}
     check_text_map(texts, facts.prompt_ids, header["prompt_token_texts"], f"line {header_line} (header)", "prompt_token_texts")
     check_one = check_cycle

@@ -10,7 +10,7 @@ from engine.trace.batch_reader import MAX_BATCH
 from engine.trace.check_basics import RunFacts, fail, is_int, is_num
 from engine.trace.schema import (
     ACCEPTANCE_RULES,
-    CACHE_CONVENTION,
+    CACHE_CONVENTIONS,
     CAPTURE_MODES,
     DECODER_HF,
     DECODER_OWN,
@@ -31,6 +31,8 @@ from engine.trace.schema import (
     OTHER_TOKENIZER,
     PROMPT_LOOKUP,
     TARGET_WEIGHTS,
+    VLLM_CONVENTION,
+    VLLM_CONVENTION_TEXT,
     WEIGHTS_INT4,
 )
 from engine.trace.shared_checks import check_texts, check_token_ids
@@ -346,6 +348,25 @@ def check_prefix_reuse(h: dict, where: str) -> None:
         fail(where, "prefix_reuse", "a reused prompt start is copied into dynamic caches of a chain only")
 
 
+def check_convention(h: dict, where: str) -> str:
+    """The cache convention: the lab's own, or a live vLLM's as its capture plugin records it, which comes only
+    from vLLM's n-gram proposer on a plain chain (no tree, fast path, batch, layout or teaching fault)."""
+    name = h["cache_convention"].get("name")
+    if name not in CACHE_CONVENTIONS:
+        fail(where, "cache_convention.name", f"must be one of {', '.join(map(repr, CACHE_CONVENTIONS))}")
+    if name != VLLM_CONVENTION:
+        return name
+    if h["cache_convention"].get("text") != VLLM_CONVENTION_TEXT:
+        fail(where, "cache_convention.text", f"the '{VLLM_CONVENTION}' convention states its rules in the text "
+                                             "engine/trace/schema.py gives (VLLM_CONVENTION_TEXT)")
+    others = [f for f in ("fast_path", "batch", "cache_layout", "faults", "tensor_parallel",
+                          "prefix_reuse", "calibration") if h.get(f) is not None]
+    if h.get("drafter", {}).get("kind") != PROMPT_LOOKUP or "tree" in h["settings"] or others:
+        fail(where, "cache_convention.name", f"'{VLLM_CONVENTION}' is a capture of vLLM's n-gram proposer on a chain: "
+                                             "a prompt-lookup drafter, no tree" + (f", no {others[0]}" if others else ""))
+    return name
+
+
 def check_header(h: dict, where: str) -> RunFacts:
     check_settings(h["settings"], where)
     check_request(h, where)
@@ -356,8 +377,7 @@ def check_header(h: dict, where: str) -> RunFacts:
     vocab = h["target"].get("vocab_size")
     if vocab is not None and (not is_int(vocab) or vocab < 1):
         fail(where, "target.vocab_size", "must be a positive integer")
-    if h["cache_convention"].get("name") != CACHE_CONVENTION:
-        fail(where, "cache_convention.name", f"this engine reads the '{CACHE_CONVENTION}' convention only")
+    convention = check_convention(h, where)
     prompt = h["prompt_token_ids"]
     if not prompt:
         fail(where, "prompt_token_ids", "a run starts from at least one prompt token")
@@ -379,4 +399,4 @@ def check_header(h: dict, where: str) -> RunFacts:
         tree = check_tree_header(h, where)
     return RunFacts(s["k"], float(s["temperature"]), s["max_new_tokens"], s["trace_top_k"], list(prompt),
                     frozenset(h["eos_token_ids"]), vocab, faults, drafter,
-                    isinstance(h.get("fast_path"), dict) or batched, tree)
+                    isinstance(h.get("fast_path"), dict) or batched, tree, convention)

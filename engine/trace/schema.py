@@ -17,6 +17,20 @@ CACHE_CONVENTION_TEXT = (
     "the last committed token is fed at the start of the next cycle."
 )
 
+# A live vLLM's cycles as its capture plugin writes them (vllm_capture/, docs/servers.md): vLLM's own bookkeeping,
+# checked by its own rules (engine/trace/chain_checks.py). The plugin repeats this name and text (it imports nothing
+# of the lab); tests/test_vllm_capture.py keeps them equal.
+VLLM_CONVENTION = "vllm_num_computed"
+VLLM_CONVENTION_TEXT = (
+    "vLLM's num_computed_tokens, read from the scheduler's output at each step: before a decode step it is the "
+    "committed length - 1; the verify step computes the last committed token and the n drafts (after_append = "
+    "before + n + 1); the scheduler then subtracts the rejected drafts (after_rollback = after_append - "
+    "(n - accepted)), counting accepted drafts even past a stop. The rejected drafts' K/V stay in their paged "
+    "slots until overwritten. The first cycle is the prefill: no drafts, from the prefix-cache hit (or 0) to the "
+    "prompt's length. A draft passes when p_target/p_draft >= u; greedy steps draw no u."
+)
+CACHE_CONVENTIONS = (CACHE_CONVENTION, VLLM_CONVENTION)  # what a header's cache_convention.name may say
+
 # ---------------------------------------------------------------- settings (engine/config.py checks them)
 
 MAX_K = 32  # beyond this a draft's acceptance has long since died out
