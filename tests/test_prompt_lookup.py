@@ -92,6 +92,30 @@ def test_greedy_equals_plain_target_decoding(k, seed):
     assert any(r["num_accepted"] > 0 for r in records)  # the lookup did find tokens the target keeps
 
 
+def test_after_first_token_the_first_cycle_is_a_plain_step_then_lookup_goes_on(tmp_path):
+    """vLLM's first token comes from the prefill, before its proposer runs: the first cycle proposes nothing
+    even where the prompt alone has a match (PROMPT repeats 1 2 4 6), and the next cycle looks up again."""
+    target = lookup_pair().target
+    s = SpecSettings(k=3, temperature=0, max_new_tokens=6)
+    usual = list(speculative_generate(lookup_pair(), PROMPT, s))
+    assert usual[0]["draft_token_ids"]  # the prompt alone has a match
+    drafter = PromptLookupDrafter(target.full_vocab_size, 3, 1, "latest", after_first_token=True)
+    cycles = list(speculative_generate(Pair(target, None, set(), drafter), PROMPT, s))
+    assert cycles[0]["draft_token_ids"] == [] and cycles[0]["drafter_state"]["matched"] is False
+    first = cycles[0]["committed_token_ids"]
+    match = find_match(PROMPT + first, 3, 1)  # prompt + the first token: the lookup runs from here on
+    assert cycles[1]["drafter_state"]["matched"] is (match is not None)
+    assert "note" not in cycles[1]["drafter_state"] or match is None
+    assert [t for c in cycles for t in c["committed_token_ids"]] == [t for c in usual for t in c["committed_token_ids"]]
+    out = tmp_path / "first.jsonl"
+    run_to_trace(Pair(target, None, set(), drafter), "the cat sat", SpecSettings(k=3, temperature=0.0, max_new_tokens=8), out)
+    assert load_trace(out).header["drafter"]["after_first_token"] is True
+    out.write_text(out.read_text().replace('"after_first_token": true', '"after_first_token": false', 1))
+    with pytest.raises(TraceError, match="after_first_token"):
+        load_trace(out)
+    assert "after_first_token" not in PromptLookupDrafter(32, 3, 1).settings()  # the default, as every older trace
+
+
 def test_no_match_is_a_plain_target_step():
     pair = lookup_pair(0, max_ngram=2, min_ngram=2)
     rec = next(speculative_generate(pair, [1, 2, 3, 4], SpecSettings(k=4, temperature=0, max_new_tokens=1)))

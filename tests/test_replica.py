@@ -258,6 +258,7 @@ def test_the_plan_for_vllms_ngram_is_prompt_lookup_at_its_k_and_range():
     plan = replica_plan(NGRAM, 0.0)
     assert (plan.k, plan.drafter.kind, plan.drafter.min_ngram, plan.drafter.max_ngram) == (3, "prompt-lookup", 2, 4)
     assert plan.drafter.ngram_match == "earliest"  # vLLM V1 copies after the n-gram's first occurrence
+    assert plan.drafter.after_first_token  # and proposes only once the prefill has sampled the first token
     assert replica_plan(NGRAM, 0.7) == plan  # sampled requests draft the same way; run.py samples as the server did
 
 

@@ -45,6 +45,9 @@ class PromptLookupDrafter:
     max_ngram: int = 3
     min_ngram: int = 1
     ngram_match: str = NGRAM_LATEST  # which earlier occurrence it copies from (NGRAM_MATCHES)
+    # vLLM samples a request's first token in the prefill, before its proposer runs; the lab's first cycle
+    # looks up in the prompt alone. Set, the first cycle proposes nothing, as vLLM's first step.
+    after_first_token: bool = False
     kind: str = PROMPT_LOOKUP
 
     def __post_init__(self) -> None:
@@ -60,16 +63,21 @@ class PromptLookupDrafter:
     def settings(self) -> dict:
         # "latest" is left out: a header without the field drafted that way, as every trace before the option
         chosen = {} if self.ngram_match == NGRAM_LATEST else {"ngram_match": self.ngram_match}
+        chosen |= {"after_first_token": True} if self.after_first_token else {}
         return {"kind": self.kind, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram} | chosen
 
     def check_settings(self, s: SpecSettings) -> None:
         pass
 
-    def start(self, prompt_ids: list[int], layout=None) -> None:
-        return None  # everything it needs is the committed sequence itself
+    def start(self, prompt_ids: list[int], layout=None) -> int:
+        return len(prompt_ids)  # the prompt's length; everything else it needs is the committed sequence itself
 
-    def propose(self, state: None, committed: list[int], k: int, s: SpecSettings,
+    def propose(self, state: int, committed: list[int], k: int, s: SpecSettings,
                 gen: torch.Generator) -> Proposal:
+        if self.after_first_token and len(committed) <= state:
+            record = {"kind": self.kind, "matched": False, "proposed": 0, "ngram_size": None, "match_start": None,
+                      "continuation_start": None, "note": "no lookup before the first output token (vLLM's order)"}
+            return Proposal([], one_hot_rows([], self.vocab_size), [0.0], record)
         match, elapsed = timed(lambda: find_match(committed, self.max_ngram, self.min_ngram,
                                                   self.ngram_match == NGRAM_EARLIEST))
         tokens = [] if match is None else committed[match.continuation_start:match.continuation_start + k]
@@ -81,8 +89,8 @@ class PromptLookupDrafter:
             record["note"] = "no earlier occurrence of the last tokens: nothing proposed, a plain target step"
         return Proposal(tokens, rows, [elapsed], record)
 
-    def cache_len(self, state: None) -> None:
+    def cache_len(self, state: int) -> None:
         return None
 
-    def roll_back(self, state: None, committed: list[int]) -> CatchUp:
+    def roll_back(self, state: int, committed: list[int]) -> CatchUp:
         return CatchUp()  # nothing to roll back: the next lookup reads the committed sequence

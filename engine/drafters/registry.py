@@ -47,6 +47,7 @@ class DrafterOptions:
     max_ngram: int = 3  # prompt lookup: longest n-gram tried first
     min_ngram: int = 1  # prompt lookup: shortest n-gram tried
     ngram_match: str = NGRAM_LATEST  # prompt lookup: which earlier occurrence it copies from
+    after_first_token: bool = False  # prompt lookup: no lookup before the first output token (vLLM's order)
     draft_model: str | None = None  # the folder of its draft: a draft model, one with its own tokenizer, an EAGLE head
     max_draft_steps: int = 0  # other tokenizer: draft tokens per cycle at most (0: K)
     # A draft model mis-set on purpose (engine/drafters/model.py; engine/diagnose/ plants them):
@@ -75,6 +76,8 @@ class DrafterOptions:
             value = getattr(self, name)
             if not isinstance(value, str) or value not in allowed:
                 raise SettingsError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+        if not isinstance(self.after_first_token, bool) or (self.after_first_token and self.kind != PROMPT_LOOKUP):
+            raise SettingsError("after_first_token is prompt lookup's, and true or false")
         if self.mis_set and self.kind != DRAFT_MODEL:
             raise SettingsError(f"{MIS_SET_MODEL_ONLY}, not to --drafter {self.kind}")
 
@@ -193,7 +196,8 @@ def build_model(target: "LoadedModel", options: DrafterOptions, load: Load) -> "
 def build_prompt_lookup(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
     from engine.drafters.prompt_lookup import PromptLookupDrafter
 
-    return PromptLookupDrafter(target.full_vocab_size, options.max_ngram, options.min_ngram, options.ngram_match)
+    return PromptLookupDrafter(target.full_vocab_size, options.max_ngram, options.min_ngram, options.ngram_match,
+                               options.after_first_token)
 
 
 def build_other_tokenizer(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":

@@ -49,4 +49,5 @@ def replica_plan(speculative_config: dict | None, temperature: float) -> Replica
     k = whole(speculative_config, "num_speculative_tokens", 1, MAX_K)
     low = whole(speculative_config, "prompt_lookup_min", 1, MAX_NGRAM)
     high = whole(speculative_config, "prompt_lookup_max", low, MAX_NGRAM)
-    return ReplicaPlan(DrafterOptions(kind=PROMPT_LOOKUP, max_ngram=high, min_ngram=low, ngram_match=NGRAM_EARLIEST), k)
+    return ReplicaPlan(DrafterOptions(kind=PROMPT_LOOKUP, max_ngram=high, min_ngram=low, ngram_match=NGRAM_EARLIEST,
+                                      after_first_token=True), k)

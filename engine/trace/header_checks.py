@@ -62,6 +62,8 @@ def check_drafter(h: dict, temperature: float, where: str) -> dict:
             fail(where, "drafter.min_ngram", f"prompt lookup needs 1 <= min_ngram <= max_ngram <= {MAX_NGRAM}")
         if d.get("ngram_match", NGRAM_EARLIEST) != NGRAM_EARLIEST:
             fail(where, "drafter.ngram_match", f"is {NGRAM_EARLIEST!r} or left out ({NGRAM_LATEST!r})")
+        if d.get("after_first_token", True) is not True:
+            fail(where, "drafter.after_first_token", "is true or left out (the first cycle looks up in the prompt)")
     if d["kind"] == OTHER_TOKENIZER:
         if temperature != 0:
             fail(where, "settings.temperature", "the other-tokenizer drafter runs greedy only (temperature 0): "
