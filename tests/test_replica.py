@@ -70,7 +70,7 @@ def test_the_replica_matches_every_greedy_request_step_by_step_and_token_by_toke
     assert all(r["equal"] and r["tokens_equal"] and r["first_difference"] is None for r in body["requests"])
     k = replica.manifest["settings"]["k"]
     assert k == 3 and replica.manifest["pair"]["drafter"] == {"kind": "prompt-lookup", "max_ngram": 4, "min_ngram": 2,
-                                                               "ngram_match": "earliest"}
+                                                               "ngram_match": "earliest", "after_first_token": True}
     assert len(loads_comparison((out / REPLICA_FILE).read_bytes(), "replica", k, replica.entries)) == len(PROMPTS)
     # The same traces against an answer altered at its second drafting step part there, at that step's cycle.
     answer, entry = next((a, e) for a, e in zip(server.answers, replica.entries) if len(a.drafted_per_step) >= 2)

@@ -271,7 +271,8 @@ def test_a_failure_mid_run_keeps_the_finished_requests_and_resume_continues(ngra
         relay.act = lambda n: FORWARD
         assert main([*command, "--url", relay.url, "--resume"]) == 0
         assert relay.forwarded == len(PROMPTS)
-    assert [a["id"] for a in answers(out)] == [p["id"] for p in PROMPTS]
+    # answers.jsonl is in finishing order (two requests run at once); each request is there exactly once.
+    assert sorted(a["id"] for a in answers(out)) == sorted(p["id"] for p in PROMPTS)
     stats = stats_json(out, capsys)
     assert stats["requests"] == len(PROMPTS) and stats["totals"]["equal"] is True
 
@@ -318,7 +319,8 @@ def test_a_killed_client_continues_with_resume(ngram_server, tmp_path, capsys):
     with Relay(ngram_server.url) as relay:
         assert main([*command[3:], "--url", relay.url, "--resume"]) == 0
         assert relay.posts == relay.forwarded == len(PROMPTS) - 2
-    assert [a["id"] for a in answers(out)] == [p["id"] for p in PROMPTS]
+    # answers.jsonl is in finishing order (two requests run at once); each request is there exactly once.
+    assert sorted(a["id"] for a in answers(out)) == sorted(p["id"] for p in PROMPTS)
     stats = stats_json(out, capsys)
     assert stats["requests"] == len(PROMPTS) and stats["totals"]["equal"] is True
 
