@@ -278,4 +278,8 @@ def test_while_playing_the_address_bar_names_the_step_shown(projector):
     page.locator(".st-key-playing label").click()
     settled_steps = [(shown, in_url) for shown, in_url, done in samples if done and shown]
     assert len({shown for shown, _ in settled_steps}) >= 4, samples  # it played
-    assert all(shown == in_url for shown, in_url in settled_steps), samples
+    # A lagging address bar disagrees for the whole step (about six samples). One sample alone may catch
+    # the moment a run has begun but neither its Stop button nor its first element has reached the page
+    # (seen once under the full suite's load), so a disagreement counts when two samples in a row show it.
+    lasting = [a for a, b in zip(settled_steps, settled_steps[1:]) if a == b and a[0] != a[1]]
+    assert not lasting, samples
