@@ -2,7 +2,7 @@
 names that request's trace, and the links followed open the stepper at their cycle; at 1366x768 every
 tab is in view and no tab's content makes the page scroll sideways. On a replica (`engine replica`'s
 folder, tests/replica_sample.py), clicking the request's link opens the stepper at the replica's cycle
-where it parts from its server."""
+where it parts from its server; on a vLLM capture folder, a request's link opens its captured trace."""
 import shutil
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -21,6 +21,7 @@ from tests.test_browser import (  # noqa: F401 (browser: a fixture)
     streamlit_server,
 )
 from tests.test_browser_projector import PROJECTOR
+from tests.test_captured_workload import mixed_capture
 from tests.test_workload_truth import DRAFT, LOOKUP, TWIN
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,6 +220,50 @@ def test_clicking_a_replicas_request_opens_the_stepper_at_the_cycle_where_it_par
         assert [h for h in shown if h.startswith("Cycle ")][0].startswith(f"Cycle {parted_at} ·"), shown
         assert "replica-of-vllm" in stepper.locator("[data-testid=stSidebar]").inner_text()
         stepper.screenshot(path=str(SHOTS / "replica-link-stepper.png"))
+        assert stepper.locator('[data-testid="stException"]').count() == 0 and not dialogs
+    finally:
+        if stepper is not page:
+            stepper.close()
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def capture_served(example_traces, tmp_path_factory):
+    """A server whose only workload is a vLLM capture folder (the recorder fed made-up steps, no vLLM needed)
+    put under the live runs' workloads, as an engineer would copy SPECLAB_CAPTURE_DIR there."""
+    root = tmp_path_factory.mktemp("browser-capture")
+    mixed_capture(root / "runs" / "workloads" / "captured-vllm")
+    (root / "traces").mkdir()
+    shutil.copy(example_traces["sampled"], root / "traces" / "default.jsonl")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECLAB_WORKLOADS_DIR", str(root / "no-bundled"))
+        with streamlit_server(root / "traces", root, "light") as url:
+            yield url
+
+
+def test_a_captured_request_opens_from_the_workload_page_in_the_stepper(browser, capture_served):
+    page, dialogs = open_page(browser, f"{capture_served}/workload")
+    stepper = page
+    try:
+        page.get_by_role("heading", name="Acceptance across a workload").first.wait_for()
+        open_tab(page, "Requests", "cmpl-c")
+        links = {text: q for text, q in stepper_links(page)}
+        assert set(links) == {"cmpl-a", "cmpl-b", "cmpl-c"}  # the finished greedy requests, each its own trace
+        ref = parse_token(links["cmpl-c"]["trace"])
+        assert parse_request_name(ref.name) == ("run", "captured-vllm", "request-0005.jsonl")
+        link = page.locator("[data-testid='stMarkdownContainer'] a[href*='trace=workload']", has_text="cmpl-c")
+        if link.first.get_attribute("target") == "_blank":
+            with page.context.expect_page() as opened:
+                link.first.click()
+            stepper = opened.value
+        else:
+            link.first.click()
+        stepper.set_default_timeout(TIMEOUT_MS)
+        cycle = links["cmpl-c"].get("cycle", "0")
+        stepper.wait_for_function("c => [...document.querySelectorAll('h3')].some(e => e.innerText.startsWith(c))",
+                                  arg=f"Cycle {cycle} ·")
+        assert "cmpl-c" in stepper.locator("[data-testid=stSidebar]").inner_text()
+        stepper.screenshot(path=str(SHOTS / "capture-link-stepper.png"))
         assert stepper.locator('[data-testid="stException"]').count() == 0 and not dialogs
     finally:
         if stepper is not page:

@@ -25,25 +25,38 @@ from vllm_capture.speclab_vllm_capture import recorder as rec
 EOS = 2
 
 
-def made_up(folder: Path, temperature: float) -> Path:
-    """A request of prompt [5, 6, 7, 5, 6] (the n-gram [5, 6] recurs) through the recorder, as the hooks would
-    feed it: the prefill, a step that drafts [7, 5, 6] and accepts 2, then one that stops at EOS."""
-    r = rec.Recorder(str(folder), {
+def recorder(folder: Path) -> rec.Recorder:
+    """The recorder as the hooks make it, for a 16-token vocabulary, n-gram K=3."""
+    return rec.Recorder(str(folder), {
         "target": {"name": "t", "architecture": "LlamaForCausalLM", "parameters": 1, "vocab_size": 16},
         "draft": {"name": "n-gram", "architecture": "none", "parameters": 0, "vocab_size": 16},
         "drafter": {"kind": "prompt-lookup", "min_ngram": 2, "max_ngram": 4, "ngram_match": "earliest"},
         "device": "cpu", "dtype": "float32", "versions": {}}, 3, (2, 4), lambda t: f"<{t}>")
-    r.start("cmpl-1", [5, 6, 7, 5, 6], rec.Sampling(temperature, 0, 1.0, 1, 16, [EOS]))
+
+
+def record(r: rec.Recorder, rid: str, temperature: float, seed: int | None = 1, finish: bool = True) -> None:
+    """A request of prompt [5, 6, 7, 5, 6] (the n-gram [5, 6] recurs) through the recorder, as the hooks would
+    feed it: the prefill, a step that drafts [7, 5, 6] and accepts 2, then one that stops at EOS (or, with
+    finish False, the request is aborted before it)."""
+    r.start(rid, [5, 6, 7, 5, 6], rec.Sampling(temperature, 0, 1.0, seed, 16, [EOS]))
     greedy = temperature == 0
     one = [(7, 1.0)] if greedy else [(7, 0.9), (3, 0.1)]
-    r.step("cmpl-1", rec.Step(0, 5, [], [7], [], [one], None, None, 0.0, 0.1, 0.2))
+    r.step(rid, rec.Step(0, 5, [], [7], [], [one], None, None, 0.0, 0.1, 0.2))
     p = [1.0, 1.0, 0.0] if greedy else [0.8, 0.7, 0.1]
     rows = [[(5, 1.0)], [(6, 1.0)], [(9, 1.0)]] if greedy else [[(5, 0.8), (4, 0.2)], [(6, 0.7), (4, 0.3)],
                                                                   [(9, 0.9), (7, 0.1)]]
     residual = [(9, 1.0, 1.0)] if greedy else [(9, 0.9, 1.0)]
-    r.step("cmpl-1", rec.Step(5, 4, [5, 6, 7], [5, 6, 9], p, rows + [[(1, 1.0)]], residual,
-                              None if greedy else [0.5, 0.2, 0.3], 0.001, 0.1, 0.2))
-    r.step("cmpl-1", rec.Step(8, 1, [], [EOS], [], [[(EOS, 1.0)]], None, None, 0.0, 0.1, 0.2))
+    r.step(rid, rec.Step(5, 4, [5, 6, 7], [5, 6, 9], p, rows + [[(1, 1.0)]], residual,
+                         None if greedy else [0.5, 0.2, 0.3], 0.001, 0.1, 0.2))
+    if not finish:
+        r.end(rid, "aborted")
+        return
+    r.step(rid, rec.Step(8, 1, [], [EOS], [], [[(EOS, 1.0)]], None, None, 0.0, 0.1, 0.2))
+
+
+def made_up(folder: Path, temperature: float) -> Path:
+    """One request (record) in a capture folder of its own; its trace's path."""
+    record(recorder(folder), "cmpl-1", temperature)
     assert json.loads((folder / rec.MANIFEST).read_text())["traces"][0]["complete"]
     return folder / "cmpl-1.jsonl"
 

@@ -127,8 +127,8 @@ def show(slot, choice: tuple[str, str]) -> None:
     st.caption(describe(choice, workload.manifest))
     skipped = [e for e in workload.entries if e.status == "skipped"]
     if skipped:
-        st.caption(f"{len(skipped)} requests were skipped as too long for the pair: "
-                   + md(", ".join(e.id for e in skipped)))
+        st.caption(f"{len(skipped)} of {len(workload.entries)} requests were skipped: "
+                   + md("; ".join(f"{e.id} ({e.reason})" for e in skipped)))
     workload_replica.draw(choice)
     for name, tab in zip(TABS, st.tabs(TABS, key=TAB, on_change="rerun")):
         if tab.open:

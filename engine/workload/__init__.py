@@ -5,6 +5,8 @@
 - manifest.py: the workload folder's manifest: settings, pair, machine, and each request's
   id, category, file and summary; its checks on untrusted input.
 - folder.py: a workload folder or a zip of one, opened and checked (the CLI and the app).
+- captured.py: a folder the vLLM capture plugin wrote (vllm_capture/), read as a workload: its
+  finished requests with the most common settings, the others listed as skipped with why.
 - zip_checks.py: a zip checked whole before it is believed: names, links, duplicates, budgets,
   every entry read once with its CRC.
 - run.py: `python -m engine run --prompts FILE --out FOLDER`: models load once, one trace per

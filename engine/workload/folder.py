@@ -1,7 +1,8 @@
 """A workload, opened from its folder or from a zip of it (an upload, a bundled example).
 
 Only `manifest.json` and the request files it lists (request-NNNN.jsonl, checked by the
-manifest) are ever read: a zip member or a folder's file is looked up by that exact name.
+manifest) are ever read: a zip member or a folder's file is looked up by that exact name. A vLLM
+capture's folder has its own manifest; engine/workload/captured.py reads it as a workload.
 Each trace is checked as any trace is (engine/trace), then against its manifest entry: the
 same settings, the same request, the same summary. A zip's sizes are checked before reading.
 """
@@ -15,6 +16,7 @@ from typing import Callable
 from engine.trace.batch_reader import BATCH_TRACE, MAX_BATCH_TRACE_BYTES, check_against_workload, loads_batch_trace
 from engine.trace.format import MAX_TRACE_BYTES, loads_trace
 from engine.trace.record_types import Trace
+from engine.workload.captured import CAPTURE_FORMAT, capture_workload, is_capture
 from engine.workload.manifest import (
     DONE,
     MANIFEST,
@@ -99,7 +101,9 @@ def check_against_entry(trace: Trace, e: Entry, manifest: dict, where: str) -> N
     if ran_in != batch_rows(manifest):
         raise WorkloadError(f"{where}: the trace says it ran {in_words(ran_in)}, the manifest {in_words(batch_rows(manifest))}")
     settings = dict(manifest["settings"])
-    if isinstance(settings.get("seed"), int):  # its own seed (manifest.py SEED_STRIDE); the rest as the manifest's
+    if settings.get("seed") is None:  # each request ran with the seed its client sent (a vLLM capture)
+        settings["seed"] = trace.header["settings"]["seed"]
+    elif isinstance(settings.get("seed"), int):  # its own seed (manifest.py SEED_STRIDE); the rest as the manifest's
         settings["seed"] = request_seed(settings["seed"], e.index, manifest.get("seed_stride"))
     if trace.header["settings"] != settings:
         raise WorkloadError(f"{where}: its settings differ from the manifest's (the seed: request {e.index} runs "
@@ -139,8 +143,7 @@ def open_folder(folder: Path) -> Workload:
             raise WorkloadError(f"{folder}/{name}: {size:,} bytes is too large")
         return path.read_bytes()
 
-    manifest, entries = loads_manifest(read(MANIFEST), str(folder))
-    return Workload(str(folder), manifest, entries, read)
+    return Workload(str(folder), *read_manifest(read, str(folder)))
 
 
 def open_zip(data: bytes, source: str) -> Workload:
@@ -156,8 +159,16 @@ def open_zip(data: bytes, source: str) -> Workload:
             raise WorkloadError(f"{source}: {name} is missing")
         return read_entry(archive, info, limit_of(name), source)
 
-    manifest, entries = loads_manifest(read(MANIFEST), source)
-    return Workload(source, manifest, entries, read)
+    return Workload(source, *read_manifest(read, source))
+
+
+def read_manifest(read: Callable[[str], bytes], source: str) -> tuple[dict, list[Entry], Callable[[str], bytes]]:
+    """The manifest, its requests and the reader of their files; a vLLM capture's folder is read as the
+    workload it stands for (engine/workload/captured.py)."""
+    manifest, entries = loads_manifest(read(MANIFEST), source, other_formats=(CAPTURE_FORMAT,))
+    if is_capture(manifest):
+        return capture_workload(manifest, read, source)
+    return manifest, entries, read
 
 
 def zip_prefix(members: dict, source: str) -> str:

@@ -81,13 +81,17 @@ def summary_of(trace_summary: dict, prompt_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens} | {k: trace_summary[k] for k in SUMMARY_KEYS if k != "prompt_tokens"}
 
 
-def loads_manifest(data: bytes, source: str) -> tuple[dict, list[Entry]]:
+def loads_manifest(data: bytes, source: str, other_formats: tuple[str, ...] = ()) -> tuple[dict, list[Entry]]:
+    """The manifest and its requests, checked; one of `other_formats` is returned parsed only, with no requests
+    (its reader checks it)."""
     if len(data) > MAX_MANIFEST_BYTES:
         raise WorkloadError(f"{source}: the manifest has {len(data):,} bytes; at most {MAX_MANIFEST_BYTES:,} are read")
     try:
         manifest = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise WorkloadError(f"{source}: the manifest is not JSON ({type(err).__name__})") from None
+    if isinstance(manifest, dict) and manifest.get("format") in other_formats:
+        return manifest, []
     return manifest, check_manifest(manifest, source)
 
 
