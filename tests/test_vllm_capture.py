@@ -195,3 +195,11 @@ def test_the_stepper_opens_a_capture_at_every_stage(tmp_path, monkeypatch, tempe
             at.run()
             assert not at.exception, (cycle, stage, [e.value for e in at.exception])
             assert at.subheader[0].value.startswith(f"Cycle {cycle} · stage {stage}")
+
+
+def test_one_process_writes_each_engines_traces():
+    """Tensor parallel: TP rank 0 of the last pipeline stage only; data parallel: a folder per engine."""
+    writes = {(tp, last): rec.writer_folder("cap", tp, last, 0, 1) for tp in (0, 1, 3) for last in (True, False)}
+    assert writes == {(0, True): "cap", (0, False): None, (1, True): None, (1, False): None, (3, True): None,
+                      (3, False): None}
+    assert [rec.writer_folder("cap", 0, True, r, 2) for r in (0, 1)] == ["cap/dp0", "cap/dp1"]

@@ -31,6 +31,18 @@ NGRAM_TEXT = "vLLM's n-gram proposer: deterministic, so p_draft is 1 (a one-hot 
 ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
+def writer_folder(folder: str, tp_rank: int, last_pp_stage: bool, dp_rank: int, dp_size: int) -> str | None:
+    """Where this worker process writes its traces, or None when another writes them.
+
+    Under tensor parallelism every rank of the last pipeline stage samples the same tokens from the same
+    logits (vLLM gathers them), so only TP rank 0 writes; earlier pipeline stages never sample. Data-parallel
+    ranks are separate engines with their own requests and schedulers: each writes its own capture folder,
+    dp<rank>/ under the named one, so no two processes rewrite one manifest."""
+    if tp_rank != 0 or not last_pp_stage:
+        return None
+    return os.path.join(folder, f"dp{dp_rank}") if dp_size > 1 else folder
+
+
 @dataclass
 class Sampling:
     """A request's sampling settings as the lab names them (vLLM: top_k -1 or 0 and top_p 1 mean off)."""

