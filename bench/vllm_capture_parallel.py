@@ -94,7 +94,8 @@ def report(result: dict) -> str:
              machine_words(result["machine"]), "",
              f"vLLM {result['vllm']} on the chat target's float32 copy, the capture on; {result['requests']} bundled "
              f"prompts, at most {result['max_tokens']} tokens, two at a time (`engine client`).", "",
-             "| setting | started | up in | traces written by | captured | equal to the server's metrics | answers equal one process's |",
+             "| setting | started | up in | traces written by | captured | equal to the server's metrics "
+             "| answers equal one process's |",
              "|---|---|---|---|---|---|---|"]
     one = result["settings"].get("one process", {}).get("answers")
     for name, r in result["settings"].items():
