@@ -198,8 +198,18 @@ def test_the_stepper_opens_a_capture_at_every_stage(tmp_path, monkeypatch, tempe
 
 
 def test_one_process_writes_each_engines_traces():
-    """Tensor parallel: TP rank 0 of the last pipeline stage only; data parallel: a folder per engine."""
-    writes = {(tp, last): rec.writer_folder("cap", tp, last, 0, 1) for tp in (0, 1, 3) for last in (True, False)}
-    assert writes == {(0, True): "cap", (0, False): None, (1, True): None, (1, False): None, (3, True): None,
-                      (3, False): None}
-    assert [rec.writer_folder("cap", 0, True, r, 2) for r in (0, 1)] == ["cap/dp0", "cap/dp1"]
+    """Tensor parallel: TP rank 0 of the last pipeline stage only."""
+    writes = {(tp, last): rec.writes_traces(tp, last) for tp in (0, 1, 3) for last in (True, False)}
+    assert writes == {(0, True): True, (0, False): False, (1, True): False, (1, False): False, (3, True): False,
+                      (3, False): False}
+
+
+def test_data_parallel_engines_share_one_folder_and_its_manifest(tmp_path):
+    """Two engine processes (two recorders) ending requests in turn: the manifest lists all of them, once."""
+    one, two = recorder(tmp_path), recorder(tmp_path)
+    record(one, "cmpl-1", 0.0)
+    record(two, "cmpl-2", 0.0)
+    record(one, "cmpl-3", 0.0)
+    listed = [e["file"] for e in json.loads((tmp_path / rec.MANIFEST).read_text())["traces"]]
+    assert listed == ["cmpl-1.jsonl", "cmpl-2.jsonl", "cmpl-3.jsonl"]
+    assert all(load_trace(tmp_path / f).complete for f in listed)

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from speclab_vllm_capture.recorder import Recorder, Sampling, Step, writer_folder
+from speclab_vllm_capture.recorder import Recorder, Sampling, Step, writes_traces
 
 log = logging.getLogger("speclab_vllm_capture")
 TOP = 10
@@ -52,16 +52,12 @@ class Capture:
             self.off(f"speculative method {getattr(spec, 'method', None)!r} is not captured (only 'ngram')")
             return
         from vllm.distributed import parallel_state
-        parallel = runner.parallel_config
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        folder = writer_folder(self.folder, tp_rank, parallel_state.get_pp_group().is_last_rank,
-                               parallel.data_parallel_rank, parallel.data_parallel_size)
-        if folder is None:  # another rank writes this engine's traces; this one adds no cost
-            log.info("speclab capture: TP rank %d of its pipeline stage writes nothing (TP rank 0 of the last "
-                     "stage does)", tp_rank)
-            self.on = False
+        if not writes_traces(tp_rank, parallel_state.get_pp_group().is_last_rank):
+            log.info("speclab capture: this worker (TP rank %d) writes nothing: TP rank 0 of the last pipeline "
+                     "stage writes its engine's traces", tp_rank)
+            self.on = False  # another rank writes; this one adds no cost
             return
-        self.folder = folder
         import transformers
         import vllm
         model_config = runner.model_config

@@ -9,6 +9,7 @@ The cycle records follow docs/trace-format.md under the `vllm_num_computed` cach
 engine/trace/schema.py defines it; this package imports nothing of the lab, so the name and text are
 repeated here and a lab test keeps them equal).
 """
+import fcntl
 import json
 import math
 import os
@@ -31,16 +32,13 @@ NGRAM_TEXT = "vLLM's n-gram proposer: deterministic, so p_draft is 1 (a one-hot 
 ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
-def writer_folder(folder: str, tp_rank: int, last_pp_stage: bool, dp_rank: int, dp_size: int) -> str | None:
-    """Where this worker process writes its traces, or None when another writes them.
+def writes_traces(tp_rank: int, last_pp_stage: bool) -> bool:
+    """Whether this worker process writes its engine's traces.
 
     Under tensor parallelism every rank of the last pipeline stage samples the same tokens from the same
     logits (vLLM gathers them), so only TP rank 0 writes; earlier pipeline stages never sample. Data-parallel
-    ranks are separate engines with their own requests and schedulers: each writes its own capture folder,
-    dp<rank>/ under the named one, so no two processes rewrite one manifest."""
-    if tp_rank != 0 or not last_pp_stage:
-        return None
-    return os.path.join(folder, f"dp{dp_rank}") if dp_size > 1 else folder
+    engines serve requests of their own and all write, into the one folder (write_manifest merges)."""
+    return tp_rank == 0 and last_pp_stage
 
 
 @dataclass
@@ -269,9 +267,19 @@ class Recorder:
         }
 
     def write_manifest(self) -> None:
-        body = {"format": "speclab-vllm-capture", "version": 1, "cache_convention": CONVENTION,
-                "traces": self.entries}
+        """Add this process's ended requests to the folder's manifest. Data-parallel engines are processes of
+        their own writing into one folder: each rewrites the manifest under a lock, keeping the others' entries."""
         path = os.path.join(self.folder, MANIFEST)
-        with open(path + ".tmp", "w", encoding="utf-8") as out:
-            json.dump(body, out, indent=1)
-        os.replace(path + ".tmp", path)
+        with open(path + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            try:
+                with open(path, encoding="utf-8") as f:
+                    listed = json.load(f)["traces"]
+            except (OSError, ValueError, KeyError, TypeError):
+                listed = []  # the first request to end in this folder
+            known = {e.get("file") for e in listed if isinstance(e, dict)}
+            body = {"format": "speclab-vllm-capture", "version": 1, "cache_convention": CONVENTION,
+                    "traces": listed + [e for e in self.entries if e["file"] not in known]}
+            with open(path + ".tmp", "w", encoding="utf-8") as out:
+                json.dump(body, out, indent=1)
+            os.replace(path + ".tmp", path)
