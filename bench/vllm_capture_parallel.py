@@ -3,7 +3,8 @@ the traces equal a single process's.
 
     python -m bench.vllm_capture_parallel                    # 10 bundled prompts, 48 tokens, n-gram K=3
 
-For each setting (one process; tensor parallel 2 and 3; pipeline parallel 2; data parallel 2) vLLM serves the chat
+For each setting (one process; tensor parallel 2 and 3; pipeline parallel 2, with the capture on and off; data
+parallel 2) vLLM serves the chat
 target with n-gram speculation and SPECLAB_CAPTURE_DIR set, `engine client` sends the prompts greedy, and the
 server is stopped. Then: every captured folder opens as a workload (every trace checked by load_trace); each
 request's captured drafts and accepted counts equal the server's own per-step metrics; the committed tokens
@@ -12,6 +13,7 @@ reported with the line it printed. Results: bench/results/vllm-capture-parallel-
 """
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
@@ -33,6 +35,8 @@ SETTINGS = {"one process": ([], {}),
             "tensor parallel 2": (["--tensor-parallel-size", "2"], {}),
             "tensor parallel 3": (["--tensor-parallel-size", "3"], {"VLLM_CPU_OMP_THREADS_BIND": "0|1|1"}),
             "pipeline parallel 2": (["--pipeline-parallel-size", "2"], {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
+            "pipeline parallel 2, capture off": (["--pipeline-parallel-size", "2"],
+                                                 {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "SPECLAB_CAPTURE_DIR": ""}),
             "data parallel 2": (["--data-parallel-size", "2"], {"VLLM_CPU_OMP_THREADS_BIND": "0|1"})}
 
 
@@ -46,15 +50,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def first_error(log: Path) -> str | None:
+    """The first line of the server's log that names an exception (`SomethingError: why`), its prefix cut."""
+    for line in log.read_text(errors="replace").splitlines():
+        found = re.search(r"\b(\w+Error: .*)", line)
+        if found:
+            return found.group(1)[:300]
+    return None
+
+
 def serve(name: str, extra: list[str], env: dict, work: Path, prompts: Path, max_tokens: int) -> dict:
     folder, captured = work / name.replace(" ", "-"), work / name.replace(" ", "-") / "captured"
     folder.mkdir(parents=True)
     started = time.perf_counter()
     try:
         server = start_vllm(smollm2_folder(), NGRAM_K3, model_name="smollm2", log=folder / "server.log",
-                            extra_args=extra, env=env | {"SPECLAB_CAPTURE_DIR": str(captured)})
+                            extra_args=extra, env={"SPECLAB_CAPTURE_DIR": str(captured)} | env)
     except ServerStartError as err:
-        return {"started": False, "why": " ".join(str(err).split())[-600:]}
+        return {"started": False, "why": first_error(folder / "server.log") or " ".join(str(err).split())[-300:]}
     up_s = time.perf_counter() - started
     try:
         code = engine_main(["client", "--url", server.url, "--prompts", str(prompts), "--out", str(folder / "served"),
@@ -70,8 +83,11 @@ def serve(name: str, extra: list[str], env: dict, work: Path, prompts: Path, max
 def check(served_folder: Path, captured: Path) -> dict:
     """Each answer against its captured trace (matched by prompt ids): drafts, accepted counts, tokens."""
     served = read_server_workload(served_folder)
-    workload = open_folder(captured)  # every trace checked, as any workload's
-    traces = {tuple(t.header["prompt_token_ids"]): t for t in (workload.trace(e) for e in workload.done)}
+    traces, listed = {}, 0
+    if (captured / "manifest.json").is_file():  # none with the capture off
+        workload = open_folder(captured)  # every trace checked, as any workload's
+        traces = {tuple(t.header["prompt_token_ids"]): t for t in (workload.trace(e) for e in workload.done)}
+        listed = len(workload.entries)
     equal = 0
     for a in served.answers:
         t = traces.get(tuple(a.prompt_ids))
@@ -80,7 +96,7 @@ def check(served_folder: Path, captured: Path) -> dict:
         steps = [(len(c["draft_token_ids"]), c["num_accepted"]) for c in t.cycles if c["draft_token_ids"]]
         equal += (steps == list(zip(a.drafted_per_step, a.accepted_per_step))
                   and t.summary["generated_token_ids"] == a.token_ids)
-    return {"requests": len(served.answers), "captured": len(traces), "listed": len(workload.entries),
+    return {"requests": len(served.answers), "captured": len(traces), "listed": listed,
             "equal_to_server": equal, "answers": {a.request.id: a.token_ids for a in served.answers}}
 
 
@@ -106,7 +122,7 @@ def report(result: dict) -> str:
     refused = [(n, r["why"]) for n, r in result["settings"].items() if not r.get("started")]
     if refused:
         lines += ["", "Settings vLLM did not start here, with the end of what it printed:", ""]
-        lines += [f"- {n}: `{why[-300:]}`" for n, why in refused]
+        lines += [f"- {n}: `{why}`" for n, why in refused]
     return "\n".join(lines) + "\n"
 
 
