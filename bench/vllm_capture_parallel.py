@@ -51,11 +51,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def first_error(log: Path) -> str | None:
-    """The first line of the server's log that names an exception (`SomethingError: why`), its prefix cut."""
-    for line in log.read_text(errors="replace").splitlines():
-        found = re.search(r"\b(\w+Error: .*)", line)
-        if found:
-            return found.group(1)[:300]
+    """The first exception the server's log names at the start of a line (`SomethingError: why`, vLLM's prefix
+    cut), with the line after it when that says why (pydantic's "Value error, ...")."""
+    lines = [re.sub(r"^\(.*?\) ERROR .*?\] ", "", line).strip() for line in log.read_text(errors="replace").splitlines()]
+    for i, line in enumerate(lines):
+        if re.match(r"[\w.]*Error: ", line):
+            more = lines[i + 1] if i + 1 < len(lines) and lines[i + 1].startswith("Value error") else ""
+            return f"{line} {more}".strip()[:300]
     return None
 
 
