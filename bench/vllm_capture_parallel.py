@@ -123,7 +123,7 @@ def report(result: dict) -> str:
                      f"{r['captured']} of {r['requests']} | {r['equal_to_server']} of {r['requests']} | {same} |")
     refused = [(n, r["why"]) for n, r in result["settings"].items() if not r.get("started")]
     if refused:
-        lines += ["", "Settings vLLM did not start here, with the end of what it printed:", ""]
+        lines += ["", "Settings vLLM did not start here, with the first exception its log names:", ""]
         lines += [f"- {n}: `{why}`" for n, why in refused]
     return "\n".join(lines) + "\n"
 
