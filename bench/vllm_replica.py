@@ -10,9 +10,14 @@ prompt lookup at the same K and range, copying after the n-gram's earliest occur
 The replica is run a second time with the lab's defaults (the latest occurrence, and a lookup in the first
 cycle too), to show what those choices change. The folders stay under --work; the figures go to
 bench/results/vllm-replica-<cpu>.json and .md.
+
+With --capture the server runs with the lab's capture plugin on, and each captured trace is checked against
+the replica's cycles and the server's own counts (and, with --plugin-off FOLDER, the answers against a run
+served without it); the figures then go to bench/results/vllm-replica-capture-<cpu>.*.
 """
 import argparse
 import json
+import statistics
 import time
 from collections import Counter
 from dataclasses import replace
@@ -29,6 +34,7 @@ from engine.replica.server_workload import read_server_workload
 from engine.replica.settings import replica_plan
 from engine.servers.launch import NGRAM_K3, start_vllm
 from engine.trace.schema import NGRAM_LATEST
+from engine.workload.folder import open_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "assets" / "prompts" / "categories.jsonl"
@@ -42,7 +48,44 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--served", type=Path, default=None,
                    help="a server workload this script wrote before: replicate it again, sending nothing")
+    p.add_argument("--capture", action="store_true",
+                   help="serve with the capture plugin on and check its traces against the replica's cycles")
+    p.add_argument("--plugin-off", type=Path, default=None,
+                   help="with --capture: a server workload of the same prompts served with the plugin off, "
+                        "whose answers and per-step counts this run's must equal")
     return p.parse_args(argv)
+
+
+def capture_check(captured: Path, served_folder: Path, replica_folder: Path, plugin_off: Path | None) -> dict:
+    """Every captured trace loaded (as a workload: each checked); each request's captured cycles against the
+    replica's (drafts, accepted counts, committed tokens) and its tokens and per-step counts against the answer."""
+    workload, replica = open_folder(captured), open_folder(replica_folder)
+    traces = {tuple(t.header["prompt_token_ids"]): t for t in (workload.trace(e) for e in workload.done)}
+    replica_by_id = {e.id: e for e in replica.entries}
+    server = read_server_workload(served_folder)
+    equal_cycles = equal_metrics = 0
+    for a in server.answers:
+        t = traces.get(tuple(a.prompt_ids))
+        if t is None:
+            continue
+        steps = [(len(c["draft_token_ids"]), c["num_accepted"]) for c in t.cycles if c["draft_token_ids"]]
+        equal_metrics += steps == list(zip(a.drafted_per_step, a.accepted_per_step)) and \
+            t.summary["generated_token_ids"] == a.token_ids
+        mine = [(c["draft_token_ids"], c["num_accepted"], c["committed_token_ids"]) for c in t.cycles]
+        lab = [(c["draft_token_ids"], c["num_accepted"], c["committed_token_ids"])
+               for c in replica.trace(replica_by_id[a.request.id]).cycles]
+        equal_cycles += mine == lab
+    out = {"requests": len(server.answers), "listed": len(workload.entries), "loaded": len(traces),
+           "equal_to_server_metrics": equal_metrics, "equal_to_replica_cycles": equal_cycles,
+           "capture_time_s_median": statistics.median(c["capture_time_s"] for t in traces.values() for c in t.cycles
+                                                      if "capture_time_s" in c) if traces else None}
+    if plugin_off is not None:
+        off = {a.request.id: a for a in read_server_workload(plugin_off).answers}
+        out["equal_to_plugin_off"] = sum(
+            (a.token_ids, a.drafted_per_step, a.accepted_per_step) == (o.token_ids, o.drafted_per_step,
+                                                                       o.accepted_per_step)
+            for a in server.answers if (o := off.get(a.request.id)) is not None)
+    return out
 
 
 def run_client(url: str, prompts: Path, folder: Path, max_tokens: int) -> float:
@@ -116,6 +159,20 @@ def report(result: dict) -> str:
         if s["parted"]:
             lines += ["", f"Where the {name} replica parts from the server:", ""]
             lines += [f"- {p['id']}: {json.dumps(p['first_difference'])}" for p in s["parted"]]
+    if "capture" in result:
+        c = result["capture"]
+        lines += ["", "With the capture plugin on (`SPECLAB_CAPTURE_DIR`):", "",
+                  f"- {c['listed']} traces listed, {c['loaded']} of {c['requests']} requests loaded and checked "
+                  "(`load_trace`, through the capture folder read as a workload);",
+                  f"- {c['equal_to_server_metrics']} of {c['requests']} equal to the server's per-step drafted and "
+                  "accepted counts and its tokens;",
+                  f"- {c['equal_to_replica_cycles']} of {c['requests']} equal to the replica cycle by cycle (drafts, "
+                  "accepted counts, committed tokens);"]
+        if "equal_to_plugin_off" in c:
+            lines.append(f"- {c['equal_to_plugin_off']} of {c['requests']} answers (tokens and per-step counts) "
+                         "equal to a run of the same prompts with the plugin off;")
+        if c["capture_time_s_median"] is not None:
+            lines.append(f"- the capture's own time per step, median: {c['capture_time_s_median'] * 1000:.2f} ms.")
     client = "sent earlier" if result["client_s"] is None else f"{result['client_s']:.0f} s"
     lines += ["", f"Time: client {client}, replica {result['replica_s']:.0f} s "
               f"(latest order {result['replica_latest_s']:.0f} s), on a machine shared with other work; "
@@ -128,7 +185,8 @@ def main(argv=None) -> None:
     args.work.mkdir(parents=True, exist_ok=False)
     served, client_s = args.served or args.work / "served", None
     if args.served is None:
-        server = start_vllm(smollm2_folder(), NGRAM_K3, model_name="smollm2", log=args.work / "server.log")
+        env = {"SPECLAB_CAPTURE_DIR": str(args.work / "captured")} if args.capture else None
+        server = start_vllm(smollm2_folder(), NGRAM_K3, model_name="smollm2", log=args.work / "server.log", env=env)
         try:
             client_s = run_client(server.url, args.prompts, served, args.max_tokens)
         finally:
@@ -141,7 +199,11 @@ def main(argv=None) -> None:
               "max_tokens": args.max_tokens, "speculative_config": NGRAM_K3,
               "earliest": summarise(earliest, names), "latest": summarise(latest, names),
               "client_s": client_s, "replica_s": replica_s, "replica_latest_s": latest_s}
-    write_results(args.out, f"vllm-replica-{cpu_tag(result['machine'])}", result, report(result))
+    stem = f"vllm-replica-{cpu_tag(result['machine'])}"
+    if args.capture:
+        result["capture"] = capture_check(args.work / "captured", served, args.work / "replica", args.plugin_off)
+        stem = f"vllm-replica-capture-{cpu_tag(result['machine'])}"
+    write_results(args.out, stem, result, report(result))
     print(report(result))
 
 
