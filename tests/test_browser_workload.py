@@ -182,6 +182,22 @@ def test_a_damaged_workload_upload_is_refused_in_one_line(browser, served, damag
         page.close()
 
 
+def follow_to_cycle(page, link, cycle):
+    """Click a request link and return the page it opened (a new tab, as Streamlit opens a Markdown link, or this
+    one) once its stepper shows that cycle's heading."""
+    stepper = page
+    if link.first.get_attribute("target") == "_blank":
+        with page.context.expect_page() as opened:
+            link.first.click()
+        stepper = opened.value
+    else:
+        link.first.click()
+    stepper.set_default_timeout(TIMEOUT_MS)
+    stepper.wait_for_function("c => [...document.querySelectorAll('h3')].some(e => e.innerText.startsWith(c))",
+                              arg=f"Cycle {cycle} ·")
+    return stepper
+
+
 @pytest.fixture(scope="module")
 def replica_served(example_traces, tmp_path_factory):
     """A server whose only workload is a replica with a hand-made comparison (no vLLM needed)."""
@@ -206,16 +222,8 @@ def test_clicking_a_replicas_request_opens_the_stepper_at_the_cycle_where_it_par
         text, query = stepper_links(page)[[t for t, _ in stepper_links(page)].index(link.first.inner_text())]
         ref = parse_token(query["trace"])
         assert parse_request_name(ref.name) == ("run", "replica-of-vllm", PARTED) and query["cycle"] == str(parted_at)
-        if link.first.get_attribute("target") == "_blank":  # a new tab, as Streamlit opens a Markdown link
-            with page.context.expect_page() as opened:
-                link.first.click()
-            stepper = opened.value
-        else:
-            link.first.click()
         # The stepper, as the person sees it: the cycle's heading names the replica's cycle where it parts.
-        stepper.set_default_timeout(TIMEOUT_MS)
-        stepper.wait_for_function("c => [...document.querySelectorAll('h3')].some(e => e.innerText.startsWith(c))",
-                                  arg=f"Cycle {parted_at} ·")
+        stepper = follow_to_cycle(page, link, parted_at)
         shown = stepper.eval_on_selector_all("h3", "els => els.map(e => e.innerText)")
         assert [h for h in shown if h.startswith("Cycle ")][0].startswith(f"Cycle {parted_at} ·"), shown
         assert "replica-of-vllm" in stepper.locator("[data-testid=stSidebar]").inner_text()
@@ -252,16 +260,7 @@ def test_a_captured_request_opens_from_the_workload_page_in_the_stepper(browser,
         ref = parse_token(links["cmpl-c"]["trace"])
         assert parse_request_name(ref.name) == ("run", "captured-vllm", "request-0005.jsonl")
         link = page.locator("[data-testid='stMarkdownContainer'] a[href*='trace=workload']", has_text="cmpl-c")
-        if link.first.get_attribute("target") == "_blank":
-            with page.context.expect_page() as opened:
-                link.first.click()
-            stepper = opened.value
-        else:
-            link.first.click()
-        stepper.set_default_timeout(TIMEOUT_MS)
-        cycle = links["cmpl-c"].get("cycle", "0")
-        stepper.wait_for_function("c => [...document.querySelectorAll('h3')].some(e => e.innerText.startsWith(c))",
-                                  arg=f"Cycle {cycle} ·")
+        stepper = follow_to_cycle(page, link, links["cmpl-c"].get("cycle", "0"))
         assert "cmpl-c" in stepper.locator("[data-testid=stSidebar]").inner_text()
         stepper.screenshot(path=str(SHOTS / "capture-link-stepper.png"))
         assert stepper.locator('[data-testid="stException"]').count() == 0 and not dialogs
