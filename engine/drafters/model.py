@@ -4,11 +4,12 @@ It can also run deliberately mis-set, the two ways real deployments get a draft 
 (`python -m engine diagnose` plants them and measures what they cost); both stay exact, because
 p_draft is always the distribution the draft really sampled from:
 - `draft_prompt="raw"`: the draft reads its own rendering of the prompt (without the chat
-  template, SafeAILab/EAGLE issue #196) while the target reads the templated one. After the prompt both
+  template, a mistake EAGLE's users have reported) while the target reads the templated one. After the prompt both
   see the same committed tokens, so the draft's cache is offset from the target's by the
   difference in prompt lengths; everything here runs in the draft's own coordinates.
 - `draft_filters="temperature only"`: the draft samples after the request's temperature but
-  ignores its top-k/top-p (vLLM issue #56724), proposing tokens the target's filters reject.
+  ignores its top-k/top-p (as a serving engine's draft can, when only the temperature reaches it), proposing
+  tokens the target's filters reject.
 """
 from dataclasses import dataclass, replace
 from functools import partial
