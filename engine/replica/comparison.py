@@ -117,12 +117,18 @@ def cycles_of(entry: Entry) -> int | None:
     return summary.get("num_cycles") if type(summary.get("num_cycles")) is int else None
 
 
-def check_request(r, i: int, source: str, k: int, entries: dict[str, Entry]) -> RequestComparison:
+def request_object(r, i: int, keys: tuple, source: str, entries: dict[str, Entry]) -> str:
+    """requests[i] is an object of exactly `keys` whose id names a request of the workload; returns where it is."""
     where = f"requests[{i}]"
-    if not isinstance(r, dict) or set(r) != set(KEYS):
-        fail(source, where, f"must be an object of {', '.join(KEYS)}")
+    if not isinstance(r, dict) or set(r) != set(keys):
+        fail(source, where, f"must be an object of {', '.join(keys)}")
     if not isinstance(r["id"], str) or r["id"] not in entries:
         fail(source, f"{where}.id", "must name a request of the workload beside it")
+    return where
+
+
+def check_request(r, i: int, source: str, k: int, entries: dict[str, Entry]) -> RequestComparison:
+    where = request_object(r, i, KEYS, source, entries)
     for key in ("equal", "tokens_equal"):
         if type(r[key]) is not bool:
             fail(source, f"{where}.{key}", "must be true or false")
@@ -174,11 +180,7 @@ def check_sampling(sampling, source: str, settings: dict | None) -> dict:
 
 
 def check_sampled_request(r, i: int, source: str, k: int, entries: dict[str, Entry]) -> SampledRequest:
-    where = f"requests[{i}]"
-    if not isinstance(r, dict) or set(r) != set(SAMPLED_KEYS):
-        fail(source, where, f"must be an object of {', '.join(SAMPLED_KEYS)}")
-    if not isinstance(r["id"], str) or r["id"] not in entries:
-        fail(source, f"{where}.id", "must name a request of the workload beside it")
+    where = request_object(r, i, SAMPLED_KEYS, source, entries)
     cycles = cycles_of(entries[r["id"]])
     for side, steps_key in (("server", "server_steps"), ("replica", "replica_drafting_cycles")):
         high = MAX_STEPS if side == "server" or cycles is None else cycles
