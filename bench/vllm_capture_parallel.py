@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from bench.common import RESULTS, cpu_tag, machine_info, machine_words, write_results
+from bench.vllm_replica import matches_server
 from engine.cli import main as engine_main
 from engine.models.presets import smollm2_folder
 from engine.replica.server_workload import read_server_workload
@@ -95,9 +96,7 @@ def check(served_folder: Path, captured: Path) -> dict:
         t = traces.get(tuple(a.prompt_ids))
         if t is None:
             continue
-        steps = [(len(c["draft_token_ids"]), c["num_accepted"]) for c in t.cycles if c["draft_token_ids"]]
-        equal += (steps == list(zip(a.drafted_per_step, a.accepted_per_step))
-                  and t.summary["generated_token_ids"] == a.token_ids)
+        equal += matches_server(t, a)
     return {"requests": len(served.answers), "captured": len(traces), "listed": listed,
             "equal_to_server": equal, "answers": {a.request.id: a.token_ids for a in served.answers}}
 

@@ -56,6 +56,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def matches_server(trace, answer) -> bool:
+    """A captured trace against its server answer: the drafting steps' drafted and accepted counts, and the tokens."""
+    steps = [(len(c["draft_token_ids"]), c["num_accepted"]) for c in trace.cycles if c["draft_token_ids"]]
+    return steps == list(zip(answer.drafted_per_step, answer.accepted_per_step)) and \
+        trace.summary["generated_token_ids"] == answer.token_ids
+
+
 def capture_check(captured: Path, served_folder: Path, replica_folder: Path, plugin_off: Path | None) -> dict:
     """Every captured trace loaded (as a workload: each checked); each request's captured cycles against the
     replica's (drafts, accepted counts, committed tokens) and its tokens and per-step counts against the answer."""
@@ -68,9 +75,7 @@ def capture_check(captured: Path, served_folder: Path, replica_folder: Path, plu
         t = traces.get(tuple(a.prompt_ids))
         if t is None:
             continue
-        steps = [(len(c["draft_token_ids"]), c["num_accepted"]) for c in t.cycles if c["draft_token_ids"]]
-        equal_metrics += steps == list(zip(a.drafted_per_step, a.accepted_per_step)) and \
-            t.summary["generated_token_ids"] == a.token_ids
+        equal_metrics += matches_server(t, a)
         mine = [(c["draft_token_ids"], c["num_accepted"], c["committed_token_ids"]) for c in t.cycles]
         lab = [(c["draft_token_ids"], c["num_accepted"], c["committed_token_ids"])
                for c in replica.trace(replica_by_id[a.request.id]).cycles]
