@@ -45,7 +45,7 @@ def record(r: rec.Recorder, rid: str, temperature: float, seed: int | None = 1, 
     p = [1.0, 1.0, 0.0] if greedy else [0.8, 0.7, 0.1]
     rows = [[(5, 1.0)], [(6, 1.0)], [(9, 1.0)]] if greedy else [[(5, 0.8), (4, 0.2)], [(6, 0.7), (4, 0.3)],
                                                                   [(9, 0.9), (7, 0.1)]]
-    residual = [(9, 1.0, 1.0)] if greedy else [(9, 0.9, 1.0)]
+    residual = [(9, 1.0, 1.0, 0.0)] if greedy else [(9, 0.9, 1.0, 0.0)]
     r.step(rid, rec.Step(5, 4, [5, 6, 7], [5, 6, 9], p, rows + [[(1, 1.0)]], residual,
                          None if greedy else [0.5, 0.2, 0.3], 0.001, 0.1, 0.2))
     if not finish:
@@ -89,12 +89,67 @@ def altered(path: Path, line: int, change) -> str:
     (2, lambda c: c["u"].__setitem__(1, 0.75), "u[1]"),
     (0, lambda h: h["cache_convention"].update(text="whatever"), "cache_convention.text"),
     (0, lambda h: h["cache_convention"].update(name="vllm"), "cache_convention.name"),
-    (0, lambda h: h.update(fast_path={"capture": "none"}), "n-gram proposer on a chain"),
+    (0, lambda h: h.update(fast_path={"capture": "none"}), "n-gram proposer or draft model on a chain"),
 ])
 def test_a_capture_that_breaks_vllms_convention_is_refused(tmp_path, line, change, words):
     text = altered(made_up(tmp_path, 0.8), line, change)
     with pytest.raises(TraceError, match=words.replace("[", r"\[").replace("]", r"\]")):
         loads_trace(text, "capture")
+
+
+def model_recorder(folder: Path, method: str) -> rec.Recorder:
+    """The recorder as the hooks make it for vLLM's draft model (draft_sample_method `method`), K=3."""
+    return rec.Recorder(str(folder), {
+        "target": {"name": "t", "architecture": "LlamaForCausalLM", "parameters": 1, "vocab_size": 16},
+        "draft": {"name": "d", "architecture": "LlamaForCausalLM", "parameters": 1, "vocab_size": 16},
+        "drafter": {"kind": "model", "vllm_draft_sample_method": method},
+        "device": "cpu", "dtype": "float32", "versions": {}}, 3, None, lambda t: f"<{t}>")
+
+
+def record_sampling_draft(folder: Path) -> Path:
+    """A sampled request whose draft sampled [5, 6, 7] with q 0.9, 0.5, 0.6 where the target gives 0.8, 0.7, 0.1:
+    the ratios are 0.889, 1.4 (so 1) and 0.167, and draws 0.5, 0.2, 0.3 accept two and reject the third; the
+    residual max(0, p - q) there keeps only token 9 (0.9 - 0.4)."""
+    r = model_recorder(folder, "probabilistic")
+    r.start("cmpl-q", [5, 6, 7, 5, 6], rec.Sampling(0.8, 0, 0.95, 3, 16, [EOS]))
+    r.step("cmpl-q", rec.Step(0, 5, [], [7], [], [[(7, 0.9), (3, 0.1)]], None, None, 0.0, 0.1, 0.2))
+    q = rec.DraftRows([0.9, 0.5, 0.6], [[(5, 0.9), (4, 0.1)], [(6, 0.5), (3, 0.5)], [(7, 0.6), (9, 0.4)]],
+                      [0.9, 0.5, 0.5])
+    r.step("cmpl-q", rec.Step(5, 4, [5, 6, 7], [5, 6, 9], [0.8, 0.7, 0.1],
+                              [[(5, 0.8), (4, 0.2)], [(6, 0.7), (4, 0.3)], [(9, 0.9), (7, 0.1)], [(1, 1.0)]],
+                              [(9, 0.9, 1.0, 0.4)], [0.5, 0.2, 0.3], 0.001, 0.1, 0.2, draft=q))
+    r.step("cmpl-q", rec.Step(8, 4, [1, 3, 4], [EOS], [0.1, 0.0, 0.0], [[(EOS, 0.9), (1, 0.1)]] + [[(EOS, 1.0)]] * 3,
+                              [(EOS, 0.9, 1.0, 0.0)], [0.9, 0.5, 0.5], 0.001, 0.1, 0.2,
+                              draft=rec.DraftRows([0.5, 1.0, 1.0], [[(1, 0.5)], [(3, 1.0)], [(4, 1.0)]],
+                                                  [0.1, 0.0, 0.0])))
+    return folder / "cmpl-q.jsonl"
+
+
+def test_a_sampling_draft_models_capture_replays_from_its_own_q(tmp_path):
+    trace = load_trace(record_sampling_draft(tmp_path))
+    drafted = trace.cycles[1]
+    assert drafted["p_draft"] == [0.9, 0.5, 0.6]
+    assert drafted["accept_prob"] == pytest.approx([0.8 / 0.9, 1.0, 0.1 / 0.6])
+    assert drafted["residual_top"][0] | {"text": ""} == {"token_id": 9, "text": "", "p_target": 0.9, "p_draft": 0.4,
+                                                          "residual": 1.0}
+    assert "drafter_state" not in drafted and drafted["draft_cache_len"] is None
+    # top_p 0.95 with a draft that warps by temperature alone: the lab's "temperature only" draft
+    assert trace.header["drafter"]["draft_filters"] == "temperature only"
+
+
+@pytest.mark.parametrize("line, change, words", [
+    (2, lambda c: c["u"].__setitem__(2, 0.1), r"u\[2\]"),  # 0.1 < 0.167 would have accepted the third draft
+    (3, lambda c: c.update(draft_token_ids=[], draft_token_texts=[], p_draft=[], p_target=[], accept_prob=[], u=[],
+                           beta=[], draft_top=[], target_top=c["target_top"][:1], rejected_position=None,
+                           resampled_token_id=None, bonus_token_id=EOS, residual_top=None, verify_positions=1,
+                           target_cache_len={"before": 8, "after_append": 9, "after_rollback": 9}),
+     "drafts in every step after the prefill"),
+    (0, lambda h: h["drafter"].update(vllm_draft_sample_method="greedy"), r"p_draft\[0\]"),  # q must be one-hot
+    (0, lambda h: h["drafter"].pop("vllm_draft_sample_method"), "vllm_draft_sample_method"),
+])
+def test_a_draft_models_capture_that_breaks_its_rules_is_refused(tmp_path, line, change, words):
+    with pytest.raises(TraceError, match=words):
+        loads_trace(altered(record_sampling_draft(tmp_path), line, change), "capture")
 
 
 def test_a_greedy_capture_draws_nothing(tmp_path):
@@ -213,3 +268,22 @@ def test_data_parallel_engines_share_one_folder_and_its_manifest(tmp_path):
     listed = [e["file"] for e in json.loads((tmp_path / rec.MANIFEST).read_text())["traces"]]
     assert listed == ["cmpl-1.jsonl", "cmpl-2.jsonl", "cmpl-3.jsonl"]
     assert all(load_trace(tmp_path / f).complete for f in listed)
+
+
+def test_the_stepper_tells_vllms_prefill_and_rollback_as_vllm_did_them(tmp_path):
+    """The captions follow vLLM's cycle: the first is its prefill (no lookup failed), and a rejection takes
+    drafts off num_computed_tokens rather than deleting cache entries."""
+    from app.figures.explain import stage_caption
+    trace = load_trace(made_up(tmp_path, 0.8))
+    assert trace.is_vllm_capture
+    prefill, drafted = trace.cycles[0], trace.cycles[1]
+    words = [stage_caption(prefill, 0, stage, drafter=trace.drafter_kind, captured=True) for stage in range(1, 6)]
+    assert "prefill" in words[0] and "found no earlier occurrence" not in words[0]
+    assert "num_computed_tokens 0 → 5" in words[1]
+    assert "there is no draft token to test" in words[2] and "all 0" not in words[2]
+    assert "all 5 prompt positions stay computed" in words[4]
+    rollback = stage_caption(drafted, 3, 5, drafter=trace.drafter_kind, captured=True)
+    assert "takes the 1 rejected draft(s) off num_computed_tokens: 9 → 8" in rollback
+    sampled = stage_caption(load_trace(record_sampling_draft(tmp_path / "q")).cycles[1], 3, 1, drafter="model",
+                            captured=True)
+    assert "sampled them from its distribution" in sampled

@@ -25,14 +25,18 @@ def discarded_untested(rejected: int, k: int) -> str:
 
 
 def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None, greedy: bool = False,
-                  drafter: str | None = None, own: OwnPrompt | None = None) -> str:
+                  drafter: str | None = None, own: OwnPrompt | None = None, captured: bool = False) -> str:
     """What happens at this stage of cycle c, and why, in one line.
 
     `faults` is the trace header's "faults" entry: a run recorded with a deliberate bug
     (teaching pages) gets its rollback described as it really happened. `drafter` is the
     header's drafter kind (without it, the cycle's own drafter_state says). `own`: a draft model
     that read its own rendering of the prompt (derive.own_prompt), whose cache is offset from the target's.
+    `captured`: a live vLLM's cycle (Trace.is_vllm_capture), whose first cycle is its prefill and whose
+    cache keeps rejected drafts' slots until they are overwritten.
     """
+    if captured and (stage in (1, 2, 5)):
+        return _captured(c, k, stage, cycle_drafter(c, drafter))
     if stage == 5 and faults and faults.get("keep_rejected_kv"):
         return _skipped_rollback(c, k)
     if greedy and stage in (3, 4):
@@ -152,6 +156,8 @@ def _verify(c: dict, k: int) -> str:
 
 def _test(c: dict, k: int) -> str:
     n, j = c["num_accepted"], c["rejected_position"]
+    if k == 0:
+        return "Nothing was proposed, so there is no draft token to test."
     if j is None:
         return (f"Left to right, each draft token is kept if u < min(1, p_target/p_draft): all {k} passed, "
                 f"so the output still follows the target model exactly.")
@@ -167,6 +173,8 @@ def _test(c: dict, k: int) -> str:
 
 def _resample(c: dict, k: int) -> str:
     token = quoted(c["next_token_text"])
+    if k == 0:
+        return f"With nothing proposed, the token {token} is drawn from the target's distribution: one ordinary step."
     if c["rejected_position"] is None:
         return (f"All {k} drafts passed, so the target's distribution at position {k + 1}, already computed in the "
                 f"same pass, gives a free bonus token {token}: {k + 1} tokens for one target pass.")
@@ -198,3 +206,35 @@ def _skipped_rollback(c: dict, k: int) -> str:
     t = c["target_cache_len"]
     return (f"This run was recorded with a deliberate fault: the rollback is skipped, so the target's cache stays at "
             f"{t['after_rollback']} entries, K/V of rejected tokens included, and later cycles attend to them.")
+
+
+def _captured(c: dict, k: int, stage: int, drafter: str) -> str:
+    """Draft, verify and rollback as a live vLLM did them (schema.VLLM_CONVENTION); the test and the resample
+    read as the lab's."""
+    t = c["target_cache_len"]
+    if c["cycle"] == 0:
+        return {1: ("vLLM's prefill: the target reads the prompt and samples the first output token. vLLM proposes "
+                    "drafts only after it, so this step has none."),
+                2: (f"The prefill computes the {t['after_append'] - t['before']} prompt positions not already in "
+                    f"vLLM's prefix cache in one forward: num_computed_tokens {t['before']} → {t['after_append']}."),
+                5: (f"Nothing to take back: all {t['after_append']} prompt positions stay computed. The first output "
+                    "token is computed by the next step, with its drafts.")}[stage]
+    if stage == 1 and drafter == DRAFT_MODEL and k:
+        return (f"vLLM's draft model proposed {k} tokens ({_listed(c['draft_token_texts'])}) at the end of the step "
+                f"before. " + ("It took its argmax each time, so p_draft is 1 (a one-hot q)." if all(
+                    p == 1.0 for p in c["p_draft"]) else "It sampled them from its distribution at the request's "
+                    "temperature and handed that distribution to the rejection sampler as p_draft."))
+    if stage == 1:
+        return _draft(c, k)
+    if stage == 2:
+        return (f"vLLM's target computes the last committed token and the {k} drafts in one forward: "
+                f"num_computed_tokens {t['before']} → {t['after_append']}." if k else
+                f"Nothing was proposed, so vLLM's target computes the last committed token alone: "
+                f"num_computed_tokens {t['before']} → {t['after_append']}.")
+    rejected = t["after_append"] - t["after_rollback"]
+    if not rejected:
+        return (f"Nothing to take back: num_computed_tokens stays {t['after_rollback']}, every committed token but "
+                f"the last, which the next step computes.")
+    return (f"vLLM's scheduler takes the {rejected} rejected draft(s) off num_computed_tokens: {t['after_append']} → "
+            f"{t['after_rollback']}, every committed token but the last. Their K/V stay in their paged slots until "
+            f"the next step overwrites them; nothing reads them before that.")

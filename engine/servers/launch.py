@@ -20,10 +20,13 @@ STARTUP_LIMIT_S = 900.0  # only a guard against a server that neither answers no
 NGRAM_K3 = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 
-def draft_model_config(folder: Path, k: int = 3) -> dict:
+def draft_model_config(folder: Path, k: int = 3, draft_sampling: str = "greedy") -> dict:
     """vLLM's speculative config for a separate draft model; vLLM refuses one whose vocabulary differs from the
-    target's (engine.models.presets.chat_draft_full_vocab_folder is the chat draft made to fit)."""
-    return {"method": "draft_model", "model": str(folder), "num_speculative_tokens": k}
+    target's (engine.models.presets.chat_draft_full_vocab_folder is the chat draft made to fit). `draft_sampling`
+    is vLLM's draft_sample_method: "greedy" drafts the draft's argmax (vLLM's default), "probabilistic" samples
+    it at the request's temperature and hands the distributions to the rejection sampler."""
+    config = {"method": "draft_model", "model": str(folder), "num_speculative_tokens": k}
+    return config | ({"draft_sample_method": draft_sampling} if draft_sampling != "greedy" else {})
 
 
 class ServerStartError(RuntimeError):

@@ -56,8 +56,9 @@ class RunFacts:
 
     @property
     def drafts_k_with_cache(self) -> bool:
-        """A draft model or an EAGLE head: K proposals every cycle and a cache over the target's positions."""
-        return self.drafter_kind in (DRAFT_MODEL, EAGLE)
+        """A draft model or an EAGLE head run by the lab: K proposals every cycle and a cache over the target's
+        positions (a live vLLM's draft model drafts nothing in its prefill and keeps its own paged cache)."""
+        return self.drafter_kind in (DRAFT_MODEL, EAGLE) and not self.vllm
 
 
 @dataclass

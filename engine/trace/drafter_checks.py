@@ -1,9 +1,10 @@
 """What a chain cycle's drafter state must mean for the drafters other than a draft model:
 prompt lookup's n-gram match, the other-tokenizer draft's own tokens and cache, and which
-feature each step of an EAGLE head read. chain_checks.check_cycle calls check_drafter_state.
+feature each step of an EAGLE head read; and what a live vLLM's draft model, captured, records.
+chain_checks.check_cycle calls check_drafter_state.
 """
 from engine.trace.check_basics import Progress, RunFacts, close, fail, is_int
-from engine.trace.schema import EAGLE, PROMPT_LOOKUP
+from engine.trace.schema import DRAFT_MODEL, EAGLE, PROMPT_LOOKUP, VLLM_DRAFT_GREEDY
 from engine.trace.shared_checks import check_text_map, check_texts, check_token_ids
 
 
@@ -83,7 +84,24 @@ def check_eagle_state(c: dict, n_prop: int, where: str) -> None:
              f"must be {c['committed_len_before'] - 2}: the target's feature of the token before the last committed one")
 
 
+def check_vllm_draft_model(c: dict, facts: RunFacts, run: "Progress", where: str) -> None:
+    """A live vLLM's draft model: nothing in the prefill (the first cycle), then K drafts (fewer only where the
+    request nears its end); q one-hot where it drafted its argmax (or the request is greedy), else its
+    recorded distribution; no drafter state, and no draft cache length (the capture does not read it)."""
+    n_prop = len(c["draft_token_ids"])
+    if run.chain.target is not None and n_prop == 0:  # the prefill's own rule is check_vllm_caches'
+        fail(where, "draft_token_ids", "vLLM's draft model drafts in every step after the prefill (the first cycle)")
+    if c["draft_cache_len"] is not None or "drafter_state" in c:
+        fail(where, "draft_cache_len", "a captured vLLM draft model records neither its cache length nor a "
+                                       "drafter_state")
+    if facts.temperature == 0 or facts.drafter.get("vllm_draft_sample_method") == VLLM_DRAFT_GREEDY:
+        check_one_hot(c, n_prop, facts, where)
+
+
 def check_drafter_state(c: dict, facts: RunFacts, run: "Progress", where: str) -> None:
+    if facts.vllm and facts.drafter_kind == DRAFT_MODEL:
+        check_vllm_draft_model(c, facts, run, where)
+        return
     if facts.drafter_kind == EAGLE:
         check_eagle_state(c, len(c["draft_token_ids"]), where)
     if facts.drafts_k_with_cache:

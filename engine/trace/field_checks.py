@@ -76,22 +76,24 @@ def layout_message(err: LayoutFieldError, where: str) -> str:
     return f"{where}: field '{name}': {rule}"
 
 
-def check_cycle_fields(c: dict, k: int, index: int, where: str, kind: str = DRAFT_MODEL) -> None:
+def check_cycle_fields(c: dict, k: int, index: int, where: str, kind: str = DRAFT_MODEL,
+                       captured: bool = False) -> None:
     """`kind` is the header's drafter: a draft model proposes exactly K tokens every cycle;
-    prompt lookup and the other-tokenizer draft may propose fewer, or none."""
+    prompt lookup and the other-tokenizer draft may propose fewer, or none. `captured`: a live vLLM's
+    cycles (schema.VLLM_CONVENTION), whose draft model's own paged cache the capture does not read."""
     check_fields(c, CYCLE_FIELDS, where)
     if "tree" in c:
         raise TraceError(f"{where}: field 'tree': a chain trace's cycle holds no tree "
                          "(its header's settings has no 'tree')")
-    _check_shared_fields(c, index, where, kind)
+    _check_shared_fields(c, index, where, kind, captured)
 
 
-def _check_shared_fields(c: dict, index: int, where: str, kind: str) -> None:
+def _check_shared_fields(c: dict, index: int, where: str, kind: str, captured: bool = False) -> None:
     """What chain and tree records share: the cache lengths, the drafter's state, the cycle number."""
     check_fields(c["target_cache_len"], CACHE_LEN_FIELDS, f"{where} target_cache_len")
     if c["draft_cache_len"] is not None:
         check_fields(c["draft_cache_len"], CACHE_LEN_FIELDS, f"{where} draft_cache_len")
-    elif kind in (DRAFT_MODEL, EAGLE):
+    elif kind in (DRAFT_MODEL, EAGLE) and not captured:
         raise TraceError(f"{where}: field 'draft_cache_len' is null, "
                          f"but the {kind} drafter keeps a cache over the target's positions")
     if "drafter_state" in c and not isinstance(c["drafter_state"], dict):

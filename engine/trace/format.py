@@ -49,6 +49,7 @@ from engine.trace.record_types import (
     drafter_kind,
     fields_of,
     is_tree_trace,
+    is_vllm_capture,
     model_name,
 )
 from engine.trace.writer import PARTIAL_SUFFIX, TraceWriter, make_summary, partial_path
@@ -96,6 +97,7 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
     check_header_fields(header, f"{source} line {n0}")
     k = header["settings"]["k"]
     kind = drafter_kind(header)
+    captured = is_vllm_capture(header)
     tree = is_tree_trace(header)
     cycles, summary = [], None
     cycle_lines, summary_line = [], None
@@ -107,7 +109,7 @@ def parse_trace(lines: list[str], source: str = "trace", allow_incomplete: bool 
             if tree:
                 check_tree_cycle_fields(rec, len(cycles), where, kind)
             else:
-                check_cycle_fields(rec, k, len(cycles), where, kind)
+                check_cycle_fields(rec, k, len(cycles), where, kind, captured)
             try:
                 check_layout_cycle(header, rec)
             except LayoutFieldError as err:

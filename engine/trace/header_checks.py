@@ -33,6 +33,7 @@ from engine.trace.schema import (
     TARGET_WEIGHTS,
     VLLM_CONVENTION,
     VLLM_CONVENTION_TEXT,
+    VLLM_DRAFT_SAMPLING,
     WEIGHTS_INT4,
 )
 from engine.trace.shared_checks import check_texts, check_token_ids
@@ -363,9 +364,14 @@ def check_convention(h: dict, where: str) -> str:
                                              "engine/trace/schema.py gives (VLLM_CONVENTION_TEXT)")
     others = [f for f in ("fast_path", "batch", "cache_layout", "faults", "tensor_parallel",
                           "prefix_reuse", "calibration") if h.get(f) is not None]
-    if h.get("drafter", {}).get("kind") != PROMPT_LOOKUP or "tree" in h["settings"] or others:
-        fail(where, "cache_convention.name", f"'{VLLM_CONVENTION}' is a capture of vLLM's n-gram proposer on a chain: "
-                                             "a prompt-lookup drafter, no tree" + (f", no {others[0]}" if others else ""))
+    drafter = h.get("drafter", {})
+    if drafter.get("kind") not in (PROMPT_LOOKUP, DRAFT_MODEL) or "tree" in h["settings"] or others:
+        fail(where, "cache_convention.name", f"'{VLLM_CONVENTION}' is a capture of vLLM's n-gram proposer or draft "
+                                             "model on a chain: a prompt-lookup or model drafter, no tree"
+                                             + (f", no {others[0]}" if others else ""))
+    if drafter["kind"] == DRAFT_MODEL and drafter.get("vllm_draft_sample_method") not in VLLM_DRAFT_SAMPLING:
+        fail(where, "drafter.vllm_draft_sample_method", f"a captured vLLM draft model says how it drafted: one of "
+                                                        f"{', '.join(map(repr, VLLM_DRAFT_SAMPLING))}")
     return name
 
 

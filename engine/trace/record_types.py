@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from types import UnionType
 from typing import NotRequired, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
 
-from engine.trace.schema import DRAFT_MODEL
+from engine.trace.schema import DRAFT_MODEL, VLLM_CONVENTION
 
 
 @dataclass
@@ -36,6 +36,16 @@ class Trace:
     def is_tree(self) -> bool:
         """Whether the run drafted trees: its cycles are TreeCycleRecords, not CycleRecords."""
         return is_tree_trace(self.header)
+
+    @property
+    def is_vllm_capture(self) -> bool:
+        """Whether a live vLLM's cycles were captured here (its cache bookkeeping, schema.VLLM_CONVENTION)."""
+        return is_vllm_capture(self.header)
+
+
+def is_vllm_capture(header: dict) -> bool:
+    convention = header.get("cache_convention")
+    return isinstance(convention, dict) and convention.get("name") == VLLM_CONVENTION
 
 
 def drafter_kind(header: dict) -> str:

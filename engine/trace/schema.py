@@ -29,6 +29,10 @@ VLLM_CONVENTION_TEXT = (
     "slots until overwritten. The first cycle is the prefill: no drafts, from the prefix-cache hit (or 0) to the "
     "prompt's length. A draft passes when p_target/p_draft >= u; greedy steps draw no u."
 )
+# How a captured vLLM draft model drafted (its draft_sample_method): its argmax, so q is one-hot on each draft, or
+# a sample from its distribution at the request's temperature, which vLLM hands to its rejection sampler as q.
+VLLM_DRAFT_GREEDY, VLLM_DRAFT_PROBABILISTIC = "greedy", "probabilistic"
+VLLM_DRAFT_SAMPLING = (VLLM_DRAFT_GREEDY, VLLM_DRAFT_PROBABILISTIC)
 CACHE_CONVENTIONS = (CACHE_CONVENTION, VLLM_CONVENTION)  # what a header's cache_convention.name may say
 
 # ---------------------------------------------------------------- settings (engine/config.py checks them)

@@ -3,7 +3,7 @@
 Off unless SPECLAB_CAPTURE_DIR names a folder. vLLM calls `register` in every process it starts; with the
 variable set and vLLM at the version the wrappers were written against, it wraps a few methods of the model
 runner and two functions of the rejection sampler (hooks.py says which and why). Any other version, or a
-speculative method other than n-gram, leaves vLLM as it is with one log line.
+speculative method other than n-gram or a separate draft model, leaves vLLM as it is with one log line.
 """
 import functools
 import logging
@@ -93,6 +93,8 @@ def patch(folder: str) -> None:
         x = target_logits.detach().to(cap_float())
         cap.in_sample["argmax"] = x.argmax(-1).tolist() if x.shape[0] else []
         cap.in_sample["probs"] = None if md.all_greedy else x.softmax(-1)
+        draft_probs = arg(a, k, 4, "draft_probs")  # (drafts, V), or None: then q is one-hot on each draft token
+        cap.in_sample["q"] = None if draft_probs is None or md.all_greedy else draft_probs.detach().to(cap_float())
 
     def seen_u(a, k, result):
         if cap.in_sample is not None:
@@ -100,7 +102,7 @@ def patch(folder: str) -> None:
 
     wrap(rs, "rejection_sample", before=seen_logits)
     wrap(rs, "generate_uniform_probs", after=seen_u)
-    log.warning("speclab capture on: traces of n-gram speculation go to %s", folder)
+    log.warning("speclab capture on: traces of n-gram and draft-model speculation go to %s", folder)
 
 
 def cap_float():

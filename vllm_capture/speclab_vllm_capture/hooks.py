@@ -12,7 +12,9 @@ Where each fact comes from, per step (GPUModelRunner, which vLLM's CPUModelRunne
 - rejection_sampler.rejection_sample: the target's logits at the draft positions after vLLM's own processing
   (penalties, temperature, top-k/top-p), so p_target is the distribution vLLM tested against;
 - rejection_sampler.generate_uniform_probs: the uniform draws;
-- propose_draft_token_ids: the n-gram lookup's time (its drafts are used by the next step);
+- rejection_sampler.rejection_sample: also the draft model's distributions q where vLLM samples its drafts
+  (draft_sample_method 'probabilistic'); otherwise q is one-hot on each draft;
+- propose_draft_token_ids: the proposer's time (its drafts are used by the next step);
 - sample_tokens: the end of the step: the cycle records are written then.
 """
 import logging
@@ -20,10 +22,34 @@ import time
 
 import torch
 
-from speclab_vllm_capture.recorder import Recorder, Sampling, Step, writes_traces
+from speclab_vllm_capture.recorder import DraftRows, Recorder, Sampling, Step, writes_traces
 
 log = logging.getLogger("speclab_vllm_capture")
 TOP = 10
+CAPTURED_METHODS = ("ngram", "draft_model")
+
+
+def describe_drafter(runner, spec, vocab: int) -> tuple[dict, dict]:
+    """The trace header's "draft" and "drafter" entries for vLLM's n-gram proposer or its separate draft model.
+
+    vLLM's draft model drafts its argmax unless draft_sample_method is "probabilistic"; then it samples from its
+    distribution at the request's temperature alone, ignoring top-k and top-p, which the lab calls a draft that
+    filters by temperature only."""
+    if spec.method == "ngram":
+        return ({"name": "vLLM n-gram proposer", "architecture": "none (copies earlier tokens)", "parameters": 0,
+                 "vocab_size": vocab, "kept_vocab": None},
+                {"kind": "prompt-lookup", "min_ngram": spec.prompt_lookup_min, "max_ngram": spec.prompt_lookup_max,
+                 "ngram_match": "earliest", "p_draft": "one-hot: vLLM's n-gram proposer is deterministic"})
+    config = spec.draft_model_config
+    arch = (getattr(config.hf_config, "architectures", None) or ["unknown"])[0]
+    params = sum(p.numel() for p in runner.drafter.model.parameters())
+    draft = {"name": config.served_model_name or config.model, "architecture": arch, "parameters": params,
+             "vocab_size": config.get_vocab_size(), "kept_vocab": None}
+    if spec.draft_sample_method == "probabilistic":
+        return draft, {"kind": "model", "vllm_draft_sample_method": "probabilistic",
+                       "p_draft": "the draft's distribution at the request's temperature, as vLLM sampled from it"}
+    return draft, {"kind": "model", "vllm_draft_sample_method": "greedy",
+                   "p_draft": "one-hot: vLLM's draft model proposes its argmax (draft_sample_method 'greedy')"}
 
 
 class Capture:
@@ -48,8 +74,9 @@ class Capture:
 
     def setup(self, runner) -> None:
         spec = runner.speculative_config
-        if spec is None or spec.method != "ngram":
-            self.off(f"speculative method {getattr(spec, 'method', None)!r} is not captured (only 'ngram')")
+        method = getattr(spec, "method", None)
+        if method not in CAPTURED_METHODS:
+            self.off(f"speculative method {method!r} is not captured (only {', '.join(map(repr, CAPTURED_METHODS))})")
             return
         from vllm.distributed import parallel_state
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -65,25 +92,22 @@ class Capture:
         vocab = model_config.get_vocab_size()
         params = sum(p.numel() for p in runner.model.parameters())
         arch = (getattr(model_config.hf_config, "architectures", None) or ["unknown"])[0]
+        draft, drafter = describe_drafter(runner, spec, vocab)
         base = {
             "target": {"name": model_config.served_model_name or model_config.model, "architecture": arch,
                        "parameters": params, "vocab_size": vocab, "kept_vocab": None},
-            "draft": {"name": "vLLM n-gram proposer", "architecture": "none (copies earlier tokens)",
-                      "parameters": 0, "vocab_size": vocab, "kept_vocab": None},
-            "drafter": {"kind": "prompt-lookup", "min_ngram": spec.prompt_lookup_min,
-                        "max_ngram": spec.prompt_lookup_max, "ngram_match": "earliest",
-                        "p_draft": "one-hot: vLLM's n-gram proposer is deterministic"},
+            "draft": draft, "drafter": drafter,
             "tokenizer": type(tokenizer).__name__,
             "device": str(runner.device), "dtype": str(model_config.dtype).replace("torch.", ""),
             "versions": {"vllm": vllm.__version__, "torch": torch.__version__,
                          "transformers": transformers.__version__},
             "captured_by": {"plugin": "speclab_vllm_capture", "timings": (
                 "per step of the whole batch: verify_time_s is execute_model's forward, cycle_time_s the step "
-                "from execute_model to the end of sampling, draft_time_s the n-gram lookup that proposed the "
-                "cycle's drafts (run at the end of the step before)")},
+                "from execute_model to the end of sampling, draft_time_s the proposer's run that drafted the "
+                "cycle's tokens (at the end of the step before)")},
         }
-        self.recorder = Recorder(self.folder, base, spec.num_speculative_tokens,
-                                 (spec.prompt_lookup_min, spec.prompt_lookup_max),
+        ngram = (spec.prompt_lookup_min, spec.prompt_lookup_max) if method == "ngram" else None
+        self.recorder = Recorder(self.folder, base, spec.num_speculative_tokens, ngram,
                                  lambda t: tokenizer.decode([t]), TOP)
         self.max_model_len = model_config.max_model_len
 
@@ -185,6 +209,8 @@ class Capture:
             if n != len(drafts):
                 raise RuntimeError(f"row {row}: {n} drafts in the sampler's metadata, {len(drafts)} scheduled")
             p_target, top, residual = [], [], None
+            q = None if step["greedy"][row] else got.get("q")  # greedy rows are tested on the argmax alone
+            q_rows = None if q is None else [q[first + i] for i in range(n)]
             for i in range(n):
                 if step["greedy"][row]:
                     am = int(got["argmax"][first + i])
@@ -198,14 +224,19 @@ class Capture:
             na = len(tokens) - 1
             if na < n:
                 if step["greedy"][row]:
-                    residual = [(top[na][0][0], 1.0, 1.0)]
+                    residual = [(top[na][0][0], 1.0, 1.0, 0.0)]  # the argmax, never the rejected draft
                 else:
-                    residual = residual_top(got["probs"][first + na], drafts[na], tokens[-1])
+                    residual = residual_top(got["probs"][first + na], drafts[na], tokens[-1],
+                                            None if q_rows is None else q_rows[na])
+            draft = None if q_rows is None else DraftRows(
+                [float(r[d]) for r, d in zip(q_rows, drafts)], [top_of(r) for r in q_rows],
+                [float(torch.minimum(got["probs"][first + i], r).sum()) for i, r in enumerate(q_rows)])
             u = None
             if not step["greedy"][row] and got.get("u") is not None:
                 u = [float(x) for x in got["u"][first:first + n].tolist()]
             step["pending"].append((rid, Step(before, scheduled, drafts, tokens, p_target, top, residual, u,
-                                              self.draft_time if n else 0.0, step.get("t_forward", 0.0), 0.0)))
+                                              self.draft_time if n else 0.0, step.get("t_forward", 0.0), 0.0,
+                                              draft=draft)))
 
     def end_step(self) -> None:
         """The step is over (sampled, bookkept, the next drafts proposed): write its cycles."""
@@ -226,15 +257,19 @@ def top_of(probs: torch.Tensor) -> list[tuple[int, float]]:
     return [(int(i), float(v)) for v, i in zip(values.tolist(), ids.tolist()) if v > 0]
 
 
-def residual_top(probs: torch.Tensor, draft: int, drawn: int) -> list[tuple[int, float, float]]:
-    """The residual of a one-hot draft: p_target with the draft token removed, renormalised; the drawn
-    (recovered) token is always listed."""
-    res = probs.clone()
-    res[draft] = 0
+def residual_top(probs: torch.Tensor, draft: int, drawn: int,
+                 q: torch.Tensor | None = None) -> list[tuple[int, float, float, float]]:
+    """The residual norm(max(0, p_target - q)) at a rejected draft as (token, p_target, residual, p_draft) rows;
+    without q (a one-hot draft) that is p_target with the draft token removed. The drawn (recovered) token is
+    always listed."""
+    if q is None:
+        q = torch.zeros_like(probs)
+        q[draft] = 1.0
+    res = (probs - q).clamp_min(0)
     total = float(res.sum())
     res = res / total if total > 0 else res
     values, ids = res.topk(TOP)
-    entries = [(int(i), float(probs[i]), float(v)) for v, i in zip(values.tolist(), ids.tolist()) if v > 0]
-    if drawn not in [e[0] for e in entries]:
-        entries.append((drawn, float(probs[drawn]), float(res[drawn])))
-    return entries
+    listed = [int(i) for v, i in zip(values.tolist(), ids.tolist()) if v > 0]
+    if drawn not in listed:
+        listed.append(drawn)
+    return [(t, float(probs[t]), float(res[t]), float(q[t])) for t in listed]

@@ -54,13 +54,24 @@ class Sampling:
 
 
 @dataclass
+class DraftRows:
+    """A drafter's distributions q where vLLM handed them to its rejection sampler (a draft model that samples):
+    q of each draft token, each row's (token, q) most likely first, and beta = sum_x min(p_target, q)."""
+
+    p_draft: list[float]
+    top: list[list[tuple[int, float]]]
+    beta: list[float]
+
+
+@dataclass
 class Step:
     """What one vLLM step did for one request, as the hooks read it.
 
     `tokens` are the valid sampled tokens (accepted drafts, then the recovered or bonus token). `p_target[i]`
     is the target's warped probability of draft i; `target_top` has n+1 rows of (token, p), most likely first
-    (the last is the bonus position's); `residual_top` rows (token, p_target, residual) where a draft was
-    rejected; `u` the uniform draws of the drafts (None when greedy).
+    (the last is the bonus position's); `residual_top` rows (token, p_target, residual, p_draft) where a draft was
+    rejected; `u` the uniform draws of the drafts (None when greedy); `draft` the draft's distributions, None
+    where q is one-hot on each draft (n-gram, a draft model's argmax, any greedy request).
     """
 
     before: int  # num_computed_tokens when scheduled
@@ -69,12 +80,13 @@ class Step:
     tokens: list[int]
     p_target: list[float]
     target_top: list[list[tuple[int, float]]]
-    residual_top: list[tuple[int, float, float]] | None
+    residual_top: list[tuple[int, float, float, float]] | None
     u: list[float] | None
     draft_time_s: float
     verify_time_s: float
     cycle_time_s: float
     capture_time_s: float = 0.0  # the capture's own seconds in this step (and in writing the step before)
+    draft: DraftRows | None = None
 
 
 @dataclass
@@ -114,8 +126,10 @@ def not_finite(s: Step) -> str | None:
         if not math.isfinite(p):
             return f"vLLM tested draft {i + 1} against a target distribution that is not finite (p_target {p})"
     numbers = [p for row in s.target_top for _, p in row] + [x for e in s.residual_top or [] for x in e[1:]]
+    if s.draft is not None:
+        numbers += s.draft.p_draft + s.draft.beta + [p for row in s.draft.top for _, p in row]
     if not all(math.isfinite(x) for x in numbers + list(s.u or [])):
-        return "a target distribution or draw of this step is not finite"
+        return "a target or draft distribution or a draw of this step is not finite"
     return None
 
 
@@ -131,9 +145,11 @@ def commit(tokens: list[int], budget: int, eos: set) -> tuple[list[int], bool]:
 
 
 class Recorder:
-    def __init__(self, folder: str, header_base: dict, k: int, ngram: tuple[int, int], decode, trace_top_k: int = 10):
+    def __init__(self, folder: str, header_base: dict, k: int, ngram: tuple[int, int] | None, decode,
+                 trace_top_k: int = 10):
         """`header_base` holds the header fields that are the same for every request (target, draft, drafter,
-        device, dtype, versions, ...); `decode(id)` is a token's text."""
+        device, dtype, versions, ...); `ngram` the n-gram proposer's sizes (None: a draft model, which records no
+        drafter_state); `decode(id)` is a token's text."""
         self.folder = folder
         os.makedirs(folder, exist_ok=True)
         self.base = header_base
@@ -158,8 +174,13 @@ class Recorder:
         file, i = f"{name}.jsonl", 1
         while file in taken:
             file, i = f"{name}-{i}.jsonl", i + 1
+        drafter = self.base["drafter"]
+        if drafter.get("vllm_draft_sample_method") == "probabilistic" and sampling.temperature > 0 and (
+                sampling.top_k > 0 or sampling.top_p < 1):
+            # vLLM's sampling draft warps by temperature alone: the lab's name for a draft that ignores the filters
+            drafter = drafter | {"draft_filters": "temperature only"}
         header = {
-            "type": "header", "format": FORMAT, "version": VERSION, **self.base,
+            "type": "header", "format": FORMAT, "version": VERSION, **self.base, "drafter": drafter,
             "settings": {"k": self.k, "temperature": sampling.temperature, "top_k": sampling.top_k,
                          "top_p": sampling.top_p, "seed": sampling.seed if sampling.seed is not None else 0,
                          "max_new_tokens": sampling.max_new_tokens, "trace_top_k": self.trace_top_k},
@@ -193,21 +214,22 @@ class Recorder:
         sequence = r.prompt_ids + r.generated
         rejected = na < n
         after_append = s.before + s.scheduled
+        q = s.draft or DraftRows([1.0] * n, [[(d, 1.0)] for d in s.drafts], list(s.p_target))  # one-hot: beta = p
         record = {
             "type": "cycle", "cycle": len(r.cycles), "committed_len_before": len(sequence),
             "draft_token_ids": list(s.drafts), "draft_token_texts": [self.text(t) for t in s.drafts],
-            "p_draft": [1.0] * n, "p_target": list(s.p_target),
-            "accept_prob": [min(1.0, p) for p in s.p_target],
+            "p_draft": list(q.p_draft), "p_target": list(s.p_target),
+            "accept_prob": [min(1.0, p / pd) if pd > 0 else 1.0 for p, pd in zip(s.p_target, q.p_draft)],
             "u": [] if greedy or s.u is None else list(s.u[:min(na + 1, n)]),
-            "beta": list(s.p_target),
+            "beta": list(q.beta),
             "num_accepted": na, "rejected_position": na + 1 if rejected else None,
             "resampled_token_id": nxt if rejected else None, "bonus_token_id": None if rejected else nxt,
             "next_token_text": self.text(nxt),
             "residual_top": None if not rejected else [
-                {"token_id": t, "text": self.text(t), "p_target": pt, "p_draft": 1.0 if t == s.drafts[na] else 0.0,
-                 "residual": res} for t, pt, res in (s.residual_top or [])],
+                {"token_id": t, "text": self.text(t), "p_target": pt, "p_draft": pd, "residual": res}
+                for t, pt, res, pd in (s.residual_top or [])],
             "target_top": [[{"token_id": t, "text": self.text(t), "p": p} for t, p in row] for row in s.target_top],
-            "draft_top": [[{"token_id": d, "text": self.text(d), "p": 1.0}] for d in s.drafts],
+            "draft_top": [[{"token_id": t, "text": self.text(t), "p": p} for t, p in row] for row in q.top],
             "committed_token_ids": committed, "committed_token_texts": [self.text(t) for t in committed],
             "finished": finished,
             "target_cache_len": {"before": s.before, "after_append": after_append,
@@ -216,9 +238,10 @@ class Recorder:
             "draft_time_s": s.draft_time_s, "draft_step_times_s": [s.draft_time_s] if n else [],
             "verify_time_s": s.verify_time_s, "catch_up_time_s": 0.0, "cycle_time_s": s.cycle_time_s,
             "capture_time_s": s.capture_time_s,
-            "drafter_state": ngram_match(sequence, list(s.drafts), *self.ngram) | (
-                {"note": "the prefill step: vLLM drafts only after it"} if not r.cycles else {}),
         }
+        if self.ngram is not None:  # a draft model's records carry no drafter_state, as the lab's own
+            record["drafter_state"] = ngram_match(sequence, list(s.drafts), *self.ngram) | (
+                {"note": "the prefill step: vLLM drafts only after it"} if not r.cycles else {})
         r.handle.write(json.dumps(record, ensure_ascii=False) + "\n")
         r.handle.flush()
         r.cycles.append({"num_accepted": na, "n": n})
