@@ -63,6 +63,7 @@ class Capture:
         self.step: dict | None = None  # the step in flight
         self.draft_time = 0.0  # the last lookup's time: its drafts are verified by the next step
         self.in_sample: dict | None = None  # filled by the rejection sampler's wrappers
+        self.prefill: dict[str, tuple[int, float]] = {}  # a chunked prefill so far: where it started, its seconds
         self.spent = 0.0  # seconds inside the capture's wrappers since the last step's cycles were written
 
     def off(self, why: str) -> None:
@@ -120,7 +121,14 @@ class Capture:
                 return
         rec = self.recorder
         for rid in out.finished_req_ids:
-            rec.end(rid, "ended by the scheduler before its last cycle (aborted or preempted)")
+            rec.end(rid, "ended by the scheduler before its last cycle (aborted)")
+            self.prefill.pop(rid, None)
+        cached = out.scheduled_cached_reqs
+        for rid in set(out.preempted_req_ids or ()) | set(cached.resumed_req_ids):
+            # vLLM drops a preempted request's cache and later computes prompt and output again in one prefill:
+            # no lab cycle is that, so the trace keeps the cycles before it and says why it stops
+            rec.end(rid, "preempted: vLLM freed its cache and recomputes it, which a lab trace cannot show")
+            self.prefill.pop(rid, None)
         computed = {}
         for new in out.scheduled_new_reqs:
             computed[new.req_id] = new.num_computed_tokens
@@ -134,7 +142,6 @@ class Capture:
             rec.start(new.req_id, prompt, Sampling(
                 0.0 if greedy else float(sp.temperature), 0 if sp.top_k in (None, -1) else int(sp.top_k),
                 float(sp.top_p), sp.seed, int(budget), sorted(eos)))
-        cached = out.scheduled_cached_reqs
         for rid, n in zip(cached.req_ids, cached.num_computed_tokens):
             computed[rid] = n
         self.step = {"t0": time.perf_counter(), "computed": computed,
@@ -203,8 +210,15 @@ class Capture:
                 continue
             before, scheduled = step["computed"].get(rid, 0), step["scheduled"][rid]
             req = rec.requests[rid]
+            forward = step.get("t_forward", 0.0)
+            if not req.cycles:  # the prefill, maybe in chunks: one cycle from where the first chunk started
+                first_before, earlier = self.prefill.get(rid, (before, 0.0))
+                self.prefill[rid] = (first_before, earlier + forward)
             if before + scheduled < len(req.prompt_ids) + len(req.generated) or not tokens:
-                continue  # a partial prefill: its sample is thrown away
+                continue  # a partial (chunked) prefill: its sample is thrown away
+            if not req.cycles:
+                before, forward = self.prefill.pop(rid)
+                scheduled = len(req.prompt_ids) - before
             drafts = step["drafts"].get(rid, [])
             if n != len(drafts):
                 raise RuntimeError(f"row {row}: {n} drafts in the sampler's metadata, {len(drafts)} scheduled")
@@ -235,7 +249,7 @@ class Capture:
             if not step["greedy"][row] and got.get("u") is not None:
                 u = [float(x) for x in got["u"][first:first + n].tolist()]
             step["pending"].append((rid, Step(before, scheduled, drafts, tokens, p_target, top, residual, u,
-                                              self.draft_time if n else 0.0, step.get("t_forward", 0.0), 0.0,
+                                              self.draft_time if n else 0.0, forward, 0.0,
                                               draft=draft)))
 
     def end_step(self) -> None:
@@ -246,8 +260,8 @@ class Capture:
         elapsed = time.perf_counter() - step["t0"]
         spent, self.spent = self.spent, 0.0  # this call's own time (writing) counts towards the next step
         for rid, s in step["pending"]:
-            s.cycle_time_s = elapsed
             s.verify_time_s = s.verify_time_s or elapsed
+            s.cycle_time_s = max(elapsed, s.verify_time_s)  # a chunked prefill's forwards span several steps
             s.capture_time_s = spent
             self.recorder.step(rid, s)
 
