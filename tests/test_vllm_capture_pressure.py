@@ -1,5 +1,6 @@
-"""The capture under memory pressure: a live vLLM with a tiny paged cache (five 128-token blocks, the fewest a 512-token context starts with) and
-a 32-token step budget, so long prompts are prefilled in chunks and concurrent requests get preempted.
+"""The capture under memory pressure: a live vLLM with a tiny paged cache (five 128-token blocks, the fewest a
+512-token context starts with) and a 32-token step budget, so long prompts are prefilled in chunks and
+concurrent requests get preempted.
 
 A chunked prefill is still one cycle, from where its first chunk started to the prompt's end (the convention
 says so); a preempted request's trace keeps its cycles before the preemption and its manifest entry says why it
