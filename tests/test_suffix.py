@@ -221,3 +221,19 @@ def test_cli_runs_suffix_decoding_with_its_flags(tmp_path, capsys):
     assert rc == 0 and "drafter: suffix" in capsys.readouterr().out
     drafter = load_trace(out).header["drafter"]
     assert (drafter["suffix_depth"], drafter["suffix_factor"], drafter["suffix_min_prob"]) == (6, 1.5, 0.2)
+
+
+def test_a_workload_is_one_session_its_global_tree_grows_request_by_request(tmp_path):
+    target, _ = save_tiny(tiny_pair(0), tmp_path / "models")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n"
+                               for p in ("the cat sat on a mat", "the dog sat on a log", "the cat ran")))
+    rc = main(["run", "--target", target, "--drafter", "suffix", "--suffix-depth", "8", "--k", "3", "--prompts",
+               str(prompts), "--temperature", "0", "--max-new-tokens", "20", "--no-chat-template",
+               "--out", str(tmp_path / "out")])
+    assert rc == 0
+    held = [{c["drafter_state"]["cached_requests"] for c in load_trace(tmp_path / "out" / f"request-000{i}.jsonl").cycles}
+            for i in (1, 2, 3)]
+    assert held == [{0}, {1}, {2}]
+    last = load_trace(tmp_path / "out" / "request-0003.jsonl")
+    assert any(c["drafter_state"]["source"] == "global" for c in last.cycles)
