@@ -98,3 +98,15 @@ def test_stepper_stage_one_shows_the_trees_and_the_probabilities(suffix_trace, t
         later.query_params.update({"trace": "bundled:default.jsonl", "cycle": str(cycle), "stage": str(stage)})
         later.run()
         assert not later.exception, (stage, [e.value for e in later.exception])
+
+
+def test_the_live_run_form_offers_suffix_decoding_with_its_depth(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    at = AppTest.from_file(MAIN, default_timeout=60)
+    at.run()
+    at.switch_page("views/trace_source.py").run()
+    at.radio(key="live_drafter").set_value("suffix").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.number_input(key="live_suffix_depth").value == 24
+    assert any("earlier live runs" in c.value for c in at.caption)
