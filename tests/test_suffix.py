@@ -237,3 +237,16 @@ def test_a_workload_is_one_session_its_global_tree_grows_request_by_request(tmp_
     assert held == [{0}, {1}, {2}]
     last = load_trace(tmp_path / "out" / "request-0003.jsonl")
     assert any(c["drafter_state"]["source"] == "global" for c in last.cycles)
+
+
+def test_tiny_shakespeare_with_suffix_decoding_is_greedy_equal_to_its_target():
+    from engine.models.presets import PRESETS
+    from engine.run import encode_prompt, load_preset
+    pair = load_preset("tiny-shakespeare", device="cpu", drafter=DrafterOptions("suffix"))
+    ids = encode_prompt(pair.target.tokenizer, "Romeo.\nO Romeo, Romeo, wherefore art thou Romeo?\nRomeo.\nO Romeo, Romeo",
+                        PRESETS["tiny-shakespeare"].use_chat_template)
+    for k in (2, 5):
+        s = SpecSettings(k=k, temperature=0, max_new_tokens=24)
+        records = list(speculative_generate(pair, ids, s))
+        assert [t for r in records for t in r["committed_token_ids"]] == target_generate(pair.target, ids, s, pair.eos_ids)
+        assert sum(r["num_accepted"] for r in records) > 0
