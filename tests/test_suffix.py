@@ -250,3 +250,15 @@ def test_tiny_shakespeare_with_suffix_decoding_is_greedy_equal_to_its_target():
         records = list(speculative_generate(pair, ids, s))
         assert [t for r in records for t in r["committed_token_ids"]] == target_generate(pair.target, ids, s, pair.eos_ids)
         assert sum(r["num_accepted"] for r in records) > 0
+
+
+def test_stats_split_acceptance_by_the_tree_that_proposed(traces):
+    from engine.stats.analysis import trace_stats
+    from engine.stats.report import format_stats
+    trace = load_trace(traces / "second.jsonl")
+    rows = {r.source: r for r in trace_stats(trace).by_source}
+    for source in ("request", "global"):
+        mine = [c for c in trace.cycles if c["drafter_state"]["source"] == source]
+        assert (rows[source].cycles, rows[source].accepted) == (len(mine), sum(c["num_accepted"] for c in mine))
+    assert sum(r.cycles for r in rows.values()) == len(trace.cycles)
+    assert "acceptance by the tree that proposed" in format_stats(trace)
