@@ -110,3 +110,21 @@ def test_the_live_run_form_offers_suffix_decoding_with_its_depth(monkeypatch, tm
     assert not at.exception, [e.value for e in at.exception]
     assert at.number_input(key="live_suffix_depth").value == 24
     assert any("earlier live runs" in c.value for c in at.caption)
+
+
+def test_the_statistics_page_splits_acceptance_by_tree(suffix_trace, tmp_path, monkeypatch):
+    path, trace = suffix_trace
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    shutil.copy(path, folder / "default.jsonl")
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(folder))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    at = AppTest.from_file(MAIN, default_timeout=60)
+    at.query_params.update({"trace": "bundled:default.jsonl"})
+    at.run()
+    at.switch_page("views/statistics.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = next(d.value for d in at.dataframe if "tree" in d.value.columns)
+    assert set(table["tree"]) >= {"this request's text", "earlier requests' outputs"}
+    assert table["cycles"].sum() == len(trace.cycles)
