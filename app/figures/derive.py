@@ -6,7 +6,7 @@ figure functions and tests use them directly.
 from dataclasses import dataclass
 
 from engine.trace import Trace
-from engine.trace.schema import DRAFT_MODEL, EAGLE, NEXT_BONUS, OTHER_TOKENIZER, PROMPT_LOOKUP, ROOT
+from engine.trace.schema import DRAFT_MODEL, EAGLE, NEXT_BONUS, OTHER_TOKENIZER, PROMPT_LOOKUP, ROOT, SUFFIX, SUFFIX_REQUEST
 
 # Where a token of the text came from.
 PROMPT, ACCEPTED, RESAMPLED, BONUS = "prompt", "accepted", "resampled", "bonus"
@@ -313,6 +313,31 @@ def lookup_view(texts: list[str], c: dict) -> list[tuple[str, str]] | None:
     return list(zip(texts[first:end], roles[first:end]))
 
 
+# Roles of a token in the suffix-decoding view (the tail is the lookup's: the last tokens, matched).
+SUFFIX_MATCH, SUFFIX_FOLLOWED = "matched suffix (earlier)", "what followed it there (proposed)"
+
+
+def suffix_view(texts: list[str], c: dict) -> list[tuple[str, str]] | None:
+    """(token text, role) over the committed sequence before a suffix-decoding cycle that proposed: the
+    last match_len tokens that matched and, when this request's own tree proposed, an earlier place where
+    they stand followed by the proposal. None for any other cycle. `texts` as for lookup_view."""
+    state = c.get("drafter_state") or {}
+    if state.get("kind") != SUFFIX or not state.get("proposed"):
+        return None
+    m, n, end = state["match_len"], state["proposed"], len(texts)
+    roles = [LOOKUP_PLAIN] * end
+    start = state.get("match_start") if state.get("source") == SUFFIX_REQUEST else None
+    if start is not None:
+        for p in range(start, start + m):
+            roles[p] = SUFFIX_MATCH
+        for p in range(start + m, min(start + m + n, end)):
+            roles[p] = SUFFIX_FOLLOWED
+    for p in range(end - m, end):  # last: the tail is what this cycle looked up
+        roles[p] = LOOKUP_TAIL
+    first = max(0, (end - m if start is None else start) - LOOKUP_CONTEXT)
+    return list(zip(texts[first:end], roles[first:end]))
+
+
 @dataclass(frozen=True)
 class DraftTokenRow:
     """One draft token of the other-tokenizer drafter and the target tokens its text became."""
@@ -346,7 +371,7 @@ FEATURE_TARGET, FEATURE_HEAD = "target", "head"  # drafter_state.feature_sources
 
 def cycle_drafter(c: dict, drafter: str | None = None) -> str:
     """The drafter of a cycle: the trace header's kind when the caller knows it, else the cycle's
-    own drafter_state kind (prompt lookup, other tokenizer, eagle), else a draft model."""
+    own drafter_state kind (prompt lookup, other tokenizer, suffix, eagle), else a draft model."""
     if drafter:
         return drafter
     state = c.get("drafter_state") or {}

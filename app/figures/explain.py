@@ -4,7 +4,7 @@ Plain text (the pages show it with st.text-like elements that never interpret HT
 or Markdown), so token texts appear quoted, not escaped.
 """
 from app.figures.derive import HEAD_ROW, OwnPrompt, cycle_drafter, prob_text, quoted
-from engine.trace.schema import DRAFT_MODEL, EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP
+from engine.trace.schema import DRAFT_MODEL, EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP, SUFFIX, SUFFIX_REQUEST
 
 STAGES = {
     1: "1 Draft",
@@ -114,6 +114,8 @@ def _draft(c: dict, k: int) -> str:
         return (f"Prompt lookup found the last {drafter['ngram_size']} token(s) earlier in the text (at position "
                 f"{drafter['match_start']}) and copies the {k} token(s) that followed ({tokens}). The proposal is "
                 f"deterministic (p_draft = 1), so each token is kept with probability p_target: still exact.")
+    if drafter.get("kind") == SUFFIX:
+        return _suffix_draft(drafter, k, tokens)
     if drafter.get("kind") == OTHER_TOKENIZER:
         own = _listed(drafter["draft_token_texts"])
         return (f"The draft model, which has its own tokenizer, proposes {len(drafter['draft_token_ids'])} of its own "
@@ -121,6 +123,19 @@ def _draft(c: dict, k: int) -> str:
                 f"tested below ({tokens}). Greedy only: accepted while each is the target's argmax.")
     return (f"The small draft model proposes K={k} tokens one after another ({tokens}); they are provisional, "
             f"because drafting is cheap but only the target model decides what is kept.")
+
+
+def _suffix_draft(state: dict, k: int, tokens: str) -> str:
+    if not state["source"]:
+        return ("Suffix decoding found no continuation of the last tokens in this request's text or in earlier "
+                "requests' outputs (or only ones below the minimum probability), so it proposes nothing: this "
+                "cycle is a plain target step (one position verified, its token drawn from the target).")
+    where = ("this request's own prompt and output" if state["source"] == SUFFIX_REQUEST
+             else f"the outputs of {state['cached_requests']} earlier request(s)")
+    return (f"Suffix decoding matched the last {state['match_len']} token(s) in {where} and proposes the {k} token(s) "
+            f"that most often followed ({tokens}), each kept while its frequency probability stays above the "
+            f"minimum. The proposal is deterministic (p_draft = 1), so each token is kept with probability "
+            f"p_target: still exact.")
 
 
 def _head_draft(c: dict, k: int) -> str:

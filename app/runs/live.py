@@ -32,6 +32,7 @@ from engine.trace.schema import (
     MAX_K,
     MAX_NEW_TOKENS,
     OTHER_TOKENIZER,
+    SUFFIX,
     TARGET_WEIGHTS,
     WEIGHTS_FLOAT32,
     WEIGHTS_INT4,
@@ -50,6 +51,9 @@ DRAFTER_CAPTIONS = {
            "token's embedding and predicts the next feature; the target's own output layer gives q. "
            "Its own KV cache is the \"EAGLE head\" row of the KV strip. "
            "With a custom pair, the draft field names the head's folder.",
+    SUFFIX: "No model: proposes the most frequent continuation of the last tokens, in this request's text or in "
+            "the outputs of earlier live runs with the same options (kept while the app runs). Exact at any "
+            "temperature, like prompt lookup.",
 }
 
 

@@ -3,7 +3,8 @@
 - base.py: what the cycle needs from any drafter (`Drafter`, `Proposal`, `CatchUp`).
 - model.py: a draft model sharing the target's tokenizer; prompt_lookup.py: n-gram copying;
   other_tokenizer.py: a draft with its own tokenizer (greedy only); eagle.py: an EAGLE-style
-  head over the target's features.
+  head over the target's features; suffix.py: suffix decoding over suffix trees (suffix_tree.py,
+  torch-free) of the request and of earlier requests' outputs.
 - registry.py: each kind's class, options, command-line flags and builder (`DRAFTERS`).
 - refusals.py: what a kind says when it refuses a setting (a leaf: its drafter and the registry read it).
 

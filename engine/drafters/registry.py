@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 from engine.config import SettingsError, SpecSettings
 from engine.drafters.refusals import MIS_SET_MODEL_ONLY, OTHER_TOKENIZER_GREEDY_ONLY
+from engine.drafters.suffix_tree import check_options as check_suffix_options  # no torch there
 from engine.trace.schema import (
     DRAFT_FILTERS,
     DRAFT_FILTERS_REQUEST,
@@ -25,12 +26,15 @@ from engine.trace.schema import (
     DRAFT_PROMPT_AS_TARGET,
     DRAFT_PROMPTS,
     EAGLE,
+    MAX_CACHED_REQUESTS,
     MAX_K,
     MAX_NGRAM,
+    MAX_SUFFIX_DEPTH,
     NGRAM_LATEST,
     NGRAM_MATCHES,
     OTHER_TOKENIZER,
     PROMPT_LOOKUP,
+    SUFFIX,
 )
 
 if TYPE_CHECKING:
@@ -53,6 +57,11 @@ class DrafterOptions:
     # A draft model mis-set on purpose (engine/drafters/model.py; engine/diagnose/ plants them):
     draft_prompt: str = DRAFT_PROMPT_AS_TARGET  # "raw": the draft reads the prompt without the chat template
     draft_filters: str = DRAFT_FILTERS_REQUEST  # "temperature only": the draft ignores the request's top-k/top-p
+    # Suffix decoding (engine/drafters/suffix.py), vLLM's defaults:
+    suffix_depth: int = 24  # longest substring its trees keep
+    suffix_factor: float = 1.0  # draft tokens per matched token, at most
+    suffix_min_prob: float = 0.1  # tokens whose frequency probability falls below this are pruned
+    suffix_cached_requests: int = 10_000  # earlier requests' outputs the global tree keeps
 
     @property
     def mis_set(self) -> bool:
@@ -80,6 +89,7 @@ class DrafterOptions:
             raise SettingsError("after_first_token is prompt lookup's, and true or false")
         if self.mis_set and self.kind != DRAFT_MODEL:
             raise SettingsError(f"{MIS_SET_MODEL_ONLY}, not to --drafter {self.kind}")
+        check_suffix_options(self.suffix_depth, self.suffix_factor, self.suffix_min_prob, self.suffix_cached_requests)
 
 
 OPTION_DEFAULTS = {f.name: f.default for f in fields(DrafterOptions)}
@@ -109,8 +119,9 @@ class Flag:
 
     @property
     def type(self) -> type:
-        """What its value is (argparse's `type`, and how a header's value is read back)."""
-        return str if self.choices else int
+        """What its value is (argparse's `type`, and how a header's value is read back): a word, or a
+        number of its default's type (an integer, or a float for suffix decoding's factor and probability)."""
+        return str if self.choices else type(self.default)
 
 
 @dataclass(frozen=True)
@@ -200,6 +211,13 @@ def build_prompt_lookup(target: "LoadedModel", options: DrafterOptions, load: Lo
                                options.after_first_token)
 
 
+def build_suffix(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
+    from engine.drafters.suffix import SuffixDrafter
+
+    return SuffixDrafter(target.full_vocab_size, options.suffix_depth, options.suffix_factor, options.suffix_min_prob,
+                         options.suffix_cached_requests)
+
+
 def build_other_tokenizer(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
     from engine.drafters.other_tokenizer import OtherTokenizerDrafter
 
@@ -276,6 +294,21 @@ DRAFTERS = {spec.kind: spec for spec in (
         needs=Needs("a head folder", target_features=True),
         build=build_eagle, shipped=eagle_head, name_draft=name_head,
         not_shipped="ships no EAGLE head: name one with --draft"),
+    DrafterKind(
+        SUFFIX, "engine.drafters.suffix:SuffixDrafter", title="suffix decoding",
+        description="suffix decoding (continues the last tokens as this request's text and earlier requests' "
+                    "outputs most often did; no model)",
+        label="suffix decoding (suffix trees over this request and earlier outputs, no model)",
+        needs=Needs(), build=build_suffix,
+        flags=(Flag("--suffix-depth", "suffix_depth", "suffix decoding: longest substring its trees keep "
+                    f"(a match is at most one shorter; 2..{MAX_SUFFIX_DEPTH})", 2, MAX_SUFFIX_DEPTH,
+                    label="Suffix tree depth"),
+               Flag("--suffix-factor", "suffix_factor", "suffix decoding: draft tokens per matched token, at most "
+                    "(the draft is also at most K)"),
+               Flag("--suffix-min-prob", "suffix_min_prob", "suffix decoding: prune draft tokens whose frequency "
+                    "probability falls below this"),
+               Flag("--suffix-cached-requests", "suffix_cached_requests", "suffix decoding: earlier requests' outputs "
+                    "the global tree keeps, oldest evicted first (0: none)", 0, MAX_CACHED_REQUESTS))),
 )}
 
 

@@ -28,7 +28,7 @@ from engine.stats.robust import Spread
 from engine.stats.timings import Calibration, CycleTimes, calibration_of, cycle_times
 from engine.trace import Trace
 from engine.trace.metrics import acceptance_metrics, drafted, expected_tokens_per_cycle, predicted_speedup
-from engine.trace.schema import DRAFT_MODEL, MAX_K, PROMPT_LOOKUP
+from engine.trace.schema import DRAFT_MODEL, MAX_K, PROMPT_LOOKUP, SUFFIX, SUFFIX_GLOBAL, SUFFIX_REQUEST
 
 DEFINITIONS = {
     "acceptance_rate": "accepted draft tokens / drafted tokens (vLLM V1).",
@@ -339,6 +339,7 @@ class TraceStats:
     tokens_per_s: float | None  # the summary's end-to-end rate (prefill and trace writing included)
     drafter: str = DRAFT_MODEL  # the trace header's drafter kind
     by_ngram: list["NgramRow"] | None = None  # prompt lookup only: acceptance by matched n-gram size
+    by_source: list["SourceRow"] | None = None  # suffix decoding only: acceptance by the tree that proposed
 
 
 @dataclass(frozen=True)
@@ -355,15 +356,40 @@ class NgramRow:
         return self.accepted / self.proposed if self.proposed else 0.0
 
 
-def acceptance_by_ngram(cycles: list[dict]) -> list[NgramRow]:
-    """Does a longer match predict the continuation better? One row per matched n, then no match."""
-    rows: dict[int | None, list[int]] = {}
+def tally_by(cycles: list[dict], name: str) -> dict:
+    """[cycles, proposed, accepted] per value of the drafter state's field `name`."""
+    rows: dict = {}
     for c in cycles:
-        n = (c.get("drafter_state") or {}).get("ngram_size")
-        row = rows.setdefault(n, [0, 0, 0])
+        row = rows.setdefault((c.get("drafter_state") or {}).get(name), [0, 0, 0])
         row[0] += 1
         row[1] += len(c["draft_token_ids"])
         row[2] += c["num_accepted"]
+    return rows
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    """Suffix-decoding cycles whose draft came from this tree ("request", "global"; None: nothing proposed)."""
+
+    source: str | None
+    cycles: int
+    proposed: int
+    accepted: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+
+def acceptance_by_source(cycles: list[dict]) -> list[SourceRow]:
+    """Which tree's drafts the target keeps: this request's own text, or earlier requests' outputs."""
+    rows = tally_by(cycles, "source")
+    return [SourceRow(source, *rows[source]) for source in (SUFFIX_REQUEST, SUFFIX_GLOBAL, None) if source in rows]
+
+
+def acceptance_by_ngram(cycles: list[dict]) -> list[NgramRow]:
+    """Does a longer match predict the continuation better? One row per matched n, then no match."""
+    rows = tally_by(cycles, "ngram_size")
     order = sorted((n for n in rows if n is not None), reverse=True) + ([None] if None in rows else [])
     return [NgramRow(n, *rows[n]) for n in order]
 
@@ -384,4 +410,5 @@ def trace_stats(trace: Trace) -> TraceStats:
                       beta_by_position(cycles, k), tokens_per_cycle_counts(cycles, k),
                       truncated_geometric_pmf(alpha, k), times, cal, cal_error, speed, advice,
                       trace.summary["tokens_per_s"] if trace.summary else None, trace.drafter_kind,
-                      acceptance_by_ngram(cycles) if trace.drafter_kind == PROMPT_LOOKUP else None)
+                      acceptance_by_ngram(cycles) if trace.drafter_kind == PROMPT_LOOKUP else None,
+                      acceptance_by_source(cycles) if trace.drafter_kind == SUFFIX else None)

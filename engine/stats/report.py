@@ -107,6 +107,14 @@ def ngram_lines(st: TraceStats) -> list[str]:
     return lines
 
 
+def source_lines(st: TraceStats) -> list[str]:
+    lines = ["SUFFIX DECODING: acceptance by the tree that proposed",
+             "  tree     cycles  proposed  accepted  acceptance rate"]
+    for r in st.by_source:
+        lines.append(f"  {r.source or 'none':<7}  {r.cycles:>6}  {r.proposed:>8}  {r.accepted:>8}  {r.acceptance_rate:>15.3f}")
+    return lines
+
+
 def format_stats(trace: Trace) -> str:
     if is_tree_trace(trace):  # a tree cycle has no per-position fields: engine/stats/trees.py reads it
         return format_tree_stats(trace)
@@ -117,6 +125,8 @@ def format_stats(trace: Trace) -> str:
                 acceptance_lines(st), histogram_lines(st)]
     if st.by_ngram:
         sections.append(ngram_lines(st))
+    if st.by_source:
+        sections.append(source_lines(st))
     if st.times:
         sections.append(profile_lines(st.times))
     if st.speed:

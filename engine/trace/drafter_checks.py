@@ -1,11 +1,12 @@
 """What a chain cycle's drafter state must mean for the drafters other than a draft model:
-prompt lookup's n-gram match, the other-tokenizer draft's own tokens and cache, and which
-feature each step of an EAGLE head read; and what a live vLLM's draft model, captured, records.
-chain_checks.check_cycle calls check_drafter_state.
+prompt lookup's n-gram match, the other-tokenizer draft's own tokens and cache, which
+feature each step of an EAGLE head read, and suffix decoding's match (suffix_checks.py); and
+what a live vLLM's draft model, captured, records. chain_checks.check_cycle calls check_drafter_state.
 """
 from engine.trace.check_basics import Progress, RunFacts, close, fail, is_int
-from engine.trace.schema import DRAFT_MODEL, EAGLE, PROMPT_LOOKUP, VLLM_DRAFT_GREEDY
+from engine.trace.schema import DRAFT_MODEL, EAGLE, PROMPT_LOOKUP, SUFFIX, VLLM_DRAFT_GREEDY
 from engine.trace.shared_checks import check_text_map, check_texts, check_token_ids
+from engine.trace.suffix_checks import check_suffix_state
 
 
 def check_one_hot(c: dict, n_prop: int, facts: RunFacts, where: str) -> None:
@@ -115,5 +116,7 @@ def check_drafter_state(c: dict, facts: RunFacts, run: "Progress", where: str) -
     check_one_hot(c, len(c["draft_token_ids"]), facts, where)
     if facts.drafter_kind == PROMPT_LOOKUP:
         check_prompt_lookup(state, c["draft_token_ids"], facts.prompt_ids + run.generated, facts, where)
+    elif facts.drafter_kind == SUFFIX:
+        check_suffix_state(state, c["draft_token_ids"], facts.prompt_ids + run.generated, facts, where)
     else:
         check_other_tokenizer(state, c["draft_token_ids"], c, facts, run, where)

@@ -30,6 +30,7 @@ from engine.trace.schema import (
     NGRAM_LATEST,
     OTHER_TOKENIZER,
     PROMPT_LOOKUP,
+    SUFFIX,
     TARGET_WEIGHTS,
     VLLM_CONVENTION,
     VLLM_CONVENTION_TEXT,
@@ -37,6 +38,7 @@ from engine.trace.schema import (
     WEIGHTS_INT4,
 )
 from engine.trace.shared_checks import check_texts, check_token_ids
+from engine.trace.suffix_checks import check_suffix_header
 from engine.trace.tree_checks import check_tree_header
 
 # The deliberate bugs a teaching run may declare (mirror of teaching_faults.Faults; a test keeps them equal).
@@ -65,6 +67,8 @@ def check_drafter(h: dict, temperature: float, where: str) -> dict:
             fail(where, "drafter.ngram_match", f"is {NGRAM_EARLIEST!r} or left out ({NGRAM_LATEST!r})")
         if d.get("after_first_token", True) is not True:
             fail(where, "drafter.after_first_token", "is true or left out (the first cycle looks up in the prompt)")
+    if d["kind"] == SUFFIX:
+        check_suffix_header(d, where)
     if d["kind"] == OTHER_TOKENIZER:
         if temperature != 0:
             fail(where, "settings.temperature", "the other-tokenizer drafter runs greedy only (temperature 0): "

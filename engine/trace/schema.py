@@ -78,7 +78,8 @@ MAX_DECODER_FALLBACK_TEXT = 300  # the one-line reason own did not apply to a mo
 # builds is in engine/drafters/registry.py; traces written before drafters had a name used a
 # draft model.
 DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE = "model", "prompt-lookup", "other-tokenizer", "eagle"
-DRAFTER_KINDS = (DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE)
+SUFFIX = "suffix"
+DRAFTER_KINDS = (DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE, SUFFIX)
 MAX_NGRAM = 16  # prompt lookup: the longest n-gram it may be told to match
 # Which earlier occurrence of the matched n-gram prompt lookup copies from. "latest" (the most recent) is
 # what every trace before this option drafted with; "earliest" is what vLLM V1's ngram proposer and Hugging
@@ -86,6 +87,14 @@ MAX_NGRAM = 16  # prompt lookup: the longest n-gram it may be told to match
 # entry names it only when "earliest".
 NGRAM_LATEST, NGRAM_EARLIEST = "latest", "earliest"
 NGRAM_MATCHES = (NGRAM_LATEST, NGRAM_EARLIEST)
+
+# Suffix decoding (engine/drafters/suffix.py): the limits its options are checked against, and which of its two
+# trees proposed a cycle's tokens (a cycle's drafter_state "source"; null when neither proposed anything).
+MAX_SUFFIX_DEPTH = 64  # tokens of the longest substring a tree keeps (vLLM's default is 24)
+MAX_SUFFIX_FACTOR = 64.0  # draft tokens per matched token, at most (vLLM's default is 1.0)
+MAX_CACHED_REQUESTS = 1_000_000  # earlier requests the global tree keeps (vLLM's default is 10,000)
+SUFFIX_REQUEST, SUFFIX_GLOBAL = "request", "global"  # this request's prompt and output, or earlier requests' outputs
+SUFFIX_SOURCES = (SUFFIX_REQUEST, SUFFIX_GLOBAL)
 
 # A draft model deliberately mis-set the way real deployments get it wrong (the diagnosis, engine/diagnose/,
 # plants them and measures what they cost). Both stay exact (the ratio test reads the distribution the draft

@@ -1,5 +1,6 @@
 """The statistics page's Acceptance tab for a chain trace: the acceptance metrics, acceptance per
-position against the i.i.d. prediction, and for prompt lookup, acceptance by matched n-gram size.
+position against the i.i.d. prediction, for prompt lookup acceptance by matched n-gram size, and for
+suffix decoding acceptance by the tree that proposed.
 
 Numbers: engine/stats/analysis.py (TraceStats); figures: app/figures/stats.py.
 """
@@ -24,6 +25,8 @@ def acceptance_section(st_: TraceStats) -> None:
                "alpha^(n-1)(1 - alpha), and K+1 with probability alpha^K.")
     if st_.by_ngram:
         ngram_section(st_)
+    if st_.by_source:
+        source_section(st_)
 
 
 def ngram_section(st_: TraceStats) -> None:
@@ -34,3 +37,16 @@ def ngram_section(st_: TraceStats) -> None:
                   for r in st_.by_ngram], hide_index=True, key="ngram_table")
     st.caption("A cycle without a match proposes nothing: it is a plain target step. Prompt lookup runs no "
                "model, so its draft step costs almost nothing and c is close to 0.")
+
+
+def source_section(st_: TraceStats) -> None:
+    """Suffix decoding: are drafts from earlier requests' outputs kept as often as the request's own?"""
+    st.markdown("**Suffix decoding: acceptance by the tree that proposed**")
+    st.dataframe([{"tree": {"request": "this request's text", "global": "earlier requests' outputs"}.get(
+                       r.source, "neither (nothing proposed)"), "cycles": r.cycles, "proposed": r.proposed,
+                   "accepted": r.accepted, "acceptance rate": round(r.acceptance_rate, 3)}
+                  for r in st_.by_source], hide_index=True, key="source_table")
+    st.caption("Each cycle the tree whose draft scores higher (the sum of its tokens' frequency probabilities) "
+               "proposes; a cycle where neither has a continuation is a plain target step. No model runs, so c "
+               "is close to 0.")
+

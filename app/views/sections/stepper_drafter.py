@@ -1,7 +1,9 @@
 """Stage 1 of the stepper for drafters other than a draft model: where each proposal came from.
 
 Prompt lookup: the earlier n-gram that matched, highlighted in the text, and the tokens
-copied after it. Other-tokenizer draft: its own tokens, their text and the target's
+copied after it. Suffix decoding: the matched suffix the same way (an earlier place in the text when
+this request's own tree proposed), both trees' matches and scores, and each token's frequency
+probability. Other-tokenizer draft: its own tokens, their text and the target's
 re-encoding side by side, with the boundaries that do not line up. EAGLE head: per draft
 step, the token it read and whether it read the target's true feature or its own
 predicted one. Computing lives in app/figures/derive.py; this module only renders, and escapes
@@ -14,13 +16,15 @@ import streamlit as st
 from app.figures import derive
 from app.figures.style import INK, OKABE_ITO
 from app.ui.safe import md
-from engine.trace.schema import EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP
+from engine.trace.schema import EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP, SUFFIX, SUFFIX_REQUEST
 
 ROLE_STYLE = {
     derive.LOOKUP_NGRAM: f"background:{OKABE_ITO['sky_blue']};color:{INK};",
     derive.LOOKUP_COPIED: f"background:{OKABE_ITO['yellow']};color:{INK};",
     derive.LOOKUP_TAIL: f"border-bottom:3px solid {OKABE_ITO['vermillion']};",
     derive.LOOKUP_PLAIN: "",
+    derive.SUFFIX_MATCH: f"background:{OKABE_ITO['sky_blue']};color:{INK};",
+    derive.SUFFIX_FOLLOWED: f"background:{OKABE_ITO['yellow']};color:{INK};",
 }
 
 
@@ -54,9 +58,8 @@ def head_steps_html(steps: list[derive.HeadStep]) -> str:
     return '<table style="font-size:0.9em;border-collapse:collapse;">' + head + "".join(rows) + "</table>"
 
 
-def legend_html() -> str:
-    items = [f'<span style="{ROLE_STYLE[r]}padding:0 4px;">{html.escape(r)}</span>'
-             for r in (derive.LOOKUP_NGRAM, derive.LOOKUP_COPIED, derive.LOOKUP_TAIL)]
+def legend_html(roles: tuple[str, ...] = (derive.LOOKUP_NGRAM, derive.LOOKUP_COPIED, derive.LOOKUP_TAIL)) -> str:
+    items = [f'<span style="{ROLE_STYLE[r]}padding:0 4px;">{html.escape(r)}</span>' for r in roles]
     return '<div style="font-size:0.85em;">' + " &nbsp; ".join(items) + "</div>"
 
 
@@ -78,6 +81,8 @@ def show_provenance(texts: list[str], c: dict, drafter: str | None = None) -> No
         st.caption(f"Where the proposal came from: the last {state['ngram_size']} token(s) also occur at position "
                    f"{state['match_start']}; the tokens that followed them there are copied as the proposal.")
         st.html(legend_html() + lookup_html(view))
+    elif state.get("kind") == SUFFIX:
+        show_suffix(texts, c, state)
     elif state.get("kind") == OTHER_TOKENIZER:
         rows = derive.alignment_rows(c)
         fragment = state.get("healed_fragment")
@@ -89,3 +94,36 @@ def show_provenance(texts: list[str], c: dict, drafter: str | None = None) -> No
                        "target tokens": " | ".join(derive.visible_text(t) for t in r.target_texts) or "(past K)",
                        "boundary lines up": {True: "yes", False: "no", None: "?"}[r.aligned]} for r in rows],
                      hide_index=True)
+
+
+SUFFIX_ROLES = (derive.SUFFIX_MATCH, derive.SUFFIX_FOLLOWED, derive.LOOKUP_TAIL)
+
+
+def trees_caption(state: dict) -> str:
+    """Both trees' best drafts in one line: which won and why (the higher score; this request's on a tie)."""
+    def one(name: str, entry: dict) -> str:
+        return f"{name}: match {entry['match_len']}, {entry['proposed']} token(s), score {entry['score']:.3g}"
+    won = {None: "neither proposed anything", SUFFIX_REQUEST: "this request's tree won",
+           "global": "the global tree won"}[state["source"]]
+    earlier = f"earlier requests ({state['cached_requests']})"
+    return (f"{one('this request', state['request'])}; {one(earlier, state['global'])} — {won} (the higher score, "
+            "the sum of the token probabilities; this request's on a tie).")
+
+
+def show_suffix(texts: list[str], c: dict, state: dict) -> None:
+    """Stage 1 for suffix decoding: the match in the text, both trees, each proposed token's probability."""
+    st.caption(md(trees_caption(state)))
+    view = derive.suffix_view(texts, c)
+    if view is None:
+        st.caption("No continuation found (or all below the minimum probability): nothing was proposed, a plain "
+                   "target step.")
+        return
+    if state["source"] == SUFFIX_REQUEST:
+        st.caption(f"Where the proposal came from: the last {state['match_len']} token(s) also stand at position "
+                   f"{state['match_start']}, followed by the proposal; they were its most frequent continuation.")
+    else:
+        st.caption(f"Where the proposal came from: the last {state['match_len']} token(s) matched in earlier "
+                   "requests' outputs (not in this trace), and the proposal is what most often followed them there.")
+    st.html(legend_html(SUFFIX_ROLES) + lookup_html(view))
+    st.dataframe([{"proposed token": derive.visible_text(text), "frequency probability": round(p, 4)}
+                  for text, p in zip(c["draft_token_texts"], state["token_probs"])], hide_index=True)
