@@ -22,15 +22,21 @@ orders things, and what the lab does instead:
   tree, before drafting: the request in flight drafts from its own output through the global tree too, where
   its tokens add to earlier requests' counts. The lab's global tree holds finished requests only (an output
   joins when the next request starts), so the scores of global drafts differ while a request is in flight.
-- The last step's sampled tokens reach the trees before the scheduler cuts the output at max_tokens, so
-  vLLM's global tree can hold a few tokens past the returned output; the lab keeps only committed tokens.
+- The last step's sampled tokens reach the trees before the scheduler cuts the output at EOS or max_tokens
+  (the proposer runs right after sampling), so vLLM's global tree holds a few tokens past the returned output;
+  the lab keeps only committed tokens.
+- Ties: where two children of the matched node are equally frequent, Arctic Inference and the lab may walk to
+  different ones (docs/drafters.md); nothing here changes that.
 - vLLM's per-request metrics list only steps that verified a draft; the lab's steps with an empty proposal
   are left out of its lists before the two are compared.
 
-So the lab runs twice: as it is, and with `InFlightSuffix`, a subclass defined here that adds the request in
-flight to the global tree as vLLM does (the change that would make the lab's drafter follow vLLM). Per
-request: the same tokens, the same drafted and accepted counts step by step, and for a request that parts,
-the first differing step with both trees' best drafts as the lab scored them.
+So the lab runs three times: as it is; with `InFlightSuffix`, a subclass defined here that adds the request in
+flight to the global tree as vLLM does; and that subclass also given the last step's tokens past the cut (the
+target's greedy continuation there). The last two are the changes that would make the lab's drafter follow vLLM.
+Model-free replays over vLLM's own outputs (Arctic Inference in vLLM's environment, and the lab's drafter) tell
+the drafter's differences from the target's. Per request: the same tokens, the same drafted and
+accepted counts step by step, and for a request that parts, the first differing step with both trees' best
+drafts as the lab scored them.
 Writes bench/results/vllm-suffix-<set>-<cpu>.json and .md.
 """
 import argparse
@@ -60,7 +66,7 @@ from engine.workload.prompts import BUNDLED_PROMPT_SET, read_prompts
 MODEL_NAME = "smollm2"
 DEPTH, CACHED, FACTOR, MIN_PROB = 24, 10_000, 1.0, 0.1  # vLLM's defaults, which are the lab's
 DETAILED = 5  # requests whose first difference the report spells out
-VARIANTS = ("as-is", "in-flight")
+VARIANTS = ("as-is", "in-flight", "in-flight+tail")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -125,6 +131,13 @@ class InFlightSuffix(SuffixDrafter):
             self.global_open = self.cache.trie.grow(self.global_open, token)
         self.global_len = len(state.output)
 
+    def add_tail(self, state: SuffixState, tail: list[int]) -> None:
+        """Tokens the last step sampled past EOS or max_tokens: vLLM's proposer sees them before the scheduler
+        cuts the output, so its global tree holds them; they are not the request's output."""
+        self.catch_up_global(state)
+        for token in tail:
+            self.global_open = self.cache.trie.grow(self.global_open, token)
+
     def propose(self, state, committed, k, s, gen):
         state.catch_up(committed)
         self.catch_up_global(state)
@@ -181,7 +194,7 @@ def arctic_replay(requests: list[tuple[list[int], list[int]]], k: int) -> list[d
 def lab_replay(variant: str, requests: list[tuple[list[int], list[int]]], k: int, vocab_size: int) -> list[dict]:
     """The lab's drafter over vLLM's own greedy outputs, in the same order: no model, so a difference here is
     the drafter's alone, not the target's numerics."""
-    cls = InFlightSuffix if variant == "in-flight" else SuffixDrafter
+    cls = InFlightSuffix if variant.startswith("in-flight") else SuffixDrafter
     drafter, results = cls(vocab_size, DEPTH, FACTOR, MIN_PROB, CACHED), []
     for prompt, out in requests:
         state, seq, drafts = drafter.start(prompt), list(prompt) + out[:1], []
@@ -199,19 +212,34 @@ def lab_replay(variant: str, requests: list[tuple[list[int], list[int]]], k: int
 def lab_pair(variant: str) -> Pair:
     """The chat target with a fresh suffix drafter (its global tree empty), as it is or in vLLM's order."""
     pair = load_with_drafter(str(smollm2_folder()), DrafterOptions(SUFFIX), device="cpu")
-    if variant == "in-flight":
+    if variant.startswith("in-flight"):
         pair.drafter = InFlightSuffix(pair.target.full_vocab_size, DEPTH, FACTOR, MIN_PROB, CACHED)
     return pair
 
 
-def lab_request(pair: Pair, prompt_ids: list[int], k: int, max_tokens: int) -> dict:
-    """One greedy request: the first token from the prefill, as vLLM's, then K-token suffix cycles."""
+def last_step_tail(pair: Pair, prompt_ids: list[int], records: list[dict]) -> list[int]:
+    """What the last cycle accepted and sampled past its cut (EOS or the token budget): its accepted drafts and
+    the target's greedy token after them, less what it committed."""
+    last = records[-1]
+    before = prompt_ids + [t for r in records[:-1] for t in r["committed_token_ids"]]
+    accepted = last["draft_token_ids"][:last["num_accepted"]]
+    cut = len(last["committed_token_ids"])
+    if cut <= len(accepted):  # the cut fell among the accepted drafts: the bonus token was sampled after them
+        return accepted[cut:] + [target_top2(pair, before + accepted)[0]]
+    return []
+
+
+def lab_request(pair: Pair, prompt_ids: list[int], k: int, max_tokens: int, tail: bool = False) -> dict:
+    """One greedy request: the first token from the prefill, as vLLM's, then K-token suffix cycles. With `tail`,
+    the global tree also gets what the last step sampled past the cut, as vLLM's does."""
     first, _ = target_top2(pair, prompt_ids)
     s = SpecSettings(k=k, temperature=0.0, max_new_tokens=max_tokens - 1)
     kind = ChainCycle(pair, s)
     state = start(kind, prompt_ids + [first])
     state.draft_state.prompt_len = len(prompt_ids)  # the first token is output, as in vLLM's trees
     records = [] if first in pair.eos_ids or max_tokens == 1 else list(run_cycles(kind, state))
+    if tail and records:
+        pair.drafter.add_tail(state.draft_state, last_step_tail(pair, prompt_ids + [first], records))
     steps = [r for r in records if r["draft_token_ids"]]  # vLLM lists only steps that verified a draft
     return {"token_ids": [first] + [t for r in records for t in r["committed_token_ids"]],
             "per_step_drafted": [len(r["draft_token_ids"]) for r in steps],
@@ -223,7 +251,7 @@ def lab_request(pair: Pair, prompt_ids: list[int], k: int, max_tokens: int) -> d
 
 def run_lab(variant: str, prompt_ids: list[list[int]], k: int, max_tokens: int) -> list[dict]:
     pair = lab_pair(variant)
-    return [lab_request(pair, ids, k, max_tokens) for ids in prompt_ids]
+    return [lab_request(pair, ids, k, max_tokens, tail=variant.endswith("+tail")) for ids in prompt_ids]
 
 
 def compare(vllm: dict, lab: dict) -> dict:
@@ -309,8 +337,10 @@ def report(result: dict) -> str:
              f"in file order, {result['max_tokens']} tokens at most. The lab runs the same target on vLLM's prompt ids, "
              "its cycles from prompt + the prefill's first token, one suffix drafter for the whole set: `as-is` is "
              "engine/drafters/suffix.py unchanged (finished requests only in the global tree); `in-flight` adds the "
-             "request in flight to the global tree before each draft, as vLLM's proposer does. Only steps that "
-             "verified a draft are compared (vLLM's metrics list no others).", "",
+             "request in flight to the global tree before each draft, as vLLM's proposer does; `in-flight+tail` also "
+             "adds what the last step accepted and sampled past EOS or max_tokens (vLLM's proposer sees those tokens "
+             "before the scheduler cuts the output). Only steps that verified a draft are compared (vLLM's metrics "
+             "list no others).", "",
              "| lab variant | requests | same tokens | same drafted and accepted, step by step | both "
              "| drafted vLLM / lab | accepted vLLM / lab |", "|---|---|---|---|---|---|---|"]
     for variant, s in result["summary"].items():
@@ -322,7 +352,9 @@ def report(result: dict) -> str:
               "ones step by step, of " + str(result["requests"]) + ": "
               + ", ".join(f"{name} {n}" for name, n in result["replay_summary"].items()) + ". Arctic Inference here is "
               "vLLM's proposer's calls (start_request, add_active_response before each draft, speculate on the last "
-              "depth tokens) made offline in vLLM's environment."]
+              "depth tokens) made offline in vLLM's environment. A replay knows only the returned output, so it cannot see "
+              "tokens past the cut: a last step that vLLM accepted past EOS or max_tokens counts fewer accepted "
+              "there, and the tail never reaches its global tree."]
     for variant in result["summary"]:
         parted = [r for r in result["rows"] if not (r[variant]["agree"]["token_ids"] and r[variant]["agree"]["steps_equal"])]
         lines += ["", f"## `{variant}`: the first {min(DETAILED, len(parted))} of {len(parted)} requests that part", ""]
@@ -341,7 +373,7 @@ def main(argv=None) -> None:
     requests = [(a["prompt_token_ids"], a["choices"][0]["token_ids"]) for a in answers]
     vocab_size = lab_pair("as-is").target.full_vocab_size
     replays = {"Arctic Inference": arctic_replay(requests, args.k),
-               **{f"lab {v}": lab_replay(v, requests, args.k, vocab_size) for v in VARIANTS}}
+               **{f"lab {v}": lab_replay(v, requests, args.k, vocab_size) for v in VARIANTS[:2]}}
     labs = {variant: run_lab(variant, ids, args.k, args.max_tokens) for variant in VARIANTS}
     rows = compare_all(prompts, answers, labs)
     for row in rows:
