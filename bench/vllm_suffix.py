@@ -16,23 +16,19 @@ prompt + that token (as bench/vllm_draft_model does); the drafter's state is tol
 the first token counts as output, as it does in vLLM's tree.
 
 How vLLM's proposer (vllm/v1/spec_decode/suffix_decoding.py, over Arctic Inference's SuffixDecodingCache)
-orders things, and what the lab does instead:
+orders things, and where the lab differs:
 - start_request puts the prompt in the request's own tree only; the global tree gets a slot for the request.
 - Every step, add_active_response appends the newly sampled tokens to the request's tree AND to the global
-  tree, before drafting: the request in flight drafts from its own output through the global tree too, where
-  its tokens add to earlier requests' counts. The lab's global tree holds finished requests only (an output
-  joins when the next request starts), so the scores of global drafts differ while a request is in flight.
+  tree, before drafting. The lab's drafter does the same (engine/drafters/suffix.py).
 - The last step's sampled tokens reach the trees before the scheduler cuts the output at EOS or max_tokens
   (the proposer runs right after sampling), so vLLM's global tree holds a few tokens past the returned output;
-  the lab keeps only committed tokens.
+  the lab keeps only committed tokens. The `lab+tail` variant gives the global tree those tokens too (the
+  target's greedy continuation past the cut), to show what is left once that is the same.
 - Ties: where two children of the matched node are equally frequent, Arctic Inference and the lab may walk to
   different ones (docs/drafters.md); nothing here changes that.
 - vLLM's per-request metrics list only steps that verified a draft; the lab's steps with an empty proposal
   are left out of its lists before the two are compared.
 
-So the lab runs three times: as it is; with `InFlightSuffix`, a subclass defined here that adds the request in
-flight to the global tree as vLLM does; and that subclass also given the last step's tokens past the cut (the
-target's greedy continuation there). The last two are the changes that would make the lab's drafter follow vLLM.
 Model-free replays over vLLM's own outputs (Arctic Inference in vLLM's environment, and the lab's drafter) tell
 the drafter's differences from the target's. Per request: the same tokens, the same drafted and
 accepted counts step by step, and for a request that parts, the first differing step with both trees' best
@@ -43,7 +39,7 @@ import argparse
 import json
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -56,7 +52,6 @@ from engine.cycle.pair import Pair
 from engine.cycle.reference import ChainCycle
 from engine.drafters.registry import DrafterOptions
 from engine.drafters.suffix import SuffixDrafter, SuffixState
-from engine.drafters.suffix_tree import Node
 from engine.models.presets import smollm2_folder
 from engine.run import load_with_drafter
 from engine.servers.launch import start_vllm, vllm_python
@@ -66,7 +61,7 @@ from engine.workload.prompts import BUNDLED_PROMPT_SET, read_prompts
 MODEL_NAME = "smollm2"
 DEPTH, CACHED, FACTOR, MIN_PROB = 24, 10_000, 1.0, 0.1  # vLLM's defaults, which are the lab's
 DETAILED = 5  # requests whose first difference the report spells out
-VARIANTS = ("as-is", "in-flight", "in-flight+tail")
+VARIANTS = ("lab", "lab+tail")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -108,40 +103,15 @@ def ask_vllm(prompts: list[str], k: int, max_tokens: int) -> list[dict]:
 
 
 @dataclass(eq=False)
-class InFlightSuffix(SuffixDrafter):
-    """The lab's drafter with vLLM's order: the request in flight joins the global tree token by token, before
-    each draft, instead of as a whole when the next request starts."""
-
-    global_open: list[Node] = field(default_factory=list, init=False, repr=False)  # its open suffixes there
-    global_len: int = field(default=0, init=False, repr=False)  # how much of its output the global tree holds
-
-    def finish_active(self) -> None:
-        if self.active is not None and not self.active.finished:
-            self.catch_up_global(self.active)  # the last cycle's tokens came after its draft
-            self.cache.outputs.append(list(self.active.output))  # in the trie already; kept for eviction
-            self.active.finished = True
-
-    def start(self, prompt_ids: list[int], layout=None) -> SuffixState:
-        state = super().start(prompt_ids, layout)
-        self.global_open, self.global_len = [], 0
-        return state
-
-    def catch_up_global(self, state: SuffixState) -> None:
-        for token in state.output[self.global_len:]:
-            self.global_open = self.cache.trie.grow(self.global_open, token)
-        self.global_len = len(state.output)
+class TailSuffix(SuffixDrafter):
+    """The lab's drafter whose global tree can also take what vLLM's proposer sees past the cut."""
 
     def add_tail(self, state: SuffixState, tail: list[int]) -> None:
         """Tokens the last step sampled past EOS or max_tokens: vLLM's proposer sees them before the scheduler
-        cuts the output, so its global tree holds them; they are not the request's output."""
-        self.catch_up_global(state)
-        for token in tail:
-            self.global_open = self.cache.trie.grow(self.global_open, token)
-
-    def propose(self, state, committed, k, s, gen):
-        state.catch_up(committed)
-        self.catch_up_global(state)
-        return super().propose(state, committed, k, s, gen)
+        cuts the output, so its global tree holds them; they are not the request's output. The request ends here."""
+        self.cache.extend_active(state.output + tail)
+        self.cache.end_active()
+        state.finished = True
 
 
 ARCTIC_REPLAY = """
@@ -191,11 +161,10 @@ def arctic_replay(requests: list[tuple[list[int], list[int]]], k: int) -> list[d
     return [counts(drafts, out) for drafts, (_, out) in zip(json.loads(done.stdout), requests)]
 
 
-def lab_replay(variant: str, requests: list[tuple[list[int], list[int]]], k: int, vocab_size: int) -> list[dict]:
+def lab_replay(requests: list[tuple[list[int], list[int]]], k: int, vocab_size: int) -> list[dict]:
     """The lab's drafter over vLLM's own greedy outputs, in the same order: no model, so a difference here is
     the drafter's alone, not the target's numerics."""
-    cls = InFlightSuffix if variant.startswith("in-flight") else SuffixDrafter
-    drafter, results = cls(vocab_size, DEPTH, FACTOR, MIN_PROB, CACHED), []
+    drafter, results = SuffixDrafter(vocab_size, DEPTH, FACTOR, MIN_PROB, CACHED), []
     for prompt, out in requests:
         state, seq, drafts = drafter.start(prompt), list(prompt) + out[:1], []
         while len(seq) - len(prompt) < len(out):
@@ -210,10 +179,10 @@ def lab_replay(variant: str, requests: list[tuple[list[int], list[int]]], k: int
 
 
 def lab_pair(variant: str) -> Pair:
-    """The chat target with a fresh suffix drafter (its global tree empty), as it is or in vLLM's order."""
+    """The chat target with a fresh suffix drafter (its global tree empty), able to take the tail where asked."""
     pair = load_with_drafter(str(smollm2_folder()), DrafterOptions(SUFFIX), device="cpu")
-    if variant.startswith("in-flight"):
-        pair.drafter = InFlightSuffix(pair.target.full_vocab_size, DEPTH, FACTOR, MIN_PROB, CACHED)
+    if variant.endswith("+tail"):
+        pair.drafter = TailSuffix(pair.target.full_vocab_size, DEPTH, FACTOR, MIN_PROB, CACHED)
     return pair
 
 
@@ -298,7 +267,7 @@ def summarize(rows: list[dict], variant: str) -> dict:
 
 
 def compare_all(prompts: list[str], answers: list[dict], labs: dict[str, list[dict]]) -> list[dict]:
-    pair = lab_pair("as-is")  # only its target is used, for margins at differing tokens
+    pair = lab_pair("lab")  # only its target is used, for margins at differing tokens
     rows = []
     for i, (prompt, answer) in enumerate(zip(prompts, answers)):
         ids, vllm = answer["prompt_token_ids"], vllm_side(answer)
@@ -335,12 +304,11 @@ def report(result: dict) -> str:
              f"vLLM {result['vllm']}: `--speculative-config '{json.dumps(result['speculative_config'])}'`, target the "
              f"chat preset's float32 copy, `--dtype float32 --enforce-eager`; {result['requests']} requests, one at a time "
              f"in file order, {result['max_tokens']} tokens at most. The lab runs the same target on vLLM's prompt ids, "
-             "its cycles from prompt + the prefill's first token, one suffix drafter for the whole set: `as-is` is "
-             "engine/drafters/suffix.py unchanged (finished requests only in the global tree); `in-flight` adds the "
-             "request in flight to the global tree before each draft, as vLLM's proposer does; `in-flight+tail` also "
-             "adds what the last step accepted and sampled past EOS or max_tokens (vLLM's proposer sees those tokens "
-             "before the scheduler cuts the output). Only steps that verified a draft are compared (vLLM's metrics "
-             "list no others).", "",
+             "its cycles from prompt + the prefill's first token, one suffix drafter for the whole set: `lab` is "
+             "engine/drafters/suffix.py (the request in flight joins the global tree before each draft, as in vLLM's "
+             "proposer); `lab+tail` also adds what the last step accepted and sampled past EOS or max_tokens "
+             "(vLLM's proposer sees those tokens before the scheduler cuts the output). Only steps that verified a "
+             "draft are compared (vLLM's metrics list no others).", "",
              "| lab variant | requests | same tokens | same drafted and accepted, step by step | both "
              "| drafted vLLM / lab | accepted vLLM / lab |", "|---|---|---|---|---|---|---|"]
     for variant, s in result["summary"].items():
@@ -371,9 +339,9 @@ def main(argv=None) -> None:
     answers = ask_vllm(prompts, args.k, args.max_tokens)
     ids = [a["prompt_token_ids"] for a in answers]
     requests = [(a["prompt_token_ids"], a["choices"][0]["token_ids"]) for a in answers]
-    vocab_size = lab_pair("as-is").target.full_vocab_size
+    vocab_size = lab_pair("lab").target.full_vocab_size
     replays = {"Arctic Inference": arctic_replay(requests, args.k),
-               **{f"lab {v}": lab_replay(v, requests, args.k, vocab_size) for v in VARIANTS[:2]}}
+               "lab": lab_replay(requests, args.k, vocab_size)}
     labs = {variant: run_lab(variant, ids, args.k, args.max_tokens) for variant in VARIANTS}
     rows = compare_all(prompts, answers, labs)
     for row in rows:

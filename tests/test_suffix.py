@@ -1,5 +1,6 @@
 """Suffix decoding (engine/drafters/suffix.py, suffix_tree.py): the trees on hand-built sequences, exactness
 (greedy equal to the target, sampled by chi-square), the global tree across requests, and its trace checks."""
+import copy
 import json
 
 import pytest
@@ -96,6 +97,31 @@ def test_a_finished_request_joins_the_global_tree_and_a_tie_goes_to_the_request_
     assert p.state["global"] == {"match_len": 2, "score": 1.0, "proposed": 1}
     assert p.state["source"] == "request" and p.token_ids == [5, 3] and p.state["match_start"] == 0
     assert p.state["token_probs"] == [0.5, 0.5]
+
+
+def test_the_request_in_flight_joins_the_global_tree_before_each_draft_as_in_vllm():
+    drafter = SuffixDrafter(64, depth=8, factor=1.0, min_prob=0.0)
+    drafter.remember([7, 8, 9])  # an earlier output: "7 8" then 9
+    state = drafter.start([1, 2])
+    p = drafter.propose(state, [1, 2, 7, 8, 5, 7, 8], 1, SpecSettings(k=1), torch.Generator())
+    # Global: "7 8" three times (9 once, 5 once, and the current end); alone, the earlier output would score 1.0.
+    assert drafter.cache.trie.find([7, 8]).count == 3 and drafter.cache.trie.find([1]) is None  # output, not prompt
+    assert p.state["global"]["score"] == pytest.approx(1 / 3) and p.state["request"]["score"] == 0.5
+    assert p.state["source"] == "request" and p.token_ids == [5]
+    state.catch_up([1, 2, 7, 8, 5, 7, 8, 5])  # the last cycle's token, committed after the last draft
+    drafter.start([3])
+    assert [list(o) for o in drafter.cache.outputs] == [[7, 8, 9], [7, 8, 5, 7, 8, 5]]
+    assert drafter.cache.trie.find([8, 5]).count == 2  # the whole output, each token counted once
+
+
+def test_a_run_restarted_from_an_earlier_state_replaces_the_output_in_flight():
+    drafter = SuffixDrafter(64, depth=8, factor=1.0, min_prob=0.0)
+    state = drafter.start([1, 2])
+    branch = copy.deepcopy(state)
+    drafter.propose(state, [1, 2, 7, 8, 9], 2, SpecSettings(k=2), torch.Generator())
+    drafter.propose(branch, [1, 2, 7, 5], 2, SpecSettings(k=2), torch.Generator())
+    assert drafter.cache.trie.find([7, 8]) is None and drafter.cache.trie.find([7, 5]).count == 1
+    assert drafter.cache.trie.root.count == 2  # two output tokens in the tree, the first branch's gone
 
 
 def test_options_are_refused_out_of_range():
@@ -210,6 +236,16 @@ def test_a_header_with_a_bad_option_is_refused(traces):
     text = (traces / "first.jsonl").read_text().replace('"suffix_depth": 8', '"suffix_depth": 900', 1)
     with pytest.raises(TraceError, match="suffix_depth"):
         loads_trace(text)
+
+
+def test_a_global_draft_under_a_header_that_keeps_no_outputs_is_refused(traces):
+    text = (traces / "second.jsonl").read_text().replace('"suffix_cached_requests": 10000', '"suffix_cached_requests": 0', 1)
+    records = [json.loads(line) for line in text.splitlines()[1:]]
+    for r in records:  # consistent counts, so only the global draft itself is wrong
+        if "drafter_state" in r:
+            r["drafter_state"]["cached_requests"] = 0
+    with pytest.raises(TraceError, match="drafter_state.global"):
+        loads_trace("\n".join([text.splitlines()[0]] + [json.dumps(r) for r in records]) + "\n")
 
 
 def test_cli_runs_suffix_decoding_with_its_flags(tmp_path, capsys):

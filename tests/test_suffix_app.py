@@ -66,7 +66,7 @@ def test_the_panel_escapes_token_text_and_explains_both_trees(suffix_trace):
     page = stepper_drafter.lookup_html(derive.suffix_view(texts, c))
     assert "<b>" not in page and "&lt;b&gt;" in page
     caption = stepper_drafter.trees_caption(c["drafter_state"])
-    assert "the global tree won" in caption and "earlier requests (1)" in caption
+    assert "the global tree won" in caption and "all outputs (1 finished + this one)" in caption
     words = explain.stage_caption(c, derive.proposals(c), 1)
     assert "Suffix decoding matched" in words and "earlier request" in words
 
@@ -126,5 +126,5 @@ def test_the_statistics_page_splits_acceptance_by_tree(suffix_trace, tmp_path, m
     at.switch_page("views/statistics.py").run()
     assert not at.exception, [e.value for e in at.exception]
     table = next(d.value for d in at.dataframe if "tree" in d.value.columns)
-    assert set(table["tree"]) >= {"this request's text", "earlier requests' outputs"}
+    assert set(table["tree"]) >= {"this request's text", "all outputs (global tree)"}
     assert table["cycles"].sum() == len(trace.cycles)

@@ -2,16 +2,17 @@
 
 SuffixDecoding (Oliaro et al., arXiv 2411.04975; vLLM's `suffix` method, through Arctic Inference)
 runs no model. It keeps two suffix trees (engine/drafters/suffix_tree.py): one over this request's
-prompt and output so far, and one over the outputs of earlier requests, kept across the requests
-of one loaded drafter (a workload, the app's live runs) and evicted oldest first. Each cycle both
+prompt and output so far, and one over request outputs, kept across the requests of one loaded
+drafter (a workload, the app's live runs), the oldest finished one evicted first. Each cycle both
 trees propose their best draft for the committed sequence; the higher score wins, this request's
 tree on a tie. Where an agent sends many requests of one shape (tool calls, SQL, JSON), the global
 tree already holds the answer's structure before the request repeats any of it itself.
 
 The proposal is deterministic, so p_draft is one-hot and the ratio test stays exact, as for prompt
-lookup. A request's output joins the global tree when the next request starts on this drafter
-(the engine's runs have no end-of-request call): the request in flight never drafts from itself
-through the global tree, only through its own.
+lookup. The order follows vLLM's proposer, so the two draft the same tokens: before each draft the
+request's new output tokens join both trees (its prompt only its own), and a finished output stays
+in the global tree. A request counts as finished when the next one starts on this drafter (the
+engine's runs have no end-of-request call).
 """
 from dataclasses import dataclass, field
 
@@ -32,7 +33,7 @@ class SuffixState:
     trie: SuffixTrie
     tokens: list[int] = field(default_factory=list)  # the committed sequence as far as the trie holds it
     open_nodes: list[Node] = field(default_factory=list)  # the suffixes still shorter than the trie's depth
-    finished: bool = False  # its output is in the global tree
+    finished: bool = False  # its output is in the global tree as a finished one
 
     def catch_up(self, committed: list[int]) -> None:
         """Add the committed tokens the trie has not seen (the committed sequence only grows)."""
@@ -91,9 +92,10 @@ class SuffixDrafter:
         self.cache.add_request(output)
 
     def finish_active(self) -> None:
-        """The request last started is over: its output joins the global tree, once."""
+        """The request last started is over: all of its output is in the global tree, as a finished one."""
         if self.active is not None and not self.active.finished:
-            self.remember(self.active.output)
+            self.cache.extend_active(self.active.output)  # the last cycle's tokens came after its last draft
+            self.cache.end_active()
             self.active.finished = True
 
     def start(self, prompt_ids: list[int], layout=None) -> SuffixState:
@@ -106,6 +108,7 @@ class SuffixDrafter:
     def propose(self, state: SuffixState, committed: list[int], k: int, s: SpecSettings,
                 gen: torch.Generator) -> Proposal:
         state.catch_up(committed)
+        self.cache.extend_active(state.output)
         (own, earlier), elapsed = timed(lambda: (speculate(state.trie, committed, k, self.factor, self.min_prob),
                                                  speculate(self.cache.trie, committed, k, self.factor, self.min_prob)))
         source = SUFFIX_REQUEST if own.score >= earlier.score else SUFFIX_GLOBAL  # the request's tree wins a tie

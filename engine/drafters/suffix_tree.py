@@ -158,21 +158,46 @@ def speculate(trie: SuffixTrie, context: list[int], k: int, factor: float, min_p
 
 
 class GlobalCache:
-    """One trie over the outputs of earlier requests, at most `max_requests` of them: the oldest is
-    taken out first (FIFO) when another one comes in. `max_requests` 0 keeps none."""
+    """One trie over request outputs: the request in flight, token by token, and at most `max_requests`
+    finished ones, the oldest taken out first (FIFO) when another one ends. `max_requests` 0 keeps none,
+    the one in flight included.
+
+    The request in flight is in it as vLLM's suffix proposer has it (Arctic Inference's
+    `add_active_response` runs before every draft): a request drafts from its own output through this
+    trie too, where its tokens add to the counts of earlier outputs that share them."""
 
     def __init__(self, depth: int, max_requests: int) -> None:
         self.trie = SuffixTrie(depth)
         self.max_requests = max_requests
-        self.outputs: deque[list[int]] = deque()
+        self.outputs: deque[list[int]] = deque()  # finished outputs, oldest first
+        self.active: list[int] = []  # the output in flight, as far as the trie holds it
+        self.active_open: list[Node] = []  # its suffixes still shorter than the trie's depth
 
-    def add_request(self, output: list[int]) -> None:
-        if self.max_requests <= 0 or not output:
+    def extend_active(self, output: list[int]) -> None:
+        """Grow the trie by the output in flight's tokens it has not seen. An output that no longer starts
+        with what the trie holds is a run restarted from a copy of an earlier state (the exactness lab
+        reruns one prefill many times): it replaces the one held, so no branch counts twice."""
+        if self.max_requests <= 0:
             return
-        self.trie.add(output)
-        self.outputs.append(list(output))
+        if output[:len(self.active)] != self.active:
+            self.trie.remove(self.active)
+            self.active, self.active_open = [], []
+        for token in output[len(self.active):]:
+            self.active_open = self.trie.grow(self.active_open, token)
+            self.active.append(token)
+
+    def end_active(self) -> None:
+        """The request in flight is over: its output is the newest finished one."""
+        if self.active:
+            self.outputs.append(self.active)
+        self.active, self.active_open = [], []
         while len(self.outputs) > self.max_requests:
             self.trie.remove(self.outputs.popleft())
+
+    def add_request(self, output: list[int]) -> None:
+        """A whole finished output at once."""
+        self.extend_active(list(output))
+        self.end_active()
 
     def __len__(self) -> int:
         return len(self.outputs)

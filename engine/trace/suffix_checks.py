@@ -4,8 +4,9 @@ The request's own tree is over the prompt and output, which the trace holds, so 
 is checked against the text itself: the matched suffix occurs earlier followed by the proposed
 tokens, each token's probability is the share of the matched suffix's occurrences that go on that
 way (count of the longer substring over count of the matched one, the current occurrence counted),
-and each is a most frequent continuation. The global tree is over earlier requests, which the trace
-does not hold: its draft is checked for consistency only (probabilities in (0, 1], never rising,
+and each is a most frequent continuation. The global tree is over request outputs, which the trace
+does not hold (earlier outputs, and this request's output as vLLM's proposer adds it): its draft is
+checked for consistency only (probabilities in (0, 1], never rising,
 none below the minimum, the length within factor x match length and K, the score their sum).
 Which tree won follows from the two scores. Arctic Inference and engine/drafters/suffix_tree.py
 compute in float32; the checks allow for that.
@@ -127,8 +128,8 @@ def check_suffix_state(state: dict, drafts: list[int], sequence: list[int], fact
     cached = state.get("cached_requests")
     if not (is_int(cached) and 0 <= cached <= facts.drafter["suffix_cached_requests"]):
         fail(where, "drafter_state.cached_requests", "how many earlier requests the global tree held: at most the limit")
-    if cached == 0 and earlier["proposed"]:
-        fail(where, "drafter_state.global", "an empty global tree proposes nothing")
+    if facts.drafter["suffix_cached_requests"] == 0 and earlier["proposed"]:
+        fail(where, "drafter_state.global", "with suffix_cached_requests 0 the global tree is empty and proposes nothing")
     if source == SUFFIX_REQUEST:
         check_against_text(state, drafts, probs, sequence, where)
     elif state.get("match_start") is not None:

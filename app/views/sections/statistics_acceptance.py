@@ -40,9 +40,9 @@ def ngram_section(st_: TraceStats) -> None:
 
 
 def source_section(st_: TraceStats) -> None:
-    """Suffix decoding: are drafts from earlier requests' outputs kept as often as the request's own?"""
+    """Suffix decoding: are drafts from the global tree kept as often as the request's own tree's?"""
     st.markdown("**Suffix decoding: acceptance by the tree that proposed**")
-    st.dataframe([{"tree": {"request": "this request's text", "global": "earlier requests' outputs"}.get(
+    st.dataframe([{"tree": {"request": "this request's text", "global": "all outputs (global tree)"}.get(
                        r.source, "neither (nothing proposed)"), "cycles": r.cycles, "proposed": r.proposed,
                    "accepted": r.accepted, "acceptance rate": round(r.acceptance_rate, 3)}
                   for r in st_.by_source], hide_index=True, key="source_table")

@@ -105,7 +105,7 @@ def trees_caption(state: dict) -> str:
         return f"{name}: match {entry['match_len']}, {entry['proposed']} token(s), score {entry['score']:.3g}"
     won = {None: "neither proposed anything", SUFFIX_REQUEST: "this request's tree won",
            "global": "the global tree won"}[state["source"]]
-    earlier = f"earlier requests ({state['cached_requests']})"
+    earlier = f"all outputs ({state['cached_requests']} finished + this one)"
     return (f"{one('this request', state['request'])}; {one(earlier, state['global'])} — {won} (the higher score, "
             "the sum of the token probabilities; this request's on a tie).")
 
@@ -122,8 +122,9 @@ def show_suffix(texts: list[str], c: dict, state: dict) -> None:
         st.caption(f"Where the proposal came from: the last {state['match_len']} token(s) also stand at position "
                    f"{state['match_start']}, followed by the proposal; they were its most frequent continuation.")
     else:
-        st.caption(f"Where the proposal came from: the last {state['match_len']} token(s) matched in earlier "
-                   "requests' outputs (not in this trace), and the proposal is what most often followed them there.")
+        st.caption(f"Where the proposal came from: the last {state['match_len']} token(s) matched in the "
+                   "global tree, over earlier requests' outputs (not in this trace) and this request's own output, "
+                   "and the proposal is what most often followed them there.")
     st.html(legend_html(SUFFIX_ROLES) + lookup_html(view))
     st.dataframe([{"proposed token": derive.visible_text(text), "frequency probability": round(p, 4)}
                   for text, p in zip(c["draft_token_texts"], state["token_probs"])], hide_index=True)
