@@ -78,6 +78,16 @@ def test_the_plan_runs_what_applies_and_says_why_the_rest_does_not():
     assert "plain decoding beats every K" in by_name["draft depth"].change
 
 
+def test_suffix_decoding_is_diagnosed_with_and_without_its_global_tree():
+    assert "global tree" not in names(plan(base_arm(), has_template=False, has_eagle=False, prefix="x", best_k=None))
+    base = Arm("baseline", DrafterOptions("suffix"), SpecSettings(k=4, temperature=0.0))
+    by_name = {e.name: e for e in plan(base, has_template=True, has_eagle=False, prefix="x", best_k=None)}
+    arm = by_name["global tree"].arm
+    assert arm.drafter.kind == "suffix" and arm.drafter.suffix_cached_requests == 0 and arm.settings == base.settings
+    assert by_name["global tree"].kind == PROPERTY and "own tree only" in by_name["global tree"].change
+    assert by_name["chat template"].skipped and by_name["drafter prompt-lookup"].arm.drafter.kind == "prompt-lookup"
+
+
 def found(name: str, diff: float, kind: str = CAUSE, faster: float = 0.0, step_faster: float | None = None) -> Finding:
     """A finding whose arm shifts every request's acceptance by `diff`, whose wall clock is `faster`
     (0.1: 10% more tokens/s) and whose cycles on the step times are `step_faster` (None: no step times)."""

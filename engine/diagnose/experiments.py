@@ -17,7 +17,7 @@ from engine.config import SpecSettings
 from engine.drafters.registry import DrafterOptions
 from engine.trace.schema import DRAFT_FILTERS_REQUEST as FOLLOWS
 from engine.trace.schema import DRAFT_FILTERS_TEMPERATURE as IGNORES
-from engine.trace.schema import DRAFT_MODEL, DRAFT_PROMPT_RAW, EAGLE, PROMPT_LOOKUP
+from engine.trace.schema import DRAFT_MODEL, DRAFT_PROMPT_RAW, EAGLE, PROMPT_LOOKUP, SUFFIX
 from engine.trace.schema import DRAFT_PROMPT_AS_TARGET as AS_TARGET
 
 # Text put before every request by the context-length experiment: a neutral passage the request
@@ -27,6 +27,7 @@ TEMPERATURES = (0.0, 0.7, 1.0)
 CAUSE, TUNING, ALTERNATIVE, PROPERTY = "cause", "tuning", "alternative", "property"
 DEPTH = "draft depth"
 CONTEXT = "context length"
+GLOBAL_TREE = "global tree"
 # The measure each kind is ranked and worded by, as a finding's dict names it (report.py Finding.judged_by)
 JUDGED_BY = {CAUSE: "acceptance_rate", TUNING: "step_tokens_per_s", ALTERNATIVE: "tokens_per_s",
              PROPERTY: "acceptance_rate"}
@@ -123,9 +124,25 @@ def drafter_experiments(base: Arm, has_eagle: bool) -> list[Experiment]:
             for kind in kinds if kind != base.drafter.kind]
 
 
+def global_tree_experiments(base: Arm) -> list[Experiment]:
+    """Suffix decoding only: the same run with the request's own tree alone, so the difference is what the
+    global tree (earlier outputs, and the request's own as vLLM adds it) brought to acceptance."""
+    if base.drafter.kind != SUFFIX:
+        return []
+    kept = base.drafter.suffix_cached_requests
+    other = replace(base.drafter, suffix_cached_requests=0 if kept else DrafterOptions().suffix_cached_requests)
+    return [Experiment(GLOBAL_TREE, PROPERTY,
+                       f"with the global tree (up to {kept} finished outputs)" if kept else "with the request's own tree only",
+                       "with the request's own tree only" if kept else
+                       f"with the global tree (up to {other.suffix_cached_requests} finished outputs)",
+                       Arm(arm_name("suffix-cached-requests", str(other.suffix_cached_requests)), other, base.settings,
+                           base.prefix))]
+
+
 def plan(base: Arm, *, has_template: bool, has_eagle: bool, prefix: str, best_k: int | None,
          plain_better: bool = False) -> list[Experiment]:
     """Every experiment for this pair and these settings, in the order they run."""
     return [template_experiment(base, has_template), filters_experiment(base),
             depth_experiment(base, best_k, plain_better),
-            *drafter_experiments(base, has_eagle), *temperature_experiments(base), context_experiment(base, prefix)]
+            *drafter_experiments(base, has_eagle), *global_tree_experiments(base), *temperature_experiments(base),
+            context_experiment(base, prefix)]
