@@ -270,11 +270,12 @@ def test_the_fast_path_compiles_the_int4_forward_with_the_kernel_as_one_operator
     target.use_decoder(decoder)
     draft = wrap_model("tiny-draft", tiny_llama(1001, 1, 16), tiny_tokenizer())
     pair = Pair(target, draft, set())
-    for temperature in (0.0, 1.0):
-        s = SpecSettings(k=2, temperature=temperature, max_new_tokens=12, seed=2, cache_layout="static")
-        eager = list(fp.fast_generate(pair, [1, 2, 4], s, models=fp.FastModels.empty(pair, 2, 40)))
-        compiled = list(fp.fast_generate(pair, [1, 2, 4], s, models=fp.FastModels.empty(pair, 2, 40, "compile")))
-        close_records(compiled, eager)
+    # Sampled only: its records carry both models' probabilities, which greedy's tokens alone would not check
+    # (and each temperature compiles its own graphs, the slowest part of the suite on two cores).
+    s = SpecSettings(k=2, temperature=1.0, max_new_tokens=12, seed=2, cache_layout="static")
+    eager = list(fp.fast_generate(pair, [1, 2, 4], s, models=fp.FastModels.empty(pair, 2, 40)))
+    compiled = list(fp.fast_generate(pair, [1, 2, 4], s, models=fp.FastModels.empty(pair, 2, 40, "compile")))
+    close_records(compiled, eager)
 
 
 @needs_cc

@@ -286,10 +286,10 @@ def test_cli_refuses_resume_without_prompts_and_a_file_as_the_folder(folders, tm
 
 def test_a_killed_workload_resumes_from_its_finished_requests(folders, tmp_path):
     """SIGKILL mid-workload (no handler runs), then the same command with --resume."""
-    entries = [{"id": f"q{i}", "prompt": "the cat sat on a mat " * (i + 1)} for i in range(8)]
+    entries = [{"id": f"q{i}", "prompt": "the cat sat on a mat " * (i + 1)} for i in range(5)]
     out = tmp_path / "w"
     command = [sys.executable, "-m", "engine", *cli(folders, "--prompts", str(prompt_file(tmp_path, entries)),
-                                                     "--out", str(out), "--max-new-tokens", "200")]
+                                                     "--out", str(out), "--max-new-tokens", "80")]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -305,5 +305,5 @@ def test_a_killed_workload_resumes_from_its_finished_requests(folders, tmp_path)
     assert "done" in statuses
     result = subprocess.run(command + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert [e.status for e in open_workload(out).entries] == ["done"] * 8
-    assert len(open_workload(out).runs()) == 8
+    assert [e.status for e in open_workload(out).entries] == ["done"] * 5
+    assert len(open_workload(out).runs()) == 5
