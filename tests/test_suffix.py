@@ -292,7 +292,7 @@ def test_stats_split_acceptance_by_the_tree_that_proposed(traces):
     from engine.stats.analysis import trace_stats
     from engine.stats.report import format_stats
     trace = load_trace(traces / "second.jsonl")
-    rows = {r.source: r for r in trace_stats(trace).by_source}
+    rows = {r.value: r for r in trace_stats(trace).by_source}
     for source in ("request", "global"):
         mine = [c for c in trace.cycles if c["drafter_state"]["source"] == source]
         assert (rows[source].cycles, rows[source].accepted) == (len(mine), sum(c["num_accepted"] for c in mine))

@@ -338,15 +338,16 @@ class TraceStats:
     advice: list[KAdvice]
     tokens_per_s: float | None  # the summary's end-to-end rate (prefill and trace writing included)
     drafter: str = DRAFT_MODEL  # the trace header's drafter kind
-    by_ngram: list["NgramRow"] | None = None  # prompt lookup only: acceptance by matched n-gram size
-    by_source: list["SourceRow"] | None = None  # suffix decoding only: acceptance by the tree that proposed
+    by_ngram: list["ValueRow"] | None = None  # prompt lookup only: acceptance by matched n-gram size
+    by_source: list["ValueRow"] | None = None  # suffix decoding only: acceptance by the tree that proposed
 
 
 @dataclass(frozen=True)
-class NgramRow:
-    """Prompt-lookup cycles whose lookup matched an n-gram of this size (None: no match)."""
+class ValueRow:
+    """The cycles whose drafter state held one value of a field: prompt lookup's matched n-gram size, or suffix
+    decoding's source tree ("request", "global"); None where the drafter proposed nothing."""
 
-    ngram_size: int | None
+    value: int | str | None
     cycles: int
     proposed: int
     accepted: int
@@ -367,31 +368,17 @@ def tally_by(cycles: list[dict], name: str) -> dict:
     return rows
 
 
-@dataclass(frozen=True)
-class SourceRow:
-    """Suffix-decoding cycles whose draft came from this tree ("request", "global"; None: nothing proposed)."""
-
-    source: str | None
-    cycles: int
-    proposed: int
-    accepted: int
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-
-def acceptance_by_source(cycles: list[dict]) -> list[SourceRow]:
-    """Which tree's drafts the target keeps: this request's own text, or earlier requests' outputs."""
+def acceptance_by_source(cycles: list[dict]) -> list[ValueRow]:
+    """Which tree's drafts the target keeps: this request's own text, or the global tree's outputs."""
     rows = tally_by(cycles, "source")
-    return [SourceRow(source, *rows[source]) for source in (SUFFIX_REQUEST, SUFFIX_GLOBAL, None) if source in rows]
+    return [ValueRow(source, *rows[source]) for source in (SUFFIX_REQUEST, SUFFIX_GLOBAL, None) if source in rows]
 
 
-def acceptance_by_ngram(cycles: list[dict]) -> list[NgramRow]:
+def acceptance_by_ngram(cycles: list[dict]) -> list[ValueRow]:
     """Does a longer match predict the continuation better? One row per matched n, then no match."""
     rows = tally_by(cycles, "ngram_size")
     order = sorted((n for n in rows if n is not None), reverse=True) + ([None] if None in rows else [])
-    return [NgramRow(n, *rows[n]) for n in order]
+    return [ValueRow(n, *rows[n]) for n in order]
 
 
 def trace_stats(trace: Trace) -> TraceStats:

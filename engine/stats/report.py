@@ -102,7 +102,7 @@ def ngram_lines(st: TraceStats) -> list[str]:
     lines = ["PROMPT LOOKUP: acceptance by matched n-gram size",
              "  n-gram  cycles  proposed  accepted  acceptance rate"]
     for r in st.by_ngram:
-        name = "none" if r.ngram_size is None else str(r.ngram_size)
+        name = "none" if r.value is None else str(r.value)
         lines.append(f"  {name:>6}  {r.cycles:>6}  {r.proposed:>8}  {r.accepted:>8}  {r.acceptance_rate:>15.3f}")
     return lines
 
@@ -111,7 +111,7 @@ def source_lines(st: TraceStats) -> list[str]:
     lines = ["SUFFIX DECODING: acceptance by the tree that proposed",
              "  tree     cycles  proposed  accepted  acceptance rate"]
     for r in st.by_source:
-        lines.append(f"  {r.source or 'none':<7}  {r.cycles:>6}  {r.proposed:>8}  {r.accepted:>8}  {r.acceptance_rate:>15.3f}")
+        lines.append(f"  {r.value or 'none':<7}  {r.cycles:>6}  {r.proposed:>8}  {r.accepted:>8}  {r.acceptance_rate:>15.3f}")
     return lines
 
 

@@ -32,7 +32,7 @@ def acceptance_section(st_: TraceStats) -> None:
 def ngram_section(st_: TraceStats) -> None:
     """Prompt lookup: does a longer matched n-gram predict the continuation better?"""
     st.markdown("**Prompt lookup: acceptance by matched n-gram size**")
-    st.dataframe([{"n-gram size": "no match" if r.ngram_size is None else str(r.ngram_size), "cycles": r.cycles,
+    st.dataframe([{"n-gram size": "no match" if r.value is None else str(r.value), "cycles": r.cycles,
                    "proposed": r.proposed, "accepted": r.accepted, "acceptance rate": round(r.acceptance_rate, 3)}
                   for r in st_.by_ngram], hide_index=True, key="ngram_table")
     st.caption("A cycle without a match proposes nothing: it is a plain target step. Prompt lookup runs no "
@@ -43,7 +43,7 @@ def source_section(st_: TraceStats) -> None:
     """Suffix decoding: are drafts from the global tree kept as often as the request's own tree's?"""
     st.markdown("**Suffix decoding: acceptance by the tree that proposed**")
     st.dataframe([{"tree": {"request": "this request's text", "global": "all outputs (global tree)"}.get(
-                       r.source, "neither (nothing proposed)"), "cycles": r.cycles, "proposed": r.proposed,
+                       r.value, "neither (nothing proposed)"), "cycles": r.cycles, "proposed": r.proposed,
                    "accepted": r.accepted, "acceptance rate": round(r.acceptance_rate, 3)}
                   for r in st_.by_source], hide_index=True, key="source_table")
     st.caption("Each cycle the tree whose draft scores higher (the sum of its tokens' frequency probabilities) "
