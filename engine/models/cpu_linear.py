@@ -80,10 +80,12 @@ class PackedLinear(nn.Module):
 
 
 def output_layer_name(model: nn.Module) -> str | None:
-    """Dotted name of the output layer (`lm_head` for HF causal LMs), if it is a (packed) Linear."""
+    """Dotted name of the output layer (`lm_head` for HF causal LMs), if it is a linear layer: an
+    nn.Linear or a twin's stand-in for one (PackedLinear, f32_rows_kernel.RowsLinear: both keep
+    in_features and out_features)."""
     get = getattr(model, "get_output_embeddings", None)
     head = get() if get else None
-    if not isinstance(head, (nn.Linear, PackedLinear)):
+    if not (isinstance(head, nn.Linear) or (hasattr(head, "in_features") and hasattr(head, "out_features"))):
         return None
     return next((n for n, m in model.named_modules() if m is head), None)
 
