@@ -172,7 +172,7 @@ def test_greedy_speculation_on_the_rows_path_equals_greedy_plain_decoding_as_loa
     assert spec == target_generate(pair.target, prompt, s, pair.eos_ids)
 
 
-def test_the_compiled_fast_path_runs_the_rows_twin_where_it_was_chosen():
+def test_the_compiled_fast_path_runs_the_rows_twin_where_it_was_chosen(monkeypatch):
     from engine.cycle import fast as fp
     from tests.test_fast_compile import close_records
 
@@ -181,8 +181,13 @@ def test_the_compiled_fast_path_runs_the_rows_twin_where_it_was_chosen():
         m.linear_paths = {w: ROWS for w in range(1, linear_paths.WIDTHS + 1)}
     assert pair.target.compiled_module_for(3) is pair.target.rows_runner
     s = SpecSettings(k=2, temperature=1.0, max_new_tokens=12, seed=2, cache_layout="static")
-    eager = list(fp.fast_generate(pair, [1, 2, 4], s, models=fp.FastModels.empty(pair, 2, 40)))
-    compiled = list(fp.fast_generate(pair, [1, 2, 4], s, models=fp.FastModels.empty(pair, 2, 40, "compile")))
+    prompt = [1, 2, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14]  # its prefill (width 12) runs packed, not on the kernel
+    eager = list(fp.fast_generate(pair, prompt, s, models=fp.FastModels.empty(pair, 2, 40)))
+    calls = []
+    kernel = rows_kernel.linear
+    monkeypatch.setattr(rows_kernel, "linear", lambda *a: calls.append(1) or kernel(*a))  # what the operator runs
+    compiled = list(fp.fast_generate(pair, prompt, s, models=fp.FastModels.empty(pair, 2, 40, "compile")))
+    assert calls  # only the compiled forwards run widths 1-9 here: their graphs called the kernel, not F.linear
     close_records(compiled, eager)
     pair.target.linear_paths = {3: AS_LOADED}
     assert pair.target.compiled_module_for(3) is pair.target.compiled_module
