@@ -14,6 +14,7 @@ from engine.cycle.reference import speculative_generate
 from engine.models import f32_rows_kernel as rows_kernel
 from engine.models import linear_paths
 from engine.models.f32_rows_kernel import ISAS, RowsLinear
+from engine.stats.paths import path_lines, path_rows
 from engine.trace.header_checks import check_linear_path_curve
 from engine.trace.schema import AS_LOADED, PACKED, ROWS
 from tests.tiny import noisy_pair
@@ -130,6 +131,9 @@ def test_a_curve_without_the_rows_path_still_checks_and_chooses_among_what_it_ti
                                    absent={ROWS: "no C compiler"})
     assert curve.chosen() == {1: PACKED, 2: AS_LOADED}
     check_linear_path_curve(curve.to_dict(), "t", "linear_paths.target")
+    header = {"linear_paths": {"target": curve.to_dict()}}
+    assert "rows (no C compiler)" in path_lines(header)[-1]  # the stats report says why the path is missing
+    assert [r.rows_s for r in path_rows(header)] == [None, None]
     three = linear_paths.PathCurve(curve.machine, "m", [1, 2], {**curve.seconds, ROWS: [1.0, 0.5]}, curve.measured)
     assert three.chosen() == {1: PACKED, 2: ROWS}  # a tie goes to the earlier path
     check_linear_path_curve(three.to_dict(), "t", "linear_paths.target")

@@ -120,7 +120,12 @@ def path_lines(header: dict) -> list[str]:
         rows_ms = "-" if r.rows_s is None else f"{r.rows_s * 1000:.3f} ms"
         lines.append(f"  {r.model:<6}  {r.width:>5}  {r.as_loaded_s * 1000:>7.3f} ms  {r.packed_s * 1000:>7.3f} ms  "
                      f"{rows_ms:>10}  {r.runs}")
-    noisy = noisy_words(header)
-    absent = sorted({f"{p}: {why}" for c in (header.get("linear_paths") or {}).values()
+    noisy, absent = noisy_words(header), absent_words(header)
+    return lines + ([f"  {noisy}"] if noisy else []) + ([f"  {absent}"] if absent else [])
+
+
+def absent_words(header: dict) -> str | None:
+    """Said when a path could not be timed on the machine of the run (the rows kernel without a C compiler)."""
+    absent = sorted({f"{p} ({why})" for c in (header.get("linear_paths") or {}).values()
                      for p, why in (c.get("absent") or {}).items()})
-    return lines + ([f"  {noisy}"] if noisy else []) + [f"  Not timed here: {a}" for a in absent]
+    return f"Not timed on this machine: {'; '.join(absent)}." if absent else None

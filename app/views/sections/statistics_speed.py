@@ -33,6 +33,7 @@ from engine.stats.analysis import (
 )
 from engine.stats.calibrate import calibrate_repeated
 from engine.stats.paths import (
+    absent_words,
     forward_words,
     machine_words,
     noisy_words,
@@ -197,6 +198,9 @@ def paths_section(header: dict) -> None:
     noisy = noisy_words(header)
     if noisy:
         st.warning(noisy, icon=":material/timer:")
+    absent = absent_words(header)
+    if absent:
+        st.caption(md(absent))
 
 
 def advisor_section(st_: TraceStats) -> None:
