@@ -195,3 +195,32 @@ def test_the_compiled_fast_path_runs_the_rows_twin_where_it_was_chosen(monkeypat
     close_records(compiled, eager)
     pair.target.linear_paths = {3: AS_LOADED}
     assert pair.target.compiled_module_for(3) is pair.target.compiled_module
+
+
+def test_the_chat_target_on_the_rows_path_keeps_its_logits_and_greedy_speculation_is_plain_greedy_decoding():
+    """The real shapes (576 wide, 49,152 outputs, K = 576 and 1536: every tile and tail the kernel has).
+    Plain decoding runs the rows path too: as loaded, MKL's different rounding could flip a near-tie."""
+    from engine.models.presets import PRESETS
+    from engine.run import encode_prompt, load_preset
+
+    pair = load_preset("chat", device="cpu")
+    target, preset = pair.target, PRESETS["chat"]
+    prompt = encode_prompt(target.tokenizer, preset.example_prompt, preset.use_chat_template)
+    cache = target.new_cache()
+    target.fill(prompt[:-3], cache)
+    target.linear_paths = {3: AS_LOADED}
+    loaded = target.forward(prompt[-3:], cache)
+    cache.crop(-3)
+    target.linear_paths = {3: ROWS}
+    rows = target.forward(prompt[-3:], cache)
+    # Logits up to ~38 after 30 layers of float32 sums in another order: 2.1e-5 observed (the packed
+    # oneDNN path: 6.3e-5, on an Intel Xeon). 1e-3 leaves 15x room for other CPUs and stays far below a
+    # real error (a wrong tile or tail moves logits by O(1)).
+    assert (rows - loaded).abs().max() < 1e-3
+    for m in (pair.target, pair.draft):
+        m.linear_paths = {w: ROWS for w in range(1, 200)}  # every width, the prompt's prefill too
+    s = SpecSettings(k=4, temperature=0, max_new_tokens=16)
+    records = list(speculative_generate(pair, prompt, s))
+    spec = [t for r in records for t in r["committed_token_ids"]]
+    assert spec[:16] == target_generate(target, prompt, s, pair.eos_ids)
+    assert sum(r["num_accepted"] for r in records) > 0
