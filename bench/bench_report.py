@@ -160,8 +160,9 @@ def advisor_lines(result: dict) -> list[str]:
             a_e = st["ratios"].get("a/e")
             check = (f" Measured a/e: {a_e:.2f}, so the prediction was {pilot['predicted_refined'] / a_e - 1:+.0%} "
                      "off." if a_e else "")
+            why = f" The advisor: {pilot['advice']}" if pilot.get("advised_k") == 0 and pilot.get("advice") else ""
             lines.append(f"- T={st['temperature']:g}: the K advisor (pilot run, alpha {pilot['pilot_alpha']:.2f}) chose "
-                         f"K={pilot['k']}, predicted {pilot['predicted_refined']:.2f}x (refined), {verdict}.{check}")
+                         f"K={pilot['k']}, predicted {pilot['predicted_refined']:.2f}x (refined), {verdict}.{check}{why}")
     return (["K choice:", "", *lines, ""]) if lines else []
 
 

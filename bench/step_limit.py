@@ -13,9 +13,12 @@ positions), --width tokens per forward (1: a decode step; K+1: a verify), on bot
 (hf: Hugging Face's modules; own: engine/models/llama.py on the same weights):
   as_loaded  the module's own nn.Linear (F.linear: MKL on x86), a DynamicCache
   packed     engine/models/cpu_linear.py's oneDNN twin with pre-packed weights (float32 only)
+  rows       engine/models/f32_rows_kernel.c, each weight read once for all rows (float32, with a C compiler)
   static     the fast path's static cache and fixed-shape forward (engine/cycle/fast_forward.py), eager
   compiled   the same forward as `run --fast --capture compile` runs it (inductor's C++, weights
              frozen in), --compile only; its "first_calls_s" is the compile time
+  compiled rows  the compiled forward of a width whose linear paths chose rows: the rows twin, its
+             kernel one opaque operator in the graph (float32, --compile only)
 Step times are medians over --repeats forwards after a warm-up, with the middle half of them.
 
 Writes RESULTS/step-limit-PRESET[-DTYPE][-wWIDTH]-CPU.json and .md (CPU: bench/common.py cpu_tag).
@@ -32,10 +35,21 @@ from bench import common
 from bench.fast_bench import measured_bandwidth_gbs, weight_bytes
 from engine.cycle.fast import FixedForward, new_fast_cache
 from engine.kv.ops import crop
+from engine.models import f32_rows_kernel
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
+from engine.models.machine import load_average
 from engine.run import load_preset
-from engine.trace.schema import AS_LOADED, DECODER_HF, DECODER_OWN, PACKED, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
+from engine.trace.schema import (
+    AS_LOADED,
+    DECODER_HF,
+    DECODER_OWN,
+    PACKED,
+    ROWS,
+    TARGET_WEIGHTS,
+    WEIGHTS_FLOAT32,
+    WEIGHTS_INT4,
+)
 
 CONTEXT = 64
 
@@ -81,17 +95,22 @@ def time_static(target: LoadedModel, capture: str, width: int, repeats: int) -> 
 def decoder_ways(target: LoadedModel, args) -> dict:
     """Every way of running the target's step on the decoder it is set to."""
     ways = {}
-    for path in (AS_LOADED, PACKED):
-        if path == PACKED and (target.dtype != torch.float32 or target.weights == WEIGHTS_INT4):
-            continue  # the packed twin is float32 only (cpu_linear.available); int4 has one path
+    float_paths = target.dtype == torch.float32 and target.weights != WEIGHTS_INT4
+    rows = float_paths and f32_rows_kernel.unavailable() is None
+    for path in (AS_LOADED, PACKED, ROWS):
+        if path != AS_LOADED and not (rows if path == ROWS else float_paths):
+            continue  # packed and rows are float32 only; int4 has one path; rows needs its compiled kernel
         ways[path] = time_dynamic(target, path, args.width, args.repeats)
     target.linear_paths = None
     ways["static"] = time_static(target, "none", args.width, args.repeats)
     if args.compile:
-        try:
-            ways["compiled"] = time_static(target, "compile", args.width, args.repeats)
-        except Exception as err:  # a failed compile is a result too: say why
-            ways["compiled"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+        for name, paths in (("compiled", None), *((("compiled rows", {args.width: ROWS}),) if rows else ())):
+            target.linear_paths = paths  # LoadedModel.compiled_module_for: the rows twin where chosen
+            try:
+                ways[name] = time_static(target, "compile", args.width, args.repeats)
+            except Exception as err:  # a failed compile is a result too: say why
+                ways[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+        target.linear_paths = None
     return ways
 
 
@@ -114,7 +133,7 @@ def measure(args) -> dict:
             "repeats": args.repeats, "width": args.width, "dtype": str(target.dtype).removeprefix("torch."),
             "target_weights": target.weights, "weight_bytes": step_bytes, "bandwidth_gbs": bandwidth,
             "memory_limit_s": limit_s,
-            "ways": ways, "note": args.note}
+            "ways": ways, "load_after": load_average(), "note": args.note}
 
 
 def markdown(r: dict) -> str:
@@ -123,6 +142,7 @@ def markdown(r: dict) -> str:
     lines = [f"## One {r['preset']} target {what} in {r.get('dtype', 'float32')}{weights} against its memory limit "
              "(bench/step_limit.py)", "",
              f"Machine: {common.machine_words(r['machine'])}; torch {r['machine']['torch']}; {r['machine']['date']}."
+             + (f" 1-minute load {r['load_after']} at the end." if r.get("load_after") is not None else "")
              + (f" {r['note']}" if r["note"] else ""), "",
              f"Weights: {r['weight_bytes'] / 1e6:.0f} MB. Measured copy bandwidth: {r['bandwidth_gbs']:.1f} GB/s. "
              f"Memory limit: {r['memory_limit_s'] * 1000:.2f} ms a step. Medians of {r['repeats']} steps "

@@ -11,7 +11,8 @@ cache length (the cache is cropped back after each), and splits it with forward 
   the attention core (rope, cache update, scores; self-attention minus its projections)
   and the MLP (gate, up, down and the activation);
 - output layer: the final matrix product to vocabulary logits.
-Variants: `reference` is the model as loaded (F.linear -> MKL); `packed` is the engine's
+Variants: `reference` is the model as loaded (F.linear -> MKL); `rows` runs every linear layer on
+engine/models/f32_rows_kernel.c (each weight read once for all rows); `packed` is the engine's
 fast path (engine/models/cpu_linear.py: oneDNN with pre-packed weights, 1-2 rows padded to 3);
 `packed-nopad` the same without padding; `packed-all` sends 1-row decoder products through
 oneDNN too. Repeats run round-robin over widths and variants, so a busy spell of
@@ -32,7 +33,9 @@ from torch import nn
 from bench.common import RESULTS, machine_info, machine_words, write_results
 from engine.kv.ops import crop
 from engine.models.cpu_linear import RowPolicy, output_layer_name, packed_twin
+from engine.models.f32_rows_kernel import rows_twin
 from engine.models.loading import load_model
+from engine.models.machine import load_average
 from engine.models.presets import PRESETS
 
 PARTS = ("whole", "layers", "attn_proj", "attn_core", "mlp", "output")
@@ -41,7 +44,16 @@ VARIANTS = {  # name: RowPolicy overrides for packed_twin; None = the model as l
     "packed": {},  # the engine's default (engine/models/cpu_linear.py DEFAULT_POLICY)
     "packed-nopad": {"decoder": RowPolicy(dense_below=2), "output": RowPolicy()},
     "packed-all": {"decoder": RowPolicy(pad_to=3)},  # 1-row decoder products through oneDNN too
+    "rows": "rows",  # engine/models/f32_rows_kernel.py's twin: each weight read once for all rows
 }
+
+
+def variant_model(model: nn.Module, variant: str) -> nn.Module:
+    """The module tree a variant runs: the model as loaded, a packed twin, or the rows twin."""
+    policy = VARIANTS[variant]
+    if policy is None:
+        return model
+    return rows_twin(model) if policy == "rows" else packed_twin(model, policy)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -169,7 +181,9 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [f"## Verify cost per width: {result['name']}", "",
              f"CPU: {machine_words(m)}; torch {m['torch']}, transformers {m['transformers']}; "
-             f"{m['date']}. Cache length {result['cache_len']}, medians of {result['repeats']} round-robin repeats. "
+             f"{m['date']}. 1-minute load {result.get('load_before', 'not recorded')} when the timings began "
+             "(the CPU line's was read at the end). "
+             f"Cache length {result['cache_len']}, medians of {result['repeats']} round-robin repeats. "
              "Taken on a shared machine under load from other processes unless stated otherwise: trust ratios "
              "between cells of one table (measured interleaved) more than absolute times.", ""]
     for model in result["models"]:
@@ -200,12 +214,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     transformers.logging.set_verbosity_error()
     widths, variants = parse_widths(args.widths), args.variants.split(",")
+    load_before = load_average()
     specs = model_specs(args)
     result = {"name": args.name or "+".join(n for n, _ in specs), "cache_len": args.cache_len,
               "repeats": args.repeats, "widths": widths, "models": []}
     for name, folder in specs:
         loaded = load_model(folder, torch.device("cpu"), torch.float32)
-        models = {v: loaded.model if VARIANTS[v] is None else packed_twin(loaded.model, VARIANTS[v]) for v in variants}
+        models = {v: variant_model(loaded.model, v) for v in variants}
         cfg = loaded.model.config
         entry = {"name": name, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,
                  "runs": []}
@@ -215,7 +230,8 @@ def main(argv=None) -> int:
             times = measure(models, cfg.vocab_size, widths, args.cache_len, args.repeats)
             entry["runs"].append({"threads": threads, "table": summarise(times)})
         result["models"].append(entry)
-    result["machine"] = machine_info(torch.get_num_threads())
+    result["machine"] = machine_info(torch.get_num_threads())  # its load average is the end's
+    result["load_before"] = load_before
     text = markdown(result)
     write_results(Path(args.out), f"verify-cost-{result['name']}", result, text + "\n")
     print(text)

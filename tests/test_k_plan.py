@@ -12,7 +12,7 @@ from engine.stats.plan import plan_from
 from engine.trace import load_trace
 from tests.app_jobs import finish_job
 from tests.test_app import live_form, model_folders, plain, traces_dir  # noqa: F401 (fixtures)
-from tests.tiny import tiny_pair
+from tests.tiny import noisy_pair, save_tiny, tiny_pair
 
 WIDTHS = list(range(1, 10))
 # Hand-built calibrations (seconds): a draft step as dear as a target step makes every K lose; a
@@ -74,3 +74,40 @@ def test_the_live_run_follows_the_advisor_unless_told_to_insist(calibration, tra
         assert any(t.startswith(f"The K advisor chose K={trace.k} instead of 3") or
                    t.startswith(f"The K advisor kept K={trace.k}") for t in said), said
         assert plain(at.success[0].value).startswith(f"Finished: {len(trace.cycles)} cycles")
+
+
+# A verify pass that costs two target steps at every width, and a cheap draft: at alpha 0.36 a cycle
+# commits at most 1/(1 - 0.36) = 1.56 tokens on average, less than the verify alone costs.
+DEAR_VERIFY = {**CHEAP, "verify_s": [0.020] * len(WIDTHS)}
+
+
+def test_a_verify_dearer_than_what_speculation_can_win_means_plain_decoding_and_the_sentence_says_so():
+    plan = plan_from(0.36, DEAR_VERIFY, 4, 16)
+    assert plan.plain and plan.k == 0 and plan.best.refined < 1 and plan.best.verify_steps == pytest.approx(2.0)
+    assert plan.sentence.startswith("Decode plainly (K=0)") and "\n" not in plan.sentence  # one line
+    assert f"over {plan.best.k + 1} positions costs 2.00 target steps here" in plan.sentence
+    assert "already more than" in plan.sentence  # the verify alone outweighs the expected tokens
+    assert plan_from(0.9, CHEAP, 4, 16).k >= 1  # the same advisor speculates where it pays
+
+
+def test_cli_k_auto_decodes_plainly_when_the_advisor_says_so_and_refuses_what_it_cannot_do(tmp_path, monkeypatch,
+                                                                                             capsys):
+    from engine.cli import main
+    target, draft = save_tiny(noisy_pair(0, noise=0.05), tmp_path)  # a draft close to the target: alpha high
+    base = ["run", "--target", target, "--draft", draft, "--prompt", "the cat sat", "--max-new-tokens", "8",
+            "--k", "auto"]
+    monkeypatch.setattr(engine.run, "measure_step_times", lambda *a: COSTLY)
+    out = tmp_path / "auto.jsonl"
+    assert main([*base, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "K advisor (pilot alpha" in captured.err and "Decode plainly (K=0)" in captured.err
+    assert "decoded plainly" in captured.out and not out.exists()
+    monkeypatch.setattr(engine.run, "measure_step_times", lambda *a: CHEAP)
+    assert main([*base, "--temperature", "0", "--out", str(out)]) == 0
+    assert "trace written to" in capsys.readouterr().out and load_trace(out).k >= 1
+    for extra, said in ((["--fast"], "drop --fast and --tp"), (["--tree", "static:2,1"], "use one of the two")):
+        assert main([*base, *extra, "--out", str(tmp_path / "x.jsonl")]) == 2
+        assert said in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base[:-1], "many", "--out", str(tmp_path / "y.jsonl")])
+    assert "neither a whole number nor auto" in capsys.readouterr().err

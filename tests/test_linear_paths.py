@@ -40,9 +40,14 @@ def cache_dir(tmp_path, monkeypatch):
 
 def steady(packed_first: bool):
     """time_paths' timings for a machine where one path wins at every width, with no noise."""
-    def fake(loaded, widths, repeats):
-        fast, slow = [[0.001] * repeats for _ in widths], [[0.002] * repeats for _ in widths]
-        return {PACKED: fast, AS_LOADED: slow} if packed_first else {PACKED: slow, AS_LOADED: fast}
+    winner = PACKED if packed_first else AS_LOADED
+    return winning(winner)
+
+
+def winning(winner: str):
+    """time_paths' timings where `winner` is fastest at every width, every other path slower, no noise."""
+    def fake(loaded, widths, repeats, paths):
+        return {p: [[0.001 if p == winner else 0.002] * repeats for _ in widths] for p in paths}
     return fake
 
 
@@ -88,9 +93,9 @@ def test_settle_measures_once_per_machine_and_model_and_forwards_follow_it(cache
 
 
 def test_a_noisy_measurement_chooses_this_run_s_paths_but_is_not_kept(cache_dir, monkeypatch):
-    def noisy(loaded, widths, repeats):
+    def noisy(loaded, widths, repeats, paths):
         wild = [0.001, 0.001, 0.004, 0.004, 0.001]  # middle half 3x the median: another process on the core
-        return {PACKED: [wild for _ in widths], AS_LOADED: [[0.002] * 5 for _ in widths]}
+        return {p: [wild if p == PACKED else [0.002] * 5 for _ in widths] for p in paths}
     monkeypatch.setattr(linear_paths, "time_paths", noisy)
     pair = tiny_pair()
     record = settle(pair.target)

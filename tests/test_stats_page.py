@@ -454,6 +454,8 @@ def test_the_cost_tab_shows_which_linear_path_ran_each_width(folder, monkeypatch
     assert list(table["runs"]) == [r.runs for r in expected]
     assert list(table["width"]) == [r.width for r in expected]
     assert list(table["packed oneDNN (ms)"]) == [round(r.packed_s * 1000, 3) for r in expected]
+    assert [None if v != v else v for v in table["rows kernel (ms)"]] == \
+           [None if r.rows_s is None else round(r.rows_s * 1000, 3) for r in expected]  # NaN: not timed
     assert any(md(machine_words(header)) in c.value for c in at.caption)
     assert "linear_paths" not in load_trace(folder / "traces" / "uncalibrated.jsonl").header
 

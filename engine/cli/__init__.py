@@ -20,7 +20,7 @@ import os
 import sys
 
 from engine.cli.client import add_client_parser
-from engine.cli.run import cmd_run, ctrl_c_at_cycle_ends  # noqa: F401 - ctrl_c_at_cycle_ends: the run's Ctrl-C rule
+from engine.cli.run import K_AUTO, K_AUTO_PILOT, cmd_run, ctrl_c_at_cycle_ends  # noqa: F401 - ctrl_c_at_cycle_ends: the run's Ctrl-C rule
 from engine.cli.stats import cmd_metrics, cmd_stats
 from engine.config import CAPTURE_AUTO, CAPTURE_MODES, SettingsError
 from engine.drafters.registry import DRAFTERS, all_flags
@@ -126,7 +126,10 @@ def add_pair_and_sampling(run: argparse.ArgumentParser) -> None:
                           f"--target names the models): {drafters_in_words()}")
     for flag in all_flags():  # each drafter kind's own options (engine/drafters/registry.py)
         run.add_argument(flag.name, type=flag.type, choices=flag.choices or None, default=flag.default, help=flag.help)
-    run.add_argument("--k", type=int, default=4, help="draft tokens per cycle")
+    run.add_argument("--k", type=k_argument, default=4,
+                     help="draft tokens per cycle, or auto (one prompt, reference cycle): the K advisor times both "
+                          f"models on this machine, runs a short pilot at K={K_AUTO_PILOT} to measure acceptance, and runs "
+                          "the K it predicts fastest, or decodes plainly (K=0) when no K beats plain decoding, saying why")
     run.add_argument("--tree", default=None,
                      help="draft a token tree instead of a chain (with the draft model, or the EAGLE head under "
                           "--drafter eagle): static:B1,B2,... (B_d children per node at depth d, as in Medusa) or "
@@ -160,6 +163,16 @@ def add_pair_and_sampling(run: argparse.ArgumentParser) -> None:
     run.add_argument("--block-size", type=int, default=16, help="slots per block of the paged layout")
     run.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     run.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
+
+
+def k_argument(text: str) -> int | str:
+    """--k: a whole number, or auto (engine/cli/run.py run_k_auto)."""
+    if text == K_AUTO:
+        return K_AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number nor {K_AUTO}") from None
 
 
 def drafters_in_words() -> str:

@@ -25,6 +25,8 @@ from engine.trace.schema import DECODER_HF, DECODER_OWN, DRAFT_MODEL, WEIGHTS_IN
 
 MAX_PROMPT_CHARS = 1_000_000  # far beyond any model's context; the token limit is checked after tokenizing
 TREE_AUTO = "auto"  # --tree auto: the tree advisor chooses a static tree, a chain or plain decoding
+K_AUTO = "auto"  # --k auto: the K advisor chooses K, or plain decoding (K=0)
+K_AUTO_PILOT = 4  # the K its pilot runs at (engine/stats/plan.py): acceptance is measured there
 
 
 def chosen_drafter(args) -> str:
@@ -60,6 +62,8 @@ def resolve_models(args) -> tuple[str, str, str | None]:
 
 
 def settings_from_args(args) -> SpecSettings:
+    if args.k == K_AUTO:
+        raise SettingsError("--k auto chooses K for one prompt (python -m engine run): name a K for a workload")
     temperature = args.temperature
     if temperature is None:
         temperature = PRESETS[args.preset or DEFAULT_PRESET].default_temperature if args.target is None else 1.0
@@ -161,6 +165,10 @@ def cmd_run(args) -> int:
     if args.resume or args.skip_too_long:
         raise SettingsError("--resume and --skip-too-long go with --prompts (a workload)")
     args.drafter = chosen_drafter(args)
+    k_auto = args.k == K_AUTO
+    if k_auto:
+        refuse_k_auto(args)
+        args.k = K_AUTO_PILOT
     settings = settings_from_args(args)
     mode = run_mode_from_args(args)
     options = options_from_args(args)
@@ -178,6 +186,8 @@ def cmd_run(args) -> int:
     pair, mode = load_for_run(args, options, mode, target, draft, preset)
     if args.tree == TREE_AUTO:
         return run_tree_auto(args, pair, settings, preset)
+    if k_auto:
+        return run_k_auto(args, pair, settings, preset)
     return generate_and_report(args, settings, lambda progress: run_to_trace(
         pair, args.prompt, settings, args.out, mode, preset=preset, chat_template=not args.no_chat_template,
         on_cycle=progress))
@@ -239,6 +249,31 @@ def say_decoders(pair) -> None:
         else:
             print(f"decoder: {role} on Hugging Face's modules (the own decoder does not apply: {m.decoder_fallback})",
                   file=sys.stderr)
+
+
+def refuse_k_auto(args) -> None:
+    """--k auto runs engine/run.py run_advised: one prompt, one process, the reference chain cycle."""
+    if args.tree is not None:
+        raise SettingsError("--k auto chooses a chain's K; --tree names or chooses a tree (--tree auto chooses among "
+                            "trees, chains and plain decoding): use one of the two")
+    if args.fast or args.tp > 1:
+        raise SettingsError("--k auto measures on its own and runs the reference cycle in one process: drop --fast and --tp")
+
+
+def run_k_auto(args, pair, settings: SpecSettings, preset: str | None) -> int:
+    """--k auto: the K advisor measures this machine, runs a pilot, and runs its K; plain decoding writes no trace."""
+    from engine.run import run_advised
+
+    print(f"K advisor: timing both models by width and running a short pilot at K={settings.k}...", file=sys.stderr)
+    done = run_advised(pair, args.prompt, settings, args.out, preset, not args.no_chat_template)
+    print(f"K advisor (pilot alpha {done.plan.alpha:.2f}): {done.plan.sentence}", file=sys.stderr)
+    print(done.text)
+    if done.trace is None:
+        print(f"decoded plainly ({done.tokens} tokens), as advised: no trace written")
+        return 0
+    print(format_metrics(done.trace))
+    print(f"trace written to {args.out}")
+    return 0
 
 
 def run_tree_auto(args, pair, settings: SpecSettings, preset: str | None) -> int:

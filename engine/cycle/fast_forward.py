@@ -59,19 +59,21 @@ def logits_of(model: LoadedModel, ids: torch.Tensor, cache: StaticKVCache,
     return model.full_vocab_logits(out.logits[0])
 
 
-def compile_forward(model: LoadedModel, cache: StaticKVCache) -> Callable[[torch.Tensor], torch.Tensor]:
+def compile_forward(model: LoadedModel, cache: StaticKVCache, width: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """`logits_of` under torch.compile, fixed shapes (one compile per width and cache capacity).
 
     On CUDA, "reduce-overhead" replays the compiled kernels as CUDA graphs. On the CPU there are no
     graphs to replay; inductor writes C++ for the whole forward and, with `freezing`, treats the
     weights as constants (they do not change during a run), so it can fold them and pre-pack them
-    for oneDNN itself. It compiles `model.compiled_module`: the module as loaded or the engine's own
-    decoder, not the packed twin, whose oneDNN calls inductor cannot lower (LoweringException,
-    torch 2.13); on int4 weights, the int4 module, whose C kernel the graph holds as one opaque
-    operator (engine/models/gguf_kernel.py compiled_linear)."""
+    for oneDNN itself. It compiles `model.compiled_module_for(width)`: the module as loaded or the
+    engine's own decoder, not the packed twin, whose oneDNN calls inductor cannot lower
+    (LoweringException, torch 2.13); on int4 weights, the int4 module, whose C kernel the graph holds
+    as one opaque operator (engine/models/gguf_kernel.py compiled_linear); at a width where this
+    machine's linear paths chose the float32 rows kernel, the rows twin, its kernel held likewise
+    (engine/models/f32_rows_kernel.py compiled_linear)."""
     if model.device.type == "cuda":
         return torch.compile(own_code(lambda ids: logits_of(model, ids, cache)), mode="reduce-overhead", dynamic=False)
-    module = model.compiled_module
+    module = model.compiled_module_for(width)
     compiled = torch.compile(own_code(lambda ids: logits_of(model, ids, cache, module)), dynamic=False)
 
     def frozen(ids: torch.Tensor) -> torch.Tensor:
@@ -110,7 +112,7 @@ class FixedForward:
         self.model, self.cache, self.width, self.capture = model, cache, width, capture
         self.fn: Callable[[torch.Tensor], torch.Tensor] = lambda ids: logits_of(model, ids, cache)
         if capture == "compile":
-            self.fn = compile_forward(model, cache)
+            self.fn = compile_forward(model, cache, width)
         if capture == "graph":
             self._capture_graph()
 

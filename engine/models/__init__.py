@@ -7,9 +7,11 @@ layers, and turning its logits into the distributions both models are tested wit
 - device.py: device and dtype choice, and `timed`, the one way the project times work.
 - cpu_linear.py: pre-packed oneDNN linear layers for few-row CPU forwards.
 - gguf_blocks.py: a GGUF file's Q4_1 / Q8_0 blocks as stored, and their reference decoder.
+- kernel_build.py: compiling the engine's C kernels once per machine into the cache folder, loading them with ctypes.
 - gguf_kernel.py (+ gguf_kernel.c): the C kernel multiplying float32 rows by those blocks, built once per machine.
+- f32_rows_kernel.py (+ .c): a float32 C kernel reading each weight once for a verify's 1-8 rows: the rows path.
 - gguf_linear.py: the int4 target path, a twin whose linear layers run the file's blocks.
-- linear_paths.py: which linear path (as loaded or packed) runs each width, measured per machine, cached on disk.
+- linear_paths.py: which linear path (as loaded, packed or rows) runs each width, measured per machine, cached on disk.
 - machine.py: the CPU model, its vector features, threads and load, as measurements record them.
 - measure_cache.py: the on-disk file those per-machine measurements are kept in.
 - llama.py: the engine's own Llama-family decoder on a Hugging Face model's weights (--decoder own).

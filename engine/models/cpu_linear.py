@@ -80,12 +80,29 @@ class PackedLinear(nn.Module):
 
 
 def output_layer_name(model: nn.Module) -> str | None:
-    """Dotted name of the output layer (`lm_head` for HF causal LMs), if it is a (packed) Linear."""
+    """Dotted name of the output layer (`lm_head` for HF causal LMs), if it is a linear layer: an
+    nn.Linear or a twin's stand-in for one (PackedLinear, f32_rows_kernel.RowsLinear: both keep
+    in_features and out_features)."""
     get = getattr(model, "get_output_embeddings", None)
     head = get() if get else None
-    if not isinstance(head, (nn.Linear, PackedLinear)):
+    if not (isinstance(head, nn.Linear) or (hasattr(head, "in_features") and hasattr(head, "out_features"))):
         return None
     return next((n for n, m in model.named_modules() if m is head), None)
+
+
+def twin_with(model: nn.Module, make) -> nn.Module:
+    """A copy of `model`'s module tree sharing its parameters (no weight is copied), with every
+    nn.Linear replaced by `make(linear, is_output_layer)`: how the packed twin here and the rows
+    twin (engine/models/f32_rows_kernel.py) are built."""
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    twin = copy.deepcopy(model, memo=shared)  # new modules, same tensors
+    head = output_layer_name(twin)
+    for name, module in list(twin.named_modules()):
+        if isinstance(module, nn.Linear):
+            parent_name, _, attr = name.rpartition(".")
+            parent = twin.get_submodule(parent_name) if parent_name else twin
+            setattr(parent, attr, make(module, name == head))
+    return twin.eval()
 
 
 def packed_twin(model: nn.Module, policy: dict[str, RowPolicy] | None = None) -> nn.Module:
@@ -94,12 +111,4 @@ def packed_twin(model: nn.Module, policy: dict[str, RowPolicy] | None = None) ->
     `policy` overrides DEFAULT_POLICY for "decoder" (every Linear but the output layer)
     or "output"."""
     policy = {**DEFAULT_POLICY, **(policy or {})}
-    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    twin = copy.deepcopy(model, memo=shared)  # new modules, same tensors: no weight is copied
-    head = output_layer_name(twin)
-    for name, module in list(twin.named_modules()):
-        if isinstance(module, nn.Linear):
-            parent_name, _, attr = name.rpartition(".")
-            parent = twin.get_submodule(parent_name) if parent_name else twin
-            setattr(parent, attr, PackedLinear(module, policy["output" if name == head else "decoder"]))
-    return twin.eval()
+    return twin_with(model, lambda linear, output: PackedLinear(linear, policy["output" if output else "decoder"]))

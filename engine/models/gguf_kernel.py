@@ -8,27 +8,19 @@ change (the weights would no longer be the file's), and every layer's output wou
 (bench/int4_kernels.py measures both). This kernel keeps the file's weights bit for bit and
 float32 everywhere else.
 
-It is compiled once per machine with the C compiler on the PATH (`cc`, or $CC), `-O3 -march=native`
-and OpenMP, into the engine's cache folder (~/.cache/speclab/kernels or $SPECLAB_CACHE/kernels),
-under a name made from the source, the compiler, its flags and the CPU, so a new CPU or an edited
-source builds anew. OpenMP binds to the runtime torch already loaded (libgomp.so.1), so the kernel's
+It is compiled once per machine with `-O3 -march=native` and OpenMP by engine/models/kernel_build.py
+(the C compiler on the PATH, the engine's cache folder, a name per source, flags and CPU); its
 threads are torch's: `torch.get_num_threads()` of them per call. Without a compiler the int4 path
 says so and the float32 path still runs.
 """
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from engine.models.errors import ModelLoadError
 from engine.models.gguf_blocks import BLOCK_BYTES
-from engine.models.machine import cpu_features, cpu_model
-from engine.models.presets import cache_root
+from engine.models.kernel_build import build
 
 SOURCE = Path(__file__).with_name("gguf_kernel.c")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-Wall")
@@ -43,58 +35,11 @@ ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ct
             ctypes.c_int]
 
 
-class KernelBuildError(ModelLoadError):
-    """The kernel could not be compiled or loaded; the message says why and what still works."""
-
-
-def compiler() -> str:
-    named = os.environ.get("CC")
-    found = named or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not found:
-        raise KernelBuildError("the int4 target path compiles a small C kernel and found no C compiler (cc, gcc "
-                               "or clang; or set CC): install one, or use --target-weights float32")
-    return found
-
-
-def library_path(cc: str, flags: tuple[str, ...]) -> Path:
-    key = repr((SOURCE.read_bytes(), cc, flags, cpu_model(), cpu_features()))
-    return cache_root() / "kernels" / f"gguf-kernel-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
-
-
-def compile_library(cc: str, flags: tuple[str, ...], out: Path) -> str | None:
-    """Compile to `out` atomically; None on success, else the compiler's first error line."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        done = subprocess.run([cc, *flags, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return str(err)
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        lines = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines() or ["failed"]
-        return lines[0]
-    os.replace(tmp, out)
-    return None
-
-
 @lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
-    """The compiled kernel, built on first use. With OpenMP unavailable (a compiler without it), a
-    single-threaded build."""
-    cc = compiler()
-    errors = []
-    for flags in ((*FLAGS, "-fopenmp"), FLAGS):
-        path = library_path(cc, flags)
-        error = None if path.is_file() else compile_library(cc, flags, path)
-        if error is None:
-            lib = ctypes.CDLL(str(path))
-            for fn in FUNCTIONS.values():
-                getattr(lib, fn).argtypes = ARGTYPES
-                getattr(lib, fn).restype = None
-            return lib
-        errors.append(error)
-    raise KernelBuildError(f"the int4 target path could not compile its kernel with {cc}: {errors[0]} "
-                           "(use --target-weights float32)")
+    """The compiled kernel, built on first use (engine/models/kernel_build.py)."""
+    return build(SOURCE, FLAGS, {fn: (ARGTYPES, None) for fn in FUNCTIONS.values()},
+                 "the int4 target path", "use --target-weights float32")
 
 
 class BlockMatrix:

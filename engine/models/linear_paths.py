@@ -1,14 +1,19 @@
 """Which linear-layer path runs each forward width, measured on the machine the engine runs on.
 
-A float32 model on the CPU can run its linear layers two ways here: as loaded (`F.linear`, which
-goes to the BLAS torch was built with, MKL on x86) or through engine/models/cpu_linear.py's
-packed oneDNN twin. Which one is faster depends on the CPU and on the number of rows:
+A float32 model on the CPU can run its linear layers three ways here: as loaded (`F.linear`, which
+goes to the BLAS torch was built with, MKL on x86), through engine/models/cpu_linear.py's
+packed oneDNN twin, or through engine/models/f32_rows_kernel.py's C kernel, which reads each weight
+once for all rows (absent where no C compiler built it: the curve then times two paths and says why
+in `absent`). Which one is faster depends on the CPU and on the number of rows:
 - AMD EPYC, 2 cores: a 5-position chat verify cost 0.8 target steps packed, 2.0 as loaded
   (bench/results/verify-cost-*.md);
 - Intel Xeon with AVX-512 and AMX, 2 cores: 1.31-1.45 steps packed against 1.10-1.55 as
   loaded, so the packed path lost there.
-So the engine times both paths at every width from 1 to `WIDTHS` on the machine, once, and runs
-each width on the faster: no width is slower than the model as loaded (up to timing noise).
+So the engine times every path at every width from 1 to `WIDTHS` on the machine, once, and runs
+each width on the fastest: no width is slower than the model as loaded (up to timing noise).
+The timings are eager forwards. A compiled forward (--capture compile) runs the rows twin at the widths
+where it was chosen here (LoadedModel.compiled_module_for) and the module as loaded elsewhere, whose
+linear layers inductor packs itself.
 
 The measurement is kept on disk (`SPECLAB_LINEAR_PATHS`, else linear-paths.json in the engine's cache
 folder, ~/.cache/speclab or `SPECLAB_CACHE`) under a key of the
@@ -22,18 +27,18 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from engine.models import cpu_linear
+from engine.models import cpu_linear, f32_rows_kernel
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.machine import load_average, machine_key
 from engine.models.measure_cache import MeasureFile
-from engine.trace.schema import AS_LOADED, LINEAR_PATHS, WEIGHTS_FLOAT32
+from engine.trace.schema import LINEAR_PATHS, REQUIRED_LINEAR_PATHS, ROWS, WEIGHTS_FLOAT32
 
 PATHS = LINEAR_PATHS
 WIDTHS = 9  # widths 1..9: every verify for K = 1..8, the draft's one-token steps and its two-token catch-up
@@ -44,7 +49,7 @@ REPEATS = 5
 # of ~25 ms and the paths' order at a width flipped from repeat to repeat.
 QUIET_SPREAD = 0.25
 CACHE_FORMAT = "speclab-linear-paths"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the rows path joined (version-1 curves timed two paths: measured again)
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class PathCurve:
     measured: str  # when (UTC)
     spread: float = 0.0  # the noisiest timing's middle half over its median (spread_of)
     load: float | None = None  # the machine's 1-minute load average when the measurement began
+    absent: dict[str, str] = field(default_factory=dict)  # path -> why it was not timed here (no C compiler)
 
     @property
     def quiet(self) -> bool:
@@ -65,8 +71,9 @@ class PathCurve:
         return self.spread <= QUIET_SPREAD
 
     def chosen(self) -> dict[int, str]:
-        """The faster path at each width; a tie goes to the model as loaded."""
-        return {w: min(PATHS, key=lambda p: (self.seconds[p][i], p != AS_LOADED)) for i, w in enumerate(self.widths)}
+        """The fastest timed path at each width; a tie goes to the earlier in PATHS (as loaded first)."""
+        return {w: min(self.seconds, key=lambda p: (self.seconds[p][i], PATHS.index(p)))
+                for i, w in enumerate(self.widths)}
 
     def to_dict(self) -> dict:
         return {**asdict(self), "chosen": {str(w): p for w, p in self.chosen().items()}, "kept": self.quiet}
@@ -85,13 +92,20 @@ def applies(loaded: LoadedModel) -> bool:
     return loaded.weights == WEIGHTS_FLOAT32 and loaded.fast_linear and cpu_linear.available(loaded.base)
 
 
+def available_paths() -> tuple[tuple[str, ...], dict[str, str]]:
+    """The paths this machine can time, and why any other is absent (the rows kernel needs a C compiler)."""
+    why = f32_rows_kernel.unavailable()
+    return (PATHS, {}) if why is None else (REQUIRED_LINEAR_PATHS, {ROWS: why[:300]})
+
+
 def spread_of(times: list[float]) -> float:
     """The middle half of the timings as a fraction of their median: how noisy they were."""
     q1, _, q3 = statistics.quantiles(times, n=4)
     return (q3 - q1) / statistics.median(times)
 
 
-def time_paths(loaded: LoadedModel, widths: list[int], repeats: int) -> dict[str, list[list[float]]]:
+def time_paths(loaded: LoadedModel, widths: list[int], repeats: int,
+               paths: tuple[str, ...] = REQUIRED_LINEAR_PATHS) -> dict[str, list[list[float]]]:
     """Every path's timings of a forward over each width, from the same cache length each time.
 
     Round-robin over (path, width): a slow spell of the machine lands on both paths and every
@@ -99,11 +113,11 @@ def time_paths(loaded: LoadedModel, widths: list[int], repeats: int) -> dict[str
     ids = [i % loaded.full_vocab_size for i in range(1, CONTEXT + max(widths) + 1)]
     cache = loaded.new_cache()
     loaded.fill(ids[:CONTEXT], cache)
-    times = {p: [[] for _ in widths] for p in PATHS}
+    times = {p: [[] for _ in widths] for p in paths}
     saved = loaded.linear_paths
     try:
         for round_number in range(repeats + 1):  # round 0 warms up and is not kept
-            for path in PATHS:
+            for path in paths:
                 loaded.linear_paths = {w: path for w in widths}
                 for i, w in enumerate(widths):
                     elapsed = timed(partial(loaded.forward, ids[CONTEXT:CONTEXT + w], cache), loaded.device)[1]
@@ -118,11 +132,12 @@ def time_paths(loaded: LoadedModel, widths: list[int], repeats: int) -> dict[str
 def measure(loaded: LoadedModel, repeats: int = REPEATS) -> PathCurve:
     widths = list(range(1, WIDTHS + 1))
     load = load_average()
-    times = time_paths(loaded, widths, repeats)
-    seconds = {p: [statistics.median(t) for t in times[p]] for p in PATHS}
-    spread = max(spread_of(t) for p in PATHS for t in times[p])
+    paths, absent = available_paths()
+    times = time_paths(loaded, widths, repeats, paths)
+    seconds = {p: [statistics.median(t) for t in times[p]] for p in times}
+    spread = max(spread_of(t) for p in times for t in times[p])
     return PathCurve(machine_key(), model_fingerprint(loaded.base), widths, seconds,
-                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), round(spread, 4), load)
+                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), round(spread, 4), load, absent)
 
 
 # ---------------------------------------------------------------- the cache on disk
@@ -139,16 +154,20 @@ def entry_key(machine: dict, fingerprint: str) -> str:
     return json.dumps([machine, fingerprint], sort_keys=True)
 
 
-def curve_from_dict(d: object) -> PathCurve | None:
-    """A stored curve, or None when any part of it is not what measure() writes."""
+def curve_from_dict(d: object, paths: tuple[str, ...] = PATHS) -> PathCurve | None:
+    """A stored curve, or None when any part of it is not what measure() writes for `paths`."""
     try:
         widths = [int(w) for w in d["widths"]]
-        seconds = {p: [float(x) for x in d["seconds"][p]] for p in PATHS}
+        if set(d["seconds"]) != set(paths):
+            return None  # timed other paths than this machine has now (a compiler came or went)
+        seconds = {p: [float(x) for x in d["seconds"][p]] for p in paths}
         ok = widths == list(range(1, len(widths) + 1)) and all(
             len(v) == len(widths) and all(0 < x < 60 for x in v) for v in seconds.values())
         spread = float(d.get("spread", 0.0))
         ok = ok and 0 <= spread <= QUIET_SPREAD  # a stored curve was quiet, or it is not trusted
-        return PathCurve(dict(d["machine"]), str(d["model"]), widths, seconds, str(d["measured"]), spread) if ok else None
+        absent = {str(p): str(why) for p, why in dict(d.get("absent", {})).items()}
+        return PathCurve(dict(d["machine"]), str(d["model"]), widths, seconds, str(d["measured"]), spread,
+                         absent=absent) if ok else None
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -157,7 +176,7 @@ def curve_for(loaded: LoadedModel) -> PathCurve:
     """This machine's curve for the model: from the disk cache, or measured now and stored."""
     key = entry_key(machine_key(), model_fingerprint(loaded.base))
     entries = CACHE.read()
-    curve = curve_from_dict(entries.get(key))
+    curve = curve_from_dict(entries.get(key), available_paths()[0])
     if curve is None:
         curve = measure(loaded)
         if curve.quiet:

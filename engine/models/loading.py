@@ -17,6 +17,7 @@ from engine.trace.schema import (
     DECODER_OWN,
     DECODERS,
     MAX_DECODER_FALLBACK_TEXT,
+    ROWS,
     TARGET_WEIGHTS,
     WEIGHTS_FLOAT32,
     WEIGHTS_INT4,
@@ -47,8 +48,8 @@ class LoadedModel:
     cache_arg: str = "past_key_values"
     can_skip_logits: bool = False
     fast_linear: bool = True  # engine forwards use engine/models/cpu_linear.py's packed twin where it applies
-    # width -> AS_LOADED or PACKED (engine/trace/schema.py), as measured on this machine (engine/models/linear_paths.py);
-    # a width it does not name (a prompt's prefill) runs packed, as before any measurement.
+    # width -> AS_LOADED, PACKED or ROWS (engine/trace/schema.py), as measured on this machine
+    # (engine/models/linear_paths.py); a width it does not name (a prompt's prefill) runs packed, as before any measurement.
     linear_paths: dict[int, str] | None = None
     gguf_file: Path | None = None  # the GGUF file the weights came from, if they did
     # WEIGHTS_FLOAT32 (the model as loaded) or WEIGHTS_INT4 (engine/models/gguf_linear.py): set by use_weights()
@@ -62,6 +63,7 @@ class LoadedModel:
     # engine/kv/prefix.py's PrefixStore while a run that reuses prompt starts has it on (engine.kv.ops.prefill reads it)
     prefix_store: object | None = field(default=None, repr=False, compare=False)
     _twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
+    _rows_twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)  # f32_rows_kernel.rows_twin
     _own: torch.nn.Module | None = field(default=None, repr=False, compare=False)  # engine/models/llama.py's decoder
     _int4_twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
     _own_int4: torch.nn.Module | None = field(default=None, repr=False, compare=False)  # the own decoder on the blocks
@@ -99,7 +101,7 @@ class LoadedModel:
             raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
         self.decoder_asked, self.decoder, self.decoder_fallback = decoder, DECODER_HF, None
         # the twins wrap or copy the module that runs: built again on first use
-        self._own = self._twin = self._own_int4 = None
+        self._own = self._twin = self._rows_twin = self._own_int4 = None
         if decoder == DECODER_HF:
             return
         from engine.models.llama import UnsupportedArchitecture, from_hf
@@ -134,6 +136,22 @@ class LoadedModel:
         frozen in, inductor packs them for oneDNN itself)."""
         return self.int4_runner if self.weights == WEIGHTS_INT4 else self.base
 
+    def compiled_module_for(self, width: int) -> torch.nn.Module:
+        """What torch.compile compiles for a forward over `width` positions: the rows twin where this
+        machine's measurement chose it (its kernel is one opaque operator in the graph, which inductor
+        leaves as it is), else `compiled_module`."""
+        if self.weights != WEIGHTS_INT4 and self.linear_paths and self.linear_paths.get(width) == ROWS:
+            return self.rows_runner
+        return self.compiled_module
+
+    @property
+    def rows_runner(self) -> torch.nn.Module:
+        """`base` with every linear layer on engine/models/f32_rows_kernel.py's kernel. Built on first use."""
+        if self._rows_twin is None:
+            from engine.models.f32_rows_kernel import rows_twin
+            self._rows_twin = rows_twin(self.base)
+        return self._rows_twin
+
     @property
     def int4_runner(self) -> torch.nn.Module:
         """The int4 path's module: the twin on the GGUF blocks (Hugging Face's modules), or under
@@ -165,13 +183,16 @@ class LoadedModel:
         return self._twin
 
     def runner_for(self, width: int) -> torch.nn.Module:
-        """The module a forward over `width` new positions runs on: the model as loaded where this
-        machine's measurement found it faster at that width, else `runner`. The int4 path is one
+        """The module a forward over `width` new positions runs on: the model as loaded or the rows twin
+        where this machine's measurement found it fastest at that width, else `runner`. The int4 path is one
         path at every width: it is another target distribution, never swapped in per width."""
         if self.weights == WEIGHTS_INT4:
             return self.int4_runner
-        if self.linear_paths and self.linear_paths.get(width) == AS_LOADED:
+        path = self.linear_paths.get(width) if self.linear_paths else None
+        if path == AS_LOADED:
             return self.base
+        if path == ROWS:
+            return self.rows_runner
         return self.runner
 
     def new_cache(self) -> DynamicCache:

@@ -268,6 +268,7 @@ class KAdvice:
     verify_s: float  # t_verify(K+1) from the calibration
     extrapolated: bool  # K+1 lies beyond the calibrated widths: t_verify from the fitted line
     cost_steps: float  # one cycle's time in target steps: (K t_draft + t_verify(K+1) + t_overhead) / t_step
+    verify_steps: float = 0.0  # the verify pass alone in target steps: t_verify(K+1) / t_step
 
 
 def advise_k(alpha: float, draft_step_s: float, cal: Calibration, ks: list[int],
@@ -282,7 +283,8 @@ def advice_at(alpha: float, k: int, c: float, draft_step_s: float, cal: Calibrat
     verify_s = cal.verify_time(k + 1)
     return KAdvice(k, expected_tokens_per_cycle(alpha, k), predicted_speedup(alpha, k, c),
                    refined_speedup(alpha, k, cal.target_step_s, draft_step_s, verify_s, overhead_s),
-                   verify_s, not cal.measured(k + 1), (k * draft_step_s + verify_s + overhead_s) / cal.target_step_s)
+                   verify_s, not cal.measured(k + 1), (k * draft_step_s + verify_s + overhead_s) / cal.target_step_s,
+                   verify_s / cal.target_step_s)
 
 
 def advisor_ks(cal: Calibration, k: int) -> list[int]:
@@ -314,8 +316,13 @@ def advice_sentence(advice: list[KAdvice]) -> str:
     why = (f"At K={best.k} a cycle costs {best.cost_steps:.2f} target steps (K draft steps, one verify pass "
            f"and any measured overhead) and is expected to commit {best.expected_tokens:.2f} tokens.")
     if advised_k(advice).k == 0:
+        # why, in the terms that decide it: the measured verify pass (and the whole cycle) against what a cycle commits
+        outweighs = "already more than" if best.verify_steps >= best.expected_tokens else "and with the draft steps more than"
         return (f"Decode plainly (K=0): no K beats plain decoding on this machine. The best, K={best.k}, is "
-                f"predicted at {best.refined:.2f}x. {why} Plain decoding commits one token per target step.")
+                f"predicted at {best.refined:.2f}x: its verify pass over {best.k + 1} positions costs "
+                f"{best.verify_steps:.2f} target steps here (the whole cycle {best.cost_steps:.2f}), {outweighs} the "
+                f"{best.expected_tokens:.2f} tokens a cycle is expected to commit, where plain decoding commits one "
+                "token per step.")
     return (f"Best K = {best.k}: predicted {best.refined:.2f}x plain decoding "
             f"(Leviathan's formula would say {best.leviathan:.2f}x at that K). {why}")
 

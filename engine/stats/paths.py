@@ -4,7 +4,7 @@ target ran on (engine/models/gguf_linear.py), and which decoder made each model'
 (engine/models/llama.py, --decoder own), and how the fast path ran its forwards (engine/cycle/fast_forward.py)."""
 from dataclasses import dataclass
 
-from engine.trace.schema import AS_LOADED, DECODER_OWN, PACKED, WEIGHTS_FLOAT32, WEIGHTS_INT4
+from engine.trace.schema import AS_LOADED, DECODER_OWN, PACKED, ROWS, WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 
 def target_weights(header: dict) -> str:
@@ -71,13 +71,14 @@ class PathRow:
     width: int  # positions in the forward (a verify over K+1 positions has width K+1)
     as_loaded_s: float
     packed_s: float
-    runs: str  # the path chosen: the faster one
+    runs: str  # the path chosen: the fastest one
+    rows_s: float | None = None  # the rows kernel; None where the curve did not time it (older traces, no compiler)
 
     @property
     def saving(self) -> float:
-        """How much faster the chosen path is than the other, as a fraction of the other."""
-        slow = max(self.as_loaded_s, self.packed_s)
-        return 1 - min(self.as_loaded_s, self.packed_s) / slow
+        """How much faster the chosen path is than the slowest, as a fraction of the slowest."""
+        times = [t for t in (self.as_loaded_s, self.packed_s, self.rows_s) if t is not None]
+        return 1 - min(times) / max(times)
 
 
 def path_rows(header: dict) -> list[PathRow]:
@@ -85,8 +86,9 @@ def path_rows(header: dict) -> list[PathRow]:
     rows = []
     for model, curve in (header.get("linear_paths") or {}).items():
         for i, w in enumerate(curve["widths"]):
-            rows.append(PathRow(model, w, curve["seconds"][AS_LOADED][i], curve["seconds"][PACKED][i],
-                                curve["chosen"][str(w)]))
+            seconds = curve["seconds"]
+            rows.append(PathRow(model, w, seconds[AS_LOADED][i], seconds[PACKED][i], curve["chosen"][str(w)],
+                                seconds[ROWS][i] if ROWS in seconds else None))
     return rows
 
 
@@ -112,9 +114,18 @@ def noisy_words(header: dict) -> str | None:
 
 def path_lines(header: dict) -> list[str]:
     rows = path_rows(header)
-    lines = [f"LINEAR PATH PER WIDTH (measured on {machine_words(header)}; the faster one runs)",
-             "  model   width  as loaded   packed    runs"]
+    lines = [f"LINEAR PATH PER WIDTH (measured on {machine_words(header)}; the fastest one runs)",
+             "  model   width  as loaded   packed      rows        runs"]
     for r in rows:
-        lines.append(f"  {r.model:<6}  {r.width:>5}  {r.as_loaded_s * 1000:>7.3f} ms  {r.packed_s * 1000:>7.3f} ms  {r.runs}")
-    noisy = noisy_words(header)
-    return lines + ([f"  {noisy}"] if noisy else [])
+        rows_ms = "-" if r.rows_s is None else f"{r.rows_s * 1000:.3f} ms"
+        lines.append(f"  {r.model:<6}  {r.width:>5}  {r.as_loaded_s * 1000:>7.3f} ms  {r.packed_s * 1000:>7.3f} ms  "
+                     f"{rows_ms:>10}  {r.runs}")
+    noisy, absent = noisy_words(header), absent_words(header)
+    return lines + ([f"  {noisy}"] if noisy else []) + ([f"  {absent}"] if absent else [])
+
+
+def absent_words(header: dict) -> str | None:
+    """Said when a path could not be timed on the machine of the run (the rows kernel without a C compiler)."""
+    absent = sorted({f"{p} ({why})" for c in (header.get("linear_paths") or {}).values()
+                     for p, why in (c.get("absent") or {}).items()})
+    return f"Not timed on this machine: {'; '.join(absent)}." if absent else None

@@ -30,6 +30,8 @@ from engine.trace.schema import (
     NGRAM_LATEST,
     OTHER_TOKENIZER,
     PROMPT_LOOKUP,
+    REQUIRED_LINEAR_PATHS,
+    ROWS,
     SUFFIX,
     TARGET_WEIGHTS,
     VLLM_CONVENTION,
@@ -171,20 +173,25 @@ def check_linear_path_curve(curve, where: str, name: str) -> None:
     if (not isinstance(widths, list) or not widths or len(widths) > MAX_VERIFY_WIDTH
             or widths != list(range(1, len(widths) + 1)) or not all(is_int(w) for w in widths)):
         fail(where, f"{name}.widths", "must be the widths 1, 2, ..., n")
-    if not isinstance(seconds, dict) or sorted(seconds) != sorted(LINEAR_PATHS) or not all(
+    if not isinstance(seconds, dict) or not set(REQUIRED_LINEAR_PATHS) <= set(seconds) <= set(LINEAR_PATHS) or not all(
             isinstance(v, list) and len(v) == len(widths) and all(is_num(t) and t > 0 for t in v)
             for v in seconds.values()):
-        fail(where, f"{name}.seconds", f"must give {', '.join(LINEAR_PATHS)} a positive time at every width")
+        fail(where, f"{name}.seconds", f"must give {', '.join(REQUIRED_LINEAR_PATHS)} (and {ROWS} where it was "
+             "timed) a positive time at every width")
     if not isinstance(chosen, dict) or sorted(chosen) != sorted(str(w) for w in widths):
         fail(where, f"{name}.chosen", "must name one path for every width")
     for i, w in enumerate(widths):
-        fastest = min(LINEAR_PATHS, key=lambda p: (seconds[p][i], p != LINEAR_PATHS[0]))
+        fastest = min(seconds, key=lambda p: (seconds[p][i], LINEAR_PATHS.index(p)))  # a tie: the earlier path
         if chosen[str(w)] != fastest:
             fail(where, f"{name}.chosen.{w}", f"must be the faster path at that width ({fastest})")
     if "spread" in curve and not (is_num(curve["spread"]) and curve["spread"] >= 0):
         fail(where, f"{name}.spread", "must be a non-negative number")
     if "kept" in curve and not isinstance(curve["kept"], bool):
         fail(where, f"{name}.kept", "must be true or false")
+    absent = curve.get("absent", {})
+    if not isinstance(absent, dict) or not all(p in LINEAR_PATHS and p not in seconds and isinstance(why, str)
+                                               and len(why) <= 500 for p, why in absent.items()):
+        fail(where, f"{name}.absent", "must map an untimed path to why it was not timed")
     machine = curve.get("machine")
     if not isinstance(machine, dict) or not all(isinstance(machine.get(k), str) and len(machine[k]) <= 200
                                                 for k in ("cpu", "torch")):

@@ -48,7 +48,10 @@ MAX_BLOCK_SIZE = 1024  # slots per block of the paged layout, at most
 # The ways a float32 CPU model's linear layers may run; a calibrated run's header records which ran each width.
 AS_LOADED = "as_loaded"  # the model's own nn.Linear: F.linear, the BLAS torch was built with
 PACKED = "packed"  # engine/models/cpu_linear.py's twin: oneDNN with pre-packed weights
-LINEAR_PATHS = (AS_LOADED, PACKED)
+ROWS = "rows"  # engine/models/f32_rows_kernel.py's twin: the engine's C kernel, each weight read once for all rows
+LINEAR_PATHS = (AS_LOADED, PACKED, ROWS)
+# every curve times these; ROWS only where its kernel compiled (and curves older than it lack it)
+REQUIRED_LINEAR_PATHS = (AS_LOADED, PACKED)
 # the fast path's forwards (header "fast_path"): eager, CUDA graphs, torch.compile
 CAPTURE_MODES = ("none", "graph", "compile")
 

@@ -1,0 +1,129 @@
+"""Float32 linear layers that read each weight once for all of a verify's rows (f32_rows_kernel.c).
+
+Why: a float32 decode step at batch 1 is bound by reading the weights, so a verify over K+1 positions
+should cost about one step. Which library torch's `F.linear` reaches (MKL's sgemm on x86; oneDNN for
+engine/models/cpu_linear.py's packed twin) and how it treats 2-9 rows depends on the CPU: on a 2-core
+AMD EPYC (AVX-512, no AMX) a 3-position chat verify cost 1.9 steps. The kernel streams each weight row
+once against up to 8 rows of x held in registers (see the C file for the register blocking), and picks
+its AVX-512, AVX2 or plain C variant at run time.
+
+engine/models/linear_paths.py times it as a third path beside the model as loaded and the packed twin,
+per machine and per forward width, and runs a width on it only where it was faster.
+
+Built once per machine by engine/models/kernel_build.py, without -march=native (the variants carry their
+own target attributes). Without a C compiler the path is absent (`unavailable()` says why); the other
+two paths still run. SPECLAB_F32_ROWS_ISA=avx2 (or scalar) forces a lower variant, for tests and
+benchmarks.
+"""
+import ctypes
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.models.cpu_linear import twin_with
+from engine.models.gguf_kernel import SERIAL_BELOW
+from engine.models.kernel_build import KernelBuildError, build
+
+SOURCE = Path(__file__).with_name("f32_rows_kernel.c")
+FLAGS = ("-O3", "-fPIC", "-shared", "-Wall")  # no -march=native: the library dispatches at run time
+ISAS = {"scalar": 0, "avx2": 1, "avx512": 2}  # the C file's ISA_* numbers
+ISA_ENV = "SPECLAB_F32_ROWS_ISA"
+LINEAR_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+               ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+
+
+@lru_cache(maxsize=1)
+def library() -> ctypes.CDLL:
+    return build(SOURCE, FLAGS, {"speclab_f32_rows_linear": (LINEAR_ARGS, None),
+                                 "speclab_f32_rows_best_isa": ([], ctypes.c_int)},
+                 "the float32 rows path", "the model as loaded and the packed path still run")
+
+
+def unavailable() -> str | None:
+    """None where the kernel builds and loads here, else one line saying why the path is absent."""
+    try:
+        library()
+    except KernelBuildError as err:
+        return str(err)
+    return None
+
+
+def best_isa() -> str:
+    """The widest variant this CPU runs."""
+    number = library().speclab_f32_rows_best_isa()
+    return next(name for name, n in ISAS.items() if n == number)
+
+
+def isa_to_use(asked: str | None = None) -> int:
+    """The variant to run: `asked`, else SPECLAB_F32_ROWS_ISA, else the best; refused if the CPU lacks it."""
+    name = asked or os.environ.get(ISA_ENV) or best_isa()
+    if name not in ISAS:
+        raise ValueError(f"unknown float32 rows variant {name!r} (from {ISA_ENV} or the caller); "
+                         f"choose one of {', '.join(ISAS)}")
+    if ISAS[name] > ISAS[best_isa()]:
+        raise ValueError(f"this CPU cannot run the {name} variant of the float32 rows kernel (best: {best_isa()})")
+    return ISAS[name]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, isa: int | None = None) -> torch.Tensor:
+    """x (M, K) times weight (N, K) transposed, plus bias (N): (M, N), float32 contiguous tensors only
+    (the kernel trusts its pointers, so every argument is checked here)."""
+    n, k = weight.shape
+    ok = (x.dtype == weight.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == k
+          and x.is_contiguous() and weight.is_contiguous() and x.device.type == weight.device.type == "cpu"
+          and (bias is None or (bias.dtype == torch.float32 and bias.shape == (n,) and bias.is_contiguous())))
+    if not ok:
+        raise ValueError(f"the float32 rows kernel takes contiguous CPU float32 x (M, {k}), weight ({n}, {k}) and "
+                         f"bias ({n},); got x {x.dtype} {tuple(x.shape)}, weight {weight.dtype} {tuple(weight.shape)}")
+    rows = x.shape[0]
+    y = torch.empty(rows, n, dtype=torch.float32)
+    threads = 1 if rows * n * k < SERIAL_BELOW else torch.get_num_threads()
+    library().speclab_f32_rows_linear(x.data_ptr(), rows, k, weight.data_ptr(), n,
+                                      None if bias is None else bias.data_ptr(), y.data_ptr(), threads,
+                                      isa_to_use() if isa is None else isa)
+    return y
+
+
+# ---------------------------------------------------------------- under torch.compile
+
+@torch.library.custom_op("speclab::f32_rows_linear", mutates_args=())
+def compiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int) -> torch.Tensor:
+    """`linear` as one opaque operator in a compiled graph: dynamo cannot trace into a ctypes call (as
+    engine/models/gguf_kernel.py compiled_linear). Eager forwards call `linear` directly: the operator's
+    dispatch costs more than the kernel on the small layers."""
+    return linear(x, weight, bias, isa)
+
+
+@compiled_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])  # (M, N) float32: what the kernel writes
+
+
+class RowsLinear(nn.Module):
+    """`F.linear(x, weight, bias)` through the rows kernel, sharing the layer's weight and bias."""
+
+    def __init__(self, layer: nn.Linear, isa: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.weight, self.bias = layer.weight, layer.bias  # shared with the model, never copied
+        self.isa = isa
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or x.dtype != torch.float32:
+            return nn.functional.linear(x, self.weight, self.bias)  # training or another dtype: as loaded
+        flat = x.reshape(-1, self.in_features).contiguous()  # (M, K)
+        weight, bias = self.weight.detach(), None if self.bias is None else self.bias.detach()
+        if torch.compiler.is_compiling():
+            y = compiled_linear(flat, weight, bias, self.isa)
+        else:
+            y = linear(flat, weight, bias, self.isa)  # (M, N)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def rows_twin(model: nn.Module, isa: str | None = None) -> nn.Module:
+    """A copy of `model`'s module tree sharing its parameters, every nn.Linear on the rows kernel."""
+    number = isa_to_use(isa)
+    return twin_with(model, lambda layer, output: RowsLinear(layer, number))

@@ -1,0 +1,73 @@
+"""Compiling the engine's small C kernels once per machine and loading them with ctypes.
+
+Used by engine/models/gguf_kernel.py (int4 blocks) and engine/models/f32_rows_kernel.py (float32
+rows). A kernel is compiled with the C compiler on the PATH (`cc`, or $CC) into the engine's cache
+folder (~/.cache/speclab/kernels or $SPECLAB_CACHE/kernels), under a name made from the source, the
+compiler, its flags and the CPU, so a new CPU or an edited source builds anew. With OpenMP the
+library binds to the runtime torch already loaded (libgomp.so.1), so the kernel's threads are
+torch's; a compiler without OpenMP gives a single-threaded build.
+"""
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from engine.models.errors import ModelLoadError
+from engine.models.machine import cpu_features, cpu_model
+from engine.models.presets import cache_root
+
+
+class KernelBuildError(ModelLoadError):
+    """A kernel could not be compiled or loaded; the message says why and what still works."""
+
+
+def compiler(needed_by: str, instead: str) -> str:
+    """The C compiler to use, or a refusal naming what needs it and what to do `instead`."""
+    named = os.environ.get("CC")
+    found = named or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not found:
+        raise KernelBuildError(f"{needed_by} compiles a small C kernel and found no C compiler (cc, gcc "
+                               f"or clang; or set CC): install one, or {instead}")
+    return found
+
+
+def library_path(source: Path, cc: str, flags: tuple[str, ...]) -> Path:
+    key = repr((source.read_bytes(), cc, flags, cpu_model(), cpu_features()))
+    return cache_root() / "kernels" / f"{source.stem.replace('_', '-')}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+
+
+def compile_library(source: Path, cc: str, flags: tuple[str, ...], out: Path) -> str | None:
+    """Compile to `out` atomically; None on success, else the compiler's first error line."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        done = subprocess.run([cc, *flags, "-o", str(tmp), str(source)], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return str(err)
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        lines = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines() or ["failed"]
+        return lines[0]
+    os.replace(tmp, out)
+    return None
+
+
+def build(source: Path, flags: tuple[str, ...], signatures: dict[str, tuple[list, object]],
+          needed_by: str, instead: str) -> ctypes.CDLL:
+    """`source` compiled (with OpenMP, else without) and loaded, each function in `signatures`
+    (name -> (argtypes, restype)) typed. Callers cache the result (functools.lru_cache)."""
+    cc = compiler(needed_by, instead)
+    errors = []
+    for flag_set in ((*flags, "-fopenmp"), flags):
+        path = library_path(source, cc, flag_set)
+        error = None if path.is_file() else compile_library(source, cc, flag_set, path)
+        if error is None:
+            lib = ctypes.CDLL(str(path))
+            for name, (argtypes, restype) in signatures.items():
+                getattr(lib, name).argtypes = argtypes
+                getattr(lib, name).restype = restype
+            return lib
+        errors.append(error)
+    raise KernelBuildError(f"{needed_by} could not compile its kernel with {cc}: {errors[0]} ({instead})")
