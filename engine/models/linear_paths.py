@@ -92,10 +92,13 @@ def applies(loaded: LoadedModel) -> bool:
     return loaded.weights == WEIGHTS_FLOAT32 and loaded.fast_linear and cpu_linear.available(loaded.base)
 
 
+REASON_CHARS = 300  # a compiler's message can run to pages; the stored curve keeps its start
+
+
 def available_paths() -> tuple[tuple[str, ...], dict[str, str]]:
     """The paths this machine can time, and why any other is absent (the rows kernel needs a C compiler)."""
     why = f32_rows_kernel.unavailable()
-    return (PATHS, {}) if why is None else (REQUIRED_LINEAR_PATHS, {ROWS: why[:300]})
+    return (PATHS, {}) if why is None else (REQUIRED_LINEAR_PATHS, {ROWS: why[:REASON_CHARS]})
 
 
 def spread_of(times: list[float]) -> float:
