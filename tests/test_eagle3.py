@@ -5,6 +5,7 @@ written in the speculators format with a draft vocabulary of 10 of those 16 word
 never be drafted. It fuses the hidden states after layers 2, 3 and 5: vLLM's default (2, L // 2, L - 3) repeats
 layer 3 for six layers, and vLLM collects a repeated layer once (the loader refuses that).
 """
+import importlib
 import json
 import math
 from pathlib import Path
@@ -357,6 +358,28 @@ def test_two_draft_steps_match_a_hand_written_reference(target, tmp_path):
     assert q1[LEFT_OUT].sum() == 0 and q1.max() < 0.9  # d2t placed q on the draft vocabulary, not one-hot
 
 
+def test_training_time_test_steps_are_the_engines_draft_steps(target, tmp_path):
+    """scripts/train_eagle3_head.py's unrolled steps 1..3 at chain t are what a cycle's draft steps compute
+    from a cache of true entries 0..t: otherwise the training-time test trains for a situation that never occurs."""
+    ts = importlib.import_module("scripts.train_eagle3_head")
+    folder = random_head_folder(target, tmp_path / "h", seed=7, scale=0.2)
+    edit_weights(folder, lambda w: w.update({"fc.weight": w["fc.weight"] * 0.01}))
+    drafter = load_eagle3(folder, target)
+    seq = [1, 2, 4, 6, 7, 3, 9, 12, 5]
+    with torch.inference_mode():
+        _, aux = target.forward_with_features(seq[:-1], target.new_cache(), drafter.feature_layers)  # (N-1, 3H)
+    with torch.no_grad():
+        outs = ts.unrolled(drafter.head, drafter.embed, torch.tensor([seq]), aux[None], 3)
+    n = 5  # committed seq[:5]: the head holds entries 0..3, chain t = 3 drafts next
+    state = drafter.start(seq[:n])
+    h1 = state.last_hidden  # step 1: the output of entry n - 2
+    h2 = drafter.feed(state, n - 1, [seq[n]], h1)  # step 2 fed x_n (teacher forced) with its own hidden
+    h3 = drafter.feed(state, n, [seq[n + 1]], h2)
+    for j, engine in enumerate((h1, h2, h3)):
+        assert close_to_scale(outs[j][0, n - 2], engine[0]), f"step {j + 1}"
+    assert (outs[1][0, n - 2] - outs[0][0, n - 1]).abs().max() > 1e-2  # step 2 differs from step 1 at the same slot
+
+
 # ---------------------------------------------------------------- trace, layouts and the CLI
 
 def test_trace_records_the_kind_and_loads(pair, tmp_path):
@@ -423,3 +446,25 @@ def test_tree_mode_refuses_the_eagle3_head(pair):
     from engine.tree.cycle import tree_proposer
     with pytest.raises(SettingsError, match="eagle3 drafter proposes chains only"):
         tree_proposer(pair)
+
+
+# ---------------------------------------------------------------- the app
+
+@pytest.mark.parametrize("view", ["views/stepper.py", "views/walkthrough.py", "views/statistics.py"])
+def test_the_app_pages_draw_an_eagle3_trace(pair, tmp_path, monkeypatch, view):
+    from streamlit.testing.v1 import AppTest
+
+    (tmp_path / "traces").mkdir()
+    s = SpecSettings(k=3, temperature=1.0, max_new_tokens=16, seed=2)
+    run_to_trace(pair, "the cat sat on a mat", s, tmp_path / "traces" / "eagle3.jsonl", chat_template=False)
+    monkeypatch.setenv("SPECLAB_TRACES_DIR", str(tmp_path / "traces"))
+    monkeypatch.setenv("SPECLAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv("SPECLAB_TRACE", raising=False)
+    for stage in (1, 3, 5):
+        at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app" / "main.py"), default_timeout=120)
+        at.query_params.update({"trace": "bundled:eagle3.jsonl", "cycle": "1", "stage": str(stage)})
+        at.run()
+        if view != "views/stepper.py":
+            at.switch_page(view).run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert not at.error, [e.value for e in at.error]
