@@ -7,10 +7,10 @@ from the sampling passes (scripts/make_chat_distill_data.py --aux-layers), e.g.
     python -m scripts.train_eagle3_head --end-utc 21:15
 
 Draft vocabulary: the EAGLE-1 head's kept tokens (assets/models/chat-eagle/draft_vocab.json), so d2t and
-t2d come from it. Warm start: lm_head from the target's output rows of those tokens and norm from its final
-norm (both frozen unless --train-lm-head: on two shared cores the 17,812 x 576 output layer's gradient is
-the largest cost), the MLP, o_proj and post-attention norm from the EAGLE-1 head's decoder layer; fc and
-q/k/v (2H wide) start small and random.
+t2d come from it. Warm start (warm_start): the head begins as the target's own layer after the deepest aux
+layer, fed that layer's input, so its first step starts as a logit lens two layers short of the top; lm_head
+and norm are the target's output rows and final norm, frozen unless --train-lm-head (on two shared cores the
+17,812 x 576 output layer's gradient is the largest cost).
 
 Training-time test (Li et al. 2025, EAGLE-3, arXiv 2503.01840): each batch unrolls --steps draft steps. Step 1
 reads the entries (x_{t+1}, fc(a_t)) built from the target's hidden states; step j > 1 feeds (x_{t+j}, the
@@ -36,13 +36,27 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from engine.drafters.eagle3 import Eagle3Head, new_head, save_eagle3, spec_for
-from scripts.train_eagle_head import load_shards
 
 ROOT = Path(__file__).resolve().parent.parent
 AUX = [2, 15, 27]  # vLLM's default for a 30-layer target: 2, L // 2, L - 3
 
 
 # ---------------------------------------------------------------- examples
+
+def new_records(folder: Path, seen: set[str]) -> list[dict]:
+    """Records of the shards in `folder` not read yet (the sampler may still be writing more: training starts on
+    the first shards and takes the others as they come); `seen` gains their names."""
+    recs = []
+    for shard in sorted(folder.glob("shard_*.pt")):
+        if shard.name in seen:
+            continue
+        try:
+            recs.extend(torch.load(shard))  # our own sampler's files (tensors, lists, strings)
+        except Exception:  # a shard still being written: taken at the next look
+            continue
+        seen.add(shard.name)
+    return recs
+
 
 def make_example(rec: dict, to_draft: torch.Tensor) -> dict | None:
     """Entries t = 0..N-2 (N = P + T) read x_{t+1} and a_t; entry t's step-j output is scored on answer
@@ -155,7 +169,7 @@ def loss_of(head: Eagle3Head, embed, batch: dict, steps: int, decay: float) -> t
         logq = F.log_softmax(head.draft_logits(h[bi, ti]).float(), dim=-1)  # (M, V_d)
         ce = -(p * logq.gather(1, rows)).sum(-1).mean()
         total = total + decay ** (j - 1) * ce
-        parts.append(float(ce))
+        parts.append(float(ce.detach()))
     return total, parts
 
 
@@ -187,28 +201,33 @@ def evaluate(head: Eagle3Head, embed, target_model, examples: list[dict], draft_
 
 # ---------------------------------------------------------------- warm start
 
-def warm_start(head: Eagle3Head, target_model, draft_to_target: torch.Tensor, eagle1: Path | None) -> list[str]:
-    """Copy what fits; returns the names copied."""
-    from safetensors.torch import load_file
-
-    copied = []
+def warm_start(head: Eagle3Head, target_model, draft_to_target: torch.Tensor, aux_layer_ids: list[int]) -> list[str]:
+    """Start the head as the target's own next layer: fc selects the deepest aux hidden state a (after layer l),
+    the head's layer is a copy of target layer l + 1 (its q/k/v reading the hidden half of the 2H input, the
+    embedding half at zero), hidden_norm its input norm, and norm/lm_head the target's final norm and output
+    rows. Step 1 then computes exactly the target's layer l + 1 over the same positions, so q starts as a
+    'logit lens' two layers short of the top; training moves it from there. Returns what was copied."""
+    H = head.config.hidden_size
+    deepest = max(aux_layer_ids)
+    block = sorted(aux_layer_ids).index(deepest)  # the aux states are side by side in layer order
+    source = target_model.model.layers[deepest]  # 0-based: the layer that runs right after aux id `deepest`
+    layer = head.body.layers[0]
     with torch.no_grad():
-        head.lm_head.weight.copy_(target_model.get_output_embeddings().weight[draft_to_target])
+        head.fc.weight.zero_()
+        head.fc.weight[:, block * H:(block + 1) * H] = torch.eye(H)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            w = getattr(layer.self_attn, name).weight
+            w.zero_()
+            w[:, H:] = getattr(source.self_attn, name).weight
+        layer.self_attn.o_proj.weight.copy_(source.self_attn.o_proj.weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(layer.mlp, name).weight.copy_(getattr(source.mlp, name).weight)
+        layer.hidden_norm.weight.copy_(source.input_layernorm.weight)
+        layer.post_attention_layernorm.weight.copy_(source.post_attention_layernorm.weight)
         head.norm.weight.copy_(target_model.model.norm.weight)
-        copied += ["lm_head.weight <- target output rows", "norm.weight <- target final norm"]
-        for lin in (head.fc, head.body.layers[0].self_attn.q_proj, head.body.layers[0].self_attn.k_proj,
-                    head.body.layers[0].self_attn.v_proj):
-            lin.weight.normal_(0, 0.02)
-        if eagle1 is not None and (eagle1 / "head.safetensors").is_file():
-            old = load_file(str(eagle1 / "head.safetensors"))
-            own = head.state_dict()
-            for name in ("self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                         "mlp.down_proj.weight", "post_attention_layernorm.weight"):
-                key = "body.layers.0." + name
-                if key in old and old[key].shape == own[key].shape:
-                    own[key].copy_(old[key].float())
-                    copied.append(f"{name} <- EAGLE-1 head")
-    return copied
+        head.lm_head.weight.copy_(target_model.get_output_embeddings().weight[draft_to_target])
+    return [f"fc selects aux id {deepest}", f"layer <- target layer {deepest} (0-based; q/k/v on the hidden half)",
+            "norm <- target final norm", "lm_head <- target output rows of the draft vocabulary"]
 
 
 # ---------------------------------------------------------------- main
@@ -226,6 +245,7 @@ def main(argv=None) -> None:
     ap.add_argument("--max-updates", type=int, default=100_000)
     ap.add_argument("--end-utc", default="", help="stop training at this UTC time, HH:MM")
     ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--reload-every", type=int, default=20, help="look for new training shards this often (updates)")
     ap.add_argument("--train-lm-head", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -262,16 +282,21 @@ def main(argv=None) -> None:
     target = wrap_model("SmolLM2-135M-Instruct", model, tok)
     spec = spec_for(target, kept, AUX, k=3, verifier_name="HuggingFaceTB/SmolLM2-135M-Instruct")
     head = new_head(spec)
-    copied = warm_start(head, model, draft_to_target, Path(args.eagle1))
+    copied = warm_start(head, model, draft_to_target, AUX)
     head.lm_head.weight.requires_grad_(args.train_lm_head)
     head.norm.weight.requires_grad_(args.train_lm_head)
     embed = model.get_input_embeddings()
 
-    train_recs, held_recs = load_shards(Path(args.train)), load_shards(Path(args.heldout))
-    train = [e for e in (make_example(r, to_draft) for r in train_recs) if e is not None]
-    held = [e for e in (make_example(r, to_draft) for r in held_recs) if e is not None]
-    train_tokens = sum(e["T"] for e in train)
-    say(f"train {len(train)} answers, {train_tokens} answer tokens; held-out {len(held)}; warm start: {copied}")
+    seen: set[str] = set()
+    train: list[dict] = []
+    while not train:  # the sampler may not have written its first shard yet
+        train = [e for e in (make_example(r, to_draft) for r in new_records(Path(args.train), seen)) if e is not None]
+        if not train:
+            say(f"waiting for training shards in {args.train}")
+            time.sleep(60)
+    held = [e for e in (make_example(r, to_draft) for r in new_records(Path(args.heldout), set())) if e is not None]
+    say(f"train {len(train)} answers, {sum(e['T'] for e in train)} answer tokens; held-out {len(held)}; "
+        f"warm start: {copied}")
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     end = None
@@ -284,6 +309,12 @@ def main(argv=None) -> None:
     curve, update, t0 = [{"update": 0, **ev0}], 0, time.time()
     order: list[int] = []
     while update < args.max_updates and (end is None or time.time() < end):
+        if update % args.reload_every == 0 and update:
+            more = [e for e in (make_example(r, to_draft) for r in new_records(Path(args.train), seen)) if e is not None]
+            if more:
+                train += more
+                order += random.sample(range(len(train) - len(more), len(train)), len(more))
+                say(f"update {update}: {len(more)} more answers, {len(train)} in all")
         if len(order) < args.batch:
             order = list(range(len(train)))
             random.shuffle(order)
@@ -310,7 +341,7 @@ def main(argv=None) -> None:
         "head": "EAGLE-3 (Li et al. 2025, arXiv 2503.01840), speculators format, float16",
         "target": "SmolLM2-135M-Instruct (30 layers, hidden 576, vocab 49152)",
         "aux_layer_ids": AUX, "draft_vocab": {"size": len(kept), "from": "assets/models/chat-eagle/draft_vocab.json"},
-        "data": {"train_answers": len(train), "train_answer_tokens": train_tokens, "heldout_answers": len(held),
+        "data": {"train_answers": len(train), "train_answer_tokens": sum(e["T"] for e in train), "heldout_answers": len(held),
                  "heldout_positions": ev["positions"], "source": "the target's own sampled answers (T=1) to chat "
                  "prompts, scripts/make_chat_distill_data.py --aux-layers 2,15,27"},
         "training": {"updates": update, "batch": args.batch, "lr": args.lr, "ttt_steps": args.steps,
