@@ -159,6 +159,7 @@ class Eagle3Drafter:
     name: str = "eagle3-head"
     kind: str = EAGLE3
     reads_target_features: bool = True  # the cycle hands it the verify pass's features
+    calibration_steps: int = 2  # step 1 reads out the catch-up's output; step 2 is a head pass (engine/stats/calibrate.py)
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
