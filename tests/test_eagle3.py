@@ -448,6 +448,24 @@ def test_tree_mode_refuses_the_eagle3_head(pair):
         tree_proposer(pair)
 
 
+def test_calibration_times_a_head_pass_not_the_read_out(pair):
+    """engine/stats/calibrate.py times the head's second step (a head pass); its first only reads out the
+    catch-up's output, so timing it would make the head look almost free."""
+    from engine.stats.calibrate import time_drafter_step
+
+    calls = []
+
+    class Counting(Eagle3Drafter):
+        def propose(self, state, committed, k, s, gen):
+            calls.append(k)
+            return super().propose(state, committed, k, s, gen)
+
+    d = pair.drafter
+    counting = Pair(pair.target, None, set(), Counting(d.target, d.head, d.draft_to_target, d.aux_layer_ids, d.embed))
+    assert time_drafter_step(counting, PROMPT + [3, 9], SpecSettings(k=3, temperature=0), 2) > 0
+    assert set(calls) == {2}
+
+
 # ---------------------------------------------------------------- the app
 
 @pytest.mark.parametrize("view", ["views/stepper.py", "views/walkthrough.py", "views/statistics.py"])
@@ -468,3 +486,49 @@ def test_the_app_pages_draw_an_eagle3_trace(pair, tmp_path, monkeypatch, view):
             at.switch_page(view).run()
         assert not at.exception, [e.value for e in at.exception]
         assert not at.error, [e.value for e in at.error]
+
+
+# ---------------------------------------------------------------- the shipped chat head
+
+def test_the_chat_preset_ships_a_small_half_precision_speculators_head_with_the_eagle1_vocabulary():
+    from safetensors import safe_open
+
+    from engine.drafters import speculators_format as fmt
+    from engine.drafters.registry import DrafterOptions, with_shipped_draft
+    from engine.models.presets import PRESETS
+
+    root = Path(__file__).resolve().parent.parent / "assets" / "models"
+    folder = root / "chat-eagle3"
+    options, shipped = with_shipped_draft(PRESETS["chat"], DrafterOptions("eagle3"))
+    assert shipped.name == "assets/models/chat-eagle3" and Path(options.draft_model) == folder
+    assert (folder / "model.safetensors").stat().st_size <= 32 * 2**20  # float16; the 17,812-row lm_head is 20 MB
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys() if k not in ("d2t", "t2d")} == {torch.float16}
+    spec = fmt.read_spec(folder)
+    assert (spec.target_hidden_size, spec.target_vocab_size, spec.aux_layer_ids) == (576, 49152, [2, 15, 27])
+    weights = fmt.read_weights(folder, spec)
+    kept = json.loads((root / "chat-eagle" / "draft_vocab.json").read_text())["kept_token_ids"]
+    assert fmt.check_vocab_maps(folder, weights["d2t"], weights["t2d"], 49152).tolist() == sorted(kept)
+    info = json.loads((folder / "training.json").read_text())
+    m = info["measurements"]
+    assert 0 < m["greedy_agreement"] < 1 and 0 < m["alpha_temperature_1"] < 1
+    assert info["data"]["train_answer_tokens"] > 0 and info["training"]["curve"] and info["training"]["ttt_steps"] == 3
+
+
+def test_the_warm_start_makes_step_one_the_target_s_next_layer(tmp_path):
+    """scripts/train_eagle3_head.py's warm start: fc picks the deepest aux state and the head's layer is the
+    target's following layer, so step 1's output is the target's hidden state one layer deeper, position by
+    position (same RoPE positions, same causal attention over the head's own entries)."""
+    ts = importlib.import_module("scripts.train_eagle3_head")
+    target = tiny_target()
+    aux = [1, 2, 3]  # the next layer's output is hidden state 4, still before the final norm in HF's list
+    spec = spec_for(target, list(range(16)), aux)
+    head = new_head(spec)
+    ts.warm_start(head, target.model, torch.arange(16), aux)
+    save_eagle3(tmp_path / "h", head, spec, list(range(16)), dtype=torch.float32)
+    drafter = load_eagle3(tmp_path / "h", target)
+    seq = [1, 2, 4, 6, 7, 3, 9]
+    state = drafter.start(seq)  # entries 0..5 from the target's hidden states after layers 1, 2, 3
+    with torch.inference_mode():
+        hs = target.model(torch.tensor([seq]), output_hidden_states=True).hidden_states
+    assert close_to_scale(state.last_hidden[0], hs[4][0, len(seq) - 2])
