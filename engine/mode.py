@@ -18,7 +18,7 @@ from engine.drafters.refusals import MIS_SET_CHAIN_ONLY
 from engine.drafters.registry import DRAFTERS
 from engine.models.errors import OWN_DECODER_TP
 from engine.trace.batch_reader import MAX_BATCH
-from engine.trace.schema import DECODER_HF, DECODER_OWN, DRAFT_MODEL, EAGLE, WEIGHTS_FLOAT32
+from engine.trace.schema import DECODER_HF, DECODER_OWN, DRAFT_MODEL, FEATURE_HEADS, WEIGHTS_FLOAT32
 
 
 def refuse(asked: bool, message: str) -> None:
@@ -92,7 +92,7 @@ class RunMode:
         engine/drafters/model.py), the target's weights or the decoder (--decoder), refused before anything loads."""
         # The tree and the fast path draft with the draft model directly, not through the drafter's variants.
         refuse(mis_set and (self.tree is not None or self.fast is not None), MIS_SET_CHAIN_ONLY)
-        refuse(self.tp_size > 1 and kind == EAGLE,
+        refuse(self.tp_size > 1 and kind in FEATURE_HEADS,
                "the EAGLE head drafts through the target's output layer, which --tp shards over the ranks: use a "
                "draft model, prompt lookup or the other-tokenizer draft")
         refuse(self.tp_size > 1 and target_weights != WEIGHTS_FLOAT32,

@@ -29,22 +29,32 @@ from scripts.smollm2_target import cache_kwarg, load_target
 
 @torch.inference_mode()
 def sample_batch(model, prompt_ids: list[list[int]], max_new: int, topk: int, eos: set[int], pad: int, gen,
-                 keep_features: bool = False):
+                 keep_features: bool = False, aux_layers: tuple[int, ...] = ()):
     """One left-padded batch of answers. With keep_features, each record also gets "feats":
     the target's top features (last decoder layer output, pre-norm) at every position that
     was fed, prompt + answer minus its last token, (P + T - 1, H) float16; they come free
-    with sampling, so the EAGLE head's training needs no second teacher-forced pass."""
+    with sampling, so the EAGLE head's training needs no second teacher-forced pass. With
+    aux_layers (an EAGLE-3 head's, engine/drafters/eagle3.py), "feats" holds instead the hidden
+    states after those layers side by side, (P + T - 1, len(aux_layers) * H)."""
 
+    # id i is the hidden state after i layers; the deepest one runs last in each forward, completing the set
+    layers = [model.model.layers[i - 1] for i in sorted(aux_layers)] if aux_layers else [model.model.layers[-1]]
+    outputs: dict[int, torch.Tensor] = {}
     tapped = {}
 
-    def record(module, args, output):
-        tapped["h"] = (output[0] if isinstance(output, tuple) else output).detach()
+    def recorder(j: int):
+        def record(module, args, output):
+            outputs[j] = (output[0] if isinstance(output, tuple) else output).detach()
+            if j == len(layers) - 1:
+                tapped["h"] = torch.cat([outputs[k] for k in range(len(layers))], dim=-1)
+        return record
 
-    handle = model.model.layers[-1].register_forward_hook(record) if keep_features else None
+    keep = keep_features or bool(aux_layers)
+    handles = [layer.register_forward_hook(recorder(j)) for j, layer in enumerate(layers)] if keep else []
     try:
-        return _sample_batch(model, prompt_ids, max_new, topk, eos, pad, gen, tapped if keep_features else None)
+        return _sample_batch(model, prompt_ids, max_new, topk, eos, pad, gen, tapped if keep else None)
     finally:
-        if handle is not None:
+        for handle in handles:
             handle.remove()
 
 
@@ -131,6 +141,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deadline", type=float, default=0, help="stop after this many minutes (0: none)")
     ap.add_argument("--features", action="store_true", help="also keep the target's top features (for the EAGLE head)")
+    ap.add_argument("--aux-layers", type=lambda t: [int(x) for x in t.split(",")], default=[],
+                    help="keep instead the hidden states after these layers, e.g. 2,15,27 (for the EAGLE-3 head)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the target runs in float32 on either)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -173,7 +185,8 @@ def main():
         pids = [chat_ids(tok, p) for p in prompts]
         g = torch.Generator(device=args.device).manual_seed(bseed)
         t0 = time.time()
-        recs = sample_batch(model, pids, args.max_new, args.topk, eos, pad, g, keep_features=args.features)
+        recs = sample_batch(model, pids, args.max_new, args.topk, eos, pad, g, keep_features=args.features,
+                            aux_layers=tuple(args.aux_layers))
         dt = time.time() - t0
         for p, r in zip(prompts, recs):
             r["prompt"] = p

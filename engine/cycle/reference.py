@@ -44,15 +44,16 @@ class RunState:
 
 
 def verify(target: LoadedModel, state: RunState, draft_tokens: list[int],
-           s: SpecSettings, keep_features: bool = False) -> torch.Tensor:
+           s: SpecSettings, keep_features: bool = False, feature_layers: tuple[int, ...] | None = None) -> torch.Tensor:
     """One target pass over [last committed, d1..dn]: n+1 distributions (n+1, V).
 
     With keep_features, the same pass also leaves the target's top features at those n+1
-    positions in state.verify_features (a drafter that reads them needs no second pass).
+    positions in state.verify_features (a drafter that reads them needs no second pass); with
+    `feature_layers` (an EAGLE-3 head's), the hidden states after those layers instead of the top ones.
     """
     ids = [state.committed[-1], *draft_tokens]
     if keep_features:
-        logits, state.verify_features = target.forward_with_features(ids, state.target_cache)
+        logits, state.verify_features = target.forward_with_features(ids, state.target_cache, feature_layers)
     else:
         logits = target.forward(ids, state.target_cache)
     return warp_probs(logits, s).cpu()
@@ -61,6 +62,11 @@ def verify(target: LoadedModel, state: RunState, draft_tokens: list[int],
 def reads_target_features(drafter: Drafter) -> bool:
     """True for a drafter (the EAGLE head) that drafts from the target's features."""
     return getattr(drafter, "reads_target_features", False)
+
+
+def feature_layers(drafter: Drafter) -> tuple[int, ...] | None:
+    """The target layers whose hidden states the drafter reads (an EAGLE-3 head's aux layers); None: the top one."""
+    return getattr(drafter, "feature_layers", None)
 
 
 @dataclass
@@ -99,7 +105,8 @@ class ChainCycle:
         layout = layout_for_run(self.settings, len(prompt_ids), getattr(self.rule, "keep_rejected_kv", False))
         target_cache = new_cache(layout, pair.target.model.config)
         if reads_target_features(pair.drafter):  # the prefill's features fill the head: no second pass
-            features = pair.target.fill_with_features(prompt_ids[:-1], target_cache) if len(prompt_ids) > 1 else None
+            features = pair.target.fill_with_features(prompt_ids[:-1], target_cache, feature_layers(pair.drafter)) \
+                if len(prompt_ids) > 1 else None
             return RunState(list(prompt_ids), target_cache, pair.drafter.start(prompt_ids, layout, features))
         target_cache = prefill(pair.target, prompt_ids, target_cache)
         return RunState(list(prompt_ids), target_cache, pair.drafter.start(prompt_ids, layout))
@@ -113,7 +120,9 @@ class ChainCycle:
         draft_tokens = proposal.token_ids
         draft_appended, draft_layout_appended = drafter.cache_len(state.draft_state), layout_states(None, draft_cache)[1]
         reads = reads_target_features(drafter)
-        p_target, verify_s = timed(lambda: verify(self.pair.target, state, draft_tokens, s, reads), self.pair.target.device)
+        layers = feature_layers(drafter)
+        p_target, verify_s = timed(lambda: verify(self.pair.target, state, draft_tokens, s, reads, layers),
+                                   self.pair.target.device)
         target_appended = cache_len(state.target_cache)
         target_layout_appended = layout_states(state.target_cache, None)[0]
         decision = self.rule.decide(draft_tokens, proposal.p_draft, p_target, gen)

@@ -26,6 +26,7 @@ from engine.trace.schema import (
     DRAFT_PROMPT_AS_TARGET,
     DRAFT_PROMPTS,
     EAGLE,
+    EAGLE3,
     MAX_CACHED_REQUESTS,
     MAX_K,
     MAX_NGRAM,
@@ -231,6 +232,12 @@ def build_eagle(target: "LoadedModel", options: DrafterOptions, load: Load) -> "
     return load_head(options.draft_model, target)
 
 
+def build_eagle3(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
+    from engine.drafters.eagle3 import load_eagle3
+
+    return load_eagle3(options.draft_model, target)
+
+
 # ---------------------------------------------------------------- what a preset ships for each kind
 
 def pair_draft(preset: "Preset") -> Shipped:
@@ -249,6 +256,11 @@ def other_tokenizer_draft(preset: "Preset") -> Shipped | None:
 def eagle_head(preset: "Preset") -> Shipped | None:
     shipped = shipped_own_draft(preset, EAGLE)
     return shipped if shipped is not None and shipped.folder.is_dir() else None  # a named but absent head ships none
+
+
+def eagle3_head(preset: "Preset") -> Shipped | None:
+    shipped = shipped_own_draft(preset, EAGLE3)
+    return shipped if shipped is not None and shipped.folder.is_dir() else None
 
 
 DRAFTERS = {spec.kind: spec for spec in (
@@ -294,6 +306,13 @@ DRAFTERS = {spec.kind: spec for spec in (
         needs=Needs("a head folder", target_features=True),
         build=build_eagle, shipped=eagle_head, name_draft=name_head,
         not_shipped="ships no EAGLE head: name one with --draft"),
+    DrafterKind(
+        EAGLE3, "engine.drafters.eagle3:Eagle3Drafter", title="an EAGLE-3 head",
+        description="an EAGLE-3 head in the speculators format, fusing three target layers (--draft: its folder)",
+        label="EAGLE-3 head (speculators format; fuses three target layers)",
+        needs=Needs("a speculators eagle3 folder", target_features=True),
+        build=build_eagle3, shipped=eagle3_head, name_draft=name_head,
+        not_shipped="ships no EAGLE-3 head: name one with --draft"),
     DrafterKind(
         SUFFIX, "engine.drafters.suffix:SuffixDrafter", title="suffix decoding",
         description="suffix decoding (continues the last tokens as this request's text and earlier requests' "

@@ -239,16 +239,20 @@ class LoadedModel:
                                         **{self.cache_arg: cache}, **extra)
 
     @torch.inference_mode()
-    def forward_with_features(self, token_ids: list[int], cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """forward(), and the top feature (T, H) at each position: an EAGLE head drafts from it."""
-        with TopFeatureTap(self.runner_for(len(token_ids))) as tap:  # the module the forward really runs
+    def forward_with_features(self, token_ids: list[int], cache: DynamicCache,
+                              feature_layers: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward(), and the top feature (T, H) at each position: an EAGLE head drafts from it. With
+        `feature_layers` (an EAGLE-3 head's aux layers), the hidden states after those layers instead,
+        side by side: (T, len(feature_layers) * H)."""
+        with feature_tap(self.runner_for(len(token_ids)), feature_layers) as tap:  # the module the forward runs
             logits = self.forward(token_ids, cache)
         return logits, tap.features
 
     @torch.inference_mode()
-    def fill_with_features(self, token_ids: list[int], cache: DynamicCache) -> torch.Tensor:
-        """fill(), and the top feature (T, H) at each position."""
-        with TopFeatureTap(self.runner_for(len(token_ids))) as tap:
+    def fill_with_features(self, token_ids: list[int], cache: DynamicCache,
+                           feature_layers: tuple[int, ...] | None = None) -> torch.Tensor:
+        """fill(), and the top feature (T, H) at each position (or those after `feature_layers`)."""
+        with feature_tap(self.runner_for(len(token_ids)), feature_layers) as tap:
             self.fill(token_ids, cache)
         return tap.features
 
@@ -271,6 +275,39 @@ class TopFeatureTap:
 
     def __exit__(self, *exc) -> None:
         self.handle.remove()
+
+
+class LayerOutputsTap:
+    """Records the hidden states after decoder layers l_1, l_2, ... (id i: the output of the i-th layer,
+    before any final norm, as vLLM collects an EAGLE-3 head's aux hidden states) during one forward."""
+
+    def __init__(self, model: torch.nn.Module, layer_ids: tuple[int, ...]) -> None:
+        self.layers = [model.model.layers[i - 1] for i in layer_ids]  # id i is after layer i - 1 (0-based) ran
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.handles: list = []
+
+    @property
+    def features(self) -> torch.Tensor:
+        """(T, n * H): the aux hidden states side by side, in the order of the ids."""
+        return torch.cat([self.outputs[j] for j in range(len(self.layers))], dim=-1)
+
+    def _recorder(self, j: int):
+        def record(module, args, output) -> None:
+            hidden = output[0] if isinstance(output, tuple) else output  # (1, T, H)
+            self.outputs[j] = hidden[0].detach()
+        return record
+
+    def __enter__(self) -> "LayerOutputsTap":
+        self.handles = [layer.register_forward_hook(self._recorder(j)) for j, layer in enumerate(self.layers)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def feature_tap(model: torch.nn.Module, feature_layers: tuple[int, ...] | None) -> TopFeatureTap | LayerOutputsTap:
+    return TopFeatureTap(model) if feature_layers is None else LayerOutputsTap(model, feature_layers)
 
 
 def _gguf_file(folder: Path) -> str | None:

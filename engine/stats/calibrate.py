@@ -129,15 +129,18 @@ def time_drafter_step(pair: Pair, context: list[int], s: SpecSettings, repeats: 
     """Median time a drafter without a same-tokenizer draft model takes to propose one token
     (for prompt lookup: one n-gram search; for the other-tokenizer draft: its steps and re-encoding;
     for the EAGLE head: one head step and the target's output layer over the kept vocabulary; its
-    start runs the target over the context once for the features, untimed)."""
+    start runs the target over the context once for the features, untimed). An EAGLE-3 head's first
+    step only reads out the output its catch-up left (`calibration_steps` = 2): its second, a head pass,
+    is the step timed."""
     gen = torch.Generator().manual_seed(0)
     state = pair.drafter.start(context)
+    steps = getattr(pair.drafter, "calibration_steps", 1)
     times = []
     for round_number in range(repeats + 1):  # round 0 warms up and is not kept
-        proposal = pair.drafter.propose(state, context, 1, s, gen)
+        proposal = pair.drafter.propose(state, context, steps, s, gen)
         pair.drafter.roll_back(state, context)
         if round_number:
-            times.append(sum(proposal.step_times_s))
+            times.append(sum(proposal.step_times_s) if steps == 1 else proposal.step_times_s[-1])
     return statistics.median(times)
 
 

@@ -4,7 +4,7 @@ fault the header declares). `check_cycle` checks one cycle and advances the repl
 """
 from engine.trace.check_basics import ABS_TOL, CacheChain, Progress, RunFacts, close, fail, is_int, is_num
 from engine.trace.drafter_checks import check_drafter_state
-from engine.trace.schema import EAGLE
+from engine.trace.schema import EAGLE, EAGLE3
 from engine.trace.shared_checks import (
     check_commit,
     check_lengths,
@@ -186,6 +186,10 @@ def check_caches(c: dict, n_prop: int, committed_after: int, chain: CacheChain, 
             fail(where, "catch_up_time_s", "cannot be negative")
         return CacheChain(t["after_rollback"], None)
     check_lengths(d, where, "draft_cache_len")
+    if facts.drafter_kind == EAGLE3:  # no draft offset, no teaching fault reaches the head
+        if d["before"] != chain.draft:
+            fail(where, "draft_cache_len.before", f"must continue the previous cycle's length {chain.draft}")
+        return check_eagle3_cache(c, d, n_prop, keep, where, t["after_rollback"])
     if d["before"] != chain.draft:
         own = f" (the draft read its own {len(facts.prompt_ids) + facts.draft_offset}-token prompt)" if facts.draft_offset else ""
         fail(where, "draft_cache_len.before", f"must continue the previous cycle's length {chain.draft}{own}")
@@ -222,6 +226,21 @@ def check_eagle_cache(c: dict, d: dict, keep: int, where: str, target_after: int
         fail(where, "draft_cache_len.after_rollback", f"must be {keep}: committed length - 1 by the convention")
     if not catch_up and c["catch_up_time_s"] != 0:
         fail(where, "catch_up_time_s", "no catch-up ran, so its time is 0")
+    return CacheChain(target_after, d["after_rollback"])
+
+
+def check_eagle3_cache(c: dict, d: dict, n_prop: int, keep: int, where: str, target_after: int) -> CacheChain:
+    """The EAGLE-3 head's first draft token comes from the output of its last entry (kept from the catch-up),
+    so K draft steps append K - 1 entries; those rest on its own hiddens and are cropped, and every cycle
+    feeds the committed tokens again with the target's features (the accepted ones and the next token)."""
+    if d["after_append"] != d["before"] + max(n_prop - 1, 0):
+        fail(where, "draft_cache_len.after_append", f"the EAGLE-3 head's {n_prop} draft steps append {max(n_prop - 1, 0)} "
+                                                    f"positions to {d['before']} (step 1 reads its last entry's output)")
+    if c["draft_catch_up"] is not True:
+        fail(where, "draft_catch_up", "must be true: every cycle the EAGLE-3 head is fed the committed tokens past its "
+                                      "last true entry, with the target's features")
+    if d["after_rollback"] != keep:
+        fail(where, "draft_cache_len.after_rollback", f"must be {keep}: committed length - 1 by the convention")
     return CacheChain(target_after, d["after_rollback"])
 
 

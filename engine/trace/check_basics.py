@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from engine.config import TreeSpec
 from engine.trace.errors import BrokenInvariant
 from engine.trace.json_lines import finite
-from engine.trace.schema import CACHE_CONVENTION, DRAFT_MODEL, EAGLE, VLLM_CONVENTION
+from engine.trace.schema import CACHE_CONVENTION, DRAFT_MODEL, FEATURE_HEADS, VLLM_CONVENTION
 
 MAX_TOKEN_ID = 2**31 - 1  # the bound when a header gives no vocab_size: no tokenizer has more ids
 REL_TOL, ABS_TOL = 1e-5, 1e-6  # float32 numbers written as float64: a few ulps of slack
@@ -56,9 +56,9 @@ class RunFacts:
 
     @property
     def drafts_k_with_cache(self) -> bool:
-        """A draft model or an EAGLE head run by the lab: K proposals every cycle and a cache over the target's
+        """A draft model or an EAGLE(-3) head run by the lab: K proposals every cycle and a cache over the target's
         positions (a live vLLM's draft model drafts nothing in its prefill and keeps its own paged cache)."""
-        return self.drafter_kind in (DRAFT_MODEL, EAGLE) and not self.vllm
+        return (self.drafter_kind == DRAFT_MODEL or self.drafter_kind in FEATURE_HEADS) and not self.vllm
 
 
 @dataclass

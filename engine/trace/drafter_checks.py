@@ -4,7 +4,7 @@ feature each step of an EAGLE head read, and suffix decoding's match (suffix_che
 what a live vLLM's draft model, captured, records. chain_checks.check_cycle calls check_drafter_state.
 """
 from engine.trace.check_basics import Progress, RunFacts, close, fail, is_int
-from engine.trace.schema import DRAFT_MODEL, EAGLE, PROMPT_LOOKUP, SUFFIX, VLLM_DRAFT_GREEDY
+from engine.trace.schema import DRAFT_MODEL, EAGLE, FEATURE_HEADS, PROMPT_LOOKUP, SUFFIX, VLLM_DRAFT_GREEDY
 from engine.trace.shared_checks import check_text_map, check_texts, check_token_ids
 from engine.trace.suffix_checks import check_suffix_state
 
@@ -65,15 +65,18 @@ def check_other_tokenizer(state: dict, drafts: list[int], c: dict, facts: RunFac
     run.own_cache = lengths["after_rollback"]
 
 
-def check_eagle_state(c: dict, n_prop: int, where: str) -> None:
-    """Optional (older eagle traces lack it): which feature each draft step read. Step 1 reads
-    the target's true feature f_{n-2} (n = committed length before the cycle), later steps the
-    head's own predicted feature."""
+def check_eagle_state(c: dict, n_prop: int, where: str, kind: str = EAGLE) -> None:
+    """Optional for an eagle head (older eagle traces lack it), required of an eagle3 head: which feature
+    each draft step read. Step 1 reads the target's true feature at n-2 (n = committed length before the
+    cycle: f_{n-2} for EAGLE, the fused aux hidden states g_{n-2} for EAGLE-3), later steps the head's own
+    output."""
     state = c.get("drafter_state")
     if state is None:
+        if kind != EAGLE:
+            fail(where, "drafter_state", f"every cycle of the {kind} drafter records its state (kind {kind!r})")
         return
-    if state.get("kind", EAGLE) != EAGLE:
-        fail(where, "drafter_state.kind", "an eagle trace's drafter state has kind 'eagle'")
+    if state.get("kind", EAGLE) != kind:
+        fail(where, "drafter_state.kind", f"an {kind} trace's drafter state has kind {kind!r}")
     sources = state.get("feature_sources")
     want = (["target"] + ["head"] * (n_prop - 1)) if n_prop else []
     if sources is not None and sources != want:
@@ -103,8 +106,8 @@ def check_drafter_state(c: dict, facts: RunFacts, run: "Progress", where: str) -
     if facts.vllm and facts.drafter_kind == DRAFT_MODEL:
         check_vllm_draft_model(c, facts, run, where)
         return
-    if facts.drafter_kind == EAGLE:
-        check_eagle_state(c, len(c["draft_token_ids"]), where)
+    if facts.drafter_kind in FEATURE_HEADS:
+        check_eagle_state(c, len(c["draft_token_ids"]), where, facts.drafter_kind)
     if facts.drafts_k_with_cache:
         return
     state = c.get("drafter_state")

@@ -21,7 +21,7 @@ from engine.trace.record_types import (
     TREE_TRY_FIELDS,
     is_tree_trace,
 )
-from engine.trace.schema import DRAFT_MODEL, DRAFTER_KINDS, EAGLE, FORMAT, MAX_TREE_NODES, VERSION
+from engine.trace.schema import DRAFT_MODEL, DRAFTER_KINDS, FEATURE_HEADS, FORMAT, MAX_TREE_NODES, VERSION
 
 
 def _type_ok(value, allowed: tuple) -> bool:
@@ -93,7 +93,7 @@ def _check_shared_fields(c: dict, index: int, where: str, kind: str, captured: b
     check_fields(c["target_cache_len"], CACHE_LEN_FIELDS, f"{where} target_cache_len")
     if c["draft_cache_len"] is not None:
         check_fields(c["draft_cache_len"], CACHE_LEN_FIELDS, f"{where} draft_cache_len")
-    elif kind in (DRAFT_MODEL, EAGLE) and not captured:
+    elif (kind == DRAFT_MODEL or kind in FEATURE_HEADS) and not captured:
         raise TraceError(f"{where}: field 'draft_cache_len' is null, "
                          f"but the {kind} drafter keeps a cache over the target's positions")
     if "drafter_state" in c and not isinstance(c["drafter_state"], dict):

@@ -82,7 +82,9 @@ MAX_DECODER_FALLBACK_TEXT = 300  # the one-line reason own did not apply to a mo
 # draft model.
 DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE = "model", "prompt-lookup", "other-tokenizer", "eagle"
 SUFFIX = "suffix"
-DRAFTER_KINDS = (DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE, SUFFIX)
+EAGLE3 = "eagle3"  # an EAGLE-3 head in the speculators format (engine/drafters/eagle3.py)
+DRAFTER_KINDS = (DRAFT_MODEL, PROMPT_LOOKUP, OTHER_TOKENIZER, EAGLE, EAGLE3, SUFFIX)
+FEATURE_HEADS = (EAGLE, EAGLE3)  # kinds that draft from the target's hidden states, K per cycle, over a head cache
 MAX_NGRAM = 16  # prompt lookup: the longest n-gram it may be told to match
 # Which earlier occurrence of the matched n-gram prompt lookup copies from. "latest" (the most recent) is
 # what every trace before this option drafted with; "earliest" is what vLLM V1's ngram proposer and Hugging
