@@ -234,6 +234,33 @@ def test_a_token_outside_the_draft_vocabulary_has_q_zero_and_is_never_drafted(pa
     assert set(emitted) & set(LEFT_OUT)  # the target still emits them (as the residual's or bonus token)
 
 
+def test_diagnosis_counts_the_output_the_head_can_never_draft(pair, tmp_path):
+    from collections import Counter
+
+    from engine.diagnose.vocab import coverage, draft_vocab
+    from engine.workload.requests import RequestRun
+
+    assert draft_vocab(pair.drafter) == set(KEPT)
+    assert draft_vocab(prompt_lookup_drafter(pair.target)) is None  # no vocabulary of its own
+    out = tmp_path / "t.jsonl"
+    run_to_trace(pair, "the cat sat", SpecSettings(k=3, temperature=2.0, max_new_tokens=60, seed=5), out)
+    trace = load_trace(out)
+    generated = trace.summary["generated_token_ids"]
+    missed = Counter(t for t in generated if t in LEFT_OUT)
+    assert missed  # at this temperature the target emits some of them
+    c = coverage(set(KEPT), [RequestRun("r", "c", out.name, trace)], lambda t: f"<{t}>")
+    assert (c["tokens"], c["outside"], c["draft_vocab_size"]) == (len(generated), sum(missed.values()), len(KEPT))
+    assert c["outside_share"] == sum(missed.values()) / len(generated)
+    assert [(m["token_id"], m["count"]) for m in c["most_missed"]] == missed.most_common(5)
+    assert c["most_missed"][0]["text"] == f"<{c['most_missed'][0]['token_id']}>"
+
+
+def prompt_lookup_drafter(target):
+    from engine.drafters.registry import DrafterOptions, build_drafter
+
+    return build_drafter(target, DrafterOptions("prompt-lookup"), lambda folder: None)
+
+
 # ---------------------------------------------------------------- the head's cache
 
 def close_to_scale(a: torch.Tensor, b: torch.Tensor) -> bool:

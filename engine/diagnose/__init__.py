@@ -5,6 +5,7 @@
   position, whether the draft's top token is the target's and sum_x min(p, q); greedy
   speculation's acceptance follows from the first exactly (simulate_greedy_cycles).
 - probe.py: that agreement on a workload's requests, per category, with the acceptance it predicts.
+- vocab.py: how much of the baseline's output an EAGLE head's own draft vocabulary leaves out.
 - experiments.py: the arms, each differing from the user's run in one thing (`Arm`, `plan`).
 - run.py: running the arms as workload folders, interleaved request by request.
 - paired.py: one change's effect on paired runs, with a bootstrap interval over requests.

@@ -1,4 +1,5 @@
-"""`diagnose`: the baseline, the experiments it leads to, the probe, and the ranked findings.
+"""`diagnose`: the baseline, the experiments it leads to, the probe, the draft vocabulary's coverage,
+and the ranked findings.
 
 The baseline runs calibrated (the K advisor needs this machine's step times), interleaved request by
 request with every experiment that does not depend on it; then the draft-depth experiment, at the K
@@ -16,10 +17,11 @@ from engine.diagnose.probe import workload_probe
 from engine.diagnose.report import Finding, as_dict, finding, format_findings, ranked
 from engine.diagnose.run import ArmResult, ArmRun, LoadPair, run_interleaved
 from engine.diagnose.verdict import Advice, advisor
+from engine.diagnose.vocab import coverage, draft_vocab
 from engine.kv.prefix import PrefixReuse
 from engine.mode import RunMode
 from engine.run import run_to_trace
-from engine.trace.schema import DRAFT_MODEL
+from engine.trace.schema import DRAFT_MODEL, EAGLE, EAGLE3
 from engine.workload.prompts import Request
 
 
@@ -29,13 +31,14 @@ class Diagnosis:
     findings: list[Finding]
     probe: dict | None
     advice: Advice | None = None  # the K advisor on the baseline: what the verdict weighs plain decoding by
+    vocab: dict | None = None  # a head with a reduced vocabulary: how much of the output it can never draft
 
     def as_dict(self) -> dict:
         counts = self.baseline.counts
         return {"baseline": {"arm": "baseline", "folder": str(self.baseline.folder), "requests": len(counts),
                              "acceptance_rate": acceptance_rate(counts), "tokens_per_s": tokens_per_s(counts)},
                 "advisor": None if self.advice is None else asdict(self.advice),
-                "findings": [as_dict(f) for f in self.findings], "probe": self.probe}
+                "findings": [as_dict(f) for f in self.findings], "probe": self.probe, "draft_vocab": self.vocab}
 
 
 def advice(baseline: ArmResult) -> Advice | None:
@@ -102,7 +105,16 @@ def diagnose(load: LoadPair, base: ex.Arm, requests: list[Request], folder: str 
             (results[e.arm.name] for e in planned if e.name == "temperature 0.0" and not results[e.arm.name].error), None)
         probe = workload_probe(load(base.drafter), baseline.workload.runs(), base.settings,
                                greedy.workload.runs() if greedy is not None else None)
-    return Diagnosis(baseline, findings, probe, advised)
+    heads = base.drafter.kind in (EAGLE, EAGLE3)  # the drafters with a vocabulary of their own
+    return Diagnosis(baseline, findings, probe, advised, vocab_coverage(load(base.drafter), baseline) if heads else None)
+
+
+def vocab_coverage(pair, baseline: ArmResult) -> dict | None:
+    """The baseline's output against the head's draft vocabulary (None: the drafter has no reduced one)."""
+    vocab = draft_vocab(pair.drafter)
+    if vocab is None or not baseline.workload:
+        return None
+    return coverage(vocab, baseline.workload.runs(), lambda t: pair.target.tokenizer.decode([t]))
 
 
 def greedy_measured(d: Diagnosis) -> float | None:
@@ -133,4 +145,12 @@ def format_diagnosis(d: Diagnosis) -> str:
         measured = greedy_measured(d)
         if measured is not None:
             lines.append(f"  measured greedy acceptance rate of the same requests: {measured:.3f}")
+    if d.vocab and d.vocab["tokens"]:
+        v = d.vocab
+        missed = ", ".join(f"{m['text']!r} x{m['count']}" for m in v["most_missed"])
+        lines += ["", f"DRAFT VOCABULARY: every one of the baseline's {v['tokens']:,} output tokens is among the head's "
+                      f"{v['draft_vocab_size']:,} draft tokens" if not v["outside"] else
+                      f"DRAFT VOCABULARY: {v['outside']:,} of the baseline's {v['tokens']:,} output tokens "
+                      f"({v['outside_share']:.1%}) lie outside the head's {v['draft_vocab_size']:,} draft tokens: it can "
+                      f"never draft them, so a draft at each is a certain rejection; most often {missed}"]
     return "\n".join(lines)
