@@ -260,6 +260,18 @@ def refuse_k_auto(args) -> None:
         raise SettingsError("--k auto measures on its own and runs the reference cycle in one process: drop --fast and --tp")
 
 
+def report_advised(done, out) -> int:
+    """What an advised run (--k auto, --tree auto) printed: its text, then its metrics and trace, or that it
+    decoded plainly and wrote none."""
+    print(done.text)
+    if done.trace is None:
+        print(f"decoded plainly ({done.tokens} tokens), as advised: no trace written")
+        return 0
+    print(format_metrics(done.trace))
+    print(f"trace written to {out}")
+    return 0
+
+
 def run_k_auto(args, pair, settings: SpecSettings, preset: str | None) -> int:
     """--k auto: the K advisor measures this machine, runs a pilot, and runs its K; plain decoding writes no trace."""
     from engine.run import run_advised
@@ -267,13 +279,7 @@ def run_k_auto(args, pair, settings: SpecSettings, preset: str | None) -> int:
     print(f"K advisor: timing both models by width and running a short pilot at K={settings.k}...", file=sys.stderr)
     done = run_advised(pair, args.prompt, settings, args.out, preset, not args.no_chat_template)
     print(f"K advisor (pilot alpha {done.plan.alpha:.2f}): {done.plan.sentence}", file=sys.stderr)
-    print(done.text)
-    if done.trace is None:
-        print(f"decoded plainly ({done.tokens} tokens), as advised: no trace written")
-        return 0
-    print(format_metrics(done.trace))
-    print(f"trace written to {args.out}")
-    return 0
+    return report_advised(done, args.out)
 
 
 def run_tree_auto(args, pair, settings: SpecSettings, preset: str | None) -> int:
@@ -283,13 +289,7 @@ def run_tree_auto(args, pair, settings: SpecSettings, preset: str | None) -> int
     print("tree advisor: timing both models by width and running a short pilot...", file=sys.stderr)
     done = run_tree_advised(pair, args.prompt, settings, args.out, preset, not args.no_chat_template)
     print(f"tree advisor: {done.plan.sentence}", file=sys.stderr)
-    print(done.text)
-    if done.trace is None:
-        print(f"decoded plainly ({done.tokens} tokens), as advised: no trace written")
-        return 0
-    print(format_metrics(done.trace))
-    print(f"trace written to {args.out}")
-    return 0
+    return report_advised(done, args.out)
 
 
 @contextmanager
