@@ -276,6 +276,43 @@ def test_the_probe_table_keeps_both_columns_where_the_sampling_is_not_one_hot():
     assert one_hot_reason(None) is None
 
 
+def with_vocab(folder: Path, tmp_path: Path) -> tuple[Path, dict]:
+    """The case, its baseline's output held against a draft vocabulary that leaves out its two most frequent
+    tokens (engine/diagnose/vocab.py), with token texts that are HTML: a diagnosis folder and that coverage."""
+    from collections import Counter
+
+    from engine.diagnose.vocab import coverage
+    runs = open_workload(folder / "diagnoses" / f"{CASE}--baseline.zip").runs()
+    made = Counter(t for r in runs for t in r.trace.summary["generated_token_ids"])
+    left_out = {t for t, _ in made.most_common(2)}
+    v = coverage(set(range(64)) - left_out, runs, lambda t: f"<b>{t}</b>")
+    root = tmp_path / "diagnoses"
+    root.mkdir()
+    for zipped in (folder / "diagnoses").glob("*.zip"):
+        (root / zipped.name).write_bytes(zipped.read_bytes())
+    (root / f"{CASE}.json").write_text(json.dumps(found(folder) | {"draft_vocab": v}))
+    return root, v
+
+
+def test_the_draft_vocabulary_shows_the_engine_coverage_of_the_output(folder, monkeypatch, tmp_path):
+    root, v = with_vocab(folder, tmp_path)
+    assert 0 < v["outside"] < v["tokens"] and len(v["most_missed"]) == 2
+    at = open_tab(open_page(folder, monkeypatch, diagnoses=root), "Draft agreement")
+    shown = texts(at).replace("**", "")
+    assert (f"{v['outside']:,} of the baseline's {v['tokens']:,} output tokens ({v['outside_share']:.1%}) lie "
+            f"outside the head's {v['draft_vocab_size']:,} draft tokens") in shown
+    for m in v["most_missed"]:
+        assert f"| '<b>{m['token_id']}</b>' | {m['token_id']} | {m['count']} |" in shown
+    assert "<b>" not in "\n".join(m.value for m in at.markdown)  # the token texts reach the page escaped
+    assert "| category | requests |" in shown  # the probe still follows
+
+
+def test_a_head_that_covers_the_output_says_so():
+    from app.views.sections.diagnose_views import vocab_words
+    covered = {"draft_vocab_size": 17812, "tokens": 48, "outside": 0, "outside_share": 0.0, "most_missed": []}
+    assert "Every one of the baseline's **48** output tokens is among the head's **17,812**" in vocab_words(covered)
+
+
 def test_the_bundled_arms_stay_off_the_workload_page(folder, monkeypatch):
     at = app(folder, monkeypatch)
     at.run()
@@ -341,6 +378,14 @@ CHANGES = {
                                                                                             found=True),
     "a difference that is not variant - baseline": lambda d: d["findings"][0]["acceptance_rate"].update(
         difference=0.9),
+    "more tokens outside the draft vocabulary than generated": lambda d: d.update(draft_vocab={
+        "draft_vocab_size": 10, "tokens": 5, "outside": 7, "outside_share": 1.4, "most_missed": []}),
+    "a vocabulary share that is not outside / tokens": lambda d: d.update(draft_vocab={
+        "draft_vocab_size": 10, "tokens": 10, "outside": 2, "outside_share": 0.5,
+        "most_missed": [{"token_id": 3, "text": "<b>a</b>", "count": 2}]}),
+    "most missed counts past the tokens outside": lambda d: d.update(draft_vocab={
+        "draft_vocab_size": 10, "tokens": 10, "outside": 2, "outside_share": 0.2,
+        "most_missed": [{"token_id": 3, "text": "<b>a</b>", "count": 2}, {"token_id": 4, "text": "b", "count": 1}]}),
     "an advisor's K of 0": lambda d: d.update(advisor={"best_k": 0, "plain_better": True,
                                                        "plain_tokens_per_s": 3.0}),
     "a plain decoding speed below 0": lambda d: d.update(advisor={"best_k": 2, "plain_better": "<b>yes</b>",

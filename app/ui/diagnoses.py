@@ -27,6 +27,7 @@ from app.ui import state, workloads
 from engine.diagnose import verdict as ranking
 from engine.diagnose.experiments import ALTERNATIVE, CAUSE, JUDGED_BY, PROPERTY, TUNING
 from engine.diagnose.report import finding_of
+from engine.diagnose.vocab import MOST_MISSED
 from engine.trace import TraceError
 from engine.trace.json_lines import finite
 from engine.trace.metrics import drafted
@@ -258,6 +259,34 @@ def check_probe(value, where: str = "probe") -> dict | None:
             "seconds": _number(p.get("seconds"), f"{where}.seconds", low=0.0)}
 
 
+def check_draft_vocab(value, where: str = "draft_vocab") -> dict | None:
+    """An EAGLE head's vocabulary against the baseline's output (engine/diagnose/vocab.py `coverage`): the counts
+    must add up (outside at most the tokens, its share their ratio, the most missed within it), not only parse."""
+    if value is None:
+        return None
+    v = _dict(value, where)
+    size, tokens, outside = (_count(v.get(k), f"{where}.{k}") for k in ("draft_vocab_size", "tokens", "outside"))
+    if size < 1:
+        _fail(f"{where}.draft_vocab_size", "a draft vocabulary holds at least one token")
+    if outside > tokens:
+        _fail(f"{where}.outside", f"{outside} tokens outside is more than the {tokens} generated")
+    share = _number(v.get("outside_share"), f"{where}.outside_share", low=0.0, high=1.0)
+    if (share is None) != (tokens == 0) or (share is not None and not math.isclose(share, outside / tokens,
+                                                                                   rel_tol=1e-9, abs_tol=1e-12)):
+        _fail(f"{where}.outside_share", "is not the tokens outside over the tokens generated")
+    missed = v.get("most_missed")
+    if not isinstance(missed, list) or len(missed) > MOST_MISSED:
+        _fail(f"{where}.most_missed", f"expected a list of at most {MOST_MISSED} tokens")
+    rows = [{"token_id": _count(_dict(m, f"{where}.most_missed").get("token_id"), f"{where}.most_missed.token_id"),
+             "text": _text(m.get("text"), f"{where}.most_missed.text"),
+             "count": _count(m.get("count"), f"{where}.most_missed.count")} for m in missed]
+    counts = [r["count"] for r in rows]
+    if 0 in counts or sum(counts) > outside or counts != sorted(counts, reverse=True) \
+            or len({r["token_id"] for r in rows}) != len(rows) or (outside > 0) != bool(rows):
+        _fail(f"{where}.most_missed", "its counts do not add up to the tokens outside, most frequent first")
+    return {"draft_vocab_size": size, "tokens": tokens, "outside": outside, "outside_share": share, "most_missed": rows}
+
+
 def check(data, name: str) -> dict:
     """The fields the page draws, each of the type it must have; anything else is refused in one line."""
     try:
@@ -278,7 +307,8 @@ def check(data, name: str) -> dict:
         return {"baseline": {"requests": _count(b.get("requests"), "baseline.requests"),
                              "acceptance_rate": _number(b.get("acceptance_rate"), "baseline.acceptance_rate", low=0.0, high=1.0),
                              "tokens_per_s": _number(b.get("tokens_per_s"), "baseline.tokens_per_s", low=0.0)},
-                "advisor": check_advisor(d.get("advisor")), "findings": checked, "probe": check_probe(d.get("probe"))}
+                "advisor": check_advisor(d.get("advisor")), "findings": checked, "probe": check_probe(d.get("probe")),
+                "draft_vocab": check_draft_vocab(d.get("draft_vocab"))}
     except DiagnosisError as err:
         raise DiagnosisError(f"{name}: {' '.join(str(err).split())}") from None
 

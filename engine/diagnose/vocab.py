@@ -7,8 +7,6 @@ the head's acceptance from above, and names the tokens it loses most (a vocabula
 text misses the workload's own words)."""
 from collections import Counter
 
-import torch
-
 from engine.workload.requests import RequestRun
 
 MOST_MISSED = 5  # tokens listed by how often the target emitted them outside the draft vocabulary
@@ -16,7 +14,8 @@ MOST_MISSED = 5  # tokens listed by how often the target emitted them outside th
 
 def draft_vocab(drafter) -> set[int] | None:
     """Target ids the drafter can propose; None where it drafts over the whole vocabulary (or is no head)."""
-    ids: torch.Tensor | None = getattr(drafter, "draft_to_target", None)  # EAGLE-3
+    # no torch import here: the app checks a diagnosis against MOST_MISSED without loading torch
+    ids = getattr(drafter, "draft_to_target", None)  # (V_draft,) target ids: EAGLE-3
     if ids is None and getattr(drafter, "parts", None) is not None:  # EAGLE-1
         ids = drafter.parts.kept_token_ids
         if ids.numel() == drafter.parts.full_vocab_size:

@@ -1,6 +1,7 @@
 """The Diagnose page's views of one diagnosis: the verdict (what to change, the fastest first), the
 ranked report with each experiment's effect and its interval, each experiment's requests side by side
-with links into the stepper, and the probe's draft agreement per category.
+with links into the stepper, the probe's draft agreement per category, and an EAGLE head's draft
+vocabulary against the output.
 
 Numbers: the diagnosis's own dict (engine/diagnose, checked by app/ui/diagnoses.py) and the arms'
 traces (the per-request rates); figures: app/figures/diagnose.py.
@@ -252,8 +253,34 @@ def probe_rows(probe: dict, one_hot: bool, greedy: tuple[str, list[dict]] | None
     return rows
 
 
+def vocab_words(v: dict) -> str:
+    """An EAGLE head's draft vocabulary against the baseline's output, counts beside the share."""
+    if not v["tokens"]:
+        return f"The head drafts over **{v['draft_vocab_size']:,}** tokens; the baseline generated none to compare."
+    if not v["outside"]:
+        return (f"Every one of the baseline's **{v['tokens']:,}** output tokens is among the head's "
+                f"**{v['draft_vocab_size']:,}** draft tokens: its vocabulary costs this workload no acceptance.")
+    return (f"**{v['outside']:,}** of the baseline's **{v['tokens']:,}** output tokens (**{v['outside_share']:.1%}**) "
+            f"lie outside the head's **{v['draft_vocab_size']:,}** draft tokens. The head gives each of them "
+            "probability 0, so wherever the target's next token is one of them, the draft token there is rejected "
+            "however well the head is trained (only a bonus token, which no draft proposes, places one free). "
+            "The tokens it misses most:")
+
+
+def vocab_section(v: dict) -> None:
+    st.subheader("Draft vocabulary")
+    st.markdown(vocab_words(v))
+    if v["most_missed"]:
+        st.markdown(markdown_table([{"token": repr(m["text"]), "id": m["token_id"], "times in the output": m["count"]}
+                                    for m in v["most_missed"]]))
+    st.caption("An EAGLE head drafts over a vocabulary of its own (EAGLE-1's kept tokens, EAGLE-3's d2t map): a "
+               "vocabulary chosen from other text misses this workload's own words.")
+
+
 def probe_tab(choice: tuple[str, str], d: dict, manifest: dict | None) -> None:
     probe = d["probe"]
+    if d.get("draft_vocab") is not None:
+        vocab_section(d["draft_vocab"])
     if probe is None:
         st.info("This diagnosis has no agreement probe: it runs for a draft model only (not prompt lookup or "
                 "an EAGLE head), and not when the diagnosis was limited to other experiments.")
