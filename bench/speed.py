@@ -4,13 +4,14 @@
     python -m bench.speed --preset chat
     python -m bench.speed --target DIR --draft DIR --name tiny   # any pair, e.g. tiny test models
     python -m bench.speed --preset chat --drafter eagle            # the engine drafts with the EAGLE head
+    python -m bench.speed --preset chat --drafter eagle3           # ... with the EAGLE-3 head (speculators format)
     python -m bench.speed --target DIR --draft DIR --drafter eagle --head DIR
     python -m bench.speed --preset chat --target-weights int4 --llama-python /tmp/llama-venv/bin/python
 
---drafter model|eagle chooses what drafts for methods a and b (default: the preset's default
+--drafter model|eagle|eagle3 chooses what drafts for methods a and b (default: the preset's default
 drafter; a draft model for --target/--draft). Method c always uses the separate draft model
-(--draft, or the preset's): Hugging Face has no EAGLE drafter. Eagle results are written
-under NAME-eagle, so they never overwrite the draft model's figures.
+(--draft, or the preset's): Hugging Face has no EAGLE drafter. Head results are written
+under NAME-eagle or NAME-eagle3, so they never overwrite the draft model's figures.
 
 Methods, each generating exactly --max-new-tokens tokens (no EOS stop) from the same prompt ids:
   a  our engine, tracing on: run_to_trace (writes a trace file, records every cycle)
@@ -61,6 +62,7 @@ from engine.config import SpecSettings
 from engine.cycle.pair import Pair
 from engine.cycle.reference import speculative_generate
 from engine.drafters.eagle import load_head
+from engine.drafters.eagle3 import load_eagle3
 from engine.mode import RunMode
 from engine.models.device import pick_device, timed
 from engine.models.presets import PRESETS, default_drafter
@@ -79,13 +81,14 @@ from engine.stats.analysis import (
 from engine.stats.calibrate import calibrate
 from engine.stats.sweep import plain_decode
 from engine.trace.metrics import predicted_speedup
-from engine.trace.schema import DECODER_HF, DECODERS, DRAFT_MODEL, EAGLE, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
+from engine.trace.schema import DECODER_HF, DECODERS, DRAFT_MODEL, EAGLE, EAGLE3, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
 
 METHODS = ("a", "b", "c", "d", "e")
 ANCHOR = "f"
 METHOD_NAMES = {"a": "engine, tracing on", "b": "engine, tracing off", "c": "HF assisted generation",
                 "d": "HF plain decoding", "e": "engine plain decoding", "f": "llama.cpp plain decoding"}
-BENCH_DRAFTERS = (DRAFT_MODEL, EAGLE)  # what drafts for methods a and b
+BENCH_DRAFTERS = (DRAFT_MODEL, EAGLE, EAGLE3)  # what drafts for methods a and b
+HEADS = (EAGLE, EAGLE3)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -93,8 +96,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_pair_arguments(p)
     p.add_argument("--drafter", choices=BENCH_DRAFTERS, default=None,
                    help="what drafts in methods a and b (default: the preset's default drafter; model for --target)")
-    p.add_argument("--head", help="--drafter eagle with --target: the EAGLE head's folder (a preset ships its own)")
-    p.add_argument("--name", help="results name (default: the preset; -eagle is added for the eagle drafter)")
+    p.add_argument("--head", help="--drafter eagle or eagle3 with --target: the head's folder (a preset ships its own)")
+    p.add_argument("--name", help="results name (default: the preset; -eagle or -eagle3 is added for a head)")
     p.add_argument("--k", default="auto", help='draft tokens per cycle, or "auto" (the K advisor\'s best K)')
     p.add_argument("--temperatures", default="0,1", help="comma-separated; 0 = greedy")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -117,31 +120,31 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.drafter = default_drafter(args.preset or "")
         if args.drafter not in BENCH_DRAFTERS:
             p.error(f"the preset's default drafter {args.drafter!r} is not benchmarked here: pass --drafter")
-    if args.drafter == EAGLE and not args.preset and not args.head:
-        p.error("--drafter eagle with --target/--draft needs --head DIR")
-    if args.head and args.drafter != EAGLE:
-        p.error("--head is for --drafter eagle")
+    if args.drafter in HEADS and not args.preset and not args.head:
+        p.error(f"--drafter {args.drafter} with --target/--draft needs --head DIR")
+    if args.head and args.drafter not in HEADS:
+        p.error("--head is for --drafter eagle or eagle3")
     return args
 
 
 def results_name(args) -> str:
     """The results file's name: eagle figures never overwrite the draft model's."""
     name = args.name or args.preset or "custom"
-    name = f"{name}-eagle" if args.drafter == EAGLE and "eagle" not in name else name
+    name = f"{name}-{args.drafter}" if args.drafter in HEADS and args.drafter not in name else name
     name = f"{name}-int4" if args.target_weights == WEIGHTS_INT4 and "int4" not in name else name
     return f"{name}-own" if args.decoder != DECODER_HF and "own" not in name else name
 
 
 def load_speed_pair(args, device: str) -> tuple[Pair, bool]:
     """The target, the separate draft (method c's assistant, and the drafter of a/b for --drafter
-    model) and, for --drafter eagle, the head drafting for a/b on the same target; no EOS stop."""
-    def eagle_head(pair: Pair):
-        head = args.head or PRESETS[args.preset].eagle_head_folder()
-        if head is None:
-            raise SystemExit(f"preset {args.preset!r} ships no EAGLE head: pass --head DIR")
-        return load_head(head, pair.target)
+    model) and, for --drafter eagle or eagle3, the head drafting for a/b on the same target; no EOS stop."""
+    def head(pair: Pair):
+        folder = args.head or PRESETS[args.preset].own_draft_folder(args.drafter)
+        if folder is None or not Path(folder).is_dir():
+            raise SystemExit(f"preset {args.preset!r} ships no {args.drafter} head: pass --head DIR")
+        return load_head(folder, pair.target) if args.drafter == EAGLE else load_eagle3(folder, pair.target)
 
-    return common.load_bench_pair(args, device, args.dtype, eagle_head if args.drafter == EAGLE else None)
+    return common.load_bench_pair(args, device, args.dtype, head if args.drafter in HEADS else None)
 
 
 # ---------------------------------------------------------------- one timed generation per method

@@ -210,6 +210,16 @@ def test_bench_speed_refuses_an_eagle_run_without_a_head(folders):
         speed.parse_args(["--target", str(folders["target"]), "--draft", str(folders["draft"]), "--drafter", "eagle"])
 
 
+def test_bench_speed_names_eagle3_results_apart_and_needs_its_head(folders):
+    speed = speed_module()
+    with pytest.raises(SystemExit):
+        speed.parse_args(["--target", str(folders["target"]), "--draft", str(folders["draft"]), "--drafter", "eagle3"])
+    with pytest.raises(SystemExit):  # --head belongs to a head
+        speed.parse_args(["--preset", "chat", "--drafter", "model", "--head", str(folders["head"])])
+    names = {d: speed.results_name(speed.parse_args(["--preset", "chat", "--drafter", d])) for d in ("model", "eagle", "eagle3")}
+    assert names == {"model": "chat", "eagle": "chat-eagle", "eagle3": "chat-eagle3"}
+
+
 def test_old_results_files_still_render():
     from bench.bench_report import markdown
     old = json.loads((ROOT / "bench" / "results" / "speed-chat.json").read_text())
