@@ -53,6 +53,16 @@ EXAMPLES = {
         "Fix the spelling in this paragraph and write it out again: The quick brown fox jumpd over the lazy dog. "
         "The dog was not amused and barked at the fox untill it ran away into the forest.",
         "--k", "4", "--temperature", "0", "--max-new-tokens", "64"],
+    # The same prompt as prompt lookup's, so the two drafters read side by side (suffix decoding also
+    # counts every earlier occurrence and caps its draft by the match length); one request, so its own tree.
+    "chat-suffix-greedy-k4.jsonl": [
+        "--preset", "chat", "--drafter", "suffix", "--prompt",
+        "Fix the spelling in this paragraph and write it out again: The quick brown fox jumpd over the lazy dog. "
+        "The dog was not amused and barked at the fox untill it ran away into the forest.",
+        "--k", "4", "--temperature", "0", "--max-new-tokens", "64"],
+    # The EAGLE-1 head's greedy prompt, so the two heads compare cycle by cycle.
+    "chat-eagle3-greedy-k4.jsonl": ["--preset", "chat", "--drafter", "eagle3", "--prompt", "Explain why the sky is blue.",
+                                    "--k", "4", "--temperature", "0", "--max-new-tokens", "64"],
     "shakespeare-other-tokenizer-greedy-k6.jsonl": [
         "--preset", "tiny-shakespeare", "--drafter", "other-tokenizer", "--prompt", "Romeo.\n",
         "--k", "6", "--temperature", "0", "--max-new-tokens", "120"],

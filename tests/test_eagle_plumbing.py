@@ -237,6 +237,7 @@ def examples_module():
 def test_every_bundled_example_names_its_drafter():
     """Flipping a preset's default drafter changes default.jsonl only; a file named for a drafter runs it."""
     from engine.cli import build_parser
+    from engine.trace.schema import DRAFTER_KINDS
     ex = examples_module()
     for name, args in ex.EXAMPLES.items():
         parsed = build_parser().parse_args(["run", *args, "--out", "x.jsonl"])
@@ -244,9 +245,12 @@ def test_every_bundled_example_names_its_drafter():
             assert parsed.drafter is None  # the preset's default drafter
             continue
         assert parsed.drafter is not None, name
-        named = [kind for kind in ("eagle", "prompt-lookup", "other-tokenizer") if kind in name]
+        named = [kind for kind in ("eagle", "eagle3", "prompt-lookup", "other-tokenizer", "suffix")
+                 if f"-{kind}-" in name]
         assert named == ([] if parsed.drafter == "model" else [parsed.drafter]), name
-    assert set(ex.selected(["eagle"])) == {"chat-eagle-sampled-k4.jsonl", "chat-eagle-greedy-k4.jsonl"}
+    assert set(ex.selected(["eagle"])) == {"chat-eagle-sampled-k4.jsonl", "chat-eagle-greedy-k4.jsonl",
+                                           "chat-eagle3-greedy-k4.jsonl"}
+    assert {args[args.index("--drafter") + 1] for name, args in ex.EXAMPLES.items() if "--drafter" in args} == set(DRAFTER_KINDS)  # one example per drafter kind
 
 
 def test_the_eagle_examples_run_on_the_chat_preset(folders, tmp_path, monkeypatch):
@@ -261,7 +265,7 @@ def test_the_eagle_examples_run_on_the_chat_preset(folders, tmp_path, monkeypatc
     # Whether a recording was quiet depends on the machine's load, not on the entries: under load every
     # attempt can fail the rule (seen on a busy 2-core machine). The rule has its own tests (test_quiet.py).
     monkeypatch.setattr(ex, "quiet_words", lambda trace: None)
-    assert ex.run(["eagle"]) == 0
+    assert ex.run(["chat-eagle-"]) == 0  # the EAGLE-1 entries (the EAGLE-3 one needs a speculators head)
     for name in ("chat-eagle-sampled-k4.jsonl", "chat-eagle-greedy-k4.jsonl"):
         trace = load_trace(tmp_path / "traces" / name)
         assert trace.drafter_kind == "eagle" and trace.header["preset"] == "chat"
