@@ -14,8 +14,9 @@ positions), --width tokens per forward (1: a decode step; K+1: a verify), on bot
   as_loaded  the module's own nn.Linear (F.linear: MKL on x86), a DynamicCache
   packed     engine/models/cpu_linear.py's oneDNN twin with pre-packed weights (float32 only)
   rows       engine/models/f32_rows_kernel.c, each weight read once for all rows (float32, with a C compiler)
-  static     the fast path's static cache and fixed-shape forward (engine/cycle/fast_forward.py), eager
-  compiled   the same forward as `run --fast --capture compile` runs it (inductor's C++, weights
+  static     the fast path's static cache and fixed-shape forward (engine/cycle/fast_forward.py), eager, on the
+             packed twin (float32)
+  compiled   the same forward compiled on the module as loaded (inductor's C++, weights
              frozen in), --compile only; its "first_calls_s" is the compile time
   compiled rows  the compiled forward of a width whose linear paths chose rows: the rows twin, its
              kernel one opaque operator in the graph (float32, --compile only)
@@ -101,10 +102,13 @@ def decoder_ways(target: LoadedModel, args) -> dict:
         if path != AS_LOADED and not (rows if path == ROWS else float_paths):
             continue  # packed and rows are float32 only; int4 has one path; rows needs its compiled kernel
         ways[path] = time_dynamic(target, path, args.width, args.repeats)
-    target.linear_paths = None
+    # Named explicitly: a fast-path forward on a model whose paths nothing chose settles them first
+    # (engine/models/linear_paths.py settle_if_unchosen), which would make these ways the chosen one.
+    target.linear_paths = {args.width: PACKED} if float_paths else None
     ways["static"] = time_static(target, "none", args.width, args.repeats)
     if args.compile:
-        for name, paths in (("compiled", None), *((("compiled rows", {args.width: ROWS}),) if rows else ())):
+        as_loaded = {args.width: AS_LOADED} if float_paths else None
+        for name, paths in (("compiled", as_loaded), *((("compiled rows", {args.width: ROWS}),) if rows else ())):
             target.linear_paths = paths  # LoadedModel.compiled_module_for: the rows twin where chosen
             try:
                 ways[name] = time_static(target, "compile", args.width, args.repeats)

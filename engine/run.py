@@ -209,10 +209,14 @@ def make_header(pair: Pair, s: SpecSettings, prompt: str, prompt_ids: list[int],
 
 
 def measured_fields(pair: Pair, prompt_ids: list[int], s: SpecSettings, mode: RunMode) -> dict:
-    """The header's linear paths and calibration, when the mode asks for them (traces without them stay valid)."""
-    if not (mode.calibrate or mode.calibration):
+    """The header's linear paths and calibration, when the mode asks for them (traces without them stay valid).
+    A compiled fast path settles the paths whether or not it calibrates (engine/cycle/fast_forward.py
+    FixedForward), so its header records them either way."""
+    if not (mode.calibrate or mode.calibration or mode.fast == "compile"):
         return {}
     paths = settle_linear_paths(pair)
+    if not (mode.calibrate or mode.calibration):
+        return {"linear_paths": paths} if paths else {}
     return ({"linear_paths": paths} if paths else {}) | {
         "calibration": mode.calibration or measure_step_times(pair, prompt_ids, s)}
 

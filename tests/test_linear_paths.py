@@ -148,3 +148,26 @@ def test_a_calibrated_trace_records_the_paths_and_a_wrong_choice_is_refused(cach
     path.write_text("\n".join([json.dumps(bad), *lines[1:]]) + "\n")
     with pytest.raises(TraceError, match=r"linear_paths\.target\.chosen\.2.*faster path"):
         load_trace(path)
+
+
+def test_a_compiled_fast_run_settles_the_paths_it_was_not_given_and_an_eager_one_keeps_the_reference_paths(
+        cache_dir, monkeypatch, tmp_path):
+    """Uncalibrated, the compiled fast path still compiles each width on this machine's choice (else inductor
+    gets the module as loaded at every width), and its header says which; the eager fast path keeps the
+    reference path's products, so the two stay equal record for record."""
+    from engine.cycle.fast import new_fast_cache
+    from engine.cycle.fast_forward import FixedForward
+    from engine.trace.schema import ROWS
+    monkeypatch.setattr(linear_paths, "time_paths", winning(ROWS))
+    pair = tiny_pair()
+    cache = new_fast_cache(pair.target, 16)
+    FixedForward(pair.target, cache, 3, "none")
+    assert pair.target.linear_paths is None
+    FixedForward(pair.target, cache, 3, "compile")  # torch.compile compiles at the first call, not here
+    assert pair.target.linear_paths == {w: ROWS for w in range(1, linear_paths.WIDTHS + 1)}
+    assert pair.target.compiled_module_for(3) is pair.target.rows_runner
+    fresh = tiny_pair()
+    s = SpecSettings(k=2, max_new_tokens=2, cache_layout="static")
+    header = run_to_trace(fresh, "ab", s, tmp_path / "f.jsonl", RunMode(fast="compile")).header
+    assert header["linear_paths"]["target"]["chosen"]["3"] == ROWS
+    assert "linear_paths" not in run_to_trace(tiny_pair(), "ab", s, tmp_path / "e.jsonl", RunMode(fast="none")).header

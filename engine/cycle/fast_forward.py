@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from engine.kv.layouts import CacheLayout, StaticKVCache, StaticKVLayer, new_cache
+from engine.models import linear_paths
 from engine.models.loading import LoadedModel
 
 # ---------------------------------------------------------------- fixed-shape forwards
@@ -112,6 +113,9 @@ class FixedForward:
         self.model, self.cache, self.width, self.capture = model, cache, width, capture
         self.fn: Callable[[torch.Tensor], torch.Tensor] = lambda ids: logits_of(model, ids, cache)
         if capture == "compile":
+            # each width compiled on this machine's fastest path; eager keeps the reference path's
+            # paths, so the two stay equal record for record
+            linear_paths.settle_if_unchosen(model)
             self.fn = compile_forward(model, cache, width)
         if capture == "graph":
             self._capture_graph()

@@ -187,6 +187,17 @@ def curve_for(loaded: LoadedModel) -> PathCurve:
     return curve
 
 
+def settle_if_unchosen(loaded: LoadedModel) -> None:
+    """`settle` where nothing chose the model's paths yet (a run that did not calibrate). The compiled fast
+    path calls it before compiling a fixed-shape forward: there an unchosen width is the module as loaded, whose
+    products inductor leaves to MKL, and on a 2-core AMD EPYC with AVX2 only that made a 3-position chat
+    verify 76.8 ms against a 38 ms step (a/e 0.65), where the rows twin the measurement chooses took 1.18
+    steps at 5 positions (bench/results/fast-chat-cpu-compiled-own-amd-epyc-avx2.md,
+    step-limit-chat-w5-amd-epyc-avx2.md)."""
+    if loaded.linear_paths is None and loaded.device.type == "cpu":
+        settle(loaded)
+
+
 def settle(loaded: LoadedModel) -> dict | None:
     """Set `loaded` to run each width on its faster path; return what a trace header records
     (None where there is no choice: a GPU, another dtype, or the packed path turned off)."""
