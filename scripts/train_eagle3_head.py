@@ -340,6 +340,7 @@ def main(argv=None) -> None:
     info = {
         "head": "EAGLE-3 (Li et al. 2025, arXiv 2503.01840), speculators format, float16",
         "target": "SmolLM2-135M-Instruct (30 layers, hidden 576, vocab 49152)",
+        "trained_positions": max(len(e["seq"]) for e in train),  # prompt + answer (speculators_format.py)
         "aux_layer_ids": AUX, "draft_vocab": {"size": len(kept), "from": "assets/models/chat-eagle/draft_vocab.json"},
         "data": {"train_answers": len(train), "train_answer_tokens": sum(e["T"] for e in train), "heldout_answers": len(held),
                  "heldout_positions": ev["positions"], "source": "the target's own sampled answers (T=1) to chat "

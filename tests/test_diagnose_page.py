@@ -307,6 +307,24 @@ def test_the_draft_vocabulary_shows_the_engine_coverage_of_the_output(folder, mo
     assert "| category | requests |" in shown  # the probe still follows
 
 
+def test_the_trained_length_shows_the_engine_counts_of_the_baseline(folder, monkeypatch, tmp_path):
+    from engine.diagnose.trained_length import past_trained_length
+    runs = open_workload(folder / "diagnoses" / f"{CASE}--baseline.zip").runs()
+    trained = len(runs[0].trace.header["prompt_token_ids"]) + 3  # the first request goes past it
+    counts = past_trained_length(runs, trained)
+    assert counts["drafted_past"] and counts["drafted_within"]
+    root, _ = with_vocab(folder, tmp_path)
+    (root / f"{CASE}.json").write_text(json.dumps(found(folder) | {"trained_length": {
+        "trained_positions": trained, "arms": {"baseline": counts}}}))
+    at = open_tab(open_page(folder, monkeypatch, diagnoses=root), "Draft agreement")
+    shown = texts(at).replace("**", "")
+    assert f"trained on sequences of at most {trained:,} tokens" in shown
+    past = f"{counts['accepted_past'] / counts['drafted_past']:.3f} ({counts['accepted_past']:,} / {counts['drafted_past']:,})"
+    within = (f"{counts['accepted_within'] / counts['drafted_within']:.3f} "
+              f"({counts['accepted_within']:,} / {counts['drafted_within']:,})")
+    assert f"| your requests | {counts['requests_past']} of {counts['requests']} | {within} | {past} |" in shown
+
+
 def test_a_head_that_covers_the_output_says_so():
     from app.views.sections.diagnose_views import vocab_words
     covered = {"draft_vocab_size": 17812, "tokens": 48, "outside": 0, "outside_share": 0.0, "most_missed": []}
@@ -386,6 +404,14 @@ CHANGES = {
     "most missed counts past the tokens outside": lambda d: d.update(draft_vocab={
         "draft_vocab_size": 10, "tokens": 10, "outside": 2, "outside_share": 0.2,
         "most_missed": [{"token_id": 3, "text": "<b>a</b>", "count": 2}, {"token_id": 4, "text": "b", "count": 1}]}),
+    "more drafts accepted past the trained length than drafted": lambda d: d.update(trained_length={
+        "trained_positions": 200, "arms": {"baseline": {"drafted_within": 5, "accepted_within": 1, "drafted_past": 2,
+                                                        "accepted_past": 3, "requests": 2, "requests_past": 1}}}),
+    "a trained length arm that is not an arm": lambda d: d.update(trained_length={
+        "trained_positions": 200, "arms": {"<b>x</b>": {}}}),
+    "requests past the trained length with no draft past it": lambda d: d.update(trained_length={
+        "trained_positions": 200, "arms": {"baseline": {"drafted_within": 5, "accepted_within": 1, "drafted_past": 0,
+                                                        "accepted_past": 0, "requests": 2, "requests_past": 2}}}),
     "an advisor's K of 0": lambda d: d.update(advisor={"best_k": 0, "plain_better": True,
                                                        "plain_tokens_per_s": 3.0}),
     "a plain decoding speed below 0": lambda d: d.update(advisor={"best_k": 2, "plain_better": "<b>yes</b>",

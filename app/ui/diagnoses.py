@@ -27,6 +27,7 @@ from app.ui import state, workloads
 from engine.diagnose import verdict as ranking
 from engine.diagnose.experiments import ALTERNATIVE, CAUSE, JUDGED_BY, PROPERTY, TUNING
 from engine.diagnose.report import finding_of
+from engine.diagnose.trained_length import MAX_TRAINED_POSITIONS
 from engine.diagnose.vocab import MOST_MISSED
 from engine.trace import TraceError
 from engine.trace.json_lines import finite
@@ -287,6 +288,36 @@ def check_draft_vocab(value, where: str = "draft_vocab") -> dict | None:
     return {"draft_vocab_size": size, "tokens": tokens, "outside": outside, "outside_share": share, "most_missed": rows}
 
 
+TRAINED_ARMS = ("baseline", "context length")  # the arms a trained-length check counts (engine diagnosis.py)
+
+
+def check_trained_length(value, where: str = "trained_length") -> dict | None:
+    """An EAGLE head's drafts against the length it was trained on (engine/diagnose/trained_length.py): per arm,
+    accepted at most drafted on each side, and requests that went past at most the requests, not only parse."""
+    if value is None:
+        return None
+    v = _dict(value, where)
+    trained = _count(v.get("trained_positions"), f"{where}.trained_positions")
+    if not 2 <= trained <= MAX_TRAINED_POSITIONS:
+        _fail(f"{where}.trained_positions", f"must be 2 to {MAX_TRAINED_POSITIONS:,} tokens")
+    arms = _dict(v.get("arms"), f"{where}.arms")
+    if "baseline" not in arms or not set(arms) <= set(TRAINED_ARMS):
+        _fail(f"{where}.arms", f"expected the baseline, and at most {', '.join(TRAINED_ARMS[1:])} besides")
+    checked = {}
+    for name in TRAINED_ARMS:
+        if name not in arms:
+            continue
+        a = _dict(arms[name], f"{where}.arms.{name}")
+        c = {k: _count(a.get(k), f"{where}.arms.{name}.{k}") for k in
+             ("drafted_within", "accepted_within", "drafted_past", "accepted_past", "requests", "requests_past")}
+        if c["accepted_within"] > c["drafted_within"] or c["accepted_past"] > c["drafted_past"]:
+            _fail(f"{where}.arms.{name}", "accepts more draft tokens than it drafted")
+        if c["requests_past"] > c["requests"] or (c["drafted_past"] > 0) != (c["requests_past"] > 0):
+            _fail(f"{where}.arms.{name}.requests_past", "does not match the requests and the drafts past the length")
+        checked[name] = c
+    return {"trained_positions": trained, "arms": checked}
+
+
 def check(data, name: str) -> dict:
     """The fields the page draws, each of the type it must have; anything else is refused in one line."""
     try:
@@ -308,7 +339,8 @@ def check(data, name: str) -> dict:
                              "acceptance_rate": _number(b.get("acceptance_rate"), "baseline.acceptance_rate", low=0.0, high=1.0),
                              "tokens_per_s": _number(b.get("tokens_per_s"), "baseline.tokens_per_s", low=0.0)},
                 "advisor": check_advisor(d.get("advisor")), "findings": checked, "probe": check_probe(d.get("probe")),
-                "draft_vocab": check_draft_vocab(d.get("draft_vocab"))}
+                "draft_vocab": check_draft_vocab(d.get("draft_vocab")),
+                "trained_length": check_trained_length(d.get("trained_length"))}
     except DiagnosisError as err:
         raise DiagnosisError(f"{name}: {' '.join(str(err).split())}") from None
 

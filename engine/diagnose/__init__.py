@@ -6,6 +6,8 @@
   speculation's acceptance follows from the first exactly (simulate_greedy_cycles).
 - probe.py: that agreement on a workload's requests, per category, with the acceptance it predicts.
 - vocab.py: how much of the baseline's output an EAGLE head's own draft vocabulary leaves out.
+- trained_length.py: how much an EAGLE head drafted past the longest sequence it was trained on, and its
+  acceptance there against within.
 - experiments.py: the arms, each differing from the user's run in one thing (`Arm`, `plan`).
 - run.py: running the arms as workload folders, interleaved request by request.
 - paired.py: one change's effect on paired runs, with a bootstrap interval over requests.

@@ -16,6 +16,7 @@ from engine.diagnose.paired import acceptance_rate, tokens_per_s
 from engine.diagnose.probe import workload_probe
 from engine.diagnose.report import Finding, as_dict, finding, format_findings, ranked
 from engine.diagnose.run import ArmResult, ArmRun, LoadPair, run_interleaved
+from engine.diagnose.trained_length import trained_length_report
 from engine.diagnose.verdict import Advice, advisor
 from engine.diagnose.vocab import coverage, draft_vocab
 from engine.kv.prefix import PrefixReuse
@@ -32,13 +33,15 @@ class Diagnosis:
     probe: dict | None
     advice: Advice | None = None  # the K advisor on the baseline: what the verdict weighs plain decoding by
     vocab: dict | None = None  # a head with a reduced vocabulary: how much of the output it can never draft
+    trained_length: dict | None = None  # a head that says its trained length: the drafts past it, per arm
 
     def as_dict(self) -> dict:
         counts = self.baseline.counts
         return {"baseline": {"arm": "baseline", "folder": str(self.baseline.folder), "requests": len(counts),
                              "acceptance_rate": acceptance_rate(counts), "tokens_per_s": tokens_per_s(counts)},
                 "advisor": None if self.advice is None else asdict(self.advice),
-                "findings": [as_dict(f) for f in self.findings], "probe": self.probe, "draft_vocab": self.vocab}
+                "findings": [as_dict(f) for f in self.findings], "probe": self.probe, "draft_vocab": self.vocab,
+                "trained_length": self.trained_length}
 
 
 def advice(baseline: ArmResult) -> Advice | None:
@@ -106,7 +109,17 @@ def diagnose(load: LoadPair, base: ex.Arm, requests: list[Request], folder: str 
         probe = workload_probe(load(base.drafter), baseline.workload.runs(), base.settings,
                                greedy.workload.runs() if greedy is not None else None)
     heads = base.drafter.kind in (EAGLE, EAGLE3)  # the drafters with a vocabulary of their own
-    return Diagnosis(baseline, findings, probe, advised, vocab_coverage(load(base.drafter), baseline) if heads else None)
+    return Diagnosis(baseline, findings, probe, advised, vocab_coverage(load(base.drafter), baseline) if heads else None,
+                     trained_length_of(baseline, results) if heads else None)
+
+
+def trained_length_of(baseline: ArmResult, results: dict[str, ArmResult]) -> dict | None:
+    """The baseline's drafts and the longer-context arm's against the head's trained length, if it says one."""
+    context = next((r for r in results.values() if r.arm.name == ex.CONTEXT_ARM and r.workload), None)
+    arms = {"baseline": baseline.workload.runs() if baseline.workload else []}
+    if context is not None:
+        arms[ex.CONTEXT] = context.workload.runs()
+    return trained_length_report(arms)
 
 
 def vocab_coverage(pair, baseline: ArmResult) -> dict | None:
@@ -153,4 +166,17 @@ def format_diagnosis(d: Diagnosis) -> str:
                       f"DRAFT VOCABULARY: {v['outside']:,} of the baseline's {v['tokens']:,} output tokens "
                       f"({v['outside_share']:.1%}) lie outside the head's {v['draft_vocab_size']:,} draft tokens: it can "
                       f"never draft them, so a draft at each is a certain rejection; most often {missed}"]
+    if d.trained_length:
+        lines += ["", trained_length_words(d.trained_length)]
     return "\n".join(lines)
+
+
+def trained_length_words(t: dict) -> str:
+    def rate(accepted: int, drafted: int) -> str:
+        return f"{accepted / drafted:.3f}" if drafted else "-"
+
+    parts = [f"{name}: {a['drafted_past']:,} of {a['drafted_within'] + a['drafted_past']:,} draft tokens past it "
+             f"in {a['requests_past']} of {a['requests']} requests (acceptance {rate(a['accepted_past'], a['drafted_past'])}"
+             f" past, {rate(a['accepted_within'], a['drafted_within'])} within)" for name, a in t["arms"].items()]
+    return (f"TRAINED LENGTH: the head was trained on sequences of at most {t['trained_positions']:,} tokens; "
+            + "; ".join(parts))

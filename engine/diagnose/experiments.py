@@ -17,7 +17,7 @@ from engine.config import SpecSettings
 from engine.drafters.registry import DrafterOptions
 from engine.trace.schema import DRAFT_FILTERS_REQUEST as FOLLOWS
 from engine.trace.schema import DRAFT_FILTERS_TEMPERATURE as IGNORES
-from engine.trace.schema import DRAFT_MODEL, DRAFT_PROMPT_RAW, EAGLE, PROMPT_LOOKUP, SUFFIX
+from engine.trace.schema import DRAFT_MODEL, DRAFT_PROMPT_RAW, EAGLE, EAGLE3, EAGLE3_AUX, EAGLE3_TOP, PROMPT_LOOKUP, SUFFIX
 from engine.trace.schema import DRAFT_PROMPT_AS_TARGET as AS_TARGET
 
 # Text put before every request by the context-length experiment: a neutral passage the request
@@ -27,7 +27,9 @@ TEMPERATURES = (0.0, 0.7, 1.0)
 CAUSE, TUNING, ALTERNATIVE, PROPERTY = "cause", "tuning", "alternative", "property"
 DEPTH = "draft depth"
 CONTEXT = "context length"
+CONTEXT_ARM = "longer-context"  # its arm's folder
 GLOBAL_TREE = "global tree"
+AUX_STATES = "auxiliary states"
 # The measure each kind is ranked and worded by, as a finding's dict names it (report.py Finding.judged_by)
 JUDGED_BY = {CAUSE: "acceptance_rate", TUNING: "step_tokens_per_s", ALTERNATIVE: "tokens_per_s",
              PROPERTY: "acceptance_rate"}
@@ -88,6 +90,23 @@ def filters_experiment(base: Arm) -> Experiment:
         Arm(arm_name("draft-filters", other.draft_filters), other, s, base.prefix))
 
 
+def aux_states_experiment(base: Arm) -> Experiment:
+    """An EAGLE-3 head with and without its auxiliary layers: the misconfiguration that leaves acceptance near
+    zero (an engine that hands the head only the target's top state). Whichever way the user's run reads them,
+    the arm reads them the other way, so the finding says what the right way gains or the wrong one costs."""
+    if base.drafter.kind != EAGLE3:
+        return Experiment(AUX_STATES, CAUSE, "", "", None, "only an EAGLE-3 head reads the target's auxiliary layers")
+    top = base.drafter.eagle3_features == EAGLE3_TOP
+    other = replace(base.drafter, eagle3_features=EAGLE3_AUX if top else EAGLE3_TOP)
+    aux_words = "the target's auxiliary layers fused by fc"
+    top_words = "the target's last layer's output in their place (no fc)"
+    return Experiment(
+        AUX_STATES, CAUSE,
+        f"the head reads {top_words}" if top else f"the head reads {aux_words}",
+        f"when it reads {aux_words}" if top else f"when it reads {top_words}",
+        Arm(arm_name("eagle3-features", other.eagle3_features), other, base.settings, base.prefix))
+
+
 def temperature_experiments(base: Arm) -> list[Experiment]:
     return [Experiment(f"temperature {t}", PROPERTY, f"at temperature {base.settings.temperature}", f"at temperature {t}",
                        Arm(arm_name("temperature", str(t)), base.drafter, replace(base.settings, temperature=t), base.prefix))
@@ -97,7 +116,7 @@ def temperature_experiments(base: Arm) -> list[Experiment]:
 def context_experiment(base: Arm, prefix: str) -> Experiment:
     return Experiment(CONTEXT, PROPERTY, "with the requests as they are",
                       f"with about {CONTEXT_TOKENS} tokens of unrelated text before each",
-                      Arm("longer-context", base.drafter, base.settings, prefix + base.prefix))
+                      Arm(CONTEXT_ARM, base.drafter, base.settings, prefix + base.prefix))
 
 
 def depth_experiment(base: Arm, best_k: int | None, plain_better: bool = False) -> Experiment:
@@ -142,7 +161,7 @@ def global_tree_experiments(base: Arm) -> list[Experiment]:
 def plan(base: Arm, *, has_template: bool, has_eagle: bool, prefix: str, best_k: int | None,
          plain_better: bool = False) -> list[Experiment]:
     """Every experiment for this pair and these settings, in the order they run."""
-    return [template_experiment(base, has_template), filters_experiment(base),
+    return [template_experiment(base, has_template), filters_experiment(base), aux_states_experiment(base),
             depth_experiment(base, best_k, plain_better),
             *drafter_experiments(base, has_eagle), *global_tree_experiments(base), *temperature_experiments(base),
             context_experiment(base, prefix)]

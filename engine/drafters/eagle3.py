@@ -38,7 +38,7 @@ from engine.kv.ops import cache_len, crop
 from engine.models.device import timed
 from engine.models.loading import LoadedModel, ModelLoadError
 from engine.models.sampling import draw, warp_probs
-from engine.trace.schema import EAGLE3
+from engine.trace.schema import EAGLE3, EAGLE3_AUX, EAGLE3_TOP
 
 
 def layer_config(spec: fmt.Eagle3Spec) -> LlamaConfig:
@@ -157,6 +157,8 @@ class Eagle3Drafter:
     aux_layer_ids: tuple[int, ...]
     embed: nn.Module  # the checkpoint's embed_tokens, or the target's input embedding
     name: str = "eagle3-head"
+    features_from: str = EAGLE3_AUX  # EAGLE3_TOP: mis-set on purpose, the target's last layer's output without fc
+    trained_positions: int | None = None  # the longest sequence it was trained on, where its folder says
     kind: str = EAGLE3
     reads_target_features: bool = True  # the cycle hands it the verify pass's features
     calibration_steps: int = 2  # step 1 reads out the catch-up's output; step 2 is a head pass (engine/stats/calibrate.py)
@@ -164,23 +166,41 @@ class Eagle3Drafter:
     @property
     def feature_layers(self) -> tuple[int, ...]:
         """Which target hidden states the prefill and verify passes must hand over (engine/cycle/reference.py)."""
+        if self.features_from == EAGLE3_TOP:
+            return (self.target.model.config.num_hidden_layers,)
         return self.aux_layer_ids
+
+    @property
+    def mis_set(self) -> bool:
+        return self.features_from != EAGLE3_AUX
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """(m, n_aux * H_t) aux hidden states -> (m, H) g; a head mis-set to read the top layer takes it as g
+        unchanged, as vLLM's EAGLE-3 model does when it is handed one H-wide state."""
+        return features if self.mis_set else self.head.fc(features)
 
     @classmethod
     def build(cls, target: LoadedModel, head: Eagle3Head, draft_to_target: torch.Tensor, aux_layer_ids,
-              embed: nn.Module | None = None, name: str = "eagle3-head") -> "Eagle3Drafter":
+              embed: nn.Module | None = None, name: str = "eagle3-head", features_from: str = EAGLE3_AUX,
+              trained_positions: int | None = None) -> "Eagle3Drafter":
         head.to(target.device, target.dtype).eval()
         embed = target.model.get_input_embeddings() if embed is None else embed.to(target.device, target.dtype)
         # vLLM hands the aux hidden states over in the order the layers run, whatever order the config lists
-        return cls(target, head, draft_to_target.long().to(target.device), tuple(sorted(aux_layer_ids)), embed, name)
+        return cls(target, head, draft_to_target.long().to(target.device), tuple(sorted(aux_layer_ids)), embed, name,
+                   features_from=features_from, trained_positions=trained_positions)
 
     def describe(self) -> dict:
         return {"name": self.name, "architecture": "Eagle3Head (fc over target layers "
                 f"{list(self.aux_layer_ids)} + one 2H-input LlamaDecoderLayer + norm + lm_head; speculators format)",
                 "parameters": sum(p.numel() for p in self.head.parameters()),
-                "vocab_size": self.target.full_vocab_size, "kept_vocab": int(self.draft_to_target.numel())}
+                "vocab_size": self.target.full_vocab_size, "kept_vocab": int(self.draft_to_target.numel()),
+                **({} if self.trained_positions is None else {"trained_positions": self.trained_positions})}
 
     def settings(self) -> dict:
+        if self.mis_set:
+            return {"kind": self.kind, "head": self.name, "aux_layer_ids": list(self.aux_layer_ids),
+                    "feature": "the target's last layer's output, read as the fused state (no fc): mis-set",
+                    "eagle3_features": self.features_from}
         return {"kind": self.kind, "head": self.name, "aux_layer_ids": list(self.aux_layer_ids),
                 "feature": "target hidden states after the aux layers, fused by fc"}
 
@@ -262,7 +282,7 @@ class Eagle3Drafter:
 
         def catch_up() -> torch.Tensor:
             with torch.inference_mode():
-                fused = self.head.fc(state.features[first:keep])  # (m, H) g_first..g_{keep-1}
+                fused = self.fuse(state.features[first:keep])  # (m, H) g_first..g_{keep-1}
                 return self.feed(state, first, committed[first + 1:keep + 1], fused)
 
         out, elapsed = timed(catch_up, self.target.device)
@@ -293,11 +313,16 @@ def check_against_target(folder: Path, spec: fmt.Eagle3Spec, target: LoadedModel
                              f"(id i is the hidden state after i layers, 1..{layers})")
 
 
-def load_eagle3(folder: str | Path, target: LoadedModel) -> Eagle3Drafter:
-    """An Eagle3Drafter for `target` from any speculators eagle3 folder (config.json + model.safetensors)."""
+def load_eagle3(folder: str | Path, target: LoadedModel, features_from: str = EAGLE3_AUX) -> Eagle3Drafter:
+    """An Eagle3Drafter for `target` from any speculators eagle3 folder (config.json + model.safetensors);
+    `features_from` EAGLE3_TOP mis-sets it on purpose (engine/trace/schema.py)."""
     folder = Path(folder)
     spec = fmt.read_spec(folder)
     check_against_target(folder, spec, target)
+    if features_from == EAGLE3_TOP and spec.hidden_size != spec.target_hidden_size:
+        raise ModelLoadError(f"EAGLE-3 head {folder}: --eagle3-features {EAGLE3_TOP!r} reads the target's "
+                             f"{spec.target_hidden_size}-wide top state as the head's {spec.hidden_size}-wide fused "
+                             "state; they differ, so no engine could run this head that way")
     weights = fmt.read_weights(folder, spec)
     draft_to_target = fmt.check_vocab_maps(folder, weights["d2t"], weights["t2d"], target.full_vocab_size)
     head = Eagle3Head(layer_config(spec), len(spec.aux_layer_ids), spec.target_hidden_size, spec.draft_vocab_size,
@@ -312,7 +337,8 @@ def load_eagle3(folder: str | Path, target: LoadedModel) -> Eagle3Drafter:
     embed = None
     if "embed_tokens.weight" in weights:
         embed = nn.Embedding.from_pretrained(weights["embed_tokens.weight"].float(), freeze=True)
-    return Eagle3Drafter.build(target, head, draft_to_target, spec.aux_layer_ids, embed, folder.name)
+    return Eagle3Drafter.build(target, head, draft_to_target, spec.aux_layer_ids, embed, folder.name, features_from,
+                               fmt.read_trained_positions(folder))
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:

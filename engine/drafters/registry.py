@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from engine.config import SettingsError, SpecSettings
-from engine.drafters.refusals import MIS_SET_MODEL_ONLY, OTHER_TOKENIZER_GREEDY_ONLY
+from engine.drafters.refusals import MIS_SET_HEAD_ONLY, MIS_SET_MODEL_ONLY, OTHER_TOKENIZER_GREEDY_ONLY
 from engine.drafters.suffix_tree import check_options as check_suffix_options  # no torch there
 from engine.trace.schema import (
     DRAFT_FILTERS,
@@ -27,6 +27,8 @@ from engine.trace.schema import (
     DRAFT_PROMPTS,
     EAGLE,
     EAGLE3,
+    EAGLE3_AUX,
+    EAGLE3_FEATURES,
     MAX_CACHED_REQUESTS,
     MAX_K,
     MAX_NGRAM,
@@ -58,6 +60,7 @@ class DrafterOptions:
     # A draft model mis-set on purpose (engine/drafters/model.py; engine/diagnose/ plants them):
     draft_prompt: str = DRAFT_PROMPT_AS_TARGET  # "raw": the draft reads the prompt without the chat template
     draft_filters: str = DRAFT_FILTERS_REQUEST  # "temperature only": the draft ignores the request's top-k/top-p
+    eagle3_features: str = EAGLE3_AUX  # an EAGLE-3 head mis-set on purpose: "top layer" reads no aux layers
     # Suffix decoding (engine/drafters/suffix.py), vLLM's defaults:
     suffix_depth: int = 24  # longest substring its trees keep
     suffix_factor: float = 1.0  # draft tokens per matched token, at most
@@ -65,9 +68,14 @@ class DrafterOptions:
     suffix_cached_requests: int = 10_000  # earlier requests' outputs the global tree keeps
 
     @property
-    def mis_set(self) -> bool:
+    def mis_set_model(self) -> bool:
         """The draft model runs one of the deliberately mis-set ways (still exact, lower acceptance)."""
         return (self.draft_prompt, self.draft_filters) != (DRAFT_PROMPT_AS_TARGET, DRAFT_FILTERS_REQUEST)
+
+    @property
+    def mis_set(self) -> bool:
+        """A draft model or an EAGLE-3 head runs one of the deliberately mis-set ways (reference chain only)."""
+        return self.mis_set_model or self.eagle3_features != EAGLE3_AUX
 
     def __post_init__(self) -> None:
         if self.kind not in DRAFTERS:
@@ -82,14 +90,16 @@ class DrafterOptions:
         if not 0 <= self.max_draft_steps <= MAX_K:
             raise SettingsError(f"--draft-steps must be between 0 (K) and {MAX_K}, got {self.max_draft_steps}")
         for name, allowed in (("draft_prompt", DRAFT_PROMPTS), ("draft_filters", DRAFT_FILTERS),
-                              ("ngram_match", NGRAM_MATCHES)):
+                              ("ngram_match", NGRAM_MATCHES), ("eagle3_features", EAGLE3_FEATURES)):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in allowed:
                 raise SettingsError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
         if not isinstance(self.after_first_token, bool) or (self.after_first_token and self.kind != PROMPT_LOOKUP):
             raise SettingsError("after_first_token is prompt lookup's, and true or false")
-        if self.mis_set and self.kind != DRAFT_MODEL:
+        if self.mis_set_model and self.kind != DRAFT_MODEL:
             raise SettingsError(f"{MIS_SET_MODEL_ONLY}, not to --drafter {self.kind}")
+        if self.eagle3_features != EAGLE3_AUX and self.kind != EAGLE3:
+            raise SettingsError(f"{MIS_SET_HEAD_ONLY}, not to --drafter {self.kind}")
         check_suffix_options(self.suffix_depth, self.suffix_factor, self.suffix_min_prob, self.suffix_cached_requests)
 
 
@@ -235,7 +245,7 @@ def build_eagle(target: "LoadedModel", options: DrafterOptions, load: Load) -> "
 def build_eagle3(target: "LoadedModel", options: DrafterOptions, load: Load) -> "Drafter":
     from engine.drafters.eagle3 import load_eagle3
 
-    return load_eagle3(options.draft_model, target)
+    return load_eagle3(options.draft_model, target, options.eagle3_features)
 
 
 # ---------------------------------------------------------------- what a preset ships for each kind
@@ -312,6 +322,10 @@ DRAFTERS = {spec.kind: spec for spec in (
         label="EAGLE-3 head (speculators format; fuses three target layers)",
         needs=Needs("a speculators eagle3 folder", target_features=True),
         build=build_eagle3, shipped=eagle3_head, name_draft=name_head,
+        flags=(Flag("--eagle3-features", "eagle3_features", "EAGLE-3 head, mis-set on purpose: 'top layer' hands it "
+                    "the target's last layer's output instead of its auxiliary layers fused by fc, as vLLM does for "
+                    "a head whose config sets use_aux_hidden_state false (exact, acceptance near zero)",
+                    choices=EAGLE3_FEATURES),),
         not_shipped="ships no EAGLE-3 head: name one with --draft"),
     DrafterKind(
         SUFFIX, "engine.drafters.suffix:SuffixDrafter", title="suffix decoding",

@@ -12,6 +12,11 @@ model.safetensors holds the weights under these names (H the head's width, V_d t
   d2t (V_d,) int64 with target id = draft index + d2t[draft index], t2d (V_target,) bool, and optionally
   embed_tokens.weight (V_target, H); without it the head reads the target's own embedding (as vLLM does).
 
+A third file is the lab's own and optional: training.json, its record of how the head was trained. Its
+"trained_positions" is the longest sequence (prompt and answer, in tokens) the head saw in training: past
+it the head attends over positions it never learnt to (the diagnosis counts the cycles that do). Heads from
+other tools carry no such file; their trained length is then unknown.
+
 Only safetensors and json are read: nothing here can run code from the folder. Every problem is one
 line of ModelLoadError naming the folder.
 """
@@ -24,6 +29,8 @@ import torch
 from engine.models.loading import ModelLoadError
 
 CONFIG_FILE = "config.json"
+TRAINING_FILE = "training.json"  # the lab's record of training, optional
+MAX_TRAINED_POSITIONS = 10_000_000  # beyond any context a head is trained on: a larger number is not a length
 WEIGHTS_FILE = "model.safetensors"
 MODEL_TYPE = "eagle3"
 ARCHITECTURE = "Eagle3Speculator"
@@ -99,6 +106,24 @@ def read_spec(folder: str | Path) -> Eagle3Spec:
     return Eagle3Spec(layer, draft_vocab, target_hidden, int(layer["vocab_size"]), list(aux),
                       bool(cfg.get("norm_before_residual", False)), tokens, verifier.get("name_or_path"),
                       list(verifier.get("architectures") or []))
+
+
+def read_trained_positions(folder: str | Path) -> int | None:
+    """training.json's trained_positions, if the folder has the file and it says; a file that is there but
+    broken, or a number that cannot be a length, is refused in one line (rather than a check silently lost)."""
+    folder = Path(folder)
+    path = folder / TRAINING_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        _fail(folder, f"{TRAINING_FILE} is not JSON ({e})")
+    value = record.get("trained_positions") if isinstance(record, dict) else None
+    if value is not None and not (_is_int(value) and 2 <= value <= MAX_TRAINED_POSITIONS):
+        _fail(folder, f"{TRAINING_FILE}: trained_positions must be a whole number of tokens, 2 to "
+                      f"{MAX_TRAINED_POSITIONS:,}, got {value!r}")
+    return value
 
 
 def read_weights(folder: str | Path, spec: Eagle3Spec) -> dict[str, torch.Tensor]:

@@ -21,6 +21,9 @@ from engine.trace.schema import (
     DRAFT_PROMPT_AS_TARGET,
     DRAFT_PROMPTS,
     DRAFTER_KINDS,
+    EAGLE3,
+    EAGLE3_AUX,
+    EAGLE3_FEATURES,
     GGUF_BLOCK_TYPES,
     LINEAR_PATHS,
     MAX_DECODER_FALLBACK_TEXT,
@@ -82,7 +85,26 @@ def check_drafter(h: dict, temperature: float, where: str) -> dict:
         if vocab is not None and (not is_int(vocab) or vocab < 1):
             fail(where, "drafter.draft_vocab_size", "must be a positive integer")
     check_mis_set_draft(d, h, where)
+    check_mis_set_head(d, h, where)
     return d
+
+
+def chain_only(h: dict) -> bool:
+    """The run drafted on the reference chain: no tree, no fast path, no batch (where the mis-set drafters run)."""
+    return "tree" not in h["settings"] and h.get("fast_path") is None and h.get("batch") is None
+
+
+def check_mis_set_head(d: dict, h: dict, where: str) -> None:
+    """An EAGLE-3 head mis-set on purpose (engine/drafters/eagle3.py): which target hidden states it read.
+    Absent means the correct run, fc over the auxiliary layers."""
+    features = d.get("eagle3_features", EAGLE3_AUX)
+    if not isinstance(features, str) or features not in EAGLE3_FEATURES:
+        fail(where, "drafter.eagle3_features", f"must be one of {', '.join(map(repr, EAGLE3_FEATURES))}")
+    if features != EAGLE3_AUX and d["kind"] != EAGLE3:
+        fail(where, "drafter.eagle3_features", "only an EAGLE-3 head reads the target's hidden states this way")
+    if features != EAGLE3_AUX and not chain_only(h):
+        fail(where, "drafter.eagle3_features", "a mis-set head runs on the reference chain only "
+                                               "(no tree, no fast path, no batch)")
 
 
 def check_mis_set_draft(d: dict, h: dict, where: str) -> None:
@@ -94,8 +116,7 @@ def check_mis_set_draft(d: dict, h: dict, where: str) -> None:
             fail(where, f"drafter.{name}", f"must be one of {', '.join(map(repr, allowed))}")
         if value != allowed[0] and d["kind"] != DRAFT_MODEL:
             fail(where, f"drafter.{name}", "only a draft model runs mis-set this way")
-        if value != allowed[0] and ("tree" in h["settings"] or h.get("fast_path") is not None
-                                    or h.get("batch") is not None):
+        if value != allowed[0] and not chain_only(h):
             fail(where, f"drafter.{name}", "a mis-set draft model runs on the reference chain only "
                                            "(no tree, no fast path, no batch)")
     own = d.get("draft_prompt_token_ids")

@@ -90,8 +90,8 @@ def describe(manifest: dict | None) -> str:
     drafter = pair.get("drafter", {}) if isinstance(pair.get("drafter"), dict) else {}
     names = pair.get("preset") or (pair.get("target") or {}).get("name", "?")
     filters = [f"top-k {s['top_k']}" if s.get("top_k") else "", f"top-p {s['top_p']}" if s.get("top_p", 1) < 1 else ""]
-    mis = [f"{k.replace('_', ' ')}: {drafter[k]}" for k in ("draft_prompt", "draft_filters")
-           if drafter.get(k) not in (None, "as target", "request")]
+    mis = [f"{k.replace('_', ' ')}: {drafter[k]}" for k in ("draft_prompt", "draft_filters", "eagle3_features")
+           if drafter.get(k) not in (None, "as target", "request", "aux layers")]
     # the diagnosis's name is in the pick beside this: the settings alone, to keep the row one line high
     return (f"Pair **{md(str(names))}** · drafter **{md(str(drafter.get('kind', 'model')))}**"
             + (f" ({md(', '.join(mis))})" if mis else "") + f" · K={md(str(s.get('k', '?')))} · temperature "
@@ -277,10 +277,33 @@ def vocab_section(v: dict) -> None:
                "vocabulary chosen from other text misses this workload's own words.")
 
 
+def trained_length_rows(t: dict) -> list[dict]:
+    """One row per arm: draft tokens within and past the head's trained length, and the acceptance of each."""
+    def rate(accepted: int, drafted: int) -> str:
+        return f"{accepted / drafted:.3f} ({accepted:,} / {drafted:,})" if drafted else "none drafted"
+
+    return [{"arm": "your requests" if name == "baseline" else "with ~600 tokens of text before each",
+             "requests that went past": f"{a['requests_past']} of {a['requests']}",
+             "acceptance within": rate(a["accepted_within"], a["drafted_within"]),
+             "acceptance past": rate(a["accepted_past"], a["drafted_past"])} for name, a in t["arms"].items()]
+
+
+def trained_length_section(t: dict) -> None:
+    st.subheader("Trained length")
+    st.markdown(f"The head was trained on sequences of at most **{t['trained_positions']:,}** tokens (prompt and "
+                "answer). A draft token at a later position comes from attention over positions the head never "
+                "learnt to read; the table counts each draft token where it stands.")
+    st.markdown(markdown_table(trained_length_rows(t)))
+    st.caption("The head's folder says its trained length in the lab's training.json (trained_positions); heads "
+               "from other tools do not say, and then this section is absent.")
+
+
 def probe_tab(choice: tuple[str, str], d: dict, manifest: dict | None) -> None:
     probe = d["probe"]
     if d.get("draft_vocab") is not None:
         vocab_section(d["draft_vocab"])
+    if d.get("trained_length") is not None:
+        trained_length_section(d["trained_length"])
     if probe is None:
         st.info("This diagnosis has no agreement probe: it runs for a draft model only (not prompt lookup or "
                 "an EAGLE head), and not when the diagnosis was limited to other experiments.")
