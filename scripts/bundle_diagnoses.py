@@ -43,6 +43,11 @@ CASES = {  # name: (arguments, planted cause or None, repeat of, bundled with it
                                  "sampling filters", None, True),
     "chat-k-far-too-deep": (["--preset", "chat", "--temperature", "0.7", "--top-p", "0.9", "--k", "12",
                              "--only", RANKED] + BUNDLED, "draft depth", None, True),
+    # an EAGLE-3 head handed the target's top state in place of its auxiliary layers (vLLM's use_aux_hidden_state
+    # false); the context arm puts every draft past the head's trained length, which the report then counts
+    "chat-eagle3-without-aux-states": (["--preset", "chat", "--drafter", "eagle3", "--temperature", "0", "--k", "3",
+                                        "--eagle3-features", "top layer", "--only", "auxiliary states,context length"]
+                                       + BUNDLED, "auxiliary states", None, True),
     "chat-set-correctly": (CHAT + BUNDLED, None, None, True),
     "tiny-shakespeare-set-correctly": (SHAKESPEARE + BUNDLED, None, None, True),
     "whole-set-tiny-shakespeare": (SHAKESPEARE + WHOLE_SET, None, None, False),

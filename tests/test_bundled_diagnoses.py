@@ -16,14 +16,14 @@ CASES = sorted(SHIPPED.glob("*.json"))
 JUDGED_BY = {"cause": "acceptance_rate", "tuning": "step_tokens_per_s", "alternative": "tokens_per_s",
              "property": "acceptance_rate"}
 PLANTED = {"chat-draft-without-chat-template": "chat template", "chat-draft-ignores-top-k": "sampling filters",
-           "chat-k-far-too-deep": "draft depth"}
+           "chat-k-far-too-deep": "draft depth", "chat-eagle3-without-aux-states": "auxiliary states"}
 
 
 def case(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def test_both_presets_and_three_planted_causes_are_shipped():
+def test_both_presets_and_four_planted_causes_are_shipped():
     names = {p.stem for p in CASES}
     assert {"chat-set-correctly", "tiny-shakespeare-set-correctly", *PLANTED} <= names
     for name, planted in PLANTED.items():
@@ -76,3 +76,14 @@ def test_every_figure_is_recomputed_from_the_shipped_traces(path):
             if shipped["interval"] is not None:
                 assert list(got.interval) == pytest.approx(shipped["interval"], abs=1e-9), (f["experiment"], measure)
                 assert got.found == shipped["found"]
+
+
+def test_the_trained_length_counts_are_the_engine_s_on_the_shipped_traces():
+    """The EAGLE-3 case: the drafts past the head's trained length, recomputed from its baseline and context arm."""
+    from engine.diagnose.experiments import CONTEXT, CONTEXT_ARM
+    from engine.diagnose.trained_length import trained_length_report
+    name = "chat-eagle3-without-aux-states"
+    shipped = case(SHIPPED / f"{name}.json")["trained_length"]
+    got = trained_length_report({"baseline": arm(name, "baseline").runs(), CONTEXT: arm(name, CONTEXT_ARM).runs()})
+    assert got == shipped
+    assert shipped["trained_positions"] == 206 and shipped["arms"][CONTEXT]["drafted_within"] == 0  # all past it

@@ -325,6 +325,15 @@ def test_the_trained_length_shows_the_engine_counts_of_the_baseline(folder, monk
     assert f"| your requests | {counts['requests_past']} of {counts['requests']} | {within} | {past} |" in shown
 
 
+def test_the_live_form_plants_a_head_without_its_aux_states_on_an_eagle3_head_only():
+    from app.views.sections.diagnose_source import AUX, planted
+    from engine.config import SettingsError
+    from engine.drafters.registry import DrafterOptions
+    assert planted(AUX, "chat", "eagle3", 3, 0.0, 1.0) == (DrafterOptions("eagle3", eagle3_features="top layer"), 3)
+    with pytest.raises(SettingsError, match="only an EAGLE-3 head"):
+        planted(AUX, "chat", "eagle", 3, 0.0, 1.0)
+
+
 def test_a_head_that_covers_the_output_says_so():
     from app.views.sections.diagnose_views import vocab_words
     covered = {"draft_vocab_size": 17812, "tokens": 48, "outside": 0, "outside_share": 0.0, "most_missed": []}

@@ -2,7 +2,8 @@
 
 A live diagnosis runs `engine diagnose` (app/runs/diagnose.py) on a shipped pair with a few requests
 per category of the bundled prompt set, optionally with one mis-setting planted (the draft without
-the chat template, the draft ignoring top-k/top-p, K far too deep) to watch the diagnosis find it.
+the chat template, the draft ignoring top-k/top-p, an EAGLE-3 head without its auxiliary states, K far
+too deep) to watch the diagnosis find it.
 It waits in the server's queue like every live run (alone: its baseline records step times).
 """
 import time
@@ -15,7 +16,16 @@ from app.ui.safe import md
 from app.ui.widgets import remembered_pick
 from engine.config import SettingsError, SpecSettings
 from engine.drafters.registry import DRAFTERS, DrafterOptions, check_before_loading
-from engine.trace.schema import DRAFT_FILTERS_TEMPERATURE, DRAFT_MODEL, DRAFT_PROMPT_RAW, EAGLE, MAX_K, PROMPT_LOOKUP
+from engine.trace.schema import (
+    DRAFT_FILTERS_TEMPERATURE,
+    DRAFT_MODEL,
+    DRAFT_PROMPT_RAW,
+    EAGLE,
+    EAGLE3,
+    EAGLE3_TOP,
+    MAX_K,
+    PROMPT_LOOKUP,
+)
 from engine.workload.prompts import BUNDLED_PROMPT_SET, read_prompts
 
 PROMPT_SET = BUNDLED_PROMPT_SET
@@ -24,12 +34,13 @@ SHOW_REPORT = "_diagnose_show_report"  # session_state: a live diagnosis has jus
 MAX_LIVE_PER_CATEGORY = 2  # every arm runs every request: a live diagnosis is 6-9 workloads
 MAX_LIVE_TOKENS = 24
 DEEP_K = 16  # "K far too deep": past where any shipped draft's acceptance has died out
-NONE, RAW, FILTERS, DEEP = "none", "raw", "filters", "deep"
+NONE, RAW, FILTERS, AUX, DEEP = "none", "raw", "filters", "aux", "deep"
 PLANTS = {NONE: "none: the settings as given",
           RAW: "the draft reads the prompt without the chat template",
           FILTERS: "the draft ignores top-k/top-p (samples at the temperature only)",
+          AUX: "the EAGLE-3 head reads the target's top layer, not its auxiliary layers",
           DEEP: f"K far too deep (K={DEEP_K})"}
-LIVE_DRAFTERS = (DRAFT_MODEL, PROMPT_LOOKUP, EAGLE)  # those that sample: the experiments change the temperature
+LIVE_DRAFTERS = (DRAFT_MODEL, PROMPT_LOOKUP, EAGLE, EAGLE3)  # those that sample: the experiments change the temperature
 
 
 def choose() -> tuple[str, str] | None:
@@ -76,6 +87,10 @@ def planted(plant: str, preset: str, drafter: str, k: int, temperature: float, t
     if plant in (RAW, FILTERS) and drafter != DRAFT_MODEL:
         raise SettingsError("only a draft model has a prompt and a distribution of its own to mis-set: "
                             "pick the draft model, or plant K far too deep")
+    if plant == AUX:
+        if drafter != EAGLE3:
+            raise SettingsError("only an EAGLE-3 head reads the target's auxiliary layers: pick the EAGLE-3 head")
+        return DrafterOptions(kind=EAGLE3, eagle3_features=EAGLE3_TOP), k
     if plant == RAW:
         if not PRESETS[preset].use_chat_template:
             raise SettingsError(f"the {preset} pair renders no chat template, so a draft without it reads what "
