@@ -52,15 +52,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny-shakespeare, 4 requests a set, 16 tokens: does it run?")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--note", default="", help="conditions of the run (e.g. a machine shared with other jobs)")
+    p.add_argument("--name", default="", help="appended to the results' name (a second run, other options)")
+    p.add_argument("--suffix-min-prob", type=float, default=DrafterOptions().suffix_min_prob,
+                   help="suffix decoding's pruning threshold (vLLM's default 0.1)")
+    p.add_argument("--suffix-cached-requests", type=int, default=DrafterOptions().suffix_cached_requests,
+                   help="earlier outputs the global tree keeps (vLLM's default 10,000; 0: the request's own tree only)")
     args = p.parse_args(argv)
     if args.quick:
         args.presets, args.requests, args.max_new_tokens = "tiny-shakespeare", 4, 16
     return args
 
 
-def fresh_suffix(lookup: Pair) -> Pair:
+def fresh_suffix(lookup: Pair, args) -> Pair:
     """A suffix drafter over the prompt-lookup pair's target, its global tree empty: one per session."""
-    drafter = build_drafter(lookup.target, DrafterOptions(SUFFIX), lambda folder: None)
+    options = DrafterOptions(SUFFIX, suffix_min_prob=args.suffix_min_prob,
+                             suffix_cached_requests=args.suffix_cached_requests)
+    drafter = build_drafter(lookup.target, options, lambda folder: None)
     return Pair(lookup.target, None, lookup.eos_ids, drafter)
 
 
@@ -95,7 +102,7 @@ def add_run(tally: dict, tokens: list[int], seconds: float, records: list[dict])
 
 def run_set(lookup: Pair, preset: str, path: Path, args) -> dict:
     """Every request of one prompt set through the three methods; the suffix drafter's tree starts empty."""
-    pairs = {PROMPT_LOOKUP: lookup, SUFFIX: fresh_suffix(lookup)}
+    pairs = {PROMPT_LOOKUP: lookup, SUFFIX: fresh_suffix(lookup, args)}
     requests = read_prompts(path)[: args.requests or None]
     s = SpecSettings(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=0)
     tallies, skipped = {m: empty_tally() for m in METHODS}, []
@@ -141,8 +148,9 @@ def report(results: list[dict], args, machine: dict) -> str:
              f"Machine: {machine_words(machine)}. {machine['date']}." + (f" {args.note}" if args.note else ""),
              f"K={args.k}, T={args.temperature:g}, up to {args.max_new_tokens} new tokens a request, one pass"
              + (" (--quick: a smoke run, not a measurement)" if args.quick else "") + ". Each prompt set is one session: "
-             "the suffix drafter's global tree grows over its requests. Suffix options: vLLM's defaults "
-             "(depth 24, factor 1.0, min probability 0.1, 10,000 cached requests).", "",
+             "the suffix drafter's global tree grows over its requests. Suffix options: depth 24, factor 1.0, "
+             f"min probability {args.suffix_min_prob:g}, {args.suffix_cached_requests:,} cached requests "
+             "(vLLM's defaults: 0.1 and 10,000).", "",
              "| preset | prompt set | method | requests | tokens/s | speed-up | mean acc. length | acceptance rate "
              "| cycles drafting | drafts from global tree |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -164,7 +172,7 @@ def warm_up(lookup: Pair, args) -> None:
     s = SpecSettings(k=args.k, temperature=args.temperature, max_new_tokens=4, seed=0)
     run_plain(lookup, ids, s)
     run_speculative(lookup, ids, s)
-    run_speculative(fresh_suffix(lookup), ids, s)
+    run_speculative(fresh_suffix(lookup, args), ids, s)
 
 
 def main(argv=None) -> int:
@@ -178,7 +186,7 @@ def main(argv=None) -> int:
             warm_up(lookup, args)
             for path in args.prompt_sets.split(","):
                 results.append(run_set(lookup, preset, Path(path), args))
-    stem = f"suffix-vs-lookup-{'quick-' if args.quick else ''}{cpu_tag(machine)}"
+    stem = f"suffix-vs-lookup-{'quick-' if args.quick else ''}{cpu_tag(machine)}" + (f"-{args.name}" if args.name else "")
     text = report(results, args, machine)
     write_results(args.out, stem, {"machine": machine, "settings": vars(args) | {"out": str(args.out)},
                                    "results": results}, text)
