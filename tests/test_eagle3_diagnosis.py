@@ -186,3 +186,30 @@ def test_drafts_past_the_trained_length_are_counted_where_they_stand(target, hea
     # a head that does not say its length, or traces that disagree, give no report
     assert trained_length_report({"baseline": [RequestRun("x", "c", "x", run_to_trace(
         Pair(target, None, set(), load_eagle3(head_dir, target)), "a cat", s, tmp_path / "x.jsonl"))]}) is None
+
+
+# ---------------------------------------------------------------- the stepper's words for an EAGLE-3 cycle
+
+@pytest.mark.parametrize("features", [EAGLE3_AUX, EAGLE3_TOP])
+def test_the_stage_captions_describe_the_eagle3_head_as_it_ran(target, head_dir, tmp_path, features):
+    from app.figures.explain import stage_caption
+    pair = Pair(target, None, set(), load_eagle3(head_dir, target, features))
+    s = SpecSettings(k=3, temperature=2.0, max_new_tokens=30, seed=1)
+    trace = run_to_trace(pair, "the cat sat on a mat", s, tmp_path / "t.jsonl", chat_template=False)
+    head = trace.header["drafter"]
+    committed = len(trace.header["prompt_token_ids"])
+    assert {c["num_accepted"] for c in trace.cycles} >= {0, 3}  # rejections and full accepts both described
+    for c in trace.cycles:
+        k = len(c["draft_token_ids"])
+        draft = stage_caption(c, k, 1, drafter=trace.drafter_kind, head=head)
+        assert draft.startswith(f"The EAGLE-3 head proposes K={k} tokens") and "draft model" not in draft
+        assert ("after layers 2, 3, 5" in draft) == (features == EAGLE3_AUX)
+        assert ("last layer's output" in draft and "mis-set" in draft) == (features == EAGLE3_TOP)
+        rollback = stage_caption(c, k, 5, drafter=trace.drafter_kind, head=head)
+        committed += len(c["committed_token_ids"])
+        d = c["draft_cache_len"]
+        assert d["after_rollback"] == committed - 1  # the engine's head holds committed - 1 entries, as said
+        assert f": {d['after_append']} → {d['after_rollback']}." in rollback
+        # the catch-up feeds every newly committed token again: the accepted drafts and the resample or bonus
+        # (fewer in a last cycle cut short by the token limit)
+        assert f"takes the {len(c['committed_token_ids'])} newly committed token(s) again" in rollback

@@ -4,7 +4,16 @@ Plain text (the pages show it with st.text-like elements that never interpret HT
 or Markdown), so token texts appear quoted, not escaped.
 """
 from app.figures.derive import HEAD_ROW, OwnPrompt, cycle_drafter, prob_text, quoted
-from engine.trace.schema import DRAFT_MODEL, EAGLE, OTHER_TOKENIZER, PROMPT_LOOKUP, SUFFIX, SUFFIX_REQUEST
+from engine.trace.schema import (
+    DRAFT_MODEL,
+    EAGLE,
+    EAGLE3,
+    EAGLE3_TOP,
+    OTHER_TOKENIZER,
+    PROMPT_LOOKUP,
+    SUFFIX,
+    SUFFIX_REQUEST,
+)
 
 STAGES = {
     1: "1 Draft",
@@ -25,7 +34,8 @@ def discarded_untested(rejected: int, k: int) -> str:
 
 
 def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None, greedy: bool = False,
-                  drafter: str | None = None, own: OwnPrompt | None = None, captured: bool = False) -> str:
+                  drafter: str | None = None, own: OwnPrompt | None = None, captured: bool = False,
+                  head: dict | None = None) -> str:
     """What happens at this stage of cycle c, and why, in one line.
 
     `faults` is the trace header's "faults" entry: a run recorded with a deliberate bug
@@ -33,7 +43,8 @@ def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None, greed
     header's drafter kind (without it, the cycle's own drafter_state says). `own`: a draft model
     that read its own rendering of the prompt (derive.own_prompt), whose cache is offset from the target's.
     `captured`: a live vLLM's cycle (Trace.is_vllm_capture), whose first cycle is its prefill and whose
-    cache keeps rejected drafts' slots until they are overwritten.
+    cache keeps rejected drafts' slots until they are overwritten. `head`: the header's drafter entry of an
+    EAGLE-3 run (its aux layers, and whether it ran mis-set on the target's top layer).
     """
     if captured and (stage in (1, 2, 5)):
         return _captured(c, k, stage, cycle_drafter(c, drafter))
@@ -43,6 +54,8 @@ def stage_caption(c: dict, k: int, stage: int, faults: dict | None = None, greed
         return (_greedy_test if stage == 3 else _greedy_resample)(c, k)
     if cycle_drafter(c, drafter) == EAGLE and stage in (1, 5):
         return (_head_draft if stage == 1 else _head_rollback)(c, k)
+    if cycle_drafter(c, drafter) == EAGLE3 and stage in (1, 5):
+        return _head3_draft(c, k, head or {}) if stage == 1 else _head3_rollback(c)
     if own is not None and stage in (1, 5) and cycle_drafter(c, drafter) == DRAFT_MODEL \
             and c["draft_cache_len"] is not None:
         return (_draft(c, k) + " " + own_prompt_words(own)) if stage == 1 else _own_rollback(c, own)
@@ -145,6 +158,37 @@ def _head_draft(c: dict, k: int) -> str:
     return (f"The EAGLE head proposes K={k} tokens ({tokens}) from the target's own features: step 1 reads the last "
             f"committed token with the target's true feature of the token before it, which the last verify pass "
             f"already computed{later}. The target's own output layer turns each predicted feature into p_draft.")
+
+
+def _head3_draft(c: dict, k: int, head: dict) -> str:
+    tokens = _listed(c["draft_token_texts"])
+    layers = head.get("aux_layer_ids")
+    if head.get("eagle3_features") == EAGLE3_TOP:
+        reads = ("the target's last layer's output at the token before it, in place of its auxiliary layers: mis-set "
+                 "on purpose, as an engine runs it that does not collect them. The head learnt to read the fused "
+                 "layers, so its guesses seldom hold")
+    else:
+        where = f"after layers {', '.join(map(str, layers))}" if isinstance(layers, list) and layers else "of several layers"
+        reads = (f"the target's hidden states {where} at the token before it, fused by fc (the last verify pass "
+                 "computed them, so drafting needs no target pass of its own)")
+    later = (f"; steps 2–{k} each read the previous draft with the head's own output in place of the fused state"
+             if k > 2 else "; step 2 reads the first draft with the head's own output in place of the fused state"
+             if k == 2 else "")
+    return (f"The EAGLE-3 head proposes K={k} tokens ({tokens}): step 1 reads the last committed token with {reads}"
+            f"{later}. Its own output layer scores a draft vocabulary of its own; every other token has p_draft = 0.")
+
+
+def _head3_rollback(c: dict) -> str:
+    t, d = c["target_cache_len"], c["draft_cache_len"]
+    text = (f"Cache entries past the committed prefix are removed: target {t['after_append']} → {t['after_rollback']}. "
+            "The EAGLE-3 head's cache (the draft row) drops every entry its later draft steps appended, built on its "
+            "own outputs")
+    if c["draft_catch_up"]:
+        fed = d["after_rollback"] - min(d["before"], d["after_rollback"])
+        text += (f", then takes the {fed} newly committed token(s) again with the target's hidden states from this "
+                 "verify pass (catch-up)")
+    return text + (f": {d['after_append']} → {d['after_rollback']}. Both now hold every committed token but the "
+                   "last, which opens the next cycle.")
 
 
 def _head_rollback(c: dict, k: int) -> str:

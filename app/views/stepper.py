@@ -280,7 +280,7 @@ def cycle_view(trace: Trace, cycle: int, stage: int) -> None:
     step_heading(cycle, stage)
     first_result().caption(token_strip(c, k, stage))  # caption-sized: it leaves the stage's chart on screen
     words = md(stage_caption(c, k, stage, trace.header.get("faults"), greedy, trace.drafter_kind, derive.own_prompt(trace),
-                             trace.is_vllm_capture))
+                             trace.is_vllm_capture, trace.header.get("drafter")))
     if stage in (1, 5):  # the cycle figure and the caches need the page's width
         st.info(words, icon=":material/lightbulb:")
         shared_chart((trace_key, "stage", cycle, stage), lambda: stage_chart(trace, c, k, stage, greedy),

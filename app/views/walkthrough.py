@@ -27,7 +27,7 @@ from engine.stats.analysis import (
     verify_in_steps,
 )
 from engine.trace import Trace
-from engine.trace.schema import DRAFT_MODEL, EAGLE
+from engine.trace.schema import DRAFT_MODEL, FEATURE_HEADS
 
 CITATIONS = (
     "Leviathan, Kalman and Matias (2023), *Fast Inference from Transformers via Speculative Decoding*, ICML 2023.  \n"
@@ -109,7 +109,8 @@ def stage_draft(trace: Trace, c: dict) -> None:
     st.markdown(f"In **cycle {c['cycle']}** the draft proposed K={k} tokens (with $p_\\text{{draft}}$): {tokens}.")
     own = derive.own_prompt(trace)  # a draft model that read the prompt without the chat template
     if trace.drafter_kind != DRAFT_MODEL or own is not None:  # prompt lookup / other tokenizer / EAGLE head / own prompt
-        st.info(md(stage_caption(c, k, 1, drafter=trace.drafter_kind, own=own)), icon=":material/lightbulb:")
+        st.info(md(stage_caption(c, k, 1, drafter=trace.drafter_kind, own=own, head=trace.header.get("drafter"))),
+                icon=":material/lightbulb:")
     st.latex(r"d_i \sim p_\text{draft}(\,\cdot \mid x_{1..n},\, d_1, \dots, d_{i-1}), \qquad i = 1, \dots, K")
     chart(cycle_figure(c, k, 1), key="wt_cycle_1")
     open_in_stepper(c["cycle"], 1, key="wt_link_1")
@@ -225,8 +226,9 @@ def stage_rollback(trace: Trace, c: dict) -> None:
         + (f" In this run the draft read its own rendering of the prompt, without the chat template, so its cache "
            f"holds that prompt ({len(own.token_ids)} tokens) in place of the target's ({own.target_len} tokens)."
            if own is not None else ""))
-    if d is None or trace.drafter_kind == EAGLE or own is not None:  # no draft cache, the head's rule, or an offset
-        st.markdown(md(stage_caption(c, derive.proposals(c), 5, drafter=trace.drafter_kind, own=own)))
+    if d is None or trace.drafter_kind in FEATURE_HEADS or own is not None:  # no draft cache, a head's rule, an offset
+        st.markdown(md(stage_caption(c, derive.proposals(c), 5, drafter=trace.drafter_kind, own=own,
+                                     head=trace.header.get("drafter"))))
     else:
         st.markdown(
             f"Cycle {c['cycle']}: the target cache goes {t['after_append']} → {t['after_rollback']} entries, "
