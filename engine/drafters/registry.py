@@ -324,7 +324,7 @@ DRAFTERS = {spec.kind: spec for spec in (
         build=build_eagle3, shipped=eagle3_head, name_draft=name_head,
         flags=(Flag("--eagle3-features", "eagle3_features", "EAGLE-3 head, mis-set on purpose: 'top layer' hands it "
                     "the target's last layer's output instead of its auxiliary layers fused by fc, as vLLM does for "
-                    "a head whose config sets use_aux_hidden_state false (exact, acceptance near zero)",
+                    "a head whose config sets eagle_config.use_aux_hidden_state false (exact, acceptance near zero)",
                     choices=EAGLE3_FEATURES),),
         not_shipped="ships no EAGLE-3 head: name one with --draft"),
     DrafterKind(
