@@ -1,0 +1,99 @@
+"""The rows kernel's products alone, for one chat step, per prefetch distance: how much of a step they take.
+
+    python -m bench.rows_prefetch --threads 2 --repeats 9
+
+engine/models/f32_rows_kernel.c asks for memory PREFETCH_FLOATS floats ahead of the weights it reads (4096,
+chosen on an Intel Xeon). This builds the same source with other distances and times the products of one
+step of the chat target (every linear layer of its 30 decoder layers and its 49,152-token output layer,
+at the target's shapes, weights random: the timing depends on the shapes, not the values) at 1 to 6 rows,
+each distance in turn within a round so that a drift of the machine falls on all of them. The products'
+memory limit is their weight bytes over the copy bandwidth measured here (bench/fast_bench.py's
+measurement). What a step costs beyond the products (attention, norms, the graph's other work, the
+calls into the kernel) is bench/step_limit.py's. Results: RESULTS/rows-prefetch-CPU.json and .md.
+"""
+import argparse
+import ctypes
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import RESULTS, cpu_tag, machine_info, machine_words, write_results
+from bench.fast_bench import measured_bandwidth_gbs
+from engine.models import f32_rows_kernel
+from engine.models.kernel_build import compiler
+
+DISTANCES = (1024, 2048, 4096, 8192, 16384)  # floats; 4096 is the shipped kernel's
+WIDTHS = (1, 2, 3, 4, 5, 6)
+# The chat target (SmolLM2-135M): per decoder layer q, k, v, o, gate, up, down as (out, in); then the output layer
+LAYER_SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
+SHAPES = LAYER_SHAPES * 30 + [(49152, 576)]
+
+
+def build(distance: int, folder: Path) -> ctypes.CDLL:
+    out = folder / f"rows-{distance}.so"
+    subprocess.run([compiler("bench.rows_prefetch", "nothing to time"), "-O3", "-fPIC", "-shared", "-fopenmp",
+                    f"-DPREFETCH_FLOATS={distance}", "-o", str(out), str(f32_rows_kernel.SOURCE)], check=True)
+    lib = ctypes.CDLL(str(out))
+    lib.speclab_f32_rows_linear.argtypes = f32_rows_kernel.LINEAR_ARGS
+    lib.speclab_f32_rows_best_isa.restype = ctypes.c_int
+    return lib
+
+
+def one_step(lib: ctypes.CDLL, weights: list[torch.Tensor], xs: dict, width: int, threads: int, isa: int) -> float:
+    """Seconds for every product of one step over `width` rows."""
+    start = time.perf_counter()
+    for w in weights:
+        n, k = w.shape
+        x, y = xs[(width, k)], torch.empty(width, n)
+        lib.speclab_f32_rows_linear(x.data_ptr(), width, k, w.data_ptr(), n, None, y.data_ptr(), threads, isa)
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    machine = machine_info(args.threads)
+    torch.manual_seed(0)
+    weights = [torch.randn(n, k) for n, k in SHAPES]
+    xs = {(m, k): torch.randn(m, k) for m in WIDTHS for k in {k for _, k in SHAPES}}
+    weight_bytes = sum(w.numel() * 4 for w in weights)
+    bandwidth = measured_bandwidth_gbs(torch.device("cpu"), False)
+    limit_ms = weight_bytes / (bandwidth * 1e9) * 1e3
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = {d: build(d, Path(tmp)) for d in DISTANCES}
+        isa = libs[DISTANCES[0]].speclab_f32_rows_best_isa()
+        times = {(d, m): [] for d in DISTANCES for m in WIDTHS}
+        for m in WIDTHS:
+            for lib in libs.values():
+                one_step(lib, weights, xs, m, args.threads, isa)  # warm-up
+            for _ in range(args.repeats):
+                for d, lib in libs.items():
+                    times[(d, m)].append(one_step(lib, weights, xs, m, args.threads, isa) * 1e3)
+    median = {key: statistics.median(v) for key, v in times.items()}
+    lines = ["## The rows kernel's products for one chat step, per prefetch distance (bench/rows_prefetch.py)", "",
+             f"Machine: {machine_words(machine)}; {machine['date']}. Kernel ISA {isa} (2: AVX-512, 1: AVX2).",
+             f"Weights {weight_bytes / 1e6:.0f} MB, copy bandwidth {bandwidth:.1f} GB/s: memory limit "
+             f"{limit_ms:.1f} ms. Medians of {args.repeats} rounds (range in brackets), ms.", "",
+             "| rows | " + " | ".join(f"{d} floats" for d in DISTANCES) + " | best / limit |",
+             "|---|" + "---|" * (len(DISTANCES) + 1)]
+    for m in WIDTHS:
+        cells = [f"{median[(d, m)]:.1f} ({min(times[(d, m)]):.1f}-{max(times[(d, m)]):.1f})" for d in DISTANCES]
+        best = min(median[(d, m)] for d in DISTANCES)
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {best / limit_ms:.2f}x |")
+    text = "\n".join(lines) + "\n"
+    write_results(args.out, f"rows-prefetch-{cpu_tag(machine)}",
+                  {"machine": machine, "weight_bytes": weight_bytes, "bandwidth_gbs": bandwidth, "limit_ms": limit_ms,
+                   "isa": isa, "times_ms": {f"{d}/{m}": v for (d, m), v in times.items()}}, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
