@@ -7,7 +7,9 @@ whose q/k/v and gate/up are fused). On a 16 x 16 product the arithmetic is nothi
 the call itself: the raw ctypes call; engine/models/f32_rows_kernel.py `linear` (its checks, the output
 tensor, then the ctypes call); the custom operator `speclab::f32_rows_linear` from eager Python; and the
 same operator inside a torch.compile'd graph (100 calls chained in one function: the graph's own cost per
-call). A native operator (F.linear) in the same compiled function is the yardstick. Medians of --repeats
+call); and f32_rows_op.cpp's C++ operator `speclab_native::f32_rows_linear`, eager and in a graph, which is
+what compiled graphs call where it builds. A native operator (F.linear) in the same compiled function is the
+yardstick. Medians of --repeats
 rounds. Results: RESULTS/op-call-cost-CPU.json and .md.
 """
 import argparse
@@ -64,6 +66,11 @@ def main(argv=None) -> None:
     times = {name: per_call_us(fn, 5000, args.repeats) for name, fn in ways.items()}
     times["custom operator in a compiled graph"] = per_call_us(lambda: in_graph(x), 100, args.repeats, CHAIN)
     times["F.linear in a compiled graph"] = per_call_us(lambda: native(x), 100, args.repeats, CHAIN)
+    if rows.prepare_compiled():
+        cpp = rows.NATIVE[0]
+        times["C++ operator, eager"] = per_call_us(lambda: cpp(x, w, None, isa), 5000, args.repeats)
+        cpp_graph = chained(lambda v: cpp(v, w, None, isa))
+        times["C++ operator in a compiled graph"] = per_call_us(lambda: cpp_graph(x), 100, args.repeats, CHAIN)
     median = {name: statistics.median(v) for name, v in times.items()}
     extra = median["custom operator in a compiled graph"] - median["F.linear in a compiled graph"]
     lines = ["## One call into the rows kernel, per way of calling it (bench/op_call_cost.py)", "",
@@ -71,8 +78,13 @@ def main(argv=None) -> None:
              f"call's. Medians of {args.repeats} rounds (range in brackets).", "",
              "| way | µs per call |", "|---|---|"]
     lines += [f"| {name} | {median[name]:.1f} ({min(v):.1f}-{max(v):.1f}) |" for name, v in times.items()]
-    lines += ["", f"The custom operator costs {extra:.1f} µs a call more than a native one inside a compiled graph: "
-                  f"{extra * CALLS_PER_STEP / 1e3:.1f} ms over the {CALLS_PER_STEP} calls of one compiled chat step."]
+    lines += ["", f"The Python custom operator costs {extra:.1f} µs a call more than a native one inside a compiled "
+                  f"graph: {extra * CALLS_PER_STEP / 1e3:.1f} ms over the {CALLS_PER_STEP} calls of one compiled chat step."]
+    if "C++ operator in a compiled graph" in median:
+        saved = median["custom operator in a compiled graph"] - median["C++ operator in a compiled graph"]
+        lines.append(f"The C++ operator saves {saved:.1f} µs of that a call: {saved * CALLS_PER_STEP / 1e3:.1f} ms a step.")
+    else:
+        lines.append(f"The C++ operator did not build here: {' '.join(rows.NATIVE_MISSING)}")
     text = "\n".join(lines) + "\n"
     write_results(args.out, f"op-call-cost-{cpu_tag(machine)}",
                   {"machine": machine, "times_us": times, "extra_us_per_call": extra,

@@ -139,7 +139,22 @@ def test_a_curve_without_the_rows_path_still_checks_and_chooses_among_what_it_ti
     check_linear_path_curve(three.to_dict(), "t", "linear_paths.target")
 
 
-def test_the_operator_is_one_node_of_one_compiled_graph_with_the_eager_result():
+needs_cxx = pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")),
+                               reason="no C++ compiler for the native operator")
+
+
+def use_operator(monkeypatch, which: str) -> None:
+    """Compiled graphs call the C++ operator (built here, or the test fails with the reason) or the Python one."""
+    if which == "native":
+        assert rows_kernel.prepare_compiled(), rows_kernel.NATIVE_MISSING
+    else:
+        monkeypatch.setattr(rows_kernel, "NATIVE", [None])
+        monkeypatch.setattr(rows_kernel, "prepare_compiled", lambda: False)
+
+
+@pytest.mark.parametrize("which", [pytest.param("native", marks=needs_cxx), "python"])
+def test_the_operator_is_one_node_of_one_compiled_graph_with_the_eager_result(monkeypatch, which):
+    use_operator(monkeypatch, which)
     torch.manual_seed(3)
     model = rows_kernel.rows_twin(nn.Sequential(nn.Linear(45, 37), nn.ReLU(), nn.Linear(37, 11, bias=False)))
     x = torch.randn(1, 5, 45)
@@ -156,6 +171,8 @@ def test_the_operator_is_one_node_of_one_compiled_graph_with_the_eager_result():
         assert len(graphs) == 1
         calls = [n for n in graphs[0].graph.nodes if "f32_rows_linear" in str(n.target)]
         assert len(calls) == 2  # the kernel, once per layer, as an opaque call
+        namespace = "speclab_native." if which == "native" else "speclab."
+        assert all(str(n.target).startswith(namespace) for n in calls), [str(n.target) for n in calls]
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True)(x)  # inductor: only the relu and reshapes are its own
     assert torch.equal(compiled, eager)
@@ -177,9 +194,12 @@ def test_greedy_speculation_on_the_rows_path_equals_greedy_plain_decoding_as_loa
 
 
 def test_the_compiled_fast_path_runs_the_rows_twin_where_it_was_chosen(monkeypatch):
+    """Through the Python operator, whose calls into `linear` can be counted; the C++ one runs the same kernel
+    on the same arguments (the test above: the same bits)."""
     from engine.cycle import fast as fp
     from tests.test_fast_compile import close_records
 
+    use_operator(monkeypatch, "python")
     pair = noisy_pair(0, noise=0.3)
     for m in (pair.target, pair.draft):
         m.linear_paths = {w: ROWS for w in range(1, linear_paths.WIDTHS + 1)}
@@ -224,3 +244,37 @@ def test_the_chat_target_on_the_rows_path_keeps_its_logits_and_greedy_speculatio
     spec = [t for r in records for t in r["committed_token_ids"]]
     assert spec[:16] == target_generate(target, prompt, s, pair.eos_ids)
     assert sum(r["num_accepted"] for r in records) > 0
+
+
+@needs_cxx
+def test_the_native_operator_gives_the_kernel_s_bits_and_refuses_what_the_kernel_cannot_take():
+    assert rows_kernel.prepare_compiled(), rows_kernel.NATIVE_MISSING
+    op = rows_kernel.NATIVE[0]
+    torch.manual_seed(4)
+    isa = rows_kernel.isa_to_use()
+    for m, n, k, bias in ((1, 37, 45, False), (5, 1536, 576, True), (9, 576, 1536, False)):  # tiles, tails, threads
+        x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n) if bias else None
+        assert torch.equal(op(x, w, b, isa), rows_kernel.linear(x, w, b, isa))
+    with pytest.raises(RuntimeError, match="contiguous CPU float32"):
+        op(torch.randn(3, 8).t(), torch.randn(4, 3), None, isa)  # not contiguous
+    with pytest.raises(RuntimeError, match="contiguous CPU float32"):
+        op(torch.randn(2, 8, dtype=torch.float64), torch.randn(4, 8), None, isa)
+    with pytest.raises(RuntimeError, match="isa is 0"):
+        op(torch.randn(2, 8), torch.randn(4, 8), None, 7)
+
+
+def test_without_a_cxx_compiler_compiled_graphs_keep_the_python_operator(monkeypatch):
+    from engine.models import kernel_build
+
+    def no_compiler(*args, **kwargs):
+        raise kernel_build.KernelBuildError("the float32 rows operator for compiled graphs needs a C++ compiler")
+
+    monkeypatch.setattr(rows_kernel, "build_torch_op", no_compiler)
+    monkeypatch.setattr(rows_kernel, "NATIVE", [None])
+    monkeypatch.setattr(rows_kernel, "NATIVE_MISSING", [])
+    rows_kernel.prepare_compiled.cache_clear()
+    try:
+        assert rows_kernel.prepare_compiled() is False
+        assert "needs a C++ compiler" in rows_kernel.NATIVE_MISSING[0] and rows_kernel.NATIVE[0] is None
+    finally:
+        rows_kernel.prepare_compiled.cache_clear()

@@ -14,6 +14,12 @@ Built once per machine by engine/models/kernel_build.py, without -march=native (
 own target attributes). Without a C compiler the path is absent (`unavailable()` says why); the other
 two paths still run. SPECLAB_F32_ROWS_ISA=avx2 (or scalar) forces a lower variant, for tests and
 benchmarks.
+
+Under torch.compile the kernel is one opaque operator in the graph. Where a C++ compiler and torch's headers
+are at hand, that operator is f32_rows_op.cpp's `speclab_native::f32_rows_linear`, which the graph calls
+without Python (`prepare_compiled`); elsewhere it is the Python custom operator `speclab::f32_rows_linear`,
+about 30 us dearer a call (bench/op_call_cost.py). Both run the same kernel on the same arguments, so they
+give the same bits.
 """
 import ctypes
 import os
@@ -25,9 +31,10 @@ from torch import nn
 
 from engine.models.cpu_linear import twin_with
 from engine.models.gguf_kernel import SERIAL_BELOW
-from engine.models.kernel_build import KernelBuildError, build
+from engine.models.kernel_build import KernelBuildError, build, build_torch_op
 
 SOURCE = Path(__file__).with_name("f32_rows_kernel.c")
+OP_SOURCE = Path(__file__).with_name("f32_rows_op.cpp")
 FLAGS = ("-O3", "-fPIC", "-shared", "-Wall")  # no -march=native: the library dispatches at run time
 ISAS = {"scalar": 0, "avx2": 1, "avx512": 2}  # the C file's ISA_* numbers
 ISA_ENV = "SPECLAB_F32_ROWS_ISA"
@@ -102,6 +109,36 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int
     return x.new_empty(x.shape[0], weight.shape[0])  # (M, N) float32: what the kernel writes
 
 
+NATIVE: list = [None]  # the C++ operator once prepare_compiled() loaded it; read by RowsLinear under compile
+NATIVE_MISSING: list[str] = []  # why it could not be built, where it could not
+
+
+@lru_cache(maxsize=1)
+def prepare_compiled() -> bool:
+    """Build (once per machine) and load the C++ operator for compiled graphs; False, with the reason in
+    NATIVE_MISSING, where it cannot be built: compiled graphs then call the Python custom operator."""
+    try:
+        library()  # the C kernel itself must build first: without it there is no rows path at all
+        path = build_torch_op(SOURCE, OP_SOURCE, (f"-DSPECLAB_SERIAL_BELOW={SERIAL_BELOW}",),
+                              "the float32 rows operator for compiled graphs",
+                              "compiled graphs call the kernel through its Python operator instead")
+        torch.ops.load_library(str(path))
+    except (KernelBuildError, OSError, RuntimeError) as err:
+        NATIVE_MISSING.append(" ".join(str(err).split()))
+        return False
+    register_native_fake()
+    NATIVE[0] = torch.ops.speclab_native.f32_rows_linear
+    return True
+
+
+@lru_cache(maxsize=1)
+def register_native_fake() -> None:
+    """The C++ operator's output shape for tracing; once per process (a second registration is an error)."""
+    @torch.library.register_fake("speclab_native::f32_rows_linear")
+    def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], weight.shape[0])  # (M, N) float32: what the kernel writes
+
+
 class RowsLinear(nn.Module):
     """`F.linear(x, weight, bias)` through the rows kernel, sharing the layer's weight and bias."""
 
@@ -117,7 +154,8 @@ class RowsLinear(nn.Module):
         flat = x.reshape(-1, self.in_features).contiguous()  # (M, K)
         weight, bias = self.weight.detach(), None if self.bias is None else self.bias.detach()
         if torch.compiler.is_compiling():
-            y = compiled_linear(flat, weight, bias, self.isa)
+            native = NATIVE[0]  # set before compiling (prepare_compiled): no build while a graph is traced
+            y = (native if native is not None else compiled_linear)(flat, weight, bias, self.isa)
         else:
             y = linear(flat, weight, bias, self.isa)  # (M, N)
         return y.reshape(*x.shape[:-1], self.out_features)

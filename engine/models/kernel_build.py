@@ -5,7 +5,9 @@ rows). A kernel is compiled with the C compiler on the PATH (`cc`, or $CC) into 
 folder (~/.cache/speclab/kernels or $SPECLAB_CACHE/kernels), under a name made from the source, the
 compiler, its flags and the CPU, so a new CPU or an edited source builds anew. With OpenMP the
 library binds to the runtime torch already loaded (libgomp.so.1), so the kernel's threads are
-torch's; a compiler without OpenMP gives a single-threaded build.
+torch's; a compiler without OpenMP gives a single-threaded build. `build_torch_op` also compiles a C
+kernel with a C++ file that registers it as a torch operator (against torch's own headers and libraries),
+for compiled graphs to call without Python.
 """
 import ctypes
 import hashlib
@@ -71,3 +73,52 @@ def build(source: Path, flags: tuple[str, ...], signatures: dict[str, tuple[list
             return lib
         errors.append(error)
     raise KernelBuildError(f"{needed_by} could not compile its kernel with {cc}: {errors[0]} ({instead})")
+
+
+def run_compiler(command: list[str]) -> str | None:
+    """None on success, else the compiler's first error line."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return str(err)
+    if done.returncode == 0:
+        return None
+    lines = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines() or ["failed"]
+    return lines[0]
+
+
+def build_torch_op(c_source: Path, cpp_source: Path, defines: tuple[str, ...], needed_by: str, instead: str) -> Path:
+    """`c_source` and `cpp_source` (which registers a torch operator around it) compiled into one library for
+    torch.ops.load_library, kept in the cache folder under a name made from both sources, the compilers, the
+    defines, torch's version and the CPU. KernelBuildError where no C++ compiler, torch's headers or a step fails."""
+    import torch
+    from torch.utils import cpp_extension
+
+    cc = compiler(needed_by, instead)
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise KernelBuildError(f"{needed_by} needs a C++ compiler (c++, g++ or clang++; or set $CXX): {instead}")
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    key = repr((c_source.read_bytes(), cpp_source.read_bytes(), cc, cxx, defines, abi, torch.__version__,
+                cpu_model(), cpu_features()))
+    out = cache_root() / "kernels" / f"{cpp_source.stem.replace('_', '-')}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = out.with_suffix(f".{os.getpid()}.d")
+    work.mkdir(exist_ok=True)
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    libs = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
+    steps = [[cc, "-O3", "-fPIC", "-fopenmp", *defines, "-c", str(c_source), "-o", str(work / "kernel.o")],
+             [cxx, "-O2", "-fPIC", "-std=c++20", abi, *defines, *includes, "-c", str(cpp_source), "-o",
+              str(work / "op.o")],
+             [cxx, "-shared", "-fopenmp", str(work / "op.o"), str(work / "kernel.o"), *libs, "-o", str(work / "op.so")]]
+    try:
+        for step in steps:
+            error = run_compiler(step)
+            if error is not None:
+                raise KernelBuildError(f"{needed_by} could not be compiled with {step[0]}: {error} ({instead})")
+        os.replace(work / "op.so", out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out

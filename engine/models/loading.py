@@ -141,6 +141,8 @@ class LoadedModel:
         machine's measurement chose it (its kernel is one opaque operator in the graph, which inductor
         leaves as it is), else `compiled_module`."""
         if self.weights != WEIGHTS_INT4 and self.linear_paths and self.linear_paths.get(width) == ROWS:
+            from engine.models.f32_rows_kernel import prepare_compiled
+            prepare_compiled()  # the operator the graph calls without Python, where it builds
             return self.rows_runner
         return self.compiled_module
 

@@ -1,0 +1,44 @@
+// The float32 rows kernel (f32_rows_kernel.c) as a torch operator a compiled graph calls without Python.
+//
+// Why: inside a torch.compile'd graph, a call to the Python custom operator speclab::f32_rows_linear costs
+// about 30 us before the kernel starts (the operator's dispatch into Python, then the checks and the ctypes
+// call): 3.6 ms of a compiled chat step's 121 calls on a 2-core AMD EPYC (bench/op_call_cost.py). Registered
+// here, the graph calls the kernel through the dispatcher alone (about 6 us a call). The arguments are
+// checked as f32_rows_kernel.py `linear` checks them: the kernel trusts its pointers.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+extern "C" void speclab_f32_rows_linear(const float *x, int64_t M, int64_t K, const float *w, int64_t N,
+                                        const float *bias, float *y, int threads, int isa);
+
+// Products smaller than this run on one thread (mirror of engine/models/gguf_kernel.py SERIAL_BELOW): waking
+// a second thread costs more than it saves there. Only the speed depends on it: every thread count gives the
+// same bits.
+static const int64_t SERIAL_BELOW = SPECLAB_SERIAL_BELOW;
+
+static at::Tensor f32_rows_linear(const at::Tensor &x, const at::Tensor &w, const std::optional<at::Tensor> &bias,
+                                  int64_t isa) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && x.dim() == 2 && w.dim() == 2 &&
+                    x.size(1) == w.size(1) && x.is_contiguous() && w.is_contiguous() && x.device().is_cpu() &&
+                    w.device().is_cpu(),
+                "the float32 rows kernel takes contiguous CPU float32 x (M, K) and weight (N, K)");
+    TORCH_CHECK(isa >= 0 && isa <= 2, "isa is 0 (plain C), 1 (AVX2) or 2 (AVX-512), as f32_rows_kernel.py chose it");
+    const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+    const float *b = nullptr;
+    if (bias.has_value()) {
+        TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == N &&
+                        bias->is_contiguous() && bias->device().is_cpu(),
+                    "the float32 rows kernel takes a contiguous CPU float32 bias (N,)");
+        b = bias->data_ptr<float>();
+    }
+    at::Tensor y = at::empty({M, N}, x.options());
+    const int threads = M * N * K < SERIAL_BELOW ? 1 : at::get_num_threads();
+    speclab_f32_rows_linear(x.data_ptr<float>(), M, K, w.data_ptr<float>(), N, b, y.data_ptr<float>(), threads,
+                            static_cast<int>(isa));
+    return y;
+}
+
+TORCH_LIBRARY(speclab_native, m) { m.def("f32_rows_linear(Tensor x, Tensor weight, Tensor? bias, int isa) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(speclab_native, CPU, m) { m.impl("f32_rows_linear", f32_rows_linear); }
