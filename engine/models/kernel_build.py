@@ -44,14 +44,10 @@ def compile_library(source: Path, cc: str, flags: tuple[str, ...], out: Path) ->
     """Compile to `out` atomically; None on success, else the compiler's first error line."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        done = subprocess.run([cc, *flags, "-o", str(tmp), str(source)], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return str(err)
-    if done.returncode != 0:
+    error = run_compiler([cc, *flags, "-o", str(tmp), str(source)], timeout=300)
+    if error is not None:
         tmp.unlink(missing_ok=True)
-        lines = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines() or ["failed"]
-        return lines[0]
+        return error
     os.replace(tmp, out)
     return None
 
@@ -75,10 +71,10 @@ def build(source: Path, flags: tuple[str, ...], signatures: dict[str, tuple[list
     raise KernelBuildError(f"{needed_by} could not compile its kernel with {cc}: {errors[0]} ({instead})")
 
 
-def run_compiler(command: list[str]) -> str | None:
-    """None on success, else the compiler's first error line."""
+def run_compiler(command: list[str], timeout: int = 600) -> str | None:
+    """None on success, else the compiler's first error line (or why it did not run)."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as err:
         return str(err)
     if done.returncode == 0:
