@@ -85,7 +85,7 @@ def all_layers(file, rows: int, repeats: int) -> dict:
     """One pass over every block-typed layer of the file, as a step would make it: median ms of `repeats`."""
     matrices = [gguf_kernel.BlockMatrix(t.blocks, t.kind, t.out_features, t.in_features)
                 for t in (block_tensor(file, info) for info in file.tensors.values()
-                          if info.type_name in gguf_kernel.FUNCTIONS and len(info.shape) == 2)]
+                          if info.type_name in gguf_kernel.BLOCK_TYPES and len(info.shape) == 2)]
     inputs = {m.in_features: torch.randn(rows, m.in_features) for m in matrices}
 
     def one_pass() -> None:

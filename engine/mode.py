@@ -96,7 +96,7 @@ class RunMode:
                "the EAGLE head drafts through the target's output layer, which --tp shards over the ranks: use a "
                "draft model, prompt lookup or the other-tokenizer draft")
         refuse(self.tp_size > 1 and target_weights != WEIGHTS_FLOAT32,
-               "--target-weights int4 runs on one CPU process: drop --tp")
+               f"--target-weights {target_weights} runs on one CPU process: drop --tp")
         refuse(decoder == DECODER_OWN and self.tp_size > 1, OWN_DECODER_TP)
         if self.batch is not None:
             refuse_with_batch(decoder != DECODER_HF, f"--decoder {decoder}")

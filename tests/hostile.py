@@ -316,6 +316,9 @@ def range_cases(base: Base, rng: random.Random) -> list[Case]:
             "path": "int4", "file": "x.gguf", "tensor_types": {"Q4_K": 3}, "float_layers": 0, "weight_bytes": 1})),
         ("target-weights-file-long", lambda h, cs, s: h.update(target_weights={
             "path": "int4", "file": "x" * 10**4, "tensor_types": {"Q4_1": 3}, "float_layers": 0, "weight_bytes": 1})),
+        ("target-weights-activations-lie", lambda h, cs, s: h.update(target_weights={
+            "path": "int4-a8", "activations": "float32", "file": "x.gguf", "tensor_types": {"Q4_1": 3},
+            "float_layers": 0, "weight_bytes": 1})),
         ("faults-unknown", lambda h, cs, s: h.update(faults={"drop_everything": True})),
         ("faults-rule-unknown", lambda h, cs, s: h.update(faults={"acceptance_rule": "always"})),
         ("faults-retyped", lambda h, cs, s: h.update(faults={"keep_rejected_kv": "yes"})),

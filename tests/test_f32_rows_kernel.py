@@ -269,7 +269,8 @@ def test_without_a_cxx_compiler_compiled_graphs_keep_the_python_operator(monkeyp
     def no_compiler(*args, **kwargs):
         raise kernel_build.KernelBuildError("the float32 rows operator for compiled graphs needs a C++ compiler")
 
-    monkeypatch.setattr(rows_kernel, "build_torch_op", no_compiler)
+    monkeypatch.setattr(kernel_build, "build_torch_op", no_compiler)
+    monkeypatch.setattr(rows_kernel, "load_torch_op", kernel_build.load_torch_op.__wrapped__)  # uncached
     monkeypatch.setattr(rows_kernel, "NATIVE", [None])
     monkeypatch.setattr(rows_kernel, "NATIVE_MISSING", [])
     rows_kernel.prepare_compiled.cache_clear()

@@ -182,6 +182,175 @@ def test_the_kernel_refuses_arguments_it_cannot_read():
         gguf_kernel.BlockMatrix(tensor.blocks, "Q6_K", 4, 64)
 
 
+# ---------------------------------------------------------------- 8-bit activations (the int4-a8 path)
+
+def i8_reference(x: torch.Tensor, tensor: BlockTensor) -> torch.Tensor:
+    """What gguf_kernel.c says the int8 functions compute, in float64 from the same quantised integers:
+    per row and block of 32, d_x = max |x| / 127 and q_x = x * (127 / max |x|) rounded half to even."""
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32)
+    amax = xb.abs().amax(-1)  # (M, blocks) float32
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))  # float32, as the kernel divides
+    q = torch.round(xb * inv[..., None]).clamp(-127, 127).double()  # torch.round: half to even, as nearbyintf
+    d = (amax / 127).double()
+    w = tensor.blocks.reshape(tensor.out_features, k // 32, -1)
+    dw = w[..., 0:2].contiguous().view(torch.float16)[..., 0].double()  # (N, blocks)
+    if tensor.kind == "Q4_1":
+        mw = w[..., 2:4].contiguous().view(torch.float16)[..., 0].double()
+        qw = torch.cat([w[..., 4:] & 15, w[..., 4:] >> 4], -1).double()  # weight j, then j + 16
+    else:
+        mw, qw = torch.zeros_like(dw), w[..., 2:].contiguous().view(torch.int8).double()
+    isum = torch.einsum("mbj,nbj->mnb", q, qw)  # exact integers
+    return (isum * dw[None] * d[:, None] + mw[None] * (d * q.sum(-1))[:, None]).sum(-1)
+
+
+@needs_cc
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_8_bit_activations_compute_what_the_kernel_says_and_a_row_ignores_its_batch_and_threads(kind):
+    tensor, values = random_blocks(kind, 51, 96, seed=3)
+    x = torch.randn(23, 96, generator=torch.Generator().manual_seed(4))
+    x[3, :32] = 0  # an all-zero block: scale 0, no division by it
+    y = gguf_kernel.linear(x, tensor.blocks, kind, 51, gguf_kernel.ACTIVATIONS_INT8)
+    # The integer sums are exact; what differs from float64 is float32's rounding of the per-block scale
+    # products and of the sum over 3 blocks: a few float32 ulps of outputs of size ~1.
+    assert torch.allclose(y.double(), i8_reference(x, tensor), atol=1e-5, rtol=0)
+    # Rounding activations to 8 bits moves each product by at most half a step of its block's scale (max |x| / 254):
+    # far more than float32's rounding, far less than the outputs themselves.
+    exact = x.double() @ values.double().T
+    gap = (y.double() - exact).abs().max().item()
+    assert ACROSS_KERNELS < gap < 0.05 * exact.abs().max().item()
+    for start, rows in ((0, 1), (5, 2), (7, 3), (2, 5), (11, 9), (1, 10)):  # every tile shape the kernel has
+        part = gguf_kernel.linear(x[start:start + rows].contiguous(), tensor.blocks, kind, 51, gguf_kernel.ACTIVATIONS_INT8)
+        assert torch.equal(part, y[start:start + rows])
+    big, _ = random_blocks(kind, 640, 576, seed=6)  # above SERIAL_BELOW: threaded
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(7))
+    before = torch.get_num_threads()
+    try:
+        out = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out.append(gguf_kernel.linear(x, big.blocks, kind, 640, gguf_kernel.ACTIVATIONS_INT8))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out[0], out[1])
+
+
+@needs_cc
+def test_the_int4_a8_path_records_its_activations_and_greedy_speculation_equals_plain(tmp_path):
+    import json
+
+    from engine.run import run_to_trace
+    from engine.stats.report import format_stats
+    from engine.trace.format import TraceError, load_trace
+    from engine.trace.schema import WEIGHTS_INT4_A8
+
+    target = tiny_target(tmp_path)
+    ids = [1, 2, 4, 6, 7, 8]
+    target.use_weights(WEIGHTS_INT4)
+    int4_logits = target.forward(ids, target.new_cache())
+    target.use_weights(WEIGHTS_INT4_A8)
+    assert {m.activations for m in target.runner.modules() if isinstance(m, GGUFLinear)} == {"int8"}
+    a8_logits = target.forward(ids, target.new_cache())
+    # Another arithmetic, the same model: the logits move, on average by far less than their spread. (Unrelated
+    # logits of this spread would differ by about 1.1 standard deviations on average; 8-bit rounding through
+    # this tiny model's 2 layers moved them by a few hundredths of one.)
+    moved = (a8_logits - int4_logits).abs()
+    assert 0 < moved.mean() < 0.1 * int4_logits.std()
+    draft = wrap_model("tiny-draft", tiny_llama(1001, 1, 16), tiny_tokenizer())
+    pair = Pair(target, draft, set())
+    s = SpecSettings(k=3, temperature=0, max_new_tokens=16)
+    spec = [t for c in speculative_generate(pair, ids, s) for t in c["committed_token_ids"]]
+    assert spec[:16] == target_generate(target, ids, s, set())
+    out = tmp_path / "a8.jsonl"
+    run_to_trace(pair, "the cat sat", SpecSettings(k=2, max_new_tokens=6, seed=1), out, RunMode())
+    trace = load_trace(out)
+    assert trace.header["target_weights"]["path"] == WEIGHTS_INT4_A8
+    assert trace.header["target_weights"]["activations"] == "int8"
+    assert "TARGET WEIGHTS: int4-a8: the blocks of tiny.gguf as stored" in format_stats(trace)
+    assert "8-bit activations" in format_stats(trace)
+    lines = out.read_text().splitlines()
+    for path, activations in ((WEIGHTS_INT4_A8, "float32"), (WEIGHTS_INT4, "int8")):  # a record that lies
+        bad = {**trace.header, "target_weights": {**trace.header["target_weights"], "path": path,
+                                                  "activations": activations}}
+        out.write_text("\n".join([json.dumps(bad), *lines[1:]]) + "\n")
+        with pytest.raises(TraceError, match=r"target_weights\.activations"):
+            load_trace(out)
+    target.use_weights(WEIGHTS_INT4)  # back: the same twin, float32 activations again
+    assert torch.equal(target.forward(ids, target.new_cache()), int4_logits)
+
+
+needs_cxx = pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")),
+                               reason="no C++ compiler for the native operator")
+
+
+@needs_cc
+@needs_cxx
+def test_the_native_operator_gives_the_kernel_s_bits_and_refuses_what_the_kernel_cannot_take():
+    assert gguf_kernel.prepare_compiled(), gguf_kernel.NATIVE_MISSING
+    op = gguf_kernel.NATIVE[0]
+    for kind, activations in gguf_kernel.FUNCTIONS:
+        for rows, n, k in ((1, 51, 96), (5, 640, 576), (9, 7, 32)):  # tiles, tails, threaded above SERIAL_BELOW
+            tensor, _ = random_blocks(kind, n, k, seed=rows)
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(n))
+            assert torch.equal(op(x, tensor.blocks, gguf_kernel.KINDS[kind, activations], n),
+                               gguf_kernel.linear(x, tensor.blocks, kind, n, activations))
+    tensor, _ = random_blocks("Q4_1", 4, 64, seed=5)
+    with pytest.raises(RuntimeError, match="float32 rows of whole"):
+        op(torch.ones(64, 2).T, tensor.blocks, 0, 4)  # a transposed view
+    with pytest.raises(RuntimeError, match="float32 rows of whole"):
+        op(torch.ones(2, 48), tensor.blocks, 0, 4)  # not whole blocks
+    with pytest.raises(RuntimeError, match="do not make"):
+        op(torch.ones(2, 64), tensor.blocks, 0, 5)  # more outputs than the blocks hold
+    with pytest.raises(RuntimeError, match="do not make"):
+        op(torch.ones(2, 64), tensor.blocks, 1, 4)  # Q4_1 bytes read as Q8_0 blocks
+    with pytest.raises(RuntimeError, match="kind is 0-3"):
+        op(torch.ones(2, 64), tensor.blocks, 4, 4)
+
+
+@needs_cc
+@pytest.mark.parametrize("which", [pytest.param("native", marks=needs_cxx), "python"])
+def test_a_compiled_graph_holds_the_int4_kernel_as_one_node_with_the_eager_result(monkeypatch, which):
+    if which == "native":
+        assert gguf_kernel.prepare_compiled(), gguf_kernel.NATIVE_MISSING
+    else:
+        monkeypatch.setattr(gguf_kernel, "NATIVE", [None])
+    tensor, _ = random_blocks("Q4_1", 37, 64, seed=8)
+    layer = GGUFLinear(tensor, None)
+    x = torch.randn(1, 5, 64, generator=torch.Generator().manual_seed(9))
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.inference_mode():
+        eager = layer(x)
+        torch._dynamo.reset()
+        assert torch.equal(torch.compile(layer, backend=keep, fullgraph=True)(x), eager)
+    calls = [str(n.target) for n in graphs[0].graph.nodes if "gguf_linear" in str(n.target)]
+    namespace = "speclab_native." if which == "native" else "speclab."
+    assert len(calls) == 1 and calls[0].startswith(namespace), calls
+
+
+def test_without_a_cxx_compiler_int4_graphs_keep_the_python_operator(monkeypatch):
+    from engine.models import kernel_build
+
+    def no_compiler(*args, **kwargs):
+        raise kernel_build.KernelBuildError("the int4 operator for compiled graphs needs a C++ compiler")
+
+    monkeypatch.setattr(kernel_build, "build_torch_op", no_compiler)
+    monkeypatch.setattr(gguf_kernel, "load_torch_op", kernel_build.load_torch_op.__wrapped__)  # uncached
+    monkeypatch.setattr(gguf_kernel, "library", lambda: None)  # the C kernel is there; only the C++ step fails
+    monkeypatch.setattr(gguf_kernel, "NATIVE", [None])
+    monkeypatch.setattr(gguf_kernel, "NATIVE_MISSING", [])
+    gguf_kernel.prepare_compiled.cache_clear()
+    try:
+        assert gguf_kernel.prepare_compiled() is False
+        assert "needs a C++ compiler" in gguf_kernel.NATIVE_MISSING[0] and gguf_kernel.NATIVE[0] is None
+    finally:
+        gguf_kernel.prepare_compiled.cache_clear()
+
+
 # ---------------------------------------------------------------- the twin of a tiny model
 
 @needs_cc

@@ -36,6 +36,7 @@ from engine.trace.schema import (
     TARGET_WEIGHTS,
     WEIGHTS_FLOAT32,
     WEIGHTS_INT4,
+    WEIGHTS_INT4_A8,
 )
 
 CUSTOM = "custom"  # the pair is given as two model folders (or hub ids)
@@ -71,10 +72,13 @@ def cached_pair(target: str, draft: str, drafter: DrafterOptions = DrafterOption
 
 
 WEIGHTS_LABELS = {WEIGHTS_FLOAT32: "float32 (the model as loaded)",
-                  WEIGHTS_INT4: "int4 (the GGUF file's 4-bit blocks, as stored)"}
+                  WEIGHTS_INT4: "int4 (the GGUF file's 4-bit blocks, as stored)",
+                  WEIGHTS_INT4_A8: "int4-a8 (the same blocks, 8-bit activations)"}
 WEIGHTS_CAPTION = ("int4 runs the target's linear layers on its GGUF file's Q4_1 blocks (a Q8_0 output layer), "
                    "float32 activations, on the CPU: about a sixth of the bytes per step. Its logits differ from "
-                   "float32's only in rounding, yet it is its own target: the trace says which one it followed.")
+                   "float32's only in rounding, yet it is its own target: the trace says which one it followed. "
+                   "int4-a8 also rounds each block of 32 activations to 8 bits, as llama.cpp does, so the products "
+                   "run in integer instructions: faster, and further from float32.")
 
 
 def apply_preset_defaults() -> None:

@@ -149,9 +149,11 @@ def add_pair_and_sampling(run: argparse.ArgumentParser) -> None:
                           "with avx512_bf16 or AMX, where it halves the bytes a step reads: best with --fast --capture "
                           "compile, measured in bench/step_limit.py)")
     run.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32,
-                     help="what the target's linear layers run on: float32 (the model as loaded) or int4 (its GGUF "
+                     help="what the target's linear layers run on: float32 (the model as loaded), int4 (its GGUF "
                           "file's Q4_1 blocks, a Q8_0 output layer, as stored; CPU, float32 activations; a C "
-                          "compiler builds the kernel once). Each is its own target distribution")
+                          "compiler builds the kernel once) or int4-a8 (the same blocks, each block of 32 "
+                          "activations rounded to 8 bits first, as llama.cpp multiplies: faster, further from "
+                          "float32). Each is its own target distribution")
     run.add_argument("--decoder", choices=DECODERS, default=DECODER_HF,
                      help="the code the target and a draft model run on: hf (Hugging Face's modules) or own (the "
                           "engine's own Llama-family decoder on the same weights, engine/models/llama.py; a model it "

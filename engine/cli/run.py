@@ -21,7 +21,7 @@ from engine.drafters.registry import DRAFTERS, check_before_loading, options_fro
 from engine.mode import RunMode, refuse_tree_auto
 from engine.models.presets import DEFAULT_PRESET, PRESETS, default_drafter
 from engine.trace.format import Trace, drafted
-from engine.trace.schema import DECODER_HF, DECODER_OWN, DRAFT_MODEL, WEIGHTS_INT4
+from engine.trace.schema import DECODER_HF, DECODER_OWN, DRAFT_MODEL, GGUF_WEIGHTS
 
 MAX_PROMPT_CHARS = 1_000_000  # far beyond any model's context; the token limit is checked after tokenizing
 TREE_AUTO = "auto"  # --tree auto: the tree advisor chooses a static tree, a chain or plain decoding
@@ -135,12 +135,13 @@ def check_device(device: str | None, dtype: str | None) -> None:
 
 
 def check_target_weights(args) -> None:
-    """int4 weights run on the CPU in float32 (engine/models/gguf_linear.py): refuse other devices first."""
-    if args.target_weights != WEIGHTS_INT4:
+    """int4 weights run on the CPU kernel (engine/models/gguf_linear.py): refuse other devices first."""
+    if args.target_weights not in GGUF_WEIGHTS:
         return
     from engine.models.device import pick_device
     if pick_device(args.device).type != "cpu":
-        raise SettingsError("--target-weights int4 runs on the CPU (float32 activations): add --device cpu")
+        raise SettingsError(f"--target-weights {args.target_weights} runs on the CPU (its kernel is a CPU kernel): "
+                            "add --device cpu")
 
 
 def run_mode_from_args(args) -> RunMode:

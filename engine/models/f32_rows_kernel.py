@@ -31,7 +31,7 @@ from torch import nn
 
 from engine.models.cpu_linear import twin_with
 from engine.models.gguf_kernel import SERIAL_BELOW
-from engine.models.kernel_build import KernelBuildError, build, build_torch_op
+from engine.models.kernel_build import KernelBuildError, build, load_torch_op
 
 SOURCE = Path(__file__).with_name("f32_rows_kernel.c")
 OP_SOURCE = Path(__file__).with_name("f32_rows_op.cpp")
@@ -119,24 +119,19 @@ def prepare_compiled() -> bool:
     NATIVE_MISSING, where it cannot be built: compiled graphs then call the Python custom operator."""
     try:
         library()  # the C kernel itself must build first: without it there is no rows path at all
-        path = build_torch_op(SOURCE, OP_SOURCE, (f"-DSPECLAB_SERIAL_BELOW={SERIAL_BELOW}",),
-                              "the float32 rows operator for compiled graphs",
-                              "compiled graphs call the kernel through its Python operator instead")
-        torch.ops.load_library(str(path))
-    except (KernelBuildError, OSError, RuntimeError) as err:
+    except KernelBuildError as err:
         NATIVE_MISSING.append(" ".join(str(err).split()))
         return False
-    register_native_fake()
-    NATIVE[0] = torch.ops.speclab_native.f32_rows_linear
-    return True
+    NATIVE[0], missing = load_torch_op(
+        SOURCE, OP_SOURCE, (f"-DSPECLAB_SERIAL_BELOW={SERIAL_BELOW}",), (), "speclab_native::f32_rows_linear",
+        native_fake, "the float32 rows operator for compiled graphs",
+        "compiled graphs call the kernel through its Python operator instead")
+    NATIVE_MISSING.extend([missing] if missing else [])
+    return NATIVE[0] is not None
 
 
-@lru_cache(maxsize=1)
-def register_native_fake() -> None:
-    """The C++ operator's output shape for tracing; once per process (a second registration is an error)."""
-    @torch.library.register_fake("speclab_native::f32_rows_linear")
-    def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int) -> torch.Tensor:
-        return x.new_empty(x.shape[0], weight.shape[0])  # (M, N) float32: what the kernel writes
+def native_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])  # (M, N) float32: what the kernel writes
 
 
 class RowsLinear(nn.Module):

@@ -39,6 +39,6 @@ static at::Tensor f32_rows_linear(const at::Tensor &x, const at::Tensor &w, cons
     return y;
 }
 
-TORCH_LIBRARY(speclab_native, m) { m.def("f32_rows_linear(Tensor x, Tensor weight, Tensor? bias, int isa) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(speclab_native, m) { m.def("f32_rows_linear(Tensor x, Tensor weight, Tensor? bias, int isa) -> Tensor"); }
 
 TORCH_LIBRARY_IMPL(speclab_native, CPU, m) { m.impl("f32_rows_linear", f32_rows_linear); }

@@ -17,7 +17,9 @@
  *   Q8_0 block, 34 bytes: d (f16), qs[32] (int8).
  * x is (M, K) float32 row-major, y is (M, N) float32 row-major.
  */
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Rows of x sharing one dequantised block: a verify over up to 9 positions (K = 8) forms each
@@ -165,37 +167,169 @@ static inline __attribute__((always_inline)) void dot_tile(
         for (int c = 0; c < cols; c++) y[r * N + c] = v_sum(acc[r][c]);
 }
 
+/* ---------------------------------------------------------------- 8-bit activations (opt-in)
+ *
+ * The same blocks times activations rounded to 8 bits per block of 32, as llama.cpp multiplies them: the
+ * products become integer instructions (32 at a time on AVX2), where the float32 path above forms every
+ * weight as a float first. This changes the numbers: each activation x is replaced by d_x * q_x with
+ *   d_x = max |x over its block| / 127,  q_x = x * (127 / max |x|) rounded to the nearest integer (ties to
+ *   even), so |q_x| <= 127,
+ * kept per row and per block, d_x in float32 (llama.cpp stores it in float16). A block's dot product is then
+ *   Q4_1: d_w * d_x * sum(q_w * q_x) + m_w * (d_x * sum(q_x))
+ *   Q8_0: d_w * d_x * sum(q_w * q_x)
+ * with the integer sums exact. A row is quantised alone and every output is one fixed sequence of float32
+ * operations, so a row's result still ignores which rows came with it and how many threads ran.
+ */
+
+/* Row r's block b: q[r * K + 32 * b ..] (int8), d[r * K / 32 + b] and s[...] = d * sum(q) (float32). */
+static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *s) {
+    for (int64_t i = 0; i < M * K / 32; i++) {
+        const float *xb = x + 32 * i;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            int v = (int)nearbyintf(xb[j] * inv);
+            v = v > 127 ? 127 : v < -127 ? -127 : v;
+            q[32 * i + j] = (int8_t)v;
+            sum += v;
+        }
+        d[i] = amax / 127.0f;
+        s[i] = d[i] * (float)sum;
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* A block's 32 integer products summed in 8 lanes of 4 (lane l holds positions 4l..4l+3), as float. */
+static inline vec8 i8_lanes(__m256i w_unsigned, __m256i x_signed) {
+    __m256i pairs = _mm256_maddubs_epi16(w_unsigned, x_signed);  /* at most 2 * 128 * 127: no saturation */
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+static inline __m256i q4_1_nibbles(const uint8_t *blk) {
+    __m128i packed = _mm_loadu_si128((const __m128i *)(blk + 4));  /* low nibbles: weights 0..15, high: 16..31 */
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+    return _mm256_and_si256(both, _mm256_set1_epi8(15));
+}
+static inline vec8 q4_1_lanes(__m256i w, const int8_t *xq) {
+    return i8_lanes(w, _mm256_loadu_si256((const __m256i *)xq));
+}
+static inline __m256i q8_0_signed(const uint8_t *blk) { return _mm256_loadu_si256((const __m256i *)(blk + 2)); }
+static inline vec8 q8_0_lanes(__m256i w, const int8_t *xq) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+    return i8_lanes(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));  /* |w| * (x with w's sign) = w * x */
+}
+static inline vec8 v_set1(float a) { return _mm256_set1_ps(a); }
+typedef __m256i wvec;
+#else
+typedef struct { uint8_t b[32]; } wvec;
+static inline wvec q4_1_nibbles(const uint8_t *blk) {
+    wvec w;
+    for (int j = 0; j < 16; j++) { w.b[j] = blk[4 + j] & 15; w.b[16 + j] = blk[4 + j] >> 4; }
+    return w;
+}
+static inline wvec q8_0_signed(const uint8_t *blk) { wvec w; memcpy(w.b, blk + 2, 32); return w; }
+static inline vec8 q4_1_lanes(wvec w, const int8_t *xq) {
+    vec8 r;
+    for (int l = 0; l < 8; l++) {
+        int sum = 0;
+        for (int j = 4 * l; j < 4 * l + 4; j++) sum += (int)w.b[j] * xq[j];
+        r.v[l] = (float)sum;
+    }
+    return r;
+}
+static inline vec8 q8_0_lanes(wvec w, const int8_t *xq) {
+    vec8 r;
+    for (int l = 0; l < 8; l++) {
+        int sum = 0;
+        for (int j = 4 * l; j < 4 * l + 4; j++) sum += (int)(int8_t)w.b[j] * xq[j];
+        r.v[l] = (float)sum;
+    }
+    return r;
+}
+static inline vec8 v_set1(float a) { vec8 r; for (int i = 0; i < 8; i++) r.v[i] = a; return r; }
+#endif
+
+/* As dot_tile, on quantised rows: every output is one chain of per-block multiply-adds in block order, the
+   Q4_1 minimum's term summed beside it, whatever `rows` and `cols` are. */
+static inline __attribute__((always_inline)) void dot_tile_i8(
+        int kind, int rows, int cols, const int8_t *xq, const float *xd, const float *xs, int64_t K,
+        const uint8_t *wrow, int64_t row_bytes, float *y, int64_t N) {
+    int64_t block_bytes = kind == 0 ? 20 : 34;
+    vec8 acc[ROWS][COLS];
+    float macc[ROWS][COLS];
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) { acc[r][c] = v_zero(); macc[r][c] = 0.0f; }
+    for (int64_t b = 0; b < K / 32; b++) {
+        for (int c = 0; c < cols; c++) {
+            const uint8_t *blk = wrow + c * row_bytes + b * block_bytes;
+            __builtin_prefetch(wrow + PREFETCH_BYTES + (b * cols + c) * block_bytes);
+            uint16_t dh, mh;
+            memcpy(&dh, blk, 2);
+            float dw = f16_to_f32(dh), mw = 0.0f;
+            wvec w;
+            if (kind == 0) {
+                memcpy(&mh, blk + 2, 2);
+                mw = f16_to_f32(mh);
+                w = q4_1_nibbles(blk);
+            } else {
+                w = q8_0_signed(blk);
+            }
+            for (int r = 0; r < rows; r++) {
+                const int8_t *xb = xq + r * K + b * 32;
+                int64_t at = r * (K / 32) + b;
+                vec8 lanes = kind == 0 ? q4_1_lanes(w, xb) : q8_0_lanes(w, xb);
+                acc[r][c] = v_fma(lanes, v_set1(dw * xd[at]), acc[r][c]);
+                if (kind == 0) macc[r][c] = fmaf(mw, xs[at], macc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) y[r * N + c] = v_sum(acc[r][c]) + macc[r][c];
+}
+
 #define TILE(R, C) dot_tile(kind, R, C, xr, K, wrow, row_bytes, yr, N)
+#define TILE_I8(R, C) dot_tile_i8(kind, R, C, xq, xd, xs, K, wrow, row_bytes, yr, N)
 
 /* `rows` rows of x (1..ROWS) against `cols` rows of W; constant counts let the compiler keep the
    sums in registers. The shapes: one row with COLS columns (a decode step), 2-3 rows with 2
    (sums and weights still fit the registers), 4-9 rows with 1 (the rows are the independent chains). */
+#define DISPATCH_TILES(T)                                   \
+    if (cols == COLS) { T(1, COLS); return; }               \
+    if (cols == 2) {                                        \
+        switch (rows) {                                     \
+            case 3: T(3, 2); break;                         \
+            case 2: T(2, 2); break;                         \
+            default: T(1, 2); break;                        \
+        }                                                   \
+        return;                                             \
+    }                                                       \
+    switch (rows) {                                         \
+        case 9: T(9, 1); break;                             \
+        case 8: T(8, 1); break;                             \
+        case 7: T(7, 1); break;                             \
+        case 6: T(6, 1); break;                             \
+        case 5: T(5, 1); break;                             \
+        case 4: T(4, 1); break;                             \
+        case 3: T(3, 1); break;                             \
+        case 2: T(2, 1); break;                             \
+        default: T(1, 1); break;                            \
+    }
+
 static inline __attribute__((always_inline)) void tile(
         int kind, int64_t rows, int cols, const float *xr, int64_t K, const uint8_t *wrow, int64_t row_bytes,
         float *yr, int64_t N) {
-    if (cols == COLS) { TILE(1, COLS); return; }
-    if (cols == 2) {
-        switch (rows) {
-            case 3: TILE(3, 2); break;
-            case 2: TILE(2, 2); break;
-            default: TILE(1, 2); break;
-        }
-        return;
-    }
-    switch (rows) {
-        case 9: TILE(9, 1); break;
-        case 8: TILE(8, 1); break;
-        case 7: TILE(7, 1); break;
-        case 6: TILE(6, 1); break;
-        case 5: TILE(5, 1); break;
-        case 4: TILE(4, 1); break;
-        case 3: TILE(3, 1); break;
-        case 2: TILE(2, 1); break;
-        default: TILE(1, 1); break;
-    }
+    DISPATCH_TILES(TILE)
 }
 
-static void linear(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
+/* The tile shape for `rows` rows at column n of a group ending at n_end (the group's last columns may be fewer). */
+static inline int tile_cols(int64_t rows, int64_t n, int64_t n_end) {
+    int cols = rows == 1 ? COLS : rows <= 3 ? 2 : 1;
+    while (cols > 1 && n + cols > n_end) cols = cols == COLS ? 2 : 1;
+    return cols;
+}
+
+static inline __attribute__((always_inline)) void linear(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
                    float *y, int threads) {
     int64_t row_bytes = K / 32 * (kind == 0 ? 20 : 34);
     #pragma omp parallel for num_threads(threads) schedule(static)
@@ -203,10 +337,8 @@ static void linear(int kind, const float *x, int64_t M, int64_t K, const uint8_t
         int64_t n0 = COLS * group, n_end = n0 + COLS < N ? n0 + COLS : N;
         for (int64_t r = 0; r < M; r += ROWS) {
             int64_t rows = M - r < ROWS ? M - r : ROWS;
-            int widest = rows == 1 ? COLS : rows <= 3 ? 2 : 1;
             for (int64_t n = n0; n < n_end;) {
-                int cols = widest;
-                while (cols > 1 && n + cols > n_end) cols = cols == COLS ? 2 : 1;
+                int cols = tile_cols(rows, n, n_end);
                 tile(kind, rows, cols, x + r * K, K, w + n * row_bytes, row_bytes, y + r * N + n, N);
                 n += cols;
             }
@@ -220,4 +352,47 @@ void speclab_q4_1_linear(const float *x, int64_t M, int64_t K, const uint8_t *w,
 
 void speclab_q8_0_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
     linear(1, x, M, K, w, N, y, threads);
+}
+
+static inline __attribute__((always_inline)) void tile_i8(
+        int kind, int64_t rows, int cols, const int8_t *xq, const float *xd, const float *xs, int64_t K,
+        const uint8_t *wrow, int64_t row_bytes, float *yr, int64_t N) {
+    DISPATCH_TILES(TILE_I8)
+}
+
+/* The activations quantised once per call (M * K bytes and two floats per block), then the same walk as
+   `linear`. Returns 0, or -1 where the scratch memory could not be had. */
+static inline __attribute__((always_inline)) int linear_i8(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
+                     float *y, int threads) {
+    int64_t row_bytes = K / 32 * (kind == 0 ? 20 : 34), blocks = K / 32;
+    int8_t *xq = malloc((size_t)(M * K));
+    float *xd = malloc(sizeof(float) * (size_t)(M * blocks)), *xs = malloc(sizeof(float) * (size_t)(M * blocks));
+    if (!xq || !xd || !xs) {
+        free(xq); free(xd); free(xs);
+        return -1;
+    }
+    quantize_rows(x, M, K, xq, xd, xs);
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t group = 0; group < (N + COLS - 1) / COLS; group++) {
+        int64_t n0 = COLS * group, n_end = n0 + COLS < N ? n0 + COLS : N;
+        for (int64_t r = 0; r < M; r += ROWS) {
+            int64_t rows = M - r < ROWS ? M - r : ROWS;
+            for (int64_t n = n0; n < n_end;) {
+                int cols = tile_cols(rows, n, n_end);
+                tile_i8(kind, rows, cols, xq + r * K, xd + r * blocks, xs + r * blocks, K, w + n * row_bytes,
+                        row_bytes, y + r * N + n, N);
+                n += cols;
+            }
+        }
+    }
+    free(xq); free(xd); free(xs);
+    return 0;
+}
+
+int speclab_q4_1_i8_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
+    return linear_i8(0, x, M, K, w, N, y, threads);
+}
+
+int speclab_q8_0_i8_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) {
+    return linear_i8(1, x, M, K, w, N, y, threads);
 }

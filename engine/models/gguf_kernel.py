@@ -8,10 +8,19 @@ change (the weights would no longer be the file's), and every layer's output wou
 (bench/int4_kernels.py measures both). This kernel keeps the file's weights bit for bit and
 float32 everywhere else.
 
+Its second arithmetic, asked for by name (ACTIVATIONS_INT8, the int4-a8 weights path), rounds each block of 32
+activations to 8 bits first, as llama.cpp does, so that the products run in integer instructions: faster, and
+no longer the float32 model's numbers (the C file says exactly what it computes).
+
 It is compiled once per machine with `-O3 -march=native` and OpenMP by engine/models/kernel_build.py
 (the C compiler on the PATH, the engine's cache folder, a name per source, flags and CPU); its
 threads are torch's: `torch.get_num_threads()` of them per call. Without a compiler the int4 path
 says so and the float32 path still runs.
+
+Under torch.compile the kernel is one opaque operator in the graph: gguf_op.cpp's `speclab_native::gguf_linear`
+where a C++ compiler and torch's headers are at hand (`prepare_compiled`), which the graph calls without Python,
+else the Python custom operator `speclab::gguf_linear`, about 30 us dearer a call. Both run the same kernel on
+the same arguments, so they give the same bits.
 """
 import ctypes
 from functools import lru_cache
@@ -20,11 +29,17 @@ from pathlib import Path
 import torch
 
 from engine.models.gguf_blocks import BLOCK_BYTES
-from engine.models.kernel_build import build
+from engine.models.kernel_build import KernelBuildError, build, load_torch_op
 
 SOURCE = Path(__file__).with_name("gguf_kernel.c")
+OP_SOURCE = Path(__file__).with_name("gguf_op.cpp")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-Wall")
-FUNCTIONS = {"Q4_1": "speclab_q4_1_linear", "Q8_0": "speclab_q8_0_linear"}
+ACTIVATIONS_FLOAT32, ACTIVATIONS_INT8 = "float32", "int8"
+# (block type, activations) -> the C function; the C++ operator numbers them in this order (gguf_op.cpp)
+FUNCTIONS = {("Q4_1", ACTIVATIONS_FLOAT32): "speclab_q4_1_linear", ("Q8_0", ACTIVATIONS_FLOAT32): "speclab_q8_0_linear",
+             ("Q4_1", ACTIVATIONS_INT8): "speclab_q4_1_i8_linear", ("Q8_0", ACTIVATIONS_INT8): "speclab_q8_0_i8_linear"}
+KINDS = {key: number for number, key in enumerate(FUNCTIONS)}
+BLOCK_TYPES = ("Q4_1", "Q8_0")
 # Products smaller than this many multiply-adds run on one thread: the chat target's k and v projections
 # (192 x 576) at one row take ~15 us, about what waking a second thread costs, and on a busy machine each
 # parallel region can wait for a descheduled thread (measured under load 4 on 2 cores: a chat step
@@ -38,7 +53,8 @@ ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ct
 @lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
     """The compiled kernel, built on first use (engine/models/kernel_build.py)."""
-    return build(SOURCE, FLAGS, {fn: (ARGTYPES, None) for fn in FUNCTIONS.values()},
+    # the int8 functions return -1 where their scratch memory could not be had
+    return build(SOURCE, FLAGS, {fn: (ARGTYPES, ctypes.c_int if "_i8_" in fn else None) for fn in FUNCTIONS.values()},
                  "the int4 target path", "use --target-weights float32")
 
 
@@ -50,16 +66,19 @@ class BlockMatrix:
     of these calls, so what a call does beyond the kernel is kept to the activation's checks, one
     output tensor and the ctypes call itself."""
 
-    def __init__(self, blocks: torch.Tensor, kind: str, out_features: int, in_features: int) -> None:
-        if kind not in FUNCTIONS:
-            raise ValueError(f"no kernel for {kind} blocks (the kernel runs {', '.join(FUNCTIONS)})")
+    def __init__(self, blocks: torch.Tensor, kind: str, out_features: int, in_features: int,
+                 activations: str = ACTIVATIONS_FLOAT32) -> None:
+        if kind not in BLOCK_TYPES:
+            raise ValueError(f"no kernel for {kind} blocks (the kernel runs {', '.join(BLOCK_TYPES)})")
+        if (kind, activations) not in FUNCTIONS:
+            raise ValueError(f"no kernel for {activations} activations (float32 or int8)")
         if in_features % 32 or blocks.dtype != torch.uint8 or not blocks.is_contiguous() \
                 or tuple(blocks.shape) != (out_features, in_features // 32 * BLOCK_BYTES[kind]):
             raise ValueError(f"{kind} blocks of shape {tuple(blocks.shape)} ({blocks.dtype}) do not make a "
                              f"({out_features}, {in_features}) matrix")
-        self.blocks, self.kind = blocks, kind  # the tensor is held, so its memory outlives every call
+        self.blocks, self.kind, self.activations = blocks, kind, activations  # held: the memory outlives every call
         self.out_features, self.in_features = out_features, in_features
-        self.function = getattr(library(), FUNCTIONS[kind])
+        self.function = getattr(library(), FUNCTIONS[kind, activations])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (M, K) float32 times the blocks' (N, K) matrix transposed: (M, N) float32."""
@@ -69,29 +88,58 @@ class BlockMatrix:
         rows = x.shape[0]
         y = torch.empty(rows, self.out_features, dtype=torch.float32)
         threads = 1 if rows * self.out_features * self.in_features < SERIAL_BELOW else torch.get_num_threads()
-        self.function(x.data_ptr(), rows, self.in_features, self.blocks.data_ptr(), self.out_features,
-                      y.data_ptr(), threads)
+        failed = self.function(x.data_ptr(), rows, self.in_features, self.blocks.data_ptr(), self.out_features,
+                               y.data_ptr(), threads)
+        if failed:
+            raise MemoryError(f"the GGUF kernel could not get {rows * self.in_features} bytes for the 8-bit activations")
         return y
 
 
-def linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int) -> torch.Tensor:
+def linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int,
+           activations: str = ACTIVATIONS_FLOAT32) -> torch.Tensor:
     """x (M, K) float32 times the blocks' (N, K) matrix transposed: (M, N) float32 (every argument checked)."""
     if x.dim() != 2 or x.shape[1] % 32:
         raise ValueError(f"the GGUF kernel takes contiguous float32 rows of whole blocks, got {x.dtype} {tuple(x.shape)}")
-    return BlockMatrix(blocks, kind, out_features, x.shape[1])(x)
+    return BlockMatrix(blocks, kind, out_features, x.shape[1], activations)(x)
 
 
 # ---------------------------------------------------------------- under torch.compile
 
 @torch.library.custom_op("speclab::gguf_linear", mutates_args=())
-def compiled_linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int) -> torch.Tensor:
+def compiled_linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int,
+                    activations: str) -> torch.Tensor:
     """`linear` as an operator torch.compile can hold in a graph: dynamo cannot trace into a ctypes call,
     so a compiled forward (engine/cycle/fast_forward.py) calls the kernel through this operator, which
     inductor leaves as one opaque call. Eager forwards keep calling BlockMatrix directly: the operator's
     dispatch would cost more than the kernel does on the small layers."""
-    return linear(x, blocks, kind, out_features)
+    return linear(x, blocks, kind, out_features, activations)
 
 
 @compiled_linear.register_fake
-def _(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int) -> torch.Tensor:
+def _(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int, activations: str) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)  # (M, N) float32: what the kernel writes
+
+
+NATIVE: list = [None]  # the C++ operator once prepare_compiled() loaded it; read by GGUFLinear under compile
+NATIVE_MISSING: list[str] = []  # why it could not be built, where it could not
+
+
+@lru_cache(maxsize=1)
+def prepare_compiled() -> bool:
+    """Build (once per machine) and load the C++ operator for compiled graphs; False, with the reason in
+    NATIVE_MISSING, where it cannot be built: compiled graphs then call the Python custom operator."""
+    try:
+        library()  # the C kernel itself must build first: without it there is no int4 path at all
+    except KernelBuildError as err:
+        NATIVE_MISSING.append(" ".join(str(err).split()))
+        return False
+    NATIVE[0], missing = load_torch_op(
+        SOURCE, OP_SOURCE, (f"-DSPECLAB_SERIAL_BELOW={SERIAL_BELOW}",), ("-march=native",),
+        "speclab_native::gguf_linear", native_fake, "the int4 operator for compiled graphs",
+        "compiled graphs call the kernel through its Python operator instead")
+    NATIVE_MISSING.extend([missing] if missing else [])
+    return NATIVE[0] is not None
+
+
+def native_fake(x: torch.Tensor, blocks: torch.Tensor, kind: int, out_features: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], out_features)  # (M, N) float32: what the kernel writes

@@ -47,20 +47,30 @@ CHECKED_ROWS = 64  # rows per layer compared bit for bit at load (every_row=True
 class GGUFLinear(nn.Module):
     """`F.linear(x, W, bias)` with W held as GGUF blocks; float32 in, float32 out."""
 
-    def __init__(self, tensor: BlockTensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, tensor: BlockTensor, bias: torch.Tensor | None,
+                 activations: str = gguf_kernel.ACTIVATIONS_FLOAT32) -> None:
         super().__init__()
         self.in_features, self.out_features = tensor.in_features, tensor.out_features
         self.kind, self.gguf_name = tensor.kind, tensor.name
         self.register_buffer("blocks", tensor.blocks, persistent=False)  # (N, K/32 * block bytes) uint8
-        self.matrix = gguf_kernel.BlockMatrix(tensor.blocks, tensor.kind, self.out_features, self.in_features)
         self.bias = bias
+        self.use_activations(activations)
+
+    def use_activations(self, activations: str) -> None:
+        """float32, or int8: each block of 32 activations rounded to 8 bits first (gguf_kernel.c)."""
+        self.activations = activations
+        self.matrix = gguf_kernel.BlockMatrix(self.blocks, self.kind, self.out_features, self.in_features, activations)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # (M, K)
         if flat.dtype != torch.float32 or not flat.is_contiguous():
             flat = flat.float().contiguous()
         if torch.compiler.is_compiling():  # the kernel as an operator a compiled graph can hold
-            y = gguf_kernel.compiled_linear(flat, self.blocks, self.kind, self.out_features)
+            native = gguf_kernel.NATIVE[0]  # set before compiling (prepare_compiled): no build while a graph is traced
+            if native is not None:
+                y = native(flat, self.blocks, gguf_kernel.KINDS[self.kind, self.activations], self.out_features)
+            else:
+                y = gguf_kernel.compiled_linear(flat, self.blocks, self.kind, self.out_features, self.activations)
         else:
             y = self.matrix(flat)  # (M, N)
         if self.bias is not None:
@@ -164,7 +174,7 @@ def gguf_twin(model: nn.Module, gguf_file: Path, every_row: bool = False) -> tup
     counts: Counter = Counter()
     floats, weight_bytes = 0, 0
     for name, gguf_name in names.items():
-        if tensors[gguf_name].type_name not in gguf_kernel.FUNCTIONS:
+        if tensors[gguf_name].type_name not in gguf_kernel.BLOCK_TYPES:
             floats += 1  # stored in float: the model's own layer is the file's
             continue
         module = twin.get_submodule(name)
@@ -204,7 +214,14 @@ def fused(layers: list[GGUFLinear]) -> GGUFLinear:
     has_bias = any(b is not None for b in biases)
     bias = torch.cat([b if b is not None else torch.zeros(layer.out_features) for b, layer in zip(biases, layers)]) \
         if has_bias else None
-    return GGUFLinear(tensor, bias)
+    return GGUFLinear(tensor, bias, first.activations)
+
+
+def use_activations(module: nn.Module, activations: str) -> None:
+    """Every GGUFLinear in `module` on `activations` (float32, or int8 as llama.cpp multiplies)."""
+    for layer in module.modules():
+        if isinstance(layer, GGUFLinear):
+            layer.use_activations(activations)
 
 
 def fused_source(twin: nn.Module):

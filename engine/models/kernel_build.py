@@ -14,6 +14,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from functools import lru_cache
 from pathlib import Path
 
 from engine.models.errors import ModelLoadError
@@ -83,10 +84,12 @@ def run_compiler(command: list[str], timeout: int = 600) -> str | None:
     return lines[0]
 
 
-def build_torch_op(c_source: Path, cpp_source: Path, defines: tuple[str, ...], needed_by: str, instead: str) -> Path:
+def build_torch_op(c_source: Path, cpp_source: Path, defines: tuple[str, ...], needed_by: str, instead: str,
+                   c_flags: tuple[str, ...] = ()) -> Path:
     """`c_source` and `cpp_source` (which registers a torch operator around it) compiled into one library for
     torch.ops.load_library, kept in the cache folder under a name made from both sources, the compilers, the
-    defines, torch's version and the CPU. KernelBuildError where no C++ compiler, torch's headers or a step fails."""
+    defines, torch's version and the CPU. `c_flags` go to the C compile only (-march=native for a kernel that
+    picks its code at compile time). KernelBuildError where no C++ compiler, torch's headers or a step fails."""
     import torch
     from torch.utils import cpp_extension
 
@@ -95,7 +98,7 @@ def build_torch_op(c_source: Path, cpp_source: Path, defines: tuple[str, ...], n
     if not cxx:
         raise KernelBuildError(f"{needed_by} needs a C++ compiler (c++, g++ or clang++; or set $CXX): {instead}")
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    key = repr((c_source.read_bytes(), cpp_source.read_bytes(), cc, cxx, defines, abi, torch.__version__,
+    key = repr((c_source.read_bytes(), cpp_source.read_bytes(), cc, cxx, defines, c_flags, abi, torch.__version__,
                 cpu_model(), cpu_features()))
     out = cache_root() / "kernels" / f"{cpp_source.stem.replace('_', '-')}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
     if out.is_file():
@@ -105,7 +108,7 @@ def build_torch_op(c_source: Path, cpp_source: Path, defines: tuple[str, ...], n
     work.mkdir(exist_ok=True)
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     libs = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
-    steps = [[cc, "-O3", "-fPIC", "-fopenmp", *defines, "-c", str(c_source), "-o", str(work / "kernel.o")],
+    steps = [[cc, "-O3", "-fPIC", "-fopenmp", *c_flags, *defines, "-c", str(c_source), "-o", str(work / "kernel.o")],
              [cxx, "-O2", "-fPIC", "-std=c++20", abi, *defines, *includes, "-c", str(cpp_source), "-o",
               str(work / "op.o")],
              [cxx, "-shared", "-fopenmp", str(work / "op.o"), str(work / "kernel.o"), *libs, "-o", str(work / "op.so")]]
@@ -118,3 +121,21 @@ def build_torch_op(c_source: Path, cpp_source: Path, defines: tuple[str, ...], n
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+@lru_cache(maxsize=None)
+def load_torch_op(c_source: Path, cpp_source: Path, defines: tuple[str, ...], c_flags: tuple[str, ...],
+                  qualified_name: str, fake, needed_by: str, instead: str):
+    """The operator `qualified_name` ("namespace::name") built by build_torch_op, loaded, with `fake` (its output
+    shape for tracing) registered: (operator, None), or (None, why) where it cannot be built or loaded. Cached:
+    a library loads, and a fake registers, once per process (a second registration is an error)."""
+    import torch
+
+    try:
+        path = build_torch_op(c_source, cpp_source, defines, needed_by, instead, c_flags)
+        torch.ops.load_library(str(path))
+    except (KernelBuildError, OSError, RuntimeError) as err:
+        return None, " ".join(str(err).split())
+    torch.library.register_fake(qualified_name)(fake)
+    namespace, name = qualified_name.split("::")
+    return getattr(getattr(torch.ops, namespace), name), None

@@ -12,15 +12,16 @@ from transformers.distributed import DistributedConfig
 from engine.models import cpu_linear
 from engine.models.errors import ModelLoadError, TokenizerMismatchError
 from engine.trace.schema import (
+    ACTIVATIONS,
     AS_LOADED,
     DECODER_HF,
     DECODER_OWN,
     DECODERS,
+    GGUF_WEIGHTS,
     MAX_DECODER_FALLBACK_TEXT,
     ROWS,
     TARGET_WEIGHTS,
     WEIGHTS_FLOAT32,
-    WEIGHTS_INT4,
 )
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"  # a draft's kept token ids (a draft model's or an EAGLE head's)
@@ -52,7 +53,7 @@ class LoadedModel:
     # (engine/models/linear_paths.py); a width it does not name (a prompt's prefill) runs packed, as before any measurement.
     linear_paths: dict[int, str] | None = None
     gguf_file: Path | None = None  # the GGUF file the weights came from, if they did
-    # WEIGHTS_FLOAT32 (the model as loaded) or WEIGHTS_INT4 (engine/models/gguf_linear.py): set by use_weights()
+    # WEIGHTS_FLOAT32 (the model as loaded), WEIGHTS_INT4 or WEIGHTS_INT4_A8 (engine/models/gguf_linear.py): set by use_weights()
     weights: str = WEIGHTS_FLOAT32
     gguf_weights: object | None = None  # gguf_linear.GGUFWeights of the int4 twin
     # DECODER_HF or DECODER_OWN (engine/trace/schema.py): which code computes the engine's forwards, set by
@@ -78,17 +79,23 @@ class LoadedModel:
             self.fast_linear = False
 
     def use_weights(self, weights: str) -> None:
-        """Run the engine's forwards on `weights`: WEIGHTS_INT4 builds the twin whose linear layers
-        multiply by the GGUF file's blocks (engine/models/gguf_linear.py) and refuses, with the
-        reason, a model that has no GGUF file or one of another block type."""
+        """Run the engine's forwards on `weights`: WEIGHTS_INT4 (or WEIGHTS_INT4_A8, the same blocks with
+        8-bit activations) builds the twin whose linear layers multiply by the GGUF file's blocks
+        (engine/models/gguf_linear.py) and refuses, with the reason, a model that has no GGUF file or one
+        of another block type."""
         if weights not in TARGET_WEIGHTS:
             raise ValueError(f"unknown target weights {weights!r}; choose one of {', '.join(TARGET_WEIGHTS)}")
-        if weights == WEIGHTS_INT4 and self._int4_twin is None:
+        if weights in GGUF_WEIGHTS and self._int4_twin is None:
             if self.gguf_file is None:
-                raise ModelLoadError(f"int4 target weights come from a GGUF file, and {self.name} was not loaded "
+                raise ModelLoadError(f"{weights} target weights come from a GGUF file, and {self.name} was not loaded "
                                      "from one (name a folder holding a .gguf file, or use the chat preset)")
             from engine.models.gguf_linear import gguf_twin
             self._int4_twin, self.gguf_weights = gguf_twin(self.model, self.gguf_file)
+        if weights in GGUF_WEIGHTS:
+            from engine.models.gguf_linear import use_activations
+            for module in (self._int4_twin, self._own_int4):  # both share the one blocks; the graphs compile anew
+                if module is not None:
+                    use_activations(module, ACTIVATIONS[weights])
         self.weights = weights
 
     def use_decoder(self, decoder: str) -> None:
@@ -125,8 +132,8 @@ class LoadedModel:
 
     def describe_weights(self) -> dict:
         """What a trace header records as "target_weights" (engine/trace/checks.py checks it)."""
-        if self.weights == WEIGHTS_INT4:
-            return {"path": WEIGHTS_INT4, "activations": "float32", **self.gguf_weights.describe()}
+        if self.weights in GGUF_WEIGHTS:
+            return {"path": self.weights, "activations": ACTIVATIONS[self.weights], **self.gguf_weights.describe()}
         return {"path": WEIGHTS_FLOAT32}
 
     @property
@@ -134,16 +141,19 @@ class LoadedModel:
         """What torch.compile compiles (engine/cycle/fast_forward.py): the int4 module on int4 weights,
         else `base`, never the packed twin (inductor cannot lower its oneDNN calls; with its weights
         frozen in, inductor packs them for oneDNN itself)."""
-        return self.int4_runner if self.weights == WEIGHTS_INT4 else self.base
+        return self.int4_runner if self.weights in GGUF_WEIGHTS else self.base
 
     def compiled_module_for(self, width: int) -> torch.nn.Module:
         """What torch.compile compiles for a forward over `width` positions: the rows twin where this
         machine's measurement chose it (its kernel is one opaque operator in the graph, which inductor
         leaves as it is), else `compiled_module`."""
-        if self.weights != WEIGHTS_INT4 and self.linear_paths and self.linear_paths.get(width) == ROWS:
+        if self.weights not in GGUF_WEIGHTS and self.linear_paths and self.linear_paths.get(width) == ROWS:
             from engine.models.f32_rows_kernel import prepare_compiled
             prepare_compiled()  # the operator the graph calls without Python, where it builds
             return self.rows_runner
+        if self.weights in GGUF_WEIGHTS:
+            from engine.models.gguf_kernel import prepare_compiled as prepare_int4
+            prepare_int4()  # the same for the int4 kernel's operator
         return self.compiled_module
 
     @property
@@ -175,7 +185,7 @@ class LoadedModel:
         otherwise `base` itself (the model, or the engine's own decoder under use_decoder(DECODER_OWN),
         whose packed twin is built the same way). `self.model` stays untouched, so Hugging Face's
         `generate` on it is what a user would run. Built on first use."""
-        if self.weights == WEIGHTS_INT4:
+        if self.weights in GGUF_WEIGHTS:
             return self.int4_runner
         base = self.base
         if not self.fast_linear or not cpu_linear.available(base):
@@ -188,7 +198,7 @@ class LoadedModel:
         """The module a forward over `width` new positions runs on: the model as loaded or the rows twin
         where this machine's measurement found it fastest at that width, else `runner`. The int4 path is one
         path at every width: it is another target distribution, never swapped in per width."""
-        if self.weights == WEIGHTS_INT4:
+        if self.weights in GGUF_WEIGHTS:
             return self.int4_runner
         path = self.linear_paths.get(width) if self.linear_paths else None
         if path == AS_LOADED:

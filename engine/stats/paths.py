@@ -4,7 +4,7 @@ target ran on (engine/models/gguf_linear.py), and which decoder made each model'
 (engine/models/llama.py, --decoder own), and how the fast path ran its forwards (engine/cycle/fast_forward.py)."""
 from dataclasses import dataclass
 
-from engine.trace.schema import AS_LOADED, DECODER_OWN, PACKED, ROWS, WEIGHTS_FLOAT32, WEIGHTS_INT4
+from engine.trace.schema import ACTIVATIONS, AS_LOADED, DECODER_OWN, GGUF_WEIGHTS, PACKED, ROWS, WEIGHTS_FLOAT32
 
 
 def target_weights(header: dict) -> str:
@@ -17,13 +17,15 @@ def weights_words(header: dict) -> str:
     w = header.get("target_weights")
     if not w:
         return "the model as loaded (this trace does not record a weights path)"
-    if w["path"] != WEIGHTS_INT4:
+    if w["path"] not in GGUF_WEIGHTS:
         dtype = header.get("dtype") or "float32"  # the model as loaded is in the run's dtype (--dtype)
         return f"{WEIGHTS_FLOAT32}: the model as loaded" if dtype == "float32" else f"the model as loaded, in {dtype}"
     layers = ", ".join(f"{n} {kind}" for kind, n in w["tensor_types"].items())
     floats = f", {w['float_layers']} kept in float" if w["float_layers"] else ""
-    return (f"{WEIGHTS_INT4}: the blocks of {w['file']} as stored ({layers} linear layers{floats}; "
-            f"{w['weight_bytes'] / 1e6:.1f} MB read per forward), float32 activations")
+    activations = "8-bit activations, each block of 32 rounded as llama.cpp does" \
+        if ACTIVATIONS[w["path"]] == "int8" else "float32 activations"
+    return (f"{w['path']}: the blocks of {w['file']} as stored ({layers} linear layers{floats}; "
+            f"{w['weight_bytes'] / 1e6:.1f} MB read per forward), {activations}")
 
 
 def decoder_words(header: dict) -> str | None:

@@ -10,6 +10,7 @@ from engine.trace.batch_reader import MAX_BATCH
 from engine.trace.check_basics import RunFacts, fail, is_int, is_num
 from engine.trace.schema import (
     ACCEPTANCE_RULES,
+    ACTIVATIONS,
     CACHE_CONVENTIONS,
     CAPTURE_MODES,
     DECODER_HF,
@@ -25,6 +26,7 @@ from engine.trace.schema import (
     EAGLE3_AUX,
     EAGLE3_FEATURES,
     GGUF_BLOCK_TYPES,
+    GGUF_WEIGHTS,
     LINEAR_PATHS,
     MAX_DECODER_FALLBACK_TEXT,
     MAX_K,
@@ -290,8 +292,12 @@ def check_target_weights(weights, where: str) -> None:
         return
     if not isinstance(weights, dict) or weights.get("path") not in TARGET_WEIGHTS:
         fail(where, "target_weights.path", f"must be one of {', '.join(TARGET_WEIGHTS)}")
-    if weights["path"] != WEIGHTS_INT4:
+    if weights["path"] not in GGUF_WEIGHTS:
         return
+    activations = weights.get("activations", ACTIVATIONS[WEIGHTS_INT4])  # older int4 traces did not say
+    if activations != ACTIVATIONS[weights["path"]]:
+        fail(where, "target_weights.activations", f"must be {ACTIVATIONS[weights['path']]!r} on the "
+                                                  f"{weights['path']} path")
     name = weights.get("file")
     if not isinstance(name, str) or not 0 < len(name) <= 200:
         fail(where, "target_weights.file", "must name the GGUF file in at most 200 characters")

@@ -62,7 +62,12 @@ CAPTURE_MODES = ("none", "graph", "compile")
 # test follows the one that ran.
 WEIGHTS_FLOAT32 = "float32"  # the model as loaded (a GGUF target is dequantised to float32 on load)
 WEIGHTS_INT4 = "int4"  # the GGUF file's blocks as stored: Q4_1 layers (a Q8_0 output layer), no requantisation
-TARGET_WEIGHTS = (WEIGHTS_FLOAT32, WEIGHTS_INT4)
+# The same blocks, each block of 32 activations rounded to 8 bits before the products, as llama.cpp multiplies
+# (engine/models/gguf_kernel.c): faster on the CPU, and further from the float32 model than int4.
+WEIGHTS_INT4_A8 = "int4-a8"
+TARGET_WEIGHTS = (WEIGHTS_FLOAT32, WEIGHTS_INT4, WEIGHTS_INT4_A8)
+GGUF_WEIGHTS = (WEIGHTS_INT4, WEIGHTS_INT4_A8)  # the paths that run the GGUF file's blocks
+ACTIVATIONS = {WEIGHTS_INT4: "float32", WEIGHTS_INT4_A8: "int8"}  # what a header's target_weights.activations says
 GGUF_BLOCK_TYPES = ("Q4_1", "Q8_0")  # the block types the int4 path's kernel runs
 
 # ---------------------------------------------------------------- decoders (engine/models/llama.py)
