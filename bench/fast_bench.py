@@ -39,6 +39,7 @@ import transformers
 from transformers import CompileConfig
 
 from bench import common, hf
+from bench.speed import start_anchor
 from engine.config import SpecSettings
 from engine.cycle.fast import FastModels, FastPlainModel, fast_generate, fast_plain_decode, plan_fast_path
 from engine.cycle.pair import Pair
@@ -49,12 +50,13 @@ from engine.models.presets import PRESETS
 from engine.run import encode_prompt, make_header
 from engine.stats.analysis import cycle_times, measured_alpha
 from engine.trace.format import TraceWriter, load_trace, make_summary
-from engine.trace.schema import DECODER_HF, DECODERS, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
+from engine.trace.schema import DECODER_HF, DECODERS, GGUF_WEIGHTS, TARGET_WEIGHTS, WEIGHTS_FLOAT32
 
 METHODS = ("a", "b", "c", "d", "d'", "e")
+ANCHOR = "f"  # llama.cpp's plain decoding of the target's GGUF file, with --llama-python (bench/speed.py's anchor)
 METHOD_NAMES = {"a": "fast path, traced", "b": "fast path, untraced", "c": "HF assisted generation",
                 "d": "HF generate, eager", "d'": "HF generate, static cache + compile",
-                "e": "our plain decoding, fast path"}
+                "e": "our plain decoding, fast path", ANCHOR: "llama.cpp plain, same GGUF"}
 # Datasheet HBM bandwidth in GB/s (NVIDIA product pages: H200 4.8 TB/s, H100 SXM 3.35 TB/s, A100 80GB SXM 2.0 TB/s).
 DATASHEET_GBS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 GOALS = [  # (preset, ratio, at least, wording): the fast path's goals; fp32, greedy, on the GPU
@@ -83,6 +85,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--decoder", choices=DECODERS, default=DECODER_HF,
                    help="the code the engine's methods (a, b, e) run on; HF's methods run Hugging Face's modules")
     p.add_argument("--methods", default=",".join(METHODS), help="a subset of " + ",".join(METHODS))
+    p.add_argument("--llama-python", default=None,
+                   help="a Python with llama-cpp-python (bench/build_llama_cpp.sh): adds method f, llama.cpp's plain "
+                        "decoding of the target's GGUF file, interleaved with the others")
     p.add_argument("--dry-run", action="store_true",
                    help="try every step of the script with tiny sizes (8 tokens, 1 prompt, 1 repeat); not a measurement")
     p.add_argument("--out", default=str(common.RESULTS))
@@ -122,7 +127,7 @@ def limits(pair: Pair, k: int, mean_acceptance_length: float, bandwidth_gbs: flo
     if not bandwidth_gbs:
         return None
     # int4: the blocks a target step reads, not the float32 copy the model was loaded as
-    int4 = pair.target.weights == WEIGHTS_INT4
+    int4 = pair.target.weights in GGUF_WEIGHTS
     target = pair.target.gguf_weights.weight_bytes if int4 else weight_bytes(pair.target.model)
     draft = weight_bytes(pair.draft.model)
     bw = bandwidth_gbs * 1e9
@@ -136,8 +141,9 @@ class Runner:
     """Every method on one pair at one (K, T), with the fast path's caches and graphs built once."""
 
     def __init__(self, pair: Pair, preset: str | None, k: int, capacity: int, capture: str, dry_run: bool,
-                 folder: Path) -> None:
+                 folder: Path, anchor=None) -> None:
         self.pair, self.preset, self.k, self.folder, self.dry_run = pair, preset, k, folder, dry_run
+        self.anchor = anchor  # bench/speed.py LlamaAnchor, for method f
         self.models = FastModels.empty(pair, k, capacity, capture)
         self.plain = FastPlainModel.empty(pair.target, capacity, capture)
         self.assistant = hf.full_vocab_assistant(pair.draft)
@@ -174,6 +180,8 @@ class Runner:
                                      for r in fast_generate(pair, ids, s, record=False, models=self.models)), device)
         if method == "e":
             return common.timed_alone(lambda: len(fast_plain_decode(pair.target, ids, s, set(), model=self.plain)), device)
+        if method == ANCHOR:
+            return self.anchor.run(ids, s)  # timed inside llama.cpp's process, prompt evaluation included as in e
         torch.manual_seed(s.seed)
         if method in ("c", "d"):
             assistant = self.assistant if method == "c" else None
@@ -198,12 +206,13 @@ def hf_static_generate(target, prompt_ids: list[int], s: SpecSettings, compile_:
 # ---------------------------------------------------------------- one setting
 
 def bench_setting(pair: Pair, args, k: int, temperature: float, prompts: list[str], chat: bool,
-                  capture: str, methods: list[str], bandwidth: dict) -> dict:
+                  capture: str, methods: list[str], bandwidth: dict, anchor=None) -> dict:
     s = SpecSettings(k=k, temperature=temperature, max_new_tokens=args.max_new_tokens, seed=0, cache_layout="static")
     ids = [encode_prompt(pair.target.tokenizer, p, chat) for p in prompts]
     capacity = max(layout_for_run(s, len(i)).capacity for i in ids)
     folder = Path(tempfile.mkdtemp(prefix="speclab-fast-bench-"))
-    runner = Runner(pair, args.preset, k, capacity, capture, args.dry_run, folder)
+    runner = Runner(pair, args.preset, k, capacity, capture, args.dry_run, folder, anchor)
+    methods = [*methods, *([ANCHOR] if anchor else [])]
     warm_start = time.perf_counter()
     longest = max(range(len(ids)), key=lambda i: len(ids[i]))
     for method in methods:  # warm-up: captures, compilation, allocations (HF keeps a static cache this long)
@@ -221,7 +230,8 @@ def summarise(pair: Pair, s: SpecSettings, rates: dict, trace_paths: list[Path],
     times = cycle_times(cycles)
     mean_len = (sum(len(c["committed_token_ids"]) for c in cycles) / len(cycles)) if cycles else None
     ratios = {f"{x}/{y}": common.paired_ratio(rates, x, y)
-              for x, y in (("a", "b"), ("a", "c"), ("a", "d"), ("a", "d'"), ("a", "e"), ("e", "d"), ("d'", "d"))}
+              for x, y in (("a", "b"), ("a", "c"), ("a", "d"), ("a", "d'"), ("a", "e"), ("e", "d"), ("d'", "d"),
+                           ("e", ANCHOR), ("a", ANCHOR)) if x in rates and y in rates}
     return {
         "k": s.k, "temperature": s.temperature, "max_new_tokens": s.max_new_tokens, "capture": capture,
         "warm_up_s": warm_up_s,
@@ -264,17 +274,18 @@ def markdown(result: dict) -> str:
                   + (f", target weights {block['target_weights']['path']}" if block.get("target_weights") else "")
                   + (f" (asked for {block['capture_asked']}, which failed: {block['capture_error']})"
                      if block.get("capture_error") else ""), ""]
-        methods = [m for m in METHODS if m in block["settings"][0]["tokens_per_s"]]
-        lines += ["| K | T | " + " | ".join(f"{m} {METHOD_NAMES[m]}" for m in methods)
-                  + " | a/e | a/d | a/d' | a/b | a/c | limit plain (datasheet / measured BW) | limit spec. | alpha |",
-                  "|" + "---|" * (len(methods) + 10)]
+        methods = [m for m in (*METHODS, ANCHOR) if m in block["settings"][0]["tokens_per_s"]]
+        ratio_names = ["a/e", "a/d", "a/d'", "a/b", "a/c", *(["e/f", "a/f"] if ANCHOR in methods else [])]
+        lines += ["| K | T | " + " | ".join(f"{m} {METHOD_NAMES[m]}" for m in methods) + " | "
+                  + " | ".join(ratio_names) + " | limit plain (datasheet / measured BW) | limit spec. | alpha |",
+                  "|" + "---|" * (len(methods) + len(ratio_names) + 5)]
         for st in block["settings"]:
             tps, sp, r = st["tokens_per_s"], st["spread"], st["ratios"]
             lim = st["limits"]
             alpha = "-" if st["alpha"] is None else f"{st['alpha']:.2f}"
             lines.append(f"| {st['k']} | {st['temperature']:g} | "
                          + " | ".join(f"{tps[m]:.0f} [{sp[m][0]:.0f}-{sp[m][1]:.0f}]" for m in methods)
-                         + " | " + " | ".join(ratio_cell(r, x) for x in ("a/e", "a/d", "a/d'", "a/b", "a/c"))
+                         + " | " + " | ".join(ratio_cell(r, x) for x in ratio_names)
                          + f" | {limit_cell(lim, 'plain_tokens_per_s')} | {limit_cell(lim, 'speculative_tokens_per_s')} "
                          f"| {alpha} |")
         lines += ["", "Where a traced cycle's time goes (ms, mean per cycle):", "",
@@ -285,6 +296,8 @@ def markdown(result: dict) -> str:
             if p:
                 lines.append(f"| {st['k']} | {st['temperature']:g} | {p['cycle']:.3f} | {p['draft_steps']:.3f} "
                              f"| {p['d_K_step']:.3f} | {p['verify']:.3f} | {p['other']:.3f} |")
+        if block.get("anchor"):
+            lines.append(f"llama.cpp: {block['anchor']}")
         lines.append("")
     lines += ["Goals (the fast path's, fp32 greedy on the GPU):", "", *goal_lines(result), ""]
     return "\n".join(lines)
@@ -321,10 +334,13 @@ def run_dtype(args, dtype: str, prompts: list[str], methods: list[str]) -> dict:
              "target_weights": pair.target.describe_weights(),
              "target_weight_bytes": weight_bytes(pair.target.model), "draft_weight_bytes": weight_bytes(pair.draft.model),
              "bandwidth_gbs": bandwidth, "settings": []}
+    args.threads = torch.get_num_threads()  # the anchor runs llama.cpp on as many threads as torch has here
+    anchor, block["anchor"] = start_anchor(args, pair) if args.llama_python else (None, None)
     for k in (int(x) for x in str(args.k).split(",")):
         for temperature in (float(t) for t in args.temperatures.split(",")):
             try:
-                st = bench_setting(pair, args, k, temperature, prompts, chat, block["capture"], methods, bandwidth)
+                st = bench_setting(pair, args, k, temperature, prompts, chat, block["capture"], methods, bandwidth,
+                                   anchor)
             except Exception as err:  # a failed capture must not cost the rest of the GPU session
                 if block["capture"] == "none":
                     raise
@@ -332,8 +348,10 @@ def run_dtype(args, dtype: str, prompts: list[str], methods: list[str]) -> dict:
                 traceback.print_exc()
                 print(f"capture {block['capture']} failed; this dtype continues without capture", flush=True)
                 block["capture"] = "none"
-                st = bench_setting(pair, args, k, temperature, prompts, chat, "none", methods, bandwidth)
+                st = bench_setting(pair, args, k, temperature, prompts, chat, "none", methods, bandwidth, anchor)
             block["settings"].append(st)
+    if anchor:
+        anchor.close()
     return block
 
 

@@ -28,7 +28,7 @@ from engine.models import f32_rows_kernel as rows
 from engine.models import gguf_kernel
 from engine.models.device import timed
 from engine.run import load_preset
-from engine.trace.schema import DECODER_OWN, ROWS, WEIGHTS_FLOAT32, WEIGHTS_INT4
+from engine.trace.schema import DECODER_OWN, GGUF_WEIGHTS, ROWS, TARGET_WEIGHTS, WEIGHTS_FLOAT32
 
 
 def main(argv=None) -> None:
@@ -37,11 +37,11 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--widths", default="1,5")
     p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--target-weights", choices=[WEIGHTS_FLOAT32, WEIGHTS_INT4], default=WEIGHTS_FLOAT32)
+    p.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     machine = machine_info(args.threads)
-    int4 = args.target_weights == WEIGHTS_INT4
+    int4 = args.target_weights in GGUF_WEIGHTS
     kernel_module = gguf_kernel if int4 else rows  # each holds NATIVE, prepare_compiled and the Python `linear`
     if not kernel_module.prepare_compiled():
         raise SystemExit(f"the C++ operator did not build: {kernel_module.NATIVE_MISSING}")
@@ -81,7 +81,7 @@ def main(argv=None) -> None:
                                      "python_linear_calls_per_step": calls[name], "times_ms": t}
                               for name, t in times.items()}
     kernel_module.NATIVE[0] = cpp
-    way = "int4 blocks (gguf_linear)" if int4 else "rows twin"
+    way = f"{args.target_weights} blocks (gguf_linear)" if int4 else "rows twin"
     lines = [f"## The compiled chat step, its graph calling the C++ or the Python operator, {way} (bench/native_op_ab.py)",
              "", f"Machine: {machine_words(machine)}; {machine['date']}. Own decoder, {way}, static cache of {CONTEXT} "
              f"positions; memory limit {limit_ms:.1f} ms. Medians of {args.repeats} steps, the two ways alternating "
@@ -95,7 +95,7 @@ def main(argv=None) -> None:
                      f"{a['median_ms'] / limit_ms:.2f}x | {a['python_linear_calls_per_step']} / "
                      f"{b['python_linear_calls_per_step']} |")
     text = "\n".join(lines) + "\n"
-    write_results(args.out, f"native-op-ab{'-int4' if int4 else ''}-{cpu_tag(machine)}",
+    write_results(args.out, f"native-op-ab{'-' + args.target_weights if int4 else ''}-{cpu_tag(machine)}",
                   {"machine": machine, "target_weights": args.target_weights, "limit_ms": limit_ms, "results": results,
                    "date_end": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, text)
     print(text)

@@ -81,7 +81,18 @@ from engine.stats.analysis import (
 from engine.stats.calibrate import calibrate
 from engine.stats.sweep import plain_decode
 from engine.trace.metrics import predicted_speedup
-from engine.trace.schema import DECODER_HF, DECODERS, DRAFT_MODEL, EAGLE, EAGLE3, TARGET_WEIGHTS, WEIGHTS_FLOAT32, WEIGHTS_INT4
+from engine.trace.schema import (
+    DECODER_HF,
+    DECODERS,
+    DRAFT_MODEL,
+    EAGLE,
+    EAGLE3,
+    GGUF_WEIGHTS,
+    TARGET_WEIGHTS,
+    WEIGHTS_FLOAT32,
+    WEIGHTS_INT4,
+    WEIGHTS_INT4_A8,
+)
 
 METHODS = ("a", "b", "c", "d", "e")
 ANCHOR = "f"
@@ -131,7 +142,7 @@ def results_name(args) -> str:
     """The results file's name: eagle figures never overwrite the draft model's."""
     name = args.name or args.preset or "custom"
     name = f"{name}-{args.drafter}" if args.drafter in HEADS and args.drafter not in name else name
-    name = f"{name}-int4" if args.target_weights == WEIGHTS_INT4 and "int4" not in name else name
+    name = f"{name}-{args.target_weights}" if args.target_weights in GGUF_WEIGHTS and "int4" not in name else name
     return f"{name}-own" if args.decoder != DECODER_HF and "own" not in name else name
 
 
@@ -242,7 +253,7 @@ def step_times(pair: Pair, ids: list[int], s: SpecSettings, repeats: int = 15) -
     finally:
         target.use_weights(now)
     med = {w: statistics.median(t) * 1e3 for w, t in times.items()}
-    return {"float32_ms": med[WEIGHTS_FLOAT32], "int4_ms": med[WEIGHTS_INT4],
+    return {"float32_ms": med[WEIGHTS_FLOAT32], "int4_ms": med[WEIGHTS_INT4], "int4_a8_ms": med[WEIGHTS_INT4_A8],
             "speedup": med[WEIGHTS_FLOAT32] / med[WEIGHTS_INT4], "repeats": repeats}
 
 
@@ -375,7 +386,7 @@ def main(argv=None) -> int:
             anchor.close()
     first = encode_prompt(pair.target.tokenizer, prompts[0], chat)
     steps = step_times(pair, first, SpecSettings(k=1, temperature=0.0, max_new_tokens=args.max_new_tokens)) \
-        if pair.target.weights == WEIGHTS_INT4 else None
+        if pair.target.weights in GGUF_WEIGHTS else None
     result = {"name": name, "preset": args.preset, "target": pair.target.name, "draft": pair.draft.name,
               "target_weights": pair.target.describe_weights(), "decoder": pair.target.decoder,
               "anchor": anchor_words if anchor else None,

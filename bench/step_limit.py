@@ -45,11 +45,11 @@ from engine.trace.schema import (
     AS_LOADED,
     DECODER_HF,
     DECODER_OWN,
+    GGUF_WEIGHTS,
     PACKED,
     ROWS,
     TARGET_WEIGHTS,
     WEIGHTS_FLOAT32,
-    WEIGHTS_INT4,
 )
 
 CONTEXT = 64
@@ -96,7 +96,7 @@ def time_static(target: LoadedModel, capture: str, width: int, repeats: int) -> 
 def decoder_ways(target: LoadedModel, args) -> dict:
     """Every way of running the target's step on the decoder it is set to."""
     ways = {}
-    float_paths = target.dtype == torch.float32 and target.weights != WEIGHTS_INT4
+    float_paths = target.dtype == torch.float32 and target.weights not in GGUF_WEIGHTS
     rows = float_paths and f32_rows_kernel.unavailable() is None
     for path in (AS_LOADED, PACKED, ROWS):
         if path != AS_LOADED and not (rows if path == ROWS else float_paths):
@@ -124,7 +124,7 @@ def measure(args) -> dict:
     target = pair.target
     bandwidth = measured_bandwidth_gbs(torch.device("cpu"), False)
     # int4: the blocks a step reads (the float weights left are norms and the embedding rows looked up)
-    step_bytes = target.gguf_weights.weight_bytes if target.weights == WEIGHTS_INT4 else weight_bytes(target.model)
+    step_bytes = target.gguf_weights.weight_bytes if target.weights in GGUF_WEIGHTS else weight_bytes(target.model)
     limit_s = step_bytes / (bandwidth * 1e9)
     ways = {}
     for decoder in (DECODER_HF, DECODER_OWN):
@@ -142,7 +142,7 @@ def measure(args) -> dict:
 
 def markdown(r: dict) -> str:
     what = "step" if r.get("width", 1) == 1 else f"forward of {r['width']} tokens (a verify)"
-    weights = " on its int4 blocks" if r.get("target_weights") == WEIGHTS_INT4 else ""
+    weights = f" on its {r['target_weights']} blocks" if r.get("target_weights") in GGUF_WEIGHTS else ""
     lines = [f"## One {r['preset']} target {what} in {r.get('dtype', 'float32')}{weights} against its memory limit "
              "(bench/step_limit.py)", "",
              f"Machine: {common.machine_words(r['machine'])}; torch {r['machine']['torch']}; {r['machine']['date']}."
@@ -179,7 +179,7 @@ def main() -> None:
     result = measure(args)
     text = markdown(result)
     stem = "-".join(["step-limit", args.preset, *([args.dtype] if args.dtype else []),
-                     *(["int4"] if args.target_weights == WEIGHTS_INT4 else []),
+                     *([args.target_weights] if args.target_weights in GGUF_WEIGHTS else []),
                      *([f"w{args.width}"] if args.width != 1 else []), common.cpu_tag(result["machine"])])
     common.write_results(Path(args.out), stem, result, text)
     print(text)

@@ -177,8 +177,10 @@ static inline __attribute__((always_inline)) void dot_tile(
  * kept per row and per block, d_x in float32 (llama.cpp stores it in float16). A block's dot product is then
  *   Q4_1: d_w * d_x * sum(q_w * q_x) + m_w * (d_x * sum(q_x))
  *   Q8_0: d_w * d_x * sum(q_w * q_x)
- * with the integer sums exact. A row is quantised alone and every output is one fixed sequence of float32
- * operations, so a row's result still ignores which rows came with it and how many threads ran.
+ * with the integer sums exact: a block's 8 partial sums (4 products each) are scaled by d_x, then multiplied by d_w
+ * and added to the output's 8 running sums, summed at the end, the minimum's terms summed beside them. A row is
+ * quantised alone and every output is one fixed sequence of float32 operations, so a row's result still ignores
+ * which rows came with it and how many threads ran.
  */
 
 /* Row r's block b: q[r * K + 32 * b ..] (int8), d[r * K / 32 + b] and s[...] = d * sum(q) (float32). */
@@ -220,6 +222,7 @@ static inline vec8 q8_0_lanes(__m256i w, const int8_t *xq) {
     return i8_lanes(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));  /* |w| * (x with w's sign) = w * x */
 }
 static inline vec8 v_set1(float a) { return _mm256_set1_ps(a); }
+static inline vec8 v_mul(vec8 a, vec8 b) { return _mm256_mul_ps(a, b); }
 typedef __m256i wvec;
 #else
 typedef struct { uint8_t b[32]; } wvec;
@@ -248,6 +251,7 @@ static inline vec8 q8_0_lanes(wvec w, const int8_t *xq) {
     return r;
 }
 static inline vec8 v_set1(float a) { vec8 r; for (int i = 0; i < 8; i++) r.v[i] = a; return r; }
+static inline vec8 v_mul(vec8 a, vec8 b) { for (int i = 0; i < 8; i++) a.v[i] *= b.v[i]; return a; }
 #endif
 
 /* As dot_tile, on quantised rows: every output is one chain of per-block multiply-adds in block order, the
@@ -267,6 +271,7 @@ static inline __attribute__((always_inline)) void dot_tile_i8(
             uint16_t dh, mh;
             memcpy(&dh, blk, 2);
             float dw = f16_to_f32(dh), mw = 0.0f;
+            vec8 dwv = v_set1(dw);
             wvec w;
             if (kind == 0) {
                 memcpy(&mh, blk + 2, 2);
@@ -279,7 +284,7 @@ static inline __attribute__((always_inline)) void dot_tile_i8(
                 const int8_t *xb = xq + r * K + b * 32;
                 int64_t at = r * (K / 32) + b;
                 vec8 lanes = kind == 0 ? q4_1_lanes(w, xb) : q8_0_lanes(w, xb);
-                acc[r][c] = v_fma(lanes, v_set1(dw * xd[at]), acc[r][c]);
+                acc[r][c] = v_fma(v_mul(lanes, v_set1(xd[at])), dwv, acc[r][c]);  /* (isum * d_x) * d_w */
                 if (kind == 0) macc[r][c] = fmaf(mw, xs[at], macc[r][c]);
             }
         }
