@@ -196,6 +196,8 @@ def test_the_stage_captions_describe_the_eagle3_head_as_it_ran(target, head_dir,
     pair = Pair(target, None, set(), load_eagle3(head_dir, target, features))
     s = SpecSettings(k=3, temperature=2.0, max_new_tokens=30, seed=1)
     trace = run_to_trace(pair, "the cat sat on a mat", s, tmp_path / "t.jsonl", chat_template=False)
+    from app.figures import caches
+    from tests.test_figures import cache_positions
     head = trace.header["drafter"]
     committed = len(trace.header["prompt_token_ids"])
     assert {c["num_accepted"] for c in trace.cycles} >= {0, 3}  # rejections and full accepts both described
@@ -213,3 +215,12 @@ def test_the_stage_captions_describe_the_eagle3_head_as_it_ran(target, head_dir,
         # the catch-up feeds every newly committed token again: the accepted drafts and the resample or bonus
         # (fewer in a last cycle cut short by the token limit)
         assert f"takes the {len(c['committed_token_ids'])} newly committed token(s) again" in rollback
+        # The KV strip draws the same: the head's own row, every newly committed position rebuilt (catch-up),
+        # the rest of the appended entries rolled back, the committed prefix kept up to `before`
+        seq = ["tok"] * max(d["after_append"], c["target_cache_len"]["after_append"])  # labels only
+        cells = cache_positions(caches.cache_figure(c, 5, seq, trace.drafter_kind))
+        assert cells.get((caches.HEAD3_CATCH_UP, "EAGLE-3 head"), []) == list(range(d["before"], d["after_rollback"]))
+        assert cells.get(("rolled back", "EAGLE-3 head"), []) == list(range(d["after_rollback"], d["after_append"]))
+        assert cells[("committed", "EAGLE-3 head")][-1] == d["before"] - 1
+        assert "draft" not in {y for bar in caches.cache_figure(c, 1, seq, trace.drafter_kind).data
+                               if bar.type == "bar" for y in bar.y}

@@ -1,7 +1,7 @@
 """The KV caches of target and draft at a stage of the cycle: one strip per model, a cell per cache
 position, coloured by whether it is committed, provisional, rolled back or fed in the catch-up.
 
-An EAGLE head's cache is a row of its own, with the head's own rollback rule (cache_cells).
+An EAGLE or EAGLE-3 head's cache is a row of its own, with the head's own rollback rule (cache_cells).
 Plain functions, no Streamlit: a cycle record in, a figure out.
 """
 from typing import Sequence
@@ -22,16 +22,22 @@ from app.figures.style import (
     legend_name,
     shown,
 )
-from engine.trace.schema import DRAFT_MODEL, EAGLE
+from engine.trace.schema import DRAFT_MODEL, EAGLE, EAGLE3
 
 CACHE_CONTEXT = 6  # committed cells shown before the ones this cycle touches
 MAX_CACHE_CELLS = 512  # a strip never draws more cells than this, whatever lengths a trace records
 
 
 HEAD_CATCH_UP = "head catch-up (accepted tokens re-fed with the target's features)"
+HEAD3_CATCH_UP = "head catch-up (newly committed tokens fed with the target's hidden states)"
+# How many of a cycle's draft-step entries a head keeps at the rollback: an EAGLE head its first (built on the
+# target's true feature); an EAGLE-3 head none (every step after the first read the head's own output), so its
+# catch-up rebuilds every newly committed position (engine/drafters/eagle3.py).
+HEAD_KEEPS = {EAGLE: 1, EAGLE3: 0}
+CATCH_UP_LEGEND = {EAGLE: HEAD_CATCH_UP, EAGLE3: HEAD3_CATCH_UP}
 
 
-def cache_cells(lengths: dict, stage: int, model: str, head: bool = False) -> dict[str, tuple[int, int]]:
+def cache_cells(lengths: dict, stage: int, model: str, head_keeps: int | None = None) -> dict[str, tuple[int, int]]:
     """Cell ranges [start, end) per state for one model's cache at a stage of the cycle.
 
     before: committed; after_append: provisional entries added (the draft's in stage 1,
@@ -39,18 +45,18 @@ def cache_cells(lengths: dict, stage: int, model: str, head: bool = False) -> di
     removed, and a draft that never ran on d_K gains one entry (catch-up), so
     after_rollback can exceed after_append.
 
-    An EAGLE head (`head`) keeps only entries built on the target's true features: its first
-    draft step's entry (position `before`) survives, the later ones (built on its own
-    predicted features) are dropped, and the accepted tokens are fed again with the target's
-    features: those positions are drawn as catch-up, the rest of the dropped ones as rolled back.
+    A head keeps only entries built on the target's true features: `head_keeps` of this cycle's draft-step
+    entries (HEAD_KEEPS: an EAGLE head its first, at position `before`; an EAGLE-3 head none) survive, the
+    later ones (built on its own outputs) are dropped, and the committed tokens past them are fed again with
+    the target's features: those positions are drawn as catch-up, the rest of the dropped ones as rolled back.
     """
     before, appended, after = lengths["before"], lengths["after_append"], lengths["after_rollback"]
     if model == "target" and stage == 1:
         return {COMMITTED: (0, before)}
     if stage < 5:
         return {COMMITTED: (0, before), PROVISIONAL: (before, appended)}
-    if head:
-        kept = min(before + 1, after)
+    if head_keeps is not None:
+        kept = min(before + head_keeps, after)
         return {COMMITTED: (0, kept), ROLLED_BACK: (max(after, kept), appended), CATCH_UP: (kept, after)}
     return {COMMITTED: (0, min(appended, after)), ROLLED_BACK: (after, appended), CATCH_UP: (appended, after)}
 
@@ -71,14 +77,14 @@ def cache_figure(c: dict, stage: int, sequence_texts: Sequence[str], drafter: st
     lengths = {"target": t_len} if d_len is None else {"target": t_len, row: d_len}  # prompt lookup: no draft cache
     own = own if d_len is not None and drafter == DRAFT_MODEL else None
     texts = {"target": sequence_texts, row: own.cache_texts(list(sequence_texts)) if own else sequence_texts}
-    head = drafter == EAGLE
-    per_model = {model: cache_cells(v, stage, model, head and model == row) for model, v in lengths.items()}
+    keeps = HEAD_KEEPS.get(drafter)
+    per_model = {model: cache_cells(v, stage, model, keeps if model == row else None) for model, v in lengths.items()}
     first = max(0, min(v["before"] for v in lengths.values()) - CACHE_CONTEXT)
-    notes = head_cell_notes(c, stage) if head and d_len is not None else {}  # per state
+    notes = head_cell_notes(c, stage, keeps) if keeps is not None and d_len is not None else {}  # per state
     prompt_notes = own_prompt_notes(own) if own else {}  # every state: the draft's own prompt cells
     traces = [t for state in (COMMITTED, PROVISIONAL, ROLLED_BACK, CATCH_UP)
               for t in _cache_state(state, per_model, first, texts, {row: prompt_notes or notes.get(state, {})},
-                                    HEAD_CATCH_UP if head and state == CATCH_UP else None)]
+                                    CATCH_UP_LEGEND.get(drafter) if state == CATCH_UP else None)]
     end = min(max(max(v["after_append"], v["after_rollback"]) for v in lengths.values()), first + MAX_CACHE_CELLS)
     note = f" (positions 0–{first - 1}: committed, not drawn)" if first else ""
     return figure(traces, cache_title(c, stage, drafter), 240, barmode="overlay",
@@ -104,15 +110,15 @@ def own_prompt_notes(own: OwnPrompt) -> dict[int, str]:
             for i in range(n)}
 
 
-def head_cell_notes(c: dict, stage: int) -> dict[str, dict[int, str]]:
-    """Hover notes on the EAGLE head's cells: which feature each draft step's entry was built on,
-    and, after the rollback, which entries were rebuilt from the target's features."""
+def head_cell_notes(c: dict, stage: int, keeps: int = 1) -> dict[str, dict[int, str]]:
+    """Hover notes on a head's cells: which feature each draft step's entry was built on (where the record
+    says), and, after the rollback, which entries were rebuilt from the target's features (`keeps`: HEAD_KEEPS)."""
     d = c["draft_cache_len"]
     sources = (c.get("drafter_state") or {}).get("feature_sources") or []
     words = {FEATURE_TARGET: "built on the target's true feature", FEATURE_HEAD: "built on the head's predicted feature"}
     if stage < 5:
         return {PROVISIONAL: {d["before"] + i: words.get(src, "") for i, src in enumerate(sources)}}
-    kept = min(d["before"] + 1, d["after_rollback"])
+    kept = min(d["before"] + keeps, d["after_rollback"])
     return {CATCH_UP: {p: "dropped, then fed again with the target's true feature" for p in range(kept, d["after_rollback"])},
             ROLLED_BACK: {p: "built on a predicted feature or a rejected token: dropped" for p in range(kept, d["after_append"])}}
 

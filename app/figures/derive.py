@@ -6,7 +6,17 @@ figure functions and tests use them directly.
 from dataclasses import dataclass
 
 from engine.trace import Trace
-from engine.trace.schema import DRAFT_MODEL, EAGLE, NEXT_BONUS, OTHER_TOKENIZER, PROMPT_LOOKUP, ROOT, SUFFIX, SUFFIX_REQUEST
+from engine.trace.schema import (
+    DRAFT_MODEL,
+    EAGLE,
+    EAGLE3,
+    NEXT_BONUS,
+    OTHER_TOKENIZER,
+    PROMPT_LOOKUP,
+    ROOT,
+    SUFFIX,
+    SUFFIX_REQUEST,
+)
 
 # Where a token of the text came from.
 PROMPT, ACCEPTED, RESAMPLED, BONUS = "prompt", "accepted", "resampled", "bonus"
@@ -366,6 +376,7 @@ def alignment_rows(c: dict) -> list[DraftTokenRow] | None:
 # ---------------------------------------------------------------- the EAGLE head
 
 HEAD_ROW = "EAGLE head"  # what the KV strip and the captions call the head's own cache
+HEAD3_ROW = "EAGLE-3 head"  # the same for an EAGLE-3 head
 FEATURE_TARGET, FEATURE_HEAD = "target", "head"  # drafter_state.feature_sources values
 
 
@@ -380,7 +391,7 @@ def cycle_drafter(c: dict, drafter: str | None = None) -> str:
 
 def draft_cache_name(drafter: str) -> str:
     """The row name of the drafter's cache over the target's positions."""
-    return HEAD_ROW if drafter == EAGLE else "draft"
+    return {EAGLE: HEAD_ROW, EAGLE3: HEAD3_ROW}.get(drafter, "draft")
 
 
 @dataclass(frozen=True)

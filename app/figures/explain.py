@@ -181,7 +181,7 @@ def _head3_draft(c: dict, k: int, head: dict) -> str:
 def _head3_rollback(c: dict) -> str:
     t, d = c["target_cache_len"], c["draft_cache_len"]
     text = (f"Cache entries past the committed prefix are removed: target {t['after_append']} → {t['after_rollback']}. "
-            "The EAGLE-3 head's cache (the draft row) drops every entry its later draft steps appended, built on its "
+            "The EAGLE-3 head's cache (its own row) drops every entry its later draft steps appended, built on its "
             "own outputs")
     if c["draft_catch_up"]:
         fed = d["after_rollback"] - min(d["before"], d["after_rollback"])
