@@ -25,6 +25,6 @@ def ngram_server(tmp_path_factory):
     """vLLM serving the chat target's plain copy with n-gram speculation at K=3, n-grams of 2 to 4."""
     require_vllm_env()
     server = start_vllm(smollm2_folder(), NGRAM_K3, model_name="smollm2",
-                        log=tmp_path_factory.mktemp("vllm") / "server.log")
+                        log=tmp_path_factory.mktemp("vllm") / "server.log", one_process=True)
     yield server
     server.stop()
