@@ -9,9 +9,9 @@ enters the project's environment. It imports neither torch nor the engine.
 
 Protocol, one JSON object per line: first it prints {"ready": true, "version", "system_info"};
 then for each request {"ids": [...], "max_new_tokens": N, "temperature": T, "seed": S} on stdin it
-prints {"tokens": N, "seconds": S}: the time of the prompt's evaluation plus N decoded tokens (no
-EOS stop), as bench/speed.py's own methods are timed end to end. Sampling is llama.cpp's with every
-filter off (top-k 0, top-p 1, min-p 0, no repetition penalty): greedy at temperature 0.
+prints {"tokens": N, "seconds": S}: the time of the prompt's evaluation plus N decoded tokens (no EOS stop),
+as bench/speed.py's own methods are timed end to end; N = 0 times the prompt's evaluation alone. Sampling is
+llama.cpp's with every filter off (top-k 0, top-p 1, min-p 0, no repetition penalty): greedy at temperature 0.
 """
 import json
 import sys
@@ -20,6 +20,9 @@ import time
 
 def decode(llm, ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> int:
     llm.reset()
+    if max_new_tokens == 0:  # the prompt's evaluation alone
+        llm.eval(ids)
+        return 0
     llm.set_seed(seed)
     made = 0
     for _ in llm.generate(ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):

@@ -1,6 +1,8 @@
 """A live vLLM for the tests that need one: one n-gram server per test process (each of the suite's
 workers starts its own the first time a test asks, so at most two run at once on CI's two workers),
-started on 127.0.0.1 and a free port, stopped by its process id when the process's tests end.
+started on 127.0.0.1 and a free port, stopped by its process id when the process's tests end. It runs in one
+process (start_vllm one_process: the engine and its worker inside the API server), which starts sooner on two
+cores; the capture tests start their own servers as users run them, in vLLM's separate processes.
 
 Where the vLLM environment is missing the tests skip, unless SPECLAB_REQUIRE_VLLM=1 (scripts/test.sh
 sets it after making the environment): then a missing server is a failure, never a silent skip.
