@@ -63,7 +63,7 @@ def main(argv=None) -> None:
             for ids in prompts:
                 for w in ways:
                     if w == "llama.cpp":
-                        prompt_s = llama.run(ids, SpecSettings(k=1, temperature=0.0, max_new_tokens=0))[1]
+                        prompt_s = llama.prompt_seconds(ids)
                         whole_s = llama.run(ids, s)[1]
                     else:
                         prompt_s, whole_s = ours(target, w, ids, s, model)

@@ -210,7 +210,13 @@ class LlamaAnchor:
         self.info = json.loads(ready)
 
     def run(self, ids: list[int], s: SpecSettings) -> tuple[int, float]:
-        req = {"ids": ids, "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed}
+        return self.ask({"ids": ids, "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed})
+
+    def prompt_seconds(self, ids: list[int]) -> float:
+        """The time llama.cpp takes to evaluate `ids` alone (no token decoded)."""
+        return self.ask({"ids": ids, "max_new_tokens": 0, "temperature": 0.0, "seed": 0})[1]
+
+    def ask(self, req: dict) -> tuple[int, float]:
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
         got = json.loads(self.proc.stdout.readline())
