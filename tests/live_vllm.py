@@ -1,8 +1,6 @@
 """A live vLLM for the tests that need one: one n-gram server per test process (each of the suite's
 workers starts its own the first time a test asks, so at most two run at once on CI's two workers),
-started on 127.0.0.1 and a free port, stopped by its process id when the process's tests end. It runs in one
-process (start_vllm one_process: the engine and its worker inside the API server), which starts sooner on two
-cores; the capture tests start their own servers as users run them, in vLLM's separate processes.
+started on 127.0.0.1 and a free port, stopped by its process id when the process's tests end.
 
 Where the vLLM environment is missing the tests skip, unless SPECLAB_REQUIRE_VLLM=1 (scripts/test.sh
 sets it after making the environment): then a missing server is a failure, never a silent skip.
@@ -27,6 +25,6 @@ def ngram_server(tmp_path_factory):
     """vLLM serving the chat target's plain copy with n-gram speculation at K=3, n-grams of 2 to 4."""
     require_vllm_env()
     server = start_vllm(smollm2_folder(), NGRAM_K3, model_name="smollm2",
-                        log=tmp_path_factory.mktemp("vllm") / "server.log", one_process=True)
+                        log=tmp_path_factory.mktemp("vllm") / "server.log")
     yield server
     server.stop()

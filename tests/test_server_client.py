@@ -464,8 +464,7 @@ def plain_server(tmp_path_factory):
     """vLLM serving the same model without speculation: its answers carry no per-request speculative metrics.
     Its own start (about 45 s of CI's two cores), so only the one test below asks for it."""
     require_vllm_env()
-    server = start_vllm(smollm2_folder(), None, model_name="smollm2", log=tmp_path_factory.mktemp("plain") / "server.log",
-                        one_process=True)
+    server = start_vllm(smollm2_folder(), None, model_name="smollm2", log=tmp_path_factory.mktemp("plain") / "server.log")
     yield server
     server.stop()
 

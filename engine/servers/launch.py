@@ -90,13 +90,10 @@ def vllm_args(model: Path, port: int, model_name: str, speculative_config: dict 
 
 def start_vllm(model: Path, speculative_config: dict | None = NGRAM_K3, *, model_name: str = "target",
                max_model_len: int = 1024, log: Path | None = None, extra_args: list[str] | None = None,
-               env: dict[str, str] | None = None, one_process: bool = False) -> LiveServer:
+               env: dict[str, str] | None = None) -> LiveServer:
     """Start vLLM on `model` and return once /health answers. VLLM_SERVER_DEV_MODE=1 opens /server_info,
     where a client reads the speculative configuration the server really runs. `env` adds variables, such as
-    SPECLAB_CAPTURE_DIR, which turns the lab's capture plugin on (vllm_capture/, docs/servers.md).
-    `one_process` runs vLLM's engine and its one worker inside the API server's process instead of two more
-    processes of their own (VLLM_ENABLE_V1_MULTIPROCESSING=0, the uni executor): the same model code and
-    answers, started about 10 s sooner on two cores (each process imports torch and vLLM anew)."""
+    SPECLAB_CAPTURE_DIR, which turns the lab's capture plugin on (vllm_capture/, docs/servers.md)."""
     python = vllm_python()
     if python is None:
         raise ServerStartError(f"no vLLM environment at {vllm_env()}: make it with `bash scripts/vllm_env.sh`")
@@ -107,9 +104,8 @@ def start_vllm(model: Path, speculative_config: dict | None = NGRAM_K3, *, model
                         "DO_NOT_TRACK": "1", "VLLM_SERVER_DEV_MODE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("PYTHONPATH", None)  # the lab's modules must not shadow the server's
     env.pop("SPECLAB_CAPTURE_DIR", None)  # the capture is on only where a caller asks for it
-    env |= extra_env | ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if one_process else {})
-    args = vllm_args(model, port, model_name, speculative_config, max_model_len) + list(extra_args or []) \
-        + (["--distributed-executor-backend", "uni"] if one_process else [])
+    env |= extra_env
+    args = vllm_args(model, port, model_name, speculative_config, max_model_len) + list(extra_args or [])
     with open(log, "wb") as out:
         process = subprocess.Popen([str(python), *args], stdout=out, stderr=subprocess.STDOUT, env=env,
                                    cwd=log.parent, start_new_session=True)
