@@ -6,9 +6,9 @@
 
 Parts (`--parts`, default all):
   forwards  one target forward over 1..6 positions against the memory limit (weight bytes / measured copy
-            bandwidth), for float32, bfloat16 (only where the CPU has avx512_bf16 or AMX) and the int4 GGUF
-            blocks: every linear path at every width (bench/step_limit.py's timing, eager, --decoder), and
-            the per-width choice the engine would make (the fastest path at that width). A verify of w
+            bandwidth), for float32, bfloat16 (where the CPU computes in it or the rows kernel builds) and the
+            int4 GGUF blocks: every linear path at every width (bench/step_limit.py's timing, eager, --decoder),
+            and the per-width choice the engine would make (the fastest path at that width). A verify of w
             positions is then that forward's time over the 1-position one, in steps.
   int4      bench.speed on the int4 blocks, greedy: the engine's plain decoding (e) against llama.cpp's of the
             same file (f, with --llama-python), and speculation at the advisor's K (a/e).
@@ -62,17 +62,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def kinds_here() -> list[str]:
-    """float32 and int4 everywhere; bfloat16 only where the CPU computes in it natively (else it is
-    emulated and slower than float32, which says nothing about the weights read)."""
+    """float32 and int4 everywhere; bfloat16 where the CPU computes in it natively or the rows kernel reads it
+    (widening each weight to float32); elsewhere torch emulates it, slower than float32, which says nothing
+    about the weights read."""
     features = cpu_features()
-    native_bf16 = "avx512_bf16" in features or "amx_tile" in features
-    return ["float32", *(["bfloat16"] if native_bf16 else []), INT4]
+    bf16 = "avx512_bf16" in features or "amx_tile" in features or f32_rows_kernel.unavailable() is None
+    return ["float32", *(["bfloat16"] if bf16 else []), INT4]
 
 
 def paths_for(target) -> list[str]:
-    if target.weights == WEIGHTS_INT4 or target.dtype != torch.float32:
-        return [AS_LOADED]  # packed and rows are float32 only; int4 has its one kernel
-    return [AS_LOADED, PACKED, *([ROWS] if f32_rows_kernel.unavailable() is None else [])]
+    if target.weights == WEIGHTS_INT4:
+        return [AS_LOADED]  # int4 has its one kernel
+    rows = [ROWS] if f32_rows_kernel.unavailable() is None else []
+    return [AS_LOADED, *([PACKED] if target.dtype == torch.float32 else []), *rows]  # packing takes float32
 
 
 def forwards(kind: str, args) -> dict:

@@ -2,7 +2,7 @@
 
     python -m bench.step_limit --preset chat --threads 2 --repeats 30
     python -m bench.step_limit --preset tiny-shakespeare --threads 2 --compile
-    python -m bench.step_limit --preset chat --compile --dtype bfloat16   # a CPU with avx512_bf16 or AMX
+    python -m bench.step_limit --preset chat --compile --dtype bfloat16   # half the bytes; the rows kernel widens them
     python -m bench.step_limit --preset chat --compile --target-weights int4   # the GGUF blocks (limit: their bytes)
 
 A decode step at batch 1 reads every weight once, so it cannot take less than
@@ -13,13 +13,14 @@ positions), --width tokens per forward (1: a decode step; K+1: a verify), on bot
 (hf: Hugging Face's modules; own: engine/models/llama.py on the same weights):
   as_loaded  the module's own nn.Linear (F.linear: MKL on x86), a DynamicCache
   packed     engine/models/cpu_linear.py's oneDNN twin with pre-packed weights (float32 only)
-  rows       engine/models/f32_rows_kernel.c, each weight read once for all rows (float32, with a C compiler)
+  rows       engine/models/f32_rows_kernel.c, each weight read once for all rows (float32 or bfloat16, with a C
+             compiler)
   static     the fast path's static cache and fixed-shape forward (engine/cycle/fast_forward.py), eager, on the
-             packed twin (float32)
+             packed twin (float32; bfloat16: as loaded)
   compiled   the same forward compiled on the module as loaded (inductor's C++, weights
              frozen in), --compile only; its "first_calls_s" is the compile time
   compiled rows  the compiled forward of a width whose linear paths chose rows: the rows twin, its
-             kernel one opaque operator in the graph (float32, --compile only)
+             kernel one opaque operator in the graph (float32 or bfloat16, --compile only)
 Step times are medians over --repeats forwards after a warm-up, with the middle half of them.
 
 Writes RESULTS/step-limit-PRESET[-DTYPE][-wWIDTH]-CPU.json and .md (CPU: bench/common.py cpu_tag).
@@ -96,18 +97,19 @@ def time_static(target: LoadedModel, capture: str, width: int, repeats: int) -> 
 def decoder_ways(target: LoadedModel, args) -> dict:
     """Every way of running the target's step on the decoder it is set to."""
     ways = {}
-    float_paths = target.dtype == torch.float32 and target.weights not in GGUF_WEIGHTS
-    rows = float_paths and f32_rows_kernel.unavailable() is None
+    float_weights = target.weights not in GGUF_WEIGHTS  # int4 has one path
+    packed = float_weights and target.dtype == torch.float32  # oneDNN's packing here takes float32
+    rows = float_weights and target.dtype in f32_rows_kernel.DTYPES and f32_rows_kernel.unavailable() is None
     for path in (AS_LOADED, PACKED, ROWS):
-        if path != AS_LOADED and not (rows if path == ROWS else float_paths):
-            continue  # packed and rows are float32 only; int4 has one path; rows needs its compiled kernel
+        if (path == PACKED and not packed) or (path == ROWS and not rows):
+            continue
         ways[path] = time_dynamic(target, path, args.width, args.repeats)
     # Named explicitly: a fast-path forward on a model whose paths nothing chose settles them first
     # (engine/models/linear_paths.py settle_if_unchosen), which would make these ways the chosen one.
-    target.linear_paths = {args.width: PACKED} if float_paths else None
+    target.linear_paths = {args.width: PACKED if packed else AS_LOADED} if float_weights else None
     ways["static"] = time_static(target, "none", args.width, args.repeats)
     if args.compile:
-        as_loaded = {args.width: AS_LOADED} if float_paths else None
+        as_loaded = {args.width: AS_LOADED} if float_weights else None
         for name, paths in (("compiled", as_loaded), *((("compiled rows", {args.width: ROWS}),) if rows else ())):
             target.linear_paths = paths  # LoadedModel.compiled_module_for: the rows twin where chosen
             try:

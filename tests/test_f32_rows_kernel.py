@@ -95,11 +95,15 @@ def test_avx2_variant_can_be_forced_on_an_avx512_machine(monkeypatch):
 
 def test_bad_input_and_variants_are_refused_with_the_reason(monkeypatch):
     w = torch.randn(8, 16)
-    with pytest.raises(ValueError, match="contiguous CPU float32"):
+    with pytest.raises(ValueError, match="of one dtype, float32 or bfloat16"):
         rows_kernel.linear(torch.randn(2, 16, dtype=torch.float64), w)
-    with pytest.raises(ValueError, match="contiguous CPU float32"):
+    with pytest.raises(ValueError, match="of one dtype, float32 or bfloat16"):
+        rows_kernel.linear(torch.randn(2, 16), w.bfloat16())  # float32 activations against bfloat16 weights
+    with pytest.raises(ValueError, match="of one dtype, float32 or bfloat16"):
+        rows_kernel.linear(torch.randn(2, 16, dtype=torch.float16), w.half())
+    with pytest.raises(ValueError, match="contiguous CPU x"):
         rows_kernel.linear(torch.randn(16, 2).T, w)  # not contiguous
-    with pytest.raises(ValueError, match="contiguous CPU float32"):
+    with pytest.raises(ValueError, match="contiguous CPU x"):
         rows_kernel.linear(torch.randn(2, 15), w)
     monkeypatch.setenv(rows_kernel.ISA_ENV, "neon")
     with pytest.raises(ValueError, match="unknown float32 rows variant"):
@@ -255,10 +259,18 @@ def test_the_native_operator_gives_the_kernel_s_bits_and_refuses_what_the_kernel
     for m, n, k, bias in ((1, 37, 45, False), (5, 1536, 576, True), (9, 576, 1536, False)):  # tiles, tails, threads
         x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n) if bias else None
         assert torch.equal(op(x, w, b, isa), rows_kernel.linear(x, w, b, isa))
-    with pytest.raises(RuntimeError, match="contiguous CPU float32"):
+    for m, n, k, bias in ((1, 37, 45, False), (5, 1536, 576, True)):  # bfloat16 weights: the same bits too
+        x, w = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)
+        b = torch.randn(n, dtype=torch.bfloat16) if bias else None
+        assert torch.equal(op(x, w, b, isa), rows_kernel.linear(x, w, b, isa))
+    with pytest.raises(RuntimeError, match="contiguous CPU x"):
         op(torch.randn(3, 8).t(), torch.randn(4, 3), None, isa)  # not contiguous
-    with pytest.raises(RuntimeError, match="contiguous CPU float32"):
+    with pytest.raises(RuntimeError, match="of one dtype, float32 or bfloat16"):
         op(torch.randn(2, 8, dtype=torch.float64), torch.randn(4, 8), None, isa)
+    with pytest.raises(RuntimeError, match="of one dtype, float32 or bfloat16"):
+        op(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.bfloat16), None, isa)
+    with pytest.raises(RuntimeError, match="bias"):
+        op(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(4), isa)
     with pytest.raises(RuntimeError, match="isa is 0"):
         op(torch.randn(2, 8), torch.randn(4, 8), None, 7)
 

@@ -1,4 +1,7 @@
 /* y(M, N) = x(M, K) W(N, K)^T in float32 for a few rows (M = 1..8 at once): a verify's linear layer.
+ * W is float32, or bfloat16 (speclab_bf16_rows_linear): each bfloat16 weight widens exactly to float32 as it
+ * is loaded (its 16 bits become a float's upper half), so the products and sums are the float32 path's,
+ * on half the bytes read.
  *
  * Why: at batch 1 a linear layer is bound by reading W from memory; a verify over K+1 positions
  * should cost about what one row does, if each weight is read once for all rows. A BLAS sgemm tuned
@@ -23,8 +26,12 @@
  * thread count: 1 and 2 threads give bit-identical results, and a row's value does not depend on
  * how many rows came with it (a verify and a one-token step agree on the same position). The ISA
  * does change the order (16, 8 or 1 lanes), so results differ between variants in the last bits.
+ *
+ * bfloat16 weights have AVX2 and plain C tiles only: on an AVX-512 CPU they run the AVX2 tiles (correct
+ * there; no AVX-512 bfloat16 tile has been measured on a machine that has one).
  */
 #include <stdint.h>
+#include <string.h>
 
 #define MAX_ROWS 8  /* rows of x per tile; more rows are done in blocks of MAX_ROWS */
 
@@ -53,11 +60,24 @@ static int cols_for(int isa, int rows) {
 
 /* ------------------------------------------------------------ plain C, any CPU */
 
-static void tile_scalar(int rows, int cols, const float *x, int64_t K, const float *w, float *y, int64_t N) {
+/* A bfloat16 is a float32's upper 16 bits: widening is exact. */
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Weight (c, k) of a tile whose weights are float32 or (bf16) bfloat16. */
+static inline float weight_at(const void *w, int bf16, int64_t i) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+static void tile_scalar(int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int bf16) {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
             float acc = 0.0f;
-            for (int64_t k = 0; k < K; k++) acc += x[r * K + k] * w[c * K + k];
+            for (int64_t k = 0; k < K; k++) acc += x[r * K + k] * weight_at(w, bf16, c * K + k);
             y[r * N + c] = acc;
         }
 }
@@ -73,9 +93,29 @@ __attribute__((target("avx2,fma"))) static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
 
-/* ROWS and COLS are constants at each call site (always_inline), so acc stays in registers. */
+/* 8 weights from float32, or from bfloat16 widened to float32 (zero-extend, then shift into the upper half). */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 load8(const void *w, int bf16, int64_t i) {
+    if (bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i))), 16));
+    return _mm256_loadu_ps((const float *)w + i);
+}
+
+/* The last `left` (< 8) weights from i, zeros after them. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 load_tail(const void *w, int bf16, int64_t i,
+                                                                                 int left, __m256i mask) {
+    if (bf16) {
+        uint16_t part[8] = {0};  /* no 16-bit masked load in AVX2: copy the tail into zeros */
+        memcpy(part, (const uint16_t *)w + i, (size_t)left * sizeof(uint16_t));
+        return load8(part, 1, 0);
+    }
+    return _mm256_maskload_ps((const float *)w + i, mask);
+}
+
+/* ROWS, COLS and bf16 are constants at each call site (always_inline), so acc stays in registers. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
-        int rows, int cols, const float *x, int64_t K, const float *w, float *y, int64_t N) {
+        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int bf16) {
+    const int64_t elem = bf16 ? 2 : 4;  /* bytes per weight */
     __m256 acc[MAX_ROWS][4];
     UNROLL
     for (int r = 0; r < rows; r++)
@@ -86,9 +126,9 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
         __m256 wv[4];
         UNROLL
         for (int c = 0; c < cols; c++) {
-            wv[c] = _mm256_loadu_ps(w + c * K + k);  /* each weight read once */
-            /* sweeps the tile's span PREFETCH_FLOATS ahead at the rate the tile reads it (one line per 2 steps) */
-            __builtin_prefetch(w + PREFETCH_FLOATS + (k * cols + 8 * c));
+            wv[c] = load8(w, bf16, c * K + k);  /* each weight read once */
+            /* sweeps the tile's span PREFETCH_FLOATS weights ahead at the rate the tile reads it */
+            __builtin_prefetch((const char *)w + (PREFETCH_FLOATS + k * cols + 8 * c) * elem);
         }
         UNROLL
         for (int r = 0; r < rows; r++) {
@@ -102,7 +142,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
         __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         __m256 wv[4];
         UNROLL
-        for (int c = 0; c < cols; c++) wv[c] = _mm256_maskload_ps(w + c * K + k, mask);
+        for (int c = 0; c < cols; c++) wv[c] = load_tail(w, bf16, c * K + k, left, mask);
         UNROLL
         for (int r = 0; r < rows; r++) {
             __m256 xv = _mm256_maskload_ps(x + r * K + k, mask);
@@ -119,7 +159,9 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
 /* ------------------------------------------------------------ AVX-512: 16 lanes */
 
 __attribute__((target("avx512f"), always_inline)) static inline void tile_avx512(
-        int rows, int cols, const float *x, int64_t K, const float *w, float *y, int64_t N) {
+        int rows, int cols, const float *x, int64_t K, const void *weights, float *y, int64_t N, int bf16) {
+    (void)bf16;  /* float32 weights only: rows_linear sends bfloat16 ones to the AVX2 tiles */
+    const float *w = (const float *)weights;
     __m512 acc[MAX_ROWS][4];
     UNROLL
     for (int r = 0; r < rows; r++)
@@ -159,41 +201,44 @@ __attribute__((target("avx512f"), always_inline)) static inline void tile_avx512
 }
 
 /* One switch per ISA turns (rows, cols) into constants; cols is cols_for(rows) or fewer at N's end. */
-#define DISPATCH(TILE)                                                                          \
-    switch (rows * 8 + cols) {                                                                  \
-        case 1 * 8 + 4: TILE(1, 4, x, K, w, y, N); return;                                      \
-        case 1 * 8 + 2: TILE(1, 2, x, K, w, y, N); return;                                      \
-        case 2 * 8 + 4: TILE(2, 4, x, K, w, y, N); return;                                      \
-        case 2 * 8 + 2: TILE(2, 2, x, K, w, y, N); return;                                      \
-        case 3 * 8 + 2: TILE(3, 2, x, K, w, y, N); return;                                      \
-        case 4 * 8 + 2: TILE(4, 2, x, K, w, y, N); return;                                      \
-        case 5 * 8 + 2: TILE(5, 2, x, K, w, y, N); return;                                      \
-        case 6 * 8 + 2: TILE(6, 2, x, K, w, y, N); return;                                      \
-        case 3 * 8 + 4: TILE(3, 4, x, K, w, y, N); return;                                      \
-        case 4 * 8 + 4: TILE(4, 4, x, K, w, y, N); return;                                      \
-        case 5 * 8 + 4: TILE(5, 4, x, K, w, y, N); return;                                      \
-        case 6 * 8 + 4: TILE(6, 4, x, K, w, y, N); return;                                      \
-        case 7 * 8 + 2: TILE(7, 2, x, K, w, y, N); return;                                      \
-        case 8 * 8 + 2: TILE(8, 2, x, K, w, y, N); return;                                      \
-        case 1 * 8 + 1: TILE(1, 1, x, K, w, y, N); return;                                      \
-        case 2 * 8 + 1: TILE(2, 1, x, K, w, y, N); return;                                      \
-        case 3 * 8 + 1: TILE(3, 1, x, K, w, y, N); return;                                      \
-        case 4 * 8 + 1: TILE(4, 1, x, K, w, y, N); return;                                      \
-        case 5 * 8 + 1: TILE(5, 1, x, K, w, y, N); return;                                      \
-        case 6 * 8 + 1: TILE(6, 1, x, K, w, y, N); return;                                      \
-        case 7 * 8 + 1: TILE(7, 1, x, K, w, y, N); return;                                      \
-        case 8 * 8 + 1: TILE(8, 1, x, K, w, y, N); return;                                      \
-        default: tile_scalar(rows, cols, x, K, w, y, N); return;  /* no other shape is formed */ \
+#define DISPATCH(TILE, BF16)                                                                                  \
+    switch (rows * 8 + cols) {                                                                                \
+        case 1 * 8 + 4: TILE(1, 4, x, K, w, y, N, BF16); return;                                              \
+        case 1 * 8 + 2: TILE(1, 2, x, K, w, y, N, BF16); return;                                              \
+        case 2 * 8 + 4: TILE(2, 4, x, K, w, y, N, BF16); return;                                              \
+        case 2 * 8 + 2: TILE(2, 2, x, K, w, y, N, BF16); return;                                              \
+        case 3 * 8 + 2: TILE(3, 2, x, K, w, y, N, BF16); return;                                              \
+        case 4 * 8 + 2: TILE(4, 2, x, K, w, y, N, BF16); return;                                              \
+        case 5 * 8 + 2: TILE(5, 2, x, K, w, y, N, BF16); return;                                              \
+        case 6 * 8 + 2: TILE(6, 2, x, K, w, y, N, BF16); return;                                              \
+        case 3 * 8 + 4: TILE(3, 4, x, K, w, y, N, BF16); return;                                              \
+        case 4 * 8 + 4: TILE(4, 4, x, K, w, y, N, BF16); return;                                              \
+        case 5 * 8 + 4: TILE(5, 4, x, K, w, y, N, BF16); return;                                              \
+        case 6 * 8 + 4: TILE(6, 4, x, K, w, y, N, BF16); return;                                              \
+        case 7 * 8 + 2: TILE(7, 2, x, K, w, y, N, BF16); return;                                              \
+        case 8 * 8 + 2: TILE(8, 2, x, K, w, y, N, BF16); return;                                              \
+        case 1 * 8 + 1: TILE(1, 1, x, K, w, y, N, BF16); return;                                              \
+        case 2 * 8 + 1: TILE(2, 1, x, K, w, y, N, BF16); return;                                              \
+        case 3 * 8 + 1: TILE(3, 1, x, K, w, y, N, BF16); return;                                              \
+        case 4 * 8 + 1: TILE(4, 1, x, K, w, y, N, BF16); return;                                              \
+        case 5 * 8 + 1: TILE(5, 1, x, K, w, y, N, BF16); return;                                              \
+        case 6 * 8 + 1: TILE(6, 1, x, K, w, y, N, BF16); return;                                              \
+        case 7 * 8 + 1: TILE(7, 1, x, K, w, y, N, BF16); return;                                              \
+        case 8 * 8 + 1: TILE(8, 1, x, K, w, y, N, BF16); return;                                              \
+        default: tile_scalar(rows, cols, x, K, w, y, N, BF16); return;  /* no other shape */                  \
     }
 
 __attribute__((target("avx2,fma"))) static void tile_avx2_any(
-        int rows, int cols, const float *x, int64_t K, const float *w, float *y, int64_t N) {
-    DISPATCH(tile_avx2)
+        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int bf16) {
+    if (bf16) {
+        DISPATCH(tile_avx2, 1)
+    }
+    DISPATCH(tile_avx2, 0)
 }
 
 __attribute__((target("avx512f"))) static void tile_avx512_any(
-        int rows, int cols, const float *x, int64_t K, const float *w, float *y, int64_t N) {
-    DISPATCH(tile_avx512)
+        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N) {
+    DISPATCH(tile_avx512, 0)
 }
 #endif
 
@@ -207,19 +252,21 @@ int speclab_f32_rows_best_isa(void) {
     return ISA_SCALAR;
 }
 
-static void tile_any(int isa, int rows, int cols, const float *x, int64_t K, const float *w, float *y, int64_t N) {
+static void tile_any(int isa, int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N,
+                     int bf16) {
 #if defined(__x86_64__) || defined(__i386__)
     if (isa == ISA_AVX512) { tile_avx512_any(rows, cols, x, K, w, y, N); return; }
-    if (isa == ISA_AVX2) { tile_avx2_any(rows, cols, x, K, w, y, N); return; }
+    if (isa == ISA_AVX2) { tile_avx2_any(rows, cols, x, K, w, y, N, bf16); return; }
 #endif
-    tile_scalar(rows, cols, x, K, w, y, N);
+    tile_scalar(rows, cols, x, K, w, y, N, bf16);
 }
 
-/* y = x W^T (+ bias), x (M, K), W (N, K), y (M, N), all row-major float32; bias (N) or NULL.
-   `isa` must be one this CPU runs (speclab_f32_rows_best_isa() or below). Threads split N into
-   contiguous runs of whole tiles (schedule static): each output is computed by one thread. */
-void speclab_f32_rows_linear(const float *x, int64_t M, int64_t K, const float *w, int64_t N,
-                             const float *bias, float *y, int threads, int isa) {
+/* y = x W^T (+ bias) with W float32 or (bf16) bfloat16. Threads split N into contiguous runs of whole
+   tiles (schedule static): each output is computed by one thread. */
+static void rows_linear(const float *x, int64_t M, int64_t K, const void *w, int bf16, int64_t N,
+                        const float *bias, float *y, int threads, int isa) {
+    if (bf16 && isa == ISA_AVX512) isa = ISA_AVX2;  /* no AVX-512 bfloat16 tiles (see the top) */
+    const int64_t elem = bf16 ? 2 : 4;  /* bytes per weight */
     int64_t step = 4;  /* columns per work item: a multiple of every cols_for() */
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t item = 0; item < (N + step - 1) / step; item++) {
@@ -229,7 +276,7 @@ void speclab_f32_rows_linear(const float *x, int64_t M, int64_t K, const float *
             for (int64_t n = item * step; n < n_end;) {
                 int cols = cols_for(isa, rows);
                 while (n + cols > n_end) cols /= 2;  /* 4 -> 2 -> 1 at N's end */
-                tile_any(isa, rows, cols, x + r * K, K, w + n * K, y + r * N + n, N);
+                tile_any(isa, rows, cols, x + r * K, K, (const char *)w + n * K * elem, y + r * N + n, N, bf16);
                 n += cols;
             }
         }
@@ -237,4 +284,18 @@ void speclab_f32_rows_linear(const float *x, int64_t M, int64_t K, const float *
     if (bias)  /* added after the products, as F.linear's result is (x W^T) + b up to rounding */
         for (int64_t r = 0; r < M; r++)
             for (int64_t n = 0; n < N; n++) y[r * N + n] += bias[n];
+}
+
+/* y = x W^T (+ bias), x (M, K), W (N, K), y (M, N), all row-major float32; bias (N) or NULL.
+   `isa` must be one this CPU runs (speclab_f32_rows_best_isa() or below). */
+void speclab_f32_rows_linear(const float *x, int64_t M, int64_t K, const float *w, int64_t N,
+                             const float *bias, float *y, int threads, int isa) {
+    rows_linear(x, M, K, w, 0, N, bias, y, threads, isa);
+}
+
+/* The same with W (N, K) in bfloat16 (raw 16-bit patterns); x, bias and y stay float32, so a bfloat16
+   layer's activations are widened before and its outputs rounded after, by the caller. */
+void speclab_bf16_rows_linear(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
+                              const float *bias, float *y, int threads, int isa) {
+    rows_linear(x, M, K, w, 1, N, bias, y, threads, isa);
 }

@@ -1,4 +1,4 @@
-"""Float32 linear layers that read each weight once for all of a verify's rows (f32_rows_kernel.c).
+"""Float32 (and bfloat16) linear layers that read each weight once for all of a verify's rows (f32_rows_kernel.c).
 
 Why: a float32 decode step at batch 1 is bound by reading the weights, so a verify over K+1 positions
 should cost about one step. Which library torch's `F.linear` reaches (MKL's sgemm on x86; oneDNN for
@@ -9,6 +9,12 @@ its AVX-512, AVX2 or plain C variant at run time.
 
 engine/models/linear_paths.py times it as a third path beside the model as loaded and the packed twin,
 per machine and per forward width, and runs a width on it only where it was faster.
+
+A bfloat16 model runs the same kernel on its bfloat16 weights: they widen exactly to float32 as they are
+loaded, the products and sums are float32, and the result is rounded to bfloat16 once, as F.linear in
+bfloat16 does (in another order of sums). So a bfloat16 step reads half a float32 step's bytes, where
+torch's own bfloat16 products on a CPU without native bfloat16 (AVX2 only) were slower than float32 at
+2-6 rows (bench/results/bf16-rows-*.md).
 
 Built once per machine by engine/models/kernel_build.py, without -march=native (the variants carry their
 own target attributes). Without a C compiler the path is absent (`unavailable()` says why); the other
@@ -45,6 +51,7 @@ LINEAR_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
 @lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
     return build(SOURCE, FLAGS, {"speclab_f32_rows_linear": (LINEAR_ARGS, None),
+                                 "speclab_bf16_rows_linear": (LINEAR_ARGS, None),
                                  "speclab_f32_rows_best_isa": ([], ctypes.c_int)},
                  "the float32 rows path", "the model as loaded and the packed path still run")
 
@@ -75,23 +82,30 @@ def isa_to_use(asked: str | None = None) -> int:
     return ISAS[name]
 
 
+DTYPES = (torch.float32, torch.bfloat16)  # the weights the kernel reads
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, isa: int | None = None) -> torch.Tensor:
-    """x (M, K) times weight (N, K) transposed, plus bias (N): (M, N), float32 contiguous tensors only
-    (the kernel trusts its pointers, so every argument is checked here)."""
+    """x (M, K) times weight (N, K) transposed, plus bias (N): (M, N), contiguous CPU tensors all of one dtype,
+    float32 or bfloat16 (the kernel trusts its pointers, so every argument is checked here)."""
     n, k = weight.shape
-    ok = (x.dtype == weight.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == k
+    ok = (x.dtype == weight.dtype and weight.dtype in DTYPES and x.dim() == 2 and x.shape[1] == k
           and x.is_contiguous() and weight.is_contiguous() and x.device.type == weight.device.type == "cpu"
-          and (bias is None or (bias.dtype == torch.float32 and bias.shape == (n,) and bias.is_contiguous())))
+          and (bias is None or (bias.dtype == weight.dtype and bias.shape == (n,) and bias.is_contiguous())))
     if not ok:
-        raise ValueError(f"the float32 rows kernel takes contiguous CPU float32 x (M, {k}), weight ({n}, {k}) and "
-                         f"bias ({n},); got x {x.dtype} {tuple(x.shape)}, weight {weight.dtype} {tuple(weight.shape)}")
+        raise ValueError(f"the rows kernel takes contiguous CPU x (M, {k}), weight ({n}, {k}) and bias ({n},) of "
+                         f"one dtype, float32 or bfloat16; got x {x.dtype} {tuple(x.shape)}, "
+                         f"weight {weight.dtype} {tuple(weight.shape)}")
+    bf16 = weight.dtype == torch.bfloat16
     rows = x.shape[0]
+    x32 = x.float() if bf16 else x  # (M, K): widening is exact
+    bias32 = None if bias is None else bias.float()
     y = torch.empty(rows, n, dtype=torch.float32)
     threads = 1 if rows * n * k < SERIAL_BELOW else torch.get_num_threads()
-    library().speclab_f32_rows_linear(x.data_ptr(), rows, k, weight.data_ptr(), n,
-                                      None if bias is None else bias.data_ptr(), y.data_ptr(), threads,
-                                      isa_to_use() if isa is None else isa)
-    return y
+    run = library().speclab_bf16_rows_linear if bf16 else library().speclab_f32_rows_linear
+    run(x32.data_ptr(), rows, k, weight.data_ptr(), n, None if bias32 is None else bias32.data_ptr(), y.data_ptr(),
+        threads, isa_to_use() if isa is None else isa)
+    return y.to(weight.dtype)  # (M, N), rounded once to bfloat16 for a bfloat16 layer
 
 
 # ---------------------------------------------------------------- under torch.compile
@@ -106,7 +120,7 @@ def compiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 @compiled_linear.register_fake
 def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int) -> torch.Tensor:
-    return x.new_empty(x.shape[0], weight.shape[0])  # (M, N) float32: what the kernel writes
+    return x.new_empty(x.shape[0], weight.shape[0])  # (M, N) in x's dtype: what `linear` returns
 
 
 NATIVE: list = [None]  # the C++ operator once prepare_compiled() loaded it; read by RowsLinear under compile
@@ -131,7 +145,7 @@ def prepare_compiled() -> bool:
 
 
 def native_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int) -> torch.Tensor:
-    return x.new_empty(x.shape[0], weight.shape[0])  # (M, N) float32: what the kernel writes
+    return x.new_empty(x.shape[0], weight.shape[0])  # (M, N) in x's dtype: what the operator returns
 
 
 class RowsLinear(nn.Module):
@@ -144,7 +158,7 @@ class RowsLinear(nn.Module):
         self.isa = isa
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.dtype != torch.float32:
+        if torch.is_grad_enabled() or x.dtype != self.weight.dtype or x.dtype not in DTYPES:
             return nn.functional.linear(x, self.weight, self.bias)  # training or another dtype: as loaded
         flat = x.reshape(-1, self.in_features).contiguous()  # (M, K)
         weight, bias = self.weight.detach(), None if self.bias is None else self.bias.detach()

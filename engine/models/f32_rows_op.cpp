@@ -11,32 +11,44 @@
 
 extern "C" void speclab_f32_rows_linear(const float *x, int64_t M, int64_t K, const float *w, int64_t N,
                                         const float *bias, float *y, int threads, int isa);
+extern "C" void speclab_bf16_rows_linear(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
+                                         const float *bias, float *y, int threads, int isa);
 
 // Products smaller than this run on one thread (mirror of engine/models/gguf_kernel.py SERIAL_BELOW): waking
 // a second thread costs more than it saves there. Only the speed depends on it: every thread count gives the
 // same bits.
 static const int64_t SERIAL_BELOW = SPECLAB_SERIAL_BELOW;
 
+// float32 weights, or bfloat16 ones with x and bias in bfloat16 too: widened to float32 for the kernel, the
+// result rounded once to bfloat16 (as f32_rows_kernel.py `linear` does).
 static at::Tensor f32_rows_linear(const at::Tensor &x, const at::Tensor &w, const std::optional<at::Tensor> &bias,
                                   int64_t isa) {
-    TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && x.dim() == 2 && w.dim() == 2 &&
-                    x.size(1) == w.size(1) && x.is_contiguous() && w.is_contiguous() && x.device().is_cpu() &&
-                    w.device().is_cpu(),
-                "the float32 rows kernel takes contiguous CPU float32 x (M, K) and weight (N, K)");
+    const auto dtype = w.scalar_type();
+    TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && x.scalar_type() == dtype && x.dim() == 2 &&
+                    w.dim() == 2 && x.size(1) == w.size(1) && x.is_contiguous() && w.is_contiguous() &&
+                    x.device().is_cpu() && w.device().is_cpu(),
+                "the rows kernel takes contiguous CPU x (M, K) and weight (N, K) of one dtype, float32 or bfloat16");
     TORCH_CHECK(isa >= 0 && isa <= 2, "isa is 0 (plain C), 1 (AVX2) or 2 (AVX-512), as f32_rows_kernel.py chose it");
     const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-    const float *b = nullptr;
+    const bool bf16 = dtype == at::kBFloat16;
+    at::Tensor b32;
     if (bias.has_value()) {
-        TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == N &&
-                        bias->is_contiguous() && bias->device().is_cpu(),
-                    "the float32 rows kernel takes a contiguous CPU float32 bias (N,)");
-        b = bias->data_ptr<float>();
+        TORCH_CHECK(bias->scalar_type() == dtype && bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous() &&
+                        bias->device().is_cpu(),
+                    "the rows kernel takes a contiguous CPU bias (N,) of the weight's dtype");
+        b32 = bias->to(at::kFloat);
     }
-    at::Tensor y = at::empty({M, N}, x.options());
+    const at::Tensor x32 = bf16 ? x.to(at::kFloat) : x;  // (M, K): widening is exact
+    at::Tensor y = at::empty({M, N}, x32.options());
+    const float *b = b32.defined() ? b32.data_ptr<float>() : nullptr;
     const int threads = M * N * K < SERIAL_BELOW ? 1 : at::get_num_threads();
-    speclab_f32_rows_linear(x.data_ptr<float>(), M, K, w.data_ptr<float>(), N, b, y.data_ptr<float>(), threads,
-                            static_cast<int>(isa));
-    return y;
+    if (bf16)
+        speclab_bf16_rows_linear(x32.data_ptr<float>(), M, K, reinterpret_cast<const uint16_t *>(w.data_ptr()), N, b,
+                                 y.data_ptr<float>(), threads, static_cast<int>(isa));
+    else
+        speclab_f32_rows_linear(x32.data_ptr<float>(), M, K, w.data_ptr<float>(), N, b, y.data_ptr<float>(), threads,
+                                static_cast<int>(isa));
+    return bf16 ? y.to(at::kBFloat16) : y;
 }
 
 TORCH_LIBRARY_FRAGMENT(speclab_native, m) { m.def("f32_rows_linear(Tensor x, Tensor weight, Tensor? bias, int isa) -> Tensor"); }

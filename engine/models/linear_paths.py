@@ -9,6 +9,9 @@ in `absent`). Which one is faster depends on the CPU and on the number of rows:
   (bench/results/verify-cost-*.md);
 - Intel Xeon with AVX-512 and AMX, 2 cores: 1.31-1.45 steps packed against 1.10-1.55 as
   loaded, so the packed path lost there.
+A bfloat16 model has two of them, as loaded and the rows kernel on its bfloat16 weights (oneDNN's packing
+here takes float32 only); on a CPU without native bfloat16 products torch's bfloat16 F.linear is slower than
+float32 at 2-6 rows, where the rows kernel reads half float32's bytes.
 So the engine times every path at every width from 1 to `WIDTHS` on the machine, once, and runs
 each width on the fastest: no width is slower than the model as loaded (up to timing noise).
 The timings are eager forwards. A compiled forward (--capture compile) runs the rows twin at the widths
@@ -38,7 +41,7 @@ from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.machine import load_average, machine_key
 from engine.models.measure_cache import MeasureFile
-from engine.trace.schema import LINEAR_PATHS, REQUIRED_LINEAR_PATHS, ROWS, WEIGHTS_FLOAT32
+from engine.trace.schema import AS_LOADED, LINEAR_PATHS, PACKED, REQUIRED_LINEAR_PATHS, ROWS, WEIGHTS_FLOAT32
 
 PATHS = LINEAR_PATHS
 WIDTHS = 9  # widths 1..9: every verify for K = 1..8, the draft's one-token steps and its two-token catch-up
@@ -86,19 +89,34 @@ def model_fingerprint(model: torch.nn.Module) -> str:
 
 
 def applies(loaded: LoadedModel) -> bool:
-    """There is a choice to make: a float32 CPU model whose packed twin can be built, running its
-    float weights. A model on int4 weights has one path (engine/models/gguf_linear.py): the paths
-    here give the same distribution and may be swapped per width; int4 is another distribution."""
-    return loaded.weights == WEIGHTS_FLOAT32 and loaded.fast_linear and cpu_linear.available(loaded.base)
+    """There is a choice to make: a CPU model running its float weights with at least two paths here (float32:
+    as loaded, packed and, where it builds, rows; bfloat16: as loaded and rows). A model on int4 weights has
+    one path (engine/models/gguf_linear.py): the paths here give the same distribution and may be swapped per
+    width; int4 is another distribution."""
+    return (loaded.weights == WEIGHTS_FLOAT32 and loaded.fast_linear and loaded.device.type == "cpu"
+            and len(paths_for(loaded)[0]) > 1)
 
 
 REASON_CHARS = 300  # a compiler's message can run to pages; the stored curve keeps its start
+PACKED_FLOAT32_ONLY = "the packed path runs float32 weights only"
 
 
 def available_paths() -> tuple[tuple[str, ...], dict[str, str]]:
-    """The paths this machine can time, and why any other is absent (the rows kernel needs a C compiler)."""
+    """The paths this machine can time for a float32 model, and why any other is absent (the rows kernel
+    needs a C compiler)."""
     why = f32_rows_kernel.unavailable()
     return (PATHS, {}) if why is None else (REQUIRED_LINEAR_PATHS, {ROWS: why[:REASON_CHARS]})
+
+
+def paths_for(loaded: LoadedModel) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The paths `loaded` can run here, and why any other is absent: available_paths() for a float32 model
+    whose packed twin builds; as loaded and rows for a bfloat16 one (oneDNN's packing here takes float32)."""
+    if cpu_linear.available(loaded.base):
+        return available_paths()
+    why = f32_rows_kernel.unavailable()
+    if loaded.dtype != torch.bfloat16 or why is not None:
+        return (AS_LOADED,), {PACKED: PACKED_FLOAT32_ONLY, ROWS: why or "the rows kernel takes float32 and bfloat16"}
+    return (AS_LOADED, ROWS), {PACKED: PACKED_FLOAT32_ONLY}
 
 
 def spread_of(times: list[float]) -> float:
@@ -135,7 +153,7 @@ def time_paths(loaded: LoadedModel, widths: list[int], repeats: int,
 def measure(loaded: LoadedModel, repeats: int = REPEATS) -> PathCurve:
     widths = list(range(1, WIDTHS + 1))
     load = load_average()
-    paths, absent = available_paths()
+    paths, absent = paths_for(loaded)
     times = time_paths(loaded, widths, repeats, paths)
     seconds = {p: [statistics.median(t) for t in times[p]] for p in times}
     spread = max(spread_of(t) for p in times for t in times[p])
@@ -179,7 +197,7 @@ def curve_for(loaded: LoadedModel) -> PathCurve:
     """This machine's curve for the model: from the disk cache, or measured now and stored."""
     key = entry_key(machine_key(), model_fingerprint(loaded.base))
     entries = CACHE.read()
-    curve = curve_from_dict(entries.get(key), available_paths()[0])
+    curve = curve_from_dict(entries.get(key), paths_for(loaded)[0])
     if curve is None:
         curve = measure(loaded)
         if curve.quiet:

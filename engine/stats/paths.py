@@ -72,7 +72,7 @@ class PathRow:
     model: str  # "target" or "draft"
     width: int  # positions in the forward (a verify over K+1 positions has width K+1)
     as_loaded_s: float
-    packed_s: float
+    packed_s: float | None  # None for a bfloat16 model: oneDNN's packing here takes float32 only
     runs: str  # the path chosen: the fastest one
     rows_s: float | None = None  # the rows kernel; None where the curve did not time it (older traces, no compiler)
 
@@ -89,8 +89,8 @@ def path_rows(header: dict) -> list[PathRow]:
     for model, curve in (header.get("linear_paths") or {}).items():
         for i, w in enumerate(curve["widths"]):
             seconds = curve["seconds"]
-            rows.append(PathRow(model, w, seconds[AS_LOADED][i], seconds[PACKED][i], curve["chosen"][str(w)],
-                                seconds[ROWS][i] if ROWS in seconds else None))
+            rows.append(PathRow(model, w, seconds[AS_LOADED][i], seconds[PACKED][i] if PACKED in seconds else None,
+                                curve["chosen"][str(w)], seconds[ROWS][i] if ROWS in seconds else None))
     return rows
 
 
@@ -119,15 +119,16 @@ def path_lines(header: dict) -> list[str]:
     lines = [f"LINEAR PATH PER WIDTH (measured on {machine_words(header)}; the fastest one runs)",
              "  model   width  as loaded   packed      rows        runs"]
     for r in rows:
-        rows_ms = "-" if r.rows_s is None else f"{r.rows_s * 1000:.3f} ms"
-        lines.append(f"  {r.model:<6}  {r.width:>5}  {r.as_loaded_s * 1000:>7.3f} ms  {r.packed_s * 1000:>7.3f} ms  "
+        rows_ms, packed_ms = ("-" if t is None else f"{t * 1000:.3f} ms" for t in (r.rows_s, r.packed_s))
+        lines.append(f"  {r.model:<6}  {r.width:>5}  {r.as_loaded_s * 1000:>7.3f} ms  {packed_ms:>10}  "
                      f"{rows_ms:>10}  {r.runs}")
     noisy, absent = noisy_words(header), absent_words(header)
     return lines + ([f"  {noisy}"] if noisy else []) + ([f"  {absent}"] if absent else [])
 
 
 def absent_words(header: dict) -> str | None:
-    """Said when a path could not be timed on the machine of the run (the rows kernel without a C compiler)."""
+    """Said when a path could not be timed on the machine of the run (the rows kernel without a C compiler,
+    the packed path for a bfloat16 model)."""
     absent = sorted({f"{p} ({why})" for c in (header.get("linear_paths") or {}).values()
                      for p, why in (c.get("absent") or {}).items()})
     return f"Not timed on this machine: {'; '.join(absent)}." if absent else None

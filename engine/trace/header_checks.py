@@ -11,6 +11,7 @@ from engine.trace.check_basics import RunFacts, fail, is_int, is_num
 from engine.trace.schema import (
     ACCEPTANCE_RULES,
     ACTIVATIONS,
+    AS_LOADED,
     CACHE_CONVENTIONS,
     CAPTURE_MODES,
     DECODER_HF,
@@ -196,11 +197,20 @@ def check_linear_path_curve(curve, where: str, name: str) -> None:
     if (not isinstance(widths, list) or not widths or len(widths) > MAX_VERIFY_WIDTH
             or widths != list(range(1, len(widths) + 1)) or not all(is_int(w) for w in widths)):
         fail(where, f"{name}.widths", "must be the widths 1, 2, ..., n")
-    if not isinstance(seconds, dict) or not set(REQUIRED_LINEAR_PATHS) <= set(seconds) <= set(LINEAR_PATHS) or not all(
+    if not isinstance(seconds, dict):
+        fail(where, f"{name}.seconds", "must be an object")
+    absent = curve.get("absent", {})
+    if not isinstance(absent, dict) or not all(p in LINEAR_PATHS and p not in seconds and isinstance(why, str)
+                                               and len(why) <= 500 for p, why in absent.items()):
+        fail(where, f"{name}.absent", "must map an untimed path to why it was not timed")
+    # a bfloat16 model has no packed path: absent says so instead of a time
+    if (not set(REQUIRED_LINEAR_PATHS) <= set(seconds) | set(absent)
+            or AS_LOADED not in seconds or len(seconds) < 2 or not set(seconds) <= set(LINEAR_PATHS) or not all(
             isinstance(v, list) and len(v) == len(widths) and all(is_num(t) and t > 0 for t in v)
-            for v in seconds.values()):
-        fail(where, f"{name}.seconds", f"must give {', '.join(REQUIRED_LINEAR_PATHS)} (and {ROWS} where it was "
-             "timed) a positive time at every width")
+            for v in seconds.values())):
+        fail(where, f"{name}.seconds", f"must give {AS_LOADED} and at least one other path a positive time at every "
+             f"width, and {', '.join(REQUIRED_LINEAR_PATHS)} a time or (in absent) why not (and {ROWS} where it was "
+             "timed)")
     if not isinstance(chosen, dict) or sorted(chosen) != sorted(str(w) for w in widths):
         fail(where, f"{name}.chosen", "must name one path for every width")
     for i, w in enumerate(widths):
@@ -211,10 +221,6 @@ def check_linear_path_curve(curve, where: str, name: str) -> None:
         fail(where, f"{name}.spread", "must be a non-negative number")
     if "kept" in curve and not isinstance(curve["kept"], bool):
         fail(where, f"{name}.kept", "must be true or false")
-    absent = curve.get("absent", {})
-    if not isinstance(absent, dict) or not all(p in LINEAR_PATHS and p not in seconds and isinstance(why, str)
-                                               and len(why) <= 500 for p, why in absent.items()):
-        fail(where, f"{name}.absent", "must map an untimed path to why it was not timed")
     machine = curve.get("machine")
     if not isinstance(machine, dict) or not all(isinstance(machine.get(k), str) and len(machine[k]) <= 200
                                                 for k in ("cpu", "torch")):

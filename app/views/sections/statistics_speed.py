@@ -187,7 +187,7 @@ def paths_section(header: dict) -> None:
         return
     st.markdown("##### Linear path per forward width")
     st.dataframe([{"model": r.model, "width": r.width, "as loaded (ms)": round(r.as_loaded_s * 1000, 3),
-                   "packed oneDNN (ms)": round(r.packed_s * 1000, 3),
+                   "packed oneDNN (ms)": None if r.packed_s is None else round(r.packed_s * 1000, 3),
                    "rows kernel (ms)": None if r.rows_s is None else round(r.rows_s * 1000, 3), "runs": r.runs,
                    "faster than the slowest by": f"{r.saving:.0%}"} for r in rows],
                  hide_index=True, key="paths_table")
