@@ -123,7 +123,6 @@ def test_a_bfloat16_model_times_as_loaded_and_rows_and_the_record_says_why_packe
     pair = bf16_pair()
     target = pair.target
     assert linear_paths.applies(target)
-    assert target.runner is target.base  # no packed twin for bfloat16
     record = linear_paths.settle(target)
     assert set(record["seconds"]) == {AS_LOADED, ROWS}
     assert record["absent"] == {PACKED: linear_paths.PACKED_FLOAT32_ONLY}
@@ -134,6 +133,21 @@ def test_a_bfloat16_model_times_as_loaded_and_rows_and_the_record_says_why_packe
     for width, path in target.linear_paths.items():
         runner = target.runner_for(width)
         assert (runner is target.base) if path == AS_LOADED else any(isinstance(m, RowsLinear) for m in runner.modules())
+
+
+@pytest.mark.parametrize("features, on_rows", [(["avx2"], True), (["avx2", "avx512f", "avx512_bf16"], False),
+                                               (["avx2", "avx512f", "amx_tile", "amx_bf16"], False)])
+def test_uncalibrated_a_bfloat16_model_runs_the_rows_kernel_where_the_cpu_lacks_bfloat16_instructions(
+        monkeypatch, features, on_rows):
+    """No packed twin takes bfloat16; where torch would convert every product, the rows kernel is the default."""
+    from engine.models import machine
+    monkeypatch.setattr(machine, "cpu_features", lambda: features)
+    target = bf16_pair().target
+    assert target.linear_paths is None and target.bfloat16_on_rows() == on_rows
+    assert target.runner is (target.rows_runner if on_rows else target.base)
+    assert target.runner_for(3) is target.runner
+    float32 = noisy_pair(2).target
+    assert not float32.bfloat16_on_rows() and target.runner is not float32.runner
 
 
 def test_a_curve_must_time_packed_or_say_why_not():

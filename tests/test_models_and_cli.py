@@ -109,14 +109,18 @@ def test_float32_is_the_default_dtype_on_every_device():
         pick_dtype(torch.device("cuda"), "int8")
 
 
-def test_bfloat16_on_the_cpu_only_with_bfloat16_in_hardware():
+def test_bfloat16_on_the_cpu_with_bfloat16_in_hardware_or_the_rows_kernel(monkeypatch):
+    from engine.models import f32_rows_kernel
     cpu = torch.device("cpu")
+    monkeypatch.setattr(f32_rows_kernel, "unavailable", lambda: "the float32 rows path needs a C compiler")
     assert pick_dtype(cpu, "bfloat16", cpu_flags=["avx2", "avx512f", "amx_bf16"]) == torch.bfloat16
     assert pick_dtype(cpu, "bfloat16", cpu_flags=["avx512_bf16"]) == torch.bfloat16
-    with pytest.raises(ValueError, match="no bfloat16 instructions"):
+    with pytest.raises(ValueError, match="no bfloat16 instructions.*needs a C compiler"):
         pick_dtype(cpu, "bfloat16", cpu_flags=["avx2", "avx512f"])
     with pytest.raises(ValueError, match="use float32 there"):
         pick_dtype(cpu, "float16", cpu_flags=["amx_bf16"])
+    monkeypatch.setattr(f32_rows_kernel, "unavailable", lambda: None)  # the kernel widens bfloat16 weights
+    assert pick_dtype(cpu, "bfloat16", cpu_flags=["avx2"]) == torch.bfloat16
 
 
 def test_cli_refuses_half_precision_on_the_cpu(folders, tmp_path, capsys):

@@ -145,9 +145,10 @@ def add_pair_and_sampling(run: argparse.ArgumentParser) -> None:
     run.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     run.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                      help="weights and compute (default float32: half precision can flip near-tie argmaxes, "
-                          "so greedy speculation may part from plain greedy decoding; GPU only, but bfloat16 also on a CPU "
-                          "with avx512_bf16 or AMX, where it halves the bytes a step reads: best with --fast --capture "
-                          "compile, measured in bench/step_limit.py)")
+                          "so greedy speculation may part from plain greedy decoding; GPU only, but bfloat16 also on a CPU, "
+                          "where it halves the bytes a step reads: with avx512_bf16 or AMX in hardware, elsewhere through "
+                          "the engine's rows kernel (it needs a C compiler); best with --fast --capture compile, measured "
+                          "in bench/step_limit.py)")
     run.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32,
                      help="what the target's linear layers run on: float32 (the model as loaded), int4 (its GGUF "
                           "file's Q4_1 blocks, a Q8_0 output layer, as stored; CPU, float32 activations; a C "

@@ -38,7 +38,9 @@ def pick_dtype(device: torch.device, requested: str | None = None, cpu_flags: li
     32-63 tokens; in float32 they did not). Half precision is there for large pairs,
     and for the CPU's memory limit: bfloat16 weights are half the bytes a step reads,
     allowed on a CPU with bfloat16 in hardware (NATIVE_BF16; `cpu_flags` defaults to this
-    machine's). float16 has no fast CPU kernels here and stays GPU only.
+    machine's) or, on any other, where the rows kernel builds (engine/models/f32_rows_kernel.py:
+    it widens each bfloat16 weight to float32 as it reads it, where torch's own bfloat16
+    products there were slower than float32). float16 has no fast CPU kernels here and stays GPU only.
     """
     if requested is None:
         return torch.float32
@@ -50,10 +52,15 @@ def pick_dtype(device: torch.device, requested: str | None = None, cpu_flags: li
     if requested == "bfloat16" and any(f in flags for f in NATIVE_BF16):
         return torch.bfloat16
     if requested == "bfloat16":
-        raise ValueError("bfloat16 on this CPU: it has no bfloat16 instructions (avx512_bf16 or AMX), so every "
-                         "product would be converted and run slower than float32; use float32 there")
+        from engine.models.f32_rows_kernel import unavailable
+        why = unavailable()
+        if why is None:
+            return torch.bfloat16
+        raise ValueError("bfloat16 on this CPU: it has no bfloat16 instructions (avx512_bf16 or AMX), and the rows "
+                         f"kernel that reads bfloat16 weights without them could not be built ({' '.join(why.split())}), "
+                         "so every product would be converted and run slower than float32; use float32 there")
     raise ValueError(f"{requested} on the CPU is slow and blurs the greedy-equality check: use float32 there "
-                     "(or bfloat16 on a CPU with avx512_bf16 or AMX)")
+                     "(or bfloat16)")
 
 
 def sync(device: torch.device) -> None:

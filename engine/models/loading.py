@@ -68,6 +68,7 @@ class LoadedModel:
     _own: torch.nn.Module | None = field(default=None, repr=False, compare=False)  # engine/models/llama.py's decoder
     _int4_twin: torch.nn.Module | None = field(default=None, repr=False, compare=False)
     _own_int4: torch.nn.Module | None = field(default=None, repr=False, compare=False)  # the own decoder on the blocks
+    _bf16_rows: bool | None = field(default=None, repr=False, compare=False)  # bfloat16_on_rows(), once known
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.model.forward).parameters
@@ -181,18 +182,35 @@ class LoadedModel:
     def runner(self) -> torch.nn.Module:
         """What the engine's forwards call: with int4 weights, the twin on the GGUF blocks; on a
         float32 CPU model, a twin whose linear layers run oneDNN with pre-packed weights
-        (engine/models/cpu_linear.py: a verify over K+1 positions then costs about one step);
+        (engine/models/cpu_linear.py: a verify over K+1 positions then costs about one step); on a
+        bfloat16 one without bfloat16 instructions, the rows twin (bfloat16_on_rows);
         otherwise `base` itself (the model, or the engine's own decoder under use_decoder(DECODER_OWN),
         whose packed twin is built the same way). `self.model` stays untouched, so Hugging Face's
         `generate` on it is what a user would run. Built on first use."""
         if self.weights in GGUF_WEIGHTS:
             return self.int4_runner
         base = self.base
+        if self.bfloat16_on_rows():
+            return self.rows_runner
         if not self.fast_linear or not cpu_linear.available(base):
             return base
         if self._twin is None:
             self._twin = cpu_linear.packed_twin(base)
         return self._twin
+
+    def bfloat16_on_rows(self) -> bool:
+        """A bfloat16 CPU model runs the rows kernel by default where the CPU has no bfloat16 instructions:
+        torch converts every bfloat16 product there, and on a 2-core AMD EPYC with AVX2 the chat target's output
+        layer took 3.6 ms at one row and 14.7 at five against the kernel's 1.9 and 2.5 (bench/results/bf16-rows-*).
+        Where the CPU has them, the model as loaded stays the default; a calibrated run chooses per width."""
+        if not (self.fast_linear and self.dtype == torch.bfloat16 and self.device.type == "cpu"):
+            return False
+        if self._bf16_rows is None:  # asked before every forward: /proc/cpuinfo is read once
+            from engine.models.device import NATIVE_BF16
+            from engine.models.f32_rows_kernel import unavailable
+            from engine.models.machine import cpu_features
+            self._bf16_rows = not any(f in cpu_features() for f in NATIVE_BF16) and unavailable() is None
+        return self._bf16_rows
 
     def runner_for(self, width: int) -> torch.nn.Module:
         """The module a forward over `width` new positions runs on: the model as loaded or the rows twin
