@@ -187,3 +187,17 @@ def test_the_bfloat16_rows_path_follows_the_model_as_loaded_and_speculation_runs
     # over two layers of a dozen roundings: 0.1 is a few times the 0.03 two widths differ by, far below a
     # wrong tile's O(1).
     assert (rows.float() - loaded.float()).abs().max() < 0.1
+
+
+def test_the_teaching_bfloat16_copy_runs_its_own_bfloat16_weights_not_the_original_s_twins():
+    from engine.teaching.runs import low_precision_copy
+    target = noisy_pair(2).target
+    target.use_decoder("own")
+    target.linear_paths = {w: ROWS for w in range(1, 10)}
+    assert target.rows_runner is not None and target.runner is not None  # float32 twins built
+    copy = low_precision_copy(target)
+    assert copy.decoder == "own" and copy.linear_paths is None
+    for width in (1, 3):
+        weights = [p for p in copy.runner_for(width).parameters()]
+        assert weights and all(p.dtype == torch.bfloat16 for p in weights)
+    assert all(p.dtype == torch.float32 for p in target.runner_for(3).parameters())

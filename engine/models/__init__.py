@@ -11,7 +11,8 @@ layers, and turning its logits into the distributions both models are tested wit
   and the C++ operators (f32_rows_op.cpp, gguf_op.cpp) compiled graphs call them through.
 - gguf_kernel.py (+ gguf_kernel.c): the C kernel multiplying float32 rows (or rows rounded to 8 bits) by those
   blocks, built once per machine.
-- f32_rows_kernel.py (+ .c): a float32 C kernel reading each weight once for a verify's 1-8 rows: the rows path.
+- f32_rows_kernel.py (+ .c): a float32 C kernel reading each weight (float32, or bfloat16 widened as it is read)
+  once for a verify's 1-8 rows: the rows path.
 - gguf_linear.py: the int4 target path, a twin whose linear layers run the file's blocks.
 - linear_paths.py: which linear path (as loaded, packed or rows) runs each width, measured per machine, cached on disk.
 - machine.py: the CPU model, its vector features, threads and load, as measurements record them.

@@ -26,6 +26,7 @@ from engine.models.loading import LoadedModel
 from engine.stats.repeats import Repeated, repeat_timed
 from engine.teaching.faults import NO_FAULTS, Faults
 from engine.trace.metrics import acceptance_metrics
+from engine.trace.schema import WEIGHTS_FLOAT32
 
 CORRECT, KEEP_REJECTED, SKIP_CATCH_UP = "correct", "keep_rejected_kv", "skip_draft_catch_up"
 MODES: dict[str, Faults] = {
@@ -328,6 +329,10 @@ def batched_vs_stepwise(m: LoadedModel, ids: list[int], positions: int) -> Numer
 
 
 def low_precision_copy(m: LoadedModel, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
-    """A copy of a (small) model in half precision, where the rounding differences grow."""
+    """A copy of a (small) model in half precision, where the rounding differences grow. The original's twins,
+    own decoder and measured paths are not carried over: they hold or were measured on its float32 weights."""
     model = copy.deepcopy(m.model).to(dtype)
-    return replace(m, model=model, dtype=dtype)
+    copied = replace(m, model=model, dtype=dtype, linear_paths=None, weights=WEIGHTS_FLOAT32, gguf_weights=None,
+                     _twin=None, _rows_twin=None, _own=None, _int4_twin=None, _own_int4=None, _bf16_rows=None)
+    copied.use_decoder(m.decoder_asked)
+    return copied
