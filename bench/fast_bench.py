@@ -356,7 +356,7 @@ def run_dtype(args, dtype: str, prompts: list[str], methods: list[str]) -> dict:
 
 
 def runs_on_cpu(dtype: str) -> bool:
-    """bfloat16 runs on a CPU that has it in hardware (engine/models/device.py pick_dtype)."""
+    """bfloat16 runs on a CPU that has it in hardware, or on the rows kernel (engine/models/device.py pick_dtype)."""
     try:
         pick_dtype(torch.device("cpu"), dtype)
     except ValueError:
