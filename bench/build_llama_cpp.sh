@@ -9,6 +9,8 @@
 #   GGML_NATIVE=OFF, GGML_AVX/AVX2/FMA/F16C=ON, GGML_AVX512=OFF: the AVX2 build docs/benchmarks.md measured
 #     (84 tok/s on an Intel Xeon), the same code on any x86 CPU of the last decade; a native build
 #     would pick AVX-512 on one machine and not another.
+#   LLAMA_CPP_NATIVE=1 builds for this CPU instead (GGML_NATIVE=ON: AVX-512 and VNNI where it has them), the
+#     build a user compiling llama.cpp on their own machine gets; the results say which build ran.
 #   GGML_BLAS=OFF, GGML_CUDA=OFF: llama.cpp's own CPU kernels, as a CPU user gets them.
 #   LLAVA_BUILD=OFF, LLAMA_BUILD_TESTS/EXAMPLES=OFF: only the library the Python binding loads.
 set -euo pipefail
@@ -17,6 +19,9 @@ VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 python3 -m venv "$VENV"
 export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
 -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+if [ "${LLAMA_CPP_NATIVE:-0}" = 1 ]; then
+  CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+fi
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
 nice -n 15 "$VENV/bin/pip" install --no-binary llama-cpp-python --no-cache-dir "llama-cpp-python==$VERSION"
 "$VENV/bin/python" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"

@@ -62,7 +62,7 @@ def markdown(r: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--presets", default="chat,tiny-shakespeare")
-    p.add_argument("--dtypes", default="float32,bfloat16", help="bfloat16 needs a CPU with avx512_bf16 or AMX")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="bfloat16 needs avx512_bf16, AMX or the rows kernel")
     p.add_argument("--decoder", choices=DECODERS, default=DECODER_OWN)
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=64)

@@ -1,12 +1,15 @@
-"""The rows kernel's products alone, for one chat step, per prefetch distance: how much of a step they take.
+"""The rows kernel's products alone, for one chat step, per prefetch distance and ISA: how much of a step they take.
 
     python -m bench.rows_prefetch --threads 2 --repeats 9
+    python -m bench.rows_prefetch --isas avx2,avx512 --distances 4096   # the two tile sets on an AVX-512 CPU
 
 engine/models/f32_rows_kernel.c asks for memory PREFETCH_FLOATS floats ahead of the weights it reads (4096,
 chosen on an Intel Xeon). This builds the same source with other distances and times the products of one
 step of the chat target (every linear layer of its 30 decoder layers and its 49,152-token output layer,
 at the target's shapes, weights random: the timing depends on the shapes, not the values) at 1 to 6 rows,
-each distance in turn within a round so that a drift of the machine falls on all of them. The products'
+each (ISA, distance) in turn within a round so that a drift of the machine falls on all of them. By default the
+ISA is the best this CPU runs (what the engine uses); `--isas` names others, e.g. the AVX2 tiles on an AVX-512 CPU,
+whose 512-bit instructions some CPUs execute as two 256-bit halves. The products'
 memory limit is their weight bytes over the copy bandwidth measured here (bench/fast_bench.py's
 measurement). What a step costs beyond the products (attention, norms, the graph's other work, the
 calls into the kernel) is bench/step_limit.py's. Results: RESULTS/rows-prefetch-CPU.json and .md.
@@ -57,8 +60,13 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--isas", default="", help="comma-separated of scalar, avx2, avx512 (default: the best here)")
+    p.add_argument("--distances", default=",".join(map(str, DISTANCES)), help="prefetch distances, floats")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
+    distances = [int(d) for d in args.distances.split(",")]
+    isa_names = args.isas.split(",") if args.isas else [f32_rows_kernel.best_isa()]
+    isas = [f32_rows_kernel.isa_to_use(name) for name in isa_names]  # refuses one this CPU cannot run
     torch.set_num_threads(args.threads)
     machine = machine_info(args.threads)
     torch.manual_seed(0)
@@ -68,30 +76,32 @@ def main(argv=None) -> None:
     bandwidth = measured_bandwidth_gbs(torch.device("cpu"), False)
     limit_ms = weight_bytes / (bandwidth * 1e9) * 1e3
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {d: build(d, Path(tmp)) for d in DISTANCES}
-        isa = libs[DISTANCES[0]].speclab_f32_rows_best_isa()
-        times = {(d, m): [] for d in DISTANCES for m in WIDTHS}
+        libs = {d: build(d, Path(tmp)) for d in distances}
+        ways = [(name, isa, d) for name, isa in zip(isa_names, isas) for d in distances]
+        times = {(name, d, m): [] for name, _, d in ways for m in WIDTHS}
         for m in WIDTHS:
-            for lib in libs.values():
-                one_step(lib, weights, xs, m, args.threads, isa)  # warm-up
+            for _, isa, d in ways:
+                one_step(libs[d], weights, xs, m, args.threads, isa)  # warm-up
             for _ in range(args.repeats):
-                for d, lib in libs.items():
-                    times[(d, m)].append(one_step(lib, weights, xs, m, args.threads, isa) * 1e3)
+                for name, isa, d in ways:
+                    times[(name, d, m)].append(one_step(libs[d], weights, xs, m, args.threads, isa) * 1e3)
     median = {key: statistics.median(v) for key, v in times.items()}
-    lines = ["## The rows kernel's products for one chat step, per prefetch distance (bench/rows_prefetch.py)", "",
-             f"Machine: {machine_words(machine)}; {machine['date']}. Kernel ISA {isa} (2: AVX-512, 1: AVX2).",
-             f"Weights {weight_bytes / 1e6:.0f} MB, copy bandwidth {bandwidth:.1f} GB/s: memory limit "
+    columns = [(name, d) for name, _, d in ways]
+    lines = ["## The rows kernel's products for one chat step, per ISA and prefetch distance (bench/rows_prefetch.py)",
+             "", f"Machine: {machine_words(machine)}; {machine['date']}. The engine uses {f32_rows_kernel.best_isa()} "
+             "here.", f"Weights {weight_bytes / 1e6:.0f} MB, copy bandwidth {bandwidth:.1f} GB/s: memory limit "
              f"{limit_ms:.1f} ms. Medians of {args.repeats} rounds (range in brackets), ms.", "",
-             "| rows | " + " | ".join(f"{d} floats" for d in DISTANCES) + " | best / limit |",
-             "|---|" + "---|" * (len(DISTANCES) + 1)]
+             "| rows | " + " | ".join(f"{name}, {d} floats" for name, d in columns) + " | best / limit |",
+             "|---|" + "---|" * (len(columns) + 1)]
     for m in WIDTHS:
-        cells = [f"{median[(d, m)]:.1f} ({min(times[(d, m)]):.1f}-{max(times[(d, m)]):.1f})" for d in DISTANCES]
-        best = min(median[(d, m)] for d in DISTANCES)
+        cells = [f"{median[(name, d, m)]:.1f} ({min(times[(name, d, m)]):.1f}-{max(times[(name, d, m)]):.1f})"
+                 for name, d in columns]
+        best = min(median[(name, d, m)] for name, d in columns)
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {best / limit_ms:.2f}x |")
     text = "\n".join(lines) + "\n"
     write_results(args.out, f"rows-prefetch-{cpu_tag(machine)}",
                   {"machine": machine, "weight_bytes": weight_bytes, "bandwidth_gbs": bandwidth, "limit_ms": limit_ms,
-                   "isa": isa, "times_ms": {f"{d}/{m}": v for (d, m), v in times.items()}}, text)
+                   "isas": isa_names, "times_ms": {f"{name}/{d}/{m}": v for (name, d, m), v in times.items()}}, text)
     print(text)
 
 

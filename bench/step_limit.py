@@ -171,7 +171,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--compile", action="store_true", help="also time the forward under torch.compile")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                   help="weights and compute (bfloat16 needs a CPU with avx512_bf16 or AMX)")
+                   help="weights and compute (bfloat16: in hardware with avx512_bf16 or AMX, elsewhere on the rows kernel)")
     p.add_argument("--width", type=int, default=1, help="tokens per forward: 1 a decode step, K+1 a verify")
     p.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32,
                    help="float32, or int4: the target's GGUF blocks (engine/models/gguf_linear.py)")
