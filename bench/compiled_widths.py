@@ -1,0 +1,120 @@
+"""What a compiled verify costs in steps, with every width timed in the same rounds (a benchmark, not a test).
+
+    python -m bench.compiled_widths --preset chat --threads 2
+    python -m bench.compiled_widths --dtype bfloat16 --paths rows,as_loaded --widths 1,3,5
+
+bench/step_limit.py times one width per run, minutes apart; on a shared 2-core VM (the AVX-512 EPYC) the same
+compiled step took 23 ms in one run and 29 ms in another, so a verify's cost in steps read off two runs says
+as much about the machine's neighbours as about the forward. Here the fast path's compiled forwards
+(`run --fast --capture compile`, engine/cycle/fast_forward.py) of every width and path asked for are built
+first, then called round-robin: each round calls every (path, width) once, so a slow spell falls on all of
+them, and each width's cost in steps is the median over rounds of its time over the same round's one-position
+forward on the same path. The cache holds CONTEXT positions and every call writes the same slots.
+Results: RESULTS/compiled-widths-PRESET[-DTYPE]-CPU.json and .md.
+"""
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench import common
+from bench.common import RESULTS, cpu_tag, machine_words, write_results
+from engine.cycle.fast import FixedForward, new_fast_cache
+from engine.models.loading import LoadedModel
+from engine.models.machine import load_average
+from engine.run import load_preset
+from engine.trace.schema import AS_LOADED, DECODER_OWN, ROWS
+
+CONTEXT = 64
+WARM_UP = 3
+
+
+def build(target: LoadedModel, path: str, width: int) -> tuple:
+    """A compiled forward of `width` positions on `path`, its cache filled to CONTEXT; compiled by its first call."""
+    target.linear_paths = {width: path}  # LoadedModel.compiled_module_for: the rows twin where ROWS is chosen
+    cache = new_fast_cache(target, CONTEXT + 16)
+    ids = torch.tensor([i % target.full_vocab_size for i in range(1, CONTEXT + 1)])
+    target.forward(ids.tolist(), cache)
+    forward = FixedForward(target, cache, width, "compile")
+    tokens = ids[:width]
+    started = time.perf_counter()
+    for _ in range(WARM_UP):
+        call(forward, cache, tokens)
+    return forward, cache, tokens, time.perf_counter() - started
+
+
+def call(forward: FixedForward, cache, tokens: torch.Tensor) -> float:
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(CONTEXT)  # the same slots every call: the same cache length
+    started = time.perf_counter()
+    forward.fn(tokens)
+    return time.perf_counter() - started
+
+
+@torch.inference_mode()  # the fast path's caches are inference tensors, written in place
+def measure(args) -> dict:
+    torch.set_num_threads(args.threads)
+    target = load_preset(args.preset, device="cpu", dtype_name=args.dtype).target
+    target.use_decoder(args.decoder)
+    widths = sorted({1, *(int(w) for w in args.widths.split(","))})
+    paths = args.paths.split(",")
+    forwards, first_calls = {}, {}
+    for path in paths:
+        for width in widths:
+            *forwards[(path, width)], first_calls[f"{path}/{width}"] = build(target, path, width)
+    target.linear_paths = None
+    times = {key: [] for key in forwards}
+    for _ in range(args.rounds):
+        for key, (forward, cache, tokens) in forwards.items():
+            times[key].append(call(forward, cache, tokens))
+    rows = []
+    for path, width in forwards:
+        ms = sorted(t * 1e3 for t in times[(path, width)])
+        steps = [t / one for t, one in zip(times[(path, width)], times[(path, 1)])]
+        rows.append({"path": path, "width": width, "median_ms": statistics.median(ms), "q1_ms": ms[len(ms) // 4],
+                     "q3_ms": ms[(3 * len(ms)) // 4], "steps": statistics.median(steps),
+                     "steps_q1": sorted(steps)[len(steps) // 4], "steps_q3": sorted(steps)[(3 * len(steps)) // 4]})
+    return {"preset": args.preset, "dtype": args.dtype, "decoder": target.decoder, "rounds": args.rounds,
+            "machine": common.machine_info(args.threads, dtype=target.dtype), "load_after": load_average(),
+            "first_calls_s": first_calls, "rows": rows, "note": args.note}
+
+
+def markdown(r: dict) -> str:
+    lines = [f"## Compiled forwards of 1 to {max(row['width'] for row in r['rows'])} positions, round-robin "
+             "(bench/compiled_widths.py)", "",
+             f"Machine: {machine_words(r['machine'])}; {r['machine']['date']}. 1-minute load {r['load_after']} at the "
+             f"end. {r['note']}".rstrip(), "",
+             f"{r['preset']} target, {r['dtype']}, {r['decoder']} decoder, `--fast --capture compile`'s forward over "
+             f"{CONTEXT} cached positions. {r['rounds']} rounds, each calling every path and width once; medians "
+             "(middle half in brackets). `steps`: the median over rounds of the forward's time over the same round's "
+             "one-position forward on the same path.", "",
+             "| path | positions | forward (ms) | steps |", "|---|---|---|---|"]
+    for row in r["rows"]:
+        lines.append(f"| {row['path']} | {row['width']} | {row['median_ms']:.2f} ({row['q1_ms']:.2f}-{row['q3_ms']:.2f}) "
+                     f"| {row['steps']:.2f} ({row['steps_q1']:.2f}-{row['steps_q3']:.2f}) |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="chat")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--decoder", default=DECODER_OWN)
+    p.add_argument("--paths", default=ROWS, help=f"comma-separated of {AS_LOADED}, {ROWS}")
+    p.add_argument("--widths", default="1,2,3,4,5,6")
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--note", default="", help="conditions of the run")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    result = measure(args)
+    dtype = "" if args.dtype == "float32" else f"-{args.dtype}"
+    text = markdown(result)
+    write_results(args.out, f"compiled-widths-{args.preset}{dtype}-{cpu_tag(result['machine'])}", result, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
