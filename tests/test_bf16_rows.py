@@ -62,24 +62,6 @@ def test_bfloat16_weights_give_the_float32_kernel_s_sums_of_their_exact_widening
                 assert ((got.double() - theirs).abs() <= 2 * BF16_ULP * exact.abs() + 2e-5 * scale).all()
 
 
-def test_bfloat16_rows_ignore_the_thread_count_and_their_neighbours():
-    gen = torch.Generator().manual_seed(1)
-    w, b = torch.randn(1001, 300, generator=gen).bfloat16(), torch.randn(1001, generator=gen).bfloat16()
-    x = torch.randn(8, 300, generator=gen).bfloat16()  # above SERIAL_BELOW: threaded
-    before = torch.get_num_threads()
-    try:
-        for isa in runnable_isas():
-            outs = []
-            for threads in (1, 2):
-                torch.set_num_threads(threads)
-                outs.append(rows_kernel.linear(x, w, b, ISAS[isa]))
-            assert torch.equal(outs[0], outs[1]), isa
-            for m in (1, 3):
-                assert torch.equal(rows_kernel.linear(x[:m].contiguous(), w, b, ISAS[isa]), outs[0][:m]), isa
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("which", [pytest.param("native", marks=needs_cxx), "python"])
 def test_a_bfloat16_rows_twin_compiles_to_one_kernel_call_per_layer_with_the_eager_bits(monkeypatch, which):
     if which == "native":

@@ -59,10 +59,11 @@ def test_rows_kernel_is_f_linear_up_to_float32_rounding(isa, with_bias):
             assert ((got - nn.functional.linear(x, w, b).double()).abs() <= 2 * bound).all(), (isa, m, n, k)
 
 
-def test_one_and_two_threads_give_bit_identical_rows_and_a_row_does_not_depend_on_its_neighbours():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_and_two_threads_give_bit_identical_rows_and_a_row_does_not_depend_on_its_neighbours(dtype):
     gen = torch.Generator().manual_seed(1)
-    w, b = torch.randn(1001, 300, generator=gen), torch.randn(1001, generator=gen)
-    x = torch.randn(8, 300, generator=gen)  # 8 x 1001 x 300 multiply-adds: above SERIAL_BELOW, so threaded
+    w, b = torch.randn(1001, 300, generator=gen).to(dtype), torch.randn(1001, generator=gen).to(dtype)
+    x = torch.randn(8, 300, generator=gen).to(dtype)  # 8 x 1001 x 300 multiply-adds: above SERIAL_BELOW, so threaded
     assert 8 * 1001 * 300 >= rows_kernel.SERIAL_BELOW
     before = torch.get_num_threads()
     try:
