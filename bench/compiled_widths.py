@@ -21,22 +21,20 @@ import torch
 
 from bench import common
 from bench.common import RESULTS, cpu_tag, machine_words, write_results
-from engine.cycle.fast import FixedForward, new_fast_cache
+from bench.step_limit import CONTEXT, filled_cache
+from engine.cycle.fast import FixedForward
 from engine.models.loading import LoadedModel
 from engine.models.machine import load_average
 from engine.run import load_preset
 from engine.trace.schema import AS_LOADED, DECODER_OWN, ROWS
 
-CONTEXT = 64
 WARM_UP = 3
 
 
 def build(target: LoadedModel, path: str, width: int) -> tuple:
     """A compiled forward of `width` positions on `path`, its cache filled to CONTEXT; compiled by its first call."""
     target.linear_paths = {width: path}  # LoadedModel.compiled_module_for: the rows twin where ROWS is chosen
-    cache = new_fast_cache(target, CONTEXT + 16)
-    ids = torch.tensor([i % target.full_vocab_size for i in range(1, CONTEXT + 1)])
-    target.forward(ids.tolist(), cache)
+    cache, ids = filled_cache(target)
     forward = FixedForward(target, cache, width, "compile")
     tokens = ids[:width]
     started = time.perf_counter()

@@ -76,12 +76,18 @@ def time_dynamic(target: LoadedModel, path: str, width: int, repeats: int) -> di
     return quartiles(times)
 
 
+def filled_cache(target: LoadedModel) -> tuple:
+    """A fast-path static cache holding CONTEXT positions of `target`, and the token ids that filled it."""
+    cache = new_fast_cache(target, CONTEXT + 16)
+    ids = torch.tensor([i % target.full_vocab_size for i in range(1, CONTEXT + 1)])
+    target.forward(ids.tolist(), cache)
+    return cache, ids
+
+
 @torch.inference_mode()  # the fast path's caches are inference tensors, written in place
 def time_static(target: LoadedModel, capture: str, width: int, repeats: int) -> dict:
     """The fast path's forward of `width` tokens over a static cache (capture "none" or "compile")."""
-    cache = new_fast_cache(target, CONTEXT + 16)
-    ids = torch.tensor([i % target.full_vocab_size for i in range(1, CONTEXT + 1)])
-    target.forward(ids.tolist(), cache)  # CONTEXT cached positions
+    cache, ids = filled_cache(target)
     step = FixedForward(target, cache, width, capture)
     token = ids[:width]
     times, started = [], time.perf_counter()
