@@ -219,7 +219,12 @@ class LlamaAnchor:
     def ask(self, req: dict) -> tuple[int, float]:
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        got = json.loads(self.proc.stdout.readline())
+        line = self.proc.stdout.readline()
+        if not line:  # the anchor died mid-request (a crash in llama.cpp shows as a negative signal number)
+            code = self.proc.wait(timeout=30)
+            last = self.proc.stderr.read().strip().splitlines()[-1:]
+            raise RuntimeError(f"the llama.cpp anchor exited with code {code} during a request {last or ''}")
+        got = json.loads(line)
         return got["tokens"], got["seconds"]
 
     def close(self) -> None:

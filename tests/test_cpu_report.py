@@ -59,3 +59,17 @@ def test_bfloat16_is_timed_where_the_cpu_computes_in_it_or_the_rows_kernel_reads
 def test_unknown_parts_are_refused():
     with pytest.raises(SystemExit):
         cpu_report.parse_args(["--parts", "forwards,gpu"])
+
+
+def test_an_anchor_that_dies_mid_request_is_a_clear_error(tmp_path):
+    """llama.cpp's own crash (a native build on an AMX Xeon segfaulted in its first decode) must stop the
+    benchmark with the exit code, not a JSON error on an empty line. The stand-in here is a real process
+    that answers ready and then kills itself with the same signal."""
+    from bench.speed import LlamaAnchor, SpecSettings
+
+    python = tmp_path / "dying-python"
+    python.write_text("#!/bin/sh\necho '{\"ready\": true}'\nread line\necho 'crashed here' >&2\nkill -SEGV $$\n")
+    python.chmod(0o755)
+    anchor = LlamaAnchor(str(python), tmp_path / "model.gguf", threads=1)
+    with pytest.raises(RuntimeError, match=r"exited with code -11 during a request.*crashed here"):
+        anchor.run([1, 2, 3], SpecSettings(k=1, temperature=0.0, max_new_tokens=4, seed=0))
