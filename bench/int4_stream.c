@@ -3,7 +3,7 @@
  * stream from memory as in a real step), timed in C. Used to choose gguf_kernel.c's COLS and
  * PREFETCH_BYTES; bench/int4_kernels.py measures the same pass through the calls the model makes.
  *
- *   cc -O3 -march=native -fopenmp -I. -DKERNEL='"engine/models/gguf_kernel.c"' bench/int4_stream.c -o /tmp/int4_stream
+ *   cc -O3 -march=native -fopenmp -I. -DKERNEL='"engine/models/gguf_kernel.c"' bench/int4_stream.c -o /tmp/int4_stream -lm
  *   /tmp/int4_stream THREADS [ROWS]      # add -DCOLS=2 or -DPREFETCH_BYTES=512 to try other settings
  *
  * Prints the best of 18 passes (after 2 warm-up passes) for the layers and for the output layer.
