@@ -222,8 +222,8 @@ class LlamaAnchor:
         line = self.proc.stdout.readline()
         if not line:  # the anchor died mid-request (a crash in llama.cpp shows as a negative signal number)
             code = self.proc.wait(timeout=30)
-            last = self.proc.stderr.read().strip().splitlines()[-1:]
-            raise RuntimeError(f"the llama.cpp anchor exited with code {code} during a request {last or ''}")
+            last = self.proc.stderr.read().strip().splitlines()[-1:] or ["nothing on stderr"]
+            raise RuntimeError(f"the llama.cpp anchor exited with code {code} during a request: {last[0]}")
         got = json.loads(line)
         return got["tokens"], got["seconds"]
 

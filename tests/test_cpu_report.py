@@ -2,7 +2,8 @@
 
 The report judges a CPU against the small-batch goals: a step within 2x its memory limit, a verify of 2-5
 positions within 1.2 steps, speculation at the advisor's choice never below plain decoding. These check
-that the verdicts follow the numbers, and that bfloat16 is timed only where the CPU computes in it.
+that the verdicts follow the numbers, and that bfloat16 is timed only where the CPU computes in it; and that
+the llama.cpp anchor its int4 part runs (bench/speed.py) stops the report clearly when llama.cpp crashes.
 """
 import pytest
 
@@ -65,7 +66,8 @@ def test_an_anchor_that_dies_mid_request_is_a_clear_error(tmp_path):
     """llama.cpp's own crash (a native build on an AMX Xeon segfaulted in its first decode) must stop the
     benchmark with the exit code, not a JSON error on an empty line. The stand-in here is a real process
     that answers ready and then kills itself with the same signal."""
-    from bench.speed import LlamaAnchor, SpecSettings
+    from bench.speed import LlamaAnchor
+    from engine.config import SpecSettings
 
     python = tmp_path / "dying-python"
     python.write_text("#!/bin/sh\necho '{\"ready\": true}'\nread line\necho 'crashed here' >&2\nkill -SEGV $$\n")
