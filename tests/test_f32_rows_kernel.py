@@ -13,7 +13,7 @@ from engine.cycle.plain import target_generate
 from engine.cycle.reference import speculative_generate
 from engine.models import f32_rows_kernel as rows_kernel
 from engine.models import linear_paths
-from engine.models.f32_rows_kernel import ISAS, RowsLinear
+from engine.models.f32_rows_kernel import ISAS, VARIANTS, RowsLinear
 from engine.stats.paths import path_lines, path_rows
 from engine.trace.header_checks import check_linear_path_curve
 from engine.trace.schema import AS_LOADED, PACKED, ROWS
@@ -36,11 +36,12 @@ def error_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> tor
 
 
 def runnable_isas() -> list[str]:
+    """Every variant this CPU runs: each ISA up to its best, prefetching into L1 or L2."""
     best = ISAS[rows_kernel.best_isa()]
-    return [name for name, n in ISAS.items() if n <= best]
+    return [name for name, n in VARIANTS.items() if n & ~rows_kernel.PREFETCH_L2 <= best]
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", list(VARIANTS))
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_rows_kernel_is_f_linear_up_to_float32_rounding(isa, with_bias):
     if isa not in runnable_isas():
@@ -51,7 +52,7 @@ def test_rows_kernel_is_f_linear_up_to_float32_rounding(isa, with_bias):
         b = torch.randn(n, generator=gen) if with_bias else None
         for m in [*range(1, 9), 9, 17]:  # 1..8 rows in one block; 9 and 17 in blocks of 8
             x = torch.randn(m, k, generator=gen)
-            got = rows_kernel.linear(x, w, b, ISAS[isa]).double()
+            got = rows_kernel.linear(x, w, b, VARIANTS[isa]).double()
             exact = nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
             bound = error_bound(x, w, b)
             assert ((got - exact).abs() <= bound).all(), (isa, m, n, k)
@@ -71,10 +72,13 @@ def test_one_and_two_threads_give_bit_identical_rows_and_a_row_does_not_depend_o
             outs = []
             for threads in (1, 2):
                 torch.set_num_threads(threads)
-                outs.append(rows_kernel.linear(x, w, b, ISAS[isa]))
+                outs.append(rows_kernel.linear(x, w, b, VARIANTS[isa]))
             assert torch.equal(outs[0], outs[1]), isa
             for m in (1, 3):  # a verify's row equals the one-token step's
-                assert torch.equal(rows_kernel.linear(x[:m].contiguous(), w, b, ISAS[isa]), outs[0][:m]), isa
+                assert torch.equal(rows_kernel.linear(x[:m].contiguous(), w, b, VARIANTS[isa]), outs[0][:m]), isa
+            # where the weights are prefetched to changes the speed, never a bit
+            l1 = VARIANTS[isa] & ~rows_kernel.PREFETCH_L2
+            assert torch.equal(rows_kernel.linear(x, w, b, l1), outs[0]), isa
     finally:
         torch.set_num_threads(before)
 
@@ -83,10 +87,10 @@ def test_avx2_variant_can_be_forced_on_an_avx512_machine(monkeypatch):
     if rows_kernel.best_isa() != "avx512":
         pytest.skip("needs an AVX-512 CPU to show the AVX2 variant being chosen over the best")
     monkeypatch.setenv(rows_kernel.ISA_ENV, "avx2")
-    assert rows_kernel.isa_to_use() == ISAS["avx2"]
+    assert rows_kernel.isa_to_use() == ISAS["avx2"] and rows_kernel.candidate_variants() == ["avx2"]
     twin = rows_kernel.rows_twin(nn.Sequential(nn.Linear(45, 37)))
     layer = twin[0]
-    assert isinstance(layer, RowsLinear) and layer.isa == ISAS["avx2"]
+    assert isinstance(layer, RowsLinear) and layer.plan.variant(3) == ISAS["avx2"] and layer.plan is twin.rows_plan
     x = torch.randn(3, 45)
     with torch.inference_mode():
         got = layer(x)
@@ -272,8 +276,12 @@ def test_the_native_operator_gives_the_kernel_s_bits_and_refuses_what_the_kernel
         op(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.bfloat16), None, isa)
     with pytest.raises(RuntimeError, match="bias"):
         op(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(4), isa)
-    with pytest.raises(RuntimeError, match="isa is 0"):
-        op(torch.randn(2, 8), torch.randn(4, 8), None, 7)
+    for bad in (7, 3, -1):  # no such ISA
+        with pytest.raises(RuntimeError, match="isa is a variant"):
+            op(torch.randn(2, 8), torch.randn(4, 8), None, bad)
+    l2 = isa | rows_kernel.PREFETCH_L2
+    x, w = torch.randn(5, 576), torch.randn(1536, 576)
+    assert torch.equal(op(x, w, None, l2), rows_kernel.linear(x, w, None, isa))  # the prefetch changes no bit
 
 
 def test_without_a_cxx_compiler_compiled_graphs_keep_the_python_operator(monkeypatch):

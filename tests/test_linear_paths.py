@@ -171,3 +171,69 @@ def test_a_compiled_fast_run_settles_the_paths_it_was_not_given_and_an_eager_one
     header = run_to_trace(fresh, "ab", s, tmp_path / "f.jsonl", RunMode(fast="compile")).header
     assert header["linear_paths"]["target"]["chosen"]["3"] == ROWS
     assert "linear_paths" not in run_to_trace(tiny_pair(), "ab", s, tmp_path / "e.jsonl", RunMode(fast="none")).header
+
+
+def test_the_rows_kernel_s_variants_are_timed_on_the_model_and_each_width_runs_its_fastest(cache_dir, monkeypatch):
+    """The variant timings are faked (which variant wins depends on the CPU); the rest is real: the choice per
+    width, the twin's plan, the kernel calls of a forward, the stored curve and the header's check."""
+    from engine.models import f32_rows_kernel as rows_kernel
+    from engine.trace.check_basics import BrokenInvariant as CheckError
+    from engine.trace.header_checks import check_linear_path_curve
+    from engine.trace.schema import ROWS
+
+    monkeypatch.delenv(rows_kernel.ISA_ENV, raising=False)
+    variants = rows_kernel.candidate_variants()
+    if len(variants) < 2:
+        pytest.skip("this machine runs one variant of the rows kernel: nothing to choose")
+    default, other = variants[0], variants[-1]
+
+    def fake_variants(loaded, widths, repeats):  # `other` wins from 3 rows up, the default below
+        return {v: [[0.001 if (v == other) == (w >= 3) else 0.002] * repeats for w in widths] for v in variants}
+    monkeypatch.setattr(linear_paths, "time_rows_variants", fake_variants)
+    monkeypatch.setattr(linear_paths, "time_paths", winning(ROWS))
+    pair = tiny_pair()
+    record = settle(pair.target)
+    expected = {w: other if w >= 3 else default for w in range(1, linear_paths.WIDTHS + 1)}
+    assert {int(w): v for w, v in record["rows_variants"].items()} == expected
+    assert pair.target.rows_variants == {w: rows_kernel.VARIANTS[v] for w, v in expected.items()}
+    plan = pair.target.rows_runner.rows_plan
+    assert plan.variant(2) == rows_kernel.VARIANTS[default] and plan.variant(3) == rows_kernel.VARIANTS[other]
+    calls = []
+    kernel = rows_kernel.linear
+    monkeypatch.setattr(rows_kernel, "linear",
+                        lambda x, w, b=None, isa=None: calls.append((x.shape[0], isa)) or kernel(x, w, b, isa))
+    cache = pair.target.new_cache()
+    pair.target.fill([1, 2, 3], cache)
+    pair.target.forward([4, 5, 6], cache)  # width 3: on the rows path
+    # a product of 3 rows runs `other`; one of fewer (the prefill's output layer reads its last row only) the default
+    assert {(3, rows_kernel.VARIANTS[other])} <= set(calls)
+    assert all(isa == rows_kernel.VARIANTS[other if rows >= 3 else default] for rows, isa in calls)
+    check_linear_path_curve(record, "header", "linear_paths.target")  # what the trace header holds passes
+    wrong = {**record, "rows_variants": {**record["rows_variants"], "3": default}}  # the slower one at 3
+    with pytest.raises(CheckError, match=r"rows_variants\.3.*fastest variant"):
+        check_linear_path_curve(wrong, "header", "linear_paths.target")
+    unknown = {**record, "rows_seconds": {"neon": record["rows_seconds"][default]}}
+    with pytest.raises(CheckError, match="rows_seconds"):
+        check_linear_path_curve(unknown, "header", "linear_paths.target")
+    # kept on disk; forcing one variant (SPECLAB_F32_ROWS_ISA) makes the stored curve another machine's choice
+    monkeypatch.setattr(linear_paths, "time_rows_variants", lambda *a: pytest.fail("measured again"))
+    assert settle(tiny_pair().target)["rows_variants"] == record["rows_variants"]
+    monkeypatch.setenv(rows_kernel.ISA_ENV, default)
+    monkeypatch.setattr(linear_paths, "time_rows_variants",
+                        lambda loaded, widths, repeats: {default: [[0.001] * repeats for _ in widths]})
+    forced = settle(tiny_pair().target)
+    assert set(forced["rows_variants"].values()) == {default} and list(forced["rows_seconds"]) == [default]
+
+
+def test_a_real_measurement_times_every_variant_of_the_rows_kernel_here(cache_dir, monkeypatch):
+    from engine.models import f32_rows_kernel as rows_kernel
+    from engine.trace.schema import ROWS
+
+    monkeypatch.delenv(rows_kernel.ISA_ENV, raising=False)
+    pair = tiny_pair()
+    if ROWS not in linear_paths.paths_for(pair.target)[0]:
+        pytest.skip("no C compiler: the rows path is absent here")
+    c = linear_paths.measure(pair.target, repeats=2)
+    assert list(c.rows_seconds) == rows_kernel.candidate_variants()
+    assert all(len(t) == len(c.widths) and min(t) > 0 for t in c.rows_seconds.values())
+    assert pair.target.rows_variants == {w: rows_kernel.VARIANTS[v] for w, v in c.rows_variants().items()}

@@ -47,8 +47,16 @@
 #ifndef PREFETCH_FLOATS
 #define PREFETCH_FLOATS 4096
 #endif
+/* Where the prefetched weights go is a variant the caller picks (PREFETCH_L2 below), measured per machine:
+   on a 2-core AMD EPYC (Zen 4) asking for L1 (prefetcht0) left 5 rows costing 1.3-1.4x one row, and asking
+   for L2 (prefetcht1) made 1 to 6 rows cost about the same (bench/rows_prefetch.py): a prefetch into L1 holds
+   one of the core's few L1 miss buffers until the line arrives, one into L2 does not. The L1 variant came
+   first and stays where it measures faster. */
+#define PREFETCH(addr, l2) ((l2) ? __builtin_prefetch((addr), 0, 2) : __builtin_prefetch((addr), 0, 3))
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+/* The `variant` argument: an ISA_* number, plus PREFETCH_L2 to prefetch the weights into L2 instead of L1. */
+enum { ISA_BITS = 3, PREFETCH_L2 = 4 };
 
 /* Columns of W per tile for a tile of `rows` rows of x. AVX2 has 16 ymm registers: at most 12
    accumulators. AVX-512 has 32 zmm registers: up to 24 accumulators (6 x 4), which saves loads of x
@@ -73,7 +81,9 @@ static inline float weight_at(const void *w, int bf16, int64_t i) {
     return bf16 ? bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
-static void tile_scalar(int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int bf16) {
+static void tile_scalar(int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int bf16,
+                        int l2) {
+    (void)l2;  /* no prefetching in plain C */
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
             float acc = 0.0f;
@@ -112,9 +122,10 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m256 load_tai
     return _mm256_maskload_ps((const float *)w + i, mask);
 }
 
-/* ROWS, COLS and bf16 are constants at each call site (always_inline), so acc stays in registers. */
+/* ROWS, COLS, bf16 and l2 are constants at each call site (always_inline), so acc stays in registers and
+   the prefetch is one instruction. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
-        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int bf16) {
+        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int bf16, int l2) {
     const int64_t elem = bf16 ? 2 : 4;  /* bytes per weight */
     __m256 acc[MAX_ROWS][4];
     UNROLL
@@ -128,7 +139,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
         for (int c = 0; c < cols; c++) {
             wv[c] = load8(w, bf16, c * K + k);  /* each weight read once */
             /* sweeps the tile's span PREFETCH_FLOATS weights ahead at the rate the tile reads it */
-            __builtin_prefetch((const char *)w + (PREFETCH_FLOATS + k * cols + 8 * c) * elem);
+            PREFETCH((const char *)w + (PREFETCH_FLOATS + k * cols + 8 * c) * elem, l2);
         }
         UNROLL
         for (int r = 0; r < rows; r++) {
@@ -159,7 +170,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
 /* ------------------------------------------------------------ AVX-512: 16 lanes */
 
 __attribute__((target("avx512f"), always_inline)) static inline void tile_avx512(
-        int rows, int cols, const float *x, int64_t K, const void *weights, float *y, int64_t N, int bf16) {
+        int rows, int cols, const float *x, int64_t K, const void *weights, float *y, int64_t N, int bf16, int l2) {
     (void)bf16;  /* float32 weights only: rows_linear sends bfloat16 ones to the AVX2 tiles */
     const float *w = (const float *)weights;
     __m512 acc[MAX_ROWS][4];
@@ -173,7 +184,7 @@ __attribute__((target("avx512f"), always_inline)) static inline void tile_avx512
         UNROLL
         for (int c = 0; c < cols; c++) {
             wv[c] = _mm512_loadu_ps(w + c * K + k);
-            __builtin_prefetch(w + PREFETCH_FLOATS + (k * cols + 16 * c));  /* as in the AVX2 tile */
+            PREFETCH(w + PREFETCH_FLOATS + (k * cols + 16 * c), l2);  /* as in the AVX2 tile */
         }
         UNROLL
         for (int r = 0; r < rows; r++) {
@@ -201,44 +212,53 @@ __attribute__((target("avx512f"), always_inline)) static inline void tile_avx512
 }
 
 /* One switch per ISA turns (rows, cols) into constants; cols is cols_for(rows) or fewer at N's end. */
-#define DISPATCH(TILE, BF16)                                                                                  \
+#define DISPATCH(TILE, BF16, L2)                                                                              \
     switch (rows * 8 + cols) {                                                                                \
-        case 1 * 8 + 4: TILE(1, 4, x, K, w, y, N, BF16); return;                                              \
-        case 1 * 8 + 2: TILE(1, 2, x, K, w, y, N, BF16); return;                                              \
-        case 2 * 8 + 4: TILE(2, 4, x, K, w, y, N, BF16); return;                                              \
-        case 2 * 8 + 2: TILE(2, 2, x, K, w, y, N, BF16); return;                                              \
-        case 3 * 8 + 2: TILE(3, 2, x, K, w, y, N, BF16); return;                                              \
-        case 4 * 8 + 2: TILE(4, 2, x, K, w, y, N, BF16); return;                                              \
-        case 5 * 8 + 2: TILE(5, 2, x, K, w, y, N, BF16); return;                                              \
-        case 6 * 8 + 2: TILE(6, 2, x, K, w, y, N, BF16); return;                                              \
-        case 3 * 8 + 4: TILE(3, 4, x, K, w, y, N, BF16); return;                                              \
-        case 4 * 8 + 4: TILE(4, 4, x, K, w, y, N, BF16); return;                                              \
-        case 5 * 8 + 4: TILE(5, 4, x, K, w, y, N, BF16); return;                                              \
-        case 6 * 8 + 4: TILE(6, 4, x, K, w, y, N, BF16); return;                                              \
-        case 7 * 8 + 2: TILE(7, 2, x, K, w, y, N, BF16); return;                                              \
-        case 8 * 8 + 2: TILE(8, 2, x, K, w, y, N, BF16); return;                                              \
-        case 1 * 8 + 1: TILE(1, 1, x, K, w, y, N, BF16); return;                                              \
-        case 2 * 8 + 1: TILE(2, 1, x, K, w, y, N, BF16); return;                                              \
-        case 3 * 8 + 1: TILE(3, 1, x, K, w, y, N, BF16); return;                                              \
-        case 4 * 8 + 1: TILE(4, 1, x, K, w, y, N, BF16); return;                                              \
-        case 5 * 8 + 1: TILE(5, 1, x, K, w, y, N, BF16); return;                                              \
-        case 6 * 8 + 1: TILE(6, 1, x, K, w, y, N, BF16); return;                                              \
-        case 7 * 8 + 1: TILE(7, 1, x, K, w, y, N, BF16); return;                                              \
-        case 8 * 8 + 1: TILE(8, 1, x, K, w, y, N, BF16); return;                                              \
-        default: tile_scalar(rows, cols, x, K, w, y, N, BF16); return;  /* no other shape */                  \
+        case 1 * 8 + 4: TILE(1, 4, x, K, w, y, N, BF16, L2); return;                                              \
+        case 1 * 8 + 2: TILE(1, 2, x, K, w, y, N, BF16, L2); return;                                              \
+        case 2 * 8 + 4: TILE(2, 4, x, K, w, y, N, BF16, L2); return;                                              \
+        case 2 * 8 + 2: TILE(2, 2, x, K, w, y, N, BF16, L2); return;                                              \
+        case 3 * 8 + 2: TILE(3, 2, x, K, w, y, N, BF16, L2); return;                                              \
+        case 4 * 8 + 2: TILE(4, 2, x, K, w, y, N, BF16, L2); return;                                              \
+        case 5 * 8 + 2: TILE(5, 2, x, K, w, y, N, BF16, L2); return;                                              \
+        case 6 * 8 + 2: TILE(6, 2, x, K, w, y, N, BF16, L2); return;                                              \
+        case 3 * 8 + 4: TILE(3, 4, x, K, w, y, N, BF16, L2); return;                                              \
+        case 4 * 8 + 4: TILE(4, 4, x, K, w, y, N, BF16, L2); return;                                              \
+        case 5 * 8 + 4: TILE(5, 4, x, K, w, y, N, BF16, L2); return;                                              \
+        case 6 * 8 + 4: TILE(6, 4, x, K, w, y, N, BF16, L2); return;                                              \
+        case 7 * 8 + 2: TILE(7, 2, x, K, w, y, N, BF16, L2); return;                                              \
+        case 8 * 8 + 2: TILE(8, 2, x, K, w, y, N, BF16, L2); return;                                              \
+        case 1 * 8 + 1: TILE(1, 1, x, K, w, y, N, BF16, L2); return;                                              \
+        case 2 * 8 + 1: TILE(2, 1, x, K, w, y, N, BF16, L2); return;                                              \
+        case 3 * 8 + 1: TILE(3, 1, x, K, w, y, N, BF16, L2); return;                                              \
+        case 4 * 8 + 1: TILE(4, 1, x, K, w, y, N, BF16, L2); return;                                              \
+        case 5 * 8 + 1: TILE(5, 1, x, K, w, y, N, BF16, L2); return;                                              \
+        case 6 * 8 + 1: TILE(6, 1, x, K, w, y, N, BF16, L2); return;                                              \
+        case 7 * 8 + 1: TILE(7, 1, x, K, w, y, N, BF16, L2); return;                                              \
+        case 8 * 8 + 1: TILE(8, 1, x, K, w, y, N, BF16, L2); return;                                              \
+        default: tile_scalar(rows, cols, x, K, w, y, N, BF16, L2); return;  /* no other shape */                  \
     }
 
 __attribute__((target("avx2,fma"))) static void tile_avx2_any(
-        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int bf16) {
-    if (bf16) {
-        DISPATCH(tile_avx2, 1)
+        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int bf16, int l2) {
+    if (bf16 && l2) {
+        DISPATCH(tile_avx2, 1, 1)
     }
-    DISPATCH(tile_avx2, 0)
+    if (bf16) {
+        DISPATCH(tile_avx2, 1, 0)
+    }
+    if (l2) {
+        DISPATCH(tile_avx2, 0, 1)
+    }
+    DISPATCH(tile_avx2, 0, 0)
 }
 
 __attribute__((target("avx512f"))) static void tile_avx512_any(
-        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N) {
-    DISPATCH(tile_avx512, 0)
+        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int l2) {
+    if (l2) {
+        DISPATCH(tile_avx512, 0, 1)
+    }
+    DISPATCH(tile_avx512, 0, 0)
 }
 #endif
 
@@ -252,19 +272,20 @@ int speclab_f32_rows_best_isa(void) {
     return ISA_SCALAR;
 }
 
-static void tile_any(int isa, int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N,
-                     int bf16) {
+static void tile_any(int isa, int l2, int rows, int cols, const float *x, int64_t K, const void *w, float *y,
+                     int64_t N, int bf16) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (isa == ISA_AVX512) { tile_avx512_any(rows, cols, x, K, w, y, N); return; }
-    if (isa == ISA_AVX2) { tile_avx2_any(rows, cols, x, K, w, y, N, bf16); return; }
+    if (isa == ISA_AVX512) { tile_avx512_any(rows, cols, x, K, w, y, N, l2); return; }
+    if (isa == ISA_AVX2) { tile_avx2_any(rows, cols, x, K, w, y, N, bf16, l2); return; }
 #endif
-    tile_scalar(rows, cols, x, K, w, y, N, bf16);
+    tile_scalar(rows, cols, x, K, w, y, N, bf16, l2);
 }
 
 /* y = x W^T (+ bias) with W float32 or (bf16) bfloat16. Threads split N into contiguous runs of whole
    tiles (schedule static): each output is computed by one thread. */
 static void rows_linear(const float *x, int64_t M, int64_t K, const void *w, int bf16, int64_t N,
-                        const float *bias, float *y, int threads, int isa) {
+                        const float *bias, float *y, int threads, int variant) {
+    int isa = variant & ISA_BITS, l2 = (variant & PREFETCH_L2) != 0;
     if (bf16 && isa == ISA_AVX512) isa = ISA_AVX2;  /* no AVX-512 bfloat16 tiles (see the top) */
     const int64_t elem = bf16 ? 2 : 4;  /* bytes per weight */
     int64_t step = 4;  /* columns per work item: a multiple of every cols_for() */
@@ -276,7 +297,7 @@ static void rows_linear(const float *x, int64_t M, int64_t K, const void *w, int
             for (int64_t n = item * step; n < n_end;) {
                 int cols = cols_for(isa, rows);
                 while (n + cols > n_end) cols /= 2;  /* 4 -> 2 -> 1 at N's end */
-                tile_any(isa, rows, cols, x + r * K, K, (const char *)w + n * K * elem, y + r * N + n, N, bf16);
+                tile_any(isa, l2, rows, cols, x + r * K, K, (const char *)w + n * K * elem, y + r * N + n, N, bf16);
                 n += cols;
             }
         }
@@ -287,15 +308,16 @@ static void rows_linear(const float *x, int64_t M, int64_t K, const void *w, int
 }
 
 /* y = x W^T (+ bias), x (M, K), W (N, K), y (M, N), all row-major float32; bias (N) or NULL.
-   `isa` must be one this CPU runs (speclab_f32_rows_best_isa() or below). */
+   `variant`'s ISA must be one this CPU runs (speclab_f32_rows_best_isa() or below), plus PREFETCH_L2 or not.
+   The ISA's lanes change the last bits of a result; the prefetch changes none. */
 void speclab_f32_rows_linear(const float *x, int64_t M, int64_t K, const float *w, int64_t N,
-                             const float *bias, float *y, int threads, int isa) {
-    rows_linear(x, M, K, w, 0, N, bias, y, threads, isa);
+                             const float *bias, float *y, int threads, int variant) {
+    rows_linear(x, M, K, w, 0, N, bias, y, threads, variant);
 }
 
 /* The same with W (N, K) in bfloat16 (raw 16-bit patterns); x, bias and y stay float32, so a bfloat16
    layer's activations are widened before and its outputs rounded after, by the caller. */
 void speclab_bf16_rows_linear(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
-                              const float *bias, float *y, int threads, int isa) {
-    rows_linear(x, M, K, w, 1, N, bias, y, threads, isa);
+                              const float *bias, float *y, int threads, int variant) {
+    rows_linear(x, M, K, w, 1, N, bias, y, threads, variant);
 }

@@ -18,8 +18,16 @@ torch's own bfloat16 products on a CPU without native bfloat16 (AVX2 only) were 
 
 Built once per machine by engine/models/kernel_build.py, without -march=native (the variants carry their
 own target attributes). Without a C compiler the path is absent (`unavailable()` says why); the other
-two paths still run. SPECLAB_F32_ROWS_ISA=avx2 (or scalar) forces a lower variant, for tests and
-benchmarks.
+two paths still run.
+
+Variants: an ISA (AVX-512, AVX2 or plain C) and where the weights are prefetched to (L1, or L2: the `-l2`
+names). Which is fastest depends on the CPU and the rows: on a 2-core AMD EPYC (Zen 4) the AVX2 tiles
+prefetching into L2 ran 1 to 6 rows in about the time of one, where the AVX-512 tiles prefetching into L1
+took 1.3-1.4x at 5 (bench/results/rows-prefetch-*.md); on an Intel Xeon with AMX the AVX-512 tiles were the
+faster. So engine/models/linear_paths.py times every variant this CPU runs on the model's own products and
+runs each width on the fastest (a twin's RowsPlan). Unmeasured, a product runs the widest ISA prefetching
+into L1, the kernel's first choice. SPECLAB_F32_ROWS_ISA=avx2 (or avx2-l2, scalar, ...) forces one variant,
+for tests and benchmarks.
 
 Under torch.compile the kernel is one opaque operator in the graph. Where a C++ compiler and torch's headers
 are at hand, that operator is f32_rows_op.cpp's `speclab_native::f32_rows_linear`, which the graph calls
@@ -29,6 +37,7 @@ give the same bits.
 """
 import ctypes
 import os
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,11 +47,16 @@ from torch import nn
 from engine.models.cpu_linear import twin_with
 from engine.models.gguf_kernel import SERIAL_BELOW
 from engine.models.kernel_build import KernelBuildError, build, load_torch_op
+from engine.trace.schema import ROWS_VARIANTS
 
 SOURCE = Path(__file__).with_name("f32_rows_kernel.c")
 OP_SOURCE = Path(__file__).with_name("f32_rows_op.cpp")
 FLAGS = ("-O3", "-fPIC", "-shared", "-Wall")  # no -march=native: the library dispatches at run time
 ISAS = {"scalar": 0, "avx2": 1, "avx512": 2}  # the C file's ISA_* numbers
+PREFETCH_L2 = 4  # the C file's flag: prefetch the weights into L2 instead of L1
+# every variant by name: an ISA prefetching into L1 (its plain name, the kernel's first form) or into L2
+VARIANTS = {**ISAS, "avx2-l2": ISAS["avx2"] | PREFETCH_L2, "avx512-l2": ISAS["avx512"] | PREFETCH_L2}
+assert tuple(VARIANTS) == ROWS_VARIANTS  # the names a trace header may record
 ISA_ENV = "SPECLAB_F32_ROWS_ISA"
 LINEAR_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
@@ -72,14 +86,31 @@ def best_isa() -> str:
 
 
 def isa_to_use(asked: str | None = None) -> int:
-    """The variant to run: `asked`, else SPECLAB_F32_ROWS_ISA, else the best; refused if the CPU lacks it."""
+    """The variant to run: `asked`, else SPECLAB_F32_ROWS_ISA, else the widest ISA prefetching into L1;
+    refused if the CPU lacks its ISA."""
     name = asked or os.environ.get(ISA_ENV) or best_isa()
-    if name not in ISAS:
+    if name not in VARIANTS:
         raise ValueError(f"unknown float32 rows variant {name!r} (from {ISA_ENV} or the caller); "
-                         f"choose one of {', '.join(ISAS)}")
-    if ISAS[name] > ISAS[best_isa()]:
+                         f"choose one of {', '.join(VARIANTS)}")
+    if VARIANTS[name] & ~PREFETCH_L2 > ISAS[best_isa()]:
         raise ValueError(f"this CPU cannot run the {name} variant of the float32 rows kernel (best: {best_isa()})")
-    return ISAS[name]
+    return VARIANTS[name]
+
+
+def variant_name(number: int) -> str:
+    return next(name for name, n in VARIANTS.items() if n == number)
+
+
+def candidate_variants(dtype: torch.dtype = torch.float32) -> list[str]:
+    """The variants worth timing on this CPU for weights of `dtype`, the unmeasured default first (so a tie
+    keeps it): only the one SPECLAB_F32_ROWS_ISA forces, where it is set. bfloat16 weights have no AVX-512
+    tiles (the kernel runs AVX2 for them), so AVX-512 names would time the same code twice."""
+    if os.environ.get(ISA_ENV):
+        return [variant_name(isa_to_use())]
+    best = ISAS[best_isa()]
+    isas = [n for n in (best, ISAS["avx2"]) if 0 < n <= best and not (dtype == torch.bfloat16 and n == ISAS["avx512"])]
+    names = [variant_name(n | prefetch) for n in dict.fromkeys(isas) for prefetch in (0, PREFETCH_L2)]
+    return names or ["scalar"]
 
 
 DTYPES = (torch.float32, torch.bfloat16)  # the weights the kernel reads
@@ -148,29 +179,45 @@ def native_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return x.new_empty(x.shape[0], weight.shape[0])  # (M, N) in x's dtype: what the operator returns
 
 
+@dataclass
+class RowsPlan:
+    """The kernel variant for a product of each number of rows, shared by all of a twin's layers so that
+    settling the machine's measurement (engine/models/linear_paths.py) reaches every one at once."""
+
+    default: int  # a variant number (VARIANTS)
+    by_rows: dict[int, int] = field(default_factory=dict)
+
+    def variant(self, rows: int) -> int:
+        return self.by_rows.get(rows, self.default)
+
+
 class RowsLinear(nn.Module):
     """`F.linear(x, weight, bias)` through the rows kernel, sharing the layer's weight and bias."""
 
-    def __init__(self, layer: nn.Linear, isa: int) -> None:
+    def __init__(self, layer: nn.Linear, plan: RowsPlan) -> None:
         super().__init__()
         self.in_features, self.out_features = layer.in_features, layer.out_features
         self.weight, self.bias = layer.weight, layer.bias  # shared with the model, never copied
-        self.isa = isa
+        self.plan = plan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or x.dtype != self.weight.dtype or x.dtype not in DTYPES:
             return nn.functional.linear(x, self.weight, self.bias)  # training or another dtype: as loaded
         flat = x.reshape(-1, self.in_features).contiguous()  # (M, K)
         weight, bias = self.weight.detach(), None if self.bias is None else self.bias.detach()
+        variant = self.plan.variant(flat.shape[0])  # a constant in a compiled graph: its rows are fixed
         if torch.compiler.is_compiling():
             native = NATIVE[0]  # set before compiling (prepare_compiled): no build while a graph is traced
-            y = (native if native is not None else compiled_linear)(flat, weight, bias, self.isa)
+            y = (native if native is not None else compiled_linear)(flat, weight, bias, variant)
         else:
-            y = linear(flat, weight, bias, self.isa)  # (M, N)
+            y = linear(flat, weight, bias, variant)  # (M, N)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
 def rows_twin(model: nn.Module, isa: str | None = None) -> nn.Module:
-    """A copy of `model`'s module tree sharing its parameters, every nn.Linear on the rows kernel."""
-    number = isa_to_use(isa)
-    return twin_with(model, lambda layer, output: RowsLinear(layer, number))
+    """A copy of `model`'s module tree sharing its parameters, every nn.Linear on the rows kernel; its
+    `rows_plan` names the variant per number of rows (`isa` or isa_to_use()'s for every one, until set)."""
+    plan = RowsPlan(isa_to_use(isa))
+    twin = twin_with(model, lambda layer, output: RowsLinear(layer, plan))
+    twin.rows_plan = plan
+    return twin

@@ -28,7 +28,9 @@ static at::Tensor f32_rows_linear(const at::Tensor &x, const at::Tensor &w, cons
                     w.dim() == 2 && x.size(1) == w.size(1) && x.is_contiguous() && w.is_contiguous() &&
                     x.device().is_cpu() && w.device().is_cpu(),
                 "the rows kernel takes contiguous CPU x (M, K) and weight (N, K) of one dtype, float32 or bfloat16");
-    TORCH_CHECK(isa >= 0 && isa <= 2, "isa is 0 (plain C), 1 (AVX2) or 2 (AVX-512), as f32_rows_kernel.py chose it");
+    TORCH_CHECK((isa & ~4) >= 0 && (isa & ~4) <= 2,
+                "isa is a variant: 0 (plain C), 1 (AVX2) or 2 (AVX-512), plus 4 to prefetch into L2, as "
+                "f32_rows_kernel.py chose it");
     const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
     const bool bf16 = dtype == at::kBFloat16;
     at::Tensor b32;

@@ -14,6 +14,10 @@ here takes float32 only); on a CPU without native bfloat16 products torch's bflo
 float32 at 2-6 rows, where the rows kernel reads half float32's bytes.
 So the engine times every path at every width from 1 to `WIDTHS` on the machine, once, and runs
 each width on the fastest: no width is slower than the model as loaded (up to timing noise).
+Before the rows path's forwards are timed, its kernel's variants (an ISA and where the weights are
+prefetched to: f32_rows_kernel.VARIANTS) are timed on the model's own products at every width, and each
+width runs the fastest: on a 2-core AMD EPYC (Zen 4) the AVX2 tiles prefetching into L2 were the fastest
+from 3 rows up, where the kernel's first choice, AVX-512 into L1, is the faster on an Intel Xeon with AMX.
 The timings are eager forwards. A compiled forward (--capture compile) runs the rows twin at the widths
 where it was chosen here (LoadedModel.compiled_module_for) and the module as loaded elsewhere, whose
 linear layers inductor packs itself.
@@ -52,7 +56,13 @@ REPEATS = 5
 # of ~25 ms and the paths' order at a width flipped from repeat to repeat.
 QUIET_SPREAD = 0.25
 CACHE_FORMAT = "speclab-linear-paths"
-CACHE_VERSION = 2  # 2: the rows path joined (version-1 curves timed two paths: measured again)
+CACHE_VERSION = 3  # 2: the rows path joined; 3: its kernel's variants are timed too (older curves: measured again)
+
+
+def fastest_variants(widths: list[int], rows_seconds: dict[str, list[float]]) -> dict[int, str]:
+    """The rows kernel's fastest variant at each width; a tie goes to the earlier timed (the default)."""
+    names = list(rows_seconds)
+    return {w: min(names, key=lambda v: (rows_seconds[v][i], names.index(v))) for i, w in enumerate(widths)} if names else {}
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,9 @@ class PathCurve:
     spread: float = 0.0  # the noisiest timing's middle half over its median (spread_of)
     load: float | None = None  # the machine's 1-minute load average when the measurement began
     absent: dict[str, str] = field(default_factory=dict)  # path -> why it was not timed here (no C compiler)
+    # the rows kernel's variants (f32_rows_kernel.VARIANTS names) -> median seconds of the model's products per
+    # width; empty where the rows path was not timed
+    rows_seconds: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def quiet(self) -> bool:
@@ -78,8 +91,12 @@ class PathCurve:
         return {w: min(self.seconds, key=lambda p: (self.seconds[p][i], PATHS.index(p)))
                 for i, w in enumerate(self.widths)}
 
+    def rows_variants(self) -> dict[int, str]:
+        return fastest_variants(self.widths, self.rows_seconds)
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "chosen": {str(w): p for w, p in self.chosen().items()}, "kept": self.quiet}
+        variants = {"rows_variants": {str(w): v for w, v in self.rows_variants().items()}} if self.rows_seconds else {}
+        return {**asdict(self), "chosen": {str(w): p for w, p in self.chosen().items()}, "kept": self.quiet, **variants}
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -150,15 +167,47 @@ def time_paths(loaded: LoadedModel, widths: list[int], repeats: int,
     return times
 
 
+def linear_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def time_rows_variants(loaded: LoadedModel, widths: list[int], repeats: int) -> dict[str, list[list[float]]]:
+    """Each rows-kernel variant's timings of all the model's linear products over each width, round-robin over
+    (variant, width) as time_paths. The products alone: the variant changes nothing else in a forward."""
+    layers = linear_layers(loaded.base)
+    gen = torch.Generator().manual_seed(0)
+    xs = {(w, k): torch.randn(w, k, generator=gen).to(loaded.dtype)  # (w, K) for each K the layers take
+          for w in widths for k in {layer.in_features for layer in layers}}
+    variants = f32_rows_kernel.candidate_variants(loaded.dtype)
+    times = {v: [[] for _ in widths] for v in variants}
+
+    def products(variant: int, width: int) -> None:
+        for layer in layers:
+            bias = None if layer.bias is None else layer.bias.detach()
+            f32_rows_kernel.linear(xs[(width, layer.in_features)], layer.weight.detach(), bias, variant)
+    with torch.no_grad():
+        for round_number in range(repeats + 1):  # round 0 warms up and is not kept
+            for v in variants:
+                for i, w in enumerate(widths):
+                    elapsed = timed(partial(products, f32_rows_kernel.VARIANTS[v], w), loaded.device)[1]
+                    if round_number:
+                        times[v][i].append(elapsed)
+    return times
+
+
 def measure(loaded: LoadedModel, repeats: int = REPEATS) -> PathCurve:
     widths = list(range(1, WIDTHS + 1))
     load = load_average()
     paths, absent = paths_for(loaded)
+    rows_times = time_rows_variants(loaded, widths, repeats) if ROWS in paths else {}
+    rows_seconds = {v: [statistics.median(t) for t in rows_times[v]] for v in rows_times}
+    # the rows path's forwards below run its fastest variant at each width
+    loaded.rows_variants = {w: f32_rows_kernel.VARIANTS[v] for w, v in fastest_variants(widths, rows_seconds).items()}
     times = time_paths(loaded, widths, repeats, paths)
     seconds = {p: [statistics.median(t) for t in times[p]] for p in times}
     spread = max(spread_of(t) for p in times for t in times[p])
     return PathCurve(machine_key(), model_fingerprint(loaded.base), widths, seconds,
-                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), round(spread, 4), load, absent)
+                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), round(spread, 4), load, absent, rows_seconds)
 
 
 # ---------------------------------------------------------------- the cache on disk
@@ -175,8 +224,9 @@ def entry_key(machine: dict, fingerprint: str) -> str:
     return json.dumps([machine, fingerprint], sort_keys=True)
 
 
-def curve_from_dict(d: object, paths: tuple[str, ...] = PATHS) -> PathCurve | None:
-    """A stored curve, or None when any part of it is not what measure() writes for `paths`."""
+def curve_from_dict(d: object, paths: tuple[str, ...] = PATHS, variants: list[str] | None = None) -> PathCurve | None:
+    """A stored curve, or None when any part of it is not what measure() writes for `paths` (and, where the rows
+    path was timed, for the kernel `variants` this machine runs now)."""
     try:
         widths = [int(w) for w in d["widths"]]
         if set(d["seconds"]) != set(paths):
@@ -187,8 +237,12 @@ def curve_from_dict(d: object, paths: tuple[str, ...] = PATHS) -> PathCurve | No
         spread = float(d.get("spread", 0.0))
         ok = ok and 0 <= spread <= QUIET_SPREAD  # a stored curve was quiet, or it is not trusted
         absent = {str(p): str(why) for p, why in dict(d.get("absent", {})).items()}
+        rows_seconds = {str(v): [float(x) for x in t] for v, t in dict(d.get("rows_seconds", {})).items()}
+        if ROWS in paths:  # timed the variants this machine runs now (SPECLAB_F32_ROWS_ISA may force one)
+            ok = ok and list(rows_seconds) == (variants or []) and all(
+                len(t) == len(widths) and all(0 < x < 60 for x in t) for t in rows_seconds.values())
         return PathCurve(dict(d["machine"]), str(d["model"]), widths, seconds, str(d["measured"]), spread,
-                         absent=absent) if ok else None
+                         absent=absent, rows_seconds=rows_seconds) if ok else None
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -197,7 +251,9 @@ def curve_for(loaded: LoadedModel) -> PathCurve:
     """This machine's curve for the model: from the disk cache, or measured now and stored."""
     key = entry_key(machine_key(), model_fingerprint(loaded.base))
     entries = CACHE.read()
-    curve = curve_from_dict(entries.get(key), paths_for(loaded)[0])
+    paths = paths_for(loaded)[0]
+    variants = f32_rows_kernel.candidate_variants(loaded.dtype) if ROWS in paths else None
+    curve = curve_from_dict(entries.get(key), paths, variants)
     if curve is None:
         curve = measure(loaded)
         if curve.quiet:
@@ -223,4 +279,5 @@ def settle(loaded: LoadedModel) -> dict | None:
         return None
     curve = curve_for(loaded)
     loaded.linear_paths = curve.chosen()
+    loaded.rows_variants = {w: f32_rows_kernel.VARIANTS[v] for w, v in curve.rows_variants().items()}
     return curve.to_dict()

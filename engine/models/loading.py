@@ -52,6 +52,9 @@ class LoadedModel:
     # width -> AS_LOADED, PACKED or ROWS (engine/trace/schema.py), as measured on this machine
     # (engine/models/linear_paths.py); a width it does not name (a prompt's prefill) runs packed, as before any measurement.
     linear_paths: dict[int, str] | None = None
+    # The rows kernel's variant per width (engine/models/f32_rows_kernel.py VARIANTS numbers), from the same
+    # measurement; a width it does not name runs the kernel's unmeasured default.
+    rows_variants: dict[int, int] | None = None
     gguf_file: Path | None = None  # the GGUF file the weights came from, if they did
     # WEIGHTS_FLOAT32 (the model as loaded), WEIGHTS_INT4 or WEIGHTS_INT4_A8 (engine/models/gguf_linear.py): set by use_weights()
     weights: str = WEIGHTS_FLOAT32
@@ -163,6 +166,7 @@ class LoadedModel:
         if self._rows_twin is None:
             from engine.models.f32_rows_kernel import rows_twin
             self._rows_twin = rows_twin(self.base)
+        self._rows_twin.rows_plan.by_rows = self.rows_variants or {}  # the measured variants, as settled now
         return self._rows_twin
 
     @property

@@ -75,6 +75,9 @@ class PathRow:
     packed_s: float | None  # None for a bfloat16 model: oneDNN's packing here takes float32 only
     runs: str  # the path chosen: the fastest one
     rows_s: float | None = None  # the rows kernel; None where the curve did not time it (older traces, no compiler)
+    # the rows kernel's fastest variant at this width (an ISA, prefetching into L1 or "-l2" L2); None where the
+    # curve did not time the variants (older traces, no compiler)
+    rows_variant: str | None = None
 
     @property
     def saving(self) -> float:
@@ -90,7 +93,8 @@ def path_rows(header: dict) -> list[PathRow]:
         for i, w in enumerate(curve["widths"]):
             seconds = curve["seconds"]
             rows.append(PathRow(model, w, seconds[AS_LOADED][i], seconds[PACKED][i] if PACKED in seconds else None,
-                                curve["chosen"][str(w)], seconds[ROWS][i] if ROWS in seconds else None))
+                                curve["chosen"][str(w)], seconds[ROWS][i] if ROWS in seconds else None,
+                                (curve.get("rows_variants") or {}).get(str(w))))
     return rows
 
 
@@ -117,11 +121,11 @@ def noisy_words(header: dict) -> str | None:
 def path_lines(header: dict) -> list[str]:
     rows = path_rows(header)
     lines = [f"LINEAR PATH PER WIDTH (measured on {machine_words(header)}; the fastest one runs)",
-             "  model   width  as loaded   packed      rows        runs"]
+             "  model   width  as loaded   packed      rows        rows variant  runs"]
     for r in rows:
         rows_ms, packed_ms = ("-" if t is None else f"{t * 1000:.3f} ms" for t in (r.rows_s, r.packed_s))
         lines.append(f"  {r.model:<6}  {r.width:>5}  {r.as_loaded_s * 1000:>7.3f} ms  {packed_ms:>10}  "
-                     f"{rows_ms:>10}  {r.runs}")
+                     f"{rows_ms:>10}  {r.rows_variant or '-':<12}  {r.runs}")
     noisy, absent = noisy_words(header), absent_words(header)
     return lines + ([f"  {noisy}"] if noisy else []) + ([f"  {absent}"] if absent else [])
 

@@ -332,7 +332,7 @@ def low_precision_copy(m: LoadedModel, dtype: torch.dtype = torch.bfloat16) -> L
     """A copy of a (small) model in half precision, where the rounding differences grow. The original's twins,
     own decoder and measured paths are not carried over: they hold or were measured on its float32 weights."""
     model = copy.deepcopy(m.model).to(dtype)
-    copied = replace(m, model=model, dtype=dtype, linear_paths=None, weights=WEIGHTS_FLOAT32, gguf_weights=None,
-                     _twin=None, _rows_twin=None, _own=None, _int4_twin=None, _own_int4=None, _bf16_rows=None)
+    copied = replace(m, model=model, dtype=dtype, linear_paths=None, rows_variants=None, weights=WEIGHTS_FLOAT32,
+                     gguf_weights=None, _twin=None, _rows_twin=None, _own=None, _int4_twin=None, _own_int4=None, _bf16_rows=None)
     copied.use_decoder(m.decoder_asked)
     return copied

@@ -38,6 +38,7 @@ from engine.trace.schema import (
     PROMPT_LOOKUP,
     REQUIRED_LINEAR_PATHS,
     ROWS,
+    ROWS_VARIANTS,
     SUFFIX,
     TARGET_WEIGHTS,
     VLLM_CONVENTION,
@@ -217,6 +218,7 @@ def check_linear_path_curve(curve, where: str, name: str) -> None:
         fastest = min(seconds, key=lambda p: (seconds[p][i], LINEAR_PATHS.index(p)))  # a tie: the earlier path
         if chosen[str(w)] != fastest:
             fail(where, f"{name}.chosen.{w}", f"must be the faster path at that width ({fastest})")
+    check_rows_variants(curve, widths, seconds, where, name)
     if "spread" in curve and not (is_num(curve["spread"]) and curve["spread"] >= 0):
         fail(where, f"{name}.spread", "must be a non-negative number")
     if "kept" in curve and not isinstance(curve["kept"], bool):
@@ -225,6 +227,26 @@ def check_linear_path_curve(curve, where: str, name: str) -> None:
     if not isinstance(machine, dict) or not all(isinstance(machine.get(k), str) and len(machine[k]) <= 200
                                                 for k in ("cpu", "torch")):
         fail(where, f"{name}.machine", "must name the CPU and the torch version")
+
+
+def check_rows_variants(curve: dict, widths: list, seconds: dict, where: str, name: str) -> None:
+    """The rows kernel's variants, where the curve timed them: a time per variant and width, and per width
+    the fastest one (a tie: the earlier timed), as engine/models/linear_paths.py chose it."""
+    timed, chosen = curve.get("rows_seconds"), curve.get("rows_variants")
+    if not timed and chosen is None:
+        return  # a curve from before the variants (no field), or without the rows path (none timed)
+    if (not isinstance(timed, dict) or not timed or ROWS not in seconds or not set(timed) <= set(ROWS_VARIANTS)
+            or not all(isinstance(v, list) and len(v) == len(widths) and all(is_num(t) and t > 0 for t in v)
+                       for v in timed.values())):
+        fail(where, f"{name}.rows_seconds", f"must give each timed variant of {', '.join(ROWS_VARIANTS)} a "
+             "positive time at every width, where the rows path was timed")
+    if not isinstance(chosen, dict) or sorted(chosen) != sorted(str(w) for w in widths):
+        fail(where, f"{name}.rows_variants", "must name one variant for every width")
+    names = list(timed)
+    for i, w in enumerate(widths):
+        fastest = min(names, key=lambda v: (timed[v][i], names.index(v)))
+        if chosen[str(w)] != fastest:
+            fail(where, f"{name}.rows_variants.{w}", f"must be the fastest variant at that width ({fastest})")
 
 
 def check_linear_paths(paths, where: str) -> None:

@@ -52,6 +52,8 @@ ROWS = "rows"  # engine/models/f32_rows_kernel.py's twin: the engine's C kernel,
 LINEAR_PATHS = (AS_LOADED, PACKED, ROWS)
 # every curve times these; ROWS only where its kernel compiled (and curves older than it lack it)
 REQUIRED_LINEAR_PATHS = (AS_LOADED, PACKED)
+# The rows kernel's variants (engine/models/f32_rows_kernel.py VARIANTS): an ISA, prefetching into L1 or ("-l2") L2
+ROWS_VARIANTS = ("scalar", "avx2", "avx512", "avx2-l2", "avx512-l2")
 # the fast path's forwards (header "fast_path"): eager, CUDA graphs, torch.compile
 CAPTURE_MODES = ("none", "graph", "compile")
 

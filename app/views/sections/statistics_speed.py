@@ -188,13 +188,16 @@ def paths_section(header: dict) -> None:
     st.markdown("##### Linear path per forward width")
     st.dataframe([{"model": r.model, "width": r.width, "as loaded (ms)": round(r.as_loaded_s * 1000, 3),
                    "packed oneDNN (ms)": None if r.packed_s is None else round(r.packed_s * 1000, 3),
-                   "rows kernel (ms)": None if r.rows_s is None else round(r.rows_s * 1000, 3), "runs": r.runs,
+                   "rows kernel (ms)": None if r.rows_s is None else round(r.rows_s * 1000, 3),
+                   "rows kernel variant": r.rows_variant, "runs": r.runs,
                    "faster than the slowest by": f"{r.saving:.0%}"} for r in rows],
                  hide_index=True, key="paths_table")
     st.caption(f"Measured once on {md(machine_words(header))}, then kept on disk for that machine. "
                "Each width runs on the fastest path (the rows kernel, the engine's own C code, where it was "
                "built), so a verify over K+1 positions is never slower than "
-               "the model as loaded; the calibration above timed the chosen paths.")
+               "the model as loaded; the calibration above timed the chosen paths. The rows kernel's variant "
+               "(its vector instructions, and whether it prefetches the weights into the L1 or the L2 cache) was "
+               "timed the same way, on the model's own products, and the fastest runs each width.")
     noisy = noisy_words(header)
     if noisy:
         st.warning(noisy, icon=":material/timer:")
