@@ -2,6 +2,7 @@
 
     python -m bench.compiled_widths --preset chat --threads 2
     python -m bench.compiled_widths --dtype bfloat16 --paths rows,as_loaded --widths 1,3,5
+    python -m bench.compiled_widths --rows-variants avx512,avx512-l2,avx2-l2 --widths 1,3,5   # the kernel's variants
 
 bench/step_limit.py times one width per run, minutes apart; on a shared 2-core VM (the AVX-512 EPYC) the same
 compiled step took 23 ms in one run and 29 ms in another, so a verify's cost in steps read off two runs says
@@ -23,6 +24,7 @@ from bench import common
 from bench.common import RESULTS, cpu_tag, machine_words, write_results
 from bench.step_limit import CONTEXT, filled_cache
 from engine.cycle.fast import FixedForward
+from engine.models.f32_rows_kernel import VARIANTS
 from engine.models.loading import LoadedModel
 from engine.models.machine import load_average
 from engine.run import load_preset
@@ -31,9 +33,14 @@ from engine.trace.schema import AS_LOADED, DECODER_OWN, ROWS
 WARM_UP = 3
 
 
-def build(target: LoadedModel, path: str, width: int) -> tuple:
-    """A compiled forward of `width` positions on `path`, its cache filled to CONTEXT; compiled by its first call."""
+def build(target: LoadedModel, path: str, width: int, variant: str | None = None) -> tuple:
+    """A compiled forward of `width` positions on `path`, its cache filled to CONTEXT; compiled by its first call.
+    On the rows path, `variant` names the kernel's variant (f32_rows_kernel.VARIANTS) the graph calls: each gets
+    a twin of its own, so a graph compiled earlier keeps its variant."""
     target.linear_paths = {width: path}  # LoadedModel.compiled_module_for: the rows twin where ROWS is chosen
+    if variant is not None:
+        target._rows_twin = None  # a new twin and plan for this graph
+        target.rows_variants = {width: VARIANTS[variant]}
     cache, ids = filled_cache(target)
     forward = FixedForward(target, cache, width, "compile")
     tokens = ids[:width]
@@ -57,11 +64,14 @@ def measure(args) -> dict:
     target = load_preset(args.preset, device="cpu", dtype_name=args.dtype).target
     target.use_decoder(args.decoder)
     widths = sorted({1, *(int(w) for w in args.widths.split(","))})
-    paths = args.paths.split(",")
+    variants = args.rows_variants.split(",") if args.rows_variants else [None]
+    # a way: (label, path, rows variant); the rows path once per variant asked for
+    ways = [(f"{path} {v}" if path == ROWS and v else path, path, v if path == ROWS else None)
+            for path in args.paths.split(",") for v in (variants if path == ROWS else [None])]
     forwards, first_calls = {}, {}
-    for path in paths:
+    for label, path, variant in ways:
         for width in widths:
-            *forwards[(path, width)], first_calls[f"{path}/{width}"] = build(target, path, width)
+            *forwards[(label, width)], first_calls[f"{label}/{width}"] = build(target, path, width, variant)
     target.linear_paths = None
     times = {key: [] for key in forwards}
     for _ in range(args.rounds):
@@ -101,6 +111,9 @@ def main() -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--decoder", default=DECODER_OWN)
     p.add_argument("--paths", default=ROWS, help=f"comma-separated of {AS_LOADED}, {ROWS}")
+    p.add_argument("--rows-variants", default="",
+                   help="comma-separated rows-kernel variants to compile the rows path with, each timed as a path of "
+                        f"its own (of {', '.join(VARIANTS)}; default: the kernel's unmeasured default)")
     p.add_argument("--widths", default="1,2,3,4,5,6")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--threads", type=int, default=2)

@@ -31,7 +31,7 @@ import torch
 from bench import common, speed
 from bench.fast_bench import measured_bandwidth_gbs, weight_bytes
 from bench.step_limit import time_dynamic
-from engine.models import f32_rows_kernel
+from engine.models import f32_rows_kernel, linear_paths
 from engine.models.machine import cpu_features, load_average
 from engine.run import load_preset
 from engine.trace.schema import AS_LOADED, DECODER_HF, DECODERS, PACKED, ROWS, WEIGHTS_FLOAT32, WEIGHTS_INT4
@@ -85,6 +85,8 @@ def forwards(kind: str, args) -> dict:
     target = pair.target
     step_bytes = target.gguf_weights.weight_bytes if weights == WEIGHTS_INT4 else weight_bytes(target.model)
     bandwidth = measured_bandwidth_gbs(torch.device("cpu"), False)
+    # the rows kernel's variant per width as the engine chooses it here (its measurement, kept per machine)
+    variants = (linear_paths.settle(target) or {}).get("rows_variants", {}) if weights == WEIGHTS_FLOAT32 else {}
     by_width = {}
     for width in WIDTHS:
         by_width[width] = {path: time_dynamic(target, path, width, args.repeats) for path in paths_for(target)}
@@ -92,6 +94,7 @@ def forwards(kind: str, args) -> dict:
     chosen = {w: min(paths, key=lambda p: paths[p]["median_s"]) for w, paths in by_width.items()}
     step_s = by_width[1][chosen[1]]["median_s"]
     return {"kind": kind, "decoder": target.decoder, "weight_bytes": step_bytes, "bandwidth_gbs": bandwidth,
+            "rows_variants": variants,
             "memory_limit_s": step_bytes / (bandwidth * 1e9), "by_width": by_width, "chosen": chosen,
             "verify_steps": {w: by_width[w][chosen[w]]["median_s"] / step_s for w in WIDTHS}}
 
@@ -151,6 +154,9 @@ def forwards_markdown(f: dict) -> list[str]:
     judged = f" (goal {GOAL_STEP:g}x: {'met' if step <= GOAL_STEP else 'not met'})" if f["kind"] == "float32" else ""
     lines += ["", f"Step: {step:.2f}x its memory limit{judged}. Verify of 2-5 positions: at most {worst:.2f} steps "
                   f"(goal {GOAL_VERIFY:g}: {'met' if worst <= GOAL_VERIFY else 'not met'}).", ""]
+    if f.get("rows_variants"):
+        chosen = ", ".join(f"{w}: {v}" for w, v in f["rows_variants"].items() if int(w) in f["by_width"])
+        lines += [f"The rows kernel's variant per width, as the engine measured and chose it here: {chosen}.", ""]
     return lines
 
 

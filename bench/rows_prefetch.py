@@ -99,9 +99,11 @@ def main(argv=None) -> None:
     columns = [(name, col) for name, col, _, _ in ways]
     lines = ["## The rows kernel's products for one chat step, per ISA, prefetch distance and cache level "
              "(bench/rows_prefetch.py)",
-             "", f"Machine: {machine_words(machine)}; {machine['date']}. The engine uses {f32_rows_kernel.best_isa()} "
-             "here.", f"Weights {weight_bytes / 1e6:.0f} MB, copy bandwidth {bandwidth:.1f} GB/s: memory limit "
-             f"{limit_ms:.1f} ms. Medians of {args.repeats} rounds (range in brackets), ms.", "",
+             "", f"Machine: {machine_words(machine)}; {machine['date']}. The kernel's unmeasured "
+             f"default here is {f32_rows_kernel.best_isa()} into L1; the engine times the variants per width "
+             "(engine/models/linear_paths.py).",
+             f"Weights {weight_bytes / 1e6:.0f} MB, copy bandwidth {bandwidth:.1f} GB/s: memory limit {limit_ms:.1f} ms. "
+             f"Medians of {args.repeats} rounds (range in brackets), ms.", "",
              "| rows | " + " | ".join(f"{name}, {col}" for name, col in columns) + " | best / limit |",
              "|---|" + "---|" * (len(columns) + 1)]
     for m in WIDTHS:

@@ -37,7 +37,7 @@ from bench import common
 from bench.fast_bench import measured_bandwidth_gbs, weight_bytes
 from engine.cycle.fast import FixedForward, new_fast_cache
 from engine.kv.ops import crop
-from engine.models import f32_rows_kernel
+from engine.models import f32_rows_kernel, linear_paths
 from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.machine import load_average
@@ -134,18 +134,20 @@ def measure(args) -> dict:
     # int4: the blocks a step reads (the float weights left are norms and the embedding rows looked up)
     step_bytes = target.gguf_weights.weight_bytes if target.weights in GGUF_WEIGHTS else weight_bytes(target.model)
     limit_s = step_bytes / (bandwidth * 1e9)
-    ways = {}
+    ways, rows_variants = {}, {}
     for decoder in (DECODER_HF, DECODER_OWN):
         target.use_decoder(decoder)
         if target.decoder != decoder:
             ways[decoder] = {"error": f"the own decoder does not apply: {target.decoder_fallback}"}
             continue
+        # the rows kernel's variant per width as the engine measures and chooses it here (kept per machine)
+        rows_variants[decoder] = (linear_paths.settle(target) or {}).get("rows_variants", {})
         ways |= {f"{decoder} {name}": w for name, w in decoder_ways(target, args).items()}
     return {"preset": args.preset, "machine": common.machine_info(args.threads, dtype=target.dtype),
             "repeats": args.repeats, "width": args.width, "dtype": str(target.dtype).removeprefix("torch."),
             "target_weights": target.weights, "weight_bytes": step_bytes, "bandwidth_gbs": bandwidth,
             "memory_limit_s": limit_s,
-            "ways": ways, "load_after": load_average(), "note": args.note}
+            "ways": ways, "rows_variants": rows_variants, "load_after": load_average(), "note": args.note}
 
 
 def markdown(r: dict) -> str:
@@ -167,6 +169,10 @@ def markdown(r: dict) -> str:
         first = f"{w['first_calls_s']:.1f}" if "first_calls_s" in w else "-"
         lines.append(f"| {name} | {w['median_s'] * 1000:.2f} ({w['low_s'] * 1000:.2f}-{w['high_s'] * 1000:.2f}) | "
                      f"{w['median_s'] / r['memory_limit_s']:.2f} | {first} |")
+    for decoder, variants in (r.get("rows_variants") or {}).items():
+        if variants.get(str(r["width"])):
+            lines += ["", f"The rows ways on the {decoder} decoder ran the kernel's {variants[str(r['width'])]} variant, "
+                      "as the engine measured and chose it for this width here."]
     return "\n".join(lines) + "\n"
 
 

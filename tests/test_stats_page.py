@@ -456,6 +456,9 @@ def test_the_cost_tab_shows_which_linear_path_ran_each_width(folder, monkeypatch
     assert list(table["packed oneDNN (ms)"]) == [round(r.packed_s * 1000, 3) for r in expected]
     assert [None if v != v else v for v in table["rows kernel (ms)"]] == \
            [None if r.rows_s is None else round(r.rows_s * 1000, 3) for r in expected]  # NaN: not timed
+    # the rows kernel's variant the measurement chose at each width, wherever the rows path was timed
+    assert all(r.rows_variant for r in expected if r.rows_s is not None)
+    assert [v if isinstance(v, str) else None for v in table["rows kernel variant"]] == [r.rows_variant for r in expected]
     assert any(md(machine_words(header)) in c.value for c in at.caption)
     assert "linear_paths" not in load_trace(folder / "traces" / "uncalibrated.jsonl").header
 

@@ -14,7 +14,8 @@ layers, and turning its logits into the distributions both models are tested wit
 - f32_rows_kernel.py (+ .c): a float32 C kernel reading each weight (float32, or bfloat16 widened as it is read)
   once for a verify's 1-8 rows: the rows path.
 - gguf_linear.py: the int4 target path, a twin whose linear layers run the file's blocks.
-- linear_paths.py: which linear path (as loaded, packed or rows) runs each width, measured per machine, cached on disk.
+- linear_paths.py: which linear path (as loaded, packed or rows), and which variant of the rows kernel, runs each
+  width, measured per machine, cached on disk.
 - machine.py: the CPU model, its vector features, threads and load, as measurements record them.
 - measure_cache.py: the on-disk file those per-machine measurements are kept in.
 - llama.py: the engine's own Llama-family decoder on a Hugging Face model's weights (--decoder own).

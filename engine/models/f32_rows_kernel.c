@@ -17,9 +17,11 @@
  * so ROWS x COLS accumulators plus the loaded vectors fit the register file (32 zmm, 16 ymm).
  *
  * Run-time dispatch: the library is built without -march=native; the AVX-512 and AVX2 tiles carry
- * their own target attributes and the caller picks one with speclab_f32_rows_best_isa()
- * (__builtin_cpu_supports), so a library built on one x86 CPU runs correctly on another, and a test
- * on an AVX-512 machine can run the AVX2 tiles too. Elsewhere plain C does the same work.
+ * their own target attributes and the caller picks one (speclab_f32_rows_best_isa() says the widest this
+ * CPU runs, by __builtin_cpu_supports), so a library built on one x86 CPU runs correctly on another, and a
+ * test on an AVX-512 machine can run the AVX2 tiles too. Elsewhere plain C does the same work. The caller
+ * also picks the cache level the weights are prefetched into (PREFETCH_L2): with the ISA, a variant that
+ * engine/models/linear_paths.py times per machine and width.
  *
  * Reproducibility: every output y[r, n] is one chain of multiply-adds over k in a fixed order
  * followed by a fixed lane reduction, computed by one thread, whatever M, the tile shape or the

@@ -205,7 +205,8 @@ def measure(loaded: LoadedModel, repeats: int = REPEATS) -> PathCurve:
     loaded.rows_variants = {w: f32_rows_kernel.VARIANTS[v] for w, v in fastest_variants(widths, rows_seconds).items()}
     times = time_paths(loaded, widths, repeats, paths)
     seconds = {p: [statistics.median(t) for t in times[p]] for p in times}
-    spread = max(spread_of(t) for p in times for t in times[p])
+    # the noisiest of every timing, the variants' too: a choice made on a busy machine is not kept
+    spread = max(spread_of(t) for timings in (*times.values(), *rows_times.values()) for t in timings)
     return PathCurve(machine_key(), model_fingerprint(loaded.base), widths, seconds,
                      time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), round(spread, 4), load, absent, rows_seconds)
 

@@ -166,7 +166,9 @@ class LoadedModel:
         if self._rows_twin is None:
             from engine.models.f32_rows_kernel import rows_twin
             self._rows_twin = rows_twin(self.base)
-        self._rows_twin.rows_plan.by_rows = self.rows_variants or {}  # the measured variants, as settled now
+        plan = self._rows_twin.rows_plan
+        if plan.by_rows != (self.rows_variants or {}):  # the measured variants, as settled now (a graph compiled
+            plan.by_rows = dict(self.rows_variants or {})  # on the twin guards on them: replaced only when changed
         return self._rows_twin
 
     @property
