@@ -23,11 +23,11 @@ two paths still run.
 Variants: an ISA (AVX-512, AVX2 or plain C) and where the weights are prefetched to (L1, or L2: the `-l2`
 names). Which is fastest depends on the CPU and the rows: on a 2-core AMD EPYC (Zen 4) the AVX2 tiles
 prefetching into L2 ran 1 to 6 rows in about the time of one, where the AVX-512 tiles prefetching into L1
-took 1.3-1.4x at 5 (bench/results/rows-prefetch-*.md); on an Intel Xeon with AMX the AVX-512 tiles were the
-faster. So engine/models/linear_paths.py times every variant this CPU runs on the model's own products and
-runs each width on the fastest (a twin's RowsPlan). Unmeasured, a product runs the widest ISA prefetching
-into L1, the kernel's first choice. SPECLAB_F32_ROWS_ISA=avx2 (or avx2-l2, scalar, ...) forces one variant,
-for tests and benchmarks.
+took 1.3-1.4x at 5 (bench/results/rows-prefetch-*.md); on an Intel Xeon with AMX the AVX-512 tiles into L1
+were the faster ISA (the L2 variants not yet measured there). So engine/models/linear_paths.py times every
+variant this CPU runs on the model's own products and runs each width on the fastest (a twin's RowsPlan).
+Unmeasured, a product runs the widest ISA prefetching into L1, the kernel's first choice.
+SPECLAB_F32_ROWS_ISA=avx2 (or avx2-l2, scalar, ...) forces one variant, for tests and benchmarks.
 
 Under torch.compile the kernel is one opaque operator in the graph. Where a C++ compiler and torch's headers
 are at hand, that operator is f32_rows_op.cpp's `speclab_native::f32_rows_linear`, which the graph calls

@@ -16,8 +16,9 @@ So the engine times every path at every width from 1 to `WIDTHS` on the machine,
 each width on the fastest: no width is slower than the model as loaded (up to timing noise).
 Before the rows path's forwards are timed, its kernel's variants (an ISA and where the weights are
 prefetched to: f32_rows_kernel.VARIANTS) are timed on the model's own products at every width, and each
-width runs the fastest: on a 2-core AMD EPYC (Zen 4) the AVX2 tiles prefetching into L2 were the fastest
-from 3 rows up, where the kernel's first choice, AVX-512 into L1, is the faster on an Intel Xeon with AMX.
+width runs the fastest: on a 2-core AMD EPYC (Zen 4) the AVX2 tiles prefetching into L2 were the fastest at
+most widths (5 rows cost about what 1 did), where on an Intel Xeon with AMX the AVX-512 tiles into L1, the
+kernel's first choice, had been the faster ISA (its L2 variants not yet measured there).
 The timings are eager forwards. A compiled forward (--capture compile) runs the rows twin at the widths
 where it was chosen here (LoadedModel.compiled_module_for) and the module as loaded elsewhere, whose
 linear layers inductor packs itself.
