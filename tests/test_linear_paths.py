@@ -140,6 +140,9 @@ def test_a_calibrated_trace_records_the_paths_and_a_wrong_choice_is_refused(cach
     assert "LINEAR PATH PER WIDTH" in printed
     [row] = [line for line in printed.splitlines() if line.split()[:2] == ["target", "2"]]
     assert row.split()[-1] == pair.target.linear_paths[2]
+    variants = header["linear_paths"]["target"].get("rows_variants")
+    if variants:  # the rows path was timed here (a C compiler): the row names its kernel's variant at width 2
+        assert row.split()[-2] == variants["2"]
     lines = path.read_text().splitlines()
     bad = json.loads(lines[0])
     cur = bad["linear_paths"]["target"]
