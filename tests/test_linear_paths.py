@@ -32,6 +32,22 @@ def test_each_width_runs_on_its_faster_path_and_a_tie_stays_as_loaded():
     assert c.chosen() == {1: PACKED, 2: AS_LOADED, 3: AS_LOADED}
 
 
+REAL_TIME_ROWS_VARIANTS = linear_paths.time_rows_variants
+
+
+@pytest.fixture(autouse=True)
+def steady_variants(monkeypatch):
+    """The rows kernel's variants timed without noise, the first (the default) fastest everywhere: the tests
+    that fake the paths' timings to know whether a curve is kept must not hang on real timings of a tiny
+    model's products, tens of microseconds that a busy machine spreads past QUIET_SPREAD."""
+    from engine.models import f32_rows_kernel
+
+    def fake(loaded, widths, repeats):
+        variants = f32_rows_kernel.candidate_variants(loaded.dtype)
+        return {v: [[0.001 if i == 0 else 0.002] * repeats for _ in widths] for i, v in enumerate(variants)}
+    monkeypatch.setattr(linear_paths, "time_rows_variants", fake)
+
+
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECLAB_LINEAR_PATHS", str(tmp_path / "linear-paths.json"))
@@ -233,6 +249,7 @@ def test_a_real_measurement_times_every_variant_of_the_rows_kernel_here(cache_di
     from engine.trace.schema import ROWS
 
     monkeypatch.delenv(rows_kernel.ISA_ENV, raising=False)
+    monkeypatch.setattr(linear_paths, "time_rows_variants", REAL_TIME_ROWS_VARIANTS)
     pair = tiny_pair()
     if ROWS not in linear_paths.paths_for(pair.target)[0]:
         pytest.skip("no C compiler: the rows path is absent here")
