@@ -66,6 +66,11 @@ def fastest_variants(widths: list[int], rows_seconds: dict[str, list[float]]) ->
     return {w: min(names, key=lambda v: (rows_seconds[v][i], names.index(v))) for i, w in enumerate(widths)} if names else {}
 
 
+def run_rows_variants(loaded: LoadedModel, chosen: dict[int, str]) -> None:
+    """`loaded`'s rows twin runs each width on the variant named for it (LoadedModel.rows_variants)."""
+    loaded.rows_variants = {w: f32_rows_kernel.VARIANTS[v] for w, v in chosen.items()}
+
+
 @dataclass(frozen=True)
 class PathCurve:
     """Median seconds of one forward per path and width, and the path chosen per width."""
@@ -203,7 +208,7 @@ def measure(loaded: LoadedModel, repeats: int = REPEATS) -> PathCurve:
     rows_times = time_rows_variants(loaded, widths, repeats) if ROWS in paths else {}
     rows_seconds = {v: [statistics.median(t) for t in rows_times[v]] for v in rows_times}
     # the rows path's forwards below run its fastest variant at each width
-    loaded.rows_variants = {w: f32_rows_kernel.VARIANTS[v] for w, v in fastest_variants(widths, rows_seconds).items()}
+    run_rows_variants(loaded, fastest_variants(widths, rows_seconds))
     times = time_paths(loaded, widths, repeats, paths)
     seconds = {p: [statistics.median(t) for t in times[p]] for p in times}
     # the noisiest of every timing, the variants' too: a choice made on a busy machine is not kept
@@ -281,5 +286,5 @@ def settle(loaded: LoadedModel) -> dict | None:
         return None
     curve = curve_for(loaded)
     loaded.linear_paths = curve.chosen()
-    loaded.rows_variants = {w: f32_rows_kernel.VARIANTS[v] for w, v in curve.rows_variants().items()}
+    run_rows_variants(loaded, curve.rows_variants())
     return curve.to_dict()
