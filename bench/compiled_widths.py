@@ -3,6 +3,7 @@
     python -m bench.compiled_widths --preset chat --threads 2
     python -m bench.compiled_widths --dtype bfloat16 --paths rows,as_loaded --widths 1,3,5
     python -m bench.compiled_widths --rows-variants avx512,avx512-l2,avx2-l2 --widths 1,3,5   # the kernel's variants
+    python -m bench.compiled_widths --target-weights int4-a8 --widths 1,3,5   # the GGUF blocks (paths do not apply)
 
 bench/step_limit.py times one width per run, minutes apart; on a shared 2-core VM (the AVX-512 EPYC) the same
 compiled step took 23 ms in one run and 29 ms in another, so a verify's cost in steps read off two runs says
@@ -28,7 +29,7 @@ from engine.models.f32_rows_kernel import VARIANTS
 from engine.models.loading import LoadedModel
 from engine.models.machine import load_average
 from engine.run import load_preset
-from engine.trace.schema import AS_LOADED, DECODER_OWN, ROWS
+from engine.trace.schema import AS_LOADED, DECODER_OWN, ROWS, TARGET_WEIGHTS, WEIGHTS_FLOAT32
 
 WARM_UP = 3
 
@@ -37,7 +38,8 @@ def build(target: LoadedModel, path: str, width: int, variant: str | None = None
     """A compiled forward of `width` positions on `path`, its cache filled to CONTEXT; compiled by its first call.
     On the rows path, `variant` names the kernel's variant (f32_rows_kernel.VARIANTS) the graph calls: each gets
     a twin of its own, so a graph compiled earlier keeps its variant."""
-    target.linear_paths = {width: path}  # LoadedModel.compiled_module_for: the rows twin where ROWS is chosen
+    # LoadedModel.compiled_module_for: the rows twin where ROWS is chosen; on the GGUF blocks the int4 module
+    target.linear_paths = {width: path or AS_LOADED}
     if variant is not None:
         target._rows_twin = None  # a new twin and plan for this graph
         target.rows_variants = {width: VARIANTS[variant]}
@@ -63,11 +65,14 @@ def measure(args) -> dict:
     torch.set_num_threads(args.threads)
     target = load_preset(args.preset, device="cpu", dtype_name=args.dtype).target
     target.use_decoder(args.decoder)
+    target.use_weights(args.target_weights)
     widths = sorted({1, *(int(w) for w in args.widths.split(","))})
     variants = args.rows_variants.split(",") if args.rows_variants else [None]
     # a way: (label, path, rows variant); the rows path once per variant asked for
     ways = [(f"{path} {v}" if path == ROWS and v else path, path, v if path == ROWS else None)
             for path in args.paths.split(",") for v in (variants if path == ROWS else [None])]
+    if args.target_weights != WEIGHTS_FLOAT32:
+        ways = [(args.target_weights, None, None)]  # one kernel: the linear paths are float32's choice
     forwards, first_calls = {}, {}
     for label, path, variant in ways:
         for width in widths:
@@ -84,7 +89,8 @@ def measure(args) -> dict:
         rows.append({"path": path, "width": width, "median_ms": statistics.median(ms), "q1_ms": ms[len(ms) // 4],
                      "q3_ms": ms[(3 * len(ms)) // 4], "steps": statistics.median(steps),
                      "steps_q1": sorted(steps)[len(steps) // 4], "steps_q3": sorted(steps)[(3 * len(steps)) // 4]})
-    return {"preset": args.preset, "dtype": args.dtype, "decoder": target.decoder, "rounds": args.rounds,
+    return {"preset": args.preset, "dtype": args.dtype, "target_weights": args.target_weights,
+            "decoder": target.decoder, "rounds": args.rounds,
             "machine": common.machine_info(args.threads, dtype=target.dtype), "load_after": load_average(),
             "first_calls_s": first_calls, "rows": rows, "note": args.note}
 
@@ -94,7 +100,8 @@ def markdown(r: dict) -> str:
              "(bench/compiled_widths.py)", "",
              f"Machine: {machine_words(r['machine'])}; {r['machine']['date']}. 1-minute load {r['load_after']} at the "
              f"end. {r['note']}".rstrip(), "",
-             f"{r['preset']} target, {r['dtype']}, {r['decoder']} decoder, `--fast --capture compile`'s forward over "
+             f"{r['preset']} target, {r['dtype']}, weights {r.get('target_weights', WEIGHTS_FLOAT32)}, "
+             f"{r['decoder']} decoder, `--fast --capture compile`'s forward over "
              f"{CONTEXT} cached positions. {r['rounds']} rounds, each calling every path and width once; medians "
              "(middle half in brackets). `steps`: the median over rounds of the forward's time over the same round's "
              "one-position forward on the same path.", "",
@@ -114,6 +121,8 @@ def main() -> None:
     p.add_argument("--rows-variants", default="",
                    help="comma-separated rows-kernel variants to compile the rows path with, each timed as a path of "
                         f"its own (of {', '.join(VARIANTS)}; default: the kernel's unmeasured default)")
+    p.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32,
+                   help="float32 (on --paths), or the GGUF blocks: int4, int4-a8")
     p.add_argument("--widths", default="1,2,3,4,5,6")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--threads", type=int, default=2)
@@ -122,6 +131,7 @@ def main() -> None:
     args = p.parse_args()
     result = measure(args)
     dtype = "" if args.dtype == "float32" else f"-{args.dtype}"
+    dtype += "" if args.target_weights == WEIGHTS_FLOAT32 else f"-{args.target_weights}"
     text = markdown(result)
     write_results(args.out, f"compiled-widths-{args.preset}{dtype}-{cpu_tag(result['machine'])}", result, text)
     print(text)

@@ -92,7 +92,7 @@ def all_layers(file, rows: int, repeats: int) -> dict:
         for m in matrices:
             m(inputs[m.in_features])
 
-    return {"rows": rows, "layers": len(matrices), "block_bytes": sum(m.blocks.numel() for m in matrices),
+    return {"rows": rows, "layers": len(matrices), "block_bytes": sum(m.weights.numel() for m in matrices),
             "ms": median_ms(one_pass, repeats)}
 
 

@@ -5,6 +5,8 @@ m = min; Q8_0: d = max |w| / 127), written with the gguf package's writer into a
 tiny llama model, with q and k rows interleaved per head as llama.cpp's converter stores them. The
 float model is given the decoded weights, as transformers gives a GGUF-loaded model.
 """
+import ctypes
+import platform
 import shutil
 
 import numpy as np
@@ -207,12 +209,21 @@ def i8_reference(x: torch.Tensor, tensor: BlockTensor) -> torch.Tensor:
 @needs_cc
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_8_bit_activations_compute_what_the_kernel_says_and_a_row_ignores_its_batch_and_threads(kind):
+    # 13 blocks a row: groups of 8, 4 and 2, a zero block added; 18 (the chat target's 576): 8, 8 and 2
+    for k in (416, 576):
+        tensor, _ = random_blocks(kind, 21, k, seed=k)
+        x = torch.randn(4, k, generator=torch.Generator().manual_seed(k))
+        y = gguf_kernel.linear(x, tensor.blocks, kind, 21, gguf_kernel.ACTIVATIONS_INT8)
+        # float32's rounding of the per-lane scale products and of the sums over up to 24 lanes: outputs are of
+        # size ~10 here, a few float32 ulps of which are ~1e-5
+        assert torch.allclose(y.double(), i8_reference(x, tensor), atol=1e-4, rtol=0)
     tensor, values = random_blocks(kind, 51, 96, seed=3)
     x = torch.randn(23, 96, generator=torch.Generator().manual_seed(4))
     x[3, :32] = 0  # an all-zero block: scale 0, no division by it
     y = gguf_kernel.linear(x, tensor.blocks, kind, 51, gguf_kernel.ACTIVATIONS_INT8)
-    # The integer sums are exact; what differs from float64 is float32's rounding of the per-block scale
-    # products and of the sum over 3 blocks: a few float32 ulps of outputs of size ~1.
+    # 3 blocks a row: a zero block added, the 4 in one group. The integer sums are exact; what differs from float64
+    # is float32's rounding of the per-lane scale products and of the sum over the lanes: a few float32 ulps of
+    # outputs of size ~1.
     assert torch.allclose(y.double(), i8_reference(x, tensor), atol=1e-5, rtol=0)
     # Rounding activations to 8 bits moves each product by at most half a step of its block's scale (max |x| / 254):
     # far more than float32's rounding, far less than the outputs themselves.
@@ -233,6 +244,36 @@ def test_8_bit_activations_compute_what_the_kernel_says_and_a_row_ignores_its_ba
     finally:
         torch.set_num_threads(before)
     assert torch.equal(out[0], out[1])
+
+
+@needs_cc
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the ISAs compared are x86's")
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_the_8_bit_kernel_gives_the_same_sums_in_each_isa_s_code(kind):
+    """The kernel is compiled for the machine's widest code: VNNI's byte products (AVX-512 CPUs with VNNI), AVX2's,
+    or plain C. Each is built here and run on the same packed matrix: the integer sums are exact in all three,
+    and the two vector codes run the same float32 operations (the same fused multiply-adds), so they agree bit for
+    bit; plain C may round its multiply-adds twice, so it agrees to float32's rounding."""
+    from engine.models.kernel_build import build
+
+    tensor, _ = random_blocks(kind, 40, 576, seed=11)
+    if kind == "Q8_0":
+        tensor.blocks.view(40, 18, 34)[:, ::5, 2::7] = 0x80  # -128: a value GGUF files may hold and our encoder does not
+    packed = gguf_kernel.pack_i8(tensor.blocks, kind, 40, 576)
+    x = torch.randn(6, 576, generator=torch.Generator().manual_seed(12))
+    function = gguf_kernel.FUNCTIONS[kind, gguf_kernel.ACTIVATIONS_INT8]
+
+    def run_on(flags: tuple[str, ...]) -> torch.Tensor:
+        lib = build(gguf_kernel.SOURCE, flags, {function: (gguf_kernel.ARGTYPES, ctypes.c_int)}, "the test", "")
+        y = torch.empty(6, 40)
+        assert getattr(lib, function)(x.data_ptr(), 6, 576, packed.data_ptr(), 40, y.data_ptr(), 1) == 0
+        return y
+
+    native = gguf_kernel.linear(x, tensor.blocks, kind, 40, gguf_kernel.ACTIVATIONS_INT8)
+    plain = ("-O3", "-fPIC", "-shared", "-Wall")
+    assert torch.equal(run_on((*plain, "-march=x86-64-v3")), native)  # AVX2, FMA and F16C: every CPU this project met
+    assert torch.allclose(run_on((*plain, "-march=x86-64")), native, atol=1e-4, rtol=0)
+    assert torch.allclose(native.double(), i8_reference(x, tensor), atol=1e-4, rtol=0)
 
 
 @needs_cc
@@ -322,8 +363,12 @@ def test_the_native_operator_gives_the_kernel_s_bits_and_refuses_what_the_kernel
         for rows, n, k in ((1, 51, 96), (5, 640, 576), (9, 7, 32)):  # tiles, tails, threaded above SERIAL_BELOW
             tensor, _ = random_blocks(kind, n, k, seed=rows)
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(n))
-            assert torch.equal(op(x, tensor.blocks, gguf_kernel.KINDS[kind, activations], n),
+            weights = gguf_kernel.BlockMatrix(tensor.blocks, kind, n, k, activations).weights  # packed for int8
+            assert torch.equal(op(x, weights, gguf_kernel.KINDS[kind, activations], n),
                                gguf_kernel.linear(x, tensor.blocks, kind, n, activations))
+    tensor, _ = random_blocks("Q4_1", 4, 96, seed=5)
+    with pytest.raises(RuntimeError, match="do not make"):  # the GGUF order where the packed one is read
+        op(torch.ones(2, 96), tensor.blocks, gguf_kernel.KINDS["Q4_1", gguf_kernel.ACTIVATIONS_INT8], 4)
     tensor, _ = random_blocks("Q4_1", 4, 64, seed=5)
     with pytest.raises(RuntimeError, match="float32 rows of whole"):
         op(torch.ones(64, 2).T, tensor.blocks, 0, 4)  # a transposed view

@@ -10,7 +10,10 @@ float32 everywhere else.
 
 Its second arithmetic, asked for by name (ACTIVATIONS_INT8, the int4-a8 weights path), rounds each block of 32
 activations to 8 bits first, as llama.cpp does, so that the products run in integer instructions: faster, and
-no longer the float32 model's numbers (the C file says exactly what it computes).
+no longer the float32 model's numbers (the C file says exactly what it computes). It reads the blocks repacked
+once (`pack_i8`), 4 bytes of 8 blocks side by side, so that a row of x scales 8 blocks' sums at once: a verify's
+extra rows then cost little beside the weights' stream. VNNI's one-instruction byte products where the CPU has
+them (AVX512-VNNI, as on the AVX-512 EPYC and the Xeon with AMX), AVX2's two-step ones elsewhere.
 
 It is compiled once per machine with `-O3 -march=native` and OpenMP by engine/models/kernel_build.py
 (the C compiler on the PATH, the engine's cache folder, a name per source, flags and CPU); its
@@ -50,12 +53,42 @@ ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ct
             ctypes.c_int]
 
 
+PACKING = {"speclab_i8_row_bytes": ([ctypes.c_int, ctypes.c_int64], ctypes.c_int64),
+           "speclab_i8_pack": ([ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p], None)}
+
+
 @lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
     """The compiled kernel, built on first use (engine/models/kernel_build.py)."""
     # the int8 functions return -1 where their scratch memory could not be had
-    return build(SOURCE, FLAGS, {fn: (ARGTYPES, ctypes.c_int if "_i8_" in fn else None) for fn in FUNCTIONS.values()},
-                 "the int4 target path", "use --target-weights float32")
+    functions = {fn: (ARGTYPES, ctypes.c_int if "_i8_" in fn else None) for fn in FUNCTIONS.values()}
+    return build(SOURCE, FLAGS, functions | PACKING, "the int4 target path", "use --target-weights float32")
+
+
+def kernel_row_bytes(kind: str, in_features: int, activations: str) -> int:
+    """Bytes of one row of W as the kernel reads it: the GGUF blocks for float32 activations, the packed
+    layout for int8 ones (a little more where K / 32 is not a multiple of 8: each lane keeps its scales)."""
+    if activations == ACTIVATIONS_FLOAT32:
+        return in_features // 32 * BLOCK_BYTES[kind]
+    return library().speclab_i8_row_bytes(BLOCK_TYPES.index(kind), in_features)
+
+
+def pack_i8(blocks: torch.Tensor, kind: str, out_features: int, in_features: int) -> torch.Tensor:
+    """A matrix's GGUF blocks (N, K/32 * block bytes) in the layout the 8-bit-activation functions read
+    (gguf_kernel.c speclab_i8_pack): (N, kernel_row_bytes) uint8, the same integers and scales moved."""
+    check_blocks(blocks, kind, out_features, in_features)
+    packed = torch.empty(out_features, kernel_row_bytes(kind, in_features, ACTIVATIONS_INT8), dtype=torch.uint8)
+    library().speclab_i8_pack(BLOCK_TYPES.index(kind), blocks.data_ptr(), out_features, in_features, packed.data_ptr())
+    return packed
+
+
+def check_blocks(blocks: torch.Tensor, kind: str, out_features: int, in_features: int) -> None:
+    if kind not in BLOCK_TYPES:
+        raise ValueError(f"no kernel for {kind} blocks (the kernel runs {', '.join(BLOCK_TYPES)})")
+    if in_features % 32 or blocks.dtype != torch.uint8 or not blocks.is_contiguous() \
+            or tuple(blocks.shape) != (out_features, in_features // 32 * BLOCK_BYTES[kind]):
+        raise ValueError(f"{kind} blocks of shape {tuple(blocks.shape)} ({blocks.dtype}) do not make a "
+                         f"({out_features}, {in_features}) matrix")
 
 
 class BlockMatrix:
@@ -67,32 +100,37 @@ class BlockMatrix:
     output tensor and the ctypes call itself."""
 
     def __init__(self, blocks: torch.Tensor, kind: str, out_features: int, in_features: int,
-                 activations: str = ACTIVATIONS_FLOAT32) -> None:
-        if kind not in BLOCK_TYPES:
-            raise ValueError(f"no kernel for {kind} blocks (the kernel runs {', '.join(BLOCK_TYPES)})")
+                 activations: str = ACTIVATIONS_FLOAT32, packed: torch.Tensor | None = None) -> None:
+        check_blocks(blocks, kind, out_features, in_features)
         if (kind, activations) not in FUNCTIONS:
             raise ValueError(f"no kernel for {activations} activations (float32 or int8)")
-        if in_features % 32 or blocks.dtype != torch.uint8 or not blocks.is_contiguous() \
-                or tuple(blocks.shape) != (out_features, in_features // 32 * BLOCK_BYTES[kind]):
-            raise ValueError(f"{kind} blocks of shape {tuple(blocks.shape)} ({blocks.dtype}) do not make a "
-                             f"({out_features}, {in_features}) matrix")
-        self.blocks, self.kind, self.activations = blocks, kind, activations  # held: the memory outlives every call
+        if activations == ACTIVATIONS_INT8:
+            packed = pack_i8(blocks, kind, out_features, in_features) if packed is None else packed
+            if packed.dtype != torch.uint8 or not packed.is_contiguous() or tuple(packed.shape) != (
+                    out_features, kernel_row_bytes(kind, in_features, activations)):
+                raise ValueError(f"packed {kind} rows of shape {tuple(packed.shape)} are not this matrix's")
+        # what the kernel reads, held: the memory outlives every call
+        self.weights = blocks if activations == ACTIVATIONS_FLOAT32 else packed
+        self.kind, self.activations = kind, activations
         self.out_features, self.in_features = out_features, in_features
         self.function = getattr(library(), FUNCTIONS[kind, activations])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (M, K) float32 times the blocks' (N, K) matrix transposed: (M, N) float32."""
-        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.in_features or not x.is_contiguous():
-            raise ValueError(f"the GGUF kernel takes contiguous float32 rows of {self.in_features} features, "
-                             f"got {x.dtype} {tuple(x.shape)}")
-        rows = x.shape[0]
-        y = torch.empty(rows, self.out_features, dtype=torch.float32)
-        threads = 1 if rows * self.out_features * self.in_features < SERIAL_BELOW else torch.get_num_threads()
-        failed = self.function(x.data_ptr(), rows, self.in_features, self.blocks.data_ptr(), self.out_features,
-                               y.data_ptr(), threads)
-        if failed:
-            raise MemoryError(f"the GGUF kernel could not get {rows * self.in_features} bytes for the 8-bit activations")
-        return y
+        return run(self.function, x, self.weights, self.out_features, self.in_features)
+
+
+def run(function, x: torch.Tensor, weights: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """One kernel call on weights already checked; the activations are checked here, on every call."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != in_features or not x.is_contiguous():
+        raise ValueError(f"the GGUF kernel takes contiguous float32 rows of {in_features} features, "
+                         f"got {x.dtype} {tuple(x.shape)}")
+    rows = x.shape[0]
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    threads = 1 if rows * out_features * in_features < SERIAL_BELOW else torch.get_num_threads()
+    if function(x.data_ptr(), rows, in_features, weights.data_ptr(), out_features, y.data_ptr(), threads):
+        raise MemoryError(f"the GGUF kernel could not get {rows * in_features} bytes for the 8-bit activations")
+    return y
 
 
 def linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int,
@@ -106,17 +144,23 @@ def linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int,
 # ---------------------------------------------------------------- under torch.compile
 
 @torch.library.custom_op("speclab::gguf_linear", mutates_args=())
-def compiled_linear(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int,
+def compiled_linear(x: torch.Tensor, weights: torch.Tensor, kind: str, out_features: int,
                     activations: str) -> torch.Tensor:
-    """`linear` as an operator torch.compile can hold in a graph: dynamo cannot trace into a ctypes call,
-    so a compiled forward (engine/cycle/fast_forward.py) calls the kernel through this operator, which
-    inductor leaves as one opaque call. Eager forwards keep calling BlockMatrix directly: the operator's
-    dispatch would cost more than the kernel does on the small layers."""
-    return linear(x, blocks, kind, out_features, activations)
+    """x times a matrix held as the kernel reads it (the blocks, or for int8 activations their packed
+    copy), as an operator torch.compile can hold in a graph: dynamo cannot trace into a ctypes call, so a
+    compiled forward (engine/cycle/fast_forward.py) calls the kernel through this operator, which inductor
+    leaves as one opaque call. Eager forwards keep calling BlockMatrix directly: the operator's dispatch
+    would cost more than the kernel does on the small layers."""
+    if (kind, activations) not in FUNCTIONS or x.dim() != 2 or weights.dtype != torch.uint8 \
+            or not weights.is_contiguous() \
+            or tuple(weights.shape) != (out_features, kernel_row_bytes(kind, x.shape[1], activations)):
+        raise ValueError(f"{kind} weights of shape {tuple(weights.shape)} are not an ({out_features}, "
+                         f"{x.shape[-1]}) matrix as the kernel reads it for {activations} activations")
+    return run(getattr(library(), FUNCTIONS[kind, activations]), x, weights, out_features, x.shape[1])
 
 
 @compiled_linear.register_fake
-def _(x: torch.Tensor, blocks: torch.Tensor, kind: str, out_features: int, activations: str) -> torch.Tensor:
+def _(x: torch.Tensor, weights: torch.Tensor, kind: str, out_features: int, activations: str) -> torch.Tensor:
     return x.new_empty(x.shape[0], out_features)  # (M, N) float32: what the kernel writes
 
 
@@ -141,5 +185,5 @@ def prepare_compiled() -> bool:
     return NATIVE[0] is not None
 
 
-def native_fake(x: torch.Tensor, blocks: torch.Tensor, kind: int, out_features: int) -> torch.Tensor:
+def native_fake(x: torch.Tensor, weights: torch.Tensor, kind: int, out_features: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], out_features)  # (M, N) float32: what the kernel writes

@@ -53,13 +53,19 @@ class GGUFLinear(nn.Module):
         self.in_features, self.out_features = tensor.in_features, tensor.out_features
         self.kind, self.gguf_name = tensor.kind, tensor.name
         self.register_buffer("blocks", tensor.blocks, persistent=False)  # (N, K/32 * block bytes) uint8
+        # the blocks repacked for the 8-bit activations, made on first use and kept: a graph compiled for
+        # int4-a8 holds this tensor, so a switch to float32 and back must find the same one
+        self.register_buffer("packed", None, persistent=False)
         self.bias = bias
         self.use_activations(activations)
 
     def use_activations(self, activations: str) -> None:
         """float32, or int8: each block of 32 activations rounded to 8 bits first (gguf_kernel.c)."""
+        if activations == gguf_kernel.ACTIVATIONS_INT8 and self.packed is None:
+            self.packed = gguf_kernel.pack_i8(self.blocks, self.kind, self.out_features, self.in_features)
         self.activations = activations
-        self.matrix = gguf_kernel.BlockMatrix(self.blocks, self.kind, self.out_features, self.in_features, activations)
+        self.matrix = gguf_kernel.BlockMatrix(self.blocks, self.kind, self.out_features, self.in_features, activations,
+                                              self.packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # (M, K)
@@ -67,10 +73,11 @@ class GGUFLinear(nn.Module):
             flat = flat.float().contiguous()
         if torch.compiler.is_compiling():  # the kernel as an operator a compiled graph can hold
             native = gguf_kernel.NATIVE[0]  # set before compiling (prepare_compiled): no build while a graph is traced
+            weights = self.blocks if self.activations == gguf_kernel.ACTIVATIONS_FLOAT32 else self.packed
             if native is not None:
-                y = native(flat, self.blocks, gguf_kernel.KINDS[self.kind, self.activations], self.out_features)
+                y = native(flat, weights, gguf_kernel.KINDS[self.kind, self.activations], self.out_features)
             else:
-                y = gguf_kernel.compiled_linear(flat, self.blocks, self.kind, self.out_features, self.activations)
+                y = gguf_kernel.compiled_linear(flat, weights, self.kind, self.out_features, self.activations)
         else:
             y = self.matrix(flat)  # (M, N)
         if self.bias is not None:

@@ -17,11 +17,15 @@ extern "C" int speclab_q4_1_i8_linear(const float *x, int64_t M, int64_t K, cons
                                       int threads);
 extern "C" int speclab_q8_0_i8_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
                                       int threads);
+extern "C" int64_t speclab_i8_row_bytes(int kind, int64_t K);
 
 // Mirror of engine/models/gguf_kernel.py SERIAL_BELOW: only the speed depends on it.
 static const int64_t SERIAL_BELOW = SPECLAB_SERIAL_BELOW;
-// gguf_kernel.py KINDS: 0 Q4_1 and 1 Q8_0 with float32 activations, 2 Q4_1 and 3 Q8_0 with 8-bit activations
-static const int64_t BLOCK_BYTES[4] = {20, 34, 20, 34};
+// gguf_kernel.py KINDS: 0 Q4_1 and 1 Q8_0 with float32 activations on the GGUF blocks, 2 Q4_1 and 3 Q8_0 with
+// 8-bit activations on the blocks packed by speclab_i8_pack
+static int64_t row_bytes(int64_t kind, int64_t K) {
+    return kind < 2 ? K / 32 * (kind == 0 ? 20 : 34) : speclab_i8_row_bytes((int)(kind - 2), K);
+}
 
 static at::Tensor gguf_linear(const at::Tensor &x, const at::Tensor &blocks, int64_t kind, int64_t out_features) {
     TORCH_CHECK(kind >= 0 && kind <= 3, "kind is 0-3 (Q4_1 or Q8_0, float32 or int8 activations), as gguf_kernel.py KINDS numbers them");
@@ -30,8 +34,8 @@ static at::Tensor gguf_linear(const at::Tensor &x, const at::Tensor &blocks, int
                 "the GGUF kernel takes contiguous CPU float32 rows of whole 32-feature blocks");
     const int64_t M = x.size(0), K = x.size(1), N = out_features;
     TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous() &&
-                    blocks.device().is_cpu() && blocks.size(0) == N && blocks.size(1) == K / 32 * BLOCK_BYTES[kind],
-                "the blocks do not make an (out_features, in_features) matrix of this kind");
+                    blocks.device().is_cpu() && blocks.size(0) == N && blocks.size(1) == row_bytes(kind, K),
+                "the blocks do not make an (out_features, in_features) matrix of this kind as the kernel reads it");
     at::Tensor y = at::empty({M, N}, x.options());
     const int threads = M * N * K < SERIAL_BELOW ? 1 : at::get_num_threads();
     const uint8_t *w = blocks.data_ptr<uint8_t>();
