@@ -67,7 +67,8 @@ def library() -> ctypes.CDLL:
 
 def kernel_row_bytes(kind: str, in_features: int, activations: str) -> int:
     """Bytes of one row of W as the kernel reads it: the GGUF blocks for float32 activations, the packed
-    layout for int8 ones (a little more where K / 32 is not a multiple of 8: each lane keeps its scales)."""
+    layout for int8 ones (a little more: Q8_0's scales widened to float32, and where K / 32 is not a multiple of 8,
+    a scale for each lane)."""
     if activations == ACTIVATIONS_FLOAT32:
         return in_features // 32 * BLOCK_BYTES[kind]
     return library().speclab_i8_row_bytes(BLOCK_TYPES.index(kind), in_features)
