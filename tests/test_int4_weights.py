@@ -383,6 +383,20 @@ def test_the_native_operator_gives_the_kernel_s_bits_and_refuses_what_the_kernel
 
 
 @needs_cc
+def test_the_python_operator_takes_the_kernel_s_layout_and_refuses_another():
+    tensor, _ = random_blocks("Q8_0", 6, 96, seed=13)
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(14))
+    for activations in (gguf_kernel.ACTIVATIONS_FLOAT32, gguf_kernel.ACTIVATIONS_INT8):
+        weights = gguf_kernel.BlockMatrix(tensor.blocks, "Q8_0", 6, 96, activations).weights
+        assert torch.equal(gguf_kernel.compiled_linear(x, weights, "Q8_0", 6, activations),
+                           gguf_kernel.linear(x, tensor.blocks, "Q8_0", 6, activations))
+    with pytest.raises(ValueError, match="as the kernel reads it"):  # the GGUF order where the packed one is read
+        gguf_kernel.compiled_linear(x, tensor.blocks, "Q8_0", 6, gguf_kernel.ACTIVATIONS_INT8)
+    with pytest.raises(ValueError, match="as the kernel reads it"):  # 3.5 blocks: the packed size of 4, not whole blocks
+        gguf_kernel.compiled_linear(torch.randn(3, 112), weights, "Q8_0", 6, gguf_kernel.ACTIVATIONS_INT8)
+
+
+@needs_cc
 @pytest.mark.parametrize("which", [pytest.param("native", marks=needs_cxx), "python"])
 def test_a_compiled_graph_holds_the_int4_kernel_as_one_node_with_the_eager_result(monkeypatch, which):
     if which == "native":

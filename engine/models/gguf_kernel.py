@@ -152,7 +152,7 @@ def compiled_linear(x: torch.Tensor, weights: torch.Tensor, kind: str, out_featu
     compiled forward (engine/cycle/fast_forward.py) calls the kernel through this operator, which inductor
     leaves as one opaque call. Eager forwards keep calling BlockMatrix directly: the operator's dispatch
     would cost more than the kernel does on the small layers."""
-    if (kind, activations) not in FUNCTIONS or x.dim() != 2 or weights.dtype != torch.uint8 \
+    if (kind, activations) not in FUNCTIONS or x.dim() != 2 or x.shape[1] % 32 or weights.dtype != torch.uint8 \
             or not weights.is_contiguous() \
             or tuple(weights.shape) != (out_features, kernel_row_bytes(kind, x.shape[1], activations)):
         raise ValueError(f"{kind} weights of shape {tuple(weights.shape)} are not an ({out_features}, "
