@@ -7,9 +7,10 @@
 Parts (`--parts`, default all):
   forwards  one target forward over 1..6 positions against the memory limit (weight bytes / measured copy
             bandwidth), for float32, bfloat16 (where the CPU computes in it or the rows kernel builds) and the
-            int4 GGUF blocks: every linear path at every width (bench/step_limit.py's timing, eager, --decoder),
-            and the per-width choice the engine would make (the fastest path at that width). A verify of w
-            positions is then that forward's time over the 1-position one, in steps.
+            int4 GGUF blocks, with float32 activations (int4) and 8-bit ones (int4-a8): every linear path at
+            every width (bench/step_limit.py's timing, eager, --decoder), and the per-width choice the engine
+            would make (the fastest path at that width). A verify of w positions is then that forward's time over
+            the 1-position one, in steps.
   int4      bench.speed on the int4 blocks, greedy: the engine's plain decoding (e) against llama.cpp's of the
             same file (f, with --llama-python), and speculation at the advisor's K (a/e).
   chat      bench.speed in float32, greedy, --k auto: a/e at the advisor's K. Where the advisor says plain
@@ -34,11 +35,22 @@ from bench.step_limit import time_dynamic
 from engine.models import f32_rows_kernel, linear_paths
 from engine.models.machine import cpu_features, load_average
 from engine.run import load_preset
-from engine.trace.schema import AS_LOADED, DECODER_HF, DECODERS, PACKED, ROWS, WEIGHTS_FLOAT32, WEIGHTS_INT4
+from engine.trace.schema import (
+    AS_LOADED,
+    DECODER_HF,
+    DECODERS,
+    GGUF_WEIGHTS,
+    PACKED,
+    ROWS,
+    WEIGHTS_FLOAT32,
+    WEIGHTS_INT4,
+    WEIGHTS_INT4_A8,
+)
 
 PARTS = ("forwards", "int4", "chat")
 WIDTHS = range(1, 7)  # a decode step and verifies of K = 1..5
-INT4 = "int4"
+INT4, INT4_A8 = "int4", "int4-a8"
+GGUF_KINDS = {INT4: WEIGHTS_INT4, INT4_A8: WEIGHTS_INT4_A8}  # weights kind -> the target weights it loads
 GOAL_STEP = 2.0  # x the memory limit
 GOAL_VERIFY = 1.2  # steps, for up to 5 positions
 
@@ -62,16 +74,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def kinds_here() -> list[str]:
-    """float32 and int4 everywhere; bfloat16 where the CPU computes in it natively or the rows kernel reads it
+    """float32, int4 and int4-a8 everywhere; bfloat16 where the CPU computes in it natively or the rows kernel reads it
     (widening each weight to float32); elsewhere torch emulates it, slower than float32, which says nothing
     about the weights read."""
     features = cpu_features()
     bf16 = "avx512_bf16" in features or "amx_tile" in features or f32_rows_kernel.unavailable() is None
-    return ["float32", *(["bfloat16"] if bf16 else []), INT4]
+    return ["float32", *(["bfloat16"] if bf16 else []), INT4, INT4_A8]
 
 
 def paths_for(target) -> list[str]:
-    if target.weights == WEIGHTS_INT4:
+    if target.weights in GGUF_WEIGHTS:
         return [AS_LOADED]  # int4 has its one kernel
     rows = [ROWS] if f32_rows_kernel.unavailable() is None else []
     return [AS_LOADED, *([PACKED] if target.dtype == torch.float32 else []), *rows]  # packing takes float32
@@ -79,11 +91,11 @@ def paths_for(target) -> list[str]:
 
 def forwards(kind: str, args) -> dict:
     """Every path at every width for one weights kind, with the per-width choice and the memory limit."""
-    weights = WEIGHTS_INT4 if kind == INT4 else WEIGHTS_FLOAT32
-    pair = load_preset("chat", device="cpu", dtype_name=None if kind == INT4 else kind, target_weights=weights,
+    weights = GGUF_KINDS.get(kind, WEIGHTS_FLOAT32)
+    pair = load_preset("chat", device="cpu", dtype_name=None if kind in GGUF_KINDS else kind, target_weights=weights,
                        decoder=args.decoder)
     target = pair.target
-    step_bytes = target.gguf_weights.weight_bytes if weights == WEIGHTS_INT4 else weight_bytes(target.model)
+    step_bytes = target.gguf_weights.weight_bytes if kind in GGUF_KINDS else weight_bytes(target.model)
     bandwidth = measured_bandwidth_gbs(torch.device("cpu"), False)
     # the rows kernel's variant per width as the engine chooses it here (its measurement, kept per machine)
     variants = (linear_paths.settle(target) or {}).get("rows_variants", {}) if weights == WEIGHTS_FLOAT32 else {}

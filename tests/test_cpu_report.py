@@ -47,10 +47,11 @@ def test_plain_decoding_advised_counts_as_plain_speed():
     assert "llama.cpp did not run: no --llama-python" in text
 
 
-@pytest.mark.parametrize("features, rows, kinds", [(["avx2", "fma"], False, ["float32", "int4"]),
-                                                   (["avx2", "fma"], True, ["float32", "bfloat16", "int4"]),
-                                                   (["avx512f", "avx512_bf16"], False, ["float32", "bfloat16", "int4"]),
-                                                   (["avx512f", "amx_tile"], False, ["float32", "bfloat16", "int4"])])
+@pytest.mark.parametrize("features, rows, kinds", [
+    (["avx2", "fma"], False, ["float32", "int4", "int4-a8"]),
+    (["avx2", "fma"], True, ["float32", "bfloat16", "int4", "int4-a8"]),
+    (["avx512f", "avx512_bf16"], False, ["float32", "bfloat16", "int4", "int4-a8"]),
+    (["avx512f", "amx_tile"], False, ["float32", "bfloat16", "int4", "int4-a8"])])
 def test_bfloat16_is_timed_where_the_cpu_computes_in_it_or_the_rows_kernel_reads_it(monkeypatch, features, rows, kinds):
     monkeypatch.setattr(cpu_report, "cpu_features", lambda: features)
     monkeypatch.setattr(cpu_report.f32_rows_kernel, "unavailable", lambda: None if rows else "no C compiler")
