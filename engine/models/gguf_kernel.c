@@ -271,8 +271,8 @@ static inline int group_blocks(int64_t blocks, int64_t b0) {
     return left >= 8 ? 8 : left >= 4 ? 4 : 2;
 }
 static inline int group_chunks(int kind, int G) { return kind == 0 ? G / 2 : G; }
-static inline int group_header(int kind) { (void)kind; return 32; }
-static inline int64_t group_bytes(int kind, int G) { return group_header(kind) + 32 * group_chunks(kind, G); }
+#define GROUP_HEADER 32  /* the group's scales, before its chunks */
+static inline int64_t group_bytes(int kind, int G) { return GROUP_HEADER + 32 * group_chunks(kind, G); }
 static inline int64_t row_groups(int64_t K) {
     int64_t n = 0, np = padded_blocks(K);
     for (int64_t b0 = 0; b0 < np; b0 += group_blocks(np, b0)) n++;
@@ -311,7 +311,7 @@ void speclab_i8_pack(int kind, const uint8_t *w, int64_t N, int64_t K, uint8_t *
                 }
                 if (kind == 0) memcpy(dst + 16 + 2 * l, blk + 2, 2);
                 for (int c = 0; c < chunks; c++)
-                    memcpy(dst + group_header(kind) + 32 * c + 4 * l, blk + first + 4 * ((l % per) * chunks + c), 4);
+                    memcpy(dst + GROUP_HEADER + 32 * c + 4 * l, blk + first + 4 * ((l % per) * chunks + c), 4);
             }
             dst += group_bytes(kind, (int)G);
         }
@@ -487,7 +487,7 @@ static inline __attribute__((always_inline)) void group_i8(
         vec8 acc[ROWS][COLS]) {
     int chunks = group_chunks(kind, G);
     for (int c = 0; c < cols; c++) {
-        const uint8_t *g = g0 + c * row_bytes, *qw = g + group_header(kind);
+        const uint8_t *g = g0 + c * row_bytes, *qw = g + GROUP_HEADER;
         for (int64_t p = 0; p < group_bytes(kind, G); p += 64) __builtin_prefetch(g + PREFETCH_BYTES + p);
         ivec isum[ROWS];
         if (kind == 0) {
@@ -563,7 +563,8 @@ static inline __attribute__((always_inline)) int linear_i8(int kind, const float
     int64_t row_bytes = speclab_i8_row_bytes(kind, K), blocks = K / 32, lanes = 8 * row_groups(K);
     /* one allocation, the laid-out rows first and 64-byte aligned: each row is a whole number of cache lines, so
        no 32-byte load of x straddles two (on the AVX-512 EPYC, straddling loads made the 5-row products a quarter slower) */
-    size_t xq_bytes = (size_t)(M * 32 * padded_blocks(K)), lane_bytes = sizeof(float) * (size_t)(M * lanes);
+    int64_t x_row = 32 * padded_blocks(K);  /* laid-out bytes of one row of x */
+    size_t xq_bytes = (size_t)(M * x_row), lane_bytes = sizeof(float) * (size_t)(M * lanes);
     size_t bytes = xq_bytes + 3 * lane_bytes + sizeof(float) * (size_t)(M * blocks) + (size_t)(M * K);
     int8_t *xq = aligned_alloc(64, (bytes + 63) / 64 * 64);
     int failed = !xq;
@@ -574,15 +575,14 @@ static inline __attribute__((always_inline)) int linear_i8(int kind, const float
     if (!failed) {
         quantize_rows(x, M, K, q, d);
         for (int64_t r = 0; r < M; r++)
-            layout_row(kind, q + r * K, d + r * blocks, K, xq + r * 32 * padded_blocks(K), xd + r * lanes,
+            layout_row(kind, q + r * K, d + r * blocks, K, xq + r * x_row, xd + r * lanes,
                        xs + r * lanes, xc + r * lanes);
         #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t group = 0; group < (N + COLS - 1) / COLS; group++) {
             int64_t n0 = COLS * group, n_end = n0 + COLS < N ? n0 + COLS : N;
             for (int64_t r = 0; r < M; r += ROWS) {
                 int64_t rows = M - r < ROWS ? M - r : ROWS;
-                rows_i8 xr = {xq + r * 32 * padded_blocks(K), xd + r * lanes, xs + r * lanes, xc + r * lanes,
-                              32 * padded_blocks(K), lanes};
+                rows_i8 xr = {xq + r * x_row, xd + r * lanes, xs + r * lanes, xc + r * lanes, x_row, lanes};
                 for (int64_t n = n0; n < n_end;) {
                     int cols = tile_cols(rows, n, n_end);
                     tile_i8(kind, rows, cols, xr, K, w + n * row_bytes, row_bytes, y + r * N + n, N);
