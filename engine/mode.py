@@ -39,6 +39,9 @@ class RunMode:
     fast: str | None = None  # a capture mode (engine.config.CAPTURE_MODES): the device-resident path; None: the reference path
     # --capture auto on the CPU: the measurement that chose `fast` (engine/cycle/capture_choice.py CaptureTimes.describe)
     fast_measured: dict | None = None
+    # the fast path's caches and forwards built before the run (engine/cycle/fast.py FastModels: an advised run's
+    # calibrated forwards, engine/stats/fast_calibrate.py), reused so that no width is compiled twice
+    fast_models: Any = None
     faults: Any = None  # a teaching CycleRule (engine/teaching/faults.py); None: the ratio test
     tp_size: int = 1  # tensor-parallel ranks the target is sharded over (engine/parallel/rank.py)
     tensor_parallel: dict | None = None  # rank 0's record of the group, for the header
@@ -131,7 +134,7 @@ class RunMode:
             return TreeCycle(pair, s, self.tree, self.faults or RATIO_TEST)
         if self.fast is not None:
             from engine.cycle.fast import FastChainCycle
-            return FastChainCycle(pair, s, self.fast)
+            return FastChainCycle(pair, s, self.fast, self.fast_models)
         return ChainCycle(pair, s, self.faults or RATIO_TEST)
 
     def prepare(self, pair, s: SpecSettings):

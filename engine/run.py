@@ -18,7 +18,7 @@ from engine.models.loading import LoadedModel, load_model
 from engine.models.presets import PRESETS
 from engine.stats.calibrate import TREE_WIDTHS, calibrate_widths
 from engine.stats.calibrate import calibrate as measure_step_times
-from engine.stats.plan import KPlan, plan_k
+from engine.stats.plan import KPlan, pilot_settings, plan_from_pilot, plan_k
 from engine.stats.tree_plan import TreePlan, plan_tree
 from engine.trace.format import Trace, TraceWriter, make_summary
 from engine.trace.schema import (
@@ -283,6 +283,9 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode
     kind = mode.prepare(pair, s)
     s = kind.settings
     check_prompt_fits(pair, len(prompt_ids), s)
+    if mode.fast is not None and mode.calibrate and mode.calibration is None:
+        mode = fast_calibrated(pair, prompt_ids, s, mode)
+        kind = mode.prepare(pair, s)  # the cycle kind on the calibrated forwards
     header = make_header(pair, s, prompt, prompt_ids, preset, use_chat, mode)
     if messages:
         header["messages"] = [{"role": r, "content": c} for r, c in messages]
@@ -303,6 +306,15 @@ def run_to_trace(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode
         summary = run_summary(pair, cycles, s.k, time.perf_counter() - started)
         writer.write(summary)
     return Trace(header, cycles, summary)
+
+
+def fast_calibrated(pair: Pair, prompt_ids: list[int], s: SpecSettings, mode: RunMode) -> RunMode:
+    """`--fast --calibrate`: the step times of the forwards the fast run calls (engine/stats/fast_calibrate.py),
+    not the reference path's, and those forwards kept for the run, so none is built (or compiled) twice."""
+    from engine.stats.fast_calibrate import calibrate_fast
+
+    calibration, forwards = calibrate_fast(pair, prompt_ids, s, mode.fast)
+    return replace(mode, calibration=calibration, fast_models=forwards.models_for(s.k))
 
 
 def prepare_advised_run(pair: Pair, prompt: str, s: SpecSettings, chat_template: bool) -> list[int]:
@@ -344,6 +356,34 @@ def run_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, prese
     widest = max(calibration["verify_positions"])
     mode = RunMode(calibrate=True, calibration=calibration if plan.k + 1 <= widest else None)
     trace = run_to_trace(pair, prompt, advised, out, mode, preset=preset, chat_template=chat_template, on_cycle=on_cycle)
+    return AdvisedRun(plan, trace, trace.summary["generated_text"], trace.summary["num_generated"],
+                      sum(c["cycle_time_s"] for c in trace.cycles))
+
+
+def run_fast_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, mode: RunMode,
+                     preset: str | None = None, chat_template: bool = True,
+                     on_cycle: Callable[[dict], None] | None = None) -> AdvisedRun:
+    """run_advised on the fast path (`mode.fast`, its capture settled): the K advisor weighs K on the fast
+    path's own forwards (engine/stats/fast_calibrate.py), its pilot runs them, and so does what it says:
+    speculation at its K, traced with that calibration, or plain decoding on the same path. The forwards
+    are built once for all three (under --capture compile each width compiles once)."""
+    from engine.cycle.fast import fast_generate, fast_plain_decode
+    from engine.stats.fast_calibrate import calibrate_fast
+
+    prompt_ids = prepare_advised_run(pair, prompt, s, chat_template)
+    pair = pair_for_prompt(pair, prompt, prompt_ids)
+    s = mode.prepare(pair, s).settings  # refuses what the fast path cannot run before anything is timed
+    calibration, forwards = calibrate_fast(pair, prompt_ids, s, mode.fast)
+    pilot = pilot_settings(s)
+    cycles = list(fast_generate(pair, prompt_ids, pilot, True, mode.fast, forwards.models_for(s.k)))
+    plan = plan_from_pilot(cycles, calibration, s.k, pilot.max_new_tokens)
+    if plan.plain:
+        tokens, seconds = timed(lambda: fast_plain_decode(pair.target, prompt_ids, s, pair.eos_ids, mode.fast,
+                                                          forwards.plain_model()))
+        return AdvisedRun(plan, None, answer_text(pair.target.tokenizer, tokens), len(tokens), seconds)
+    advised = replace(mode, calibration=calibration, fast_models=forwards.models_for(plan.k))
+    trace = run_to_trace(pair, prompt, replace(s, k=plan.k), out, advised, preset=preset, chat_template=chat_template,
+                         on_cycle=on_cycle)
     return AdvisedRun(plan, trace, trace.summary["generated_text"], trace.summary["num_generated"],
                       sum(c["cycle_time_s"] for c in trace.cycles))
 

@@ -302,6 +302,8 @@ def range_cases(base: Base, rng: random.Random) -> list[Case]:
         ("calibration-mismatch", lambda h, cs, s: h.update(calibration=calibration([1, 2, 3], [0.01, 0.02]))),
         ("calibration-retyped", lambda h, cs, s: h.update(calibration=calibration(["1"], [0.01]))),
         ("calibration-list", lambda h, cs, s: h.update(calibration=[1, 2])),
+        ("calibration-capture-without-fast-path", lambda h, cs, s: h.update(
+            calibration={**calibration([1, 2], [0.01, 0.02]), "capture": "compile"})),
         ("tp-list", lambda h, cs, s: h.update(tensor_parallel=[0, 1])),
         ("tp-world-zero", lambda h, cs, s: h.update(tensor_parallel={**rank_layout(2), "world_size": 0})),
         ("tp-size-not-dividing", lambda h, cs, s: h.update(tensor_parallel={**rank_layout(4), "tp_size": 3})),

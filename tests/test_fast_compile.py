@@ -81,8 +81,6 @@ def test_plan_compiles_on_the_cpu_only_when_asked():
 
 @pytest.mark.parametrize("flags, message", [
     (["--capture", "compile"], "add --fast"),
-    (["--fast", "--capture", "compile", "--calibrate"], "--calibrate times the eager forwards"),
-    (["--fast", "--capture", "auto", "--calibrate"], "--calibrate times the eager forwards"),
 ])
 def test_cli_refuses_capture_it_cannot_honour(tmp_path, capsys, flags, message):
     code = main(["run", "--prompt", "x", "--preset", "chat", "--out", str(tmp_path / "t.jsonl"), *flags])
@@ -104,3 +102,37 @@ def test_cli_compiled_run_records_its_capture(pair, tmp_path, capsys):
     eager_out = tmp_path / "eager.jsonl"
     assert main([*args, "--out", str(eager_out)]) == 0
     close_records(trace.cycles, load_trace(eager_out).cycles)
+
+
+DRAFT_S = 1e-5
+
+
+def test_a_compiled_advised_run_compiles_each_width_once_and_records_what_it_timed(pair, tmp_path, monkeypatch):
+    """`run --fast --capture compile --k auto`: the calibration compiles the draft step and every target width
+    from 1 to K+1, and the pilot and the advised run reuse them all; the trace names the compiled forwards as
+    what its step times timed."""
+    import engine.cycle.fast_forward as ff
+    import engine.stats.fast_calibrate as fc
+    from engine.mode import RunMode
+    from engine.run import run_fast_advised
+    from engine.stats.analysis import NO_OVERHEAD
+
+    compiles = []
+    real = ff.compile_forward
+    monkeypatch.setattr(ff, "compile_forward", lambda model, cache, width: compiles.append((model.name, width))
+                        or real(model, cache, width))
+    import engine.stats.plan
+    timed = fc.time_fast_forwards  # still called, so the calibration is what compiles; its times then replaced by
+    # hand-built ones on which speculation pays at this pair's low alpha: a flat verify and a free draft step,
+    # with no pilot overhead (the tiny models' real seconds would not be on their scale)
+    monkeypatch.setattr(fc, "time_fast_forwards", lambda *a: {key: DRAFT_S if key == "draft" else 0.010
+                                                              for key in timed(*a)})
+    monkeypatch.setattr(engine.stats.plan, "overhead_of", lambda *a: NO_OVERHEAD)
+    s = SpecSettings(k=K, temperature=1.0, max_new_tokens=10, seed=2)
+    done = run_fast_advised(pair, "the cat sat", s, tmp_path / "advised.jsonl", RunMode(fast="compile"),
+                            chat_template=False)
+    assert sorted(compiles) == sorted([(pair.draft.name, 1)] + [(pair.target.name, w) for w in range(1, K + 2)])
+    assert done.trace is not None and done.trace.k == done.plan.k >= 1  # a draft step nearly free: speculate
+    cal = done.trace.header["calibration"]
+    assert cal["capture"] == done.trace.header["fast_path"]["capture"] == "compile"
+    assert cal["verify_positions"] == list(range(1, K + 2)) and cal["draft_step_s"] == DRAFT_S

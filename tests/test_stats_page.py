@@ -478,3 +478,26 @@ def test_a_compiled_trace_says_how_its_forwards_ran_and_is_not_calibrated_eagerl
     assert not [b for b in at.button if b.key == "calibrate_now"]
     at = open_tab(open_page(folder, monkeypatch, "uncalibrated.jsonl"), "Cost and speed")
     assert [b for b in at.button if b.key == "calibrate_now"]  # a reference-path trace still offers it
+
+
+def test_a_trace_calibrated_on_the_fast_paths_own_forwards_shows_those_times_and_says_so(folder, monkeypatch):
+    """`run --fast --k auto` records step times of the fast path's own forwards (engine/stats/fast_calibrate.py):
+    the Cost and speed tab shows them as recorded and names the forwards they timed and the ones the cycles ran."""
+    from engine.stats.fast_calibrate import calibrate_fast
+    from engine.stats.paths import calibration_words, forward_words
+    pair = load_pair(str(folder / "models" / "target"), str(folder / "models" / "draft"), device="cpu")
+    s = SpecSettings(k=2, temperature=1.0, max_new_tokens=12, seed=3, cache_layout="static")
+    prompt_ids = pair.target.tokenizer("the dog ran")["input_ids"]
+    cal, forwards = calibrate_fast(pair, prompt_ids, s, "none", repeats=2)
+    run_to_trace(pair, "the dog ran", s, folder / "traces" / "fast-calibrated.jsonl",
+                 RunMode(fast="none", calibration=cal, fast_models=forwards.models_for(2)), chat_template=False)
+    header = load_trace(folder / "traces" / "fast-calibrated.jsonl").header
+    assert header["calibration"] == cal and header["fast_path"] == {"capture": "none"}
+    at = open_tab(open_page(folder, monkeypatch, "fast-calibrated.jsonl"), "Cost and speed")
+    assert not at.exception and not at.error
+    assert metrics(at)["t_step (target, 1 token)"] == f"{cal['target_step_s'] * 1000:.2f} ms"
+    words = calibration_words(header)
+    assert "fast path's own fixed-shape forwards, eager" in words
+    assert any(md(words) in c.value and md(forward_words(header)) in c.value for c in at.caption)
+    reference = load_trace(folder / "traces" / "default.jsonl").header
+    assert calibration_words(reference).startswith("the reference path's forwards")

@@ -127,9 +127,10 @@ def add_pair_and_sampling(run: argparse.ArgumentParser) -> None:
     for flag in all_flags():  # each drafter kind's own options (engine/drafters/registry.py)
         run.add_argument(flag.name, type=flag.type, choices=flag.choices or None, default=flag.default, help=flag.help)
     run.add_argument("--k", type=k_argument, default=4,
-                     help="draft tokens per cycle, or auto (one prompt, reference cycle): the K advisor times both "
+                     help="draft tokens per cycle, or auto (one prompt, a chain): the K advisor times both "
                           f"models on this machine, runs a short pilot at K={K_AUTO_PILOT} to measure acceptance, and runs "
-                          "the K it predicts fastest, or decodes plainly (K=0) when no K beats plain decoding, saying why")
+                          "the K it predicts fastest, or decodes plainly (K=0) when no K beats plain decoding, saying why; "
+                          "with --fast it times, pilots and runs the fast path's own forwards")
     run.add_argument("--tree", default=None,
                      help="draft a token tree instead of a chain (with the draft model, or the EAGLE head under "
                           "--drafter eagle): static:B1,B2,... (B_d children per node at depth d, as in Medusa) or "

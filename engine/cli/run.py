@@ -152,9 +152,6 @@ def run_mode_from_args(args) -> RunMode:
         refuse_tree_auto(args.drafter, args.fast, args.calibrate, options_from_args(args).mis_set)
     if args.capture is not None and not args.fast:
         raise SettingsError("--capture chooses how the fast path's forwards run: add --fast")
-    if args.calibrate and args.capture in ("compile", CAPTURE_AUTO):
-        raise SettingsError(f"--calibrate times the eager forwards, and --capture {args.capture} may run the cycles "
-                            "compiled: their costs would not be the run's; drop one of the two")
     return RunMode(tree=tree, fast="none" if args.fast else None, tp_size=args.tp, calibrate=args.calibrate,
                    batch=getattr(args, "batch", None))
 
@@ -188,7 +185,7 @@ def cmd_run(args) -> int:
     if args.tree == TREE_AUTO:
         return run_tree_auto(args, pair, settings, preset)
     if k_auto:
-        return run_k_auto(args, pair, settings, preset)
+        return run_k_auto(args, pair, settings, preset, mode)
     return generate_and_report(args, settings, lambda progress: run_to_trace(
         pair, args.prompt, settings, args.out, mode, preset=preset, chat_template=not args.no_chat_template,
         on_cycle=progress))
@@ -253,12 +250,12 @@ def say_decoders(pair) -> None:
 
 
 def refuse_k_auto(args) -> None:
-    """--k auto runs engine/run.py run_advised: one prompt, one process, the reference chain cycle."""
+    """--k auto runs engine/run.py run_advised (or run_fast_advised under --fast): one prompt, one process, a chain."""
     if args.tree is not None:
         raise SettingsError("--k auto chooses a chain's K; --tree names or chooses a tree (--tree auto chooses among "
                             "trees, chains and plain decoding): use one of the two")
-    if args.fast or args.tp > 1:
-        raise SettingsError("--k auto measures on its own and runs the reference cycle in one process: drop --fast and --tp")
+    if args.tp > 1:
+        raise SettingsError("--k auto measures on its own and runs in one process: drop --tp")
 
 
 def report_advised(done, out) -> int:
@@ -273,12 +270,20 @@ def report_advised(done, out) -> int:
     return 0
 
 
-def run_k_auto(args, pair, settings: SpecSettings, preset: str | None) -> int:
-    """--k auto: the K advisor measures this machine, runs a pilot, and runs its K; plain decoding writes no trace."""
-    from engine.run import run_advised
+def run_k_auto(args, pair, settings: SpecSettings, preset: str | None, mode: RunMode) -> int:
+    """--k auto: the K advisor measures this machine, runs a pilot, and runs its K; plain decoding writes no trace.
+    Under --fast all three run on the fast path's own forwards."""
+    from engine.run import run_advised, run_fast_advised
 
-    print(f"K advisor: timing both models by width and running a short pilot at K={settings.k}...", file=sys.stderr)
-    done = run_advised(pair, args.prompt, settings, args.out, preset, not args.no_chat_template)
+    chat = not args.no_chat_template
+    if mode.fast is None:
+        print(f"K advisor: timing both models by width and running a short pilot at K={settings.k}...", file=sys.stderr)
+        done = run_advised(pair, args.prompt, settings, args.out, preset, chat)
+    else:
+        compiling = " (compiling each width once)" if mode.fast == "compile" else ""
+        print(f"K advisor: timing the fast path's forwards of 1 to {settings.k + 1} positions{compiling} and running a "
+              f"short pilot at K={settings.k} on them...", file=sys.stderr)
+        done = run_fast_advised(pair, args.prompt, settings, args.out, mode, preset, chat)
     print(f"K advisor (pilot alpha {done.plan.alpha:.2f}): {done.plan.sentence}", file=sys.stderr)
     return report_advised(done, args.out)
 

@@ -4,6 +4,7 @@
   `python -m engine stats` both read it); report.py prints it. timings.py: the header's calibration
   and where a typical cycle's time goes, which analysis.py builds on.
 - calibrate.py: one target step, one draft step and one verify pass, timed; several calibrations as one.
+  fast_calibrate.py: the same on the fast path's own forwards, built once for the pilot and the run.
 - sweep.py: one prompt at several K, measured. repeats.py: warm up, repeat, report the spread.
 - robust.py: medians and the middle half around them, what every time-based figure is built from.
 - layouts.py: slots held, stale slots and blocks, per cache layout.

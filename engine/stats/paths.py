@@ -52,6 +52,18 @@ def ran_compiled(header: dict) -> bool:
     return (header.get("fast_path") or {}).get("capture") == "compile"
 
 
+def calibration_words(header: dict) -> str | None:
+    """Which forwards the header's step times timed, in words; None without a calibration. `run --fast
+    --k auto` times the fast path's own (engine/stats/fast_calibrate.py), every other run the reference
+    path's."""
+    cal = header.get("calibration")
+    if not cal:
+        return None
+    if cal.get("capture") is None:
+        return "the reference path's forwards, eager over a dynamic cache"
+    return f"the fast path's own fixed-shape forwards, {CAPTURE_WORDS[cal['capture']]}: the ones its cycles ran"
+
+
 def forward_words(header: dict) -> str | None:
     """How the fast path ran the forwards, in words, with the measurement that chose it under
     --capture auto; None for a trace of the reference path (no `fast_path`)."""

@@ -2,9 +2,10 @@
 
 The advisor (analysis.advise_k) needs alpha, the draft step, the target's verify-cost curve and
 what a cycle costs beyond its forwards. The curve and the draft step come from a calibration on the
-loaded pair; alpha and the per-cycle overhead come from a short pilot: the first PILOT_TOKENS
-tokens of the same prompt at the requested K, whose output is thrown away (the run itself starts
-again from the prompt with the same seed). Where even the best K is predicted slower than plain
+loaded pair (for the fast path, of its own forwards: engine/stats/fast_calibrate.py); alpha and the
+per-cycle overhead come from a short pilot on the path the run takes: the first PILOT_TOKENS tokens
+of the same prompt at the requested K, whose output is thrown away (the run itself starts again
+from the prompt with the same seed). Where even the best K is predicted slower than plain
 decoding, the plan is K = 0, with the numbers that say why.
 """
 from dataclasses import dataclass, replace
@@ -52,12 +53,21 @@ def plan_from(alpha: float, calibration: dict, requested_k: int, pilot_tokens: i
     return KPlan(advised_k(advice).k, requested_k, alpha, pilot_tokens, best_k(advice), advice_sentence(advice))
 
 
+def pilot_settings(s: SpecSettings, tokens: int = PILOT_TOKENS) -> SpecSettings:
+    """The pilot's settings: the run's, for its first `tokens` tokens."""
+    return replace(s, max_new_tokens=min(tokens, s.max_new_tokens))
+
+
 def pilot_cycles(pair: Pair, prompt_ids: list[int], s: SpecSettings, tokens: int = PILOT_TOKENS) -> list[dict]:
     """The cycles of the first `tokens` tokens at the settings' K (nothing is written)."""
-    return list(speculative_generate(pair, prompt_ids, replace(s, max_new_tokens=min(tokens, s.max_new_tokens))))
+    return list(speculative_generate(pair, prompt_ids, pilot_settings(s, tokens)))
+
+
+def plan_from_pilot(cycles: list[dict], calibration: dict, requested_k: int, tokens: int) -> KPlan:
+    """The advisor's choice from a pilot's cycles (alpha and the per-cycle overhead) and a calibration."""
+    return plan_from(measured_alpha(cycles), calibration, requested_k, tokens, overhead_of(cycles, cycle_times(cycles)))
 
 
 def plan_k(pair: Pair, prompt_ids: list[int], s: SpecSettings, calibration: dict,
            tokens: int = PILOT_TOKENS) -> KPlan:
-    cycles = pilot_cycles(pair, prompt_ids, s, tokens)
-    return plan_from(measured_alpha(cycles), calibration, s.k, tokens, overhead_of(cycles, cycle_times(cycles)))
+    return plan_from_pilot(pilot_cycles(pair, prompt_ids, s, tokens), calibration, s.k, tokens)

@@ -15,7 +15,7 @@ from engine.stats.analysis import (
     trace_stats,
 )
 from engine.stats.layouts import layout_lines, layout_stats
-from engine.stats.paths import decoder_words, forward_words, path_lines, path_rows, weights_words
+from engine.stats.paths import calibration_words, decoder_words, forward_words, path_lines, path_rows, weights_words
 from engine.stats.tree_report import format_tree_stats, summary_lines
 from engine.stats.trees import is_tree_trace
 from engine.trace import Trace
@@ -120,8 +120,10 @@ def format_stats(trace: Trace) -> str:
         return format_tree_stats(trace)
     st = trace_stats(trace)
     decoder, forwards = decoder_words(trace.header), forward_words(trace.header)
+    timed_on = calibration_words(trace.header)
     sections = [[f"DRAFTER: {st.drafter}", f"TARGET WEIGHTS: {weights_words(trace.header)}",
-                 *([f"DECODER: {decoder}"] if decoder else []), *([f"FORWARDS: {forwards}"] if forwards else [])],
+                 *([f"DECODER: {decoder}"] if decoder else []), *([f"FORWARDS: {forwards}"] if forwards else []),
+                 *([f"STEP TIMES: timed on {timed_on}"] if timed_on else [])],
                 acceptance_lines(st), histogram_lines(st)]
     if st.by_ngram:
         sections.append(ngram_lines(st))

@@ -169,8 +169,10 @@ def check_faults(faults, where: str, tree: bool = False) -> dict:
     return faults
 
 
-def check_calibration(cal, where: str) -> None:
-    """The optional step-time calibration (engine/stats/calibrate.py): positive finite times, distinct widths."""
+def check_calibration(cal, where: str, fast=None) -> None:
+    """The optional step-time calibration (engine/stats/calibrate.py): positive finite times, distinct widths;
+    one that timed the fast path's forwards (engine/stats/fast_calibrate.py) names the capture the run's
+    fast_path ran, or its times would not be the run's."""
     if cal is None:
         return
     if not isinstance(cal, dict):
@@ -187,6 +189,9 @@ def check_calibration(cal, where: str) -> None:
         fail(where, "calibration.verify_positions", f"must be distinct increasing integers in 1..{MAX_VERIFY_WIDTH}")
     if not all(is_num(t) and t > 0 for t in times):
         fail(where, "calibration.verify_s", "must be positive finite numbers of seconds")
+    if "capture" in cal and (not isinstance(fast, dict) or cal["capture"] != fast.get("capture")):
+        fail(where, "calibration.capture", "names the fast path's capture whose forwards it timed: it must be the "
+                                           "run's fast_path.capture")
 
 
 def check_linear_path_curve(curve, where: str, name: str) -> None:
@@ -459,10 +464,10 @@ def check_header(h: dict, where: str) -> RunFacts:
     check_texts(h["prompt_token_texts"], len(prompt), where, "prompt_token_texts")
     check_token_ids(h["eos_token_ids"], vocab, where, "eos_token_ids")
     faults = check_faults(h.get("faults"), where, "tree" in s)
-    check_calibration(h.get("calibration"), where)
+    check_fast_path(h.get("fast_path"), where)
+    check_calibration(h.get("calibration"), where, h.get("fast_path"))
     check_linear_paths(h.get("linear_paths"), where)
     check_tensor_parallel(h.get("tensor_parallel"), where)
-    check_fast_path(h.get("fast_path"), where)
     check_target_weights(h.get("target_weights"), where)
     drafter = check_drafter(h, float(s["temperature"]), where)
     check_decoder(h, drafter["kind"], where)

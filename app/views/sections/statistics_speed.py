@@ -34,6 +34,7 @@ from engine.stats.analysis import (
 from engine.stats.calibrate import calibrate_repeated
 from engine.stats.paths import (
     absent_words,
+    calibration_words,
     forward_words,
     machine_words,
     noisy_words,
@@ -124,7 +125,8 @@ def calibrate_now(trace: Trace, key: str) -> None:
     if ran_compiled(trace.header):
         st.info(f"This trace's cycles ran {md(forward_words(trace.header))}. Step times measured here would time "
                 "eager forwards, and a speedup built on them would mix two ways of running the models, so none is "
-                "measured: record a calibrated run without `--capture compile` to see costs and speedups.",
+                "measured. To see costs and speedups, record the run with `--k auto`, which times these same "
+                "compiled forwards and records them, or record a calibrated run without `--capture compile`.",
                 icon=":material/timer_off:")
         return
     st.info(NO_CALIBRATION, icon=":material/timer_off:")  # our own text: its `code` should render
@@ -179,9 +181,10 @@ def speed_section(st_: TraceStats, cycles: list[dict]) -> None:
 def paths_section(header: dict) -> None:
     """The target's weights, and which linear path ran each forward width on the machine of the run
     (calibrated CPU runs only)."""
-    forwards = forward_words(header)
-    st.caption(f"Target weights: {md(weights_words(header))}. The step times above are of this path."
-               + (f" Forwards: {md(forwards)}." if forwards else ""))
+    forwards, timed_on = forward_words(header), calibration_words(header)
+    st.caption(f"Target weights: {md(weights_words(header))}. The step times above are of these weights"
+               + (f", timed on {md(timed_on)}." if timed_on else ".")
+               + (f" The cycles ran {md(forwards)}." if forwards else ""))
     rows = path_rows(header)
     if not rows:
         return
