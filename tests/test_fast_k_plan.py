@@ -64,6 +64,8 @@ def test_runs_on_the_calibrated_forwards_equal_runs_on_fresh_ones(pair, temperat
     another capacity rounds differently in float32) give the same records, number for number."""
     s = SpecSettings(k=3, temperature=temperature, max_new_tokens=14, seed=5)
     _, forwards = fc.calibrate_fast(pair, [4, 5, 6, 7], s, "none", repeats=1)
+    again = fc.calibrate_on(pair, forwards, [9, 8, 7, 6, 5, 4], s, repeats=1)  # another prompt, the same forwards
+    assert again["cache_len"] == 5 + 14 // 2 and again["verify_positions"] == [1, 2, 3, 4]
     for k in (1, 3):
         at_k = SpecSettings(k=k, temperature=temperature, max_new_tokens=14, seed=5)
         fresh = list(fp.fast_generate(pair, [1, 2, 3], at_k, models=fp.FastModels.empty(pair, k, forwards.capacity)))

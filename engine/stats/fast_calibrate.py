@@ -75,6 +75,14 @@ def build_forwards(pair: Pair, context: list[int], widths: list[int], capacity: 
                             {w: FixedForward(pair.target, target_cache, w, capture) for w in widths})
 
 
+@torch.no_grad()
+def refill(pair: Pair, forwards: FastForwards, context: list[int]) -> None:
+    """Both caches holding all of `context` but its last token, in the buffers the forwards were built on."""
+    for m, cache in ((pair.target, forwards.target_cache), (pair.draft, forwards.draft_cache)):
+        reset_to(cache, 0)
+        prefill(m, context, cache)
+
+
 def reset_to(cache: StaticKVCache, length: int) -> None:
     """Back to `length` cached positions: later slots are stale and masked, as after a rollback."""
     for layer in cache.layers:
@@ -127,17 +135,34 @@ def time_fast_forwards(forwards: FastForwards, context: list[int], s: SpecSettin
     return {key: statistics.median(t) for key, t in times.items()}
 
 
+def calibration_of(forwards: FastForwards, cache_len: int, times: dict, repeats: int) -> dict:
+    """The header's calibration (engine/trace/header_checks.py check_calibration) from time_fast_forwards' medians."""
+    widths = sorted(forwards.target)
+    return {"cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),
+            "target_step_s": times["step"], "draft_step_s": times["draft"],
+            "verify_positions": widths, "verify_s": [times[w] for w in widths], "capture": forwards.capture}
+
+
+def calibrate_on(pair: Pair, forwards: FastForwards, prompt_ids: list[int], s: SpecSettings, repeats: int = 7) -> dict:
+    """The calibration of forwards already built, for another prompt of a run of `s` (a benchmark over prompts
+    builds, and compiles, them once)."""
+    cache_len = run_cache_len(prompt_ids, s)
+    context = context_of_length(prompt_ids, cache_len + 1)
+    refill(pair, forwards, context)
+    return calibration_of(forwards, cache_len, time_fast_forwards(forwards, context, s, repeats), repeats)
+
+
+def forwards_capacity(prompt_ids: list[int], s: SpecSettings) -> int:
+    """Positions a run of `s` (any K up to s.k) on this prompt needs, and the calibration's widest forward."""
+    return max(layout_for_run(replace(s, cache_layout="static"), len(prompt_ids)).capacity,
+               run_cache_len(prompt_ids, s) + s.k + 1)
+
+
 def calibrate_fast(pair: Pair, prompt_ids: list[int], s: SpecSettings, capture: str,
                    repeats: int = 7) -> tuple[dict, FastForwards]:
     """(calibration, forwards) for a fast run of `s` (its K the widest chain to time, its max_new_tokens the
     run's) at the run's mean cache length; the forwards' caches hold a run of any K up to s.k."""
-    widths = list(range(1, s.k + 2))
     cache_len = run_cache_len(prompt_ids, s)
     context = context_of_length(prompt_ids, cache_len + 1)
-    capacity = max(layout_for_run(replace(s, cache_layout="static"), len(prompt_ids)).capacity, cache_len + s.k + 1)
-    forwards = build_forwards(pair, context, widths, capacity, capture)
-    t = time_fast_forwards(forwards, context, s, repeats)
-    calibration = {"cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),
-                   "target_step_s": t["step"], "draft_step_s": t["draft"],
-                   "verify_positions": widths, "verify_s": [t[w] for w in widths], "capture": capture}
-    return calibration, forwards
+    forwards = build_forwards(pair, context, list(range(1, s.k + 2)), forwards_capacity(prompt_ids, s), capture)
+    return calibration_of(forwards, cache_len, time_fast_forwards(forwards, context, s, repeats), repeats), forwards
