@@ -154,7 +154,10 @@ class RunMode:
             from engine.tree.cycle import tree_layout
             return tree_layout(s, self.tree, prompt_len).describe()
         from engine.kv.layouts import layout_for_run
-        return layout_for_run(s, prompt_len, getattr(self.faults, "keep_rejected_kv", False)).describe()
+        layout = layout_for_run(s, prompt_len, getattr(self.faults, "keep_rejected_kv", False))
+        if self.fast_models is not None:  # caches built before the run, sized for its widest use: the buffers it has
+            layout = replace(layout, capacity=self.fast_models.capacity)
+        return layout.describe()
 
     def header_fields(self, measured: dict) -> dict:
         """The header's optional fields this mode adds, in the header's order; `measured` (the linear

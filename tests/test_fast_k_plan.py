@@ -95,6 +95,8 @@ def test_the_fast_advisor_decodes_plainly_or_traces_at_its_k_on_the_fast_path(pa
                                            "capture": "none"}
     fresh = list(fp.fast_generate(pair, ids, SpecSettings(k=trace.k, temperature=1.0, max_new_tokens=12, seed=3)))
     assert tokens(trace.cycles) == tokens(fresh) and done.text == trace.summary["generated_text"]
+    held = {st["capacity"] for c in trace.cycles for st in c["target_cache_layout_state"].values()}
+    assert held == {trace.header["cache_layout"]["capacity"]}  # the header names the buffers the run wrote
 
 
 def test_cli_fast_k_auto_runs_the_fast_path_and_says_what_it_timed(tmp_path, capsys, hand_built):
@@ -128,3 +130,25 @@ def test_cli_fast_calibrate_times_the_fast_paths_own_forwards(tmp_path, capsys):
     assert main(["stats", str(out)]) == 0
     said = capsys.readouterr().out
     assert "t_step" in said and "STEP TIMES: timed on the fast path's own fixed-shape forwards, eager" in said
+
+
+def test_a_fast_calibrated_workload_times_its_forwards_once_and_every_request_runs_on_them(tmp_path):
+    """`run --prompts F --fast --calibrate`: one calibration of the fast path's forwards, on the first request,
+    recorded in every trace; the forwards are built for the longest request and serve them all, each request's
+    tokens as a fresh fast run of it gives them."""
+    from engine.workload.run import run_workload
+    from tests.test_workload_run import requests_of
+    pair = noisy_pair(0, noise=0.05)
+    s = SpecSettings(k=2, temperature=0.0, max_new_tokens=8, seed=4)
+    workload = run_workload(pair, requests_of(), s, tmp_path / "w", RunMode(fast="none", calibrate=True),
+                            chat_template=False)
+    traces = [r.trace for r in workload.runs()]
+    calibrations = [t.header["calibration"] for t in traces]
+    assert len(traces) == 4 and all(c == calibrations[0] for c in calibrations) and calibrations[0]["capture"] == "none"
+    capacities = {t.header["cache_layout"]["capacity"] for t in traces}
+    assert len(capacities) == 1  # one buffer for every request, as each header says
+    for t in traces:
+        assert {st["capacity"] for c in t.cycles for st in c["target_cache_layout_state"].values()} == capacities
+        fresh = list(fp.fast_generate(pair, t.header["prompt_token_ids"], SpecSettings(k=2, max_new_tokens=8,
+                                                                                       temperature=0.0)))
+        assert t.summary["generated_token_ids"] == tokens(fresh)

@@ -158,11 +158,13 @@ def forwards_capacity(prompt_ids: list[int], s: SpecSettings) -> int:
                run_cache_len(prompt_ids, s) + s.k + 1)
 
 
-def calibrate_fast(pair: Pair, prompt_ids: list[int], s: SpecSettings, capture: str,
-                   repeats: int = 7) -> tuple[dict, FastForwards]:
+def calibrate_fast(pair: Pair, prompt_ids: list[int], s: SpecSettings, capture: str, repeats: int = 7,
+                   capacity: int = 0) -> tuple[dict, FastForwards]:
     """(calibration, forwards) for a fast run of `s` (its K the widest chain to time, its max_new_tokens the
-    run's) at the run's mean cache length; the forwards' caches hold a run of any K up to s.k."""
+    run's) at the run's mean cache length; the forwards' caches hold a run of any K up to s.k on this prompt,
+    or on any prompt whose run fits `capacity` positions, when that is more (a workload's longest)."""
     cache_len = run_cache_len(prompt_ids, s)
     context = context_of_length(prompt_ids, cache_len + 1)
-    forwards = build_forwards(pair, context, list(range(1, s.k + 2)), forwards_capacity(prompt_ids, s), capture)
+    capacity = max(capacity, forwards_capacity(prompt_ids, s))
+    forwards = build_forwards(pair, context, list(range(1, s.k + 2)), capacity, capture)
     return calibration_of(forwards, cache_len, time_fast_forwards(forwards, context, s, repeats), repeats), forwards

@@ -20,6 +20,7 @@ from engine.mode import DEFAULT_MODE, RunMode
 from engine.models.machine import cpu_features, cpu_model
 from engine.run import check_prompt_fits, describe_model, encode_prompt, run_to_trace
 from engine.stats.calibrate import calibrate as measure_step_times
+from engine.stats.fast_calibrate import calibrate_fast, forwards_capacity
 from engine.workload import manifest as mf
 from engine.workload.folder import Workload, open_folder
 from engine.workload.manifest import MANIFEST, WorkloadError
@@ -125,11 +126,19 @@ def bundled_prompt_ids(pair: Pair, count: int, s: SpecSettings) -> list[list[int
 
 
 def calibrated(pair: Pair, mode: RunMode, s: SpecSettings, prompt_ids: list[list[int] | str]) -> RunMode:
-    """Time the models once, on the first request that runs, and record that calibration in every trace."""
+    """Time the models once, on the first request that runs, and record that calibration in every trace. On the
+    fast path, time its own forwards (engine/stats/fast_calibrate.py), built for the longest request, and keep
+    them for every request: each width is built (or compiled) once for the workload."""
     if not mode.calibrate or mode.calibration is not None:
         return mode
-    first = next((ids for ids in prompt_ids if isinstance(ids, list)), None)
-    return mode if first is None else replace(mode, calibration=measure_step_times(pair, first, s))
+    runnable = [ids for ids in prompt_ids if isinstance(ids, list)]
+    if not runnable:
+        return mode
+    if mode.fast is None:
+        return replace(mode, calibration=measure_step_times(pair, runnable[0], s))
+    capacity = max(forwards_capacity(ids, s) for ids in runnable)
+    calibration, forwards = calibrate_fast(pair, runnable[0], s, mode.fast, capacity=capacity)
+    return replace(mode, calibration=calibration, fast_models=forwards.models_for(s.k))
 
 
 @dataclass
