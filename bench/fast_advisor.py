@@ -8,9 +8,11 @@ For each temperature and prompt, the advisor does what `run --fast --k auto` doe
 the fast path's own forwards (engine/stats/fast_calibrate.py) and runs a pilot at K=4 on them, and
 chooses a K, or K=0 (decode plainly). Then, on the same forwards (under --capture compile every width
 compiles once for the whole benchmark), these arms run interleaved, --repeats times over the prompts,
-untraced, each making exactly --max-new-tokens tokens (no EOS stop):
+each making exactly --max-new-tokens tokens (no EOS stop):
   plain     plain decoding on the fast path (fast_plain_decode)
-  K=1..4    speculation at that K (fast_generate, record=False)
+  K=1..4    speculation at that K (fast_generate), each cycle's record made as `run` makes it for its
+            trace (the file's writes aside), since the advisor's pilot and the run it advises are traced
+            too; --untraced makes none (record=False), which is cheaper per cycle than the advisor assumes
   advised   each prompt at its advised K, or plainly where the advisor said K=0
 Reported: tokens/s per arm (median, min-max over repeats), each arm over plain (the median over repeats of
 the ratio within a repeat: a/e), the advisor's choice per prompt, and the best arm. The goal: the advised
@@ -49,6 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--untraced", action="store_true", help="speculate without making the cycles' records")
     p.add_argument("--name", default=None, help="results name (default: the preset, weights and capture)")
     p.add_argument("--out", default=str(common.RESULTS))
     args = p.parse_args(argv)
@@ -64,7 +67,7 @@ def advise(pair, forwards: FastForwards, ids: list[int], s: SpecSettings) -> tup
     return plan_from_pilot(cycles, calibration, s.k, pilot.max_new_tokens), calibration
 
 
-def arm_runner(pair, forwards: FastForwards, plans: dict[str, KPlan]):
+def arm_runner(pair, forwards: FastForwards, plans: dict[str, KPlan], record: bool = True):
     """run(arm, prompt, ids, settings) -> (tokens, seconds), as common.interleaved_rates calls it."""
     device = pair.target.device
 
@@ -75,19 +78,19 @@ def arm_runner(pair, forwards: FastForwards, plans: dict[str, KPlan]):
                                                                     forwards.plain_model())), device)
         at_k = replace(s, k=k)
         return common.timed_alone(lambda: sum(len(r["committed_token_ids"]) for r in fast_generate(
-            pair, ids, at_k, record=False, models=forwards.models_for(k))), device)
+            pair, ids, at_k, record=record, models=forwards.models_for(k))), device)
     return run
 
 
 def bench_temperature(pair, forwards: FastForwards, prompts: list[str], ids: list[list[int]], s: SpecSettings,
-                      repeats: int) -> dict:
+                      repeats: int, record: bool) -> dict:
     plans, calibrations = {}, {}
     for prompt, prompt_ids in zip(prompts, ids):
         plans[prompt], calibrations[prompt] = advise(pair, forwards, prompt_ids, s)
         print(f"  T={s.temperature} {prompt[:30]!r}: pilot alpha {plans[prompt].alpha:.2f}, advised K={plans[prompt].k}",
               flush=True)
     arms = ["plain", *[f"K={k}" for k in KS], "advised"]
-    run = arm_runner(pair, forwards, plans)
+    run = arm_runner(pair, forwards, plans, record)
     for arm in arms:  # warm-up: every arm once on the longest prompt
         longest = max(range(len(ids)), key=lambda i: len(ids[i]))
         run(arm, prompts[longest], ids[longest], s)
@@ -106,9 +109,10 @@ def markdown(result: dict) -> str:
              f"Machine: {common.machine_words(m)}; {m['date']}.", "",
              f"{a['preset'] or 'custom pair'}, {m['dtype']}, weights {a['target_weights']}, decoder {a['decoder']}, "
              f"`--fast --capture {a['capture']}`; {len(result['prompts'])} prompts x {a['max_new_tokens']} tokens, "
-             f"{a['repeats']} repeats, arms interleaved; forwards built once ({result['build_s']:.0f} s, compiles "
-             "included). Rates: median tokens/s (min-max over repeats); over plain: the median over repeats of the "
-             "ratio within a repeat.", ""]
+             f"{a['repeats']} repeats, arms interleaved, "
+             f"{'untraced' if a.get('untraced') else 'each cycle recorded as for a trace'}; "
+             f"forwards built once ({result['build_s']:.0f} s, compiles included). Rates: median tokens/s "
+             "(min-max over repeats); over plain: the median over repeats of the ratio within a repeat.", ""]
     for t in result["temperatures"]:
         lines += [f"### Temperature {t['temperature']}", "", "| arm | tokens/s | over plain |", "|---|---|---|"]
         for arm, r in t["rates"].items():
@@ -139,12 +143,13 @@ def main(argv=None) -> int:
     forwards = build_forwards(pair, ids[0], list(range(1, PILOT_K + 2)), capacity, args.capture)
     calibrate_on(pair, forwards, ids[0], s, repeats=1)  # the first calls compile
     build_s = time.perf_counter() - started
-    temperatures = [bench_temperature(pair, forwards, prompts, ids, replace(s, temperature=float(t)), args.repeats)
-                    for t in args.temperatures.split(",")]
+    temperatures = [bench_temperature(pair, forwards, prompts, ids, replace(s, temperature=float(t)), args.repeats,
+                                      not args.untraced) for t in args.temperatures.split(",")]
     machine = common.machine_info(torch.get_num_threads(), pair.target.device, pair.target.dtype)
     result = {"machine": machine, "args": vars(args), "prompts": prompts, "build_s": build_s,
               "temperatures": temperatures}
-    name = args.name or "-".join([args.preset or "custom", args.target_weights, args.capture])
+    name = args.name or "-".join([args.preset or "custom", args.target_weights, args.capture,
+                                  *(["untraced"] if args.untraced else [])])
     stem = f"fast-advisor-{name}-{common.cpu_tag(machine)}"
     common.write_results(Path(args.out), stem, result, markdown(result))
     print(markdown(result))

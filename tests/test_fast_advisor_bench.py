@@ -11,8 +11,8 @@ def test_the_bench_reports_every_arm_and_each_prompts_advised_k(tmp_path, monkey
     ran = []
     real = fast_advisor.arm_runner
 
-    def spying(pair, forwards, plans):
-        run = real(pair, forwards, plans)
+    def spying(pair, forwards, plans, record=True):
+        run = real(pair, forwards, plans, record)
         return lambda arm, prompt, ids, s: ran.append((arm, prompt)) or run(arm, prompt, ids, s)
     monkeypatch.setattr(fast_advisor, "arm_runner", spying)
     out = tmp_path / "out"
