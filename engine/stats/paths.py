@@ -48,7 +48,8 @@ CAPTURE_WORDS = {"none": "eager", "graph": "captured as CUDA graphs",
 
 def ran_compiled(header: dict) -> bool:
     """The cycles ran compiled (--fast --capture compile, or auto's choice): step times measured on the
-    reference path's eager forwards would not be their costs (the CLI refuses --calibrate with it)."""
+    reference path's eager forwards would not be their costs (its own calibration times the compiled ones:
+    engine/stats/fast_calibrate.py)."""
     return (header.get("fast_path") or {}).get("capture") == "compile"
 
 
