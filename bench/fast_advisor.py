@@ -33,7 +33,7 @@ from engine.config import SpecSettings
 from engine.cycle.fast import fast_generate, fast_plain_decode
 from engine.run import encode_prompt, settle_linear_paths
 from engine.stats.fast_calibrate import FastForwards, build_forwards, calibrate_on, forwards_capacity
-from engine.stats.plan import KPlan, pilot_settings, plan_from_pilot
+from engine.stats.plan import KPlan, plan_k_fast
 from engine.trace.schema import DECODER_HF, DECODERS, TARGET_WEIGHTS, WEIGHTS_FLOAT32
 
 PILOT_K = 4  # as engine/cli/run.py K_AUTO_PILOT: the calibration times widths 1..5
@@ -62,9 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def advise(pair, forwards: FastForwards, ids: list[int], s: SpecSettings) -> tuple[KPlan, dict]:
     """What `run --fast --k auto` decides for this prompt, on forwards already built."""
     calibration = calibrate_on(pair, forwards, ids, s)
-    pilot = pilot_settings(s)
-    cycles = list(fast_generate(pair, ids, pilot, True, forwards.capture, forwards.models_for(s.k)))
-    return plan_from_pilot(cycles, calibration, s.k, pilot.max_new_tokens), calibration
+    return plan_k_fast(pair, ids, s, calibration, forwards), calibration
 
 
 def arm_runner(pair, forwards: FastForwards, plans: dict[str, KPlan], record: bool = True):

@@ -18,7 +18,7 @@ from engine.models.loading import LoadedModel, load_model
 from engine.models.presets import PRESETS
 from engine.stats.calibrate import TREE_WIDTHS, calibrate_widths
 from engine.stats.calibrate import calibrate as measure_step_times
-from engine.stats.plan import KPlan, pilot_settings, plan_from_pilot, plan_k
+from engine.stats.plan import KPlan, plan_k, plan_k_fast
 from engine.stats.tree_plan import TreePlan, plan_tree
 from engine.trace.format import Trace, TraceWriter, make_summary
 from engine.trace.schema import (
@@ -367,16 +367,14 @@ def run_fast_advised(pair: Pair, prompt: str, s: SpecSettings, out: str | Path, 
     path's own forwards (engine/stats/fast_calibrate.py), its pilot runs them, and so does what it says:
     speculation at its K, traced with that calibration, or plain decoding on the same path. The forwards
     are built once for all three (under --capture compile each width compiles once)."""
-    from engine.cycle.fast import fast_generate, fast_plain_decode
+    from engine.cycle.fast import fast_plain_decode
     from engine.stats.fast_calibrate import calibrate_fast
 
     prompt_ids = prepare_advised_run(pair, prompt, s, chat_template)
     pair = pair_for_prompt(pair, prompt, prompt_ids)
     s = mode.prepare(pair, s).settings  # refuses what the fast path cannot run before anything is timed
     calibration, forwards = calibrate_fast(pair, prompt_ids, s, mode.fast)
-    pilot = pilot_settings(s)
-    cycles = list(fast_generate(pair, prompt_ids, pilot, True, mode.fast, forwards.models_for(s.k)))
-    plan = plan_from_pilot(cycles, calibration, s.k, pilot.max_new_tokens)
+    plan = plan_k_fast(pair, prompt_ids, s, calibration, forwards)
     if plan.plain:
         tokens, seconds = timed(lambda: fast_plain_decode(pair.target, prompt_ids, s, pair.eos_ids, mode.fast,
                                                           forwards.plain_model()))

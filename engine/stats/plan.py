@@ -11,6 +11,7 @@ decoding, the plan is K = 0, with the numbers that say why.
 from dataclasses import dataclass, replace
 
 from engine.config import SpecSettings
+from engine.cycle.fast import fast_generate
 from engine.cycle.pair import Pair
 from engine.cycle.reference import speculative_generate
 from engine.stats.analysis import (
@@ -27,6 +28,7 @@ from engine.stats.analysis import (
     measured_alpha,
     overhead_of,
 )
+from engine.stats.fast_calibrate import FastForwards
 
 PILOT_TOKENS = 16  # about 8 cycles at the presets' acceptance: alpha to within about +-0.15
 
@@ -71,3 +73,11 @@ def plan_from_pilot(cycles: list[dict], calibration: dict, requested_k: int, tok
 def plan_k(pair: Pair, prompt_ids: list[int], s: SpecSettings, calibration: dict,
            tokens: int = PILOT_TOKENS) -> KPlan:
     return plan_from_pilot(pilot_cycles(pair, prompt_ids, s, tokens), calibration, s.k, tokens)
+
+
+def plan_k_fast(pair: Pair, prompt_ids: list[int], s: SpecSettings, calibration: dict, forwards: FastForwards,
+                tokens: int = PILOT_TOKENS) -> KPlan:
+    """plan_k on the fast path: the pilot runs on the forwards the calibration timed (engine/stats/fast_calibrate.py)."""
+    pilot = pilot_settings(s, tokens)
+    cycles = list(fast_generate(pair, prompt_ids, pilot, True, forwards.capture, forwards.models_for(s.k)))
+    return plan_from_pilot(cycles, calibration, s.k, pilot.max_new_tokens)
