@@ -5,6 +5,7 @@ Compiling costs seconds per model and width even for the tiny pair, so the compi
 built once per module and shared."""
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from engine.cli import main
 from engine.config import SpecSettings
@@ -129,10 +130,23 @@ def test_a_compiled_advised_run_compiles_each_width_once_and_records_what_it_tim
                                                               for key in timed(*a)})
     monkeypatch.setattr(engine.stats.plan, "overhead_of", lambda *a: NO_OVERHEAD)
     s = SpecSettings(k=K, temperature=1.0, max_new_tokens=10, seed=2)
+    graphs = counters["stats"]["unique_graphs"]
     done = run_fast_advised(pair, "the cat sat", s, tmp_path / "advised.jsonl", RunMode(fast="compile"),
                             chat_template=False)
     assert sorted(compiles) == sorted([(pair.draft.name, 1)] + [(pair.target.name, w) for w in range(1, K + 2)])
+    # and none of them compiled again for the pilot or the run (a guard that failed on their inputs would)
+    assert counters["stats"]["unique_graphs"] - graphs == K + 2
     assert done.trace is not None and done.trace.k == done.plan.k >= 1  # a draft step nearly free: speculate
     cal = done.trace.header["calibration"]
     assert cal["capture"] == done.trace.header["fast_path"]["capture"] == "compile"
     assert cal["verify_positions"] == list(range(1, K + 2)) and cal["draft_step_s"] == DRAFT_S
+
+
+def test_a_compiled_run_compiles_each_forward_once(pair):
+    """The draft step and the verify compile once each: the first cycle's inputs are the kind of tensor every
+    later cycle's are, so no guard fails after it (the draft's first token, made outside inference mode,
+    once recompiled the draft at its next call: seconds for the chat draft on a 2-core CPU)."""
+    graphs = counters["stats"]["unique_graphs"]
+    s = SpecSettings(k=K, temperature=1.0, max_new_tokens=12, seed=2)
+    list(fp.fast_generate(pair, PROMPT, s, models=fp.FastModels.empty(pair, K, 64, "compile")))
+    assert counters["stats"]["unique_graphs"] - graphs == 2

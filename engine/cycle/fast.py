@@ -228,7 +228,10 @@ def start_fast_state(pair: Pair, prompt_ids: list[int], s: SpecSettings, capture
         prefill(model, prompt_ids, cache)
     models.build_forwards(pair)
     device = pair.target.device
-    last = torch.tensor(prompt_ids[-1], dtype=torch.long, device=device)
+    # an inference tensor, as every later cycle's first token (drawn inside a cycle) is: a compiled draft
+    # forward guards on its input's dispatch keys, and a normal tensor here recompiled it at the next call
+    with torch.inference_mode():
+        last = torch.tensor(prompt_ids[-1], dtype=torch.long, device=device)
     n = len(prompt_ids) - 1
     return FastState(list(prompt_ids), models.target_cache, models.draft_cache, last,
                      UniformStream(s.seed, uniforms_needed(s), device), models.draft_forward, models.target_forward,
