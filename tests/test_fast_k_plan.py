@@ -132,7 +132,8 @@ def test_cli_fast_calibrate_times_the_fast_paths_own_forwards(tmp_path, capsys):
     assert all(t > 0 for t in cal["verify_s"]) and trace.k == 2
     assert main(["stats", str(out)]) == 0
     said = capsys.readouterr().out
-    assert "t_step" in said and "STEP TIMES: timed on the fast path's own fixed-shape forwards, eager" in said
+    assert "t_step" in said and "STEP TIMES: timed on the fast path's own forwards" in said
+    assert "FORWARDS: the fast path, its fixed-shape forwards eager" in said
 
 
 def test_a_fast_calibrated_workload_times_its_forwards_once_and_every_request_runs_on_them(tmp_path):

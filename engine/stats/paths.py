@@ -62,7 +62,7 @@ def calibration_words(header: dict) -> str | None:
         return None
     if cal.get("capture") is None:
         return "the reference path's forwards, eager over a dynamic cache"
-    return f"the fast path's own fixed-shape forwards, {CAPTURE_WORDS[cal['capture']]}: the ones its cycles ran"
+    return "the fast path's own forwards, the ones its cycles ran"  # forward_words says how they ran
 
 
 def forward_words(header: dict) -> str | None:
