@@ -19,10 +19,11 @@ within each repeat; a rate's median and its min-max over repeats are reported, a
 the median over repeats of the ratio within a repeat.
 
 Physical limit: plain decoding reads every target weight once per token, so it can make at most
-bandwidth / target weight bytes tokens/s. Speculation reads the target once and the draft K+1 times
-per cycle for L tokens (L = mean acceptance length), so its limit is bandwidth x L / (target + (K+1)
-draft bytes). Both are given with the datasheet bandwidth (when the GPU is known) and with a
-bandwidth measured here by a device-to-device copy.
+bandwidth / target weight bytes tokens/s. Speculation reads the target once and the draft K times
+per cycle, and once more after a full accept (a share f of the cycles), for L tokens (L = mean
+acceptance length), so its limit is bandwidth x L / (target + (K+f) draft bytes). Both are given with
+the datasheet bandwidth (when the GPU is known) and with a bandwidth measured here by a device-to-device
+copy.
 
 Writes RESULTS/fast-NAME.json and .md.
 """
@@ -123,7 +124,8 @@ def datasheet_gbs(device: torch.device) -> float | None:
     return next((v for k, v in DATASHEET_GBS.items() if k in name), None)
 
 
-def limits(pair: Pair, k: int, mean_acceptance_length: float, bandwidth_gbs: float | None) -> dict | None:
+def limits(pair: Pair, k: int, mean_acceptance_length: float, catch_up_share: float,
+           bandwidth_gbs: float | None) -> dict | None:
     if not bandwidth_gbs:
         return None
     # int4: the blocks a target step reads, not the float32 copy the model was loaded as
@@ -132,7 +134,7 @@ def limits(pair: Pair, k: int, mean_acceptance_length: float, bandwidth_gbs: flo
     draft = weight_bytes(pair.draft.model)
     bw = bandwidth_gbs * 1e9
     return {"bandwidth_gbs": bandwidth_gbs, "plain_tokens_per_s": bw / target,
-            "speculative_tokens_per_s": bw * mean_acceptance_length / (target + (k + 1) * draft)}
+            "speculative_tokens_per_s": bw * mean_acceptance_length / (target + (k + catch_up_share) * draft)}
 
 
 # ---------------------------------------------------------------- one run per method
@@ -229,6 +231,7 @@ def summarise(pair: Pair, s: SpecSettings, rates: dict, trace_paths: list[Path],
     cycles = [c for t in traces for c in t.cycles]
     times = cycle_times(cycles)
     mean_len = (sum(len(c["committed_token_ids"]) for c in cycles) / len(cycles)) if cycles else None
+    catch_up_share = (sum(c["draft_catch_up"] for c in cycles) / len(cycles)) if cycles else 0.0
     ratios = {f"{x}/{y}": common.paired_ratio(rates, x, y)
               for x, y in (("a", "b"), ("a", "c"), ("a", "d"), ("a", "d'"), ("a", "e"), ("e", "d"), ("d'", "d"),
                            ("e", ANCHOR), ("a", ANCHOR)) if x in rates and y in rates}
@@ -241,7 +244,7 @@ def summarise(pair: Pair, s: SpecSettings, rates: dict, trace_paths: list[Path],
         "profile_ms": None if times is None else {
             "cycle": times.cycle_s * 1e3, "draft_steps": times.draft_s * 1e3, "verify": times.verify_s * 1e3,
             "d_K_step": times.catch_up_s * 1e3, "other": times.other_s * 1e3, "draft_step": times.draft_step_s * 1e3},
-        "limits": {name: limits(pair, s.k, mean_len or 1.0, bw) for name, bw in bandwidth.items()},
+        "limits": {name: limits(pair, s.k, mean_len or 1.0, catch_up_share, bw) for name, bw in bandwidth.items()},
         "cycles": len(cycles),
     }
 

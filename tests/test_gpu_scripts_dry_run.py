@@ -63,12 +63,12 @@ def test_fast_bench_limits_and_goals():
     fast_bench = load_script("fast_bench")
     from tests.tiny import tiny_pair
     pair = tiny_pair(0)
-    lim = fast_bench.limits(pair, 4, 3.0, 1000.0)
+    lim = fast_bench.limits(pair, 4, 3.0, 0.25, 1000.0)  # a full accept in a quarter of the cycles
     target_bytes = fast_bench.weight_bytes(pair.target.model)
     assert lim["plain_tokens_per_s"] == pytest.approx(1e12 / target_bytes)
     assert lim["speculative_tokens_per_s"] == pytest.approx(
-        1e12 * 3.0 / (target_bytes + 5 * fast_bench.weight_bytes(pair.draft.model)))
-    assert fast_bench.limits(pair, 4, 3.0, None) is None
+        1e12 * 3.0 / (target_bytes + 4.25 * fast_bench.weight_bytes(pair.draft.model)))
+    assert fast_bench.limits(pair, 4, 3.0, 0.25, None) is None
     result = {"dry_run": False, "machine": {"device": "cuda:0"}, "preset": "chat",
               "runs": [{"dtype": "float32", "settings": [{"k": 4, "temperature": 0.0,
                                                           "ratios": {"a/d": 12.0, "a/e": 1.1, "a/b": 0.97}}]}]}

@@ -20,13 +20,15 @@ What differs from engine/cycle/reference.py (the reference path), and why:
   fuses and blocks the arithmetic its own way), kernels round differently and a near tie can
   flip a token (bench/gpu_checks.py reports where on a GPU; tests/test_fast_compile.py bounds
   the difference on the CPU).
-- The draft is fed d_K in every cycle (gpt-fast's "fill last token into draft model"),
-  one fixed-shape step instead of a data-dependent catch-up: when a token is rejected
-  the extra K/V entry is rolled back with the rest. `draft_catch_up` in the trace still
-  says whether the draft needed d_K, as the reference path's catch-up would: all K accepted
-  and all K+1 tokens committed (not when EOS or the token budget cut the last cycle: then
-  the draft's K steps already cover the committed tokens); `catch_up_time_s` is that step's
-  time, spent in every cycle.
+- The draft is fed d_K only after a full accept, as on the reference path: one more
+  one-token step of the same forward, on the host's side of the cycle (`settle`), once
+  its one copy has said that all K were accepted and all K+1 tokens committed (not when
+  EOS or the token budget cut the last cycle: then the draft's K steps already cover the
+  committed tokens). gpt-fast instead feeds d_K in every cycle, which keeps a cycle's
+  device work one fixed sequence; on a CPU that extra step is a draft forward in every
+  cycle (2.3 ms of a 26 ms chat cycle at K=2 on a 2-core AMD EPYC), paid for nothing
+  whenever a token was rejected, and the host learns the outcome anyway before the next
+  cycle starts.
 
 What the two paths share: the driver's loop, commit and record (engine/cycle/driver.py,
 trace_record.py: this path picks the shown numbers out on the device before its one copy; the
@@ -54,6 +56,7 @@ from engine.drafters.model import ModelDrafter
 from engine.drafters.refusals import MIS_SET_CHAIN_ONLY
 from engine.kv.layouts import StaticKVCache, layout_for_run, roll_back_static, static_layout_state
 from engine.kv.ops import prefill
+from engine.models.device import timed
 from engine.models.loading import LoadedModel
 from engine.models.sampling import warp_probs
 from engine.trace.commit import final_tokens
@@ -105,7 +108,7 @@ class FastState:
     target_forward: FixedForward
     generated: list[int]
     finished: bool = False
-    draft_high_water: int = 0  # one past the highest draft slot written (the extra d_K step)
+    draft_high_water: int = 0  # one past the highest draft slot written (d_K's, after a full accept)
     target_high_water: int = 0
 
 
@@ -117,7 +120,8 @@ def roll_back_on_device(cache: StaticKVCache, keep: torch.Tensor) -> None:
 
 def propose_on_device(state: FastState, s: SpecSettings, u: torch.Tensor, clock: Clock
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """K draft steps then the d_K step; returns tokens (K,) and their distributions (K, V)."""
+    """K draft steps; returns tokens (K,) and their distributions (K, V). The draft's cache grows by K:
+    it holds every position up to d_{K-1}, not d_K itself (see `catch_up_on_host`)."""
     greedy = s.temperature == 0
     feed, tokens, dists = state.last_token, [], []
     for i in range(s.k):
@@ -126,8 +130,6 @@ def propose_on_device(state: FastState, s: SpecSettings, u: torch.Tensor, clock:
         tokens.append(feed)
         dists.append(probs)
         clock.mark()
-    state.draft_forward(feed.reshape(1))  # d_K into the draft's cache; rolled back unless all pass
-    clock.mark()
     return torch.stack(tokens), torch.stack(dists)
 
 
@@ -145,7 +147,8 @@ def device_cycle(state: FastState, s: SpecSettings, clock: Clock) -> dict:
     state.last_token = d.next_token  # the last committed token opens the next cycle
     keep = len(state.committed) - 1 + d.num_accepted + 1  # committed length - 1, a device scalar
     roll_back_on_device(state.target_cache, keep)
-    roll_back_on_device(state.draft_cache, keep)
+    # the draft wrote K positions, one short of `keep` after a full accept: the host feeds it d_K then
+    roll_back_on_device(state.draft_cache, torch.clamp(keep, max=len(state.committed) - 1 + k))
     return {"draft_tokens": draft_tokens, "p_draft": p_draft, "p_target": p_target, "decision": d,
             "proposed": proposed}
 
@@ -243,16 +246,17 @@ def static_settings(s: SpecSettings) -> SpecSettings:
     return s if s.cache_layout == "static" else replace(s, cache_layout="static")
 
 
-def settle_on_host(state: FastState, num_committed: int, n_acc: int, before: int, k: int) -> dict:
+def settle_on_host(state: FastState, num_committed: int, n_acc: int, before: int, k: int, feeds_d_k: bool) -> dict:
     """The host's side of a cycle's caches after the commit: fix the position after a cut (the last
-    cycle), keep the stale-slot counts; returns both static caches' layout fields."""
+    cycle), keep the stale-slot counts (`feeds_d_k`: the draft is about to be fed d_K, one slot past its
+    K steps); returns both static caches' layout fields."""
     capacity = state.target_cache.capacity
     target_before = static_layout_state(before, state.target_high_water, capacity)
     draft_before = static_layout_state(before, state.draft_high_water, capacity)
     target_appended = static_layout_state(before + k + 1, state.target_high_water, capacity)
     draft_appended = static_layout_state(before + k, state.draft_high_water, capacity)  # after K draft steps
     state.target_high_water = max(state.target_high_water, before + k + 1)
-    state.draft_high_water = max(state.draft_high_water, before + k + 1)  # the d_K step wrote one more
+    state.draft_high_water = max(state.draft_high_water, before + k + int(feeds_d_k))
     keep = len(state.committed) - 1
     if num_committed != n_acc + 1:  # cut at EOS or the budget: the last cycle, fix the position on the host
         for cache in (state.target_cache, state.draft_cache):
@@ -266,13 +270,20 @@ def settle_on_host(state: FastState, num_committed: int, n_acc: int, before: int
                                          "after_rollback": static_layout_state(keep, state.draft_high_water, capacity)}}
 
 
+def catch_up_on_host(state: FastState, last_draft_token: torch.Tensor) -> float:
+    """After a full accept, d_K (1,) into the draft's cache, which then holds the committed length - 1
+    positions as the target's does; the step's seconds, its device work included."""
+    _, seconds = timed(lambda: state.draft_forward(last_draft_token), last_draft_token.device)
+    return seconds
+
+
 @dataclass
 class FastDetail:
     """What the host holds of a fast cycle after its one copy."""
 
     host: dict  # the copied tensors as Python numbers (trace_tensors' names)
     before: int  # committed length - 1 before the cycle: both caches' length
-    catch_up_s: float  # the d_K step's time
+    last_draft_token: torch.Tensor  # (1,) d_K on the device, fed to the draft after a full accept
 
 
 @dataclass
@@ -302,25 +313,27 @@ class FastChainCycle:
         if before + k + 1 > capacity:
             raise RuntimeError(f"static cache full: {before + k + 1} positions needed, {capacity} preallocated")
         clock = Clock(self.pair.target.device)
-        host = copy_to_host(trace_tensors(device_cycle(state, s, clock), s, record))  # the one sync of the cycle
+        out = device_cycle(state, s, clock)
+        host = copy_to_host(trace_tensors(out, s, record))  # the one sync of the cycle
         proposed, n_acc = host["proposed"], host["num_accepted"]  # proposed: d1..dK, then the next token
-        steps = clock.intervals()  # K draft steps, the d_K step, the verify
-        return CycleStep(proposed[:n_acc], proposed[k], proposed[:k], k + 1, steps[:k], steps[k + 1], None,
-                         FastDetail(host, before, steps[k]))
+        steps = clock.intervals()  # K draft steps, the verify
+        return CycleStep(proposed[:n_acc], proposed[k], proposed[:k], k + 1, steps[:k], steps[k], None,
+                         FastDetail(host, before, out["draft_tokens"][-1:]))
 
     @torch.inference_mode()
     def settle(self, state: FastState, step: CycleStep) -> Settled:
         d: FastDetail = step.detail
         k, n_acc, before = self.settings.k, len(step.accepted_token_ids), d.before
-        layout_fields = settle_on_host(state, len(state.committed) - 1 - before, n_acc, before, k)
         keep = len(state.committed) - 1
-        # The draft needed d_K exactly when its K steps (up to before + K) fall short of the committed
+        # The draft needs d_K exactly when its K steps (up to before + K) fall short of the committed
         # length - 1: all K accepted and the bonus committed too. A cycle cut at EOS or the budget
         # commits fewer, so no catch-up, as on the reference path (ModelDrafter.roll_back).
-        needed_d_k = keep > before + k
+        needs_d_k = keep > before + k
+        layout_fields = settle_on_host(state, len(state.committed) - 1 - before, n_acc, before, k, needs_d_k)
+        catch_up_s = catch_up_on_host(state, d.last_draft_token) if needs_d_k else 0.0
         return Settled(CacheLengths(before=before, after_append=before + k + 1, after_rollback=keep),
                        CacheLengths(before=before, after_append=before + k, after_rollback=keep),
-                       layout_fields, needed_d_k, d.catch_up_s)
+                       layout_fields, needs_d_k, catch_up_s)
 
     def describe(self, state: FastState, step: CycleStep, committed: list[int], texts: TokenTexts) -> dict:
         host, k, n_acc = step.detail.host, self.settings.k, len(step.accepted_token_ids)

@@ -176,9 +176,10 @@ class ModelDrafter:
     # ------------------------------------------------------------ drafting for B rows at once (a batch)
     # One batched forward of one token per row and step over a ragged rows cache (engine/kv/rows.py), each
     # active row drawing with its own generator in the order a single run draws. After the K steps one more
-    # forward feeds d_K (gpt-fast's "fill last token into draft model", as the fast path does): every row's
-    # cache then holds the positions up to d_K, so a row that accepts all K needs no catch-up and a row that
-    # rejects earlier rolls back further. An idle row stays in every forward, fed its last token, appending
+    # forward feeds d_K (gpt-fast's "fill last token into draft model"; a single run feeds it only after a
+    # full accept, but here the rows share the forward and some row may need it): every row's cache then holds
+    # the positions up to d_K, so a row that accepts all K needs no catch-up and a row that rejects earlier
+    # rolls back further. An idle row stays in every forward, fed its last token, appending
     # nothing. Every forward has the same shape.
 
     def start_rows(self, prompts_ids: list[list[int]], capacity: int) -> RowsKVCache:

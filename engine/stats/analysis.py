@@ -131,13 +131,13 @@ def refined_speedup(alpha: float, k: int, target_step_s: float, draft_step_s: fl
 @dataclass(frozen=True)
 class CycleOverhead:
     """What a cycle costs beyond its K draft steps and one verify pass, as a run measured it, in a
-    form that carries over to another K: the draft's catch-up step (the reference path feeds d_K to
-    the draft only after a full accept, alpha^K of the cycles if each token passes independently;
-    the fast path feeds it in every cycle) and the rest (ratio test, resampling, rollback, recording),
+    form that carries over to another K: the draft's catch-up step (a single run, on either path, feeds
+    d_K to the draft only after a full accept, alpha^K of the cycles if each token passes independently)
+    and the rest (ratio test, resampling, rollback, recording),
     taken as the same at every K."""
 
     catch_up_step_s: float  # one catch-up forward, when one is paid
-    every_cycle: bool  # every cycle paid it (the fast path, or a run where every cycle accepted all K)
+    every_cycle: bool  # every cycle paid it (a run where every cycle accepted all K)
     other_s: float
 
     def at(self, alpha: float, k: int) -> float:

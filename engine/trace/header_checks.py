@@ -392,7 +392,7 @@ def check_request(h: dict, where: str) -> None:
 
 def check_batch(h: dict, where: str) -> bool:
     """A request run in a batch (engine/workload/batched.py): the batch's rows and the row it ran in. Its
-    cycles feed the draft d_K every time, as the fast path does; a chain of the draft model only."""
+    cycles feed the draft d_K every time, as gpt-fast does; a chain of the draft model only."""
     batch = h.get("batch")
     if batch is None:
         return False
