@@ -2,6 +2,7 @@
 1..8 rows (and more, in blocks), shapes with tails, with and without bias, in every variant this CPU runs;
 independent of the thread count and of the rows beside a row; one operator under torch.compile; and a
 linear path the engine can run: greedy decoding on it is plain greedy decoding as loaded."""
+import copy
 import shutil
 
 import pytest
@@ -83,6 +84,76 @@ def test_one_and_two_threads_give_bit_identical_rows_and_a_row_does_not_depend_o
         torch.set_num_threads(before)
 
 
+def sixteen_bit_weights(n: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """float32 weights that are exact `dtype` numbers, with the awkward ones among them: signed zeros, the
+    largest and smallest normals, subnormals (float16's widen to float32 normals), values far apart."""
+    w = (torch.randn(n, k, generator=gen) * torch.logspace(-6, 3, k)).to(dtype)
+    info = torch.finfo(dtype)
+    special = torch.tensor([0.0, -0.0, info.max, -info.max, info.tiny, -info.tiny, info.tiny / 8, info.smallest_normal / 1024],
+                           dtype=torch.float32).to(dtype)
+    w.view(-1)[: special.numel()] = special
+    return w.float()
+
+
+@pytest.mark.parametrize("copy_dtype", [torch.float16, torch.bfloat16])
+def test_a_16_bit_copy_of_exact_weights_gives_the_float32_weights_bits_in_every_variant(copy_dtype):
+    gen = torch.Generator().manual_seed(4)
+    for n, k in [(37, 45), (13, 577), (33, 16), (5, 3)]:  # K off both vector widths, and K below them
+        w32 = sixteen_bit_weights(n, k, copy_dtype, gen)
+        copy = rows_kernel.exact_copy16(w32)
+        assert copy is not None and copy.dtype == copy_dtype
+        assert torch.equal(copy.float(), w32)
+        b = torch.randn(n, generator=gen)
+        for m in (1, 3, 5, 8, 9):
+            x = torch.randn(m, k, generator=gen)
+            for isa in runnable_isas():
+                want = rows_kernel.linear(x, w32, b, VARIANTS[isa]).view(torch.int32)  # bits: the extremes make inf and NaN
+                assert torch.equal(rows_kernel.linear(x, copy, b, VARIANTS[isa]).view(torch.int32), want), (isa, m, n, k)
+
+
+def test_every_tile_widens_every_finite_float16_exactly():
+    """x an identity: y = W^T, so each output is one widened weight (plain C converts in integer code, the
+    vector tiles with F16C's instruction)."""
+    patterns = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    finite = patterns[torch.isfinite(patterns)].reshape(-1, 16).contiguous()  # (N, 16): 16 weights a row
+    for isa in ["scalar", *runnable_isas()]:
+        got = rows_kernel.linear(torch.eye(16), finite, None, VARIANTS[isa])  # (16, N)
+        assert torch.equal(got.T, finite.float()), isa
+
+
+def test_exact_copy16_picks_float16_then_bfloat16_and_refuses_float32_weights():
+    gen = torch.Generator().manual_seed(5)
+    half_exact = torch.randn(64, 32, generator=gen).half().float()
+    assert rows_kernel.exact_copy16(half_exact).dtype == torch.float16
+    wide = torch.randn(64, 32, generator=gen).bfloat16().float() * 2.0 ** 20  # past float16's range, still bfloat16
+    assert rows_kernel.exact_copy16(wide).dtype == torch.bfloat16
+    assert rows_kernel.exact_copy16(torch.randn(64, 32, generator=gen)) is None  # float32 training's weights
+    late = half_exact.clone()
+    late.view(-1)[-1] += 1e-4  # one weight past the probe that no 16-bit type holds
+    assert rows_kernel.exact_copy16(late) is None
+    assert rows_kernel.exact_copy16(half_exact.bfloat16()) is None  # only float32 layers get a copy
+
+
+def test_a_rows_twin_reads_the_copy_of_a_16_bit_checkpoint_and_gives_the_same_logits():
+    pair = noisy_pair(0, noise=0.3)
+    model = pair.draft.model
+    exact = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in exact.parameters():
+            p.copy_(p.half().float())  # a checkpoint stored in float16, loaded as float32
+    with_copies, without = rows_kernel.rows_twin(exact), rows_kernel.rows_twin(model)
+    layers = [m for m in with_copies.modules() if isinstance(m, RowsLinear)]
+    assert layers and all(m.copy16 is not None and m.copy16.dtype == torch.float16 for m in layers)
+    assert all(m.copy16 is None for m in without.modules() if isinstance(m, RowsLinear))
+    assert not any("copy16" in name for name in with_copies.state_dict())  # never saved with the model
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.inference_mode():
+        got = with_copies(input_ids=ids).logits
+        for m in layers:  # the same twin on the float32 weights themselves
+            m.copy16 = None
+        assert torch.equal(got, with_copies(input_ids=ids).logits)
+
+
 def test_avx2_variant_can_be_forced_on_an_avx512_machine(monkeypatch):
     if rows_kernel.best_isa() != "avx512":
         pytest.skip("needs an AVX-512 CPU to show the AVX2 variant being chosen over the best")
@@ -103,9 +174,11 @@ def test_bad_input_and_variants_are_refused_with_the_reason(monkeypatch):
     with pytest.raises(ValueError, match="of one dtype, float32 or bfloat16"):
         rows_kernel.linear(torch.randn(2, 16, dtype=torch.float64), w)
     with pytest.raises(ValueError, match="of one dtype, float32 or bfloat16"):
-        rows_kernel.linear(torch.randn(2, 16), w.bfloat16())  # float32 activations against bfloat16 weights
+        rows_kernel.linear(torch.randn(2, 16, dtype=torch.bfloat16), w)  # bfloat16 activations, float32 weights
     with pytest.raises(ValueError, match="of one dtype, float32 or bfloat16"):
-        rows_kernel.linear(torch.randn(2, 16, dtype=torch.float16), w.half())
+        rows_kernel.linear(torch.randn(2, 16, dtype=torch.float16), w.half())  # no float16 layers, only copies
+    with pytest.raises(ValueError, match="of one dtype, float32 or bfloat16"):
+        rows_kernel.linear(torch.randn(2, 16), w.half(), torch.randn(8).half())  # a copy's bias stays float32
     with pytest.raises(ValueError, match="contiguous CPU x"):
         rows_kernel.linear(torch.randn(16, 2).T, w)  # not contiguous
     with pytest.raises(ValueError, match="contiguous CPU x"):
@@ -268,12 +341,18 @@ def test_the_native_operator_gives_the_kernel_s_bits_and_refuses_what_the_kernel
         x, w = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)
         b = torch.randn(n, dtype=torch.bfloat16) if bias else None
         assert torch.equal(op(x, w, b, isa), rows_kernel.linear(x, w, b, isa))
+    for dtype in (torch.float16, torch.bfloat16):  # a float32 layer's 16-bit copy: float32 x, bias and result
+        x, w32, b = torch.randn(5, 576), torch.randn(1536, 576).to(dtype).float(), torch.randn(1536)
+        got = op(x, w32.to(dtype), b, isa)
+        assert got.dtype == torch.float32 and torch.equal(got, rows_kernel.linear(x, w32, b, isa))
     with pytest.raises(RuntimeError, match="contiguous CPU x"):
         op(torch.randn(3, 8).t(), torch.randn(4, 3), None, isa)  # not contiguous
     with pytest.raises(RuntimeError, match="of one dtype, float32 or bfloat16"):
         op(torch.randn(2, 8, dtype=torch.float64), torch.randn(4, 8), None, isa)
     with pytest.raises(RuntimeError, match="of one dtype, float32 or bfloat16"):
-        op(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.bfloat16), None, isa)
+        op(torch.randn(2, 8, dtype=torch.float16), torch.randn(4, 8, dtype=torch.float16), None, isa)
+    with pytest.raises(RuntimeError, match="bias"):
+        op(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.float16), torch.randn(4).half(), isa)
     with pytest.raises(RuntimeError, match="bias"):
         op(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(4), isa)
     for bad in (7, 3, -1):  # no such ISA

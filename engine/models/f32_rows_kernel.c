@@ -1,7 +1,10 @@
 /* y(M, N) = x(M, K) W(N, K)^T in float32 for a few rows (M = 1..8 at once): a verify's linear layer.
- * W is float32, or bfloat16 (speclab_bf16_rows_linear): each bfloat16 weight widens exactly to float32 as it
- * is loaded (its 16 bits become a float's upper half), so the products and sums are the float32 path's,
- * on half the bytes read.
+ * W is float32, or 16-bit: bfloat16 (speclab_bf16_rows_linear) or float16 (speclab_f16_rows_linear). Each
+ * 16-bit weight widens exactly to float32 as it is loaded (a bfloat16's 16 bits become a float's upper half;
+ * a float16 goes through the F16C conversion), and the tiles then run the float32 tiles' products in the
+ * float32 tiles' order. So a float32 layer whose weights are all exact 16-bit numbers (a checkpoint stored in
+ * float16 or bfloat16, loaded as float32) gives the same bits from its 16-bit copy as from its float32
+ * weights, at every variant, on half the bytes read.
  *
  * Why: at batch 1 a linear layer is bound by reading W from memory; a verify over K+1 positions
  * should cost about what one row does, if each weight is read once for all rows. A BLAS sgemm tuned
@@ -29,8 +32,7 @@
  * how many rows came with it (a verify and a one-token step agree on the same position). The ISA
  * does change the order (16, 8 or 1 lanes), so results differ between variants in the last bits.
  *
- * bfloat16 weights have AVX2 and plain C tiles only: on an AVX-512 CPU they run the AVX2 tiles (correct
- * there; no AVX-512 bfloat16 tile has been measured on a machine that has one).
+ * Every weight type has plain C, AVX2 and AVX-512 tiles.
  */
 #include <stdint.h>
 #include <string.h>
@@ -57,6 +59,8 @@
 #define PREFETCH(addr, l2) ((l2) ? __builtin_prefetch((addr), 0, 2) : __builtin_prefetch((addr), 0, 3))
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+/* The weights' type: the `wt` argument of the tiles. */
+enum { W_F32 = 0, W_BF16 = 1, W_F16 = 2 };
 /* The `variant` argument: an ISA_* number, plus PREFETCH_L2 to prefetch the weights into L2 instead of L1. */
 enum { ISA_BITS = 3, PREFETCH_L2 = 4 };
 
@@ -78,18 +82,41 @@ static inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 
-/* Weight (c, k) of a tile whose weights are float32 or (bf16) bfloat16. */
-static inline float weight_at(const void *w, int bf16, int64_t i) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+/* A float16 widened to float32, exactly, in integer arithmetic (plain C has no portable half type). */
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13);  /* infinity or NaN */
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);  /* normal: rebias 15 -> 127 */
+    } else if (mantissa == 0) {
+        bits = sign;  /* signed zero */
+    } else {  /* subnormal: normalise the mantissa into a float32 normal */
+        int shift = 0;
+        while (!(mantissa & 0x400)) { mantissa <<= 1; shift++; }
+        bits = sign | ((uint32_t)(113 - shift) << 23) | ((mantissa & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
 
-static void tile_scalar(int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int bf16,
+static inline int64_t weight_bytes(int wt) { return wt == W_F32 ? 4 : 2; }
+
+/* Weight i of a tile's weights of type wt. */
+static inline float weight_at(const void *w, int wt, int64_t i) {
+    if (wt == W_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
+    if (wt == W_F16) return f16_to_f32(((const uint16_t *)w)[i]);
+    return ((const float *)w)[i];
+}
+
+static void tile_scalar(int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int wt,
                         int l2) {
     (void)l2;  /* no prefetching in plain C */
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
             float acc = 0.0f;
-            for (int64_t k = 0; k < K; k++) acc += x[r * K + k] * weight_at(w, bf16, c * K + k);
+            for (int64_t k = 0; k < K; k++) acc += x[r * K + k] * weight_at(w, wt, c * K + k);
             y[r * N + c] = acc;
         }
 }
@@ -105,30 +132,32 @@ __attribute__((target("avx2,fma"))) static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
 
-/* 8 weights from float32, or from bfloat16 widened to float32 (zero-extend, then shift into the upper half). */
-__attribute__((target("avx2,fma"), always_inline)) static inline __m256 load8(const void *w, int bf16, int64_t i) {
-    if (bf16)
+/* 8 weights widened to float32: from float32; bfloat16 (zero-extend, then shift into the upper half); float16
+   (F16C's conversion, exact). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 load8(const void *w, int wt, int64_t i) {
+    if (wt == W_BF16)
         return _mm256_castsi256_ps(_mm256_slli_epi32(
             _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i))), 16));
+    if (wt == W_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
     return _mm256_loadu_ps((const float *)w + i);
 }
 
 /* The last `left` (< 8) weights from i, zeros after them. */
-__attribute__((target("avx2,fma"), always_inline)) static inline __m256 load_tail(const void *w, int bf16, int64_t i,
-                                                                                 int left, __m256i mask) {
-    if (bf16) {
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 load_tail(const void *w, int wt, int64_t i,
+                                                                                      int left, __m256i mask) {
+    if (wt != W_F32) {
         uint16_t part[8] = {0};  /* no 16-bit masked load in AVX2: copy the tail into zeros */
         memcpy(part, (const uint16_t *)w + i, (size_t)left * sizeof(uint16_t));
-        return load8(part, 1, 0);
+        return load8(part, wt, 0);
     }
     return _mm256_maskload_ps((const float *)w + i, mask);
 }
 
-/* ROWS, COLS, bf16 and l2 are constants at each call site (always_inline), so acc stays in registers and
+/* ROWS, COLS, wt and l2 are constants at each call site (always_inline), so acc stays in registers and
    the prefetch is one instruction. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
-        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int bf16, int l2) {
-    const int64_t elem = bf16 ? 2 : 4;  /* bytes per weight */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void tile_avx2(
+        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int wt, int l2) {
+    const int64_t elem = weight_bytes(wt);
     __m256 acc[MAX_ROWS][4];
     UNROLL
     for (int r = 0; r < rows; r++)
@@ -139,7 +168,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
         __m256 wv[4];
         UNROLL
         for (int c = 0; c < cols; c++) {
-            wv[c] = load8(w, bf16, c * K + k);  /* each weight read once */
+            wv[c] = load8(w, wt, c * K + k);  /* each weight read once */
             /* sweeps the tile's span PREFETCH_FLOATS weights ahead at the rate the tile reads it */
             PREFETCH((const char *)w + (PREFETCH_FLOATS + k * cols + 8 * c) * elem, l2);
         }
@@ -155,7 +184,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
         __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         __m256 wv[4];
         UNROLL
-        for (int c = 0; c < cols; c++) wv[c] = load_tail(w, bf16, c * K + k, left, mask);
+        for (int c = 0; c < cols; c++) wv[c] = load_tail(w, wt, c * K + k, left, mask);
         UNROLL
         for (int r = 0; r < rows; r++) {
             __m256 xv = _mm256_maskload_ps(x + r * K + k, mask);
@@ -171,10 +200,29 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
 
 /* ------------------------------------------------------------ AVX-512: 16 lanes */
 
+/* 16 weights widened to float32, as load8. */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 load16(const void *w, int wt, int64_t i) {
+    if (wt == W_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i))), 16));
+    if (wt == W_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i)));
+    return _mm512_loadu_ps((const float *)w + i);
+}
+
+/* The last `left` (< 16) weights from i, zeros after them (16-bit masked loads would need AVX512BW). */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 load16_tail(const void *w, int wt, int64_t i,
+                                                                                   int left, __mmask16 mask) {
+    if (wt != W_F32) {
+        uint16_t part[16] = {0};
+        memcpy(part, (const uint16_t *)w + i, (size_t)left * sizeof(uint16_t));
+        return load16(part, wt, 0);
+    }
+    return _mm512_maskz_loadu_ps(mask, (const float *)w + i);
+}
+
 __attribute__((target("avx512f"), always_inline)) static inline void tile_avx512(
-        int rows, int cols, const float *x, int64_t K, const void *weights, float *y, int64_t N, int bf16, int l2) {
-    (void)bf16;  /* float32 weights only: rows_linear sends bfloat16 ones to the AVX2 tiles */
-    const float *w = (const float *)weights;
+        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int wt, int l2) {
+    const int64_t elem = weight_bytes(wt);
     __m512 acc[MAX_ROWS][4];
     UNROLL
     for (int r = 0; r < rows; r++)
@@ -185,8 +233,8 @@ __attribute__((target("avx512f"), always_inline)) static inline void tile_avx512
         __m512 wv[4];
         UNROLL
         for (int c = 0; c < cols; c++) {
-            wv[c] = _mm512_loadu_ps(w + c * K + k);
-            PREFETCH(w + PREFETCH_FLOATS + (k * cols + 16 * c), l2);  /* as in the AVX2 tile */
+            wv[c] = load16(w, wt, c * K + k);
+            PREFETCH((const char *)w + (PREFETCH_FLOATS + k * cols + 16 * c) * elem, l2);  /* as in the AVX2 tile */
         }
         UNROLL
         for (int r = 0; r < rows; r++) {
@@ -199,7 +247,7 @@ __attribute__((target("avx512f"), always_inline)) static inline void tile_avx512
         __mmask16 mask = (__mmask16)((1u << (K - k)) - 1);
         __m512 wv[4];
         UNROLL
-        for (int c = 0; c < cols; c++) wv[c] = _mm512_maskz_loadu_ps(mask, w + c * K + k);
+        for (int c = 0; c < cols; c++) wv[c] = load16_tail(w, wt, c * K + k, (int)(K - k), mask);
         UNROLL
         for (int r = 0; r < rows; r++) {
             __m512 xv = _mm512_maskz_loadu_ps(mask, x + r * K + k);
@@ -214,53 +262,50 @@ __attribute__((target("avx512f"), always_inline)) static inline void tile_avx512
 }
 
 /* One switch per ISA turns (rows, cols) into constants; cols is cols_for(rows) or fewer at N's end. */
-#define DISPATCH(TILE, BF16, L2)                                                                              \
+#define DISPATCH(TILE, WT, L2)                                                                                \
     switch (rows * 8 + cols) {                                                                                \
-        case 1 * 8 + 4: TILE(1, 4, x, K, w, y, N, BF16, L2); return;                                              \
-        case 1 * 8 + 2: TILE(1, 2, x, K, w, y, N, BF16, L2); return;                                              \
-        case 2 * 8 + 4: TILE(2, 4, x, K, w, y, N, BF16, L2); return;                                              \
-        case 2 * 8 + 2: TILE(2, 2, x, K, w, y, N, BF16, L2); return;                                              \
-        case 3 * 8 + 2: TILE(3, 2, x, K, w, y, N, BF16, L2); return;                                              \
-        case 4 * 8 + 2: TILE(4, 2, x, K, w, y, N, BF16, L2); return;                                              \
-        case 5 * 8 + 2: TILE(5, 2, x, K, w, y, N, BF16, L2); return;                                              \
-        case 6 * 8 + 2: TILE(6, 2, x, K, w, y, N, BF16, L2); return;                                              \
-        case 3 * 8 + 4: TILE(3, 4, x, K, w, y, N, BF16, L2); return;                                              \
-        case 4 * 8 + 4: TILE(4, 4, x, K, w, y, N, BF16, L2); return;                                              \
-        case 5 * 8 + 4: TILE(5, 4, x, K, w, y, N, BF16, L2); return;                                              \
-        case 6 * 8 + 4: TILE(6, 4, x, K, w, y, N, BF16, L2); return;                                              \
-        case 7 * 8 + 2: TILE(7, 2, x, K, w, y, N, BF16, L2); return;                                              \
-        case 8 * 8 + 2: TILE(8, 2, x, K, w, y, N, BF16, L2); return;                                              \
-        case 1 * 8 + 1: TILE(1, 1, x, K, w, y, N, BF16, L2); return;                                              \
-        case 2 * 8 + 1: TILE(2, 1, x, K, w, y, N, BF16, L2); return;                                              \
-        case 3 * 8 + 1: TILE(3, 1, x, K, w, y, N, BF16, L2); return;                                              \
-        case 4 * 8 + 1: TILE(4, 1, x, K, w, y, N, BF16, L2); return;                                              \
-        case 5 * 8 + 1: TILE(5, 1, x, K, w, y, N, BF16, L2); return;                                              \
-        case 6 * 8 + 1: TILE(6, 1, x, K, w, y, N, BF16, L2); return;                                              \
-        case 7 * 8 + 1: TILE(7, 1, x, K, w, y, N, BF16, L2); return;                                              \
-        case 8 * 8 + 1: TILE(8, 1, x, K, w, y, N, BF16, L2); return;                                              \
-        default: tile_scalar(rows, cols, x, K, w, y, N, BF16, L2); return;  /* no other shape */                  \
+        case 1 * 8 + 4: TILE(1, 4, x, K, w, y, N, WT, L2); return;                                                \
+        case 1 * 8 + 2: TILE(1, 2, x, K, w, y, N, WT, L2); return;                                                \
+        case 2 * 8 + 4: TILE(2, 4, x, K, w, y, N, WT, L2); return;                                                \
+        case 2 * 8 + 2: TILE(2, 2, x, K, w, y, N, WT, L2); return;                                                \
+        case 3 * 8 + 2: TILE(3, 2, x, K, w, y, N, WT, L2); return;                                                \
+        case 4 * 8 + 2: TILE(4, 2, x, K, w, y, N, WT, L2); return;                                                \
+        case 5 * 8 + 2: TILE(5, 2, x, K, w, y, N, WT, L2); return;                                                \
+        case 6 * 8 + 2: TILE(6, 2, x, K, w, y, N, WT, L2); return;                                                \
+        case 3 * 8 + 4: TILE(3, 4, x, K, w, y, N, WT, L2); return;                                                \
+        case 4 * 8 + 4: TILE(4, 4, x, K, w, y, N, WT, L2); return;                                                \
+        case 5 * 8 + 4: TILE(5, 4, x, K, w, y, N, WT, L2); return;                                                \
+        case 6 * 8 + 4: TILE(6, 4, x, K, w, y, N, WT, L2); return;                                                \
+        case 7 * 8 + 2: TILE(7, 2, x, K, w, y, N, WT, L2); return;                                                \
+        case 8 * 8 + 2: TILE(8, 2, x, K, w, y, N, WT, L2); return;                                                \
+        case 1 * 8 + 1: TILE(1, 1, x, K, w, y, N, WT, L2); return;                                                \
+        case 2 * 8 + 1: TILE(2, 1, x, K, w, y, N, WT, L2); return;                                                \
+        case 3 * 8 + 1: TILE(3, 1, x, K, w, y, N, WT, L2); return;                                                \
+        case 4 * 8 + 1: TILE(4, 1, x, K, w, y, N, WT, L2); return;                                                \
+        case 5 * 8 + 1: TILE(5, 1, x, K, w, y, N, WT, L2); return;                                                \
+        case 6 * 8 + 1: TILE(6, 1, x, K, w, y, N, WT, L2); return;                                                \
+        case 7 * 8 + 1: TILE(7, 1, x, K, w, y, N, WT, L2); return;                                                \
+        case 8 * 8 + 1: TILE(8, 1, x, K, w, y, N, WT, L2); return;                                                \
+        default: tile_scalar(rows, cols, x, K, w, y, N, WT, L2); return;    /* no other shape */                  \
     }
 
-__attribute__((target("avx2,fma"))) static void tile_avx2_any(
-        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int bf16, int l2) {
-    if (bf16 && l2) {
-        DISPATCH(tile_avx2, 1, 1)
-    }
-    if (bf16) {
-        DISPATCH(tile_avx2, 1, 0)
-    }
-    if (l2) {
-        DISPATCH(tile_avx2, 0, 1)
-    }
-    DISPATCH(tile_avx2, 0, 0)
+/* Every (weight type, prefetch level) pair gets its own copy of the tiles, each with constants inside. */
+#define DISPATCH_ALL(TILE)                                     \
+    if (wt == W_BF16 && l2) { DISPATCH(TILE, W_BF16, 1) }      \
+    if (wt == W_BF16) { DISPATCH(TILE, W_BF16, 0) }            \
+    if (wt == W_F16 && l2) { DISPATCH(TILE, W_F16, 1) }        \
+    if (wt == W_F16) { DISPATCH(TILE, W_F16, 0) }              \
+    if (l2) { DISPATCH(TILE, W_F32, 1) }                       \
+    DISPATCH(TILE, W_F32, 0)
+
+__attribute__((target("avx2,fma,f16c"))) static void tile_avx2_any(
+        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int wt, int l2) {
+    DISPATCH_ALL(tile_avx2)
 }
 
 __attribute__((target("avx512f"))) static void tile_avx512_any(
-        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int l2) {
-    if (l2) {
-        DISPATCH(tile_avx512, 0, 1)
-    }
-    DISPATCH(tile_avx512, 0, 0)
+        int rows, int cols, const float *x, int64_t K, const void *w, float *y, int64_t N, int wt, int l2) {
+    DISPATCH_ALL(tile_avx512)
 }
 #endif
 
@@ -275,21 +320,24 @@ int speclab_f32_rows_best_isa(void) {
 }
 
 static void tile_any(int isa, int l2, int rows, int cols, const float *x, int64_t K, const void *w, float *y,
-                     int64_t N, int bf16) {
+                     int64_t N, int wt) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (isa == ISA_AVX512) { tile_avx512_any(rows, cols, x, K, w, y, N, l2); return; }
-    if (isa == ISA_AVX2) { tile_avx2_any(rows, cols, x, K, w, y, N, bf16, l2); return; }
+    if (isa == ISA_AVX512) { tile_avx512_any(rows, cols, x, K, w, y, N, wt, l2); return; }
+    if (isa == ISA_AVX2) { tile_avx2_any(rows, cols, x, K, w, y, N, wt, l2); return; }
 #endif
-    tile_scalar(rows, cols, x, K, w, y, N, bf16, l2);
+    tile_scalar(rows, cols, x, K, w, y, N, wt, l2);
 }
 
-/* y = x W^T (+ bias) with W float32 or (bf16) bfloat16. Threads split N into contiguous runs of whole
-   tiles (schedule static): each output is computed by one thread. */
-static void rows_linear(const float *x, int64_t M, int64_t K, const void *w, int bf16, int64_t N,
+/* y = x W^T (+ bias) with W of type wt. Threads split N into contiguous runs of whole tiles (schedule
+   static): each output is computed by one thread. */
+static void rows_linear(const float *x, int64_t M, int64_t K, const void *w, int wt, int64_t N,
                         const float *bias, float *y, int threads, int variant) {
     int isa = variant & ISA_BITS, l2 = (variant & PREFETCH_L2) != 0;
-    if (bf16 && isa == ISA_AVX512) isa = ISA_AVX2;  /* no AVX-512 bfloat16 tiles (see the top) */
-    const int64_t elem = bf16 ? 2 : 4;  /* bytes per weight */
+#if defined(__x86_64__) || defined(__i386__)
+    /* every AVX2 CPU we know of has F16C, but the tiles must not meet one that lacks it */
+    if (wt == W_F16 && isa == ISA_AVX2 && !__builtin_cpu_supports("f16c")) isa = ISA_SCALAR;
+#endif
+    const int64_t elem = weight_bytes(wt);
     int64_t step = 4;  /* columns per work item: a multiple of every cols_for() */
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t item = 0; item < (N + step - 1) / step; item++) {
@@ -299,7 +347,7 @@ static void rows_linear(const float *x, int64_t M, int64_t K, const void *w, int
             for (int64_t n = item * step; n < n_end;) {
                 int cols = cols_for(isa, rows);
                 while (n + cols > n_end) cols /= 2;  /* 4 -> 2 -> 1 at N's end */
-                tile_any(isa, l2, rows, cols, x + r * K, K, (const char *)w + n * K * elem, y + r * N + n, N, bf16);
+                tile_any(isa, l2, rows, cols, x + r * K, K, (const char *)w + n * K * elem, y + r * N + n, N, wt);
                 n += cols;
             }
         }
@@ -314,12 +362,19 @@ static void rows_linear(const float *x, int64_t M, int64_t K, const void *w, int
    The ISA's lanes change the last bits of a result; the prefetch changes none. */
 void speclab_f32_rows_linear(const float *x, int64_t M, int64_t K, const float *w, int64_t N,
                              const float *bias, float *y, int threads, int variant) {
-    rows_linear(x, M, K, w, 0, N, bias, y, threads, variant);
+    rows_linear(x, M, K, w, W_F32, N, bias, y, threads, variant);
 }
 
 /* The same with W (N, K) in bfloat16 (raw 16-bit patterns); x, bias and y stay float32, so a bfloat16
    layer's activations are widened before and its outputs rounded after, by the caller. */
 void speclab_bf16_rows_linear(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
                               const float *bias, float *y, int threads, int variant) {
-    rows_linear(x, M, K, w, 1, N, bias, y, threads, variant);
+    rows_linear(x, M, K, w, W_BF16, N, bias, y, threads, variant);
+}
+
+/* The same with W (N, K) in float16 (raw 16-bit patterns), x, bias and y float32: a float32 layer whose
+   weights are exact float16 numbers, read from its float16 copy. */
+void speclab_f16_rows_linear(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
+                             const float *bias, float *y, int threads, int variant) {
+    rows_linear(x, M, K, w, W_F16, N, bias, y, threads, variant);
 }

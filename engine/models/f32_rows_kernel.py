@@ -16,6 +16,12 @@ bfloat16 does (in another order of sums). So a bfloat16 step reads half a float3
 torch's own bfloat16 products on a CPU without native bfloat16 (AVX2 only) were slower than float32 at
 2-6 rows (bench/results/bf16-rows-*.md).
 
+A float32 layer whose weights are all exact float16 (or bfloat16) numbers, as a checkpoint stored in 16 bits
+and loaded as float32 has them, streams a 16-bit copy of them instead (`exact_copy16`): the kernel widens each
+weight back to the same float32 number and runs the same products in the same order, so the result is the
+float32 weights' to the bit, on half the bytes. The chat preset's draft is stored in float16; its step reads
+14 MB instead of 28.
+
 Built once per machine by engine/models/kernel_build.py, without -march=native (the variants carry their
 own target attributes). Without a C compiler the path is absent (`unavailable()` says why); the other
 two paths still run.
@@ -66,6 +72,7 @@ LINEAR_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
 def library() -> ctypes.CDLL:
     return build(SOURCE, FLAGS, {"speclab_f32_rows_linear": (LINEAR_ARGS, None),
                                  "speclab_bf16_rows_linear": (LINEAR_ARGS, None),
+                                 "speclab_f16_rows_linear": (LINEAR_ARGS, None),
                                  "speclab_f32_rows_best_isa": ([], ctypes.c_int)},
                  "the float32 rows path", "the model as loaded and the packed path still run")
 
@@ -103,40 +110,67 @@ def variant_name(number: int) -> str:
 
 def candidate_variants(dtype: torch.dtype = torch.float32) -> list[str]:
     """The variants worth timing on this CPU for weights of `dtype`, the unmeasured default first (so a tie
-    keeps it): only the one SPECLAB_F32_ROWS_ISA forces, where it is set. bfloat16 weights have no AVX-512
-    tiles (the kernel runs AVX2 for them), so AVX-512 names would time the same code twice."""
+    keeps it): only the one SPECLAB_F32_ROWS_ISA forces, where it is set."""
     if os.environ.get(ISA_ENV):
         return [variant_name(isa_to_use())]
     best = ISAS[best_isa()]
-    isas = [n for n in (best, ISAS["avx2"]) if 0 < n <= best and not (dtype == torch.bfloat16 and n == ISAS["avx512"])]
+    isas = [n for n in (best, ISAS["avx2"]) if 0 < n <= best]
     names = [variant_name(n | prefetch) for n in dict.fromkeys(isas) for prefetch in (0, PREFETCH_L2)]
     return names or ["scalar"]
 
 
-DTYPES = (torch.float32, torch.bfloat16)  # the weights the kernel reads
+DTYPES = (torch.float32, torch.bfloat16)  # the layers the kernel runs
+COPY_DTYPES = (torch.float16, torch.bfloat16)  # the 16-bit copies of a float32 layer's weights it reads (exact_copy16)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, isa: int | None = None) -> torch.Tensor:
     """x (M, K) times weight (N, K) transposed, plus bias (N): (M, N), contiguous CPU tensors all of one dtype,
-    float32 or bfloat16 (the kernel trusts its pointers, so every argument is checked here)."""
+    float32 or bfloat16; or float32 x and bias with a 16-bit copy of a float32 layer's weight (exact_copy16),
+    which gives float32 (the kernel trusts its pointers, so every argument is checked here)."""
     n, k = weight.shape
-    ok = (x.dtype == weight.dtype and weight.dtype in DTYPES and x.dim() == 2 and x.shape[1] == k
+    copy16 = x.dtype == torch.float32 and weight.dtype in COPY_DTYPES
+    ok = (((x.dtype == weight.dtype and weight.dtype in DTYPES) or copy16) and x.dim() == 2 and x.shape[1] == k
           and x.is_contiguous() and weight.is_contiguous() and x.device.type == weight.device.type == "cpu"
-          and (bias is None or (bias.dtype == weight.dtype and bias.shape == (n,) and bias.is_contiguous())))
+          and (bias is None or (bias.dtype == x.dtype and bias.shape == (n,) and bias.is_contiguous())))
     if not ok:
         raise ValueError(f"the rows kernel takes contiguous CPU x (M, {k}), weight ({n}, {k}) and bias ({n},) of "
-                         f"one dtype, float32 or bfloat16; got x {x.dtype} {tuple(x.shape)}, "
-                         f"weight {weight.dtype} {tuple(weight.shape)}")
-    bf16 = weight.dtype == torch.bfloat16
+                         f"one dtype, float32 or bfloat16 (or float32 x and bias with a float16 or bfloat16 copy of "
+                         f"a float32 weight); got x {x.dtype} {tuple(x.shape)}, weight {weight.dtype} {tuple(weight.shape)}")
     rows = x.shape[0]
-    x32 = x.float() if bf16 else x  # (M, K): widening is exact
+    x32 = x.float()  # (M, K): widening is exact (x itself when float32)
     bias32 = None if bias is None else bias.float()
     y = torch.empty(rows, n, dtype=torch.float32)
     threads = 1 if rows * n * k < SERIAL_BELOW else torch.get_num_threads()
-    run = library().speclab_bf16_rows_linear if bf16 else library().speclab_f32_rows_linear
+    run = {torch.float32: library().speclab_f32_rows_linear, torch.bfloat16: library().speclab_bf16_rows_linear,
+           torch.float16: library().speclab_f16_rows_linear}[weight.dtype]
     run(x32.data_ptr(), rows, k, weight.data_ptr(), n, None if bias32 is None else bias32.data_ptr(), y.data_ptr(),
         threads, isa_to_use() if isa is None else isa)
-    return y.to(weight.dtype)  # (M, N), rounded once to bfloat16 for a bfloat16 layer
+    return y.to(x.dtype)  # (M, N), rounded once to bfloat16 for a bfloat16 layer
+
+
+# Weights checked before a whole weight is converted: most float32 layers fail within them.
+COPY_PROBE = 4096
+
+
+def exact_copy16(weight: torch.Tensor) -> torch.Tensor | None:
+    """A float16 (else bfloat16) copy of a float32 weight that widens back to it exactly, or None when
+    neither holds every weight (the weights came from float32 training or from dequantised blocks)."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu":
+        return None
+    w = weight.detach()
+    probe = w.reshape(-1)[:COPY_PROBE]
+    for dtype in COPY_DTYPES:
+        if torch.equal(probe.to(dtype).float(), probe):
+            copy = w.to(dtype).contiguous()
+            if torch.equal(copy.float(), w):
+                return copy
+    return None
+
+
+def weight_read(weight: torch.Tensor) -> torch.Tensor:
+    """The weight the kernel reads for a layer: its exact 16-bit copy where there is one, else the weight."""
+    copy = exact_copy16(weight)
+    return weight.detach() if copy is None else copy
 
 
 # ---------------------------------------------------------------- under torch.compile
@@ -199,12 +233,15 @@ class RowsLinear(nn.Module):
         self.in_features, self.out_features = layer.in_features, layer.out_features
         self.weight, self.bias = layer.weight, layer.bias  # shared with the model, never copied
         self.plan = plan
+        # the only copy a twin makes: half the float32 bytes, read instead of them where it gives the same bits
+        self.register_buffer("copy16", exact_copy16(layer.weight), persistent=False)  # (N, K) or None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or x.dtype != self.weight.dtype or x.dtype not in DTYPES:
             return nn.functional.linear(x, self.weight, self.bias)  # training or another dtype: as loaded
         flat = x.reshape(-1, self.in_features).contiguous()  # (M, K)
-        weight, bias = self.weight.detach(), None if self.bias is None else self.bias.detach()
+        weight = self.weight.detach() if self.copy16 is None else self.copy16
+        bias = None if self.bias is None else self.bias.detach()
         variant = self.plan.variant(flat.shape[0])  # a constant in a compiled graph: its rows are fixed
         if torch.compiler.is_compiling():
             native = NATIVE[0]  # set before compiling (prepare_compiled): no build while a graph is traced

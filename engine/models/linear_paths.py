@@ -57,7 +57,9 @@ REPEATS = 5
 # of ~25 ms and the paths' order at a width flipped from repeat to repeat.
 QUIET_SPREAD = 0.25
 CACHE_FORMAT = "speclab-linear-paths"
-CACHE_VERSION = 3  # 2: the rows path joined; 3: its kernel's variants are timed too (older curves: measured again)
+# 2: the rows path joined; 3: its kernel's variants are timed too; 4: it reads a 16-bit checkpoint's weights from
+# their exact 16-bit copy, so a curve timed on the float32 weights underrates it (older curves: measured again)
+CACHE_VERSION = 4
 
 
 def fastest_variants(widths: list[int], rows_seconds: dict[str, list[float]]) -> dict[int, str]:
@@ -181,6 +183,7 @@ def time_rows_variants(loaded: LoadedModel, widths: list[int], repeats: int) -> 
     """Each rows-kernel variant's timings of all the model's linear products over each width, round-robin over
     (variant, width) as time_paths. The products alone: the variant changes nothing else in a forward."""
     layers = linear_layers(loaded.base)
+    weights = [f32_rows_kernel.weight_read(layer.weight) for layer in layers]  # what a RowsLinear reads
     gen = torch.Generator().manual_seed(0)
     xs = {(w, k): torch.randn(w, k, generator=gen).to(loaded.dtype)  # (w, K) for each K the layers take
           for w in widths for k in {layer.in_features for layer in layers}}
@@ -188,9 +191,9 @@ def time_rows_variants(loaded: LoadedModel, widths: list[int], repeats: int) -> 
     times = {v: [[] for _ in widths] for v in variants}
 
     def products(variant: int, width: int) -> None:
-        for layer in layers:
+        for layer, weight in zip(layers, weights):
             bias = None if layer.bias is None else layer.bias.detach()
-            f32_rows_kernel.linear(xs[(width, layer.in_features)], layer.weight.detach(), bias, variant)
+            f32_rows_kernel.linear(xs[(width, layer.in_features)], weight, bias, variant)
     with torch.no_grad():
         for round_number in range(repeats + 1):  # round 0 warms up and is not kept
             for v in variants:

@@ -1,0 +1,103 @@
+"""The fast path's own step times, as `run --fast --k auto` calibrates them, over several rounds on this machine.
+
+    python -m bench.fast_step_times --preset chat --decoder own
+    python -m bench.fast_step_times --preset chat --decoder own --target-weights int4-a8
+    python -m bench.fast_step_times --preset tiny-shakespeare --capture none --rounds 1 --out /tmp/x   # a try
+
+The forwards are built once (engine/stats/fast_calibrate.py: under --capture compile each width compiles
+once), then timed --rounds times: the target's one-token step (warped and drawn), its forwards of 1 to K+1
+positions, and the draft's one-token step where a cycle meets it, right after a target pass over K+1
+positions (so the draft's weights are read from memory, not from the caches a back-to-back loop keeps them
+in). Each round's figures are medians of --repeats timings. Reported per quantity: the median over rounds
+and the min-max, and the draft step over the target step. Run it on two commits alternately to compare them.
+
+Writes RESULTS/fast-step-times-NAME-CPU.json and .md.
+"""
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench import common
+from engine.config import SpecSettings
+from engine.run import encode_prompt, settle_linear_paths
+from engine.stats.fast_calibrate import calibrate_fast, calibrate_on
+from engine.trace.schema import DECODER_HF, DECODERS, TARGET_WEIGHTS, WEIGHTS_FLOAT32
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_pair_arguments(p)
+    p.add_argument("--capture", choices=("none", "compile"), default="compile")
+    p.add_argument("--decoder", choices=DECODERS, default=DECODER_HF)
+    p.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32)
+    p.add_argument("--k", type=int, default=2, help="the verify widths timed are 1 to K+1")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=15, help="timings per quantity in a round (their median)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--name", default=None, help="results name (default: the preset and weights)")
+    p.add_argument("--out", default=str(common.RESULTS))
+    args = p.parse_args(argv)
+    common.check_pair_arguments(p, args)
+    return args
+
+
+def round_figures(calibration: dict) -> dict[str, float]:
+    """One round's times in ms, by quantity."""
+    out = {"target step": calibration["target_step_s"] * 1e3, "draft step": calibration["draft_step_s"] * 1e3}
+    out |= {f"forward of {w}": s * 1e3 for w, s in zip(calibration["verify_positions"], calibration["verify_s"])}
+    return out
+
+
+def summary(rounds: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    return {q: {"median": statistics.median(r[q] for r in rounds), "min": min(r[q] for r in rounds),
+                "max": max(r[q] for r in rounds)} for q in rounds[0]}
+
+
+def markdown(result: dict) -> str:
+    m, a, s = result["machine"], result["args"], result["summary"]
+    lines = ["## The fast path's step times (bench/fast_step_times.py)", "",
+             f"Machine: {common.machine_words(m)}; {m['date']}.", "",
+             f"{a['preset'] or 'custom pair'}, weights {a['target_weights']}, decoder {a['decoder']}, "
+             f"`--fast --capture {a['capture']}`; forwards built once ({result['build_s']:.0f} s), then "
+             f"{a['rounds']} rounds of {a['repeats']} timings each; the draft step timed right after a target "
+             f"pass over {a['k'] + 1} positions.", "",
+             "| quantity | ms, median over rounds | min-max |", "|---|---|---|"]
+    lines += [f"| {q} | {v['median']:.3f} | {v['min']:.3f}-{v['max']:.3f} |" for q, v in s.items()]
+    ratios = [r["draft step"] / r["target step"] for r in result["rounds"]]
+    lines += ["", f"Draft step over target step: {statistics.median(ratios):.3f} "
+                  f"({min(ratios):.3f}-{max(ratios):.3f} over rounds).", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pair, chat = common.load_bench_pair(args, "cpu", None)
+    settle_linear_paths(pair)
+    prompt = common.prompts_for(args.preset, 1)[0]
+    ids = encode_prompt(pair.target.tokenizer, prompt, chat)
+    s = SpecSettings(k=args.k, temperature=1.0, max_new_tokens=64, seed=0, cache_layout="static")
+    machine = common.machine_info(torch.get_num_threads())
+    started = time.perf_counter()
+    _, forwards = calibrate_fast(pair, ids, s, args.capture, repeats=1)  # builds (compiles) every forward once
+    build_s = time.perf_counter() - started
+    rounds = []
+    for n in range(args.rounds):
+        rounds.append(round_figures(calibrate_on(pair, forwards, ids, s, args.repeats)))
+        print(f"round {n + 1}: " + "  ".join(f"{q} {v:.3f}" for q, v in rounds[-1].items()), flush=True)
+    result = {"machine": machine, "args": vars(args), "prompt": prompt, "build_s": build_s, "rounds": rounds,
+              "summary": summary(rounds)}
+    name = args.name or f"{args.preset or 'custom'}-{args.target_weights}"
+    stem = f"fast-step-times-{name}-{common.cpu_tag(machine)}"
+    text = markdown(result)
+    common.write_results(Path(args.out), stem, result, text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
