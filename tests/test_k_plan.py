@@ -90,6 +90,33 @@ def test_a_verify_dearer_than_what_speculation_can_win_means_plain_decoding_and_
     assert plan_from(0.9, CHEAP, 4, 16).k >= 1  # the same advisor speculates where it pays
 
 
+# A verify pass that costs 1.2 target steps at every width and a draft step at a tenth of one (no overhead): at
+# alpha 0.5, K=2 commits 1.75 tokens a cycle for 1.4 steps (1.25x), K=1 1.5 tokens for 1.3 steps (1.15x);
+# at alpha 0.305 K=2 commits 1.398 for 1.4 (0.999x), K=1 1.305 for 1.3 (1.004x).
+NEAR = {**CHEAP, "draft_step_s": 0.001, "verify_s": [0.012] * len(WIDTHS)}
+
+
+def test_a_k_that_wins_only_at_the_pilots_alpha_is_not_chosen_and_the_sentence_says_why():
+    sure = plan_from(0.5, NEAR, 4, 16)  # no uncertainty given: the K predicted fastest
+    assert sure.k == sure.best.k >= 2 and sure.best.refined > 1.2 and sure.sentence.startswith("Best K = ")
+    within = plan_from(0.5, NEAR, 4, 16, alpha_error=0.05)  # the best K still wins at 0.45: unchanged
+    assert (within.k, within.sentence) == (sure.k, sure.sentence) and within.alpha_error == 0.05
+    unsure = plan_from(0.5, NEAR, 4, 16, alpha_error=0.3)  # at 0.2 no K wins
+    assert unsure.plain and unsure.best == sure.best  # the best K at the pilot's alpha, for the record
+    assert unsure.sentence.startswith("Decode plainly (K=0): At the pilot's alpha 0.50 K=")
+    assert "only to +-0.30, and at 0.20 K=" in unsure.sentence and "plain decoding cannot lose" in unsure.sentence
+    smaller = plan_from(0.5, NEAR, 4, 16, alpha_error=0.195)  # at 0.305 K=1 still wins, the longer chains do not
+    assert smaller.k == 1 and smaller.sentence.startswith("K = 1: At the pilot's alpha 0.50 K=")
+    assert "K=1 still beats plain decoding there" in smaller.sentence
+
+
+def test_the_pilots_alpha_error_is_the_spread_of_its_cycles():
+    from engine.stats.analysis import alpha_standard_error
+    cycles = [{"beta": [1.0, 1.0]}, {"beta": [0.0, 0.0]}, {"beta": [1.0, 0.0]}, {"beta": []}]  # means 1, 0, 0.5
+    assert alpha_standard_error(cycles) == pytest.approx(0.5 / 3 ** 0.5)  # stdev 0.5 over sqrt(3) cycles
+    assert alpha_standard_error(cycles[:1]) == 0.0 and alpha_standard_error([]) == 0.0
+
+
 def test_cli_k_auto_decodes_plainly_when_the_advisor_says_so_and_refuses_what_it_cannot_do(tmp_path, monkeypatch,
                                                                                              capsys):
     from engine.cli import main

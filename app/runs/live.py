@@ -304,9 +304,10 @@ def start_run(name: str, label: str, pair: Pair, prompt: str, settings: SpecSett
 
 def advised_words(plan: KPlan) -> str:
     """What the page says of a run whose K the advisor chose."""
+    alpha = f"pilot alpha {plan.alpha:.2f} ± {plan.alpha_error:.2f}"
     if plan.k == plan.requested_k:
-        return f"The K advisor kept K={plan.k} (pilot alpha {plan.alpha:.2f}). {plan.sentence}"
-    return f"The K advisor chose K={plan.k} instead of {plan.requested_k} (pilot alpha {plan.alpha:.2f}). {plan.sentence}"
+        return f"The K advisor kept K={plan.k} ({alpha}). {plan.sentence}"
+    return f"The K advisor chose K={plan.k} instead of {plan.requested_k} ({alpha}). {plan.sentence}"
 
 
 def keep_finished(result: LiveOutput) -> None:

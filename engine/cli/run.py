@@ -284,7 +284,8 @@ def run_k_auto(args, pair, settings: SpecSettings, preset: str | None, mode: Run
         print(f"K advisor: timing the fast path's forwards of 1 to {settings.k + 1} positions{compiling} and running a "
               f"short pilot at K={settings.k} on them...", file=sys.stderr)
         done = run_fast_advised(pair, args.prompt, settings, args.out, mode, preset, chat)
-    print(f"K advisor (pilot alpha {done.plan.alpha:.2f}): {done.plan.sentence}", file=sys.stderr)
+    print(f"K advisor (pilot alpha {done.plan.alpha:.2f} +- {done.plan.alpha_error:.2f}): {done.plan.sentence}",
+          file=sys.stderr)
     return report_advised(done, args.out)
 
 

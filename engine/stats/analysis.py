@@ -22,7 +22,8 @@ verify cost of n positions always comes from the calibration, the one source tha
 every width the K advisor needs.
 """
 from dataclasses import dataclass
-from statistics import fmean, median
+from math import sqrt
+from statistics import fmean, median, stdev
 
 from engine.stats.robust import Spread
 from engine.stats.timings import Calibration, CycleTimes, calibration_of, cycle_times
@@ -65,6 +66,14 @@ def measured_alpha(cycles: list[dict]) -> float:
     """Mean of every recorded beta (all K positions of every cycle); 0 with no cycles."""
     betas = [b for c in cycles for b in c["beta"]]
     return fmean(betas) if betas else 0.0
+
+
+def alpha_standard_error(cycles: list[dict]) -> float:
+    """The standard error of measured_alpha, each cycle one sample (its betas share a context, so they are not
+    independent draws): the cycles' mean betas' standard deviation over the square root of their count; 0 with
+    fewer than two cycles, which show no spread."""
+    means = [fmean(c["beta"]) for c in cycles if c["beta"]]
+    return stdev(means) / sqrt(len(means)) if len(means) > 1 else 0.0
 
 
 def beta_by_position(cycles: list[dict], k: int) -> list[float]:
