@@ -157,3 +157,4 @@ def test_a_fast_calibrated_workload_times_its_forwards_once_and_every_request_ru
                                       SpecSettings(k=2, max_new_tokens=8, temperature=0.0),
                                       models=fp.FastModels.empty(pair, 2, t.header["cache_layout"]["capacity"])))
         assert t.summary["generated_token_ids"] == tokens(fresh)
+

@@ -111,32 +111,42 @@ def draft_steps(forwards: FastForwards, ids: torch.Tensor, s: SpecSettings, keep
     return times
 
 
-@torch.inference_mode()
 def time_fast_forwards(forwards: FastForwards, context: list[int], s: SpecSettings, repeats: int) -> dict:
-    """Median seconds of: each target width (warped), the target's step (width 1, warped and drawn), and
-    the draft step where a cycle meets it, right after a target pass over K+1 positions (as calibrate.py's
-    time_draft_in_cycle, for the same reason: back to back, the draft's weights stay in the CPU's caches).
-    Round-robin, so a slow spell of the machine lands on every quantity; round 0 warms up (and compiles)."""
+    """Median seconds of: each target width (warped), the target's step (width 1, warped and drawn), and the
+    draft step where a cycle meets it, right after a target pass over K+1 positions (as calibrate.py's
+    time_draft_in_cycle, for the same reason: back to back, the draft's weights stay in the CPU's caches),
+    over `repeats` rounds (time_fast_rounds), each quantity its own median. Read instead as the median of
+    each round's ratio to the one-position forward, the ratios the K advisor weighs were no steadier over
+    repeated calibrations on a 2-core AMD EPYC (bench/fast_step_times.py)."""
+    return separate_medians(time_fast_rounds(forwards, context, s, repeats))
+
+
+def separate_medians(rounds: list[dict]) -> dict:
+    """Each quantity's own median over rounds."""
+    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+
+
+@torch.inference_mode()
+def time_fast_rounds(forwards: FastForwards, context: list[int], s: SpecSettings, repeats: int) -> list[dict]:
+    """`repeats` rounds of time_fast_forwards' quantities, each timed once a round, round-robin, so a slow spell of
+    the machine lands on every quantity of a round; round 0 warms up (and compiles) and is not returned."""
     device = forwards.target_cache.layers[0].cumulative_length.device
     keep = len(context) - 1
     widest = max(forwards.target)
     feed = torch.tensor(([context[-1]] + context_of_length(context, widest))[:widest], device=device)
     k = max(1, min(s.k, widest - 1))
-    times: dict[int | str, list[float]] = {key: [] for key in [*forwards.target, "step", "draft"]}
-    for round_number in range(repeats + 1):
-        rounds = {w: timed(partial(target_pass, forwards, feed[:w], s, keep, False), device)[1]
-                  for w in forwards.target}
-        rounds["step"] = timed(partial(target_pass, forwards, feed[:1], s, keep, True), device)[1]
+    rounds = []
+    for _ in range(repeats + 1):
+        one = {w: timed(partial(target_pass, forwards, feed[:w], s, keep, False), device)[1] for w in forwards.target}
+        one["step"] = timed(partial(target_pass, forwards, feed[:1], s, keep, True), device)[1]
         target_pass(forwards, feed[:k + 1], s, keep, False)  # untimed: what streams the target through the caches
-        rounds["draft"] = statistics.mean(draft_steps(forwards, feed, s, keep, k))
-        if round_number:
-            for key, elapsed in rounds.items():
-                times[key].append(elapsed)
-    return {key: statistics.median(t) for key, t in times.items()}
+        one["draft"] = statistics.mean(draft_steps(forwards, feed, s, keep, k))
+        rounds.append(one)
+    return rounds[1:]
 
 
 def calibration_of(forwards: FastForwards, cache_len: int, times: dict, repeats: int) -> dict:
-    """The header's calibration (engine/trace/header_checks.py check_calibration) from time_fast_forwards' medians."""
+    """The header's calibration (engine/trace/header_checks.py check_calibration) from time_fast_forwards' times."""
     widths = sorted(forwards.target)
     return {"cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),
             "target_step_s": times["step"], "draft_step_s": times["draft"],
