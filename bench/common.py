@@ -23,8 +23,8 @@ from engine.drafters.base import Drafter
 from engine.models.device import sync, timed
 from engine.models.machine import cpu_features, cpu_model, load_average
 from engine.models.presets import PRESETS
-from engine.run import load_pair, load_preset
-from engine.trace.schema import DECODER_HF, WEIGHTS_FLOAT32
+from engine.run import encode_prompt, load_pair, load_preset, settle_linear_paths
+from engine.trace.schema import DECODER_HF, DECODERS, TARGET_WEIGHTS, WEIGHTS_FLOAT32
 
 T = TypeVar("T")
 
@@ -63,6 +63,26 @@ def add_pair_arguments(p: argparse.ArgumentParser) -> None:
 def check_pair_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if bool(args.preset) == bool(args.target and args.draft):
         p.error("give --preset, or both --target and --draft")
+
+
+def add_fast_cpu_arguments(p: argparse.ArgumentParser) -> None:
+    """The pair and the settings a benchmark of the CPU fast path runs under (`load_fast_cpu_pair`)."""
+    add_pair_arguments(p)
+    p.add_argument("--capture", choices=("none", "compile"), default="compile")
+    p.add_argument("--decoder", choices=DECODERS, default=DECODER_HF)
+    p.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32)
+    p.add_argument("--threads", type=int, default=None)
+
+
+def load_fast_cpu_pair(args: argparse.Namespace, prompts: int) -> tuple[Pair, list[str], list[list[int]]]:
+    """The pair on the CPU (--threads set first) on the linear paths this machine measured faster, as a run
+    settles them before it builds its forwards, and the first `prompts` prompts, encoded."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pair, chat = load_bench_pair(args, "cpu", None)
+    settle_linear_paths(pair)
+    texts = prompts_for(args.preset, prompts)
+    return pair, texts, [encode_prompt(pair.target.tokenizer, t, chat) for t in texts]
 
 
 def load_bench_pair(args: argparse.Namespace, device: str, dtype: str | None,

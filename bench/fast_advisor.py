@@ -31,10 +31,8 @@ import torch
 from bench import common
 from engine.config import SpecSettings
 from engine.cycle.fast import fast_generate, fast_plain_decode
-from engine.run import encode_prompt, settle_linear_paths
 from engine.stats.fast_calibrate import FastForwards, build_forwards, calibrate_on, forwards_capacity
 from engine.stats.plan import KPlan, plan_k_fast
-from engine.trace.schema import DECODER_HF, DECODERS, TARGET_WEIGHTS, WEIGHTS_FLOAT32
 
 PILOT_K = 4  # as engine/cli/run.py K_AUTO_PILOT: the calibration times widths 1..5
 KS = list(range(1, PILOT_K + 1))
@@ -42,15 +40,11 @@ KS = list(range(1, PILOT_K + 1))
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.add_pair_arguments(p)
-    p.add_argument("--capture", choices=("none", "compile"), default="compile")
-    p.add_argument("--decoder", choices=DECODERS, default=DECODER_HF)
-    p.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32)
+    common.add_fast_cpu_arguments(p)
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--untraced", action="store_true", help="speculate without making the cycles' records")
     p.add_argument("--name", default=None, help="results name (default: the preset, weights and capture)")
     p.add_argument("--out", default=str(common.RESULTS))
@@ -128,12 +122,7 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    pair, chat = common.load_bench_pair(args, "cpu", None)
-    settle_linear_paths(pair)
-    prompts = common.prompts_for(args.preset, args.prompts)
-    ids = [encode_prompt(pair.target.tokenizer, p, chat) for p in prompts]
+    pair, prompts, ids = common.load_fast_cpu_pair(args, args.prompts)
     s = SpecSettings(k=PILOT_K, temperature=0.0, max_new_tokens=args.max_new_tokens, seed=0, cache_layout="static")
     capacity = max(forwards_capacity(i, s) for i in ids)
     started = time.perf_counter()

@@ -27,22 +27,16 @@ import torch
 
 from bench import common
 from engine.config import SpecSettings
-from engine.run import encode_prompt, settle_linear_paths
 from engine.stats.calibrate import context_of_length, run_cache_len
 from engine.stats.fast_calibrate import calibrate_fast, refill, separate_medians, time_fast_rounds
-from engine.trace.schema import DECODER_HF, DECODERS, TARGET_WEIGHTS, WEIGHTS_FLOAT32
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.add_pair_arguments(p)
-    p.add_argument("--capture", choices=("none", "compile"), default="compile")
-    p.add_argument("--decoder", choices=DECODERS, default=DECODER_HF)
-    p.add_argument("--target-weights", choices=TARGET_WEIGHTS, default=WEIGHTS_FLOAT32)
+    common.add_fast_cpu_arguments(p)
     p.add_argument("--k", type=int, default=2, help="the verify widths timed are 1 to K+1")
     p.add_argument("--rounds", type=int, default=3, help="calibrations")
     p.add_argument("--repeats", type=int, default=15, help="rounds of a calibration: each quantity timed once in each")
-    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--name", default=None, help="results name (default: the preset and weights)")
     p.add_argument("--out", default=str(common.RESULTS))
     args = p.parse_args(argv)
@@ -100,12 +94,7 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    pair, chat = common.load_bench_pair(args, "cpu", None)
-    settle_linear_paths(pair)
-    prompt = common.prompts_for(args.preset, 1)[0]
-    ids = encode_prompt(pair.target.tokenizer, prompt, chat)
+    pair, [prompt], [ids] = common.load_fast_cpu_pair(args, 1)
     s = SpecSettings(k=args.k, temperature=1.0, max_new_tokens=64, seed=0, cache_layout="static")
     machine = common.machine_info(torch.get_num_threads())
     started = time.perf_counter()

@@ -137,3 +137,11 @@ def test_cli_k_auto_decodes_plainly_when_the_advisor_says_so_and_refuses_what_it
     with pytest.raises(SystemExit):
         main([*base[:-1], "many", "--out", str(tmp_path / "y.jsonl")])
     assert "neither a whole number nor auto" in capsys.readouterr().err
+
+
+def test_the_live_runs_words_give_the_pilots_alpha_with_its_error_and_the_plans_sentence():
+    from app.runs.live import advised_words
+    plan = plan_from(0.5, NEAR, 4, 16, alpha_error=0.05)
+    words = advised_words(plan)
+    assert words.startswith(f"The K advisor chose K={plan.k} instead of 4 (pilot alpha 0.50 ± 0.05). ")
+    assert words.endswith(plan.sentence)
